@@ -1,0 +1,115 @@
+"""The ``trtspec`` command line: one Click group, thin commands (options -> spec -> one call).
+
+Heavy libraries (torch, transformers, modelopt, tritonclient) are imported inside the commands so that
+``trtspec --help`` starts instantly. Every option can also come from a ``TRTSPEC_<COMMAND>_<OPTION>``
+environment variable (shown in ``--help``); the recipe argument reads ``TRTSPEC_RECIPE``.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from dataclasses import dataclass
+
+import click
+
+from trtspec import __version__
+from trtspec.errors import TrtspecError
+
+
+@dataclass
+class Output:
+    """How a command reports: rich text on the terminal, one JSON document on stdout, or (quiet) errors only."""
+
+    json: bool = False
+    verbose: bool = False
+    quiet: bool = False
+
+    def console(self):
+        from rich.console import Console
+
+        # Human-readable output goes to stderr when --json owns stdout.
+        return Console(stderr=self.json, quiet=self.quiet)
+
+    def emit_json(self, payload) -> None:
+        import json
+
+        click.echo(json.dumps(payload, indent=2, sort_keys=False, default=str))
+
+
+def output_options(func):
+    """--json / -v / --quiet on every command; the command receives ``out: Output``."""
+
+    @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+    @click.option("-v", "--verbose", is_flag=True, help="Show details of errors and progress.")
+    @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors (and --json output).")
+    @functools.wraps(func)
+    def wrapper(*args, as_json: bool, verbose: bool, quiet: bool, **kwargs):
+        ctx = click.get_current_context()
+        ctx.find_root().meta["trtspec.verbose"] = verbose
+        return func(*args, out=Output(json=as_json, verbose=verbose, quiet=quiet), **kwargs)
+
+    return wrapper
+
+
+recipe_argument = click.argument("recipe", envvar="TRTSPEC_RECIPE", default="demo", metavar="RECIPE")
+RECIPE_HELP = "RECIPE is a builders/<pair>.yaml file; 'demo' (the default) is the shipped demo pair."
+
+
+@click.group(context_settings={"auto_envvar_prefix": "TRTSPEC", "show_default": True, "help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="trtspec")
+def cli() -> None:
+    """trtspec: a target and a draft Hugging Face model to a served draft-target speculative-decoding deployment.
+
+    \b
+    check     pre-flight checks of a recipe (tokenizers, vocab, limits, precision, memory)
+    convert   HF -> TensorRT-LLM checkpoints (fp16/bf16) via ModelOpt, verified against HF
+    quantize  fp8 / int8 SmoothQuant / int4 AWQ / w4a8 AWQ checkpoints via ModelOpt
+    build     check -> convert/quantize -> engines (target with draft_tokens_external)
+    generate  speculative generation with the PyTorch engine
+    deploy    write a Triton model repository
+    serve     run tritonserver on a repository
+    validate  outputs vs the PyTorch reference, acceptance
+    bench     speed and acceptance sweeps
+    """
+
+
+@cli.command()
+@recipe_argument
+@click.option("--allow-unsupported-precision", is_flag=True, default=None, help="Accept precisions outside the draft-target support matrix.")
+@output_options
+def check(recipe: str, allow_unsupported_precision: bool | None, out: Output) -> None:
+    """Pre-flight checks of a draft/target pair, no GPU needed. Exit 0 pass, 1 a check failed, 2 bad input.
+
+    RECIPE is a builders/<pair>.yaml file; 'demo' (the default) is the shipped demo pair.
+    """
+    from trtspec.builders.preflight import run_checks
+    from trtspec.recipe import load_recipe
+    from trtspec.report import print_check_report
+
+    spec = load_recipe(recipe, {"speculative.allow_unsupported_precision": allow_unsupported_precision})
+    report = run_checks(spec)
+    print_check_report(report, out)
+    if not report.ok:
+        sys.exit(1)
+
+
+# --- convert / quantize / build (issue 4) ---
+
+# --- generate (issue 3) ---
+
+# --- deploy / serve (issue 5) ---
+
+# --- validate / bench (issue 6) ---
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of ``trtspec`` and ``python -m trtspec``."""
+    try:
+        cli.main(args=argv, prog_name="trtspec", standalone_mode=True)
+    except KeyboardInterrupt:  # pragma: no cover - interactive
+        click.echo("Interrupted.", err=True)
+        sys.exit(130)
+
+
+__all__ = ["cli", "main", "Output", "output_options", "recipe_argument", "RECIPE_HELP", "TrtspecError"]

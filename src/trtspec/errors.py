@@ -1,0 +1,69 @@
+"""Domain errors: expected failures print one line (what, where, what to do) and exit non-zero.
+
+Every error a user can cause is one of these. They subclass ``click.ClickException`` so the CLI prints
+``Error: <message>`` without a traceback; ``-v`` adds the underlying cause (``detail``).
+"""
+
+from __future__ import annotations
+
+import click
+
+# Exit statuses shared by every command.
+EXIT_OK = 0
+EXIT_CHECK_FAILED = 1  # a check/verification/threshold failed: the input was fine, the result was not
+EXIT_USAGE = 2  # bad input: usage, recipe, missing or malformed files
+EXIT_NEEDS_TENSORRT_LLM = 3  # work done up to the point that needs TensorRT-LLM (the NGC image)
+
+
+class TrtspecError(click.ClickException):
+    """Base of all expected errors. ``detail`` is shown only with ``-v``."""
+
+    exit_code = EXIT_USAGE
+
+    def __init__(self, message: str, detail: str | None = None):
+        super().__init__(message)
+        self.detail = detail
+
+    def show(self, file=None) -> None:
+        super().show(file)
+        ctx = click.get_current_context(silent=True)
+        verbose = bool(ctx and ctx.find_root().meta.get("trtspec.verbose"))
+        if verbose and self.detail:
+            click.echo(self.detail, err=True)
+
+
+class RecipeError(TrtspecError):
+    """A recipe file that cannot be read, or a field with a bad value."""
+
+    def __init__(self, path, field: str | None, message: str, detail: str | None = None):
+        where = f"{path}" + (f": {field}" if field else "")
+        super().__init__(f"{where}: {message}", detail)
+        self.path, self.field = path, field
+
+
+class ModelError(TrtspecError):
+    """A model or tokenizer directory that is missing, malformed or unsupported."""
+
+
+class CheckpointError(TrtspecError):
+    """A TensorRT-LLM checkpoint or engine directory that is missing or malformed."""
+
+
+class RequestError(TrtspecError):
+    """A generation request out of the engine's contract (e.g. num_draft_tokens > max_draft_len)."""
+
+
+class CheckFailed(TrtspecError):
+    """A pre-flight check, a verification or a threshold failed."""
+
+    exit_code = EXIT_CHECK_FAILED
+
+
+class NeedsTensorRTLLM(TrtspecError):
+    """The step needs the tensorrt_llm package, which only the NGC image has."""
+
+    exit_code = EXIT_NEEDS_TENSORRT_LLM
+
+
+class ServerError(TrtspecError):
+    """tritonserver could not be found, started, or did not load the repository."""

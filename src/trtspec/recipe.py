@@ -1,0 +1,244 @@
+"""Build recipes: one YAML file declares one draft/target deployment (``builders/<pair>.yaml``).
+
+``load_recipe(path, overrides)`` is the only way in: it applies CLI overrides (dotted field paths) to the raw
+YAML, validates it with pydantic (unknown keys, wrong types, out-of-range values, missing model directories are
+refused with the file, the field path and the offending value) and resolves relative paths against the recipe's
+folder. ``demo:target`` / ``demo:draft`` name the demo pair shipped inside the package. Every field and its
+default is documented in ``builders/README.md``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+
+from trtspec.errors import RecipeError
+
+DEMO_SCHEME = "demo:"
+ASSETS_DIR = Path(__file__).parent / "assets"
+DEMO_DIR = ASSETS_DIR / "demo"
+DEMO_RECIPE = DEMO_DIR / "recipe.yaml"
+
+Dtype = Literal["float16", "bfloat16", "float32"]
+Quantization = Literal["none", "fp8", "int8_sq", "int4_awq", "w4a8_awq"]
+KvCacheDtype = Literal["auto", "fp8"]
+Runtime = Literal["torch", "tensorrtllm", "trtllm-pytorch"]
+Device = Literal["cpu", "cuda"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def resolve_model_path(value: str | Path, base_dir: Path) -> Path:
+    """``demo:NAME`` -> the shipped demo model; relative paths -> against ``base_dir`` (the recipe's folder)."""
+    text = str(value)
+    if text.startswith(DEMO_SCHEME):
+        return DEMO_DIR / text[len(DEMO_SCHEME) :]
+    path = Path(text).expanduser()
+    return path if path.is_absolute() else (base_dir / path).resolve()
+
+
+class ModelSpec(_Strict):
+    """One model of the pair (target or draft)."""
+
+    model: Path = Field(description="Hugging Face model directory (config.json, weights, tokenizer) or demo:NAME")
+    dtype: Dtype = "float16"
+    quantization: Quantization = "none"
+    kv_cache_dtype: KvCacheDtype = "auto"
+    tp_size: int = Field(1, ge=1, le=64)
+    pp_size: int = Field(1, ge=1, le=64)
+    gpu_ids: tuple[int, ...] | None = Field(None, description="GPUs this model runs on; default 0..tp*pp-1")
+    trust_remote_code: bool = False
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _resolve(cls, value: Any, info: ValidationInfo) -> Path:
+        base = Path((info.context or {}).get("base_dir", "."))
+        path = resolve_model_path(value, base)
+        if (info.context or {}).get("check_paths", True) and not path.is_dir():
+            raise ValueError(f"model directory {path} does not exist; point it at a Hugging Face checkpoint")
+        return path
+
+    @field_validator("gpu_ids")
+    @classmethod
+    def _gpus(cls, value: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        if value is not None and (not value or min(value) < 0 or len(set(value)) != len(value)):
+            raise ValueError("gpu_ids must be distinct non-negative integers")
+        return value
+
+    @model_validator(mode="after")
+    def _gpu_count(self) -> ModelSpec:
+        if self.gpu_ids is not None and len(self.gpu_ids) != self.world_size:
+            raise ValueError(f"gpu_ids has {len(self.gpu_ids)} ids but tp_size*pp_size is {self.world_size}")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.tp_size * self.pp_size
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        return self.gpu_ids if self.gpu_ids is not None else tuple(range(self.world_size))
+
+
+class SpeculativeSpec(_Strict):
+    max_draft_len: int = Field(4, ge=1, le=64, description="engine limit K: the most draft tokens per round")
+    num_draft_tokens: int | None = Field(None, ge=1, description="default per-request K; default max_draft_len")
+    use_draft_logits: bool = Field(False, description="accept by draft/target probabilities, not token match")
+    allow_unsupported_precision: bool = Field(False, description="build outside the draft-target support matrix")
+
+    @model_validator(mode="after")
+    def _k(self) -> SpeculativeSpec:
+        if self.num_draft_tokens is not None and self.num_draft_tokens > self.max_draft_len:
+            raise ValueError(f"num_draft_tokens {self.num_draft_tokens} > max_draft_len {self.max_draft_len}")
+        return self
+
+    @property
+    def default_num_draft_tokens(self) -> int:
+        return self.num_draft_tokens or self.max_draft_len
+
+
+class LimitsSpec(_Strict):
+    max_batch_size: int = Field(8, ge=1, le=4096)
+    max_input_len: int = Field(512, ge=1)
+    max_seq_len: int = Field(1024, ge=2)
+
+
+class CalibrationSpec(_Strict):
+    dataset: str = Field("builtin", description="'builtin' (demo corpus) or a .txt / .jsonl file")
+    size: int = Field(64, ge=1, description="number of calibration samples")
+    seq_len: int = Field(256, ge=8, description="tokens per calibration sample")
+    device: Device = "cpu"
+
+    @field_validator("dataset", mode="before")
+    @classmethod
+    def _dataset(cls, value: Any, info: ValidationInfo) -> str:
+        if str(value) == "builtin":
+            return "builtin"
+        path = resolve_model_path(value, Path((info.context or {}).get("base_dir", ".")))
+        if (info.context or {}).get("check_paths", True) and not path.is_file():
+            raise ValueError(f"calibration file {path} does not exist; use 'builtin' or a .txt/.jsonl file")
+        return str(path)
+
+
+class PerModel(_Strict):
+    target: float = Field(0.5, gt=0, lt=1)
+    draft: float = Field(0.5, gt=0, lt=1)
+
+
+class InstanceCounts(_Strict):
+    preprocessing: int = Field(1, ge=1, le=64)
+    postprocessing: int = Field(1, ge=1, le=64)
+    orchestrator: int = Field(1, ge=1, le=64)
+
+
+class TritonSpec(_Strict):
+    runtime: Runtime = "torch"
+    device: Device = Field("cpu", description="device of the torch runtime's engine models")
+    decoupled: bool = Field(True, description="stream accepted tokens as each round is verified")
+    instances: InstanceCounts = InstanceCounts()
+    kv_cache_free_gpu_mem_fraction: PerModel = PerModel()
+    enable_kv_cache_reuse: bool = True
+    fast_logits: bool = Field(False, description="speculative_decoding_fast_logits with participant ids")
+    host: str = "127.0.0.1"
+    http_port: int = Field(8000, ge=0, le=65535)
+    grpc_port: int = Field(8001, ge=0, le=65535)
+    metrics_port: int = Field(8002, ge=0, le=65535)
+
+
+class Recipe(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    target: ModelSpec
+    draft: ModelSpec
+    speculative: SpeculativeSpec = SpeculativeSpec()
+    limits: LimitsSpec = LimitsSpec()
+    calibration: CalibrationSpec = CalibrationSpec()
+    triton: TritonSpec = TritonSpec()
+    source: Path | None = Field(None, exclude=True, description="the file this recipe was read from")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if ".." in value:
+            raise ValueError("the name must not contain '..' (it names folders under engines/ and triton_repo/)")
+        return value
+
+    @model_validator(mode="after")
+    def _limits(self) -> Recipe:
+        lim = self.limits
+        if lim.max_input_len >= lim.max_seq_len:
+            raise ValueError(f"limits.max_input_len {lim.max_input_len} must be < limits.max_seq_len {lim.max_seq_len}")
+        return self
+
+    def models(self) -> dict[str, ModelSpec]:
+        return {"target": self.target, "draft": self.draft}
+
+    def digest(self) -> str:
+        """A stable hash of every field (model paths included, the recipe's own location excluded)."""
+        payload = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def _set_dotted(data: dict, dotted: str, value: Any) -> None:
+    node = data
+    *parents, leaf = dotted.split(".")
+    for key in parents:
+        node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            raise RecipeError("<cli>", dotted, f"cannot set {dotted}: {key} is not a mapping")
+    node[leaf] = value
+
+
+def _format_validation_error(path: Path | str, err: ValidationError) -> RecipeError:
+    first = err.errors()[0]
+    field = ".".join(str(p) for p in first["loc"]) or None
+    message = first["msg"].removeprefix("Value error, ")
+    if first["type"] != "missing":
+        message += f" (got {first.get('input')!r})"
+    return RecipeError(path, field, message, detail=str(err))
+
+
+def recipe_from_dict(
+    data: dict, *, source: Path | str = "<recipe>", base_dir: Path | None = None, check_paths: bool = True
+) -> Recipe:
+    """Validate a raw mapping into a Recipe; errors name the source, the field path and the value."""
+    base = base_dir if base_dir is not None else Path.cwd()
+    try:
+        recipe = Recipe.model_validate(data, context={"base_dir": base, "check_paths": check_paths})
+    except ValidationError as err:
+        raise _format_validation_error(source, err) from None
+    return recipe.model_copy(update={"source": Path(source) if source != "<recipe>" else None})
+
+
+def resolve_recipe_path(path: str | Path) -> Path:
+    """``demo`` names the shipped demo recipe; anything else is a file path."""
+    return DEMO_RECIPE if str(path) == "demo" else Path(path)
+
+
+def load_recipe(path: str | Path, overrides: dict[str, Any] | None = None, *, check_paths: bool = True) -> Recipe:
+    """Read, override and validate a recipe file. ``overrides`` maps dotted field paths to values (None = unset)."""
+    import yaml
+
+    path = resolve_recipe_path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise RecipeError(path, None, f"cannot read the recipe ({err.strerror}); pass an existing YAML file") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else None
+        raise RecipeError(path, where, f"not valid YAML: {getattr(err, 'problem', err)}") from None
+    if not isinstance(data, dict):
+        raise RecipeError(path, None, "a recipe must be a YAML mapping (see builders/README.md)")
+    for dotted, value in (overrides or {}).items():
+        if value is not None:
+            _set_dotted(data, dotted, value)
+    real = path.resolve()
+    return recipe_from_dict(data, source=path, base_dir=real.parent, check_paths=check_paths)

@@ -1,0 +1,1 @@
+"""Triton model-repository generation, templates, the Triton python models, and the server launcher."""

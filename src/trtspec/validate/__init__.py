@@ -1,0 +1,1 @@
+"""PyTorch reference, output comparisons, acceptance metrics, reports and benchmarks."""
