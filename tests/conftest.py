@@ -1,0 +1,42 @@
+"""Shared fixtures: a CliRunner and tiny models built into tmp dirs (see tests/tiny_models.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def runner():
+    from click.testing import CliRunner
+
+    return CliRunner()
+
+
+@pytest.fixture(scope="session")
+def shared_tokenizer_dir(tmp_path_factory) -> Path:
+    from tiny_models import make_tokenizer
+
+    out = tmp_path_factory.mktemp("tokenizer")
+    make_tokenizer(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tmp_path_factory, shared_tokenizer_dir) -> tuple[Path, Path]:
+    """(target_dir, draft_dir): Llama target 2x64 and 1x32 draft sharing one tokenizer."""
+    from tiny_models import make_model
+
+    root = tmp_path_factory.mktemp("pair")
+    target = make_model(root / "target", "llama", tokenizer_dir=shared_tokenizer_dir, num_hidden_layers=2, seed=1)
+    draft = make_model(
+        root / "draft", "llama", tokenizer_dir=shared_tokenizer_dir, hidden_size=32, num_hidden_layers=1,
+        num_attention_heads=2, intermediate_size=64, seed=2,
+    )
+    return target, draft
