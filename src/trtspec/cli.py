@@ -94,7 +94,9 @@ def check(recipe: str, allow_unsupported_precision: bool | None, out: Output) ->
         sys.exit(1)
 
 
-# --- convert / quantize / build (issue 4) ---
+# --- convert / quantize (issue 4) ---
+
+# --- build (issue 4) ---
 
 # --- generate (issue 3) ---
 

@@ -1,0 +1,66 @@
+"""What the TensorRT-LLM draft-target path supports: the one place these facts live.
+
+Sources: NVIDIA/TensorRT-LLM 1.2.x examples/draft_target_model/README.md (precisions), modelopt 0.37
+``modelopt/torch/export/model_config_utils`` / ``layer_utils.get_model_type`` (decoder types), TensorRT-LLM
+``tensorrt_llm/quantization/mode.py`` (QuantAlgo names) and its per-format hardware requirements.
+"""
+
+from __future__ import annotations
+
+# The engine path is pinned to TensorRT-LLM 1.2.x, the last release line with trtllm-build / TensorRT engines.
+TRTLLM_VERSION = "1.2.1"
+TRTLLM_VERSION_RANGE = (">=1.2.0", "<1.3.0")
+# NGC Triton image that ships TensorRT-LLM 1.2.1 (see docker/Dockerfile; the adapter's version check uses
+# TRTLLM_VERSION_RANGE).
+NGC_TRITON_TRTLLM_IMAGE = "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"
+
+# HF architecture -> modelopt/TensorRT-LLM decoder type of the conversion path.
+SUPPORTED_ARCHITECTURES: dict[str, str] = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen",
+    "Qwen3ForCausalLM": "qwen",
+}
+
+# Quantization formats: recipe name -> (modelopt config name, checkpoint QuantAlgo, needs calibration).
+QUANT_FORMATS: dict[str, tuple[str | None, str | None, bool]] = {
+    "none": (None, None, False),
+    "fp8": ("FP8_DEFAULT_CFG", "FP8", True),
+    "int8_sq": ("INT8_SMOOTHQUANT_CFG", "W8A8_SQ_PER_CHANNEL", True),
+    "int4_awq": ("INT4_AWQ_CFG", "W4A16_AWQ", True),
+    "w4a8_awq": ("W4A8_AWQ_BETA_CFG", "W4A8_AWQ", True),
+}
+
+# Draft-target model (DTM) support matrix of TensorRT-LLM: the precisions a pair may run in.
+DTM_SUPPORTED_PRECISIONS = frozenset({"float16", "bfloat16", "fp8"})
+
+# Bytes per weight element as stored in the engine (int4 packs two per byte; scales are ignored here).
+WEIGHT_BYTES = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "fp8": 1.0, "int8_sq": 1.0, "int4_awq": 0.5, "w4a8_awq": 0.5}
+KV_BYTES = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "fp8": 1.0}
+
+# Minimum CUDA compute capability each precision needs in TensorRT-LLM.
+MIN_COMPUTE_CAPABILITY = {
+    "float16": (7, 0),
+    "bfloat16": (8, 0),
+    "float32": (7, 0),
+    "fp8": (8, 9),
+    "int8_sq": (7, 0),
+    "int4_awq": (7, 5),
+    "w4a8_awq": (8, 9),
+}
+
+# AWQ kernels need weight dimensions divisible by this group size, and pad the vocab to it.
+AWQ_GROUP_SIZE = 128
+
+
+def effective_precision(dtype: str, quantization: str) -> str:
+    """The precision a model runs in: its quantization format if any, else its dtype."""
+    return dtype if quantization == "none" else quantization
+
+
+def padded_vocab_size(vocab_size: int, tp_size: int, quantization: str) -> int:
+    """Vocab rows of the TensorRT-LLM lm_head: padded to a multiple of tp_size, and of 128 for AWQ formats."""
+    multiple = tp_size
+    if quantization in ("int4_awq", "w4a8_awq"):
+        multiple = AWQ_GROUP_SIZE * tp_size
+    return -(-vocab_size // multiple) * multiple
