@@ -140,6 +140,9 @@ class InstanceCounts(_Strict):
 class TritonSpec(_Strict):
     runtime: Runtime = "torch"
     device: Device = Field("cpu", description="device of the torch runtime's engine models")
+    torch_dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
+        "auto", description="dtype of the torch runtime: auto = float32 on cpu, the model's dtype on cuda"
+    )
     decoupled: bool = Field(True, description="stream accepted tokens as each round is verified")
     instances: InstanceCounts = InstanceCounts()
     kv_cache_free_gpu_mem_fraction: PerModel = PerModel()
@@ -149,6 +152,13 @@ class TritonSpec(_Strict):
     http_port: int = Field(8000, ge=0, le=65535)
     grpc_port: int = Field(8001, ge=0, le=65535)
     metrics_port: int = Field(8002, ge=0, le=65535)
+
+
+def torch_runtime_dtype(triton: TritonSpec, model: ModelSpec) -> str:
+    """The dtype the PyTorch engine runs a model in under the torch runtime (fp16 matmuls are slow on CPU)."""
+    if triton.torch_dtype != "auto":
+        return triton.torch_dtype
+    return "float32" if triton.device == "cpu" else model.dtype
 
 
 class Recipe(_Strict):
