@@ -34,9 +34,17 @@ def tiny_pair(tmp_path_factory, shared_tokenizer_dir) -> tuple[Path, Path]:
     from tiny_models import make_model
 
     root = tmp_path_factory.mktemp("pair")
-    target = make_model(root / "target", "llama", tokenizer_dir=shared_tokenizer_dir, num_hidden_layers=2, seed=1)
+    target = make_model(
+        root / "target", "llama", tokenizer_dir=shared_tokenizer_dir, num_hidden_layers=2, seed=1
+    )
     draft = make_model(
-        root / "draft", "llama", tokenizer_dir=shared_tokenizer_dir, hidden_size=32, num_hidden_layers=1,
-        num_attention_heads=2, intermediate_size=64, seed=2,
+        root / "draft",
+        "llama",
+        tokenizer_dir=shared_tokenizer_dir,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        seed=2,
     )
     return target, draft

@@ -25,7 +25,9 @@ ARCHS = {
 }
 
 
-def make_tokenizer(out_dir: Path, vocab_size: int = 320, eos: str = "</s>", extra_special: tuple[str, ...] = ()):
+def make_tokenizer(
+    out_dir: Path, vocab_size: int = 320, eos: str = "</s>", extra_special: tuple[str, ...] = ()
+):
     """A byte-level BPE tokenizer saved with save_pretrained; returns the PreTrainedTokenizerFast."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast

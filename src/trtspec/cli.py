@@ -56,7 +56,13 @@ recipe_argument = click.argument("recipe", envvar="TRTSPEC_RECIPE", default="dem
 RECIPE_HELP = "RECIPE is a builders/<pair>.yaml file; 'demo' (the default) is the shipped demo pair."
 
 
-@click.group(context_settings={"auto_envvar_prefix": "TRTSPEC", "show_default": True, "help_option_names": ["-h", "--help"]})
+@click.group(
+    context_settings={
+        "auto_envvar_prefix": "TRTSPEC",
+        "show_default": True,
+        "help_option_names": ["-h", "--help"],
+    }
+)
 @click.version_option(__version__, prog_name="trtspec")
 def cli() -> None:
     """trtspec: a target and a draft Hugging Face model to a served draft-target speculative-decoding deployment.
@@ -76,19 +82,32 @@ def cli() -> None:
 
 @cli.command()
 @recipe_argument
-@click.option("--allow-unsupported-precision", is_flag=True, default=None, help="Accept precisions outside the draft-target support matrix.")
+@click.option(
+    "--allow-unsupported-precision",
+    is_flag=True,
+    default=None,
+    help="Accept precisions outside the draft-target support matrix.",
+)
+@click.option(
+    "--gpu-memory",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="GIB",
+    help="Fail when the per-GPU estimate exceeds this.",
+)
 @output_options
-def check(recipe: str, allow_unsupported_precision: bool | None, out: Output) -> None:
+def check(
+    recipe: str, allow_unsupported_precision: bool | None, gpu_memory: float | None, out: Output
+) -> None:
     """Pre-flight checks of a draft/target pair, no GPU needed. Exit 0 pass, 1 a check failed, 2 bad input.
 
     RECIPE is a builders/<pair>.yaml file; 'demo' (the default) is the shipped demo pair.
     """
-    from trtspec.builders.preflight import run_checks
+    from trtspec.builders.preflight import print_check_report, run_checks
     from trtspec.recipe import load_recipe
-    from trtspec.report import print_check_report
 
     spec = load_recipe(recipe, {"speculative.allow_unsupported_precision": allow_unsupported_precision})
-    report = run_checks(spec)
+    report = run_checks(spec, gpu_memory_gib=gpu_memory)
     print_check_report(report, out)
     if not report.ok:
         sys.exit(1)
@@ -103,6 +122,17 @@ def check(recipe: str, allow_unsupported_precision: bool | None, out: Output) ->
 # --- deploy / serve (issue 5) ---
 
 # --- validate / bench (issue 6) ---
+
+
+def _show_envvars(group: click.Group) -> None:
+    """Every option of every command lists its TRTSPEC_<COMMAND>_<OPTION> variable in --help."""
+    for command in group.commands.values():
+        for param in command.params:
+            if isinstance(param, click.Option) and param.name not in ("help", "version"):
+                param.show_envvar = True
+
+
+_show_envvars(cli)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -14,7 +14,15 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from trtspec.errors import RecipeError
 
@@ -46,7 +54,9 @@ def resolve_model_path(value: str | Path, base_dir: Path) -> Path:
 class ModelSpec(_Strict):
     """One model of the pair (target or draft)."""
 
-    model: Path = Field(description="Hugging Face model directory (config.json, weights, tokenizer) or demo:NAME")
+    model: Path = Field(
+        description="Hugging Face model directory (config.json, weights, tokenizer) or demo:NAME"
+    )
     dtype: Dtype = "float16"
     quantization: Quantization = "none"
     kv_cache_dtype: KvCacheDtype = "auto"
@@ -88,9 +98,13 @@ class ModelSpec(_Strict):
 
 class SpeculativeSpec(_Strict):
     max_draft_len: int = Field(4, ge=1, le=64, description="engine limit K: the most draft tokens per round")
-    num_draft_tokens: int | None = Field(None, ge=1, description="default per-request K; default max_draft_len")
+    num_draft_tokens: int | None = Field(
+        None, ge=1, description="default per-request K; default max_draft_len"
+    )
     use_draft_logits: bool = Field(False, description="accept by draft/target probabilities, not token match")
-    allow_unsupported_precision: bool = Field(False, description="build outside the draft-target support matrix")
+    allow_unsupported_precision: bool = Field(
+        False, description="build outside the draft-target support matrix"
+    )
 
     @model_validator(mode="after")
     def _k(self) -> SpeculativeSpec:
@@ -175,14 +189,18 @@ class Recipe(_Strict):
     @classmethod
     def _name(cls, value: str) -> str:
         if ".." in value:
-            raise ValueError("the name must not contain '..' (it names folders under engines/ and triton_repo/)")
+            raise ValueError(
+                "the name must not contain '..' (it names folders under engines/ and triton_repo/)"
+            )
         return value
 
     @model_validator(mode="after")
     def _limits(self) -> Recipe:
         lim = self.limits
         if lim.max_input_len >= lim.max_seq_len:
-            raise ValueError(f"limits.max_input_len {lim.max_input_len} must be < limits.max_seq_len {lim.max_seq_len}")
+            raise ValueError(
+                f"limits.max_input_len {lim.max_input_len} must be < limits.max_seq_len {lim.max_seq_len}"
+            )
         return self
 
     def models(self) -> dict[str, ModelSpec]:
@@ -230,7 +248,9 @@ def resolve_recipe_path(path: str | Path) -> Path:
     return DEMO_RECIPE if str(path) == "demo" else Path(path)
 
 
-def load_recipe(path: str | Path, overrides: dict[str, Any] | None = None, *, check_paths: bool = True) -> Recipe:
+def load_recipe(
+    path: str | Path, overrides: dict[str, Any] | None = None, *, check_paths: bool = True
+) -> Recipe:
     """Read, override and validate a recipe file. ``overrides`` maps dotted field paths to values (None = unset)."""
     import yaml
 
@@ -238,7 +258,9 @@ def load_recipe(path: str | Path, overrides: dict[str, Any] | None = None, *, ch
     try:
         text = path.read_text()
     except OSError as err:
-        raise RecipeError(path, None, f"cannot read the recipe ({err.strerror}); pass an existing YAML file") from None
+        raise RecipeError(
+            path, None, f"cannot read the recipe ({err.strerror}); pass an existing YAML file"
+        ) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:

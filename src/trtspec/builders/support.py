@@ -35,7 +35,15 @@ QUANT_FORMATS: dict[str, tuple[str | None, str | None, bool]] = {
 DTM_SUPPORTED_PRECISIONS = frozenset({"float16", "bfloat16", "fp8"})
 
 # Bytes per weight element as stored in the engine (int4 packs two per byte; scales are ignored here).
-WEIGHT_BYTES = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "fp8": 1.0, "int8_sq": 1.0, "int4_awq": 0.5, "w4a8_awq": 0.5}
+WEIGHT_BYTES = {
+    "float32": 4.0,
+    "float16": 2.0,
+    "bfloat16": 2.0,
+    "fp8": 1.0,
+    "int8_sq": 1.0,
+    "int4_awq": 0.5,
+    "w4a8_awq": 0.5,
+}
 KV_BYTES = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "fp8": 1.0}
 
 # Minimum CUDA compute capability each precision needs in TensorRT-LLM.

@@ -1,0 +1,443 @@
+"""Pre-flight checks of a draft/target pair (``trtspec check``), no GPU needed.
+
+Each check catches, before any build, a failure users otherwise meet at run time (see
+shared/reference/trtllm-engine-flow.md, "Known user pain points"). ``gather_facts`` is the only I/O (configs,
+tokenizers, safetensors headers); every ``check_*`` function is pure over those facts and returns CheckResults.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from trtspec.builders import support
+from trtspec.errors import ModelError
+from trtspec.recipe import ModelSpec, Recipe
+
+Status = Literal["pass", "warn", "fail"]
+SPECIAL_ROLES = ("bos_token", "eos_token", "pad_token", "unk_token")
+MAX_DRAFT_LEN_WARN = 10
+DRAFT_RATIO_WARN = 0.2  # draft/target parameters above this rarely pay for the draft's own cost
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    status: Status
+    message: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the checks need of one model, read once from its directory."""
+
+    role: str
+    path: Path
+    architecture: str
+    vocab_size: int
+    max_position_embeddings: int
+    num_hidden_layers: int
+    num_key_value_heads: int
+    head_dim: int
+    num_parameters: int
+    tokenizer: Any = field(repr=False)
+
+
+@dataclass(frozen=True)
+class MemoryRow:
+    """Estimated GPU memory of one model on each of its ranks (GiB)."""
+
+    role: str
+    precision: str
+    gpus: tuple[int, ...]
+    weights_gib: float
+    kv_cache_gib: float
+    min_compute_capability: str
+
+    @property
+    def total_gib(self) -> float:
+        return self.weights_gib + self.kv_cache_gib
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    recipe: str
+    results: list[CheckResult]
+    memory: list[MemoryRow]
+
+    @property
+    def ok(self) -> bool:
+        return all(r.status != "fail" for r in self.results)
+
+    def per_gpu_gib(self) -> dict[int, float]:
+        totals: dict[int, float] = {}
+        for row in self.memory:
+            for gpu in row.gpus:
+                totals[gpu] = totals.get(gpu, 0.0) + row.total_gib
+        return totals
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "recipe": self.recipe,
+            "ok": self.ok,
+            "checks": [asdict(r) for r in self.results],
+            "memory": [asdict(m) | {"total_gib": round(m.total_gib, 3)} for m in self.memory],
+            "per_gpu_gib": {str(k): round(v, 3) for k, v in self.per_gpu_gib().items()},
+        }
+
+
+# ---------------------------------------------------------------- I/O: reading a model directory
+
+
+def count_safetensors_parameters(model_dir: Path) -> int | None:
+    """Sum of tensor elements over the model's *.safetensors files, from their headers only (no weights read)."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        return None
+    total = 0
+    for path in files:
+        with open(path, "rb") as fh:
+            (length,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(length))
+        for name, meta in header.items():
+            if name != "__metadata__":
+                numel = 1
+                for dim in meta["shape"]:
+                    numel *= dim
+                total += numel
+    return total
+
+
+def _estimate_parameters(cfg) -> int:
+    """Llama-family parameter count from the config, for checkpoints without safetensors."""
+    hidden, layers, vocab = cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size
+    head_dim = getattr(cfg, "head_dim", None) or hidden // cfg.num_attention_heads
+    kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    attn = hidden * head_dim * (cfg.num_attention_heads * 2 + kv * 2)
+    mlp = 3 * hidden * cfg.intermediate_size
+    embeddings = vocab * hidden * (1 if getattr(cfg, "tie_word_embeddings", False) else 2)
+    return layers * (attn + mlp + 2 * hidden) + embeddings + hidden
+
+
+def load_tokenizer(model_dir: Path, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+    except Exception as err:  # transformers raises many types for a broken/missing tokenizer
+        raise ModelError(
+            f"{model_dir}: no loadable tokenizer ({type(err).__name__}); the directory needs tokenizer.json "
+            "or the tokenizer files of the Hugging Face checkpoint",
+            detail=str(err),
+        ) from None
+
+
+def gather_facts(role: str, spec: ModelSpec) -> ModelFacts:
+    """Read config.json, the tokenizer and the safetensors headers of one model directory."""
+    from transformers import AutoConfig
+
+    path = Path(spec.model)
+    if not (path / "config.json").is_file():
+        raise ModelError(
+            f"{path}: {role} model has no config.json; point {role}.model at a Hugging Face checkpoint"
+        )
+    try:
+        cfg = AutoConfig.from_pretrained(path, trust_remote_code=spec.trust_remote_code)
+    except Exception as err:
+        raise ModelError(
+            f"{path}/config.json: cannot be read as a model config ({err})", detail=repr(err)
+        ) from None
+    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    heads = cfg.num_attention_heads
+    return ModelFacts(
+        role=role,
+        path=path,
+        architecture=(getattr(cfg, "architectures", None) or [type(cfg).__name__])[0],
+        vocab_size=cfg.vocab_size,
+        max_position_embeddings=getattr(cfg, "max_position_embeddings", 0) or 0,
+        num_hidden_layers=cfg.num_hidden_layers,
+        num_key_value_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+        head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+        num_parameters=count_safetensors_parameters(path) or _estimate_parameters(cfg),
+        tokenizer=load_tokenizer(path, spec.trust_remote_code),
+    )
+
+
+# ---------------------------------------------------------------- pure checks
+
+
+def _first_vocab_differences(
+    target_vocab: dict[str, int], draft_vocab: dict[str, int], limit: int = 3
+) -> list[str]:
+    """The first few ids (ascending) whose token differs, as readable strings."""
+    target_by_id = {i: t for t, i in target_vocab.items()}
+    draft_by_id = {i: t for t, i in draft_vocab.items()}
+    diffs = []
+    for idx in sorted(set(target_by_id) | set(draft_by_id)):
+        tok_t, tok_d = target_by_id.get(idx), draft_by_id.get(idx)
+        if tok_t != tok_d:
+            diffs.append(f"id {idx}: target {tok_t!r} vs draft {tok_d!r}")
+            if len(diffs) == limit:
+                break
+    return diffs
+
+
+def tokenizer_difference(target_tok, draft_tok) -> str | None:
+    """None when the tokenizers are interchangeable, else what differs first (vocab, special ids, specials)."""
+    target_vocab, draft_vocab = target_tok.get_vocab(), draft_tok.get_vocab()
+    if target_vocab != draft_vocab:
+        sizes = f"target {len(target_vocab)} tokens, draft {len(draft_vocab)}"
+        return f"vocabularies differ ({sizes}); first differences: {'; '.join(_first_vocab_differences(target_vocab, draft_vocab))}"
+    for role in SPECIAL_ROLES:
+        tid, did = getattr(target_tok, f"{role}_id"), getattr(draft_tok, f"{role}_id")
+        if tid != did:
+            return f"{role} ids differ: target {tid} ({getattr(target_tok, role)!r}) vs draft {did} ({getattr(draft_tok, role)!r})"
+    if sorted(target_tok.all_special_tokens) != sorted(draft_tok.all_special_tokens):
+        only_t = sorted(set(target_tok.all_special_tokens) - set(draft_tok.all_special_tokens))
+        only_d = sorted(set(draft_tok.all_special_tokens) - set(target_tok.all_special_tokens))
+        return f"special tokens differ: only in target {only_t}, only in draft {only_d}"
+    return None
+
+
+def check_tokenizers(target_tok, draft_tok) -> CheckResult:
+    diff = tokenizer_difference(target_tok, draft_tok)
+    if diff is None:
+        return CheckResult(
+            "tokenizer", "pass", f"identical: {len(target_tok.get_vocab())} tokens, same special tokens"
+        )
+    return CheckResult("tokenizer", "fail", f"{diff}; draft and target must share one tokenizer")
+
+
+def compare_tokenizers(target_dir: Path, draft_dir: Path, trust_remote_code: bool = False) -> CheckResult:
+    """Load both tokenizers and compare them (used by ``check`` and by ``generate``)."""
+    return check_tokenizers(
+        load_tokenizer(target_dir, trust_remote_code), load_tokenizer(draft_dir, trust_remote_code)
+    )
+
+
+def check_vocab(facts: ModelFacts, spec: ModelSpec) -> CheckResult:
+    """The model's embedding rows must cover every tokenizer id; extra rows (padding) are normal."""
+    tok_size = len(facts.tokenizer)
+    name = f"vocab size ({facts.role})"
+    if facts.vocab_size < tok_size:
+        return CheckResult(
+            name,
+            "fail",
+            f"model vocab_size {facts.vocab_size} < tokenizer size {tok_size}: ids >= {facts.vocab_size} would "
+            "index past the embedding; use the tokenizer that belongs to this checkpoint",
+        )
+    padded = support.padded_vocab_size(facts.vocab_size, spec.tp_size, spec.quantization)
+    note = f"model {facts.vocab_size} >= tokenizer {tok_size}; engine lm_head rows {padded}"
+    return CheckResult(
+        name, "pass", note, {"model": facts.vocab_size, "tokenizer": tok_size, "padded": padded}
+    )
+
+
+def check_padded_vocab(target: ModelFacts, draft: ModelFacts, recipe: Recipe) -> CheckResult:
+    """Draft logits are compared with target logits element-wise, so their padded vocab must agree."""
+    t_pad = support.padded_vocab_size(target.vocab_size, recipe.target.tp_size, recipe.target.quantization)
+    d_pad = support.padded_vocab_size(draft.vocab_size, recipe.draft.tp_size, recipe.draft.quantization)
+    if t_pad == d_pad:
+        return CheckResult("padded vocab", "pass", f"target and draft engines both have {t_pad} vocab rows")
+    msg = f"target engine has {t_pad} vocab rows, draft {d_pad}"
+    if recipe.speculative.use_draft_logits or recipe.triton.fast_logits:
+        return CheckResult(
+            "padded vocab",
+            "fail",
+            f"{msg}: draft logits cannot be passed to the target (buffer size mismatch); set "
+            "speculative.use_draft_logits: false or use a draft with the target's vocab_size",
+        )
+    return CheckResult(
+        "padded vocab", "warn", f"{msg}: fine for token-matching acceptance, not for draft logits"
+    )
+
+
+def check_architecture(facts: ModelFacts, runtime: str) -> CheckResult:
+    name = f"architecture ({facts.role})"
+    if facts.architecture in support.SUPPORTED_ARCHITECTURES:
+        return CheckResult(
+            name,
+            "pass",
+            f"{facts.architecture} -> decoder {support.SUPPORTED_ARCHITECTURES[facts.architecture]}",
+        )
+    supported = ", ".join(sorted(support.SUPPORTED_ARCHITECTURES))
+    message = (
+        f"{facts.architecture} is not supported by the TensorRT-LLM conversion path (supported: {supported})"
+    )
+    if runtime == "torch":
+        return CheckResult(name, "warn", message + "; the torch runtime can still serve it")
+    return CheckResult(name, "fail", message)
+
+
+def check_precision(recipe: Recipe) -> CheckResult:
+    precisions = {
+        role: support.effective_precision(m.dtype, m.quantization) for role, m in recipe.models().items()
+    }
+    outside = {role: p for role, p in precisions.items() if p not in support.DTM_SUPPORTED_PRECISIONS}
+    summary = ", ".join(f"{role} {p}" for role, p in precisions.items())
+    if not outside:
+        return CheckResult(
+            "precision", "pass", f"{summary}: inside the draft-target support matrix (fp16/bf16/fp8)"
+        )
+    bad = ", ".join(f"{role} {p}" for role, p in outside.items())
+    message = f"{bad} is outside TensorRT-LLM's draft-target support matrix (fp16, bf16, fp8)"
+    if recipe.speculative.allow_unsupported_precision:
+        return CheckResult("precision", "warn", message + "; allowed by allow_unsupported_precision")
+    return CheckResult(
+        "precision",
+        "fail",
+        message + "; choose float16/bfloat16/fp8 or pass --allow-unsupported-precision",
+    )
+
+
+def check_limits(recipe: Recipe, target: ModelFacts, draft: ModelFacts) -> list[CheckResult]:
+    lim, k = recipe.limits, recipe.speculative.max_draft_len
+    results = []
+    if k > MAX_DRAFT_LEN_WARN:
+        results.append(
+            CheckResult(
+                "max_draft_len",
+                "warn",
+                f"{k} > {MAX_DRAFT_LEN_WARN}: acceptance of late draft positions is usually low",
+            )
+        )
+    else:
+        results.append(CheckResult("max_draft_len", "pass", f"{k}"))
+    too_long = [
+        f
+        for f in (target, draft)
+        if f.max_position_embeddings and lim.max_seq_len > f.max_position_embeddings
+    ]
+    if too_long:
+        names = ", ".join(f"{f.role} {f.max_position_embeddings}" for f in too_long)
+        results.append(
+            CheckResult(
+                "max_seq_len",
+                "fail",
+                f"limits.max_seq_len {lim.max_seq_len} exceeds max_position_embeddings of {names}; lower limits.max_seq_len",
+            )
+        )
+    else:
+        results.append(
+            CheckResult("max_seq_len", "pass", f"{lim.max_seq_len} <= max_position_embeddings of both models")
+        )
+    if lim.max_input_len + k + 1 > lim.max_seq_len:
+        results.append(
+            CheckResult(
+                "draft fits",
+                "fail",
+                f"max_input_len {lim.max_input_len} + max_draft_len {k} + 1 bonus token > max_seq_len {lim.max_seq_len}; "
+                "raise limits.max_seq_len or lower limits.max_input_len",
+            )
+        )
+    else:
+        results.append(
+            CheckResult(
+                "draft fits", "pass", f"input {lim.max_input_len} + {k} draft + 1 <= {lim.max_seq_len}"
+            )
+        )
+    return results
+
+
+def check_draft_size(target: ModelFacts, draft: ModelFacts) -> CheckResult:
+    ratio = draft.num_parameters / max(target.num_parameters, 1)
+    msg = f"draft {draft.num_parameters / 1e6:.1f}M / target {target.num_parameters / 1e6:.1f}M parameters = {ratio:.2f}"
+    if ratio > DRAFT_RATIO_WARN:
+        return CheckResult(
+            "draft size", "warn", f"{msg}: a draft this large rarely pays for itself; pick a smaller draft"
+        )
+    return CheckResult("draft size", "pass", msg, {"ratio": ratio})
+
+
+def estimate_memory(facts: ModelFacts, spec: ModelSpec, recipe: Recipe) -> MemoryRow:
+    """Weights at the model's precision + KV cache for max_batch_size x max_seq_len, per rank (tp x pp split)."""
+    precision = support.effective_precision(spec.dtype, spec.quantization)
+    weights = facts.num_parameters * support.WEIGHT_BYTES[precision] / spec.world_size
+    kv_dtype = (
+        "fp8"
+        if spec.kv_cache_dtype == "fp8"
+        else ("float16" if precision not in support.KV_BYTES else precision)
+    )
+    kv_per_token = (
+        2 * facts.num_hidden_layers * facts.num_key_value_heads * facts.head_dim * support.KV_BYTES[kv_dtype]
+    )
+    tokens = recipe.limits.max_batch_size * recipe.limits.max_seq_len
+    kv = kv_per_token * tokens / spec.world_size
+    cc = support.MIN_COMPUTE_CAPABILITY[precision]
+    return MemoryRow(facts.role, precision, spec.devices, weights / 2**30, kv / 2**30, f"{cc[0]}.{cc[1]}")
+
+
+def check_memory(report_memory: list[MemoryRow], gpu_memory_gib: float | None) -> CheckResult:
+    per_gpu: dict[int, float] = {}
+    for row in report_memory:
+        for gpu in row.gpus:
+            per_gpu[gpu] = per_gpu.get(gpu, 0.0) + row.total_gib
+    worst_gpu, worst = max(per_gpu.items(), key=lambda kv: kv[1])
+    msg = f"peak estimate {format_gib(worst)} on GPU {worst_gpu} (weights + KV cache; activations and workspace extra)"
+    if gpu_memory_gib is not None and worst > gpu_memory_gib:
+        return CheckResult(
+            "memory", "fail", f"{msg} > {gpu_memory_gib} GiB available; lower limits or quantize"
+        )
+    return CheckResult("memory", "pass", msg)
+
+
+def run_checks(recipe: Recipe, gpu_memory_gib: float | None = None) -> CheckReport:
+    """All pre-flight checks of a recipe; raises ModelError only for unreadable inputs."""
+    target = gather_facts("target", recipe.target)
+    draft = gather_facts("draft", recipe.draft)
+    memory = [estimate_memory(target, recipe.target, recipe), estimate_memory(draft, recipe.draft, recipe)]
+    results = [
+        check_tokenizers(target.tokenizer, draft.tokenizer),
+        check_vocab(target, recipe.target),
+        check_vocab(draft, recipe.draft),
+        check_padded_vocab(target, draft, recipe),
+        check_architecture(target, recipe.triton.runtime),
+        check_architecture(draft, recipe.triton.runtime),
+        check_precision(recipe),
+        *check_limits(recipe, target, draft),
+        check_draft_size(target, draft),
+        check_memory(memory, gpu_memory_gib),
+    ]
+    return CheckReport(recipe.name, results, memory)
+
+
+# ---------------------------------------------------------------- output
+
+
+def format_gib(gib: float) -> str:
+    return f"{gib:.2f} GiB" if gib >= 1 else f"{gib * 1024:.1f} MiB"
+
+
+STATUS_STYLE = {"pass": "[green]pass[/]", "warn": "[yellow]warn[/]", "fail": "[bold red]FAIL[/]"}
+
+
+def print_check_report(report: CheckReport, out) -> None:
+    """A rich table of checks and the memory estimate, or the JSON document with --json."""
+    if out.json:
+        out.emit_json(report.to_json())
+        return
+    from rich.table import Table
+
+    console = out.console()
+    table = Table(title=f"trtspec check: {report.recipe}", show_lines=False)
+    for col in ("check", "status", "details"):
+        table.add_column(col, overflow="fold")
+    for r in report.results:
+        table.add_row(r.name, STATUS_STYLE[r.status], r.message)
+    console.print(table)
+    mem = Table(title="Estimated GPU memory per rank")
+    for col in ("model", "precision", "GPUs", "weights", "KV cache", "total", "min compute capability"):
+        mem.add_column(col, justify="right" if col in ("weights", "KV cache", "total") else "left")
+    for m in report.memory:
+        gpus = ",".join(map(str, m.gpus))
+        sizes = (format_gib(m.weights_gib), format_gib(m.kv_cache_gib), format_gib(m.total_gib))
+        mem.add_row(m.role, m.precision, gpus, *sizes, m.min_compute_capability)
+    console.print(mem)
+    failed = sum(r.status == "fail" for r in report.results)
+    warned = sum(r.status == "warn" for r in report.results)
+    verdict = "[bold red]failed[/]" if failed else "[green]passed[/]"
+    console.print(f"{verdict}: {len(report.results) - failed - warned} pass, {warned} warn, {failed} fail")

@@ -1,0 +1,288 @@
+"""`trtspec check`: every pre-flight check against tiny real models and tokenizers built here."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from tiny_models import make_model, make_tokenizer
+
+from trtspec.cli import cli
+
+
+def write_recipe(path: Path, target_dir: Path, draft_dir: Path, **sections) -> Path:
+    data = {"name": "tiny", "target": {"model": str(target_dir)}, "draft": {"model": str(draft_dir)}}
+    for key, value in sections.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key].update(value)
+        else:
+            data[key] = value
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def run_check(runner, recipe: Path, *args):
+    result = runner.invoke(cli, ["check", str(recipe), "--json", *args])
+    payload = json.loads(result.output) if result.output.strip().startswith("{") else None
+    return result, payload
+
+
+def status_of(payload, name: str) -> tuple[str, str]:
+    row = next(c for c in payload["checks"] if c["name"] == name)
+    return row["status"], row["message"]
+
+
+@pytest.fixture
+def draft_with(tmp_path, shared_tokenizer_dir):
+    """Build a draft next to the shared target tokenizer, with a tokenizer and config of the test's choosing."""
+
+    def build(tokenizer_dir=None, **model_kwargs):
+        out = tmp_path / "draft"
+        defaults = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
+        return make_model(
+            out, "llama", tokenizer_dir=tokenizer_dir or shared_tokenizer_dir, **(defaults | model_kwargs)
+        )
+
+    return build
+
+
+def test_matching_pair_passes(runner, tmp_path, tiny_pair):
+    target, draft = tiny_pair
+    result, payload = run_check(runner, write_recipe(tmp_path / "r.yaml", target, draft))
+    assert result.exit_code == 0, result.output
+    assert payload["ok"] is True
+    assert status_of(payload, "tokenizer")[0] == "pass"
+    names = {c["name"] for c in payload["checks"]}
+    assert {"padded vocab", "precision", "max_seq_len", "draft fits", "draft size", "memory"} <= names
+    assert {m["role"] for m in payload["memory"]} == {"target", "draft"}
+
+
+def test_rich_table_output(runner, tmp_path, tiny_pair):
+    target, draft = tiny_pair
+    result = runner.invoke(cli, ["check", str(write_recipe(tmp_path / "r.yaml", target, draft))])
+    assert result.exit_code == 0
+    assert "trtspec check: tiny" in result.output and "Estimated GPU memory" in result.output
+
+
+def test_different_vocab_size(runner, tmp_path, tiny_pair, draft_with):
+    make_tokenizer(tmp_path / "tok300", vocab_size=300)
+    draft = draft_with(tokenizer_dir=tmp_path / "tok300")
+    result, payload = run_check(runner, write_recipe(tmp_path / "r.yaml", tiny_pair[0], draft))
+    assert result.exit_code == 1
+    status, message = status_of(payload, "tokenizer")
+    assert status == "fail" and "target 320 tokens, draft 300" in message
+
+
+def test_same_size_different_tokens_names_first_difference(runner, tmp_path, draft_with):
+    make_tokenizer(tmp_path / "tok_x", extra_special=("<x>",))
+    make_tokenizer(tmp_path / "tok_y", extra_special=("<y>",))
+    target = make_model(tmp_path / "target", tokenizer_dir=tmp_path / "tok_x")
+    draft = draft_with(tokenizer_dir=tmp_path / "tok_y")
+    result, payload = run_check(runner, write_recipe(tmp_path / "r.yaml", target, draft))
+    assert result.exit_code == 1
+    status, message = status_of(payload, "tokenizer")
+    assert status == "fail"
+    assert "id 4: target '<x>' vs draft '<y>'" in message
+
+
+def test_different_eos(runner, tmp_path, draft_with):
+    from transformers import AutoTokenizer
+
+    make_tokenizer(tmp_path / "tok", extra_special=("<|end|>",))
+    other = AutoTokenizer.from_pretrained(tmp_path / "tok", eos_token="<|end|>")
+    other.save_pretrained(tmp_path / "tok_end")
+    target = make_model(tmp_path / "target", tokenizer_dir=tmp_path / "tok")
+    draft = draft_with(tokenizer_dir=tmp_path / "tok_end")
+    result, payload = run_check(runner, write_recipe(tmp_path / "r.yaml", target, draft))
+    assert result.exit_code == 1
+    status, message = status_of(payload, "tokenizer")
+    assert status == "fail" and message.startswith("eos_token ids differ")
+
+
+def test_model_vocab_smaller_than_tokenizer(runner, tmp_path, tiny_pair, draft_with):
+    draft = draft_with(vocab_size=300)
+    result, payload = run_check(runner, write_recipe(tmp_path / "r.yaml", tiny_pair[0], draft))
+    assert result.exit_code == 1
+    status, message = status_of(payload, "vocab size (draft)")
+    assert status == "fail" and "vocab_size 300 < tokenizer size 320" in message
+
+
+def test_padded_vocab_mismatch_warns_and_fails_with_draft_logits(runner, tmp_path, tiny_pair, draft_with):
+    draft = draft_with(vocab_size=384)
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_pair[0], draft)
+    result, payload = run_check(runner, recipe)
+    assert result.exit_code == 0
+    assert status_of(payload, "padded vocab")[0] == "warn"
+    recipe = write_recipe(tmp_path / "r2.yaml", tiny_pair[0], draft, speculative={"use_draft_logits": True})
+    result, payload = run_check(runner, recipe)
+    assert result.exit_code == 1
+    status, message = status_of(payload, "padded vocab")
+    assert status == "fail" and "320" in message and "384" in message
+
+
+def test_padded_vocab_counts_tp_and_awq(runner, tmp_path, tiny_pair):
+    from trtspec.builders.support import padded_vocab_size
+
+    assert padded_vocab_size(32000, 1, "none") == 32000
+    assert padded_vocab_size(32001, 2, "none") == 32002
+    assert padded_vocab_size(32001, 1, "int4_awq") % 128 == 0
+
+
+def test_unsupported_architecture(runner, tmp_path, shared_tokenizer_dir, tiny_pair):
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+    tok = AutoTokenizer.from_pretrained(shared_tokenizer_dir)
+    gpt2 = tmp_path / "gpt2"
+    GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=len(tok))).save_pretrained(gpt2)
+    tok.save_pretrained(gpt2)
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_pair[0], gpt2, triton={"runtime": "tensorrtllm"})
+    result, payload = run_check(runner, recipe)
+    assert result.exit_code == 1
+    status, message = status_of(payload, "architecture (draft)")
+    assert (
+        status == "fail" and "GPT2LMHeadModel is not supported" in message and "LlamaForCausalLM" in message
+    )
+    # The torch runtime serves any causal LM: the same pair only warns there.
+    recipe = write_recipe(tmp_path / "r2.yaml", tiny_pair[0], gpt2)
+    assert status_of(run_check(runner, recipe)[1], "architecture (draft)")[0] == "warn"
+
+
+def test_precision_outside_support_matrix(runner, tmp_path, tiny_pair):
+    recipe = write_recipe(tmp_path / "r.yaml", *tiny_pair, target={"quantization": "int4_awq"})
+    result, payload = run_check(runner, recipe)
+    assert result.exit_code == 1
+    status, message = status_of(payload, "precision")
+    assert status == "fail" and "target int4_awq" in message and "--allow-unsupported-precision" in message
+    result, payload = run_check(runner, recipe, "--allow-unsupported-precision")
+    assert result.exit_code == 0 and status_of(payload, "precision")[0] == "warn"
+
+
+def test_limits(runner, tmp_path, tiny_pair):
+    recipe = write_recipe(
+        tmp_path / "r.yaml",
+        *tiny_pair,
+        speculative={"max_draft_len": 12},
+        limits={"max_input_len": 4090, "max_seq_len": 4096},
+    )
+    result, payload = run_check(runner, recipe)
+    assert result.exit_code == 1
+    assert status_of(payload, "max_draft_len")[0] == "warn"
+    assert (
+        "exceeds max_position_embeddings of target 2048, draft 2048" in status_of(payload, "max_seq_len")[1]
+    )
+    assert status_of(payload, "draft fits")[0] == "fail"
+
+
+def test_memory_estimate_and_gpu_limit(runner, tmp_path, tiny_pair):
+    recipe = write_recipe(
+        tmp_path / "r.yaml",
+        *tiny_pair,
+        target={"tp_size": 2, "gpu_ids": [0, 1]},
+        limits={"max_batch_size": 64, "max_seq_len": 2048},
+    )
+    result, payload = run_check(runner, recipe)
+    target = next(m for m in payload["memory"] if m["role"] == "target")
+    draft = next(m for m in payload["memory"] if m["role"] == "draft")
+    # KV: 2 (k,v) x 2 layers x 4 kv heads x 16 head_dim x 2 bytes x 64 x 2048 tokens, split over 2 ranks.
+    assert target["kv_cache_gib"] == pytest.approx(2 * 2 * 4 * 16 * 2 * 64 * 2048 / 2 / 2**30)
+    assert target["gpus"] == [0, 1] and draft["gpus"] == [0]
+    assert payload["per_gpu_gib"]["0"] == pytest.approx(target["total_gib"] + draft["total_gib"], rel=1e-3)
+    result, payload = run_check(runner, recipe, "--gpu-memory", "0.01")
+    assert result.exit_code == 1 and status_of(payload, "memory")[0] == "fail"
+
+
+def test_draft_not_smaller_warns(runner, tmp_path, tiny_pair):
+    result, payload = run_check(runner, write_recipe(tmp_path / "r.yaml", tiny_pair[0], tiny_pair[0]))
+    assert result.exit_code == 0
+    status, message = status_of(payload, "draft size")
+    assert status == "warn" and "= 1.00" in message
+
+
+@pytest.mark.parametrize(
+    ("section", "value", "field", "fragment"),
+    [
+        ("speculative", {"max_draft_len": 0}, "speculative.max_draft_len", "greater than or equal to 1"),
+        ("speculative", {"max_draft_len": "four"}, "speculative.max_draft_len", "'four'"),
+        ("target", {"dtype": "float8"}, "target.dtype", "'float8'"),
+        ("limits", {"max_batch_sise": 4}, "limits.max_batch_sise", "Extra inputs are not permitted"),
+        ("name", "../escape", "name", "'../escape'"),
+        ("name", "a/b", "name", "'a/b'"),
+        (
+            "limits",
+            {"max_input_len": 1024, "max_seq_len": 1024},
+            None,
+            "max_input_len 1024 must be < limits.max_seq_len",
+        ),
+    ],
+)
+def test_bad_recipe_fields(runner, tmp_path, tiny_pair, section, value, field, fragment):
+    recipe = write_recipe(tmp_path / "r.yaml", *tiny_pair, **{section: value})
+    result = runner.invoke(cli, ["check", str(recipe)])
+    assert result.exit_code == 2
+    line = result.output.strip().splitlines()[-1]
+    assert line.startswith(f"Error: {recipe}")
+    if field:
+        assert f": {field}: " in line
+    assert fragment in line
+    assert "Traceback" not in result.output
+
+
+def test_missing_model_directory(runner, tmp_path, tiny_pair):
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_pair[0], tmp_path / "nowhere")
+    result = runner.invoke(cli, ["check", str(recipe)])
+    assert result.exit_code == 2
+    assert "draft.model: model directory" in result.output and "nowhere does not exist" in result.output
+
+
+def test_model_directory_without_config(runner, tmp_path, tiny_pair):
+    (tmp_path / "empty").mkdir()
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_pair[0], tmp_path / "empty")
+    result = runner.invoke(cli, ["check", str(recipe)])
+    assert result.exit_code == 2 and "draft model has no config.json" in result.output
+
+
+def test_relative_paths_resolve_against_recipe_folder(runner, tmp_path, tiny_pair):
+    import shutil
+
+    folder = tmp_path / "recipes"
+    shutil.copytree(tiny_pair[0], folder / "models" / "t")
+    shutil.copytree(tiny_pair[1], folder / "models" / "d")
+    recipe = write_recipe(folder / "pair.yaml", Path("models/t"), Path("models/d"))
+    result = runner.invoke(cli, ["check", str(recipe), "--json"])
+    assert result.exit_code == 0, result.output
+
+
+def test_unreadable_recipe_and_bad_yaml(runner, tmp_path):
+    result = runner.invoke(cli, ["check", str(tmp_path / "none.yaml")])
+    assert result.exit_code == 2 and "cannot read the recipe" in result.output
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed\n")
+    result = runner.invoke(cli, ["check", str(bad)])
+    assert result.exit_code == 2 and "not valid YAML" in result.output
+
+
+def test_env_var_names_recipe(runner, tmp_path, tiny_pair):
+    recipe = write_recipe(tmp_path / "r.yaml", *tiny_pair)
+    result = runner.invoke(cli, ["check", "--json"], env={"TRTSPEC_RECIPE": str(recipe)})
+    assert result.exit_code == 0 and json.loads(result.output)["recipe"] == "tiny"
+    help_text = runner.invoke(cli, ["check", "--help"]).output
+    assert "TRTSPEC_CHECK_GPU_MEMORY" in help_text
+
+
+def test_help_does_not_import_heavy_libraries():
+    code = "import sys; from trtspec.cli import main; sys.argv=['trtspec','--help']\ntry: main()\nexcept SystemExit: pass\n"
+    code += "heavy=[m for m in ('torch','transformers','modelopt','tritonclient') if m in sys.modules]; print('HEAVY', heavy)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "HEAVY []" in out
+    assert "check" in out
+
+
+def test_python_dash_m_is_the_same_program():
+    out = subprocess.run(
+        [sys.executable, "-m", "trtspec", "--version"], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "trtspec, version 0.1.0"
