@@ -1,0 +1,78 @@
+"""Recipe loading: overrides, the demo recipe, and builders/README.md documenting every field."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from conftest import REPO_ROOT
+
+from trtspec.errors import RecipeError
+from trtspec.recipe import DEMO_DIR, Recipe, load_recipe, recipe_from_dict
+
+
+def field_paths(model: type, prefix: str = "") -> list[str]:
+    paths = []
+    for name, info in model.model_fields.items():
+        if name == "source":
+            continue
+        annotation = info.annotation
+        if isinstance(annotation, type) and hasattr(annotation, "model_fields"):
+            paths += field_paths(annotation, f"{prefix}{name}.")
+        else:
+            paths.append(f"{prefix}{name}")
+    return paths
+
+
+def test_builders_readme_documents_every_field():
+    readme = (REPO_ROOT / "builders" / "README.md").read_text()
+    documented = set(re.findall(r"`([a-z_]+(?:\.[a-z_]+)*)`", readme))
+    missing = [p for p in field_paths(Recipe) if p not in documented]
+    assert not missing, f"builders/README.md lacks {missing}"
+
+
+def test_demo_recipe_resolves_to_packaged_models():
+    recipe = load_recipe("demo", check_paths=False)
+    assert recipe.name == "demo"
+    assert recipe.target.model == DEMO_DIR / "target" and recipe.draft.model == DEMO_DIR / "draft"
+    assert (REPO_ROOT / "builders" / "demo.yaml").resolve() == (DEMO_DIR / "recipe.yaml").resolve()
+
+
+def test_overrides_apply_before_validation(tmp_path, tiny_pair):
+    path = tmp_path / "r.yaml"
+    path.write_text(f"name: x\ntarget: {{model: {tiny_pair[0]}}}\ndraft: {{model: {tiny_pair[1]}}}\n")
+    recipe = load_recipe(
+        path, {"target.dtype": "bfloat16", "speculative.max_draft_len": 6, "draft.dtype": None}
+    )
+    assert recipe.target.dtype == "bfloat16" and recipe.draft.dtype == "float16"
+    assert recipe.speculative.default_num_draft_tokens == 6
+    with pytest.raises(RecipeError, match=r"speculative.max_draft_len: .*\(got 0\)"):
+        load_recipe(path, {"speculative.max_draft_len": 0})
+
+
+def test_num_draft_tokens_cannot_exceed_max_draft_len(tiny_pair):
+    data = {
+        "name": "x",
+        "target": {"model": str(tiny_pair[0])},
+        "draft": {"model": str(tiny_pair[1])},
+        "speculative": {"max_draft_len": 2, "num_draft_tokens": 3},
+    }
+    with pytest.raises(RecipeError, match="num_draft_tokens 3 > max_draft_len 2"):
+        recipe_from_dict(data)
+
+
+def test_gpu_ids_must_match_world_size(tiny_pair):
+    data = {
+        "name": "x",
+        "target": {"model": str(tiny_pair[0]), "tp_size": 2, "gpu_ids": [0]},
+        "draft": {"model": str(tiny_pair[1])},
+    }
+    with pytest.raises(RecipeError, match=r"target: .*gpu_ids has 1 ids but tp_size\*pp_size is 2"):
+        recipe_from_dict(data)
+
+
+def test_digest_changes_with_fields(tiny_pair):
+    base = {"name": "x", "target": {"model": str(tiny_pair[0])}, "draft": {"model": str(tiny_pair[1])}}
+    a = recipe_from_dict(base)
+    b = recipe_from_dict(base | {"limits": {"max_batch_size": 4}})
+    assert a.digest() == recipe_from_dict(base).digest() != b.digest()
