@@ -1,0 +1,287 @@
+"""The TensorRT-LLM adapter: the only module of trtspec that imports ``tensorrt_llm`` (lazily, in a child process).
+
+``build_engines(plans)`` runs a build plan in a child process (``python -m trtspec.builders.trtllm_adapter``, an
+argument list, no shell): the child's exit frees all GPU memory and a crash in TensorRT cannot take the caller
+down. The child checks ``tensorrt_llm.__version__`` against ``support.TRTLLM_VERSION_RANGE``, then builds each
+engine exactly as ``trtllm-build`` would. Afterwards the parent reads each engine's config.json
+(``read_engine_config``) and compares it with the plan (``plan.engine_mismatches``): speculative mode,
+max_draft_len, vocab size, limits, logits gathering, paged context FMHA.
+
+TensorRT-LLM 1.2.x calls (read in NVIDIA/TensorRT-LLM; trtspec calls nothing else):
+
+- ``tensorrt_llm/commands/build.py``: ``parallel_build(model_config, ckpt_dir, build_config, output_dir,
+  workers=1, log_level='info', model_cls=None, **kwargs)``, which per rank runs ``build_model`` (``MODEL_MAP
+  [architecture].from_checkpoint(ckpt_dir, config=rank_config)`` then ``builder.build``) and ``Engine.save``;
+  the ``kwargs`` are those ``main()`` passes (logits_dtype, lora_*, strip_plan, refit). ``main()`` also shows
+  how the CLI flags become objects: ``SpeculativeDecodingMode.from_arguments(args)``, ``PluginConfig`` from the
+  plugin flags, ``BuildConfig.from_dict({...}, plugin_config=...)`` with ``strongly_typed=True``.
+- ``tensorrt_llm/models/modeling_utils.py``: ``PretrainedConfig.from_json_file(config_file)``,
+  ``SpeculativeDecodingMode`` (an IntFlag: NONE=1, DRAFT_TOKENS_EXTERNAL=2, MEDUSA=4, ...).
+- ``tensorrt_llm/builder.py``: ``BuildConfig`` (fields max_batch_size, max_input_len, max_seq_len,
+  max_beam_width, gather_context_logits, gather_generation_logits, strongly_typed, max_draft_len,
+  speculative_decoding_mode, plugin_config), ``BuildConfig.from_dict(config, plugin_config=None)``;
+  ``build(model, build_config)`` adds max_draft_len to max_seq_len when a speculative mode is set;
+  ``Engine.save(engine_dir)`` writes ``config.json`` (``EngineConfig.to_dict``: version, pretrained_config,
+  build_config; IntFlag values are written as integers) and ``rank{N}.engine``.
+- ``tensorrt_llm/plugin/plugin.py``: ``PluginConfig`` (pydantic; fields gemm_plugin, use_paged_context_fmha).
+
+Older engines (TensorRT-LLM < 0.9) have ``builder_config`` + ``plugin_config`` at the top level instead of
+``pretrained_config`` + ``build_config``; ``read_engine_config`` reads both.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from trtspec.builders import support
+from trtspec.builders.plan import EnginePlan, engine_mismatches
+from trtspec.errors import CheckFailed, CheckpointError, NeedsTensorRTLLM
+
+# SpeculativeDecodingMode is an IntFlag (auto() from 1): config.json holds these integers.
+SPECULATIVE_MODES = (
+    "none",
+    "draft_tokens_external",
+    "medusa",
+    "lookahead_decoding",
+    "explicit_draft_tokens",
+    "eagle",
+    "ngram",
+    "user_provided",
+    "save_hidden_states",
+    "auto",
+)
+EXIT_WRONG_VERSION = 10
+
+
+# ---------------------------------------------------------------- engine config.json (no tensorrt_llm needed)
+
+
+def speculative_mode_name(value: Any, max_draft_len: int = 0) -> str:
+    """Normalise config.json's speculative_decoding_mode (int flag, enum repr or name) to the CLI choice name."""
+    if value is None:  # engines from before the field existed: draft support shows as max_draft_len only
+        return "draft_tokens_external" if max_draft_len > 0 else "none"
+    if isinstance(value, int) and not isinstance(value, bool):
+        index = value.bit_length() - 1
+        return (
+            SPECULATIVE_MODES[index]
+            if value > 0 and value == 1 << index and index < len(SPECULATIVE_MODES)
+            else str(value)
+        )
+    return str(value).split(".")[-1].lower()
+
+
+def normalise_engine_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The facts trtspec checks, from a parsed engine config.json (new or old layout)."""
+    if "build_config" in config:
+        pretrained, build = config.get("pretrained_config") or {}, config["build_config"]
+        plugins, mapping = build.get("plugin_config") or {}, pretrained.get("mapping") or {}
+    elif "builder_config" in config:  # TensorRT-LLM < 0.9
+        pretrained = build = config["builder_config"]
+        plugins = config.get("plugin_config") or {}
+        mapping = {"tp_size": build.get("tensor_parallel", 1), "pp_size": build.get("pipeline_parallel", 1)}
+    else:
+        raise KeyError("build_config")
+    max_draft_len = int(build.get("max_draft_len") or 0)
+    return {
+        "version": config.get("version"),
+        "architecture": pretrained.get("architecture") or pretrained.get("name"),
+        "dtype": pretrained.get("dtype") or build.get("precision"),
+        "vocab_size": pretrained.get("vocab_size"),
+        "tp_size": int(mapping.get("tp_size", 1)),
+        "pp_size": int(mapping.get("pp_size", 1)),
+        "speculative_decoding_mode": speculative_mode_name(
+            build.get("speculative_decoding_mode"), max_draft_len
+        ),
+        "max_draft_len": max_draft_len,
+        "max_batch_size": build.get("max_batch_size"),
+        "max_input_len": build.get("max_input_len"),
+        "max_seq_len": build.get("max_seq_len") or build.get("max_sequence_length"),
+        "max_beam_width": build.get("max_beam_width"),
+        "gather_context_logits": bool(
+            build.get("gather_context_logits") or build.get("gather_all_token_logits")
+        ),
+        "gather_generation_logits": bool(
+            build.get("gather_generation_logits") or build.get("gather_all_token_logits")
+        ),
+        "use_paged_context_fmha": bool(plugins.get("use_paged_context_fmha")),
+        "gemm_plugin": plugins.get("gemm_plugin"),
+    }
+
+
+def read_engine_config(engine_dir: str | Path) -> dict[str, Any]:
+    """Read an engine directory's config.json into the facts trtspec checks.
+
+    Returns a dict with: version, architecture, dtype, vocab_size, tp_size, pp_size, speculative_decoding_mode
+    ("draft_tokens_external", "none", ...), max_draft_len, max_batch_size, max_input_len, max_seq_len,
+    max_beam_width, gather_context_logits, gather_generation_logits, use_paged_context_fmha, gemm_plugin.
+    Raises CheckpointError (one line) when the file is missing or not an engine config.
+    """
+    path = Path(engine_dir) / "config.json"
+    try:
+        return normalise_engine_config(json.loads(path.read_text()))
+    except OSError as err:
+        raise CheckpointError(
+            f"{path}: cannot read the engine config ({err.strerror}); build engines with `trtspec build`"
+        ) from None
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+        raise CheckpointError(
+            f"{path}: not a TensorRT-LLM engine config ({type(err).__name__}: {err})"
+        ) from None
+
+
+def verify_engine(plan: EnginePlan, engine_dir: Path | None = None) -> dict[str, Any]:
+    """Check a built engine against its plan; returns its facts, or raises CheckFailed naming the first problem."""
+    engine_dir = Path(engine_dir or plan.engine_dir)
+    facts = read_engine_config(engine_dir)
+    problems = engine_mismatches(plan, facts)
+    world = plan.checkpoint.world_size
+    problems += [
+        f"rank{r}.engine is missing" for r in range(world) if not (engine_dir / f"rank{r}.engine").is_file()
+    ]
+    if problems:
+        raise CheckFailed(
+            f"{plan.role} engine {engine_dir}: {problems[0]} (TensorRT-LLM did not build what the plan asked; "
+            "the engine was discarded)",
+            detail="\n".join(problems),
+        )
+    return facts
+
+
+# ---------------------------------------------------------------- availability and version
+
+
+def version_problem(version: str) -> str | None:
+    """None when ``version`` is inside support.TRTLLM_VERSION_RANGE, else a one-line explanation."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion
+
+    wanted = SpecifierSet(",".join(support.TRTLLM_VERSION_RANGE), prereleases=True)
+    try:
+        ok = wanted.contains(version)
+    except InvalidVersion:
+        ok = False
+    if ok:
+        return None
+    return (
+        f"tensorrt_llm {version} is installed but trtspec's engine path needs {wanted} (the last release line "
+        f"with TensorRT engines); use {support.NGC_TRITON_TRTLLM_IMAGE}"
+    )
+
+
+def tensorrt_llm_location() -> Path | None:
+    """The directory that holds the importable ``tensorrt_llm`` package, or None; imports nothing."""
+    spec = importlib.util.find_spec("tensorrt_llm")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0]).parent
+
+
+def require_tensorrt_llm() -> Path:
+    location = tensorrt_llm_location()
+    if location is None:
+        raise NeedsTensorRTLLM(
+            f"building TensorRT engines needs tensorrt_llm {support.TRTLLM_VERSION}, which is not installed here; "
+            f"run inside {support.NGC_TRITON_TRTLLM_IMAGE}"
+        )
+    return location
+
+
+# ---------------------------------------------------------------- parent side: run the plan in a child
+
+
+def _child_env(location: Path) -> dict[str, str]:
+    # The child must import the same tensorrt_llm the parent found (a venv, a test stand-in).
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(location), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def build_engines(plans: list[EnginePlan], log_path: Path) -> dict[str, Any]:
+    """Build ``plans`` (each into its own ``engine_dir``) in a child process, then verify every engine.
+
+    Returns {"tensorrt_llm_version": str, "engines": {role: {"seconds": float, "config": read_engine_config}}}.
+    Raises NeedsTensorRTLLM (not installed / wrong version) or CheckFailed (the build failed or the engine does
+    not match its plan). The child's output goes to ``log_path``.
+    """
+    location = require_tensorrt_llm()
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    job, result_path = log_path.with_suffix(".plan.json"), log_path.with_suffix(".result.json")
+    job.write_text(json.dumps([p.to_dict() for p in plans], indent=2))
+    result_path.unlink(missing_ok=True)
+    argv = [sys.executable, "-m", "trtspec.builders.trtllm_adapter", str(job), str(result_path)]
+    with open(log_path, "w") as log:
+        code = subprocess.call(argv, stdout=log, stderr=subprocess.STDOUT, env=_child_env(location))
+    result = json.loads(result_path.read_text()) if result_path.is_file() else {}
+    if code == EXIT_WRONG_VERSION:
+        raise NeedsTensorRTLLM(result.get("error", "wrong tensorrt_llm version"))
+    if code != 0:
+        tail = log_path.read_text()[-2000:] if log_path.is_file() else ""
+        raise CheckFailed(f"TensorRT-LLM engine build failed (exit {code}); see {log_path}", detail=tail)
+    for plan in plans:
+        result["engines"][plan.role]["config"] = verify_engine(plan)
+    return result
+
+
+# ---------------------------------------------------------------- child side: the only tensorrt_llm imports
+
+
+def _build_one(plan: EnginePlan) -> None:
+    import argparse
+
+    from tensorrt_llm.builder import BuildConfig
+    from tensorrt_llm.commands.build import parallel_build
+    from tensorrt_llm.models import PretrainedConfig
+    from tensorrt_llm.models.modeling_utils import SpeculativeDecodingMode
+    from tensorrt_llm.plugin import PluginConfig
+
+    cfg = dict(plan.build_config)
+    plugin_config = PluginConfig(**cfg.pop("plugin_config"))
+    mode = argparse.Namespace(speculative_decoding_mode=cfg.pop("speculative_decoding_mode"))
+    cfg["speculative_decoding_mode"] = SpeculativeDecodingMode.from_arguments(mode)
+    build_config = BuildConfig.from_dict(cfg, plugin_config=plugin_config)
+    model_config = PretrainedConfig.from_json_file(str(plan.checkpoint_dir / "config.json"))
+    kwargs = {
+        "logits_dtype": None,
+        "lora_dir": None,
+        "lora_ckpt_source": "hf",
+        "max_lora_rank": 64,
+        "lora_target_modules": None,
+        "strip_plan": False,
+        "refit": False,
+    }
+    parallel_build(
+        model_config, str(plan.checkpoint_dir), build_config, str(plan.engine_dir), 1, "info", None, **kwargs
+    )
+
+
+def child_main(job_path: str, result_path: str) -> int:
+    """Entry of the child process: version check, then every engine of the job; writes a JSON result."""
+    import tensorrt_llm
+
+    version = str(tensorrt_llm.__version__)
+    result: dict[str, Any] = {"tensorrt_llm_version": version, "engines": {}}
+    problem = version_problem(version)
+    if problem:
+        result["error"] = problem
+        Path(result_path).write_text(json.dumps(result))
+        return EXIT_WRONG_VERSION
+    for data in json.loads(Path(job_path).read_text()):
+        plan = EnginePlan.from_dict(data)
+        start = time.perf_counter()
+        print(f"[trtspec] building the {plan.role} engine into {plan.engine_dir}", flush=True)
+        _build_one(plan)
+        result["engines"][plan.role] = {"seconds": round(time.perf_counter() - start, 3)}
+    Path(result_path).write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(child_main(sys.argv[1], sys.argv[2]))
