@@ -10,9 +10,11 @@ from __future__ import annotations
 # The engine path is pinned to TensorRT-LLM 1.2.x, the last release line with trtllm-build / TensorRT engines.
 TRTLLM_VERSION = "1.2.1"
 TRTLLM_VERSION_RANGE = (">=1.2.0", "<1.3.0")
-# NGC Triton image that ships TensorRT-LLM 1.2.1 (see docker/Dockerfile; the adapter's version check uses
-# TRTLLM_VERSION_RANGE).
-NGC_TRITON_TRTLLM_IMAGE = "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"
+# NGC Triton image that ships TensorRT-LLM 1.2.1 (the adapter's version check uses TRTLLM_VERSION_RANGE).
+# Confirmed in triton-inference-server/server docs/introduction/compatibility.md ("Container Name:
+# trtllm-python-py3"): 26.04-26.07 ship TensorRT-LLM 1.2.1 with TensorRT 10.14.1.48 (26.03 has 1.2.0,
+# 25.12-26.02 have 1.1.0); 26.07 is the newest of them.
+NGC_TRITON_TRTLLM_IMAGE = "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
 
 # HF architecture -> modelopt/TensorRT-LLM decoder type of the conversion path.
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
