@@ -117,9 +117,93 @@ def check(
 
 # --- build (issue 4) ---
 
+
+@cli.command()
+@recipe_argument
+@click.option(
+    "--engines-dir",
+    type=click.Path(file_okay=False),
+    default="engines",
+    help="Where engines/<name>/{target,draft}/{checkpoint,engine} and manifest.json go.",
+)
+@click.option(
+    "--engines-only",
+    is_flag=True,
+    help="Only build engines from existing checkpoints (inside the NGC image; HF models not needed).",
+)
+@click.option("--force", is_flag=True, help="Re-run every stage even when its outputs are up to date.")
+@output_options
+def build(recipe: str, engines_dir: str, engines_only: bool, force: bool, out: Output) -> None:
+    """check -> convert/quantize -> TensorRT-LLM engines for both models, skipping up-to-date stages.
+
+    RECIPE is a builders/<pair>.yaml file; 'demo' (the default) is the shipped demo pair. Without tensorrt_llm
+    it stops after the checkpoints and the plan, writes engines/<name>/finish_in_ngc.sh and exits 3.
+    """
+    from pathlib import Path
+
+    from trtspec.builders.build import build as run_build
+    from trtspec.recipe import load_recipe
+
+    spec = load_recipe(recipe, check_paths=not engines_only)
+    result = run_build(spec, Path(engines_dir), engines_only=engines_only, force=force, console=out.console())
+    if out.json:
+        out.emit_json(result.manifest)
+    else:
+        out.console().print(f"Engines ready in {result.out_dir} (ran: {', '.join(result.ran) or 'nothing'}).")
+
+
 # --- generate (issue 3) ---
 
 # --- deploy / serve (issue 5) ---
+
+
+@cli.command()
+@recipe_argument
+@click.option("--runtime", type=click.Choice(["tensorrtllm", "torch"]), default=None,
+              help="Engine models: the TensorRT-LLM C++ backend, or python models running the PyTorch engine "
+              "(CPU). Default: the recipe's triton.runtime.")
+@click.option("--out", "out_dir", type=click.Path(), default=None, help="Repository folder [default: triton_repo/<name>].")
+@click.option("--engine-dir", type=click.Path(), default=None,
+              help="Folder with target/ and draft/ engines (tensorrtllm runtime) [default: engines/<name>].")
+@output_options
+def deploy(recipe: str, runtime: str | None, out_dir: str | None, engine_dir: str | None, out: Output) -> None:
+    """Write a Triton model repository: preprocessing, postprocessing, target and draft engine models and the
+    speculative orchestrator tensorrt_llm_bls (the entry point), rendered strictly and checked with Triton's schema.
+
+    RECIPE is a builders/<pair>.yaml file; 'demo' (the default) is the shipped demo pair.
+    """
+    from pathlib import Path
+
+    from trtspec.recipe import load_recipe
+    from trtspec.triton_repo.deploy import deploy as write_repo
+
+    dirs = {role: Path(engine_dir) / role for role in ("target", "draft")} if engine_dir else None
+    result = write_repo(load_recipe(recipe), runtime, Path(out_dir) if out_dir else None, engine_dirs=dirs)
+    if out.json:
+        out.emit_json({"repo": str(result.repo), **result.manifest})
+    else:
+        out.console().print(f"wrote {result.repo} ({result.runtime} runtime): {', '.join(result.models)}")
+        out.console().print(f"serve it with: trtspec serve {result.repo}")
+
+
+@cli.command()
+@click.argument("repo", type=click.Path())
+@click.option("--host", default=None, help="Address to bind [default: 127.0.0.1].")
+@click.option("--http-port", type=int, default=None, help="[default: the recipe's triton.http_port]")
+@click.option("--grpc-port", type=int, default=None, help="[default: the recipe's triton.grpc_port]")
+@click.option("--metrics-port", type=int, default=None, help="[default: the recipe's triton.metrics_port]")
+@click.option("--timeout", "timeout_s", type=float, default=300.0, help="Seconds to wait for every model to load.")
+@output_options
+def serve(repo: str, host, http_port, grpc_port, metrics_port, timeout_s: float, out: Output) -> None:
+    """Run tritonserver (the NGC image's, else nvidia-pytriton's) on REPO until Ctrl-C."""
+    from pathlib import Path
+
+    from trtspec.triton_repo.serve import ServeSpec
+    from trtspec.triton_repo.serve import serve as run_server
+
+    spec = ServeSpec(Path(repo), host, http_port, grpc_port, metrics_port, timeout_s)
+    sys.exit(run_server(spec, echo=out.console().print))
+
 
 # --- validate / bench (issue 6) ---
 

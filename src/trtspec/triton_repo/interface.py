@@ -1,0 +1,87 @@
+"""The tensor contract between the models of a trtspec repository: one place, read by the orchestrator (to
+build its requests) and by the cross-model check (to verify every rendered config.pbtxt honours it).
+
+Names and dtypes are upstream's (tensorrtllm_backend all_models/inflight_batcher_llm), so the orchestrator
+talks to the TensorRT-LLM C++ backend and to trtspec's torch-runtime engine models alike.
+"""
+
+from __future__ import annotations
+
+# Model names of the repository (upstream's, so upstream clients and docs apply).
+PREPROCESSING = "preprocessing"
+POSTPROCESSING = "postprocessing"
+TARGET_MODEL = "tensorrt_llm"
+DRAFT_MODEL = "tensorrt_llm_draft"
+ORCHESTRATOR = "tensorrt_llm_bls"
+ENTRY_POINT = ORCHESTRATOR  # the client-facing model: text in, text (+ acceptance metrics) out
+
+# Tensors the orchestrator may send to an engine model (target or draft) -> Triton dtype.
+ENGINE_INPUTS = {
+    "input_ids": "TYPE_INT32",
+    "input_lengths": "TYPE_INT32",
+    "request_output_len": "TYPE_INT32",
+    "draft_input_ids": "TYPE_INT32",
+    "draft_logits": "TYPE_FP32",
+    "end_id": "TYPE_INT32",
+    "pad_id": "TYPE_INT32",
+    "temperature": "TYPE_FP32",
+    "runtime_top_k": "TYPE_INT32",
+    "runtime_top_p": "TYPE_FP32",
+    "seed": "TYPE_UINT64",
+    "return_generation_logits": "TYPE_BOOL",
+    "streaming": "TYPE_BOOL",
+}
+# Tensors the orchestrator reads from an engine model's response.
+ENGINE_OUTPUTS = {
+    "output_ids": "TYPE_INT32",
+    "sequence_length": "TYPE_INT32",
+    "generation_logits": "TYPE_FP32",
+}
+
+PREPROCESSING_INPUTS = {
+    "QUERY": "TYPE_STRING",
+    "STOP_WORDS_DICT": "TYPE_STRING",
+    "END_ID": "TYPE_INT32",
+    "PAD_ID": "TYPE_INT32",
+}
+PREPROCESSING_OUTPUTS = {
+    "INPUT_ID": "TYPE_INT32",
+    "REQUEST_INPUT_LEN": "TYPE_INT32",
+    "STOP_WORDS_IDS": "TYPE_INT32",
+    "OUT_END_ID": "TYPE_INT32",
+    "OUT_PAD_ID": "TYPE_INT32",
+}
+POSTPROCESSING_INPUTS = {"TOKENS_BATCH": "TYPE_INT32", "SEQUENCE_LENGTH": "TYPE_INT32"}
+POSTPROCESSING_OUTPUTS = {"OUTPUT": "TYPE_STRING"}
+
+# What the orchestrator calls: model -> (inputs it may send, outputs it reads).
+ORCHESTRATOR_CALLS = {
+    PREPROCESSING: (PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS),
+    POSTPROCESSING: (POSTPROCESSING_INPUTS, POSTPROCESSING_OUTPUTS),
+    TARGET_MODEL: (ENGINE_INPUTS, ENGINE_OUTPUTS),
+    DRAFT_MODEL: (ENGINE_INPUTS, ENGINE_OUTPUTS),
+}
+
+# The client-facing interface (upstream BLS/ensemble names) -> dtype.
+CLIENT_INPUTS = {
+    "text_input": "TYPE_STRING",
+    "max_tokens": "TYPE_INT32",
+    "num_draft_tokens": "TYPE_INT32",
+    "use_draft_logits": "TYPE_BOOL",
+    "stream": "TYPE_BOOL",
+    "temperature": "TYPE_FP32",
+    "top_k": "TYPE_INT32",
+    "top_p": "TYPE_FP32",
+    "seed": "TYPE_UINT64",
+    "end_id": "TYPE_INT32",
+    "pad_id": "TYPE_INT32",
+    "stop_words": "TYPE_STRING",
+    "return_perf_metrics": "TYPE_BOOL",
+}
+CLIENT_OUTPUTS = {
+    "text_output": "TYPE_STRING",
+    "acceptance_rate": "TYPE_FP32",
+    "total_accepted_draft_tokens": "TYPE_INT32",
+    "total_draft_tokens": "TYPE_INT32",
+}
+METRIC_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")

@@ -1,0 +1,115 @@
+"""``trtspec serve REPO``: run tritonserver on a trtspec repository until Ctrl-C.
+
+Ports come from the repository's trtspec.json (the recipe's triton section), overridden by options; the server
+binds 127.0.0.1 unless told otherwise. tp/pp > 1 needs one MPI rank per GPU (the NGC image's mpirun).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from trtspec.errors import ServerError
+from trtspec.triton_repo import interface as names
+from trtspec.triton_repo.deploy import MANIFEST
+from trtspec.triton_repo.server import (
+    Ports,
+    TritonServer,
+    failure_reason,
+    find_server,
+    mpi_command,
+    repo_models,
+)
+
+
+@dataclass(frozen=True)
+class ServeSpec:
+    repo: Path
+    host: str | None = None
+    http_port: int | None = None
+    grpc_port: int | None = None
+    metrics_port: int | None = None
+    timeout_s: float = 300.0
+
+
+def read_manifest(repo: Path) -> dict:
+    path = Path(repo) / MANIFEST
+    if not Path(repo).is_dir() or not repo_models(repo):
+        raise ServerError(
+            f"{repo}: not a model repository (no */config.pbtxt); create one with `trtspec deploy`"
+        )
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}  # a repository not written by trtspec: serve it with default ports
+
+
+def resolve_ports(spec: ServeSpec, info: dict) -> Ports:
+    ports = info.get("ports") or {}
+    return Ports(
+        http=spec.http_port if spec.http_port is not None else ports.get("http", 8000),
+        grpc=spec.grpc_port if spec.grpc_port is not None else ports.get("grpc", 8001),
+        metrics=spec.metrics_port if spec.metrics_port is not None else ports.get("metrics", 8002),
+        host=spec.host or "127.0.0.1",
+    )
+
+
+def sample_requests(ports: Ports, model: str = names.ENTRY_POINT) -> list[str]:
+    """Copy-paste requests that exercise the running repository."""
+    host = "127.0.0.1" if ports.host in ("0.0.0.0", "::") else ports.host
+    body = '{"text_input": "def add(a, b):", "max_tokens": 32, "num_draft_tokens": 4, "return_perf_metrics": true}'
+    return [
+        f"curl -s -X POST http://{host}:{ports.http}/v2/models/{model}/generate -d '{body}'",
+        f"curl -s -N -X POST http://{host}:{ports.http}/v2/models/{model}/generate_stream "
+        f"-d '{body[:-1]}, \"stream\": true}}'",
+        f"python tools/client.py --url {host}:{ports.grpc} --stream 'def add(a, b):'",
+    ]
+
+
+def _run_mpi(repo: Path, ports: Ports, world_size: int, echo) -> int:
+    cmd = mpi_command(repo, ports, world_size)
+    echo("tp/pp > 1: one MPI rank per GPU:\n  " + " ".join(cmd))
+    if not shutil.which("mpirun"):
+        raise ServerError("mpirun not found: multi-GPU serving needs the NGC TensorRT-LLM Triton image")
+    proc = subprocess.Popen(cmd, start_new_session=True)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.send_signal(signal.SIGINT)
+        return proc.wait()
+
+
+def serve(spec: ServeSpec, echo=print) -> int:
+    """Start, report endpoints, block until Ctrl-C or the server exits; returns the server's exit status."""
+    info = read_manifest(spec.repo)
+    ports = resolve_ports(spec, info)
+    world = max((info.get("world_size") or {"t": 1}).values())
+    if world > 1:
+        return _run_mpi(spec.repo, ports, world, echo)
+    log = Path(spec.repo).resolve().parent / f".{Path(spec.repo).name}.tritonserver.log"
+    server = TritonServer(spec.repo, ports, log, find_server())
+    echo("starting: " + " ".join(server.command))
+    server.start(spec.timeout_s)
+    try:
+        echo(f"ready: {', '.join(repo_models(spec.repo))}")
+        echo(
+            f"HTTP     http://{ports.http_url}\ngRPC     {ports.grpc_url}\nmetrics  http://{ports.host}:{ports.metrics}/metrics"
+        )
+        echo("try:\n  " + "\n  ".join(sample_requests(ports)))
+        echo(f"server log: {log}   (Ctrl-C stops the server)")
+        try:
+            while server.proc is not None and server.proc.poll() is None:
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            echo("stopping tritonserver ...")
+            return server.stop() or 0
+        raise ServerError(
+            f"tritonserver exited unexpectedly: {failure_reason(server.log_text())} (log: {log})"
+        )
+    finally:
+        server.stop()

@@ -1,0 +1,274 @@
+"""Find, start, wait for and stop tritonserver on a model repository.
+
+Two installs: the NGC image's own (``tritonserver`` on PATH, backends in /opt/tritonserver/backends), or on
+machines without one the server bundled in PyPI nvidia-pytriton, for which a backend directory is assembled
+from the wheel (python backend + the stub for this interpreter) and LD_LIBRARY_PATH / PATH are set so the stub
+loads this interpreter's libpython and finds the virtualenv's packages (see triton-on-cpu.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trtspec.errors import ServerError
+
+NGC_BACKENDS = Path("/opt/tritonserver/backends")
+STOP_GRACE_S = 15.0  # SIGINT, then SIGKILL of the whole session after this bound
+_FAILED_LOAD = re.compile(r"failed to load '([^']+)'.*?: (.*)$")
+
+
+@dataclass(frozen=True)
+class ServerInstall:
+    """How to run tritonserver here: the binary, its backend directory and the environment it needs."""
+
+    binary: Path
+    backend_dir: Path
+    env: dict = field(repr=False)
+    kind: str  # "ngc" or "pytriton"
+
+
+@dataclass(frozen=True)
+class Ports:
+    http: int
+    grpc: int
+    metrics: int
+    host: str = "127.0.0.1"
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.host}:{self.http}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.grpc}"
+
+
+def free_ports(n: int = 3, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct free TCP ports on ``host`` (held open together so they differ)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _pytriton_backend_dir(root: Path) -> Path:
+    """Assemble <cache>/backends/python from the nvidia-pytriton wheel (copied once, per Python version)."""
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = root / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.is_file():
+        raise ServerError(
+            f"nvidia-pytriton has no python backend stub for Python {version}; use Python 3.10-3.13"
+        )
+    cache = (
+        Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "trtspec" / f"backends-py{version}"
+    )
+    target = cache / "python"
+    if not (target / "triton_python_backend_stub").is_file():
+        tmp = cache.with_name(cache.name + f".tmp{os.getpid()}")
+        (tmp / "python").mkdir(parents=True, exist_ok=True)
+        for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
+            shutil.copy2(root / "backends" / "python" / name, tmp / "python" / name)
+        shutil.copy2(stub, tmp / "python" / "triton_python_backend_stub")
+        shutil.rmtree(cache, ignore_errors=True)
+        os.replace(tmp, cache)
+    return cache
+
+
+def find_server() -> ServerInstall:
+    """The NGC tritonserver if present, else the one bundled in nvidia-pytriton; ServerError if neither."""
+    env = dict(os.environ)
+    # The stub's embedded interpreter finds site-packages through `python3` on PATH: put this venv first.
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    on_path = shutil.which("tritonserver")
+    if on_path and NGC_BACKENDS.is_dir():
+        return ServerInstall(Path(on_path), NGC_BACKENDS, env, "ngc")
+    try:
+        import pytriton
+    except ImportError:
+        raise ServerError(
+            "no tritonserver found: run inside the NGC Triton image or `pip install nvidia-pytriton`"
+        ) from None
+    root = Path(pytriton.__file__).parent / "tritonserver"
+    libs = Path(pytriton.__file__).parent.parent / "nvidia_pytriton.libs"
+    # Without the wheel's libs the stub cannot start and the server hangs; without LIBDIR the stub loads
+    # the system libpython against this interpreter's stdlib.
+    ld = [str(libs), sysconfig.get_config_var("LIBDIR") or "", env.get("LD_LIBRARY_PATH", "")]
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in ld if p)
+    return ServerInstall(root / "bin" / "tritonserver", _pytriton_backend_dir(root), env, "pytriton")
+
+
+def server_command(install: ServerInstall, repo: Path, ports: Ports, exit_timeout_s: int = 5) -> list[str]:
+    """The tritonserver argv for one process serving ``repo`` on ``ports`` (bound to ``ports.host``)."""
+    return [
+        str(install.binary),
+        f"--model-repository={Path(repo).resolve()}",
+        f"--backend-directory={install.backend_dir}",
+        f"--http-address={ports.host}",
+        f"--grpc-address={ports.host}",
+        f"--metrics-address={ports.host}",
+        f"--http-port={ports.http}",
+        f"--grpc-port={ports.grpc}",
+        f"--metrics-port={ports.metrics}",
+        f"--exit-timeout-secs={exit_timeout_s}",
+        "--disable-auto-complete-config",
+    ]
+
+
+def mpi_command(repo: Path, ports: Ports, world_size: int, binary: str = "tritonserver") -> list[str]:
+    """One MPI rank per GPU (tp/pp > 1): rank 0 serves clients, the other ranks only load the engine model.
+
+    Mirrors upstream launch_triton_server.py: a distinct shared-memory prefix per rank, endpoints only on rank 0.
+    """
+    cmd = ["mpirun", "--allow-run-as-root"]
+    for rank in range(world_size):
+        if rank:
+            cmd.append(":")
+        cmd += [
+            "-n",
+            "1",
+            binary,
+            f"--model-repository={Path(repo).resolve()}",
+            "--disable-auto-complete-config",
+        ]
+        cmd.append(f"--backend-config=python,shm-region-prefix-name=prefix{rank}_")
+        if rank == 0:
+            cmd += [
+                f"--http-address={ports.host}",
+                f"--grpc-address={ports.host}",
+                f"--metrics-address={ports.host}",
+            ]
+            cmd += [
+                f"--http-port={ports.http}",
+                f"--grpc-port={ports.grpc}",
+                f"--metrics-port={ports.metrics}",
+            ]
+        else:
+            cmd += ["--model-control-mode=explicit", "--load-model=tensorrt_llm", "--allow-http=false"]
+            cmd += ["--allow-grpc=false", "--allow-metrics=false"]
+    return cmd
+
+
+def repo_models(repo: Path) -> list[str]:
+    """Model names of a repository: the folders holding a config.pbtxt."""
+    return sorted(p.parent.name for p in Path(repo).glob("*/config.pbtxt"))
+
+
+def failure_reason(log_text: str) -> str:
+    """The one line that says why Triton did not load the repository (its own words)."""
+    lines = log_text.splitlines()
+    for line in lines:
+        match = _FAILED_LOAD.search(line)
+        if match:
+            reason = match.group(2).split("\\n")[0].strip().rstrip('"')
+            return f"model '{match.group(1)}' failed to load: {reason}"
+    for line in lines:
+        if line.startswith("E") or "error:" in line.lower():
+            if "CUDA" in line or "NVML" in line or "DCGM" in line or "cuda" in line:
+                continue  # harmless on CPU-only machines
+            return line.split("] ", 1)[-1].strip()
+    return lines[-1].strip() if lines else "tritonserver exited without output"
+
+
+def _http_ok(url: str, timeout: float = 1.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+class TritonServer:
+    """A tritonserver child process in its own session; use as a context manager.
+
+    ``start()`` returns once every model of the repository is ready, or raises ServerError with Triton's
+    reason. ``stop()`` sends SIGINT, then SIGKILLs the whole session after STOP_GRACE_S so no stub survives.
+    """
+
+    def __init__(self, repo: Path, ports: Ports, log_path: Path, install: ServerInstall | None = None):
+        self.repo, self.ports, self.log_path = Path(repo), ports, Path(log_path)
+        self.install = install or find_server()
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def command(self) -> list[str]:
+        return server_command(self.install, self.repo, self.ports)
+
+    def start(self, timeout_s: float = 120.0) -> TritonServer:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                self.command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.install.env,
+                start_new_session=True,
+            )
+        try:
+            self.wait_ready(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Poll until every model of the repo answers ready; ServerError if the server exits or times out."""
+        base = f"http://{self.ports.host if self.ports.host != '0.0.0.0' else '127.0.0.1'}:{self.ports.http}"
+        pending = repo_models(self.repo)
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            if self.proc.poll() is not None:
+                raise ServerError(
+                    f"tritonserver did not load {self.repo}: {failure_reason(self.log_text())}",
+                    detail=self.log_text()[-4000:],
+                )
+            if time.monotonic() > deadline:
+                raise ServerError(
+                    f"tritonserver did not get {', '.join(pending)} ready within {timeout_s:.0f} s "
+                    f"(log: {self.log_path})",
+                    detail=self.log_text()[-4000:],
+                )
+            pending = [m for m in pending if not _http_ok(f"{base}/v2/models/{m}/ready")]
+            if pending:
+                time.sleep(0.2)
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> int | None:
+        """SIGINT, wait up to ``grace_s``, then SIGKILL the session; returns the exit status."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(grace_s)
+        # The stubs live in the server's session: kill whatever is left of it (our own child's group only).
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        return proc.wait()
+
+    def __enter__(self) -> TritonServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

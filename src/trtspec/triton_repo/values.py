@@ -1,0 +1,226 @@
+"""Template values of every model of a repository, from a recipe: the draft-target settings live here.
+
+Draft-target values follow TensorRT-LLM's draft_target_model README: both engine models run inflight fused
+batching with KV-cache reuse, beam width 1, not decoupled (the orchestrator makes one request per round),
+logits in FP32, and memory fractions that fit both models on one GPU (0.5 + 0.5 by default).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from trtspec.recipe import Recipe, torch_runtime_dtype
+from trtspec.triton_repo import interface as names
+
+# The 51 template keys of upstream's tensorrt_llm/config.pbtxt (TensorRT-LLM 1.2.x triton_backend).
+UPSTREAM_TRTLLM_KEYS = frozenset(
+    [
+        "batch_scheduler_policy",
+        "batching_strategy",
+        "cancellation_check_period_ms",
+        "cross_kv_cache_fraction",
+        "cuda_graph_cache_size",
+        "cuda_graph_mode",
+        "decoding_mode",
+        "decoupled_mode",
+        "eagle_choices",
+        "enable_chunked_context",
+        "enable_context_fmha_fp32_acc",
+        "enable_kv_cache_reuse",
+        "enable_trt_overlap",
+        "encoder_engine_dir",
+        "encoder_input_features_data_type",
+        "engine_dir",
+        "exclude_input_in_output",
+        "gpu_device_ids",
+        "gpu_weights_percent",
+        "guided_decoding_backend",
+        "iter_stats_max_iterations",
+        "kv_cache_free_gpu_mem_fraction",
+        "kv_cache_host_memory_bytes",
+        "kv_cache_onboard_blocks",
+        "logits_datatype",
+        "lookahead_ngram_size",
+        "lookahead_verification_set_size",
+        "lookahead_window_size",
+        "lora_cache_gpu_memory_fraction",
+        "lora_cache_host_memory_bytes",
+        "lora_cache_max_adapter_size",
+        "lora_cache_optimal_adapter_size",
+        "lora_prefetch_dir",
+        "max_attention_window_size",
+        "max_beam_width",
+        "max_queue_delay_microseconds",
+        "max_queue_size",
+        "max_tokens_in_paged_kv_cache",
+        "medusa_choices",
+        "multi_block_mode",
+        "normalize_log_probs",
+        "num_nodes",
+        "participant_ids",
+        "request_stats_max_iterations",
+        "sink_token_length",
+        "speculative_decoding_fast_logits",
+        "stats_check_period_ms",
+        "tokenizer_dir",
+        "triton_backend",
+        "triton_max_batch_size",
+        "xgrammar_tokenizer_info_path",
+    ]
+)
+# Parameters draft-target does not use: left unset (empty string), which the C++ backend reads as "default".
+UNSET = ""
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """One model directory to write: its template, values, and the thin model.py (None for C++ backends)."""
+
+    name: str
+    template: str
+    values: dict
+    model_module: str | None
+
+
+def _tokenizer_dir(recipe: Recipe) -> str:
+    return str(recipe.target.model)
+
+
+def participant_ids(recipe: Recipe) -> dict[str, str]:
+    """MPI ranks of each engine model for fast logits: rank 0 orchestrator, then draft ranks, then target ranks."""
+    draft = list(range(1, 1 + recipe.draft.world_size))
+    target = list(range(draft[-1] + 1, draft[-1] + 1 + recipe.target.world_size))
+    return {"draft": ",".join(map(str, draft)), "target": ",".join(map(str, target))}
+
+
+def tensorrtllm_values(recipe: Recipe, role: str, engine_dir: Path) -> dict:
+    """The 51 upstream keys (+ model_name) of the C++ backend model over ``role``'s engine ("target"/"draft")."""
+    spec = recipe.models()[role]
+    triton = recipe.triton
+    fast = triton.fast_logits
+    values = dict.fromkeys(UPSTREAM_TRTLLM_KEYS, UNSET)
+    values.update(
+        model_name=names.TARGET_MODEL if role == "target" else names.DRAFT_MODEL,
+        triton_backend="tensorrtllm",
+        triton_max_batch_size=recipe.limits.max_batch_size,
+        decoupled_mode=False,
+        max_beam_width=1,
+        engine_dir=str(engine_dir),
+        batching_strategy="inflight_fused_batching",
+        batch_scheduler_policy="guaranteed_no_evict",
+        enable_kv_cache_reuse=triton.enable_kv_cache_reuse,
+        kv_cache_free_gpu_mem_fraction=getattr(triton.kv_cache_free_gpu_mem_fraction, role),
+        kv_cache_onboard_blocks=True,
+        exclude_input_in_output=False,
+        enable_chunked_context=False,
+        enable_trt_overlap=False,
+        normalize_log_probs=True,
+        multi_block_mode=True,
+        enable_context_fmha_fp32_acc=False,
+        cuda_graph_mode=False,
+        cuda_graph_cache_size=0,
+        gpu_weights_percent=1.0,
+        logits_datatype="TYPE_FP32",
+        encoder_input_features_data_type="TYPE_FP16",
+        gpu_device_ids=",".join(map(str, spec.devices)),
+        max_queue_delay_microseconds=0,
+        max_queue_size=0,
+        cancellation_check_period_ms=100,
+        stats_check_period_ms=100,
+        iter_stats_max_iterations=1000,
+        request_stats_max_iterations=0,
+        tokenizer_dir=_tokenizer_dir(recipe),
+        speculative_decoding_fast_logits=1 if fast else 0,
+        participant_ids=participant_ids(recipe)[role] if fast else UNSET,
+    )
+    return values
+
+
+def torch_engine_values(recipe: Recipe, role: str) -> dict:
+    """Values of the torch runtime's python engine model for ``role``."""
+    spec = recipe.models()[role]
+    return {
+        "model_name": names.TARGET_MODEL if role == "target" else names.DRAFT_MODEL,
+        "triton_max_batch_size": recipe.limits.max_batch_size,
+        "logits_datatype": "TYPE_FP32",
+        "role": role,
+        "model_dir": str(spec.model),
+        "device": recipe.triton.device,
+        "dtype": torch_runtime_dtype(recipe.triton, spec),
+        "max_draft_len": recipe.speculative.max_draft_len,
+        "max_seq_len": recipe.limits.max_seq_len,
+        "trust_remote_code": spec.trust_remote_code,
+    }
+
+
+def common_values(recipe: Recipe) -> dict[str, dict]:
+    """Values of preprocessing, postprocessing and the orchestrator (the same for both runtimes)."""
+    triton, spec = recipe.triton, recipe.speculative
+    batch = recipe.limits.max_batch_size
+    return {
+        names.PREPROCESSING: {
+            "triton_max_batch_size": batch,
+            "max_queue_delay_microseconds": 0,
+            "max_queue_size": 0,
+            "preprocessing_instance_count": triton.instances.preprocessing,
+            "tokenizer_dir": _tokenizer_dir(recipe),
+            "add_special_tokens": True,
+            "max_input_len": recipe.limits.max_input_len,
+            "engine_dir": UNSET,
+            "multimodal_model_path": UNSET,
+            "max_num_images": UNSET,
+        },
+        names.POSTPROCESSING: {
+            "triton_max_batch_size": batch,
+            "postprocessing_instance_count": triton.instances.postprocessing,
+            "tokenizer_dir": _tokenizer_dir(recipe),
+            "skip_special_tokens": True,
+        },
+        names.ORCHESTRATOR: {
+            "triton_max_batch_size": batch,
+            "decoupled_mode": triton.decoupled,
+            "bls_instance_count": triton.instances.orchestrator,
+            "tensorrt_llm_model_name": names.TARGET_MODEL,
+            "tensorrt_llm_draft_model_name": names.DRAFT_MODEL,
+            "accumulate_tokens": False,
+            "logits_datatype": "TYPE_FP32",
+            "multimodal_encoders_name": UNSET,
+            "max_draft_len": spec.max_draft_len,
+            "num_draft_tokens": spec.default_num_draft_tokens,
+            "use_draft_logits": spec.use_draft_logits,
+            "max_seq_len": recipe.limits.max_seq_len,
+            # Requests in flight at once in decoupled mode: one per engine batch slot.
+            "max_concurrency": batch,
+        },
+    }
+
+
+def plan_models(recipe: Recipe, runtime: str, engine_dirs: dict[str, Path] | None = None) -> list[ModelPlan]:
+    """Every model of the repository for ``runtime`` ("torch" or "tensorrtllm")."""
+    common = common_values(recipe)
+    plans = [
+        ModelPlan(
+            names.PREPROCESSING, "preprocessing/config.pbtxt", common[names.PREPROCESSING], "preprocessing"
+        ),
+        ModelPlan(
+            names.POSTPROCESSING,
+            "postprocessing/config.pbtxt",
+            common[names.POSTPROCESSING],
+            "postprocessing",
+        ),
+        ModelPlan(
+            names.ORCHESTRATOR, "tensorrt_llm_bls/config.pbtxt", common[names.ORCHESTRATOR], "orchestrator"
+        ),
+    ]
+    for role, name in (("target", names.TARGET_MODEL), ("draft", names.DRAFT_MODEL)):
+        if runtime == "tensorrtllm":
+            values = tensorrtllm_values(recipe, role, (engine_dirs or {})[role])
+            plans.append(ModelPlan(name, "tensorrt_llm/config.pbtxt", values, None))
+        else:
+            plans.append(
+                ModelPlan(
+                    name, "tensorrt_llm_torch/config.pbtxt", torch_engine_values(recipe, role), "engine"
+                )
+            )
+    return plans

@@ -1,0 +1,204 @@
+"""`trtspec deploy`: strict rendering, Triton's schema, cross-model checks, atomic output, both runtimes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trtspec.errors import CheckFailed
+from trtspec.recipe import recipe_from_dict
+from trtspec.triton_repo import interface as names
+from trtspec.triton_repo.checks import check_repository
+from trtspec.triton_repo.deploy import MANIFEST, deploy, render_models
+from trtspec.triton_repo.render import parse_model_config, read_template, render_template, template_keys
+from trtspec.triton_repo.values import UPSTREAM_TRTLLM_KEYS, plan_models
+
+
+def make_recipe(tiny_pair, **sections) -> object:
+    target, draft = tiny_pair
+    data = {"name": "tiny", "target": {"model": str(target)}, "draft": {"model": str(draft)}}
+    data.update(sections)
+    return recipe_from_dict(data)
+
+
+def fake_engine(path: Path, *, max_draft_len: int, vocab_size: int = 320, gather: bool = False) -> Path:
+    """An engine dir whose config.json has TensorRT-LLM 1.2's layout (pretrained_config + build_config)."""
+    path.mkdir(parents=True)
+    config = {
+        "version": "1.2.1",
+        "pretrained_config": {
+            "architecture": "LlamaForCausalLM",
+            "dtype": "float16",
+            "vocab_size": vocab_size,
+            "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1},
+        },
+        "build_config": {
+            "max_batch_size": 8,
+            "max_input_len": 512,
+            "max_seq_len": 1024,
+            "max_beam_width": 1,
+            "max_draft_len": max_draft_len,
+            "speculative_decoding_mode": 2
+            if max_draft_len
+            else 1,  # SpeculativeDecodingMode flags: 1 NONE, 2 DRAFT_TOKENS_EXTERNAL
+            "gather_generation_logits": gather,
+            "plugin_config": {"use_paged_context_fmha": True, "gemm_plugin": "float16"},
+        },
+    }
+    (path / "config.json").write_text(json.dumps(config))
+    (path / "rank0.engine").write_bytes(b"")
+    return path
+
+
+@pytest.fixture
+def engines(tmp_path):
+    return {
+        "target": fake_engine(tmp_path / "engines" / "target", max_draft_len=4),
+        "draft": fake_engine(tmp_path / "engines" / "draft", max_draft_len=0),
+    }
+
+
+def test_render_is_strict():
+    assert render_template("a ${x} b", {"x": 1}, "t") == "a 1 b"
+    with pytest.raises(CheckFailed, match="no value for template key"):
+        render_template("a ${x} ${y}", {"x": 1}, "t")
+    with pytest.raises(CheckFailed, match="unknown template key"):
+        render_template("a ${x}", {"x": 1, "z": 2}, "t")
+    with pytest.raises(CheckFailed, match="leftover"):
+        render_template("a ${x}", {"x": "${y}"}, "t")
+
+
+def test_schema_rejects_unknown_fields_and_bad_enums():
+    with pytest.raises(CheckFailed, match="has no field named"):
+        parse_model_config('name: "m"\nbogus: 1\n', "m/config.pbtxt")
+    with pytest.raises(CheckFailed, match="m/config.pbtxt"):
+        parse_model_config(
+            'name: "m"\ninput [ { name: "x" data_type: TYPE_NOPE dims: [1] } ]\n', "m/config.pbtxt"
+        )
+
+
+def test_tensorrtllm_template_has_exactly_the_upstream_keys():
+    keys = template_keys(read_template("tensorrt_llm/config.pbtxt"))
+    assert len(UPSTREAM_TRTLLM_KEYS) == 51
+    assert keys == UPSTREAM_TRTLLM_KEYS | {"model_name"}
+
+
+def test_torch_repo_renders_checks_and_writes_atomically(tiny_pair, tmp_path):
+    recipe = make_recipe(tiny_pair)
+    out = tmp_path / "repo"
+    result = deploy(recipe, "torch", out)
+    assert sorted(result.models) == sorted(
+        [names.PREPROCESSING, names.POSTPROCESSING, names.ORCHESTRATOR, names.TARGET_MODEL, names.DRAFT_MODEL]
+    )
+    info = json.loads((out / MANIFEST).read_text())
+    assert info["runtime"] == "torch" and info["recipe_digest"] == recipe.digest()
+    for model in result.models:
+        config = parse_model_config((out / model / "config.pbtxt").read_text(), model)
+        assert config.name == model
+        assert "from trtspec.triton_repo.models." in (out / model / "1" / "model.py").read_text()
+    assert [p.name for p in tmp_path.iterdir()] == ["repo"]  # no temp dir left behind
+    # Redeploying replaces the repository in one rename.
+    deploy(recipe, "torch", out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["repo"]
+
+
+def test_refuses_to_overwrite_a_folder_that_is_not_a_repository(tiny_pair, tmp_path):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    with pytest.raises(CheckFailed, match="not a trtspec repository"):
+        deploy(make_recipe(tiny_pair), "torch", tmp_path / "mine")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+
+
+def _params(config) -> dict[str, str]:
+    return {k: v.string_value for k, v in config.parameters.items()}
+
+
+def test_tensorrtllm_repo_has_the_draft_target_values(tiny_pair, tmp_path, engines):
+    recipe = make_recipe(
+        tiny_pair,
+        speculative={"max_draft_len": 4},
+        target={"model": str(tiny_pair[0]), "gpu_ids": [1]},
+        triton={"runtime": "tensorrtllm", "kv_cache_free_gpu_mem_fraction": {"target": 0.6, "draft": 0.3}},
+    )
+    out = tmp_path / "trt"
+    deploy(recipe, "tensorrtllm", out, engine_dirs=engines)
+    for model, role, fraction, gpus in (
+        (names.TARGET_MODEL, "target", "0.6", "1"),
+        (names.DRAFT_MODEL, "draft", "0.3", "0"),
+    ):
+        config = parse_model_config((out / model / "config.pbtxt").read_text(), model)
+        assert config.backend == "tensorrtllm" and config.name == model
+        assert config.model_transaction_policy.decoupled is False
+        params = _params(config)
+        assert params["gpt_model_path"] == str(engines[role].resolve())
+        assert params["gpt_model_type"] == "inflight_fused_batching"
+        assert params["enable_kv_cache_reuse"] == "True"
+        assert params["max_beam_width"] == "1"
+        assert params["exclude_input_in_output"] == "False"
+        assert params["kv_cache_free_gpu_mem_fraction"] == fraction
+        assert params["gpu_device_ids"] == gpus
+        assert params["speculative_decoding_fast_logits"] == "0" and params["participant_ids"] == ""
+        assert not (out / model / "1" / "model.py").exists()
+        assert "${" not in (out / model / "config.pbtxt").read_text()
+    bls = parse_model_config((out / names.ORCHESTRATOR / "config.pbtxt").read_text(), "bls")
+    assert _params(bls)["tensorrt_llm_model_name"] == "tensorrt_llm"
+    assert _params(bls)["tensorrt_llm_draft_model_name"] == "tensorrt_llm_draft"
+    assert _params(bls)["accumulate_tokens"] == "False"
+
+
+def test_fast_logits_sets_participant_ids(tiny_pair, tmp_path, engines):
+    recipe = make_recipe(tiny_pair, speculative={"max_draft_len": 4}, triton={"fast_logits": True})
+    deploy(recipe, "tensorrtllm", tmp_path / "r", engine_dirs=engines)
+    target = _params(parse_model_config((tmp_path / "r/tensorrt_llm/config.pbtxt").read_text(), "t"))
+    draft = _params(parse_model_config((tmp_path / "r/tensorrt_llm_draft/config.pbtxt").read_text(), "d"))
+    assert (draft["participant_ids"], target["participant_ids"]) == ("1", "2")
+    assert target["speculative_decoding_fast_logits"] == draft["speculative_decoding_fast_logits"] == "1"
+
+
+def test_tensorrtllm_refuses_engines_that_do_not_fit(tiny_pair, tmp_path):
+    recipe = make_recipe(tiny_pair, speculative={"max_draft_len": 4})
+    bad = {
+        "target": fake_engine(tmp_path / "e" / "target", max_draft_len=0),
+        "draft": fake_engine(tmp_path / "e" / "draft", max_draft_len=0),
+    }
+    with pytest.raises(CheckFailed, match="draft_tokens_external"):
+        deploy(recipe, "tensorrtllm", tmp_path / "r", engine_dirs=bad)
+    assert not (tmp_path / "r").exists()
+    short = {"target": fake_engine(tmp_path / "f" / "target", max_draft_len=2), "draft": bad["draft"]}
+    with pytest.raises(CheckFailed, match="max_draft_len 2 < recipe max_draft_len 4"):
+        deploy(recipe, "tensorrtllm", tmp_path / "r", engine_dirs=short)
+
+
+def test_cross_model_check_catches_a_dtype_mismatch_and_a_missing_model(tiny_pair):
+    recipe = make_recipe(tiny_pair)
+    rendered = render_models(plan_models(recipe, "torch"))
+    configs = {name: cfg for name, (_, cfg) in rendered.items()}
+    text = rendered[names.TARGET_MODEL][0].replace(
+        'name: "request_output_len" data_type: TYPE_INT32', 'name: "request_output_len" data_type: TYPE_INT64'
+    )
+    broken = dict(configs, **{names.TARGET_MODEL: parse_model_config(text, "t")})
+    with pytest.raises(
+        CheckFailed,
+        match="sends 'request_output_len' as TYPE_INT32 to tensorrt_llm, which expects TYPE_INT64",
+    ):
+        check_repository(broken)
+    missing = {k: v for k, v in configs.items() if k != names.DRAFT_MODEL}
+    with pytest.raises(CheckFailed, match="calls model 'tensorrt_llm_draft'"):
+        check_repository(missing)
+
+
+def test_both_runtimes_give_the_orchestrator_the_same_engine_interface(tiny_pair, engines):
+    recipe = make_recipe(tiny_pair, speculative={"max_draft_len": 4})
+    torch_cfg = render_models(plan_models(recipe, "torch"))[names.TARGET_MODEL][1]
+    trt_cfg = render_models(plan_models(recipe, "tensorrtllm", engines))[names.TARGET_MODEL][1]
+    for tensor in names.ENGINE_INPUTS:
+        a = next(t for t in torch_cfg.input if t.name == tensor)
+        b = next(t for t in trt_cfg.input if t.name == tensor)
+        assert (a.data_type, list(a.dims), a.optional) == (b.data_type, list(b.dims), b.optional), tensor
+    for tensor in names.ENGINE_OUTPUTS:
+        a = next(t for t in torch_cfg.output if t.name == tensor)
+        b = next(t for t in trt_cfg.output if t.name == tensor)
+        assert (a.data_type, list(a.dims)) == (b.data_type, list(b.dims)), tensor
