@@ -1,0 +1,74 @@
+"""The Hugging Face PyTorch reference: the target alone, greedy, ``generate(do_sample=False)``.
+
+One prompt at a time (batch 1), so no padding enters the computation: the reference is exactly what a user
+running the target with transformers would get.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trtspec.errors import ModelError
+
+
+class HFReference:
+    """The target model under transformers; ``generate`` returns generated ids (prompt excluded, EOS kept)."""
+
+    def __init__(self, model, tokenizer):
+        self.model, self.tokenizer = model, tokenizer
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model_dir: Path | str,
+        *,
+        device: str = "cpu",
+        dtype: str = "float32",
+        trust_remote_code: bool = False,
+    ) -> HFReference:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+            model = AutoModelForCausalLM.from_pretrained(
+                model_dir, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code
+            )
+        except (OSError, ValueError, KeyError) as err:
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise ModelError(
+                f"{model_dir}: cannot load the reference model ({first})", detail=repr(err)
+            ) from None
+        return cls(model.to(device).eval(), tokenizer)
+
+    def stop_token_ids(self) -> set[int]:
+        """EOS ids of the generation config and the tokenizer (what ends a greedy generation)."""
+        ids: set[int] = set()
+        eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        for value in (eos, self.tokenizer.eos_token_id):
+            if isinstance(value, list | tuple):
+                ids.update(value)
+            elif value is not None:
+                ids.add(value)
+        return ids
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+        """Greedy continuation of one prompt: at most ``max_new_tokens`` ids (prompt excluded)."""
+        import torch
+
+        input_ids = torch.tensor([prompt_ids], device=self.model.device)  # [1, T]
+        pad = self.tokenizer.pad_token_id
+        with torch.inference_mode():
+            output = self.model.generate(
+                input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                do_sample=False,
+                num_beams=1,
+                max_new_tokens=max_new_tokens,
+                pad_token_id=pad if pad is not None else self.tokenizer.eos_token_id,
+                # Unset sampling knobs a checkpoint's generation_config may carry (they warn under greedy).
+                temperature=None,
+                top_p=None,
+                top_k=None,
+            )  # [1, T + new]
+        return output[0, input_ids.shape[1] :].tolist()

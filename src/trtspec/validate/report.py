@@ -1,0 +1,172 @@
+"""Validation reports as pure functions of a ``ValidationResult``: a JSON-ready dict, Markdown, a rich table.
+``write_atomic`` is the one place report files are written (temp file in the same folder, then rename)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from trtspec.validate.validation import PromptOutcome, ValidationResult
+
+
+def write_atomic(path: Path | str, data: str | bytes) -> Path:
+    """Write ``data`` to ``path`` via a temp file in the same folder and a rename: never a half-written file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _mean_accepted_length(stats) -> float | None:
+    # Servers that report only accepted/drafted totals give no round count: the length is unknown, not 0.
+    return stats.mean_accepted_length if stats.rounds else None
+
+
+def outcome_to_dict(o: PromptOutcome) -> dict:
+    stats = o.speculative.stats
+    return {
+        "id": o.prompt.id,
+        "category": o.prompt.category,
+        "vs_reference": o.vs_reference.to_dict(),
+        "control": o.control.to_dict(),
+        "acceptance_rate": stats.acceptance_rate if stats else None,
+        "mean_accepted_length": _mean_accepted_length(stats) if stats else None,
+        "generated_tokens": len(o.speculative.token_ids),
+        "tokens_per_s": len(o.speculative.token_ids) / o.speculative.elapsed_s
+        if o.speculative.elapsed_s
+        else None,
+        "reference_ids": o.reference,
+        "speculative_ids": o.speculative.token_ids,
+        "text": o.speculative.text,
+    }
+
+
+def validation_to_dict(result: ValidationResult) -> dict:
+    stats = result.stats
+    t = result.thresholds
+    return {
+        "system": result.system,
+        "num_draft_tokens": result.num_draft_tokens,
+        "max_new_tokens": result.max_new_tokens,
+        "overall": {
+            "prompts": len(result.outcomes),
+            "exact_match_rate": result.exact_match_rate,
+            "mean_token_agreement": result.mean_token_agreement,
+            "control_match_rate": result.control_match_rate,
+            "acceptance_rate": stats.acceptance_rate,
+            "mean_accepted_length": _mean_accepted_length(stats),
+            "tokens_per_s": result.tokens_per_s,
+            "target_only_tokens_per_s": result.target_only_tokens_per_s,
+            "speedup": result.tokens_per_s / result.target_only_tokens_per_s
+            if result.target_only_tokens_per_s
+            else None,
+        },
+        "stats": stats.to_dict(),
+        "thresholds": {
+            "min_exact_match": t.min_exact_match,
+            "min_acceptance": t.min_acceptance,
+            "min_control_match": t.min_control_match,
+        },
+        "passed": not result.failures(),
+        "failures": result.failures(),
+        "notes": result.notes,
+        "prompts": [outcome_to_dict(o) for o in result.outcomes],
+    }
+
+
+def _fmt(value, spec: str = ".3f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _prompt_row(o: PromptOutcome) -> list[str]:
+    d = outcome_to_dict(o)
+    div = o.vs_reference.first_divergence
+    return [
+        o.prompt.id,
+        "yes" if o.vs_reference.exact_match else "NO",
+        "-" if div is None else str(div),
+        _fmt(o.vs_reference.token_agreement),
+        "yes" if o.control.exact_match else "NO",
+        _fmt(d["acceptance_rate"]),
+        _fmt(d["mean_accepted_length"], ".2f"),
+        _fmt(d["tokens_per_s"], ".1f"),
+    ]
+
+
+PROMPT_COLUMNS = [
+    "prompt",
+    "exact match",
+    "first divergence",
+    "token agreement",
+    "control match",
+    "acceptance",
+    "mean accepted len",
+    "tokens/s",
+]
+
+
+def _summary_rows(result: ValidationResult) -> list[tuple[str, str]]:
+    d = validation_to_dict(result)["overall"]
+    return [
+        ("exact-match rate vs HF reference", _fmt(d["exact_match_rate"])),
+        ("mean token agreement", _fmt(d["mean_token_agreement"])),
+        ("control match rate (speculative vs target-only)", _fmt(d["control_match_rate"])),
+        ("acceptance rate", _fmt(d["acceptance_rate"])),
+        ("mean accepted length", _fmt(d["mean_accepted_length"], ".2f")),
+        ("tokens/s speculative", _fmt(d["tokens_per_s"], ".1f")),
+        ("tokens/s target-only", _fmt(d["target_only_tokens_per_s"], ".1f")),
+        ("speedup", _fmt(d["speedup"], ".2f") + ("x" if d["speedup"] else "")),
+    ]
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def validation_markdown(result: ValidationResult) -> str:
+    failures = result.failures()
+    verdict = "PASS" if not failures else "FAIL: " + "; ".join(failures)
+    parts = [
+        f"# trtspec validate: {result.system}",
+        "",
+        f"{len(result.outcomes)} prompts, greedy, max_new_tokens={result.max_new_tokens}, "
+        f"num_draft_tokens={result.num_draft_tokens}. Result: **{verdict}**",
+        "",
+        "## Overall",
+        "",
+        markdown_table(["metric", "value"], [list(r) for r in _summary_rows(result)]),
+        "",
+        "## Per prompt",
+        "",
+        markdown_table(PROMPT_COLUMNS, [_prompt_row(o) for o in result.outcomes]),
+    ]
+    if result.notes:
+        parts += ["", "## Notes", ""] + [f"- {n}" for n in result.notes]
+    return "\n".join(parts) + "\n"
+
+
+def validation_tables(result: ValidationResult):
+    """(per-prompt table, overall table) as rich Tables."""
+    from rich.table import Table
+
+    per_prompt = Table(title=f"validate: {result.system}, num_draft_tokens={result.num_draft_tokens}")
+    for column in PROMPT_COLUMNS:
+        per_prompt.add_column(column, justify="left" if column == "prompt" else "right")
+    for o in result.outcomes:
+        per_prompt.add_row(*_prompt_row(o))
+    overall = Table(title="overall", show_header=False)
+    overall.add_column("metric")
+    overall.add_column("value", justify="right")
+    for name, value in _summary_rows(result):
+        overall.add_row(name, value)
+    return per_prompt, overall

@@ -1,0 +1,132 @@
+"""Systems under test: one small protocol that validate and bench drive, whatever serves the model.
+
+A system takes a batch of requests (issued together: one batch in-process, concurrent requests to a server) and
+returns one ``Generation`` per request: generated token ids (prompt excluded, as the system returned them, a kept
+stop token included), text, per-request ``AcceptanceStats`` and timings. ``num_draft_tokens=0`` in the sampling
+parameters asks the same system for target-only decoding, the control and the speed baseline.
+
+Implementations: ``EngineSystem`` (the in-process PyTorch ``SpeculativeEngine``), ``TritonSystem``
+(validate/endpoint.py, a Triton endpoint over gRPC streaming or HTTP), ``TrtllmSystem`` (TensorRT-LLM engines
+through engines/trtllm_runner.py, NGC image only).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from trtspec.validate.metrics import AcceptanceStats
+
+if TYPE_CHECKING:
+    from trtspec.engines.sampling import SamplingParams
+    from trtspec.recipe import Recipe
+
+
+@dataclass(frozen=True)
+class Request:
+    """One prompt, as text and as the target tokenizer's ids (systems use whichever they take)."""
+
+    text: str
+    token_ids: list[int]
+
+
+@dataclass
+class Generation:
+    """One request's output. Times are seconds from the moment the batch was issued.
+
+    ``chunks``: (arrival time, tokens in it) per streamed piece; one piece for non-streaming systems.
+    ``ids_from_text``: the token ids were obtained by tokenising ``text`` (the system returns text only).
+    """
+
+    token_ids: list[int]
+    text: str | None
+    stats: AcceptanceStats | None
+    elapsed_s: float
+    time_to_first_token_s: float | None = None
+    chunks: list[tuple[float, int]] = field(default_factory=list)
+    ids_from_text: bool = False
+
+
+class SystemUnderTest(Protocol):
+    name: str
+    max_draft_len: int  # the most draft tokens a request may ask for (0: target-only system)
+    max_batch_size: int  # the most requests generate() takes at once
+
+    def generate(self, requests: list[Request], params: SamplingParams) -> list[Generation]: ...
+
+    def close(self) -> None: ...
+
+
+def generate_all(
+    system: SystemUnderTest, requests: list[Request], params: SamplingParams
+) -> tuple[list[Generation], float]:
+    """Run ``requests`` through ``system`` in batches of its max_batch_size; returns generations and wall seconds."""
+    out: list[Generation] = []
+    start = time.perf_counter()
+    for first in range(0, len(requests), system.max_batch_size):
+        out += system.generate(requests[first : first + system.max_batch_size], params)
+    return out, time.perf_counter() - start
+
+
+class EngineSystem:
+    """The in-process PyTorch ``SpeculativeEngine`` (streamed, so every round's arrival time is recorded)."""
+
+    def __init__(self, engine, name: str = "engine"):
+        self.engine, self.name = engine, name
+        self.max_draft_len = engine.max_draft_len
+        self.max_batch_size = engine.max_batch_size
+
+    @classmethod
+    def from_recipe(
+        cls, recipe: Recipe, device: str = "cpu", dtype: str = "auto", max_batch_size: int | None = None
+    ):
+        from trtspec.engines.engine import SpeculativeEngine
+
+        dtype = runtime_dtype(recipe, device, dtype)
+        engine = SpeculativeEngine.from_pretrained(
+            recipe.target.model,
+            recipe.draft.model,
+            device=device,
+            dtype=dtype,
+            max_draft_len=recipe.speculative.max_draft_len,
+            max_batch_size=max_batch_size or recipe.limits.max_batch_size,
+            max_seq_len=recipe.limits.max_seq_len,
+            trust_remote_code=recipe.target.trust_remote_code,
+        )
+        return cls(engine, name=f"in-process engine ({device}, {dtype})")
+
+    def generate(self, requests: list[Request], params: SamplingParams) -> list[Generation]:
+        chunks: list[list[tuple[float, int]]] = [[] for _ in requests]
+        start = time.perf_counter()
+        event = None
+        for event in self.engine.generate_stream([r.token_ids for r in requests], params):
+            now = time.perf_counter() - start
+            for b, tokens in enumerate(event.new_tokens):
+                if tokens:
+                    chunks[b].append((now, len(tokens)))
+        return [
+            Generation(
+                token_ids=list(result.token_ids),
+                text=result.text,
+                stats=result.stats,
+                elapsed_s=chunks[b][-1][0] if chunks[b] else 0.0,
+                time_to_first_token_s=chunks[b][0][0] if chunks[b] else None,
+                chunks=chunks[b],
+            )
+            for b, result in enumerate(event.results)
+        ]
+
+    def close(self) -> None:
+        self.engine = None
+
+
+def runtime_dtype(recipe: Recipe, device: str, dtype: str = "auto") -> str:
+    """``auto``: the torch runtime's rule (float32 on CPU, the target's dtype on CUDA); else ``dtype``."""
+    from trtspec.recipe import torch_runtime_dtype
+
+    if dtype != "auto":
+        return dtype
+    return torch_runtime_dtype(
+        recipe.triton.model_copy(update={"device": device, "torch_dtype": "auto"}), recipe.target
+    )

@@ -1,0 +1,171 @@
+"""``trtspec validate``: a prompt set through the HF reference and a system under test, compared token by token.
+
+Three outputs per prompt, all greedy: the reference (HF ``generate(do_sample=False)`` on the target alone), the
+system's speculative output (num_draft_tokens K) and the same system's target-only output (K = 0). Two
+comparisons: speculative vs reference (may drift under reduced precision: a different kernel path is a
+different rounding) and the control, speculative vs target-only on the same system, which must match exactly:
+greedy draft-target decoding emits exactly the target's greedy tokens whatever the draft proposes.
+
+``compare_outputs`` and the ``ValidationResult`` properties are pure; ``run_validation`` does the I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from trtspec.validate.compare import Comparison, compare, cut_at_stop, exact_match_rate, mean_agreement
+from trtspec.validate.metrics import AcceptanceStats, merge_stats
+from trtspec.validate.prompts import Prompt
+from trtspec.validate.systems import Generation, Request, SystemUnderTest, generate_all
+
+
+@dataclass
+class PromptOutcome:
+    """One prompt's three outputs (token ids cut at the first stop token) and their comparisons."""
+
+    prompt: Prompt
+    reference: list[int]
+    speculative: Generation
+    target_only: Generation
+    vs_reference: Comparison
+    control: Comparison
+
+
+@dataclass
+class Thresholds:
+    """Gates for CI; None = report only. Rates are fractions in [0, 1]."""
+
+    min_exact_match: float | None = None
+    min_acceptance: float | None = None
+    min_control_match: float | None = 1.0
+
+
+@dataclass
+class ValidationResult:
+    system: str
+    num_draft_tokens: int
+    max_new_tokens: int
+    outcomes: list[PromptOutcome]
+    speculative_wall_s: float
+    target_only_wall_s: float
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def exact_match_rate(self) -> float:
+        return exact_match_rate([o.vs_reference for o in self.outcomes])
+
+    @property
+    def mean_token_agreement(self) -> float:
+        return mean_agreement([o.vs_reference for o in self.outcomes])
+
+    @property
+    def control_match_rate(self) -> float:
+        return exact_match_rate([o.control for o in self.outcomes])
+
+    @property
+    def stats(self) -> AcceptanceStats:
+        return merge_stats([o.speculative.stats for o in self.outcomes if o.speculative.stats is not None])
+
+    @property
+    def tokens_per_s(self) -> float:
+        return _rate(sum(len(o.speculative.token_ids) for o in self.outcomes), self.speculative_wall_s)
+
+    @property
+    def target_only_tokens_per_s(self) -> float:
+        return _rate(sum(len(o.target_only.token_ids) for o in self.outcomes), self.target_only_wall_s)
+
+    def failures(self) -> list[str]:
+        """One line per threshold that failed (empty = pass)."""
+        t, out = self.thresholds, []
+        checks = [
+            (
+                "exact-match rate vs the HF reference",
+                self.exact_match_rate,
+                t.min_exact_match,
+                "--min-exact-match",
+            ),
+            ("acceptance rate", self.stats.acceptance_rate, t.min_acceptance, "--min-acceptance"),
+            (
+                "control match rate (speculative vs target-only)",
+                self.control_match_rate,
+                t.min_control_match,
+                "--min-control-match",
+            ),
+        ]
+        for what, value, floor, option in checks:
+            if floor is not None and value < floor:
+                out.append(f"{what} {value:.3f} < {option} {floor:.3f}")
+        return out
+
+
+def _rate(tokens: int, seconds: float) -> float:
+    return tokens / seconds if seconds > 0 else 0.0
+
+
+def compare_outputs(
+    prompts: Sequence[Prompt],
+    reference: Sequence[Sequence[int]],
+    speculative: Sequence[Generation],
+    target_only: Sequence[Generation],
+    stop_token_ids: Iterable[int],
+    to_text_domain: Callable[[list[int]], list[int]] | None = None,
+) -> list[PromptOutcome]:
+    """Cut every output at its first stop token and compare. ``to_text_domain`` (ids -> ids) maps the reference
+    the way a text-only system's output was mapped (detokenise, then tokenise), so both sides compare alike."""
+    stops = set(stop_token_ids)
+    outcomes = []
+    for prompt, ref, spec, base in zip(prompts, reference, speculative, target_only, strict=True):
+        ref_ids = cut_at_stop(ref, stops)
+        if spec.ids_from_text and to_text_domain is not None:
+            ref_ids = to_text_domain(ref_ids)
+        spec_ids, base_ids = cut_at_stop(spec.token_ids, stops), cut_at_stop(base.token_ids, stops)
+        outcomes.append(
+            PromptOutcome(
+                prompt, ref_ids, spec, base, compare(ref_ids, spec_ids), compare(base_ids, spec_ids)
+            )
+        )
+    return outcomes
+
+
+def run_validation(
+    system: SystemUnderTest,
+    reference,
+    prompts: Sequence[Prompt],
+    *,
+    max_new_tokens: int,
+    num_draft_tokens: int | None = None,
+    thresholds: Thresholds | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> ValidationResult:
+    """Reference (``validate.reference.HFReference``), then the system speculative and target-only; compare."""
+    from trtspec.engines.sampling import SamplingParams
+
+    tokenizer = reference.tokenizer
+    requests = [Request(p.text, tokenizer(p.text).input_ids) for p in prompts]
+    say = progress or (lambda _msg: None)
+    say(f"HF reference on {len(prompts)} prompts")
+    ref_ids = [reference.generate(r.token_ids, max_new_tokens) for r in requests]
+    k = system.max_draft_len if num_draft_tokens is None else num_draft_tokens
+    params = SamplingParams(max_new_tokens=max_new_tokens, num_draft_tokens=k)
+    say(f"{system.name}: speculative, num_draft_tokens={k}")
+    speculative, spec_wall = generate_all(system, requests, params)
+    say(f"{system.name}: target-only")
+    target_only, base_wall = generate_all(system, requests, params.with_(num_draft_tokens=0))
+
+    def to_text_domain(ids: list[int]) -> list[int]:
+        return tokenizer(tokenizer.decode(ids, skip_special_tokens=True), add_special_tokens=False).input_ids
+
+    outcomes = compare_outputs(
+        prompts, ref_ids, speculative, target_only, reference.stop_token_ids(), to_text_domain
+    )
+    notes = []
+    if any(g.ids_from_text for g in speculative):
+        notes.append(
+            "The system returns text only: its token ids come from tokenising text_output with the target's "
+            "tokenizer, and the reference is detokenised and retokenised the same way before comparing."
+        )
+    return ValidationResult(
+        system.name, k, max_new_tokens, outcomes, spec_wall, base_wall, thresholds or Thresholds(), notes
+    )

@@ -1,0 +1,157 @@
+"""Pure core of validate: comparisons, prompt sets, thresholds and reports (no models)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trtspec.validate.compare import compare, cut_at_stop, first_divergence, token_agreement
+from trtspec.validate.metrics import AcceptanceStats
+from trtspec.validate.prompts import DEFAULT_PROMPTS, Prompt, PromptSetError, load_prompts
+from trtspec.validate.report import validation_markdown, validation_to_dict, write_atomic
+from trtspec.validate.systems import Generation
+from trtspec.validate.validation import Thresholds, ValidationResult, compare_outputs
+
+
+@pytest.mark.parametrize(
+    ("reference", "candidate", "expected"),
+    [
+        ([1, 2, 3], [1, 2, 3], None),
+        ([1, 2, 3], [1, 9, 3], 1),
+        ([1, 2, 3], [7, 2, 3], 0),
+        ([1, 2, 3], [1, 2], 2),  # candidate stops early
+        ([1, 2], [1, 2, 3, 4], 2),  # candidate runs on
+        ([], [], None),
+        ([], [5], 0),
+    ],
+)
+def test_first_divergence(reference, candidate, expected):
+    assert first_divergence(reference, candidate) == expected
+
+
+@pytest.mark.parametrize(
+    ("reference", "candidate", "expected"),
+    [
+        ([1, 2, 3, 4], [1, 2, 3, 4], 1.0),
+        ([1, 2, 3, 4], [1, 9, 3, 4], 0.75),
+        ([1, 2, 3, 4], [1, 2], 0.5),
+        ([1, 2], [1, 2, 3, 4], 0.5),
+        ([], [], 1.0),
+        ([1], [], 0.0),
+    ],
+)
+def test_token_agreement(reference, candidate, expected):
+    assert token_agreement(reference, candidate) == expected
+
+
+def test_compare_and_cut_at_stop():
+    assert cut_at_stop([5, 6, 2, 7], {2}) == [5, 6]
+    assert cut_at_stop([5, 6], {2}) == [5, 6]
+    c = compare([1, 2, 3], [1, 2, 4])
+    assert (c.exact_match, c.first_divergence, c.reference_len, c.candidate_len) == (False, 2, 3, 3)
+    assert compare([1], [1]).exact_match
+
+
+def _gen(ids, accepted=0, drafted=0, rounds=0, from_text=False):
+    stats = AcceptanceStats(
+        max_draft_len=4, drafted=drafted, accepted=accepted, rounds=rounds, generated_tokens=len(ids)
+    )
+    return Generation(
+        token_ids=ids,
+        text="t",
+        stats=stats,
+        elapsed_s=0.5,
+        time_to_first_token_s=0.1,
+        chunks=[(0.5, len(ids))],
+        ids_from_text=from_text,
+    )
+
+
+def _result(spec_ids, base_ids, ref_ids, thresholds=None, stats=(6, 8, 2)):
+    prompts = [Prompt(f"p{i}", f"text {i}") for i in range(len(ref_ids))]
+    accepted, drafted, rounds = stats
+    spec = [_gen(ids, accepted, drafted, rounds) for ids in spec_ids]
+    base = [_gen(ids) for ids in base_ids]
+    outcomes = compare_outputs(prompts, ref_ids, spec, base, stop_token_ids={2})
+    return ValidationResult("planted", 4, 8, outcomes, 1.0, 2.0, thresholds or Thresholds())
+
+
+def test_planted_mismatch_is_caught_with_its_position():
+    # Prompt 1's speculative output alters token 3; EOS (2) and what follows it are ignored.
+    ref = [[10, 11, 12, 13, 2], [20, 21, 22, 23, 24]]
+    spec = [[10, 11, 12, 13, 2, 99], [20, 21, 22, 77, 24]]
+    base = [[10, 11, 12, 13], [20, 21, 22, 23, 24]]
+    result = _result(spec, base, ref, Thresholds(min_exact_match=1.0))
+    first, second = result.outcomes
+    assert first.vs_reference.exact_match and first.control.exact_match
+    assert second.vs_reference.first_divergence == 3 and second.control.first_divergence == 3
+    assert second.vs_reference.token_agreement == 0.8
+    assert result.exact_match_rate == 0.5 and result.control_match_rate == 0.5
+    failures = result.failures()
+    assert any("--min-exact-match" in f for f in failures)
+    assert any("--min-control-match" in f for f in failures)
+
+
+def test_thresholds_pass_and_acceptance_gate():
+    ref = [[1, 3, 4]]
+    ok = _result([[1, 3, 4]], [[1, 3, 4]], ref, Thresholds(min_exact_match=1.0, min_acceptance=0.7))
+    assert ok.stats.acceptance_rate == 0.75 and ok.failures() == []
+    low = _result([[1, 3, 4]], [[1, 3, 4]], ref, Thresholds(min_acceptance=0.8))
+    assert low.failures() == ["acceptance rate 0.750 < --min-acceptance 0.800"]
+    report_only = _result([[9]], [[9]], ref, Thresholds(min_control_match=None))
+    assert report_only.failures() == []
+
+
+def test_text_only_system_maps_reference_through_text():
+    prompts = [Prompt("p0", "x")]
+    spec = [_gen([7, 8], from_text=True)]
+    outcomes = compare_outputs(
+        prompts, [[1, 2]], spec, spec, {99}, to_text_domain=lambda ids: [i + 6 for i in ids]
+    )
+    assert outcomes[0].reference == [7, 8] and outcomes[0].vs_reference.exact_match
+
+
+def test_reports_are_well_formed(tmp_path):
+    result = _result(
+        [[1, 2], [5, 6, 7]], [[1, 2], [5, 6, 7]], [[1, 2], [5, 6, 8]], Thresholds(min_exact_match=0.9)
+    )
+    data = json.loads(json.dumps(validation_to_dict(result)))
+    assert data["overall"]["exact_match_rate"] == 0.5 and data["passed"] is False
+    assert data["prompts"][1]["vs_reference"]["first_divergence"] == 2
+    assert data["overall"]["speedup"] == pytest.approx(2.0 * 5 / 5)
+    markdown = validation_markdown(result)
+    tables = [line for line in markdown.splitlines() if line.startswith("|")]
+    widths = {line.count("|") - line.count("\\|") for line in tables}
+    assert len(widths) == 2  # two tables (overall: 3 bars, per prompt: 9 bars), every row complete
+    assert "| p1 | NO | 2 |" in markdown and "FAIL" in markdown
+    path = write_atomic(tmp_path / "sub" / "report.md", markdown)
+    assert path.read_text() == markdown and [p.name for p in path.parent.iterdir()] == ["report.md"]
+
+
+def test_default_prompt_set_has_code_and_prose():
+    prompts = load_prompts()
+    assert {p.category for p in prompts} == {"code", "prose"} and len(prompts) >= 8
+    assert DEFAULT_PROMPTS.suffix == ".jsonl"
+    assert len(load_prompts(limit=3)) == 3
+
+
+def test_user_prompt_file_and_errors(tmp_path):
+    good = tmp_path / "p.jsonl"
+    good.write_text(
+        '{"prompt": "def f():"}\n\n# comment\n{"text": "Hello", "id": "h", "category": "prose"}\n'
+    )
+    assert load_prompts(good) == [Prompt("p0", "def f():"), Prompt("h", "Hello", "prose")]
+    cases = {
+        "{not json\n": "p.jsonl:1: not valid JSON",
+        '{"prompt": ""}\n': 'field "prompt" must be a non-empty string',
+        "[1, 2]\n": "expected a JSON object",
+        '{"prompt": "a", "id": "x"}\n{"prompt": "b", "id": "x"}\n': "prompt id 'x' appears more than once",
+        "\n": "no prompts",
+    }
+    for text, message in cases.items():
+        good.write_text(text)
+        with pytest.raises(PromptSetError, match=message):
+            load_prompts(good)
+    with pytest.raises(PromptSetError, match="cannot read"):
+        load_prompts(tmp_path / "missing.jsonl")
