@@ -22,7 +22,7 @@ def cut_at_stop(tokens: Sequence[int], stop_token_ids: Iterable[int]) -> list[in
 def first_divergence(reference: Sequence[int], candidate: Sequence[int]) -> int | None:
     """Index of the first position where the two differ (a length difference diverges at the shorter's end);
     None when they are identical."""
-    for index, (ref, cand) in enumerate(zip(reference, candidate)):
+    for index, (ref, cand) in enumerate(zip(reference, candidate, strict=False)):
         if ref != cand:
             return index
     return None if len(reference) == len(candidate) else min(len(reference), len(candidate))
@@ -33,7 +33,7 @@ def token_agreement(reference: Sequence[int], candidate: Sequence[int]) -> float
     longest = max(len(reference), len(candidate))
     if longest == 0:
         return 1.0
-    return sum(ref == cand for ref, cand in zip(reference, candidate)) / longest
+    return sum(ref == cand for ref, cand in zip(reference, candidate, strict=False)) / longest
 
 
 @dataclass(frozen=True)
