@@ -1,0 +1,465 @@
+#!/usr/bin/env python
+"""Train trtspec's shipped demo pair from nothing on CPU: a byte-level BPE tokenizer, a Llama target, and a
+1-layer Llama draft distilled from the target's logits, all on CPython's standard-library sources.
+
+    python tools/train_demo_pair.py                      # full run (~30 min on 2 idle cores)
+    python tools/train_demo_pair.py --smoke --out /tmp/x # ~1-2 min end-to-end check of the pipeline
+
+Writes ``<out>/target`` and ``<out>/draft`` (safetensors in fp16, identical tokenizer files, generation_config.json)
+via a temp dir renamed on success, and prints what it did plus a final summary: sizes, parameter counts, held-out
+perplexities, greedy acceptance at K=2/4 and the draft/target forward-time ratio. Deterministic given the same
+Python stdlib (fixed seeds, a file-level train/held-out split by hash of the relative path).
+
+Standalone: never imported by the trtspec package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import math
+import os
+import random
+import shutil
+import sys
+import sysconfig
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+os.environ.setdefault("RAYON_NUM_THREADS", "2")  # tokenizers' trainer; also keeps BPE training reproducible
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = REPO_ROOT / "src" / "trtspec" / "assets" / "demo"
+SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>"]
+# Test suites, IDLE's tests, codec tables and pydoc's topic dump are not code a user would prompt with.
+EXCLUDED_PARTS = {"test", "tests", "idle_test", "site-packages", "encodings", "pydoc_data", "__pycache__"}
+HELDOUT_PERCENT = 5
+START = time.perf_counter()
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    vocab_size: int = 2048
+    seq_len: int = 256
+    max_positions: int = 1024
+    target: ModelShape = ModelShape(layers=12, hidden=256, intermediate=688, heads=4, kv_heads=2)
+    draft: ModelShape = ModelShape(layers=1, hidden=192, intermediate=512, heads=3, kv_heads=3)
+    batch_size: int = 8
+    target_steps: int = 800
+    target_lr: float = 2e-3
+    draft_steps: int = 1200
+    draft_lr: float = 3e-3
+    distill_temperature: float = 1.0
+    eval_windows: int = 64
+    eval_prompts: int = 32
+    prompt_len: int = 48
+    new_tokens: int = 64
+    seed: int = 0
+
+
+SMOKE = Plan(
+    target=ModelShape(layers=2, hidden=64, intermediate=128, heads=2, kv_heads=1),
+    draft=ModelShape(layers=1, hidden=32, intermediate=64, heads=2, kv_heads=2),
+    vocab_size=512,
+    seq_len=64,
+    target_steps=20,
+    draft_steps=20,
+    eval_windows=4,
+    eval_prompts=3,
+    new_tokens=16,
+)
+
+
+def log(msg: str) -> None:
+    print(f"[{time.perf_counter() - START:7.1f}s] {msg}", flush=True)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+# ---------------------------------------------------------------- corpus and tokenizer
+
+
+def collect_corpus(stdlib: Path) -> tuple[list[str], list[str]]:
+    """(train_texts, heldout_texts): stdlib .py sources split by file on a hash of the relative path."""
+    train, heldout = [], []
+    for path in sorted(stdlib.rglob("*.py")):
+        rel = path.relative_to(stdlib).as_posix()
+        if EXCLUDED_PARTS.intersection(rel.split("/")) or rel.startswith("test_"):
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        bucket = int(hashlib.sha256(rel.encode()).hexdigest(), 16) % 100
+        (heldout if bucket < HELDOUT_PERCENT else train).append(text)
+    return train, heldout
+
+
+def train_tokenizer(texts: list[str], vocab_size: int, max_positions: int):
+    """Byte-level BPE (GPT-2 style pre-tokenisation) that prepends <s>, as a PreTrainedTokenizerFast."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    bos_id = tok.token_to_id("<s>")
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos_id)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        model_max_length=max_positions,
+    )
+
+
+def encode_stream(tokenizer, texts: list[str]) -> torch.Tensor:
+    """All texts as one stream ``<s> file </s> <s> file </s> ...``; shape [n_tokens], int64."""
+    ids: list[int] = []
+    # The backend tokenizer, because the fast wrapper warns about files longer than model_max_length.
+    for enc in tokenizer.backend_tokenizer.encode_batch(texts):
+        ids.extend(enc.ids)
+        ids.append(tokenizer.eos_token_id)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def sample_batch(stream: torch.Tensor, batch_size: int, seq_len: int, gen: torch.Generator) -> torch.Tensor:
+    """Random windows of the stream; shape [batch_size, seq_len + 1] (inputs plus the shifted labels)."""
+    starts = torch.randint(0, len(stream) - seq_len - 1, (batch_size,), generator=gen)
+    return torch.stack([stream[s : s + seq_len + 1] for s in starts.tolist()])
+
+
+# ---------------------------------------------------------------- models and training
+
+
+def build_model(shape: ModelShape, plan: Plan, tokenizer, seed: int):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=shape.hidden,
+        intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
+        max_position_embeddings=plan.max_positions,
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config)
+
+
+def lr_at(step: int, steps: int, peak: float) -> float:
+    """Linear warm-up over 5% of the steps, then cosine decay to 10% of the peak."""
+    warmup = max(1, steps // 20)
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def run_training(
+    name: str, model, loss_fn, stream: torch.Tensor, plan: Plan, steps: int, peak_lr: float, seed: int
+):
+    """AdamW loop over random stream windows; ``loss_fn(model, batch[B, T+1]) -> scalar loss``."""
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.1)
+    model.train()
+    began, running = time.perf_counter(), None
+    for step in range(steps):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, steps, peak_lr)
+        loss = loss_fn(model, sample_batch(stream, plan.batch_size, plan.seq_len, gen))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        running = loss.item() if running is None else 0.9 * running + 0.1 * loss.item()
+        if step % 25 == 0 or step == steps - 1:
+            per_step = (time.perf_counter() - began) / (step + 1)
+            log(f"{name} step {step + 1}/{steps} loss {running:.3f} ({per_step:.2f} s/step)")
+    model.eval()
+    return model
+
+
+def next_token_loss(model, batch: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy (nats) of predicting ``batch[:, 1:]`` from ``batch[:, :-1]``; batch is [B, T+1]."""
+    logits = model(input_ids=batch[:, :-1]).logits  # [B, T, V]
+    return F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+
+
+def make_distill_loss(target, temperature: float):
+    """KL(target_probs || draft_probs) on softened logits, summed over the vocab, mean over tokens."""
+
+    def loss_fn(draft, batch: torch.Tensor) -> torch.Tensor:
+        inputs = batch[:, :-1]
+        with torch.no_grad():
+            target_logits = target(input_ids=inputs).logits / temperature  # [B, T, V]
+        draft_logits = draft(input_ids=inputs).logits / temperature  # [B, T, V]
+        vocab = draft_logits.shape[-1]
+        kl = F.kl_div(
+            F.log_softmax(draft_logits.reshape(-1, vocab), -1),
+            F.log_softmax(target_logits.reshape(-1, vocab), -1),
+            log_target=True,
+            reduction="batchmean",
+        )
+        return kl * temperature**2
+
+    return loss_fn
+
+
+def round_trip_fp16(model):
+    """The weights exactly as shipped (fp16 storage), loaded back into fp32 for CPU evaluation."""
+    return model.half().float().eval()
+
+
+# ---------------------------------------------------------------- evaluation
+
+
+@torch.no_grad()
+def perplexity(model, windows: torch.Tensor) -> float:
+    """exp(mean next-token cross-entropy) over ``windows`` [N, T+1], one window at a time."""
+    losses = [next_token_loss(model, w[None]).item() for w in windows]
+    return math.exp(sum(losses) / len(losses))
+
+
+@torch.no_grad()
+def greedy_speculative(
+    target, draft, prompt: torch.Tensor, k: int, new_tokens: int
+) -> tuple[list[int], int, int]:
+    """Greedy draft-target decoding without KV caches (clarity over speed): the draft proposes ``k`` tokens
+    greedily, one target forward over prompt + drafts verifies them, the longest matching prefix is accepted and
+    the target's own next token (recovered or bonus) is appended. ``prompt`` is [T] int64.
+
+    Returns (generated token ids, accepted, drafted). The output equals the target's plain greedy decoding.
+    """
+    seq = prompt.tolist()
+    accepted_total = drafted_total = 0
+    while len(seq) - len(prompt) < new_tokens:
+        drafts: list[int] = []
+        for _ in range(k):
+            logits = draft(input_ids=torch.tensor([seq + drafts])).logits[0, -1]
+            drafts.append(int(logits.argmax()))
+        target_logits = target(input_ids=torch.tensor([seq + drafts])).logits[0, -k - 1 :]  # [k+1, V]
+        target_choice = target_logits.argmax(-1).tolist()
+        accepted = 0
+        while accepted < k and drafts[accepted] == target_choice[accepted]:
+            accepted += 1
+        seq += drafts[:accepted] + [target_choice[accepted]]
+        accepted_total += accepted
+        drafted_total += k
+    return seq[len(prompt) :], accepted_total, drafted_total
+
+
+@torch.no_grad()
+def plain_greedy(model, prompt: torch.Tensor, new_tokens: int) -> list[int]:
+    out = model.generate(prompt[None], max_new_tokens=new_tokens, do_sample=False, min_new_tokens=new_tokens)
+    return out[0, len(prompt) :].tolist()
+
+
+def acceptance_rate(target, draft, prompts: list[torch.Tensor], k: int, new_tokens: int) -> float:
+    """accepted / drafted over all prompts at ``k`` draft tokens per round."""
+    accepted = drafted = 0
+    for prompt in prompts:
+        _, acc, dra = greedy_speculative(target, draft, prompt, k, new_tokens)
+        accepted, drafted = accepted + acc, drafted + dra
+    return accepted / drafted
+
+
+def heldout_prompts(stream: torch.Tensor, count: int, prompt_len: int, seed: int) -> list[torch.Tensor]:
+    """``count`` prompts of ``prompt_len`` tokens taken at seeded random offsets of the held-out stream."""
+    gen = torch.Generator().manual_seed(seed + 7)
+    starts = torch.randint(0, len(stream) - prompt_len, (count,), generator=gen).tolist()
+    return [stream[s : s + prompt_len] for s in starts]
+
+
+@torch.no_grad()
+def decode_step_ms(model, context: int = 64, query: int = 1, repeats: int = 30) -> float:
+    """Best-of-``repeats`` wall time (ms) of one HF forward of ``query`` tokens at batch 1 against a KV cache of
+    ``context`` tokens. Best-of, because the machine is shared and contention only ever adds time."""
+    gen = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    prefix = model(
+        input_ids=torch.randint(0, vocab, (1, context), generator=gen), use_cache=True
+    ).past_key_values
+    best = float("inf")
+    for _ in range(repeats):
+        step = torch.randint(0, vocab, (1, query), generator=gen)
+        began = time.perf_counter()
+        model(input_ids=step, past_key_values=prefix, use_cache=True)
+        best = min(best, time.perf_counter() - began)
+        prefix.crop(context)  # every repeat sees the same cache length
+    return best * 1e3
+
+
+def macs_per_token(config) -> int:
+    """Multiply-accumulates of one decode step, ignoring attention over the cache (short contexts here)."""
+    h, i, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    kv = config.num_key_value_heads * (h // config.num_attention_heads)
+    per_layer = 2 * h * h + 2 * h * kv + 3 * h * i
+    return layers * per_layer + h * config.vocab_size
+
+
+# ---------------------------------------------------------------- saving and the run
+
+
+def save_model(model, tokenizer, out_dir: Path) -> None:
+    """fp16 safetensors + config + generation_config + the (shared) tokenizer files."""
+    from transformers import GenerationConfig
+
+    model.half().save_pretrained(out_dir, safe_serialization=True)
+    model.float()
+    GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        do_sample=False,
+    ).save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+
+
+def publish(staging: Path, out: Path) -> None:
+    """Replace ``out/target`` and ``out/draft`` with the staged dirs (rename, so never half-written)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("target", "draft"):
+        final = out / name
+        if final.exists():
+            shutil.rmtree(final)
+        (staging / name).rename(final)
+
+
+def dir_mb(path: Path) -> float:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 1e6
+
+
+def evaluate(target, draft, heldout: torch.Tensor, plan: Plan) -> dict:
+    """Held-out perplexities, greedy acceptance at K=2/4, forward-time and MAC ratios."""
+    windows = heldout[: plan.eval_windows * (plan.seq_len + 1)].view(-1, plan.seq_len + 1)
+    metrics = {"target_ppl": perplexity(target, windows), "draft_ppl": perplexity(draft, windows)}
+    log(f"held-out perplexity: target {metrics['target_ppl']:.2f}, draft {metrics['draft_ppl']:.2f}")
+    prompts = heldout_prompts(heldout, plan.eval_prompts, plan.prompt_len, plan.seed)
+    spec, _, _ = greedy_speculative(target, draft, prompts[0], 4, plan.new_tokens)
+    if spec[: plan.new_tokens] != plain_greedy(target, prompts[0], plan.new_tokens):
+        raise RuntimeError("speculative output differs from the target's greedy output: the checker is wrong")
+    for k in (2, 4):
+        metrics[f"acceptance_k{k}"] = acceptance_rate(target, draft, prompts, k, plan.new_tokens)
+        log(f"greedy acceptance K={k}: {metrics[f'acceptance_k{k}']:.3f}")
+    metrics["target_step_ms"] = decode_step_ms(target)
+    metrics["draft_step_ms"] = decode_step_ms(draft)
+    metrics["target_verify5_ms"] = decode_step_ms(target, query=5)
+    metrics["time_ratio"] = metrics["draft_step_ms"] / metrics["target_step_ms"]
+    metrics["mac_ratio"] = macs_per_token(draft.config) / macs_per_token(target.config)
+    return metrics
+
+
+def summary(plan: Plan, metrics: dict, target, draft, out: Path, n_train: int, n_heldout: int) -> str:
+    """A markdown block with everything measured, printed at the end (and pasted into TRAINING.md)."""
+    params = {
+        name: sum(p.numel() for p in m.parameters()) for name, m in (("target", target), ("draft", draft))
+    }
+    t, d = plan.target, plan.draft
+    k4 = metrics["acceptance_k4"]
+    return "\n".join(
+        [
+            "| | target | draft |\n|---|---|---|",
+            f"| shape (layers x hidden, ffn, heads/kv) | {t.layers} x {t.hidden}, {t.intermediate}, {t.heads}/{t.kv_heads}"
+            f" | {d.layers} x {d.hidden}, {d.intermediate}, {d.heads}/{d.kv_heads} |",
+            f"| parameters | {params['target'] / 1e6:.2f} M | {params['draft'] / 1e6:.2f} M |",
+            f"| size on disk (fp16 + tokenizer) | {dir_mb(out / 'target'):.1f} MB | {dir_mb(out / 'draft'):.1f} MB |",
+            f"| held-out perplexity (per token) | {metrics['target_ppl']:.2f} | {metrics['draft_ppl']:.2f} |",
+            f"| decode step, HF forward, batch 1, 1 token, KV cache of 64, fp32, 2 threads (best of 30) |"
+            f" {metrics['target_step_ms']:.2f} ms | {metrics['draft_step_ms']:.2f} ms |",
+            "",
+            f"- greedy acceptance (accepted / drafted) on {plan.eval_prompts} held-out prompts of {plan.prompt_len}"
+            f" tokens, {plan.new_tokens} new tokens each: K=2 {metrics['acceptance_k2']:.3f}, K=4 {k4:.3f}",
+            f"- draft/target forward-time ratio (HF, as above): {metrics['time_ratio']:.3f};"
+            f" MAC ratio per decode token (incl. lm_head): {metrics['mac_ratio']:.3f}",
+            f"- target 5-token verification forward: {metrics['target_verify5_ms']:.2f} ms"
+            f" ({metrics['target_verify5_ms'] / metrics['target_step_ms']:.2f}x a 1-token step)",
+            f"- corpus: {n_train:,} train / {n_heldout:,} held-out tokens, vocab {plan.vocab_size};"
+            f" target {plan.target_steps} steps, draft {plan.draft_steps} steps of {plan.batch_size} x {plan.seq_len}"
+            f" tokens; total {time.perf_counter() - START:.0f} s on {torch.get_num_threads()} threads",
+        ]
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help="folder that receives target/ and draft/"
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny models and a few steps: checks the pipeline"
+    )
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    plan = SMOKE if args.smoke else Plan()
+    torch.set_num_threads(args.threads)
+    seed_everything(plan.seed)
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    train_texts, heldout_texts = collect_corpus(stdlib)
+    log(f"corpus: {stdlib} -> {len(train_texts)} train / {len(heldout_texts)} held-out files")
+    tokenizer = train_tokenizer(train_texts, plan.vocab_size, plan.max_positions)
+    train, heldout = encode_stream(tokenizer, train_texts), encode_stream(tokenizer, heldout_texts)
+    log(
+        f"tokenizer: byte-level BPE, vocab {len(tokenizer)}; {len(train):,} train / {len(heldout):,} held-out tokens"
+    )
+
+    target = build_model(plan.target, plan, tokenizer, plan.seed + 1)
+    log(f"target: {sum(p.numel() for p in target.parameters()) / 1e6:.2f} M parameters, next-token loss")
+    run_training(
+        "target", target, next_token_loss, train, plan, plan.target_steps, plan.target_lr, plan.seed + 1
+    )
+    target = round_trip_fp16(target)  # distil from (and evaluate) the weights exactly as shipped
+    draft = build_model(plan.draft, plan, tokenizer, plan.seed + 2)
+    log(
+        f"draft: {sum(p.numel() for p in draft.parameters()) / 1e6:.2f} M parameters, distilled from the target"
+    )
+    distill = make_distill_loss(target, plan.distill_temperature)
+    run_training("draft", draft, distill, train, plan, plan.draft_steps, plan.draft_lr, plan.seed + 2)
+    draft = round_trip_fp16(draft)
+
+    metrics = evaluate(target, draft, heldout, plan)
+    with tempfile.TemporaryDirectory(dir=args.out.parent if args.out.parent.exists() else None) as tmp:
+        staging = Path(tmp)
+        save_model(target, tokenizer, staging / "target")
+        save_model(draft, tokenizer, staging / "draft")
+        publish(staging, args.out)
+    log(f"saved {args.out / 'target'} and {args.out / 'draft'}")
+    print(summary(plan, metrics, target, draft, args.out, len(train), len(heldout)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
