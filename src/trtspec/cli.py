@@ -163,10 +163,10 @@ def build(recipe: str, engines_dir: str, engines_only: bool, force: bool, out: O
               help="Engine models: the TensorRT-LLM C++ backend, or python models running the PyTorch engine "
               "(CPU). Default: the recipe's triton.runtime.")
 @click.option("--out", "out_dir", type=click.Path(), default=None, help="Repository folder [default: triton_repo/<name>].")
-@click.option("--engine-dir", type=click.Path(), default=None,
-              help="Folder with target/ and draft/ engines (tensorrtllm runtime) [default: engines/<name>].")
+@click.option("--engines-dir", type=click.Path(file_okay=False), default="engines",
+              help="Where `trtspec build` put engines/<name>/{target,draft}/engine (tensorrtllm runtime).")
 @output_options
-def deploy(recipe: str, runtime: str | None, out_dir: str | None, engine_dir: str | None, out: Output) -> None:
+def deploy(recipe: str, runtime: str | None, out_dir: str | None, engines_dir: str, out: Output) -> None:
     """Write a Triton model repository: preprocessing, postprocessing, target and draft engine models and the
     speculative orchestrator tensorrt_llm_bls (the entry point), rendered strictly and checked with Triton's schema.
 
@@ -175,10 +175,12 @@ def deploy(recipe: str, runtime: str | None, out_dir: str | None, engine_dir: st
     from pathlib import Path
 
     from trtspec.recipe import load_recipe
+    from trtspec.triton_repo.deploy import default_engine_dirs
     from trtspec.triton_repo.deploy import deploy as write_repo
 
-    dirs = {role: Path(engine_dir) / role for role in ("target", "draft")} if engine_dir else None
-    result = write_repo(load_recipe(recipe), runtime, Path(out_dir) if out_dir else None, engine_dirs=dirs)
+    spec = load_recipe(recipe)
+    dirs = default_engine_dirs(spec, Path(engines_dir))
+    result = write_repo(spec, runtime, Path(out_dir) if out_dir else None, engine_dirs=dirs)
     if out.json:
         out.emit_json({"repo": str(result.repo), **result.manifest})
     else:
@@ -206,6 +208,67 @@ def serve(repo: str, host, http_port, grpc_port, metrics_port, timeout_s: float,
 
 
 # --- validate / bench (issue 6) ---
+
+
+def _system_options(func):
+    """Which system validate/bench test: the in-process engine, a Triton endpoint, or TensorRT-LLM engines."""
+    options = [
+        click.option("--system", type=click.Choice(["auto", "engine", "triton", "trtllm"]), default="auto",
+                     help="System under test; auto = triton when --url is given, else the in-process engine."),
+        click.option("--url", default=None, help="Triton endpoint HOST:PORT (gRPC) or http://HOST:PORT."),
+        click.option("--protocol", type=click.Choice(["auto", "grpc", "http"]), default="auto",
+                     help="Triton protocol; auto = http for http:// URLs, else grpc."),
+        click.option("--model", "triton_model", default=None, help="Triton entry model [default: tensorrt_llm_bls]."),
+        click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu",
+                     help="Device of the in-process engine and the HF reference."),
+        click.option("--dtype", type=click.Choice(["auto", "float32", "float16", "bfloat16"]), default="auto",
+                     help="In-process dtype; auto = float32 on cpu, the recipe's dtype on cuda."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _system_spec(system, url, protocol, triton_model, device, dtype):
+    from trtspec.validate.commands import SystemOptions
+
+    return SystemOptions(system, url, protocol, triton_model, device, dtype)
+
+
+@cli.command()
+@recipe_argument
+@click.option("--prompts", type=click.Path(dir_okay=False), default=None,
+              help="Prompt JSONL ({\"prompt\": ...} per line) [default: the shipped code+prose set].")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N prompts.")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=32, help="New tokens per prompt.")
+@click.option("--num-draft-tokens", type=click.IntRange(min=1), default=None,
+              help="Draft tokens per round (K) [default: the recipe's max_draft_len].")
+@click.option("--min-exact-match", type=click.FloatRange(0, 1), default=None,
+              help="Fail (exit 1) below this exact-match rate vs the HF reference.")
+@click.option("--min-acceptance", type=click.FloatRange(0, 1), default=None,
+              help="Fail (exit 1) below this acceptance rate.")
+@click.option("--min-control-match", type=click.FloatRange(0, 1), default=1.0,
+              help="Fail (exit 1) below this exact-match rate of speculative vs target-only on the same system.")
+@click.option("--report", type=click.Path(dir_okay=False), default=None, help="Write a Markdown report here.")
+@_system_options
+@output_options
+def validate(recipe, prompts, limit, max_tokens, num_draft_tokens, min_exact_match, min_acceptance,
+             min_control_match, report, system, url, protocol, triton_model, device, dtype, out: Output) -> None:
+    """Greedy outputs of the system under test vs the HF PyTorch reference and vs its own target-only decoding.
+    Exit 0 pass, 1 a threshold failed, 2 bad input.
+
+    RECIPE is a builders/<pair>.yaml file; 'demo' (the default) is the shipped demo pair.
+    """
+    from pathlib import Path
+
+    from trtspec.validate.commands import ValidateOptions
+    from trtspec.validate.commands import validate as run_validate
+    from trtspec.validate.validation import Thresholds
+
+    run_validate(ValidateOptions(
+        recipe, Path(prompts) if prompts else None, limit, max_tokens, num_draft_tokens,
+        Thresholds(min_exact_match, min_acceptance, min_control_match), Path(report) if report else None,
+        _system_spec(system, url, protocol, triton_model, device, dtype)), out)
 
 
 def _show_envvars(group: click.Group) -> None:

@@ -43,10 +43,10 @@ def default_out_dir(recipe: Recipe) -> Path:
     return Path("triton_repo") / recipe.name
 
 
-def default_engine_dirs(recipe: Recipe) -> dict[str, Path]:
-    """Where ``trtspec build`` puts the engines: engines/<name>/{target,draft}."""
-    root = Path("engines") / recipe.name
-    return {"target": (root / "target").resolve(), "draft": (root / "draft").resolve()}
+def default_engine_dirs(recipe: Recipe, engines_dir: Path | None = None) -> dict[str, Path]:
+    """Where ``trtspec build --engines-dir DIR`` puts the engines: DIR/<name>/{target,draft}/engine."""
+    root = Path(engines_dir or "engines") / recipe.name
+    return {role: (root / role / "engine").resolve() for role in ("target", "draft")}
 
 
 def render_models(plans: list[ModelPlan]) -> dict[str, tuple[str, object]]:

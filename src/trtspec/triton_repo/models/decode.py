@@ -1,0 +1,101 @@
+"""The orchestrator's speculative loop as pure logic over two engine calls (tensorrtllm_backend's decode.py
+split: Triton I/O lives in orchestrator.py, this module replays scripted draft/target outputs in tests).
+
+One round:
+1. draft: ``draft(tokens, k)`` continues ``tokens`` by up to k tokens -> (draft_tokens, draft_logits [k, V] or None).
+2. verify: ``target(tokens, draft_tokens, draft_logits)`` -> the target's new tokens: the accepted prefix of
+   the draft tokens followed by one recovered (first mismatch) or bonus (all accepted) token. This is what the
+   TensorRT-LLM backend returns for a request with draft_input_ids and request_output_len = k + 1.
+3. emit the new tokens, cut at end_id / a stop sequence / max_tokens / max_seq_len.
+
+K = 0 (or one token left) is a plain target continuation through the same call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+from trtspec.validate.metrics import AcceptanceStats
+
+DraftFn = Callable[[list[int], int, int], tuple[list[int], object]]  # (tokens, k, round) -> (draft, logits)
+TargetFn = Callable[[list[int], list[int], object, int], list[int]]  # (tokens, draft, logits, round) -> new
+
+
+@dataclass(frozen=True)
+class Round:
+    """What one verified round emits. ``tokens``: new output token ids (after cuts); ``finished``: last round."""
+
+    tokens: list[int]
+    num_draft: int
+    num_accepted: int
+    finished: bool
+    reason: str | None = (
+        None  # "length", "end_id", "stop_words", "max_seq_len" or "no_progress" when finished
+    )
+
+
+def leading_matches(draft_tokens: Sequence[int], target_tokens: Sequence[int]) -> int:
+    """How many draft tokens the target accepted: the length of their common prefix."""
+    n = 0
+    for d, t in zip(draft_tokens, target_tokens, strict=False):
+        if d != t:
+            break
+        n += 1
+    return n
+
+
+def _cut(generated: list[int], new: list[int], end_id: int | None, stop_ids: Sequence[Sequence[int]]):
+    """``new`` cut at the first end_id (excluded) or after the first stop sequence (included)."""
+    for i, token in enumerate(new):
+        if end_id is not None and token == end_id:
+            return new[:i], "end_id"
+        tail = generated + new[: i + 1]
+        for stop in stop_ids:
+            if stop and tail[-len(stop) :] == list(stop):
+                return new[: i + 1], "stop_words"
+    return new, None
+
+
+def speculate(
+    prompt: list[int],
+    *,
+    max_tokens: int,
+    num_draft_tokens: int,
+    max_seq_len: int,
+    draft: DraftFn,
+    target: TargetFn,
+    end_id: int | None = None,
+    stop_ids: Sequence[Sequence[int]] = (),
+    stats: AcceptanceStats | None = None,
+) -> Iterator[Round]:
+    """Yield one Round per target verification until max_tokens, end_id, a stop sequence or max_seq_len."""
+    tokens, generated = list(prompt), []
+    round_index = 0
+    while True:
+        budget = min(max_tokens - len(generated), max_seq_len - len(tokens))
+        if budget <= 0:
+            reason = "length" if len(generated) >= max_tokens else "max_seq_len"
+            yield Round([], 0, 0, True, reason)
+            return
+        k = min(num_draft_tokens, budget - 1)  # the target always adds one token: keep room for it
+        draft_tokens, draft_logits = draft(tokens, k, round_index) if k > 0 else ([], None)
+        draft_tokens = list(draft_tokens)[:k]
+        new = list(target(tokens, draft_tokens, draft_logits, round_index))[: len(draft_tokens) + 1]
+        accepted = leading_matches(draft_tokens, new)
+        if stats is not None:
+            stats.record_round(len(draft_tokens), accepted)
+        if not new:
+            yield Round([], len(draft_tokens), accepted, True, "no_progress")
+            return
+        new, reason = _cut(generated, new[:budget], end_id, stop_ids)
+        generated += new
+        tokens += new
+        if stats is not None:
+            stats.generated_tokens += len(new)
+        round_index += 1
+        if reason is None and len(generated) >= max_tokens:
+            reason = "length"
+        yield Round(new, len(draft_tokens), accepted, reason is not None, reason)
+        if reason is not None:
+            return

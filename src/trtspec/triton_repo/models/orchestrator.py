@@ -1,0 +1,227 @@
+"""Triton python model `tensorrt_llm_bls`: the speculative orchestrator and the client-facing entry point.
+
+Per request: preprocessing (BLS) -> rounds of draft (K tokens) + one target verification through the engine
+models' TensorRT-LLM tensor interface (decode.speculate) -> postprocessing (BLS) -> text. Beyond upstream's
+BLS: decoupled streaming of each verified round, concurrent requests (one thread each, bounded), per-request
+num_draft_tokens, sampling, stop words and return_perf_metrics.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from trtspec.errors import RequestError
+from trtspec.triton_repo import interface as names
+from trtspec.triton_repo.models import triton_io as io
+from trtspec.triton_repo.models.decode import speculate
+from trtspec.triton_repo.models.request import GenerationRequest, Limits, parse_request
+from trtspec.triton_repo.models.text import IncrementalText, from_word_list
+from trtspec.validate.metrics import AcceptanceStats
+
+_SEED_MASK = (1 << 63) - 1
+
+
+class EngineClient:
+    """The draft and target engine models behind upstream's tensor interface (either runtime)."""
+
+    def __init__(self, target: str, draft: str, req: GenerationRequest, end_id: int, pad_id: int):
+        self.target, self.draft, self.req = target, draft, req
+        self.end_id, self.pad_id = end_id, pad_id
+
+    def _common(self, tokens: list[int], output_len: int, round_index: int) -> dict:
+        s = self.req.sampling
+        inputs = {
+            "input_ids": np.array([tokens], dtype=np.int32),
+            "input_lengths": np.array([[len(tokens)]], dtype=np.int32),
+            "request_output_len": np.array([[output_len]], dtype=np.int32),
+            "end_id": np.array([[self.end_id]], dtype=np.int32),
+            "pad_id": np.array([[self.pad_id]], dtype=np.int32),
+            "temperature": np.array([[s.temperature]], dtype=np.float32),
+            "runtime_top_k": np.array([[s.top_k]], dtype=np.int32),
+            "runtime_top_p": np.array([[s.top_p]], dtype=np.float32),
+            "streaming": np.array([[False]]),
+        }
+        if s.seed is not None:  # a distinct seed per round, reproducible per request
+            inputs["seed"] = np.array([[(s.seed + round_index) & _SEED_MASK]], dtype=np.uint64)
+        return inputs
+
+    @staticmethod
+    def _new_tokens(out: dict, prompt_len: int) -> list[int]:
+        ids = np.asarray(out["output_ids"]).reshape(-1)
+        length = int(np.asarray(out["sequence_length"]).reshape(-1)[0])
+        return ids[prompt_len:length].tolist()
+
+    def draft_fn(self, tokens: list[int], k: int, round_index: int):
+        inputs = self._common(tokens, k, round_index)
+        want_logits = self.req.use_draft_logits
+        inputs["return_generation_logits"] = np.array([[want_logits]])
+        outputs = ["output_ids", "sequence_length"] + (["generation_logits"] if want_logits else [])
+        out = io.bls(self.draft, inputs, outputs)
+        logits = None
+        if want_logits and out.get("generation_logits") is not None:
+            logits = np.asarray(out["generation_logits"], dtype=np.float32).reshape(
+                -1, *out["generation_logits"].shape[-1:]
+            )
+        return self._new_tokens(out, len(tokens)), logits
+
+    def target_fn(self, tokens: list[int], draft_tokens: list[int], draft_logits, round_index: int):
+        inputs = self._common(tokens, len(draft_tokens) + 1, round_index)
+        if draft_tokens:
+            inputs["draft_input_ids"] = np.array([draft_tokens], dtype=np.int32)
+            if draft_logits is not None:
+                inputs["draft_logits"] = np.asarray(draft_logits, dtype=np.float32)[None, : len(draft_tokens)]
+        out = io.bls(self.target, inputs, ["output_ids", "sequence_length"])
+        return self._new_tokens(out, len(tokens))
+
+
+def _metrics(stats: AcceptanceStats) -> list:
+    return [
+        io.tensor("acceptance_rate", np.array([[stats.acceptance_rate]], dtype=np.float32)),
+        io.tensor("total_accepted_draft_tokens", np.array([[stats.accepted]], dtype=np.int32)),
+        io.tensor("total_draft_tokens", np.array([[stats.drafted]], dtype=np.int32)),
+    ]
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        import json
+
+        params = io.model_parameters(args)
+        self.limits = Limits(
+            max_draft_len=int(params["max_draft_len"]),
+            num_draft_tokens=int(params["num_draft_tokens"]),
+            max_seq_len=int(params["max_seq_len"]),
+            use_draft_logits=params.get("use_draft_logits", "False").lower() == "true",
+        )
+        self.target = params["tensorrt_llm_model_name"]
+        self.draft = params["tensorrt_llm_draft_model_name"]
+        self.decoupled = io.pb().using_decoupled_model_transaction_policy(json.loads(args["model_config"]))
+        self.slots = threading.BoundedSemaphore(int(params.get("max_concurrency") or 8))
+        self.threads: set[threading.Thread] = set()
+        self.lock = threading.Lock()
+
+    # ------------------------------------------------------------------ request handling
+
+    def execute(self, requests):
+        if not self.decoupled:
+            return [self._respond_once(r) for r in requests]
+        for request in requests:
+            thread = threading.Thread(target=self._serve_decoupled, args=(request,), daemon=True)
+            with self.lock:
+                self.threads.add(thread)
+            thread.start()
+        return None
+
+    def finalize(self):
+        for thread in list(self.threads):
+            thread.join(timeout=10)
+
+    def _respond_once(self, request):
+        try:
+            req = parse_request(io.read_inputs(request, names.CLIENT_INPUTS), self.limits)
+            if req.stream:
+                raise RequestError(
+                    "stream=true needs a decoupled orchestrator; deploy with triton.decoupled: true"
+                )
+            pieces, stats = [], None
+            for piece, stats, _ in self._generate(req, incremental=False):
+                pieces.append(piece)
+            return self._response("".join(pieces), stats, req.return_perf_metrics)
+        except RequestError as err:
+            return io.error_response(err.message)
+        except io.BlsError as err:
+            return io.error_response(str(err))
+
+    def _serve_decoupled(self, request):
+        final = io.pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        sender = request.get_response_sender()
+        try:
+            with self.slots:
+                req = parse_request(io.read_inputs(request, names.CLIENT_INPUTS), self.limits)
+                self._stream(req, sender, final)
+        except RequestError as err:
+            sender.send(io.error_response(err.message), flags=final)
+        except io.BlsError as err:
+            sender.send(io.error_response(str(err)), flags=final)
+        except Exception as err:  # noqa: BLE001 - the client gets one line; the server log keeps the rest
+            sender.send(io.error_response(f"internal error: {type(err).__name__}: {err}", False), flags=final)
+        finally:
+            with self.lock:
+                self.threads.discard(threading.current_thread())
+
+    def _stream(self, req: GenerationRequest, sender, final_flag) -> None:
+        if not req.stream:
+            pieces, stats = [], None
+            for piece, stats, _ in self._generate(req, incremental=False):
+                pieces.append(piece)
+            sender.send(self._response("".join(pieces), stats, req.return_perf_metrics), flags=final_flag)
+            return
+        stats = None
+        for piece, stats, _ in self._generate(req, incremental=True):
+            if piece:
+                sender.send(self._response(piece, stats, req.return_perf_metrics))
+            if getattr(sender, "is_cancelled", lambda: False)():
+                break
+        sender.send(self._response("", stats, req.return_perf_metrics), flags=final_flag)
+
+    def _response(self, text: str, stats: AcceptanceStats | None, with_metrics: bool):
+        tensors = [io.tensor("text_output", np.array([[text.encode()]], dtype=object))]
+        if with_metrics and stats is not None:
+            tensors += _metrics(stats)
+        return io.pb().InferenceResponse(output_tensors=tensors)
+
+    # ------------------------------------------------------------------ generation
+
+    def _preprocess(self, req: GenerationRequest):
+        inputs = {"QUERY": np.array([[req.text.encode()]], dtype=object)}
+        if req.stop_words:
+            inputs["STOP_WORDS_DICT"] = np.array([[w.encode() for w in req.stop_words]], dtype=object)
+        if req.end_id is not None:
+            inputs["END_ID"] = np.array([[req.end_id]], dtype=np.int32)
+        if req.pad_id is not None:
+            inputs["PAD_ID"] = np.array([[req.pad_id]], dtype=np.int32)
+        out = io.bls(names.PREPROCESSING, inputs, list(names.PREPROCESSING_OUTPUTS))
+        length = int(np.asarray(out["REQUEST_INPUT_LEN"]).reshape(-1)[0])
+        prompt = np.asarray(out["INPUT_ID"]).reshape(-1)[:length].tolist()
+        stop_ids = from_word_list(np.asarray(out["STOP_WORDS_IDS"]).reshape(2, -1)) if req.stop_words else []
+        end_id = int(np.asarray(out["OUT_END_ID"]).reshape(-1)[0])
+        pad_id = int(np.asarray(out["OUT_PAD_ID"]).reshape(-1)[0])
+        return prompt, stop_ids, end_id, pad_id
+
+    def _detokenize(self, tokens: list[int]) -> str:
+        out = io.bls(
+            names.POSTPROCESSING,
+            {
+                "TOKENS_BATCH": np.array([[tokens]], dtype=np.int32),
+                "SEQUENCE_LENGTH": np.array([[len(tokens)]], dtype=np.int32),
+            },
+            ["OUTPUT"],
+        )
+        item = np.asarray(out["OUTPUT"]).reshape(-1)[0]
+        return item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item)
+
+    def _generate(self, req: GenerationRequest, incremental: bool):
+        """Yield (text piece, stats so far, finished) per verified round (one piece at the end if not incremental)."""
+        prompt, stop_ids, end_id, pad_id = self._preprocess(req)
+        engines = EngineClient(self.target, self.draft, req, end_id, pad_id)
+        stats = AcceptanceStats(max_draft_len=self.limits.max_draft_len)
+        generated, text = [], IncrementalText()
+        rounds = speculate(
+            prompt,
+            max_tokens=req.max_tokens,
+            num_draft_tokens=req.num_draft_tokens,
+            max_seq_len=self.limits.max_seq_len,
+            draft=engines.draft_fn,
+            target=engines.target_fn,
+            end_id=end_id,
+            stop_ids=stop_ids,
+            stats=stats,
+        )
+        for rnd in rounds:
+            generated += rnd.tokens
+            if incremental and (rnd.tokens or rnd.finished):
+                yield text.delta(self._detokenize(generated), rnd.finished), stats, rnd.finished
+        if not incremental:
+            yield self._detokenize(generated), stats, True

@@ -1,0 +1,126 @@
+"""Client requests to the orchestrator: upstream tensor names -> a validated GenerationRequest.
+
+Pure (numpy only). Every expected mistake raises RequestError with one line naming the input, its value and
+the limit, which the orchestrator returns to the client as an INVALID_ARG error (no traceback).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from trtspec.errors import RequestError
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The repository's limits, from the orchestrator's config parameters."""
+
+    max_draft_len: int
+    num_draft_tokens: int  # default per-request K
+    max_seq_len: int
+    use_draft_logits: bool = False
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Engine sampling parameters (TensorRT-LLM names: temperature, runtime_top_k, runtime_top_p, seed)."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    text: str
+    max_tokens: int
+    num_draft_tokens: int
+    stream: bool
+    sampling: Sampling
+    use_draft_logits: bool
+    return_perf_metrics: bool
+    end_id: int | None = None
+    pad_id: int | None = None
+    stop_words: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _scalar(inputs: Mapping, name: str, default=None):
+    value = inputs.get(name)
+    if value is None:
+        return default
+    arr = np.asarray(value)
+    if arr.size != 1:
+        raise RequestError(f"input '{name}' must hold one value per request, got shape {list(arr.shape)}")
+    item = arr.reshape(-1)[0]
+    return (
+        item.decode("utf-8", "replace")
+        if isinstance(item, bytes)
+        else item.item()
+        if hasattr(item, "item")
+        else item
+    )
+
+
+def _strings(inputs: Mapping, name: str) -> tuple[str, ...]:
+    value = inputs.get(name)
+    if value is None:
+        return ()
+    items = [
+        v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+        for v in np.asarray(value).reshape(-1)
+    ]
+    return tuple(s for s in items if s)
+
+
+def _sampling(inputs: Mapping) -> Sampling:
+    temperature = float(_scalar(inputs, "temperature", 0.0))
+    top_k = int(_scalar(inputs, "top_k", 0))
+    top_p = float(_scalar(inputs, "top_p", 1.0))
+    seed = _scalar(inputs, "seed")
+    if not math.isfinite(temperature) or temperature < 0:
+        raise RequestError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if top_k < 0:
+        raise RequestError(f"top_k must be >= 0 (0 = off), got {top_k}")
+    if not math.isfinite(top_p) or not 0.0 < top_p <= 1.0:
+        raise RequestError(f"top_p must be in (0, 1], got {top_p}")
+    return Sampling(temperature, top_k, top_p, None if seed is None else int(seed))
+
+
+def parse_request(inputs: Mapping[str, object], limits: Limits) -> GenerationRequest:
+    """Validate one request's inputs (name -> numpy array or None when absent)."""
+    text = _scalar(inputs, "text_input")
+    if text is None:
+        raise RequestError("input 'text_input' is required")
+    if not str(text).strip():
+        raise RequestError("text_input is empty; send a non-empty prompt")
+    max_tokens = int(_scalar(inputs, "max_tokens", 0))
+    if max_tokens <= 0:
+        raise RequestError(f"max_tokens must be > 0, got {max_tokens}")
+    k = int(_scalar(inputs, "num_draft_tokens", limits.num_draft_tokens))
+    if not 0 <= k <= limits.max_draft_len:
+        raise RequestError(
+            f"num_draft_tokens {k} is out of range: it must be between 0 and max_draft_len {limits.max_draft_len} "
+            "(the engine limit)"
+        )
+    end_id, pad_id = _scalar(inputs, "end_id"), _scalar(inputs, "pad_id")
+    return GenerationRequest(
+        text=str(text),
+        max_tokens=max_tokens,
+        num_draft_tokens=k,
+        stream=bool(_scalar(inputs, "stream", False)),
+        sampling=_sampling(inputs),
+        use_draft_logits=bool(_scalar(inputs, "use_draft_logits", limits.use_draft_logits)),
+        return_perf_metrics=bool(_scalar(inputs, "return_perf_metrics", False)),
+        end_id=None if end_id is None else int(end_id),
+        pad_id=None if pad_id is None else int(pad_id),
+        stop_words=_strings(inputs, "stop_words"),
+    )

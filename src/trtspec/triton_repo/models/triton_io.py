@@ -1,0 +1,61 @@
+"""The only module that talks to triton_python_backend_utils: tensors in and out, BLS calls, errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+
+def pb():
+    import triton_python_backend_utils as pb_utils
+
+    return pb_utils
+
+
+class BlsError(Exception):
+    """A model called through BLS answered with an error; ``message`` is its own text."""
+
+
+def model_parameters(args: dict) -> dict[str, str]:
+    """The string parameters of this model's config.pbtxt (initialize's args['model_config'])."""
+    config = json.loads(args["model_config"])
+    return {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+
+
+def read_inputs(request, names) -> dict[str, np.ndarray | None]:
+    out = {}
+    for name in names:
+        tensor = pb().get_input_tensor_by_name(request, name)
+        out[name] = None if tensor is None else tensor.as_numpy()
+    return out
+
+
+def tensor(name: str, array) -> object:
+    return pb().Tensor(name, np.asarray(array))
+
+
+def error(message: str, invalid_argument: bool = True):
+    """A TritonError the client sees as INVALID_ARG (HTTP 400) for its own mistakes, INTERNAL otherwise."""
+    utils = pb()
+    code = getattr(utils.TritonError, "INVALID_ARG" if invalid_argument else "INTERNAL", None)
+    return utils.TritonError(message, code) if code is not None else utils.TritonError(message)
+
+
+def error_response(message: str, invalid_argument: bool = True):
+    return pb().InferenceResponse(output_tensors=[], error=error(message, invalid_argument))
+
+
+def bls(model: str, inputs: dict[str, object], outputs: list[str]) -> dict[str, np.ndarray]:
+    """One synchronous BLS request; raises BlsError with the callee's message if it failed."""
+    utils = pb()
+    tensors = [utils.Tensor(name, np.asarray(value)) for name, value in inputs.items() if value is not None]
+    request = utils.InferenceRequest(model_name=model, requested_output_names=outputs, inputs=tensors)
+    response = request.exec()
+    if response.has_error():
+        raise BlsError(response.error().message())
+    result = {}
+    for name in outputs:
+        out = utils.get_output_tensor_by_name(response, name)
+        result[name] = None if out is None else out.as_numpy()
+    return result
