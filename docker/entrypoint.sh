@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# trtspec container entry point: check -> build engines (tensorrtllm runtime) -> deploy -> serve.
+#
+# Configuration (environment only; values are passed to trtspec as single arguments, never evaluated):
+#   TRTSPEC_RECIPE        recipe file                         [/workspace/recipes/recipe.yaml]
+#   TRTSPEC_ENGINES_DIR   where engines/<name>/ is built      [/workspace/engines]
+#   TRTSPEC_REPO_DIR      the repository goes to DIR/<name>   [/workspace/triton_repo]
+#   TRTSPEC_RUNTIME       tensorrtllm | torch                 [the recipe's triton.runtime]
+#   TRTSPEC_HOST          address tritonserver binds          [0.0.0.0, see below]
+#   TRTSPEC_HTTP_PORT / TRTSPEC_GRPC_PORT / TRTSPEC_METRICS_PORT   [8000 / 8001 / 8002]
+# With arguments (`docker run IMAGE trtspec validate ...`) it runs those instead.
+set -euo pipefail
+
+readonly EXIT_USAGE=2
+readonly EXIT_NEEDS_TENSORRT_LLM=3
+
+log() { printf '[trtspec-entrypoint] %s\n' "$*" >&2; }
+
+# "<name> <runtime>" of a recipe. The name is validated by the recipe schema ([A-Za-z0-9._-], no ".."), so it
+# is safe as a folder name; the recipe path reaches Python as an argument, not as code.
+recipe_facts() {
+    python3 - "$1" <<'PY'
+import sys
+
+from trtspec.errors import TrtspecError
+from trtspec.recipe import load_recipe
+
+try:
+    recipe = load_recipe(sys.argv[1])
+except TrtspecError as err:
+    sys.exit(f"Error: {err.message}")
+print(recipe.name, recipe.triton.runtime)
+PY
+}
+
+# Engines for the tensorrtllm runtime. `trtspec build` skips every stage whose inputs and outputs are
+# unchanged, so calling it on each start costs a few hashes when the engines are current and rebuilds exactly
+# the stale stages when the recipe or the models changed.
+build_engines() {
+    local recipe="$1" engines_dir="$2" status=0
+    trtspec build "$recipe" --engines-dir "$engines_dir" || status=$?
+    if [[ $status -eq $EXIT_NEEDS_TENSORRT_LLM ]]; then
+        # Outside the NGC image exit 3 means "finish there"; in a container meant to serve it is a real error.
+        log "tensorrt_llm is not importable in this image: the tensorrtllm runtime needs the NGC image"
+        log "(docker/Dockerfile); use TRTSPEC_RUNTIME=torch for the CPU image"
+    fi
+    return "$status"
+}
+
+main() {
+    if [[ $# -gt 0 ]]; then
+        exec "$@"
+    fi
+    local recipe="${TRTSPEC_RECIPE:-/workspace/recipes/recipe.yaml}"
+    local engines_dir="${TRTSPEC_ENGINES_DIR:-/workspace/engines}"
+    local repo_dir="${TRTSPEC_REPO_DIR:-/workspace/triton_repo}"
+    # 0.0.0.0 because inside a container the server must listen on the container's own interface for a
+    # published port to reach it; what the host exposes is decided by publishing (compose.yaml binds
+    # 127.0.0.1). Outside a container set TRTSPEC_HOST=127.0.0.1.
+    local host="${TRTSPEC_HOST:-0.0.0.0}"
+    local http_port="${TRTSPEC_HTTP_PORT:-8000}"
+    local grpc_port="${TRTSPEC_GRPC_PORT:-8001}"
+    local metrics_port="${TRTSPEC_METRICS_PORT:-8002}"
+
+    log "1/4 check ${recipe}"
+    trtspec check "$recipe"
+
+    local facts name runtime
+    facts="$(recipe_facts "$recipe")"
+    read -r name runtime <<<"$facts"
+    runtime="${TRTSPEC_RUNTIME:-$runtime}"
+    case "$runtime" in
+        tensorrtllm)
+            log "2/4 build engines into ${engines_dir}/${name} (up-to-date stages are skipped)"
+            build_engines "$recipe" "$engines_dir"
+            ;;
+        torch)
+            log "2/4 no engine build: the torch runtime serves the Hugging Face checkpoints"
+            ;;
+        *)
+            log "TRTSPEC_RUNTIME='${runtime}' is not a runtime; use tensorrtllm or torch"
+            exit "$EXIT_USAGE"
+            ;;
+    esac
+
+    local repo="${repo_dir}/${name}"
+    log "3/4 deploy the ${runtime} repository to ${repo}"
+    trtspec deploy "$recipe" --runtime "$runtime" --out "$repo" --engines-dir "$engines_dir"
+
+    log "4/4 serve on ${host} (http ${http_port}, grpc ${grpc_port}, metrics ${metrics_port})"
+    # exec: the server process replaces this shell, so `docker stop` (STOPSIGNAL SIGINT) reaches it directly.
+    exec trtspec serve "$repo" --host "$host" \
+        --http-port "$http_port" --grpc-port "$grpc_port" --metrics-port "$metrics_port"
+}
+
+main "$@"
