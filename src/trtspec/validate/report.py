@@ -101,16 +101,13 @@ def _prompt_row(o: PromptOutcome) -> list[str]:
     ]
 
 
-PROMPT_COLUMNS = [
-    "prompt",
-    "exact match",
-    "first divergence",
-    "token agreement",
-    "control match",
-    "acceptance",
-    "mean accepted len",
-    "tokens/s",
-]
+# Short headers so the rich table fits 80 columns; the Markdown report explains them under its table.
+PROMPT_COLUMNS = ["prompt", "match", "1st div", "agree", "control", "accept", "acc len", "tok/s"]
+COLUMN_LEGEND = (
+    "match: exact match vs the HF reference; 1st div: first divergent token index; agree: token agreement; "
+    "control: speculative == target-only on the same system; accept: acceptance rate; acc len: mean accepted "
+    "length (draft tokens per round); tok/s: generated tokens per second (speculative)."
+)
 
 
 def _summary_rows(result: ValidationResult) -> list[tuple[str, str]]:
@@ -149,6 +146,8 @@ def validation_markdown(result: ValidationResult) -> str:
         "## Per prompt",
         "",
         markdown_table(PROMPT_COLUMNS, [_prompt_row(o) for o in result.outcomes]),
+        "",
+        COLUMN_LEGEND,
     ]
     if result.notes:
         parts += ["", "## Notes", ""] + [f"- {n}" for n in result.notes]

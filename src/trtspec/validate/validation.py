@@ -129,6 +129,13 @@ def compare_outputs(
     return outcomes
 
 
+def warm_up(system: SystemUnderTest, request: Request, params) -> None:
+    """One short request in both modes, so the timed runs do not pay first-call costs (allocations, caches)."""
+    short = params.with_(max_new_tokens=min(4, params.max_new_tokens))
+    system.generate([request], short)
+    system.generate([request], short.with_(num_draft_tokens=0))
+
+
 def run_validation(
     system: SystemUnderTest,
     reference,
@@ -149,6 +156,7 @@ def run_validation(
     ref_ids = [reference.generate(r.token_ids, max_new_tokens) for r in requests]
     k = system.max_draft_len if num_draft_tokens is None else num_draft_tokens
     params = SamplingParams(max_new_tokens=max_new_tokens, num_draft_tokens=k)
+    warm_up(system, requests[0], params)
     say(f"{system.name}: speculative, num_draft_tokens={k}")
     speculative, spec_wall = generate_all(system, requests, params)
     say(f"{system.name}: target-only")

@@ -1,0 +1,159 @@
+"""trtspec validate against the in-process engine on tiny models (the demo pair's shape, random weights)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trtspec.cli import Output, cli
+from trtspec.errors import EXIT_CHECK_FAILED, CheckFailed
+from trtspec.validate.prompts import load_prompts
+
+
+def write_recipe(path: Path, target: Path, draft: Path, max_draft_len: int = 4) -> Path:
+    path.write_text(
+        f"name: tiny\ntarget: {{model: {target}, dtype: float32}}\ndraft: {{model: {draft}, dtype: float32}}\n"
+        f"speculative: {{max_draft_len: {max_draft_len}}}\n"
+        "limits: {max_batch_size: 4, max_input_len: 128, max_seq_len: 256}\n"
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def recipe_path(tiny_pair, tmp_path_factory) -> Path:
+    target, draft = tiny_pair
+    return write_recipe(tmp_path_factory.mktemp("recipe") / "tiny.yaml", target, draft)
+
+
+@pytest.fixture(scope="module")
+def engine_and_reference(recipe_path):
+    from trtspec.recipe import load_recipe
+    from trtspec.validate.commands import SystemOptions, open_reference, open_system
+
+    recipe = load_recipe(recipe_path)
+    reference = open_reference(recipe, SystemOptions())
+    return open_system(recipe, SystemOptions()), reference
+
+
+class PlantedMismatch:
+    """Wraps a system and alters one token of one prompt's speculative output (target-only is left intact)."""
+
+    def __init__(self, inner, prompt_text: str, position: int):
+        self.inner, self.prompt_text, self.position = inner, prompt_text, position
+        self.name, self.max_draft_len, self.max_batch_size = (
+            "planted",
+            inner.max_draft_len,
+            inner.max_batch_size,
+        )
+
+    def generate(self, requests, params):
+        generations = self.inner.generate(requests, params)
+        if params.num_draft_tokens == 0:
+            return generations
+        for request, gen in zip(requests, generations, strict=True):
+            if request.text == self.prompt_text and len(gen.token_ids) > self.position:
+                ids = list(gen.token_ids)
+                ids[self.position] = 5 if ids[self.position] != 5 else 6  # 5, 6: ordinary (non-stop) tokens
+                gen.token_ids = ids
+        return generations
+
+    def close(self):
+        pass
+
+
+def test_engine_matches_reference_and_control(engine_and_reference):
+    from trtspec.validate.validation import run_validation
+
+    system, reference = engine_and_reference
+    result = run_validation(system, reference, load_prompts(limit=3), max_new_tokens=12)
+    assert result.num_draft_tokens == 4
+    assert [o.vs_reference.exact_match for o in result.outcomes] == [True, True, True]
+    assert result.control_match_rate == 1.0 and result.failures() == []
+    assert result.stats.drafted > 0 and all(len(o.reference) > 0 for o in result.outcomes)
+    assert result.tokens_per_s > 0 and result.target_only_tokens_per_s > 0
+
+
+def test_planted_mismatch_fails_with_first_divergence(engine_and_reference, tmp_path):
+    from trtspec.validate.commands import report_validation
+    from trtspec.validate.validation import Thresholds, run_validation
+
+    system, reference = engine_and_reference
+    prompts = load_prompts(limit=2)
+    planted = PlantedMismatch(system, prompts[1].text, position=3)
+    result = run_validation(
+        planted, reference, prompts, max_new_tokens=10, thresholds=Thresholds(min_exact_match=1.0)
+    )
+    clean, altered = result.outcomes
+    assert clean.vs_reference.exact_match and clean.control.exact_match
+    assert altered.vs_reference.first_divergence == 3 and altered.control.first_divergence == 3
+    report = tmp_path / "report.md"
+    with pytest.raises(
+        CheckFailed, match="exact-match rate vs the HF reference 0.500 < --min-exact-match 1.000"
+    ) as err:
+        report_validation(result, report, Output(quiet=True))
+    assert err.value.exit_code == EXIT_CHECK_FAILED
+    assert f"| {prompts[1].id} | NO | 3 |" in report.read_text()
+
+
+@pytest.mark.slow
+def test_cli_thresholds_exit_codes_and_reports(runner, recipe_path, tiny_pair, tmp_path):
+    # A random draft accepts almost nothing: --min-acceptance fails (exit 1), but the report is still written.
+    report = tmp_path / "fail.md"
+    args = [
+        "validate",
+        str(recipe_path),
+        "--limit",
+        "2",
+        "--max-tokens",
+        "8",
+        "--json",
+        "--report",
+        str(report),
+    ]
+    result = runner.invoke(cli, [*args, "--min-acceptance", "0.9"])
+    assert result.exit_code == EXIT_CHECK_FAILED, result.output
+    payload = json.loads(result.stdout)
+    assert payload["passed"] is False and payload["overall"]["exact_match_rate"] == 1.0
+    assert "acceptance rate" in payload["failures"][0] and len(payload["prompts"]) == 2
+    assert report.read_text().startswith("# trtspec validate")
+
+    # draft == target (the oracle): every draft token is accepted, so the same gate passes; user prompts file.
+    target, _ = tiny_pair
+    same = write_recipe(tmp_path / "same.yaml", target, target)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "add", "prompt": "def add(a, b):"}\n')
+    result = runner.invoke(
+        cli,
+        [
+            "validate",
+            str(same),
+            "--prompts",
+            str(prompts),
+            "--max-tokens",
+            "6",
+            "--json",
+            "--min-acceptance",
+            "0.99",
+            "--min-exact-match",
+            "1",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["overall"]["acceptance_rate"] == 1.0 and payload["prompts"][0]["id"] == "add"
+
+
+def test_cli_bad_prompt_file_is_a_usage_error(runner, recipe_path, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{oops\n")
+    result = runner.invoke(cli, ["validate", str(recipe_path), "--prompts", str(bad)])
+    assert result.exit_code == 2 and "bad.jsonl:1: not valid JSON" in result.output
+
+
+def test_reference_stop_ids_and_greedy_continuation(engine_and_reference):
+    _, reference = engine_and_reference
+    assert reference.tokenizer.eos_token_id in reference.stop_token_ids()
+    ids = reference.generate(reference.tokenizer("def add(a, b):").input_ids, 5)
+    assert 1 <= len(ids) <= 5
