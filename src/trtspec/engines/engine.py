@@ -1,0 +1,255 @@
+"""In-process speculative generation: ``SpeculativeEngine`` (the API ``generate``, validate and bench use).
+
+    engine = SpeculativeEngine.from_pretrained(target_dir, draft_dir | None, device="cpu", dtype="float32",
+                                               max_draft_len=8, max_batch_size=8, max_seq_len=2048,
+                                               trust_remote_code=False)
+    results = engine.generate([[1, 2, 3], [1, 5]], SamplingParams(max_new_tokens=64, num_draft_tokens=4))
+    results[0].token_ids, results[0].finish_reason, results[0].stats.acceptance_rate, results[0].text
+    for event in engine.generate_stream(prompts, params):  # one event per round
+        event.new_tokens[b]  # tokens emitted for sequence b this round (after stops), event.finished[b]
+
+``draft_dir=None`` (or ``num_draft_tokens=0``) is target-only decoding through the same loop, the baseline.
+A request with num_draft_tokens > max_draft_len raises ``RequestError`` (TensorRT-LLM refuses it too).
+Stops: max_new_tokens, EOS / stop_token_ids (the stop token is kept, as HF generate does), stop strings (the
+token that completes one is the last token; ``text`` ends at the stop string). Nothing past a stop is emitted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from trtspec.engines.models import load_causal_lm
+from trtspec.engines.sampling import SamplingParams, check_num_draft_tokens
+from trtspec.engines.speculative import Row, speculative_round
+from trtspec.errors import ModelError, RequestError
+from trtspec.validate.metrics import AcceptanceStats
+
+
+@dataclass
+class GenerationResult:
+    """One sequence's output: generated token ids (prompt excluded), why it stopped, its stats, and text."""
+
+    token_ids: list[int]
+    finish_reason: str  # "length" | "stop"
+    stats: AcceptanceStats
+    text: str | None = None
+
+    def to_dict(self) -> dict:
+        return {
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "finish_reason": self.finish_reason,
+            "stats": self.stats.to_dict(),
+        }
+
+
+@dataclass
+class StreamEvent:
+    """One round: per sequence, the tokens it emitted (may be empty) and whether it is finished."""
+
+    new_tokens: list[list[int]]
+    finished: list[bool]
+    results: list[GenerationResult] | None = None  # set on the last event
+
+
+@dataclass
+class _Request:
+    """A sequence being generated: its Row plus stop state and stats."""
+
+    row: Row
+    prompt_len: int
+    stats: AcceptanceStats
+    finish_reason: str | None = None
+    generated: list[int] = field(default_factory=list)
+
+
+class SpeculativeEngine:
+    """A target (and optional draft) KV model pair; see the module docstring."""
+
+    def __init__(
+        self, target, draft=None, *, tokenizer=None, max_draft_len: int = 8, max_seq_len: int = 2048
+    ):
+        if draft is not None and draft.vocab_size != target.vocab_size:
+            raise ModelError(
+                f"draft vocab size {draft.vocab_size} != target vocab size {target.vocab_size}; "
+                "the pair must share one tokenizer and one vocabulary"
+            )
+        self.target, self.draft, self.tokenizer = target, draft, tokenizer
+        self.max_draft_len = max_draft_len if draft is not None else 0
+        self.max_seq_len = max_seq_len
+        self.max_batch_size = target.num_slots
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        target_dir: Path | str,
+        draft_dir: Path | str | None = None,
+        *,
+        device: str = "cpu",
+        dtype: str = "float32",
+        max_draft_len: int = 8,
+        max_batch_size: int = 8,
+        max_seq_len: int = 2048,
+        trust_remote_code: bool = False,
+        lean: bool | None = None,
+    ) -> SpeculativeEngine:
+        if device == "cuda" and not torch.cuda.is_available():
+            raise ModelError("device 'cuda' was asked for but torch sees no GPU; use --device cpu")
+        opts = dict(
+            device=device,
+            dtype=dtype,
+            num_slots=max_batch_size,
+            max_seq_len=max_seq_len,
+            trust_remote_code=trust_remote_code,
+            lean=lean,
+        )
+        target = load_causal_lm(target_dir, **opts)
+        draft = load_causal_lm(draft_dir, **opts) if draft_dir is not None else None
+        return cls(
+            target,
+            draft,
+            tokenizer=_load_tokenizer(target_dir, trust_remote_code),
+            max_draft_len=max_draft_len,
+            max_seq_len=max_seq_len,
+        )
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:
+        """Generate for a batch of token-id prompts; returns one result per prompt, in order."""
+        last = deque(self.generate_stream(prompts, params), maxlen=1)
+        return last[0].results
+
+    def generate_stream(self, prompts: list[list[int]], params: SamplingParams) -> Iterator[StreamEvent]:
+        """Yield one StreamEvent per round; the last one carries the GenerationResults."""
+        k = check_num_draft_tokens(params, self.max_draft_len, self.draft is not None)
+        self._check_prompts(prompts, params)
+        stops = _StopChecker(params, self._eos_ids(params), self.tokenizer)
+        generator = _generator(params, self.target.device)
+        requests = [
+            _Request(Row(list(p), slot=b), len(p), AcceptanceStats(max_draft_len=k))
+            for b, p in enumerate(prompts)
+        ]
+        start = time.perf_counter()
+        while True:
+            active = [r for r in requests if r.finish_reason is None]
+            if not active:
+                break
+            # Never draft past max_new_tokens: the round's last token comes from the target anyway.
+            num_draft = [min(k, params.max_new_tokens - len(r.generated) - 1) for r in active]
+            emitted, num_accepted = speculative_round(
+                self.target, self.draft, [r.row for r in active], num_draft, params, generator
+            )
+            now = time.perf_counter() - start
+            new_tokens = {id(r): [] for r in requests}
+            for req, tokens, n, kb in zip(active, emitted, num_accepted, num_draft, strict=True):
+                req.stats.record_round(kb, n)
+                new_tokens[id(req)] = self._accept_tokens(req, tokens, stops, now)
+            yield StreamEvent(
+                [new_tokens[id(r)] for r in requests], [r.finish_reason is not None for r in requests]
+            )
+        yield StreamEvent(
+            [[] for _ in requests], [True] * len(requests), [self._result(r, stops) for r in requests]
+        )
+
+    def _accept_tokens(self, req: _Request, tokens: list[int], stops: _StopChecker, now: float) -> list[int]:
+        kept, reason = stops.cut(req.generated, tokens)
+        req.generated += kept
+        req.stats.generated_tokens = len(req.generated)
+        req.stats.elapsed_s = now
+        if req.stats.time_to_first_token_s is None and kept:
+            req.stats.time_to_first_token_s = now
+        req.finish_reason = reason
+        return kept
+
+    def _result(self, req: _Request, stops: _StopChecker) -> GenerationResult:
+        return GenerationResult(req.generated, req.finish_reason, req.stats, stops.text(req.generated))
+
+    def _check_prompts(self, prompts: list[list[int]], params: SamplingParams) -> None:
+        if not prompts or len(prompts) > self.max_batch_size:
+            raise RequestError(
+                f"batch of {len(prompts)} prompts; the engine takes 1..{self.max_batch_size} "
+                "(raise max_batch_size)"
+            )
+        for i, prompt in enumerate(prompts):
+            if not prompt:
+                raise RequestError(f"prompt {i} is empty; give at least one token")
+            if len(prompt) + params.max_new_tokens > self.max_seq_len:
+                raise RequestError(
+                    f"prompt {i}: {len(prompt)} tokens + max_new_tokens {params.max_new_tokens} "
+                    f"> max_seq_len {self.max_seq_len}; shorten it or raise max_seq_len"
+                )
+            if max(prompt) >= self.target.vocab_size or min(prompt) < 0:
+                raise RequestError(
+                    f"prompt {i} has token ids outside the vocabulary [0, {self.target.vocab_size})"
+                )
+        if params.stop_strings and self.tokenizer is None:
+            raise RequestError("stop_strings need a tokenizer; load the engine from a directory with one")
+
+    def _eos_ids(self, params: SamplingParams) -> set[int]:
+        if params.ignore_eos:
+            return set()
+        if params.stop_token_ids is not None:
+            return set(params.stop_token_ids)
+        eos = getattr(self.target.generation_config, "eos_token_id", None)
+        if eos is None and self.tokenizer is not None:
+            eos = self.tokenizer.eos_token_id
+        return set(eos) if isinstance(eos, list | tuple) else ({eos} if eos is not None else set())
+
+
+class _StopChecker:
+    """Cuts a round's new tokens at the first stop (max_new_tokens, stop token, stop string)."""
+
+    def __init__(self, params: SamplingParams, eos_ids: set[int], tokenizer):
+        self.params, self.eos_ids, self.tokenizer = params, eos_ids, tokenizer
+        # Decode only a tail window when looking for stop strings (a token is at least one byte).
+        self.window = max((len(s.encode()) for s in params.stop_strings), default=0) + 4
+
+    def cut(self, generated: list[int], new: list[int]) -> tuple[list[int], str | None]:
+        kept: list[int] = []
+        for token in new:
+            kept.append(token)
+            if token in self.eos_ids or self._stop_string_in(generated + kept):
+                return kept, "stop"
+            if len(generated) + len(kept) >= self.params.max_new_tokens:
+                return kept, "length"
+        return kept, None
+
+    def _stop_string_in(self, tokens: list[int]) -> bool:
+        if not self.params.stop_strings:
+            return False
+        tail = self.tokenizer.decode(tokens[-self.window :])
+        return any(s in tail for s in self.params.stop_strings)
+
+    def text(self, tokens: list[int]) -> str | None:
+        """Decoded text, ending at the end of the first stop string."""
+        if self.tokenizer is None:
+            return None
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        ends = [text.find(s) + len(s) for s in self.params.stop_strings if s in text]
+        return text[: min(ends)] if ends else text
+
+
+def _generator(params: SamplingParams, device) -> torch.Generator | None:
+    if params.greedy:
+        return None
+    generator = torch.Generator(device=device)
+    if params.seed is not None:
+        generator.manual_seed(params.seed)
+    else:
+        generator.seed()
+    return generator
+
+
+def _load_tokenizer(model_dir: Path | str, trust_remote_code: bool):
+    """The target's tokenizer, or None when the directory has none (ids-only use still works)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

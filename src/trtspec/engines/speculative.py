@@ -1,0 +1,134 @@
+"""The draft-target round: the draft proposes, the target verifies in one forward, the caches roll back.
+
+One round for a batch of sequences (gpt-fast ``speculative_decode``, batched):
+
+1. ``propose``: the draft runs K steps; step 0 feeds each row's *pending* tokens (tokens not yet in its cache:
+   the last emitted one, plus the last draft token of a fully accepted round, or the whole prompt the first
+   time), later steps feed the previous draft token. Row b may ask for fewer tokens (``num_draft[b]``).
+2. ``verify``: the target feeds its pending tokens + the K draft tokens in ONE forward and keeps the last K+1
+   logits of each row; ``match_accept`` / ``rejection_sample`` return each row's accepted count n and the
+   recovered/bonus token.
+3. commit: the row grows by n accepted + 1 tokens. Rolling back is bookkeeping only: each model's cached length
+   becomes the length of the verified prefix it has seen (models.py overwrites the rejected positions later). The
+   draft never re-runs the prefix; it catches up on the recovered/bonus token as pending input of the next step.
+
+Batch > 1: every row keeps its own token list and its own cached lengths in each model, so rows accept different
+numbers of tokens per round and simply continue from different positions next round. A batched forward pads
+rows at the end (models.py gives each row its own positions, attention span and cache writes), so no row ever
+waits for, recomputes or re-pads another. A row that finished or drafts fewer tokens feeds nothing in those
+steps. K = 0 is target-only decoding through the same code (no draft step, a 1-token verification).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from trtspec.engines.sampling import SamplingParams, logits_to_probs, match_accept, rejection_sample, sample
+
+
+@dataclass
+class Row:
+    """One sequence's state in one model pair. ``target_len``/``draft_len``: tokens whose KV each cache holds."""
+
+    tokens: list[int]
+    slot: int
+    target_len: int = 0
+    draft_len: int = 0
+
+
+def feed(
+    model, slots: list[int], rows: list[list[int]], cached: list[int], num_logits: list[int]
+) -> torch.Tensor:
+    """Run ``model`` on each row's uncached tail ``rows[b][cached[b]:]``.
+
+    Returns logits [B, J, V] float32 of each row's last ``num_logits[b]`` tokens (J = max; rows with fewer
+    are padded with repeats). After the call the model caches all of ``rows[b]``.
+    """
+    new = [row[start:] for row, start in zip(rows, cached, strict=True)]
+    counts = [len(n) for n in new]
+    width, num_out = max(max(counts), 1), max(max(num_logits), 1)
+    padded = [n + [0] * (width - len(n)) for n in new]
+    index = [
+        [min(max(c - k + j, 0), width - 1) for j in range(num_out)]
+        for c, k in zip(counts, num_logits, strict=True)
+    ]
+    device = model.device
+    tokens = torch.tensor(padded, dtype=torch.long, device=device)  # [B, T]
+    logit_index = torch.tensor(index, dtype=torch.long, device=device)  # [B, J]
+    return model.forward(tokens, slots, list(cached), counts, logit_index)
+
+
+def propose(draft, rows: list[Row], num_draft: list[int], params: SamplingParams, generator):
+    """Draft ``num_draft[b]`` tokens per row, autoregressively.
+
+    Returns draft_tokens [B, K] int64, draft_logits [B, K, V] float32 (raw) and draft_probs [B, K, V] (None when
+    greedy), K = max(num_draft). Updates each row's draft_len (the last draft token is not fed: it is pending).
+    """
+    k = max(num_draft, default=0)
+    if k == 0:  # target-only decoding (the draft may not even exist)
+        return torch.zeros(len(rows), 0, dtype=torch.long), None, None
+    slots = [row.slot for row in rows]
+    proposed: list[list[int]] = [[] for _ in rows]
+    all_logits, all_tokens = [], []
+    for step in range(k):
+        active = [step < n for n in num_draft]
+        seqs = [
+            row.tokens + p if on else row.tokens[: row.draft_len]
+            for row, p, on in zip(rows, proposed, active, strict=True)
+        ]
+        logits = feed(draft, slots, seqs, [row.draft_len for row in rows], [1] * len(rows))[:, 0]  # [B, V]
+        tokens = sample(logits, params, generator)  # [B]
+        for row, seq, token, p, on in zip(rows, seqs, tokens.tolist(), proposed, active, strict=True):
+            if on:
+                row.draft_len = len(seq)
+                p.append(token)
+        all_logits.append(logits)
+        all_tokens.append(tokens)
+    draft_tokens, draft_logits = torch.stack(all_tokens, 1), torch.stack(all_logits, 1)  # [B, K], [B, K, V]
+    draft_probs = None if params.greedy else logits_to_probs(draft_logits, params)
+    return draft_tokens, draft_logits, draft_probs
+
+
+def verify(target, rows: list[Row], draft_tokens, num_draft: list[int], draft_probs, params, generator):
+    """One target forward over pending + draft tokens; returns num_accepted [B] and next_token [B] (lists).
+
+    draft_tokens [B, K] int64; draft_probs [B, K, V] or None (then the token-match rule). Updates target_len to
+    the verified prefix (rolling back the rejected draft tokens).
+    """
+    seqs = [row.tokens + d[:n] for row, d, n in zip(rows, draft_tokens.tolist(), num_draft, strict=True)]
+    target_logits = feed(
+        target, [row.slot for row in rows], seqs, [row.target_len for row in rows], [n + 1 for n in num_draft]
+    )  # [B, K+1, V]
+    k = draft_tokens.shape[1]
+    target_logits = target_logits[:, : k + 1]
+    num = torch.tensor(num_draft, device=target_logits.device)
+    if draft_probs is None or params.greedy:
+        num_accepted, next_token = match_accept(draft_tokens, num, target_logits, params, generator)
+    else:
+        target_probs = logits_to_probs(target_logits, params)  # [B, K+1, V]
+        num_accepted, next_token = rejection_sample(draft_tokens, num, draft_probs, target_probs, generator)
+    return num_accepted.tolist(), next_token.tolist()
+
+
+def commit(rows: list[Row], draft_tokens, num_accepted: list[int], next_token: list[int]) -> list[list[int]]:
+    """Append accepted + recovered/bonus tokens; roll both caches back to what they verifiably hold."""
+    emitted = []
+    for row, drafts, n, token in zip(rows, draft_tokens.tolist(), num_accepted, next_token, strict=True):
+        new = drafts[:n] + [token]
+        verified = len(row.tokens) + n  # tokens whose KV is right: old tokens + accepted drafts
+        row.tokens += new
+        row.target_len = verified
+        row.draft_len = min(row.draft_len, verified)
+        emitted.append(new)
+    return emitted
+
+
+def speculative_round(
+    target, draft, rows: list[Row], num_draft: list[int], params: SamplingParams, generator
+):
+    """1. propose, 2. verify, 3. commit. Returns (emitted tokens per row, num_accepted per row)."""
+    draft_tokens, _, draft_probs = propose(draft, rows, num_draft, params, generator)
+    num_accepted, next_token = verify(target, rows, draft_tokens, num_draft, draft_probs, params, generator)
+    return commit(rows, draft_tokens, num_accepted, next_token), num_accepted

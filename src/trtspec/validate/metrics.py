@@ -1,0 +1,137 @@
+"""Acceptance metrics of draft-target speculative decoding: the one definition every part of trtspec uses.
+
+Glossary (per request, over all its verification rounds):
+
+- drafted: draft tokens proposed to the target (sum of the rounds' num_draft_tokens).
+- accepted: draft tokens the target accepted (the leading run that passed verification).
+- bonus tokens: rounds in which every draft token was accepted, so the target's extra (K+1-th) token came free.
+  A round that rejects a draft token instead emits a *recovered* token; every round emits accepted + 1 tokens.
+- acceptance rate = accepted / drafted.
+- mean accepted length = accepted / speculative rounds (draft tokens accepted per round, bonus excluded);
+  tokens per round = mean accepted length + 1 in steady state.
+- accepted-length histogram: ``histogram[n]`` = rounds that accepted exactly n draft tokens, n = 0..max_draft_len.
+- target / draft forward passes: forwards of each model that included this request (a batched forward counts once
+  for each request in the batch).
+- tokens/s = generated tokens / wall time; time to first token = seconds from the request to its first token.
+
+The analytic bound (Leviathan et al. 2023, in target-forward units): a round costs
+``K * draft_cost_ratio + verify_cost_ratio`` target decoding steps (draft_cost_ratio = one draft step / one target
+step, verify_cost_ratio = one (K+1)-token target forward / one target step) and emits ``tokens_per_round`` tokens,
+while target-only decoding emits one token per target step. So the best speedup over target-only decoding is
+``tokens_per_round / round_cost``; benchmarks report the achieved speedup as a fraction of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class AcceptanceStats:
+    """Counters of one request (or, after ``merge``, of many). Times are seconds."""
+
+    max_draft_len: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    bonus_tokens: int = 0
+    rounds: int = 0  # verification rounds with at least one draft token
+    target_forwards: int = 0
+    draft_forwards: int = 0
+    generated_tokens: int = 0
+    accepted_length_histogram: list[int] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    time_to_first_token_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.accepted_length_histogram) < self.max_draft_len + 1:
+            pad = self.max_draft_len + 1 - len(self.accepted_length_histogram)
+            self.accepted_length_histogram = list(self.accepted_length_histogram) + [0] * pad
+
+    def record_round(self, num_draft: int, num_accepted: int) -> None:
+        """One verification of ``num_draft`` draft tokens that accepted ``num_accepted`` of them."""
+        self.target_forwards += 1
+        self.draft_forwards += num_draft
+        if num_draft == 0:
+            return
+        self.rounds += 1
+        self.drafted += num_draft
+        self.accepted += num_accepted
+        self.bonus_tokens += int(num_accepted == num_draft)
+        if num_accepted >= len(self.accepted_length_histogram):
+            self.accepted_length_histogram += [0] * (num_accepted + 1 - len(self.accepted_length_histogram))
+        self.accepted_length_histogram[num_accepted] += 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return self.accepted / self.rounds if self.rounds else 0.0
+
+    @property
+    def tokens_per_round(self) -> float:
+        """Emitted tokens per target forward (1.0 for target-only decoding)."""
+        return self.generated_tokens / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.generated_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def merge(self, other: AcceptanceStats) -> AcceptanceStats:
+        """Sum of two requests' counters (times: the longer elapsed, the earlier first token)."""
+        size = max(len(self.accepted_length_histogram), len(other.accepted_length_histogram))
+        hist = [0] * size
+        for source in (self.accepted_length_histogram, other.accepted_length_histogram):
+            for n, count in enumerate(source):
+                hist[n] += count
+        ttfts = [t for t in (self.time_to_first_token_s, other.time_to_first_token_s) if t is not None]
+        return AcceptanceStats(
+            max_draft_len=max(self.max_draft_len, other.max_draft_len),
+            drafted=self.drafted + other.drafted,
+            accepted=self.accepted + other.accepted,
+            bonus_tokens=self.bonus_tokens + other.bonus_tokens,
+            rounds=self.rounds + other.rounds,
+            target_forwards=self.target_forwards + other.target_forwards,
+            draft_forwards=self.draft_forwards + other.draft_forwards,
+            generated_tokens=self.generated_tokens + other.generated_tokens,
+            accepted_length_histogram=hist,
+            elapsed_s=max(self.elapsed_s, other.elapsed_s),
+            time_to_first_token_s=min(ttfts) if ttfts else None,
+        )
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data.update(
+            acceptance_rate=self.acceptance_rate,
+            mean_accepted_length=self.mean_accepted_length,
+            tokens_per_round=self.tokens_per_round,
+            tokens_per_s=self.tokens_per_s,
+        )
+        return data
+
+
+def merge_stats(stats: list[AcceptanceStats]) -> AcceptanceStats:
+    total = AcceptanceStats()
+    for item in stats:
+        total = total.merge(item)
+    return total
+
+
+def expected_tokens_per_round(acceptance_rate: float, num_draft_tokens: int) -> float:
+    """Tokens per round if each draft token is accepted independently with ``acceptance_rate``:
+    (1 - a^(K+1)) / (1 - a) (Leviathan et al. 2023, eq. 1)."""
+    a, k = acceptance_rate, num_draft_tokens
+    return float(k + 1) if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+def round_cost(num_draft_tokens: int, draft_cost_ratio: float, verify_cost_ratio: float = 1.0) -> float:
+    """Cost of one round in target decoding steps: K draft steps plus one (K+1)-token verification."""
+    return num_draft_tokens * draft_cost_ratio + verify_cost_ratio
+
+
+def analytic_speedup_bound(
+    tokens_per_round: float, num_draft_tokens: int, draft_cost_ratio: float, verify_cost_ratio: float = 1.0
+) -> float:
+    """Best speedup over target-only decoding: tokens per round / round cost (both per target step)."""
+    return tokens_per_round / round_cost(num_draft_tokens, draft_cost_ratio, verify_cost_ratio)

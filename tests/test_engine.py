@@ -1,0 +1,166 @@
+"""The PyTorch draft-target engine: exact greedy outputs vs HF generate, acceptance oracles, batches, stops, limits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_models import make_model
+
+from trtspec.engines.engine import SpeculativeEngine
+from trtspec.engines.sampling import SamplingParams
+from trtspec.errors import ModelError, RequestError
+from trtspec.recipe import DEMO_DIR
+
+PROMPTS = [[1, 40, 41, 42, 43, 44, 45], [1, 7, 8], [1, 100]]
+MAX_NEW = 24
+
+# arch -> make_model overrides: grouped-query attention, qkv bias (qwen2), q/k norm + tied embeddings (qwen3).
+ARCH_CASES = {
+    "llama-gqa": ("llama", dict(num_key_value_heads=2)),
+    "mistral": ("mistral", dict(num_key_value_heads=2)),
+    "qwen2-gqa-bias": ("qwen2", dict(num_key_value_heads=2)),
+    "qwen3-tied": ("qwen3", dict(num_key_value_heads=1, tie_word_embeddings=True)),
+}
+
+
+@pytest.fixture(scope="module")
+def targets(tmp_path_factory, shared_tokenizer_dir):
+    root = tmp_path_factory.mktemp("targets")
+    return {
+        name: make_model(root / name, arch, tokenizer_dir=shared_tokenizer_dir, seed=10 + i, **overrides)
+        for i, (name, (arch, overrides)) in enumerate(ARCH_CASES.items())
+    }
+
+
+def hf_greedy(model_dir, prompt: list[int], max_new_tokens: int, dtype=torch.float32) -> list[int]:
+    """The oracle: HF generate(do_sample=False) on the target alone."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new_tokens)
+    return out[0, len(prompt) :].tolist()
+
+
+@pytest.mark.parametrize("case", list(ARCH_CASES))
+def test_greedy_matches_hf_generate_per_sequence_in_a_batch(targets, tiny_pair, case):
+    engine = SpeculativeEngine.from_pretrained(targets[case], tiny_pair[1], max_draft_len=4, max_seq_len=128)
+    results = engine.generate(PROMPTS, SamplingParams(max_new_tokens=MAX_NEW, num_draft_tokens=4))
+    for prompt, result in zip(PROMPTS, results, strict=True):
+        assert result.token_ids == hf_greedy(targets[case], prompt, MAX_NEW)
+        assert result.stats.drafted > 0
+
+
+def test_hf_forward_fallback_is_exact_too(targets, tiny_pair):
+    engine = SpeculativeEngine.from_pretrained(
+        targets["qwen3-tied"], tiny_pair[1], max_draft_len=3, lean=False
+    )
+    results = engine.generate(PROMPTS[:2], SamplingParams(max_new_tokens=MAX_NEW))
+    for prompt, result in zip(PROMPTS[:2], results, strict=True):
+        assert result.token_ids == hf_greedy(targets["qwen3-tied"], prompt, MAX_NEW)
+
+
+def test_draft_equal_to_target_accepts_every_token(tiny_pair):
+    target = tiny_pair[0]
+    engine = SpeculativeEngine.from_pretrained(target, target, max_draft_len=4)
+    params = SamplingParams(max_new_tokens=MAX_NEW, num_draft_tokens=4, ignore_eos=True)
+    (result,) = engine.generate([PROMPTS[0]], params)
+    stats = result.stats
+    assert stats.acceptance_rate == 1.0 and stats.accepted == stats.drafted
+    assert stats.bonus_tokens == stats.rounds
+    assert stats.target_forwards == -(-MAX_NEW // 5)  # K+1 tokens per target forward
+    assert sum(stats.accepted_length_histogram) == stats.rounds
+
+
+def test_random_draft_accepts_almost_nothing_and_output_is_still_exact(tiny_pair):
+    target, draft = tiny_pair
+    engine = SpeculativeEngine.from_pretrained(target, draft, max_draft_len=4)
+    (result,) = engine.generate([PROMPTS[0]], SamplingParams(max_new_tokens=MAX_NEW, num_draft_tokens=4))
+    assert result.stats.acceptance_rate < 0.2
+    assert result.token_ids == hf_greedy(target, PROMPTS[0], MAX_NEW)
+
+
+def test_target_only_mode_is_the_same_loop_without_a_draft(tiny_pair):
+    target = tiny_pair[0]
+    engine = SpeculativeEngine.from_pretrained(target, None)
+    (result,) = engine.generate([PROMPTS[1]], SamplingParams(max_new_tokens=MAX_NEW, ignore_eos=True))
+    assert result.stats.drafted == 0 and result.stats.draft_forwards == 0
+    assert result.stats.target_forwards == MAX_NEW == len(result.token_ids)
+
+
+def test_eos_stops_and_is_the_last_token(tiny_pair):
+    target, draft = tiny_pair
+    engine = SpeculativeEngine.from_pretrained(target, draft, max_draft_len=4)
+    free = engine.generate([PROMPTS[0]], SamplingParams(max_new_tokens=MAX_NEW, ignore_eos=True))[0].token_ids
+    stop = free[5]
+    first = free.index(stop)
+    (result,) = engine.generate([PROMPTS[0]], SamplingParams(max_new_tokens=MAX_NEW, stop_token_ids=(stop,)))
+    assert result.token_ids == free[: first + 1]
+    assert result.finish_reason == "stop"
+
+
+def test_stop_string_ends_the_text_and_nothing_follows(tiny_pair):
+    target, draft = tiny_pair
+    engine = SpeculativeEngine.from_pretrained(target, draft, max_draft_len=4)
+    free = engine.generate([PROMPTS[0]], SamplingParams(max_new_tokens=MAX_NEW, ignore_eos=True))[0]
+    tokenizer = engine.tokenizer
+    stop = tokenizer.decode(free.token_ids[6:8])
+    (result,) = engine.generate(
+        [PROMPTS[0]], SamplingParams(max_new_tokens=MAX_NEW, ignore_eos=True, stop_strings=(stop,))
+    )
+    assert result.finish_reason == "stop"
+    assert result.text.endswith(stop) and result.text.count(stop) == 1
+    n = len(result.token_ids)
+    assert result.token_ids == free.token_ids[:n]
+    assert stop in tokenizer.decode(result.token_ids) and stop not in tokenizer.decode(result.token_ids[:-1])
+
+
+def test_max_new_tokens_is_exact_for_every_k(tiny_pair):
+    target = tiny_pair[0]
+    engine = SpeculativeEngine.from_pretrained(target, target, max_draft_len=8)
+    for k in (1, 3, 8):
+        params = SamplingParams(max_new_tokens=7, num_draft_tokens=k, ignore_eos=True)
+        result = engine.generate([PROMPTS[2]], params)[0]
+        assert len(result.token_ids) == 7 and result.finish_reason == "length"
+
+
+def test_streaming_yields_rounds_that_add_up_to_the_result(tiny_pair):
+    target, draft = tiny_pair
+    engine = SpeculativeEngine.from_pretrained(target, target, max_draft_len=4)
+    events = list(
+        engine.generate_stream(PROMPTS[:2], SamplingParams(max_new_tokens=MAX_NEW, ignore_eos=True))
+    )
+    results = events[-1].results
+    for b in range(2):
+        streamed = [t for event in events for t in event.new_tokens[b]]
+        assert streamed == results[b].token_ids
+    assert max(len(tokens) for tokens in events[0].new_tokens) == 5  # K accepted + 1 bonus in one round
+
+
+def test_num_draft_tokens_above_max_draft_len_is_refused(tiny_pair):
+    engine = SpeculativeEngine.from_pretrained(*tiny_pair, max_draft_len=4)
+    with pytest.raises(RequestError, match="num_draft_tokens=5 is larger than the engine's max_draft_len=4"):
+        engine.generate([PROMPTS[0]], SamplingParams(num_draft_tokens=5))
+
+
+def test_bad_requests_and_models_are_one_line_errors(tiny_pair, tmp_path):
+    engine = SpeculativeEngine.from_pretrained(*tiny_pair, max_draft_len=4, max_seq_len=32)
+    with pytest.raises(RequestError, match="max_seq_len 32"):
+        engine.generate([PROMPTS[0]], SamplingParams(max_new_tokens=30))
+    with pytest.raises(RequestError, match="empty"):
+        engine.generate([[]], SamplingParams())
+    with pytest.raises(RequestError, match="top_p"):
+        SamplingParams(top_p=0)
+    with pytest.raises(ModelError, match="no config.json"):
+        SpeculativeEngine.from_pretrained(tmp_path, None)
+
+
+@pytest.mark.slow
+def test_demo_pair_greedy_matches_hf_generate():
+    target, draft = DEMO_DIR / "target", DEMO_DIR / "draft"
+    if not (target / "config.json").is_file() or not (draft / "config.json").is_file():
+        pytest.skip("demo pair not trained yet (src/trtspec/assets/demo/{target,draft})")
+    engine = SpeculativeEngine.from_pretrained(target, draft, max_draft_len=8)
+    prompt = engine.tokenizer("def main(argv):\n    ")["input_ids"]
+    (result,) = engine.generate([prompt], SamplingParams(max_new_tokens=64, num_draft_tokens=4))
+    assert result.token_ids == hf_greedy(target, prompt, 64)
+    assert result.stats.acceptance_rate > 0.3

@@ -1,0 +1,140 @@
+"""Sampling is exact: speculative outputs follow the target's own sampling distribution (and the test can fail).
+
+Each test is parametrised with planted bugs to show it detects them: ``accept_all`` accepts every draft token
+(the output then follows the draft), ``target_on_reject`` samples a rejected position from target_probs instead
+of the residual (over-weighting tokens the draft already proposed).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from scipy.stats import chisquare
+from tiny_models import make_model
+
+from trtspec.engines import sampling
+from trtspec.engines.engine import SpeculativeEngine
+from trtspec.engines.sampling import SamplingParams, logits_to_probs, match_accept, rejection_sample
+
+BUGS = [None, "accept_all", "target_on_reject"]
+
+
+def plant(monkeypatch, bug: str | None) -> None:
+    if bug == "accept_all":
+        monkeypatch.setattr(sampling, "uniform_like", lambda x, generator: torch.zeros_like(x))
+    elif bug == "target_on_reject":
+        monkeypatch.setattr(sampling, "recovered_probs", lambda target_probs, draft_probs: target_probs)
+
+
+def follows(counts: torch.Tensor, probs: torch.Tensor) -> bool:
+    """Chi-square goodness of fit at p > 1e-4 (cells with tiny expectation merged away by masking)."""
+    expected = probs * counts.sum()
+    keep = expected > 5
+    observed = torch.cat([counts[keep], counts[~keep].sum()[None]]).double()
+    expected = torch.cat([expected[keep], expected[~keep].sum()[None]]).double()
+    if expected[-1] == 0:
+        observed, expected = observed[:-1], expected[:-1]
+    return (
+        chisquare(observed.numpy(), expected.numpy() * observed.sum().item() / expected.sum().item()).pvalue
+        > 1e-4
+    )
+
+
+@pytest.mark.parametrize("bug", BUGS)
+def test_rejection_sampler_emits_the_target_distribution(monkeypatch, bug):
+    plant(monkeypatch, bug)
+    gen = torch.Generator().manual_seed(0)
+    batch, vocab = 40_000, 6
+    draft_probs = torch.tensor([[0.5, 0.2, 0.1, 0.1, 0.05, 0.05], [0.1, 0.1, 0.2, 0.2, 0.2, 0.2]])  # [K, V]
+    target_probs = torch.tensor(
+        [[0.1, 0.3, 0.3, 0.1, 0.1, 0.1], [0.3, 0.1, 0.1, 0.3, 0.1, 0.1], [0.2, 0.2, 0.2, 0.2, 0.1, 0.1]]
+    )  # [K+1, V]
+    draft_tokens = torch.multinomial(draft_probs, batch, replacement=True, generator=gen).T  # [B, K]
+    num_accepted, next_token = rejection_sample(
+        draft_tokens,
+        torch.full((batch,), 2),
+        draft_probs.expand(batch, -1, -1),
+        target_probs.expand(batch, -1, -1),
+        gen,
+    )
+    first = torch.where(num_accepted > 0, draft_tokens[:, 0], next_token)  # first emitted token [B]
+    second_rows = num_accepted > 0  # rows whose second emitted token exists in this round
+    second = torch.where(num_accepted > 1, draft_tokens[:, 1], next_token)[second_rows]
+    ok = follows(torch.bincount(first, minlength=vocab), target_probs[0]) and follows(
+        torch.bincount(second, minlength=vocab), target_probs[1]
+    )
+    assert ok == (bug is None)
+
+
+def test_match_accept_without_draft_probs_is_exact_and_greedy_is_argmax():
+    gen = torch.Generator().manual_seed(1)
+    target_logits = torch.tensor([[[0.0, 2.0, 1.0], [3.0, 0.0, 0.0]]]).expand(30_000, -1, -1)  # [B, K+1, V]
+    draft_tokens = torch.ones(30_000, 1, dtype=torch.long)
+    params = SamplingParams(temperature=1.0)
+    num_accepted, next_token = match_accept(
+        draft_tokens, torch.ones(30_000, dtype=torch.long), target_logits, params, gen
+    )
+    first = torch.where(num_accepted > 0, draft_tokens[:, 0], next_token)
+    assert follows(torch.bincount(first, minlength=3), logits_to_probs(target_logits[0, 0], params))
+    greedy = match_accept(
+        draft_tokens[:1], torch.ones(1, dtype=torch.long), target_logits[:1], SamplingParams(), None
+    )
+    assert greedy[0].tolist() == [1] and greedy[1].tolist() == [0]
+
+
+def test_top_k_and_top_p_keep_the_hf_warper_sets():
+    logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0]])
+    assert (logits_to_probs(logits, SamplingParams(temperature=1.0, top_k=2)) > 0).sum() == 2
+    probs = logits.softmax(-1)[0]  # [0.64, 0.24, 0.09, 0.03, 0.01]
+    kept = logits_to_probs(logits, SamplingParams(temperature=1.0, top_p=0.85)) > 0
+    assert kept.tolist() == [[True, True, False, False, False]] and probs[:2].sum() > 0.85
+
+
+@pytest.fixture(scope="module")
+def small_vocab_pair(tmp_path_factory, shared_tokenizer_dir):
+    """Target and draft over an 8-token vocabulary, so the target's 2-token joint distribution is enumerable."""
+    root = tmp_path_factory.mktemp("smallvocab")
+    opts = dict(
+        tokenizer_dir=shared_tokenizer_dir,
+        vocab_size=8,
+        hidden_size=32,
+        num_attention_heads=2,
+        intermediate_size=64,
+    )
+    target = make_model(root / "target", "llama", num_hidden_layers=2, seed=21, **opts)
+    draft = make_model(root / "draft", "llama", num_hidden_layers=1, seed=22, **opts)
+    return target, draft
+
+
+def target_joint(target_dir, prompt: list[int], params: SamplingParams) -> torch.Tensor:
+    """[V * V] exact probability of each 2-token continuation under the target's sampling distribution."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(target_dir)
+    vocab = model.config.vocab_size
+    with torch.no_grad():
+        first = logits_to_probs(model(torch.tensor([prompt])).logits[0, -1], params)  # [V]
+        seqs = torch.tensor([prompt + [t] for t in range(vocab)])
+        second = logits_to_probs(model(seqs).logits[:, -1], params)  # [V, V]
+    return (first[:, None] * second).reshape(-1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bug", BUGS)
+def test_engine_samples_follow_the_target_distribution(monkeypatch, small_vocab_pair, bug):
+    plant(monkeypatch, bug)
+    target, draft = small_vocab_pair
+    prompt, batch = [1, 2, 3], 256
+    engine = SpeculativeEngine.from_pretrained(
+        target, draft, max_draft_len=2, max_batch_size=batch, max_seq_len=16
+    )
+    counts = torch.zeros(64, dtype=torch.long)
+    for seed in range(12):
+        params = SamplingParams(
+            max_new_tokens=2, num_draft_tokens=2, temperature=0.5, seed=seed, ignore_eos=True
+        )
+        for result in engine.generate([prompt] * batch, params):
+            counts[result.token_ids[0] * 8 + result.token_ids[1]] += 1
+    # Round 1 drafts 1 token (the engine never drafts past max_new_tokens); a rejection leaves round 2 to the
+    # target alone: acceptance, recovered and bonus tokens all shape the 2-token joint.
+    assert follows(counts, target_joint(target, prompt, SamplingParams(temperature=0.5))) == (bug is None)
