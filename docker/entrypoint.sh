@@ -47,6 +47,17 @@ build_engines() {
     return "$status"
 }
 
+# Only the runtimes `trtspec deploy` writes; checked before any work so a typo fails in a second.
+require_runtime() {
+    case "$1" in
+        tensorrtllm | torch) ;;
+        *)
+            log "TRTSPEC_RUNTIME='$1' is not a runtime; use tensorrtllm or torch"
+            exit "$EXIT_USAGE"
+            ;;
+    esac
+}
+
 main() {
     if [[ $# -gt 0 ]]; then
         exec "$@"
@@ -62,6 +73,10 @@ main() {
     local grpc_port="${TRTSPEC_GRPC_PORT:-8001}"
     local metrics_port="${TRTSPEC_METRICS_PORT:-8002}"
 
+    if [[ -n "${TRTSPEC_RUNTIME:-}" ]]; then
+        require_runtime "$TRTSPEC_RUNTIME"
+    fi
+
     log "1/4 check ${recipe}"
     trtspec check "$recipe"
 
@@ -69,19 +84,13 @@ main() {
     facts="$(recipe_facts "$recipe")"
     read -r name runtime <<<"$facts"
     runtime="${TRTSPEC_RUNTIME:-$runtime}"
-    case "$runtime" in
-        tensorrtllm)
-            log "2/4 build engines into ${engines_dir}/${name} (up-to-date stages are skipped)"
-            build_engines "$recipe" "$engines_dir"
-            ;;
-        torch)
-            log "2/4 no engine build: the torch runtime serves the Hugging Face checkpoints"
-            ;;
-        *)
-            log "TRTSPEC_RUNTIME='${runtime}' is not a runtime; use tensorrtllm or torch"
-            exit "$EXIT_USAGE"
-            ;;
-    esac
+    require_runtime "$runtime"
+    if [[ $runtime == tensorrtllm ]]; then
+        log "2/4 build engines into ${engines_dir}/${name} (up-to-date stages are skipped)"
+        build_engines "$recipe" "$engines_dir"
+    else
+        log "2/4 no engine build: the torch runtime serves the Hugging Face checkpoints"
+    fi
 
     local repo="${repo_dir}/${name}"
     log "3/4 deploy the ${runtime} repository to ${repo}"

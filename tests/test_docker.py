@@ -480,11 +480,11 @@ def test_entrypoint_stops_on_a_bad_recipe(tmp_path):
     assert "2/4" not in result.stderr
 
 
-def test_entrypoint_refuses_an_unknown_runtime(tmp_path, tiny_pair):
-    recipe = write_tiny_recipe(tmp_path, tiny_pair)
-    result = run_entrypoint(entrypoint_env(tmp_path, TRTSPEC_RECIPE=str(recipe), TRTSPEC_RUNTIME="vllm"))
+def test_entrypoint_refuses_an_unknown_runtime_before_any_work(tmp_path):
+    result = run_entrypoint(entrypoint_env(tmp_path, TRTSPEC_RECIPE="demo", TRTSPEC_RUNTIME="vllm"))
     assert result.returncode == 2, result.stderr
     assert "TRTSPEC_RUNTIME='vllm' is not a runtime" in result.stderr
+    assert "1/4" not in result.stderr
     assert not (tmp_path / "repos").exists()
 
 
