@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,10 @@ def fake_trtllm(monkeypatch):
     monkeypatch.syspath_prepend(str(FAKE_DIR))
     for knob in ("FAKE_TRTLLM_VERSION", "FAKE_TRTLLM_DROP_SPECULATIVE", "FAKE_TRTLLM_CRASH"):
         monkeypatch.delenv(knob, raising=False)
-    return monkeypatch
+    yield monkeypatch
+    # modelopt imports tensorrt_llm when it can: drop the stand-in so later tests see a machine without it.
+    for name in [m for m in sys.modules if m == "tensorrt_llm" or m.startswith("tensorrt_llm.")]:
+        del sys.modules[name]
 
 
 def write_checkpoint(path: Path, vocab: int = 320, tp: int = 1, dtype: str = "float16") -> Path:
