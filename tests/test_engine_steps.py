@@ -1,0 +1,85 @@
+"""Step primitives of the Triton torch runtime: the same rounds as the engine, with KV reuse across calls."""
+
+from __future__ import annotations
+
+import pytest
+from test_engine import hf_greedy
+
+from trtspec.engines.sampling import SamplingParams
+from trtspec.engines.steps import StepModel, StepRequest
+from trtspec.errors import RequestError
+
+
+class CountingModel:
+    """The real KV model, counting the tokens each forward computes (to see the prefix is not recomputed)."""
+
+    def __init__(self, model):
+        self.model, self.computed = model, 0
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def forward(self, tokens, slots, starts, num_new, logit_index):
+        self.computed += sum(num_new)
+        return self.model.forward(tokens, slots, starts, num_new, logit_index)
+
+
+@pytest.fixture(scope="module")
+def step_pair(tiny_pair):
+    target, draft = (
+        StepModel.from_pretrained(d, num_slots=4, max_seq_len=128, max_draft_len=4) for d in tiny_pair
+    )
+    target.model, draft.model = CountingModel(target.model), CountingModel(draft.model)
+    return target, draft
+
+
+def orchestrate(target, draft, prompts, k, params, new_tokens):
+    """What the Triton orchestrator does: per round, one batched draft call then one batched verify call."""
+    seqs, rounds = [list(p) for p in prompts], 0
+    while min(len(s) - len(p) for s, p in zip(seqs, prompts, strict=True)) < new_tokens:
+        drafts = draft.draft([StepRequest(s, num_tokens=k, params=params) for s in seqs])
+        verified = target.verify(
+            [
+                StepRequest(s, draft_ids=d.tokens, draft_logits=d.logits, params=params)
+                for s, d in zip(seqs, drafts, strict=True)
+            ]
+        )
+        for s, v in zip(seqs, verified, strict=True):
+            s += v.tokens
+        rounds += 1
+    return [s[len(p) : len(p) + new_tokens] for s, p in zip(seqs, prompts, strict=True)], rounds
+
+
+def test_draft_then_verify_rounds_match_hf_greedy_and_reuse_the_kv_cache(step_pair, tiny_pair):
+    target, draft = step_pair
+    prompts = [[1, 40, 41, 42, 43], [1, 7, 8]]
+    target.model.computed = draft.model.computed = 0
+    outputs, rounds = orchestrate(target, draft, prompts, 3, SamplingParams(), 20)
+    for prompt, out in zip(prompts, outputs, strict=True):
+        assert out == hf_greedy(tiny_pair[0], prompt, 20)
+    # With reuse each verify computes only the pending token + the K draft tokens (the prompt once); without it,
+    # every call would recompute the whole prefix.
+    assert target.model.computed == sum(len(p) - 1 + rounds * (3 + 1) for p in prompts)
+    assert draft.model.computed <= sum(len(p) + rounds * (3 + 1) for p in prompts)
+
+
+def test_continue_is_target_only_greedy(step_pair, tiny_pair):
+    target, _ = step_pair
+    (result,) = target.continue_([StepRequest([1, 7, 8], num_tokens=12)])
+    assert result.tokens == hf_greedy(tiny_pair[0], [1, 7, 8], 12)
+
+
+def test_sampled_rounds_with_draft_logits_run_and_respect_k(step_pair):
+    target, draft = step_pair
+    params = SamplingParams(temperature=0.8, top_k=20, seed=3)
+    (d,) = draft.draft([StepRequest([1, 7, 8], num_tokens=4, params=params)])
+    assert len(d.tokens) == 4 and d.logits.shape == (4, draft.model.vocab_size)
+    (v,) = target.verify([StepRequest([1, 7, 8], draft_ids=d.tokens, draft_logits=d.logits, params=params)])
+    assert (
+        1 <= len(v.tokens) == v.num_accepted + 1 <= 5
+        and v.tokens[: v.num_accepted] == d.tokens[: v.num_accepted]
+    )
+    with pytest.raises(RequestError, match="max_draft_len=4"):
+        draft.draft([StepRequest([1, 7, 8], num_tokens=5)])
+    with pytest.raises(RequestError, match="max_draft_len=4"):
+        target.verify([StepRequest([1, 7, 8], draft_ids=[5] * 5)])
