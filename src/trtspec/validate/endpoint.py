@@ -1,0 +1,269 @@
+"""A client of a trtspec (or upstream tensorrtllm_backend) Triton endpoint, and the system under test over it.
+
+``TritonClient.generate`` sends one request to the entry model (tensorrt_llm_bls: text_input, max_tokens,
+num_draft_tokens, stream, temperature, top_k, top_p, seed, return_perf_metrics -> text_output and the acceptance
+metrics) over gRPC streaming (tritonclient; works for decoupled and non-decoupled models) or HTTP (the generate /
+generate_stream extension, server-sent events), and records when each piece arrived. Tools may reuse it.
+
+The entry model returns text, not token ids: ``TritonSystem`` tokenises ``text_output`` with the target's
+tokenizer (``Generation.ids_from_text``) and validate maps the reference through text the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import queue
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from trtspec.errors import RequestError, ServerError
+from trtspec.triton_repo.interface import ENTRY_POINT, METRIC_OUTPUTS
+from trtspec.validate.metrics import AcceptanceStats
+from trtspec.validate.systems import Generation, Request
+
+_GRPC_DTYPES = {
+    "text_input": "BYTES",
+    "max_tokens": "INT32",
+    "num_draft_tokens": "INT32",
+    "stream": "BOOL",
+    "temperature": "FP32",
+    "top_k": "INT32",
+    "top_p": "FP32",
+    "seed": "UINT64",
+    "return_perf_metrics": "BOOL",
+}
+
+
+@dataclass
+class EndpointResponse:
+    """One request's answer: text pieces with their arrival times (seconds after sending) and the metrics."""
+
+    pieces: list[tuple[float, str]] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+    elapsed_s: float = 0.0
+
+    @property
+    def text(self) -> str:
+        return "".join(piece for _, piece in self.pieces)
+
+
+def split_url(url: str, protocol: str = "auto") -> tuple[str, str]:
+    """``http://h:p`` -> ("http", "h:p"); ``grpc://h:p`` or ``h:p`` -> ("grpc", "h:p") unless ``protocol`` says."""
+    scheme, _, address = url.rpartition("://")
+    if protocol == "auto":
+        protocol = "http" if scheme in ("http", "https") else "grpc"
+    if protocol not in ("grpc", "http"):
+        raise RequestError(f"protocol {protocol!r} is not grpc or http")
+    if not address or ":" not in address:
+        raise RequestError(
+            f"--url {url!r} is not HOST:PORT (e.g. 127.0.0.1:8001 for gRPC, http://127.0.0.1:8000)"
+        )
+    return protocol, address
+
+
+def request_fields(
+    text: str, max_tokens: int, num_draft_tokens: int | None, stream: bool, **sampling
+) -> dict:
+    """The client inputs of one request (None values are left out: the server's defaults apply)."""
+    fields = {
+        "text_input": text,
+        "max_tokens": max_tokens,
+        "num_draft_tokens": num_draft_tokens,
+        "stream": stream,
+        "return_perf_metrics": True,
+        **sampling,
+    }
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+class TritonClient:
+    """Requests to one model of a Triton server. ``url``: HOST:PORT (gRPC) or http://HOST:PORT."""
+
+    def __init__(self, url: str, protocol: str = "auto", model: str | None = None, timeout_s: float = 600.0):
+        self.protocol, self.address = split_url(url, protocol)
+        self.url, self.model, self.timeout_s = url, model or ENTRY_POINT, timeout_s
+
+    def generate(
+        self, text: str, max_tokens: int, num_draft_tokens: int | None = None, stream: bool = True, **sampling
+    ) -> EndpointResponse:
+        fields = request_fields(text, max_tokens, num_draft_tokens, stream, **sampling)
+        try:
+            if self.protocol == "grpc":
+                return self._grpc(fields)
+            return self._http(fields, stream)
+        except (ConnectionError, urllib.error.URLError) as err:
+            raise ServerError(
+                f"cannot reach Triton at {self.url} ({getattr(err, 'reason', err)}); "
+                "start it with `trtspec serve REPO` or fix --url"
+            ) from None
+
+    def _grpc(self, fields: dict) -> EndpointResponse:
+        import numpy as np
+        import tritonclient.grpc as grpcclient
+        from tritonclient.utils import InferenceServerException
+
+        inputs = []
+        for name, value in fields.items():
+            array = np.array(
+                [[value.encode() if isinstance(value, str) else value]],
+                dtype=object if isinstance(value, str) else None,
+            )
+            tensor = grpcclient.InferInput(name, list(array.shape), _GRPC_DTYPES[name])
+            tensor.set_data_from_numpy(array.astype(_numpy_dtype(_GRPC_DTYPES[name])))
+            inputs.append(tensor)
+        results: queue.Queue = queue.Queue()
+        out = EndpointResponse()
+        try:
+            with grpcclient.InferenceServerClient(self.address) as client:
+                client.start_stream(callback=lambda result, error: results.put((result, error)))
+                start = time.perf_counter()
+                client.async_stream_infer(self.model, inputs, enable_empty_final_response=True)
+                try:
+                    while not self._grpc_piece(results.get(timeout=self.timeout_s), out, start):
+                        pass
+                finally:
+                    client.stop_stream()
+        except InferenceServerException as err:
+            raise _server_error(
+                self.url, err.message() if callable(getattr(err, "message", None)) else str(err)
+            ) from None
+        return out
+
+    @staticmethod
+    def _grpc_piece(item, out: EndpointResponse, start: float) -> bool:
+        """Record one streamed response; True when it was the last one."""
+        result, error = item
+        if error is not None:
+            raise error
+        now = time.perf_counter() - start
+        text = result.as_numpy("text_output")
+        if text is not None and text.size:
+            piece = text.reshape(-1)[0]
+            piece = piece.decode("utf-8", "replace") if isinstance(piece, bytes) else str(piece)
+            if piece:
+                out.pieces.append((now, piece))
+        for name in METRIC_OUTPUTS:
+            value = result.as_numpy(name)
+            if value is not None and value.size:
+                out.metrics[name] = value.reshape(-1)[0].item()
+        out.elapsed_s = now
+        final = result.get_response().parameters.get("triton_final_response")
+        return final is not None and final.bool_param
+
+    def _http(self, fields: dict, stream: bool) -> EndpointResponse:
+        endpoint = "generate_stream" if stream else "generate"
+        url = f"http://{self.address}/v2/models/{self.model}/{endpoint}"
+        request = urllib.request.Request(
+            url, data=json.dumps(fields).encode(), headers={"Content-Type": "application/json"}
+        )
+        out = EndpointResponse()
+        start = time.perf_counter()
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                for raw in response if stream else [b"data: " + response.read()]:
+                    line = raw.decode().strip()
+                    if line.startswith("data:"):
+                        self._http_event(json.loads(line[5:]), out, time.perf_counter() - start)
+        except urllib.error.HTTPError as err:
+            raise _server_error(self.url, err.read().decode(errors="replace")) from None
+        out.elapsed_s = time.perf_counter() - start
+        return out
+
+    @staticmethod
+    def _http_event(event: dict, out: EndpointResponse, now: float) -> None:
+        if "error" in event:
+            raise _server_error("the server", event["error"])
+        if event.get("text_output"):
+            out.pieces.append((now, event["text_output"]))
+        out.metrics.update({k: event[k] for k in METRIC_OUTPUTS if k in event})
+
+
+def _numpy_dtype(triton_dtype: str):
+    import numpy as np
+
+    return {"BYTES": object, "INT32": np.int32, "FP32": np.float32, "BOOL": bool, "UINT64": np.uint64}[
+        triton_dtype
+    ]
+
+
+def _server_error(where: str, message: str) -> ServerError:
+    with contextlib.suppress(ValueError, AttributeError):  # HTTP errors arrive as {"error": "..."}
+        message = json.loads(message).get("error", message)
+    return ServerError(f"Triton at {where} refused the request: {str(message).strip().splitlines()[0]}")
+
+
+class TritonSystem:
+    """A Triton endpoint as a system under test: each request of a batch is sent concurrently (one thread each)."""
+
+    def __init__(
+        self,
+        url: str,
+        tokenizer,
+        *,
+        protocol: str = "auto",
+        model: str | None = None,
+        max_draft_len: int = 8,
+        max_batch_size: int = 8,
+        stream: bool = True,
+    ):
+        self.client = TritonClient(url, protocol, model)
+        self.tokenizer, self.stream = tokenizer, stream
+        self.max_draft_len, self.max_batch_size = max_draft_len, max_batch_size
+        self.name = f"Triton {self.client.model} at {self.client.address} ({self.client.protocol})"
+
+    def generate(self, requests: list[Request], params) -> list[Generation]:
+        sampling = (
+            {}
+            if params.greedy
+            else {
+                "temperature": params.temperature,
+                "top_k": params.top_k,
+                "top_p": params.top_p,
+                "seed": params.seed,
+            }
+        )
+        k = self.max_draft_len if params.num_draft_tokens is None else params.num_draft_tokens
+
+        def one(request: Request) -> Generation:
+            response = self.client.generate(request.text, params.max_new_tokens, k, self.stream, **sampling)
+            return self._generation(response, k)
+
+        with ThreadPoolExecutor(max_workers=len(requests)) as pool:
+            return list(pool.map(one, requests))
+
+    def _generation(self, response: EndpointResponse, k: int) -> Generation:
+        ids = self.tokenizer(response.text, add_special_tokens=False).input_ids
+        stats = AcceptanceStats(
+            max_draft_len=k,
+            drafted=int(response.metrics.get("total_draft_tokens", 0)),
+            accepted=int(response.metrics.get("total_accepted_draft_tokens", 0)),
+            generated_tokens=len(ids),
+            elapsed_s=response.elapsed_s,
+            time_to_first_token_s=response.pieces[0][0] if response.pieces else None,
+        )
+        return Generation(
+            ids,
+            response.text,
+            stats,
+            response.elapsed_s,
+            stats.time_to_first_token_s,
+            self._chunks(response),
+            ids_from_text=True,
+        )
+
+    def _chunks(self, response: EndpointResponse) -> list[tuple[float, int]]:
+        """(arrival, tokens) per piece: token counts from tokenising the growing text, so they sum to the total."""
+        chunks, text, before = [], "", 0
+        for arrival, piece in response.pieces:
+            text += piece
+            count = len(self.tokenizer(text, add_special_tokens=False).input_ids)
+            chunks.append((arrival, max(count - before, 0)))
+            before = count
+        return chunks
+
+    def close(self) -> None:
+        pass
