@@ -126,7 +126,7 @@ class TritonPythonModel:
                     "stream=true needs a decoupled orchestrator; deploy with triton.decoupled: true"
                 )
             pieces, stats = [], None
-            for piece, stats, _ in self._generate(req, incremental=False):
+            for piece, stats, _ in self._generate(req, incremental=False):  # noqa: B007 - stats: the last
                 pieces.append(piece)
             return self._response("".join(pieces), stats, req.return_perf_metrics)
         except RequestError as err:
@@ -154,7 +154,7 @@ class TritonPythonModel:
     def _stream(self, req: GenerationRequest, sender, final_flag) -> None:
         if not req.stream:
             pieces, stats = [], None
-            for piece, stats, _ in self._generate(req, incremental=False):
+            for piece, stats, _ in self._generate(req, incremental=False):  # noqa: B007 - stats: the last
                 pieces.append(piece)
             sender.send(self._response("".join(pieces), stats, req.return_perf_metrics), flags=final_flag)
             return

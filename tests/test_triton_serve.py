@@ -1,0 +1,208 @@
+"""A real tritonserver (CPU, nvidia-pytriton's) on a torch-runtime repository of the tiny pair: gRPC and HTTP,
+streaming and not, greedy output equal to HF greedy of the target, concurrency, bad requests, metrics."""
+
+from __future__ import annotations
+
+import json
+import queue
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from triton_server import running_server
+
+from trtspec.recipe import recipe_from_dict
+from trtspec.triton_repo.deploy import deploy
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+MODEL = "tensorrt_llm_bls"
+PROMPTS = ["def add(a, b):", "for i in range(10):", "class Point:", "import os\nimport sys\n"]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_pair, tmp_path_factory):
+    target, draft = tiny_pair
+    root = tmp_path_factory.mktemp("serve")
+    recipe = recipe_from_dict(
+        {
+            "name": "tiny",
+            "target": {"model": str(target)},
+            "draft": {"model": str(draft)},
+            "speculative": {"max_draft_len": 4},
+            "limits": {"max_input_len": 64, "max_seq_len": 128},
+        }
+    )
+    deploy(recipe, "torch", root / "repo")
+    with running_server(root / "repo", root / "server.log") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_pair):
+    """HF greedy text of the target, the PyTorch reference."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_pair[0])
+    model = AutoModelForCausalLM.from_pretrained(tiny_pair[0]).eval()
+
+    def run(prompt: str, max_tokens: int) -> str:
+        ids = tok(prompt, return_tensors="pt").input_ids
+        with torch.no_grad():
+            out = model.generate(
+                ids, max_new_tokens=max_tokens, do_sample=False, pad_token_id=tok.pad_token_id
+            )
+        return tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+
+    return run
+
+
+def _inputs(client_mod, prompt, max_tokens=12, **extra):
+    fields = {
+        "text_input": np.array([[prompt.encode()]], dtype=object),
+        "max_tokens": np.array([[max_tokens]], dtype=np.int32),
+    }
+    dtypes = {
+        "num_draft_tokens": np.int32,
+        "top_k": np.int32,
+        "temperature": np.float32,
+        "top_p": np.float32,
+        "stream": bool,
+        "return_perf_metrics": bool,
+    }
+    for key, value in extra.items():
+        fields[key] = np.array([[value]], dtype=dtypes.get(key, type(value)))
+    tensors = []
+    for name, arr in fields.items():
+        t = client_mod.InferInput(
+            name,
+            arr.shape,
+            "BYTES"
+            if arr.dtype == object
+            else {np.dtype(np.int32): "INT32", np.dtype(np.float32): "FP32", np.dtype(bool): "BOOL"}[
+                arr.dtype
+            ],
+        )
+        t.set_data_from_numpy(arr)
+        tensors.append(t)
+    return tensors
+
+
+def grpc_stream(server, prompt, **extra) -> tuple[list[str], dict]:
+    import tritonclient.grpc as grpcclient
+
+    results: queue.Queue = queue.Queue()
+    pieces, metrics = [], {}
+    with grpcclient.InferenceServerClient(server.ports.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        client.async_stream_infer(
+            MODEL, _inputs(grpcclient, prompt, **extra), enable_empty_final_response=True
+        )
+        while True:
+            result, error = results.get(timeout=60)
+            if error is not None:
+                client.stop_stream()
+                raise error
+            response = result.get_response()
+            out = result.as_numpy("text_output")
+            if out is not None:
+                pieces.append(out.reshape(-1)[0].decode())
+            if result.as_numpy("acceptance_rate") is not None:
+                metrics = {
+                    k: result.as_numpy(k).reshape(-1)[0].item()
+                    for k in ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")
+                }
+            if (
+                response.parameters.get("triton_final_response")
+                and response.parameters["triton_final_response"].bool_param
+            ):
+                break
+        client.stop_stream()
+    return pieces, metrics
+
+
+def http_generate(server, body: dict, stream: bool = False):
+    url = f"http://{server.ports.http_url}/v2/models/{MODEL}/generate" + ("_stream" if stream else "")
+    req = urllib.request.Request(url, data=json.dumps(body).encode())
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            raw = resp.read().decode()
+            return resp.status, raw
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def test_grpc_greedy_equals_hf_reference_streaming_and_not(server, reference):
+    for prompt in PROMPTS[:2]:
+        want = reference(prompt, 12)
+        pieces, _ = grpc_stream(server, prompt, stream=False)
+        assert "".join(pieces) == want
+        pieces, metrics = grpc_stream(
+            server, prompt, stream=True, return_perf_metrics=True, num_draft_tokens=3
+        )
+        assert "".join(pieces) == want
+        assert len([p for p in pieces if p]) > 1  # streamed in rounds, not in one piece
+        assert metrics["total_draft_tokens"] > 0
+        assert metrics["acceptance_rate"] == pytest.approx(
+            metrics["total_accepted_draft_tokens"] / metrics["total_draft_tokens"]
+        )
+
+
+def test_http_generate_and_generate_stream(server, reference):
+    want = reference(PROMPTS[2], 10)
+    status, raw = http_generate(
+        server, {"text_input": PROMPTS[2], "max_tokens": 10, "return_perf_metrics": True}
+    )
+    assert status == 200, raw
+    body = json.loads(raw)
+    assert body["text_output"] == want and "acceptance_rate" in body
+    status, raw = http_generate(
+        server, {"text_input": PROMPTS[2], "max_tokens": 10, "stream": True}, stream=True
+    )
+    assert status == 200, raw
+    events = [json.loads(line[len("data: ") :]) for line in raw.splitlines() if line.startswith("data: ")]
+    assert "".join(e.get("text_output", "") for e in events) == want
+
+
+def test_eight_concurrent_clients_get_their_own_outputs(server, reference):
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(8)]
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda p: "".join(grpc_stream(server, p, stream=True)[0]), prompts))
+    assert got == [reference(p, 12) for p in prompts]
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ({"text_input": "", "max_tokens": 4}, "text_input is empty"),
+        ({"text_input": "def " * 80, "max_tokens": 4}, "more than max_input_len 64"),
+        ({"text_input": "def", "max_tokens": 0}, "max_tokens must be > 0"),
+        ({"text_input": "def", "max_tokens": 4, "num_draft_tokens": 9}, "max_draft_len 4"),
+        ({"text_input": "def", "max_tokens": 4, "top_p": 1.5}, "top_p must be in (0, 1]"),
+        ({"text_input": "def", "max_tokens": 4, "temperature": -1.0}, "temperature must be >= 0"),
+    ],
+)
+def test_bad_requests_get_clear_client_errors_and_the_server_keeps_serving(server, body, message):
+    status, raw = http_generate(server, body)
+    assert status == 400, raw
+    assert message in raw and "Traceback" not in raw
+    status, _ = http_generate(server, {"text_input": "def", "max_tokens": 2})
+    assert status == 200
+
+
+def test_wrong_dtype_is_rejected(server):
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    bad = httpclient.InferInput("max_tokens", [1, 1], "FP32")
+    bad.set_data_from_numpy(np.array([[4.0]], dtype=np.float32))
+    text = httpclient.InferInput("text_input", [1, 1], "BYTES")
+    text.set_data_from_numpy(np.array([[b"def"]], dtype=object))
+    with (
+        httpclient.InferenceServerClient(server.ports.http_url) as client,
+        pytest.raises(InferenceServerException) as err,
+    ):
+        client.infer(MODEL, [text, bad])
+    assert "FP32" in str(err.value) and "INT32" in str(err.value)
