@@ -68,15 +68,9 @@ def cli() -> None:
     """trtspec: a target and a draft Hugging Face model to a served draft-target speculative-decoding deployment.
 
     \b
-    check     pre-flight checks of a recipe (tokenizers, vocab, limits, precision, memory)
-    convert   HF -> TensorRT-LLM checkpoints (fp16/bf16) via ModelOpt, verified against HF
-    quantize  fp8 / int8 SmoothQuant / int4 AWQ / w4a8 AWQ checkpoints via ModelOpt
-    build     check -> convert/quantize -> engines (target with draft_tokens_external)
-    generate  speculative generation with the PyTorch engine
-    deploy    write a Triton model repository
-    serve     run tritonserver on a repository
-    validate  outputs vs the PyTorch reference, acceptance
-    bench     speed and acceptance sweeps
+    Main job:  trtspec check RECIPE -> build RECIPE -> deploy RECIPE -> serve triton_repo/<name>
+    Proof:     trtspec validate RECIPE, trtspec bench RECIPE
+    RECIPE is a builders/<pair>.yaml file; 'demo' is the shipped demo pair.
     """
 
 
@@ -153,6 +147,35 @@ def build(recipe: str, engines_dir: str, engines_only: bool, force: bool, out: O
 
 
 # --- generate (issue 3) ---
+
+
+@cli.command()
+@click.option("--prompt", required=True, help="Text to continue.")
+@click.option("--recipe", default="demo", envvar="TRTSPEC_RECIPE", help="Recipe file, or 'demo' (the shipped pair); ignored with --target.")
+@click.option("--target", type=click.Path(), default=None, help="Target HF model directory (instead of --recipe).")
+@click.option("--draft", type=click.Path(), default=None, help="Draft HF model directory (with --target).")
+@click.option("--no-draft", is_flag=True, help="Target-only decoding (the baseline).")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=128)
+@click.option("--num-draft-tokens", type=click.IntRange(min=0), default=None, help="Draft tokens per round K [default: the recipe's].")
+@click.option("--max-draft-len", type=click.IntRange(min=1), default=None, help="Engine limit [default: the recipe's, or 8].")
+@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, help="0 = greedy.")
+@click.option("--top-k", type=click.IntRange(min=0), default=0, help="0 = off.")
+@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0)
+@click.option("--seed", type=int, default=None)
+@click.option("--stop", multiple=True, help="Stop string (repeatable).")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default=None,
+              help="[default: float32 on cpu, the recipe's dtype on cuda]")
+@output_options
+def generate(prompt, recipe, target, draft, no_draft, max_new_tokens, num_draft_tokens, max_draft_len, temperature,
+             top_k, top_p, seed, stop, device, dtype, out: Output) -> None:
+    """Speculative generation with the PyTorch engine: streams the text as tokens are accepted, then the stats."""
+    from trtspec.engines.generate import GenerateSpec, run_generate
+
+    run_generate(GenerateSpec(
+        prompt, recipe, target, draft, no_draft, max_new_tokens, num_draft_tokens, temperature, top_k, top_p, seed,
+        tuple(stop), device, dtype, max_draft_len), out)
+
 
 # --- deploy / serve (issue 5) ---
 
