@@ -432,14 +432,18 @@ class Tolerance:
     min_top1: float
 
 
-# Keyed by the checkpoint's quantization.quant_algo (None = fp16/bf16). Set from tiny random models: conversion
-# bugs (swapped fc/gate, wrong rotary_base, a misordered qkv) give relative errors near 1 and top-1 near chance.
+# Keyed by the checkpoint's quantization.quant_algo (None = fp16/bf16). Set from tiny random models (hidden 128),
+# which are far more sensitive to quantization than trained ones: measured there, correct exports reach about
+# fp16 0.1% / 100% top-1, fp8 17% / 81%, int8_sq 55% / 62%, int4_awq 55% / 46%, w4a8_awq 61% / 42%, while
+# conversion bugs (swapped fc/gate, wrong rotary_base or norm_epsilon, misordered qkv) reach relative errors
+# above 100% and top-1 near chance. The quantized limits are therefore coarse: they catch layout and scale bugs,
+# not small accuracy losses (measure those with `trtspec validate`).
 TOLERANCES: dict[str | None, Tolerance] = {
     None: Tolerance(0.02, 0.95),
-    "FP8": Tolerance(0.15, 0.80),
-    "W8A8_SQ_PER_CHANNEL": Tolerance(0.20, 0.75),
-    "W4A16_AWQ": Tolerance(0.25, 0.70),
-    "W4A8_AWQ": Tolerance(0.30, 0.65),
+    "FP8": Tolerance(0.35, 0.65),
+    "W8A8_SQ_PER_CHANNEL": Tolerance(0.80, 0.40),
+    "W4A16_AWQ": Tolerance(0.85, 0.30),
+    "W4A8_AWQ": Tolerance(0.90, 0.30),
 }
 
 

@@ -59,8 +59,10 @@ MIN_COMPUTE_CAPABILITY = {
     "w4a8_awq": (8, 9),
 }
 
-# AWQ kernels need weight dimensions divisible by this group size, and pad the vocab to it.
+# AWQ kernels need weight input dimensions (per rank) divisible by this group size.
 AWQ_GROUP_SIZE = 128
+# modelopt pads the AWQ vocab (embedding and lm_head rows) to a multiple of this.
+AWQ_VOCAB_PADDING = 64
 
 
 def effective_precision(dtype: str, quantization: str) -> str:
@@ -69,8 +71,8 @@ def effective_precision(dtype: str, quantization: str) -> str:
 
 
 def padded_vocab_size(vocab_size: int, tp_size: int, quantization: str) -> int:
-    """Vocab rows of the TensorRT-LLM lm_head: padded to a multiple of tp_size, and of 128 for AWQ formats."""
-    multiple = tp_size
+    """Vocab rows of the TensorRT-LLM lm_head as nvidia-modelopt 0.37 exports them: AWQ formats first pad to a
+    multiple of 64 (``postprocess.pad_embedding_lm_head``), then every format pads to a multiple of tp_size."""
     if quantization in ("int4_awq", "w4a8_awq"):
-        multiple = AWQ_GROUP_SIZE * tp_size
-    return -(-vocab_size // multiple) * multiple
+        vocab_size = -(-vocab_size // AWQ_VOCAB_PADDING) * AWQ_VOCAB_PADDING
+    return -(-vocab_size // tp_size) * tp_size

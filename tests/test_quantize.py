@@ -1,0 +1,131 @@
+"""Post-training quantization (real modelopt on CPU) to fp8 / int8_sq / int4_awq / w4a8_awq checkpoints, verified."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from tiny_models import CORPUS, make_model
+
+from trtspec.builders import interpreter, support
+from trtspec.builders.calibration import builtin_texts, calibration_batches
+from trtspec.builders.convert import export_checkpoint
+from trtspec.errors import ModelError, RecipeError
+from trtspec.recipe import CalibrationSpec, ModelSpec
+
+VOCAB = 330  # not a multiple of 64: exercises the AWQ vocab padding
+
+
+@pytest.fixture(scope="module")
+def awq_ready_dir(tmp_path_factory, shared_tokenizer_dir) -> Path:
+    """Dimensions divisible by 128 so every format applies."""
+    root = tmp_path_factory.mktemp("q")
+    return make_model(
+        root / "hf", "llama", tokenizer_dir=shared_tokenizer_dir, hidden_size=128, intermediate_size=256,
+        num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=1, vocab_size=VOCAB,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def calib_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("calib") / "calib.jsonl"
+    path.write_text("\n".join(json.dumps({"text": t}) for t in CORPUS))
+    return path
+
+
+def _quantize(model_dir: Path, out: Path, fmt: str, calib: str, kv: str = "auto") -> dict:
+    spec = ModelSpec(model=model_dir, quantization=fmt, kv_cache_dtype=kv)
+    return export_checkpoint(spec, out, calibration=CalibrationSpec(dataset=calib, size=4, seq_len=32))
+
+
+@pytest.mark.parametrize(
+    "fmt, kv",
+    [
+        ("fp8", "fp8"),
+        ("int8_sq", "auto"),
+        pytest.param("int4_awq", "auto", marks=pytest.mark.slow),
+        pytest.param("w4a8_awq", "auto", marks=pytest.mark.slow),
+    ],
+)
+def test_quantized_checkpoint_within_tolerance(awq_ready_dir, calib_file, tmp_path, fmt, kv):
+    summary = _quantize(awq_ready_dir, tmp_path / "ckpt", fmt, str(calib_file), kv)
+    config = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    algo = support.QUANT_FORMATS[fmt][1]
+    assert config["quantization"]["quant_algo"] == algo
+    assert config["quantization"]["kv_cache_quant_algo"] == ("FP8" if kv == "fp8" else None)
+    v = summary["verification"]
+    assert v["passed"] and v["quant_algo"] == algo, v
+    assert set(summary["timings"]) == {"load", "calibrate", "export", "verify"}
+    assert (summary["warning"] is None) == (fmt in support.DTM_SUPPORTED_PRECISIONS)
+    rows = interpreter.read_ranks(tmp_path / "ckpt", 1)[0]["lm_head.weight"].shape[0]
+    assert rows == support.padded_vocab_size(VOCAB, 1, fmt)
+
+
+def test_verifier_catches_swapped_fc_and_gate_in_a_quantized_checkpoint(awq_ready_dir, calib_file, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    spec = ModelSpec(model=awq_ready_dir, quantization="int8_sq")
+    out = tmp_path / "ckpt"
+    export_checkpoint(
+        spec, out, calibration=CalibrationSpec(dataset=str(calib_file), size=4, seq_len=32), verify=False
+    )
+    tensors = load_file(out / "rank0.safetensors")
+    prefix = "transformer.layers.0.mlp."
+    for leaf in ("weight", "weights_scaling_factor", "prequant_scaling_factor", "activation_scaling_factor"):
+        tensors[prefix + "fc." + leaf], tensors[prefix + "gate." + leaf] = (
+            tensors[prefix + "gate." + leaf], tensors[prefix + "fc." + leaf],
+        )  # fmt: skip
+    save_file(tensors, out / "rank0.safetensors")
+    assert not interpreter.verify_checkpoint(out, awq_ready_dir)["passed"]
+
+
+@pytest.mark.parametrize("fmt", ["int4_awq", "w4a8_awq"])
+def test_awq_on_dimensions_not_divisible_by_128(tmp_path, shared_tokenizer_dir, fmt):
+    hf = make_model(tmp_path / "hf", "llama", tokenizer_dir=shared_tokenizer_dir)  # hidden 64
+    with pytest.raises(ModelError, match=r"divisible by 128 per rank, but hidden_size=64"):
+        _quantize(hf, tmp_path / "out", fmt, "builtin")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+
+
+def test_awq_tensor_parallel_splits_below_the_group_size(awq_ready_dir, tmp_path):
+    spec = ModelSpec(model=awq_ready_dir, quantization="int4_awq", tp_size=2)
+    with pytest.raises(ModelError, match=r"num_attention_heads\*head_dim/tp_size=64"):
+        export_checkpoint(spec, tmp_path / "out", calibration=CalibrationSpec())
+    assert not (tmp_path / "out").exists()
+
+
+def test_padded_vocab_matches_modelopt():
+    assert support.padded_vocab_size(330, 1, "int4_awq") == 384
+    assert support.padded_vocab_size(330, 4, "w4a8_awq") == 384
+    assert support.padded_vocab_size(331, 2, "fp8") == 332
+
+
+# ---------------------------------------------------------------- calibration data
+
+
+def test_builtin_calibration_is_deterministic_stdlib_code(shared_tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    texts = builtin_texts(max_files=20)
+    assert texts == builtin_texts(max_files=20) and any("def " in t for t in texts)
+    tokenizer = AutoTokenizer.from_pretrained(shared_tokenizer_dir)
+    batches = calibration_batches(tokenizer, "builtin", 3, 16)
+    assert [tuple(b.shape) for b in batches] == [(1, 16)] * 3
+
+
+def test_text_and_jsonl_calibration_files(shared_tokenizer_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(shared_tokenizer_dir)
+    txt = tmp_path / "c.txt"
+    txt.write_text("\n".join(CORPUS))
+    assert len(calibration_batches(tokenizer, str(txt), 2, 8)) == 2
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\n{not json}\n')
+    with pytest.raises(RecipeError, match="calibration.dataset: line 2 is not JSON"):
+        calibration_batches(tokenizer, str(bad), 2, 8)
+    empty = tmp_path / "empty.txt"
+    empty.write_text("  \n")
+    with pytest.raises(RecipeError, match="has no text"):
+        calibration_batches(tokenizer, str(empty), 2, 8)
