@@ -54,15 +54,15 @@ class ModelShape:
 @dataclass(frozen=True)
 class Plan:
     vocab_size: int = 2048
-    seq_len: int = 256
+    seq_len: int = 128
     max_positions: int = 1024
-    target: ModelShape = ModelShape(layers=12, hidden=256, intermediate=688, heads=4, kv_heads=2)
+    target: ModelShape = ModelShape(layers=10, hidden=256, intermediate=688, heads=4, kv_heads=2)
     draft: ModelShape = ModelShape(layers=1, hidden=192, intermediate=512, heads=3, kv_heads=3)
     batch_size: int = 8
-    target_steps: int = 800
+    target_steps: int = 500
     target_lr: float = 2e-3
-    draft_steps: int = 1200
-    draft_lr: float = 3e-3
+    draft_steps: int = 150
+    draft_lr: float = 2e-3
     distill_temperature: float = 1.0
     eval_windows: int = 64
     eval_prompts: int = 32
@@ -189,28 +189,33 @@ def lr_at(step: int, steps: int, peak: float) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def run_training(
-    name: str, model, loss_fn, stream: torch.Tensor, plan: Plan, steps: int, peak_lr: float, seed: int
-):
-    """AdamW loop over random stream windows; ``loss_fn(model, batch[B, T+1]) -> scalar loss``."""
+def run_training(phase: str, models: dict, loss_fn, stream: torch.Tensor, plan: Plan, steps: int, seed: int):
+    """AdamW over random stream windows. ``models`` maps a name to (model, peak_lr); ``loss_fn(batch[B, T+1])``
+    returns a loss per name. Each loss only reaches its own model's parameters, so summing them trains each model
+    on its own objective in one backward pass."""
     gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.1)
-    model.train()
-    began, running = time.perf_counter(), None
+    groups = [{"params": list(m.parameters()), "peak_lr": lr} for m, lr in models.values()]
+    opt = torch.optim.AdamW(groups, betas=(0.9, 0.95), weight_decay=0.1)
+    for model, _ in models.values():
+        model.train()
+    began, running = time.perf_counter(), {}
     for step in range(steps):
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, steps, peak_lr)
-        loss = loss_fn(model, sample_batch(stream, plan.batch_size, plan.seq_len, gen))
+            group["lr"] = lr_at(step, steps, group["peak_lr"])
+        losses = loss_fn(sample_batch(stream, plan.batch_size, plan.seq_len, gen))
         opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        sum(losses.values()).backward()
+        for model, _ in models.values():
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        running = loss.item() if running is None else 0.9 * running + 0.1 * loss.item()
+        for name, loss in losses.items():
+            running[name] = 0.9 * running.get(name, loss.item()) + 0.1 * loss.item()
         if step % 25 == 0 or step == steps - 1:
             per_step = (time.perf_counter() - began) / (step + 1)
-            log(f"{name} step {step + 1}/{steps} loss {running:.3f} ({per_step:.2f} s/step)")
-    model.eval()
-    return model
+            shown = ", ".join(f"{name} {value:.3f}" for name, value in running.items())
+            log(f"{phase} step {step + 1}/{steps}: {shown} ({per_step:.2f} s/step)")
+    for model, _ in models.values():
+        model.eval()
 
 
 def next_token_loss(model, batch: torch.Tensor) -> torch.Tensor:
@@ -219,22 +224,39 @@ def next_token_loss(model, batch: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
 
 
-def make_distill_loss(target, temperature: float):
-    """KL(target_probs || draft_probs) on softened logits, summed over the vocab, mean over tokens."""
+def distill_loss(draft_logits: torch.Tensor, target_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """KL(target_probs || draft_probs) on softened logits [B, T, V], summed over the vocab, mean over tokens."""
+    vocab = draft_logits.shape[-1]
+    kl = F.kl_div(
+        F.log_softmax(draft_logits.reshape(-1, vocab) / temperature, -1),
+        F.log_softmax(target_logits.reshape(-1, vocab).detach() / temperature, -1),
+        log_target=True,
+        reduction="batchmean",
+    )
+    return kl * temperature**2
 
-    def loss_fn(draft, batch: torch.Tensor) -> torch.Tensor:
-        inputs = batch[:, :-1]
+
+def joint_losses(target, draft, temperature: float):
+    """Target on next-token loss; the draft follows the target's current logits from the same forward, which
+    costs the draft's own forward/backward only (the target forward is the expensive part on CPU)."""
+
+    def loss_fn(batch: torch.Tensor) -> dict:
+        target_logits = target(input_ids=batch[:, :-1]).logits  # [B, T, V]
+        target_loss = F.cross_entropy(target_logits.flatten(0, 1), batch[:, 1:].flatten())
+        draft_logits = draft(input_ids=batch[:, :-1]).logits  # [B, T, V]
+        return {"target": target_loss, "draft_kl": distill_loss(draft_logits, target_logits, temperature)}
+
+    return loss_fn
+
+
+def final_distill_losses(target, draft, temperature: float):
+    """The draft alone, distilled from the finished (shipped, fp16-rounded) target."""
+
+    def loss_fn(batch: torch.Tensor) -> dict:
         with torch.no_grad():
-            target_logits = target(input_ids=inputs).logits / temperature  # [B, T, V]
-        draft_logits = draft(input_ids=inputs).logits / temperature  # [B, T, V]
-        vocab = draft_logits.shape[-1]
-        kl = F.kl_div(
-            F.log_softmax(draft_logits.reshape(-1, vocab), -1),
-            F.log_softmax(target_logits.reshape(-1, vocab), -1),
-            log_target=True,
-            reduction="batchmean",
-        )
-        return kl * temperature**2
+            target_logits = target(input_ids=batch[:, :-1]).logits  # [B, T, V]
+        draft_logits = draft(input_ids=batch[:, :-1]).logits  # [B, T, V]
+        return {"draft_kl": distill_loss(draft_logits, target_logits, temperature)}
 
     return loss_fn
 
@@ -437,17 +459,21 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     target = build_model(plan.target, plan, tokenizer, plan.seed + 1)
-    log(f"target: {sum(p.numel() for p in target.parameters()) / 1e6:.2f} M parameters, next-token loss")
-    run_training(
-        "target", target, next_token_loss, train, plan, plan.target_steps, plan.target_lr, plan.seed + 1
-    )
-    target = round_trip_fp16(target)  # distil from (and evaluate) the weights exactly as shipped
     draft = build_model(plan.draft, plan, tokenizer, plan.seed + 2)
     log(
-        f"draft: {sum(p.numel() for p in draft.parameters()) / 1e6:.2f} M parameters, distilled from the target"
+        f"target {sum(p.numel() for p in target.parameters()) / 1e6:.2f} M parameters (next-token loss), "
+        f"draft {sum(p.numel() for p in draft.parameters()) / 1e6:.2f} M (KL to the target's logits)"
     )
-    distill = make_distill_loss(target, plan.distill_temperature)
-    run_training("draft", draft, distill, train, plan, plan.draft_steps, plan.draft_lr, plan.seed + 2)
+    models = {"target": (target, plan.target_lr), "draft": (draft, plan.draft_lr)}
+    joint = joint_losses(target, draft, plan.distill_temperature)
+    run_training("joint", models, joint, train, plan, plan.target_steps, plan.seed + 1)
+    target = round_trip_fp16(target).requires_grad_(
+        False
+    )  # distil from (and evaluate) the weights as shipped
+    final = final_distill_losses(target, draft, plan.distill_temperature)
+    run_training(
+        "draft", {"draft": (draft, plan.draft_lr)}, final, train, plan, plan.draft_steps, plan.seed + 2
+    )
     draft = round_trip_fp16(draft)
 
     metrics = evaluate(target, draft, heldout, plan)
