@@ -1,0 +1,99 @@
+"""`trtspec generate` through Click's CliRunner on tiny models: streamed text, --json, one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+from test_engine import hf_greedy
+from tiny_models import make_model, make_tokenizer
+
+from trtspec.cli import cli
+
+
+def test_generate_json_is_exact_and_carries_stats(runner, tiny_pair):
+    target, draft = tiny_pair
+    args = [
+        "generate",
+        "--target",
+        str(target),
+        "--draft",
+        str(draft),
+        "--prompt",
+        "def add(a, b):",
+        "--max-new-tokens",
+        "12",
+        "--num-draft-tokens",
+        "3",
+        "--json",
+    ]
+    result = runner.invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["token_ids"] == hf_greedy(target, payload["prompt_token_ids"], 12)
+    assert payload["stats"]["drafted"] > 0 and payload["stats"]["target_forwards"] >= 1
+    assert set(payload) >= {"text", "token_ids", "finish_reason", "stats"}
+
+
+def test_generate_streams_text_then_stats(runner, tiny_pair):
+    target, draft = tiny_pair
+    args = [
+        "generate",
+        "--target",
+        str(target),
+        "--draft",
+        str(draft),
+        "--prompt",
+        "for i in",
+        "--max-new-tokens",
+        "8",
+    ]
+    result = runner.invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert "acceptance rate" in result.output and "tokens/s" in result.output
+    as_json = json.loads(runner.invoke(cli, [*args, "--json"]).stdout)
+    assert result.output.startswith(as_json["text"])
+
+
+def test_generate_no_draft_is_target_only(runner, tiny_pair):
+    args = [
+        "generate",
+        "--target",
+        str(tiny_pair[0]),
+        "--no-draft",
+        "--prompt",
+        "x",
+        "--max-new-tokens",
+        "4",
+        "--json",
+    ]
+    result = runner.invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["stats"]["drafted"] == 0
+
+
+def test_generate_errors_are_one_line(runner, tiny_pair, tmp_path):
+    target, draft = tiny_pair
+    base = ["generate", "--prompt", "x", "--target"]
+    cases = {
+        "larger than the engine's max_draft_len=8": [
+            *base,
+            str(target),
+            "--draft",
+            str(draft),
+            "--num-draft-tokens",
+            "9",
+        ],
+        "no config.json": [*base, str(tmp_path), "--draft", str(draft)],
+        "needs --draft": [*base, str(target)],
+    }
+    other = make_model(
+        tmp_path / "other",
+        "llama",
+        tokenizer_dir=make_tokenizer(tmp_path / "tok", vocab_size=300) and tmp_path / "tok",
+    )
+    cases["tokenizers differ"] = [*base, str(target), "--draft", str(other)]
+    for needle, args in cases.items():
+        result = runner.invoke(cli, args)
+        assert result.exit_code == 2, (needle, result.output)
+        assert needle in result.output and "Traceback" not in result.output
+        assert len(result.output.strip().splitlines()) == 1, result.output
