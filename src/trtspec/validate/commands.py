@@ -143,3 +143,130 @@ def report_validation(result, report: Path | None, out) -> dict:
 
 def dumps(payload: dict) -> str:
     return json.dumps(payload, indent=2, default=str) + "\n"
+
+
+@dataclass
+class BenchOptions:
+    recipe: str = "demo"
+    prompts: Path | None = None
+    limit: int | None = None
+    max_tokens: int = 64
+    num_draft_tokens: tuple[int, ...] = (1, 2, 4)
+    concurrency: tuple[int, ...] = (1,)
+    draft_cost_ratio: float | None = None
+    out_dir: Path | None = None
+    system: SystemOptions = field(default_factory=SystemOptions)
+
+
+def _draft_alone(recipe, options: SystemOptions, max_batch_size: int):
+    """The draft model as a target-only engine (to measure the draft/target cost ratio in-process)."""
+    from trtspec.engines.engine import SpeculativeEngine
+    from trtspec.validate.systems import EngineSystem, runtime_dtype
+
+    engine = SpeculativeEngine.from_pretrained(
+        recipe.draft.model,
+        None,
+        device=options.device,
+        dtype=runtime_dtype(recipe, options.device, options.dtype),
+        max_batch_size=max_batch_size,
+        max_seq_len=recipe.limits.max_seq_len,
+        trust_remote_code=recipe.draft.trust_remote_code,
+    )
+    return EngineSystem(engine, name="draft alone")
+
+
+def _check_sweep(options: BenchOptions, max_draft_len: int) -> None:
+    too_big = [k for k in options.num_draft_tokens if k > max_draft_len]
+    if too_big:
+        raise TrtspecError(
+            f"--num-draft-tokens {too_big[0]} > the recipe's speculative.max_draft_len "
+            f"{max_draft_len}; sweep K <= {max_draft_len}"
+        )
+
+
+def bench(options: BenchOptions, out) -> dict:
+    """Run the sweep with progress, print the table, write bench.json, bench.md and the plots atomically."""
+    from rich.progress import Progress
+
+    from trtspec.recipe import load_recipe
+    from trtspec.validate.bench import BenchResult, cost_ratios, run_sweep
+    from trtspec.validate.prompts import load_prompts
+    from trtspec.validate.reference import load_tokenizer
+    from trtspec.validate.systems import Request
+
+    recipe = load_recipe(options.recipe)
+    _check_sweep(options, recipe.speculative.max_draft_len)
+    prompts = load_prompts(options.prompts, options.limit)
+    tokenizer = load_tokenizer(recipe.target.model, recipe.target.trust_remote_code)
+    requests = [Request(p.text, tokenizer(p.text).input_ids) for p in prompts]
+    biggest = max(options.concurrency)
+    options.system.max_batch_size = max(options.system.max_batch_size or 0, biggest)
+    system = open_system(recipe, options.system, tokenizer)
+    measure_draft = options.system.kind == "engine" and options.draft_cost_ratio is None
+    draft = _draft_alone(recipe, options.system, biggest) if measure_draft else None
+    total = len(options.concurrency) * (len(options.num_draft_tokens) + 1 + (draft is not None))
+    console = out.console()
+    try:
+        with Progress(console=console, transient=True) as progress:
+            task = progress.add_task("bench", total=total)
+
+            started = [0]
+
+            def advance(label: str) -> None:
+                progress.update(task, description=label, completed=started[0])
+                started[0] += 1
+
+            points = run_sweep(
+                system,
+                requests,
+                ks=options.num_draft_tokens,
+                concurrency=options.concurrency,
+                max_new_tokens=options.max_tokens,
+                draft_system=draft,
+                advance=advance,
+            )
+    finally:
+        system.close()
+    notes = []
+    ratios = cost_ratios(points)
+    if options.draft_cost_ratio is not None:
+        ratios = {c: options.draft_cost_ratio for c in options.concurrency}
+        notes.append(f"Draft/target cost ratio {options.draft_cost_ratio} was given with --draft-cost-ratio.")
+    elif not ratios:
+        notes.append(
+            "No draft/target cost ratio (only measured in-process): pass --draft-cost-ratio for the bound."
+        )
+    result = BenchResult(system.name, options.max_tokens, len(prompts), points, ratios, notes)
+    return report_bench(result, options.out_dir or Path("bench") / recipe.name, out)
+
+
+def report_bench(result, out_dir: Path, out) -> dict:
+    """Write bench.json, bench.md and the PNG plots into ``out_dir`` (a temp dir renamed into place)."""
+    import shutil
+    import tempfile
+
+    from trtspec.validate.bench_report import bench_markdown, bench_table, bench_to_dict, write_plots
+
+    payload = bench_to_dict(result)
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        plots = write_plots(result, tmp)
+        (tmp / "bench.json").write_text(dumps(payload))
+        (tmp / "bench.md").write_text(bench_markdown(result, [p.name for p in plots]))
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    payload["out_dir"] = str(out_dir)
+    if out.json:
+        out.emit_json(payload)
+    console = out.console()
+    console.print(bench_table(result))
+    recommended = ", ".join(f"concurrency {c}: K={k}" for c, k in result.recommended_k().items())
+    console.print(f"recommended num_draft_tokens: {recommended}")
+    console.print(f"wrote {out_dir}/bench.json, bench.md, speedup_acceptance.png, latency_concurrency.png")
+    return payload

@@ -11,6 +11,17 @@ from pathlib import Path
 from trtspec.errors import ModelError
 
 
+def load_tokenizer(model_dir: Path | str, trust_remote_code: bool = False):
+    """The model directory's tokenizer, or a ModelError naming the directory."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, KeyError) as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ModelError(f"{model_dir}: cannot load the tokenizer ({first})", detail=repr(err)) from None
+
+
 class HFReference:
     """The target model under transformers; ``generate`` returns generated ids (prompt excluded, EOS kept)."""
 
@@ -27,10 +38,10 @@ class HFReference:
         trust_remote_code: bool = False,
     ) -> HFReference:
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
+        tokenizer = load_tokenizer(model_dir, trust_remote_code)
         try:
-            tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
             model = AutoModelForCausalLM.from_pretrained(
                 model_dir, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code
             )
