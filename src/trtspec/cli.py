@@ -294,6 +294,49 @@ def validate(recipe, prompts, limit, max_tokens, num_draft_tokens, min_exact_mat
         _system_spec(system, url, protocol, triton_model, device, dtype)), out)
 
 
+def _int_list(ctx, param, value: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in str(value).split(",") if v.strip())
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of integers, e.g. 1,2,4") from None
+    if not values or min(values) < 1:
+        raise click.BadParameter(f"{value!r}: give integers >= 1, e.g. 1,2,4")
+    return values
+
+
+@cli.command()
+@recipe_argument
+@click.option("--prompts", type=click.Path(dir_okay=False), default=None,
+              help="Prompt JSONL [default: the shipped code+prose set].")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N prompts.")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=64, help="New tokens per request.")
+@click.option("--num-draft-tokens", "ks", default="1,2,4", callback=_int_list,
+              help="K values to sweep (comma-separated); K=0 (target-only) always runs too.")
+@click.option("--concurrency", default="1", callback=_int_list,
+              help="Concurrent requests to sweep (comma-separated).")
+@click.option("--draft-cost-ratio", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Draft step / target step time for the analytic bound [default: measured in-process].")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Folder for bench.json, bench.md and the plots [default: bench/<name>].")
+@_system_options
+@output_options
+def bench(recipe, prompts, limit, max_tokens, ks, concurrency, draft_cost_ratio, out_dir, system, url, protocol,
+          triton_model, device, dtype, out: Output) -> None:
+    """Sweep num_draft_tokens and concurrency against target-only on the same system: tokens/s, TTFT, ITL,
+    acceptance, the analytic bound and a recommended K; writes JSON, Markdown and PNG plots.
+
+    RECIPE is a builders/<pair>.yaml file; 'demo' (the default) is the shipped demo pair.
+    """
+    from pathlib import Path
+
+    from trtspec.validate.commands import BenchOptions
+    from trtspec.validate.commands import bench as run_bench
+
+    run_bench(BenchOptions(
+        recipe, Path(prompts) if prompts else None, limit, max_tokens, ks, concurrency, draft_cost_ratio,
+        Path(out_dir) if out_dir else None, _system_spec(system, url, protocol, triton_model, device, dtype)), out)
+
+
 def _show_envvars(group: click.Group) -> None:
     """Every option of every command lists its TRTSPEC_<COMMAND>_<OPTION> variable in --help."""
     for command in group.commands.values():
