@@ -109,6 +109,93 @@ def check(
 
 # --- convert / quantize (issue 4) ---
 
+ROLE_CHOICES = click.Choice(["target", "draft", "both"])
+FORMAT_CHOICES = click.Choice(["none", "fp8", "int8_sq", "int4_awq", "w4a8_awq"])
+
+
+def _roles(model: str) -> list[str]:
+    return ["target", "draft"] if model == "both" else [model]
+
+
+def _print_checkpoints(summaries: list, out: Output) -> None:
+    if out.json:
+        out.emit_json({"checkpoints": summaries})
+        return
+    console = out.console()
+    for s in summaries:
+        v = s["verification"]
+        check = "not verified" if v is None else f"verified: top-1 {v['top1_agreement']:.1%}, max abs logit error {v['max_abs_logit_error']:.3g}"
+        console.print(f"{s['role']}: {s['checkpoint']} ({s['format'] if s['format'] != 'none' else s['dtype']}, tp={s['tp_size']} pp={s['pp_size']}; {check})")
+
+
+@cli.command()
+@recipe_argument
+@click.option("--model", "model", type=ROLE_CHOICES, default="both", help="Which model of the pair to convert.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help="Checkpoint dir (default engines/<name>/<role>/checkpoint; with both models, <out>/<role>).")
+@click.option("--dtype", type=click.Choice(["float16", "bfloat16"]), default=None, help="Override the recipe's dtype.")
+@click.option("--tp-size", type=click.IntRange(1, 64), default=None, help="Tensor-parallel ranks (one rank{N}.safetensors each).")
+@click.option("--pp-size", type=click.IntRange(1, 64), default=None, help="Pipeline-parallel stages.")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None, help="Where the HF model is loaded.")
+@click.option("--no-verify", is_flag=True, help="Skip the interpreter check of the written checkpoint against HF.")
+@output_options
+def convert(recipe, model, out_dir, dtype, tp_size, pp_size, device, no_verify, out: Output) -> None:
+    """HF -> TensorRT-LLM checkpoint (fp16/bf16) via ModelOpt, verified against the HF model.
+
+    RECIPE is a builders/<pair>.yaml file; 'demo' (the default) is the shipped demo pair.
+    """
+    from pathlib import Path
+
+    from trtspec.builders.convert import export_models
+    from trtspec.recipe import load_recipe
+
+    roles = _roles(model)
+    overrides = {"calibration.device": device}
+    for role in roles:
+        overrides.update({f"{role}.quantization": "none", f"{role}.dtype": dtype, f"{role}.tp_size": tp_size, f"{role}.pp_size": pp_size})
+    spec = load_recipe(recipe, overrides)
+    summaries = export_models(spec, roles, out=Path(out_dir) if out_dir else None, verify=not no_verify, console=out.console())
+    _print_checkpoints(summaries, out)
+
+
+@cli.command()
+@recipe_argument
+@click.option("--model", "model", type=ROLE_CHOICES, default="both", help="Which model of the pair to quantize.")
+@click.option("--target-format", type=FORMAT_CHOICES, default=None, help="Override target.quantization.")
+@click.option("--draft-format", type=FORMAT_CHOICES, default=None, help="Override draft.quantization.")
+@click.option("--kv-cache-dtype", type=click.Choice(["auto", "fp8"]), default=None, help="KV cache dtype of the quantized models.")
+@click.option("--calib-data", type=click.Path(dir_okay=False), default=None, help="'builtin' or a .txt / .jsonl file (one {\"text\": ...} per line).")
+@click.option("--calib-size", type=click.IntRange(1), default=None, help="Number of calibration samples.")
+@click.option("--calib-seq-len", type=click.IntRange(8), default=None, help="Tokens per calibration sample.")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None, help="Where calibration runs.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help="Checkpoint dir (default engines/<name>/<role>/checkpoint; with both models, <out>/<role>).")
+@click.option("--no-verify", is_flag=True, help="Skip the interpreter check of the written checkpoint against HF.")
+@output_options
+def quantize(
+    recipe, model, target_format, draft_format, kv_cache_dtype, calib_data, calib_size, calib_seq_len, device, out_dir,
+    no_verify, out: Output,
+) -> None:  # fmt: skip
+    """fp8 / int8 SmoothQuant / int4 AWQ / w4a8 AWQ checkpoints via ModelOpt post-training quantization.
+
+    RECIPE is a builders/<pair>.yaml file; 'demo' (the default) is the shipped demo pair.
+    """
+    from pathlib import Path
+
+    from trtspec.builders.convert import export_models
+    from trtspec.recipe import load_recipe
+
+    roles = _roles(model)
+    overrides = {
+        "target.quantization": target_format, "draft.quantization": draft_format,
+        "calibration.dataset": calib_data, "calibration.size": calib_size,
+        "calibration.seq_len": calib_seq_len, "calibration.device": device,
+    }
+    for role in roles:
+        overrides[f"{role}.kv_cache_dtype"] = kv_cache_dtype
+    spec = load_recipe(recipe, overrides)
+    summaries = export_models(spec, roles, out=Path(out_dir) if out_dir else None, verify=not no_verify, console=out.console())
+    _print_checkpoints(summaries, out)
+
+
 # --- build (issue 4) ---
 
 

@@ -396,3 +396,26 @@ def _failure_message(spec: ModelSpec, out_dir: Path, v: dict) -> str:
 
 
 __all__ = ["export_checkpoint", "load_hf_model", "load_tokenizer"]
+
+
+def checkpoint_dir(recipe_name: str, role: str, out: Path | None = None, several: bool = False) -> Path:
+    """engines/<name>/<role>/checkpoint by default; ``out`` itself for one model, ``out``/<role> for both."""
+    if out is None:
+        return Path("engines") / recipe_name / role / "checkpoint"
+    return Path(out) / role if several else Path(out)
+
+
+def export_models(
+    recipe, roles: list[str], *, out: Path | None = None, verify: bool = True, console=None
+) -> list:
+    """export_checkpoint for each role of the recipe (target and/or draft), with the recipe's calibration."""
+    summaries = []
+    for role in roles:
+        spec = recipe.models()[role]
+        target_dir = checkpoint_dir(recipe.name, role, out, several=len(roles) > 1)
+        summary = export_checkpoint(
+            spec, target_dir, calibration=recipe.calibration, device=recipe.calibration.device,
+            verify=verify, console=console,
+        )  # fmt: skip
+        summaries.append({"role": role, **summary})
+    return summaries

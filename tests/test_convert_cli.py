@@ -1,0 +1,94 @@
+"""`trtspec convert` / `trtspec quantize` end to end on the tiny pair (real export, real files)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from tiny_models import CORPUS
+
+from trtspec.cli import cli
+
+
+@pytest.fixture
+def recipe_file(tmp_path, tiny_pair) -> Path:
+    target, draft = tiny_pair
+    path = tmp_path / "pair.yaml"
+    data = {"name": "tiny", "target": {"model": str(target)}, "draft": {"model": str(draft)}}
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_convert_both_models_json(runner, recipe_file, tmp_path):
+    result = runner.invoke(cli, ["convert", str(recipe_file), "--out", str(tmp_path / "ck"), "--json", "-q"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    roles = [c["role"] for c in payload["checkpoints"]]
+    assert roles == ["target", "draft"]
+    for ckpt in payload["checkpoints"]:
+        assert ckpt["verification"]["passed"] and ckpt["format"] == "none"
+        assert (Path(ckpt["checkpoint"]) / "rank0.safetensors").is_file()
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["draft", "target"]
+
+
+def test_convert_draft_bf16_tp2_without_verify(runner, recipe_file, tmp_path):
+    out = tmp_path / "d"
+    args = ["convert", str(recipe_file), "--model", "draft", "--dtype", "bfloat16", "--tp-size", "2"]
+    result = runner.invoke(cli, [*args, "--no-verify", "--out", str(out), "--json", "-q"])
+    assert result.exit_code == 0, result.output
+    (ckpt,) = json.loads(result.stdout)["checkpoints"]
+    assert ckpt["verification"] is None and ckpt["tp_size"] == 2 and ckpt["dtype"] == "bfloat16"
+    assert json.loads((out / "config.json").read_text())["mapping"]["tp_size"] == 2
+
+
+def test_quantize_target_fp8_with_calibration_file(runner, recipe_file, tmp_path):
+    calib = tmp_path / "calib.txt"
+    calib.write_text("\n".join(CORPUS))
+    args = [
+        "quantize",
+        str(recipe_file),
+        "--model",
+        "target",
+        "--target-format",
+        "fp8",
+        "--kv-cache-dtype",
+        "fp8",
+    ]
+    args += [
+        "--calib-data",
+        str(calib),
+        "--calib-size",
+        "2",
+        "--calib-seq-len",
+        "16",
+        "--out",
+        str(tmp_path / "q"),
+    ]
+    result = runner.invoke(cli, [*args, "--json", "-q"])
+    assert result.exit_code == 0, result.output
+    config = json.loads((tmp_path / "q" / "config.json").read_text())
+    assert (
+        config["quantization"]["quant_algo"] == "FP8"
+        and config["quantization"]["kv_cache_quant_algo"] == "FP8"
+    )
+
+
+def test_quantize_awq_on_small_dims_is_a_clear_error(runner, recipe_file, tmp_path):
+    args = [
+        "quantize",
+        str(recipe_file),
+        "--model",
+        "draft",
+        "--draft-format",
+        "int4_awq",
+        "--out",
+        str(tmp_path / "q"),
+    ]
+    result = runner.invoke(cli, args)
+    assert result.exit_code == 2
+    assert (
+        "Error:" in result.output and "divisible by 128" in result.output and "Traceback" not in result.output
+    )
+    assert not (tmp_path / "q").exists()
