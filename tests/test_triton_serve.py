@@ -196,13 +196,14 @@ def test_wrong_dtype_is_rejected(server):
     import tritonclient.http as httpclient
     from tritonclient.utils import InferenceServerException
 
-    bad = httpclient.InferInput("max_tokens", [1, 1], "FP32")
+    # Triton checks dtypes before any model runs; plain HTTP infer reaches the non-decoupled preprocessing.
+    bad = httpclient.InferInput("END_ID", [1, 1], "FP32")
     bad.set_data_from_numpy(np.array([[4.0]], dtype=np.float32))
-    text = httpclient.InferInput("text_input", [1, 1], "BYTES")
+    text = httpclient.InferInput("QUERY", [1, 1], "BYTES")
     text.set_data_from_numpy(np.array([[b"def"]], dtype=object))
     with (
         httpclient.InferenceServerClient(server.ports.http_url) as client,
         pytest.raises(InferenceServerException) as err,
     ):
-        client.infer(MODEL, [text, bad])
+        client.infer("preprocessing", [text, bad])
     assert "FP32" in str(err.value) and "INT32" in str(err.value)
