@@ -405,18 +405,24 @@ def evaluate(target, draft, heldout: torch.Tensor, plan: Plan) -> dict:
     return metrics
 
 
+def shape(config) -> str:
+    return (
+        f"{config.num_hidden_layers} x {config.hidden_size}, {config.intermediate_size},"
+        f" {config.num_attention_heads}/{config.num_key_value_heads}"
+    )
+
+
 def summary(plan: Plan, metrics: dict, target, draft, out: Path, n_train: int, n_heldout: int) -> str:
     """A markdown block with everything measured, printed at the end (and pasted into TRAINING.md)."""
     params = {
         name: sum(p.numel() for p in m.parameters()) for name, m in (("target", target), ("draft", draft))
     }
-    t, d = plan.target, plan.draft
+    t, d = target.config, draft.config
     k4 = metrics["acceptance_k4"]
     return "\n".join(
         [
             "| | target | draft |\n|---|---|---|",
-            f"| shape (layers x hidden, ffn, heads/kv) | {t.layers} x {t.hidden}, {t.intermediate}, {t.heads}/{t.kv_heads}"
-            f" | {d.layers} x {d.hidden}, {d.intermediate}, {d.heads}/{d.kv_heads} |",
+            f"| shape (layers x hidden, ffn, heads/kv) | {shape(t)} | {shape(d)} |",
             f"| parameters | {params['target'] / 1e6:.2f} M | {params['draft'] / 1e6:.2f} M |",
             f"| size on disk (fp16 + tokenizer) | {dir_mb(out / 'target'):.1f} MB | {dir_mb(out / 'draft'):.1f} MB |",
             f"| held-out perplexity (per token) | {metrics['target_ppl']:.2f} | {metrics['draft_ppl']:.2f} |",
@@ -436,6 +442,19 @@ def summary(plan: Plan, metrics: dict, target, draft, out: Path, n_train: int, n
     )
 
 
+def evaluate_saved(out: Path, plan: Plan, train_texts: list[str], heldout_texts: list[str]) -> int:
+    """Re-measure a saved pair (e.g. on a quieter machine) without training."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(out / "target")
+    target = AutoModelForCausalLM.from_pretrained(out / "target", torch_dtype=torch.float32).eval()
+    draft = AutoModelForCausalLM.from_pretrained(out / "draft", torch_dtype=torch.float32).eval()
+    train, heldout = encode_stream(tokenizer, train_texts), encode_stream(tokenizer, heldout_texts)
+    metrics = evaluate(target, draft, heldout, plan)
+    print(summary(plan, metrics, target, draft, out, len(train), len(heldout)), flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -445,6 +464,7 @@ def main(argv: list[str] | None = None) -> int:
         "--smoke", action="store_true", help="tiny models and a few steps: checks the pipeline"
     )
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--evaluate", action="store_true", help="only re-measure the pair already in --out")
     args = parser.parse_args(argv)
     plan = SMOKE if args.smoke else Plan()
     torch.set_num_threads(args.threads)
@@ -452,6 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     train_texts, heldout_texts = collect_corpus(stdlib)
     log(f"corpus: {stdlib} -> {len(train_texts)} train / {len(heldout_texts)} held-out files")
+    if args.evaluate:
+        return evaluate_saved(args.out, plan, train_texts, heldout_texts)
     tokenizer = train_tokenizer(train_texts, plan.vocab_size, plan.max_positions)
     train, heldout = encode_stream(tokenizer, train_texts), encode_stream(tokenizer, heldout_texts)
     log(
