@@ -59,9 +59,9 @@ class Plan:
     target: ModelShape = ModelShape(layers=10, hidden=256, intermediate=688, heads=4, kv_heads=2)
     draft: ModelShape = ModelShape(layers=1, hidden=192, intermediate=512, heads=3, kv_heads=3)
     batch_size: int = 8
-    target_steps: int = 500
+    target_steps: int = 1200
     target_lr: float = 2e-3
-    draft_steps: int = 150
+    draft_steps: int = 200
     draft_lr: float = 2e-3
     distill_temperature: float = 1.0
     eval_windows: int = 64
