@@ -269,12 +269,14 @@ def generate(prompt, recipe, target, draft, no_draft, max_new_tokens, num_draft_
 
 @cli.command()
 @recipe_argument
-@click.option("--runtime", type=click.Choice(["tensorrtllm", "torch"]), default=None,
-              help="Engine models: the TensorRT-LLM C++ backend, or python models running the PyTorch engine "
-              "(CPU). Default: the recipe's triton.runtime.")
+@click.option("--runtime", type=click.Choice(["tensorrtllm", "torch", "trtllm-pytorch"]), default=None,
+              help="Engine models: the TensorRT-LLM C++ backend over 1.2.x engines, python models running the "
+              "PyTorch engine (CPU), or upstream's LLM-API model on TensorRT-LLM's PyTorch backend (HF "
+              "checkpoints). Default: the recipe's triton.runtime.")
 @click.option("--out", "out_dir", type=click.Path(), default=None, help="Repository folder [default: triton_repo/<name>].")
 @click.option("--engines-dir", type=click.Path(file_okay=False), default="engines",
-              help="Where `trtspec build` put engines/<name>/{target,draft}/engine (tensorrtllm runtime).")
+              help="Where `trtspec build` put engines/<name>/{target,draft}/engine (tensorrtllm runtime) and "
+              "quantized models' hf_checkpoint (trtllm-pytorch runtime).")
 @output_options
 def deploy(recipe: str, runtime: str | None, out_dir: str | None, engines_dir: str, out: Output) -> None:
     """Write a Triton model repository: preprocessing, postprocessing, target and draft engine models and the
@@ -285,12 +287,10 @@ def deploy(recipe: str, runtime: str | None, out_dir: str | None, engines_dir: s
     from pathlib import Path
 
     from trtspec.recipe import load_recipe
-    from trtspec.triton_repo.deploy import default_engine_dirs
     from trtspec.triton_repo.deploy import deploy as write_repo
 
     spec = load_recipe(recipe)
-    dirs = default_engine_dirs(spec, Path(engines_dir))
-    result = write_repo(spec, runtime, Path(out_dir) if out_dir else None, engine_dirs=dirs)
+    result = write_repo(spec, runtime, Path(out_dir) if out_dir else None, engines_dir=Path(engines_dir))
     if out.json:
         out.emit_json({"repo": str(result.repo), **result.manifest})
     else:

@@ -385,8 +385,68 @@ def check_memory(report_memory: list[MemoryRow], gpu_memory_gib: float | None) -
     return CheckResult("memory", "pass", msg)
 
 
-def run_checks(recipe: Recipe, gpu_memory_gib: float | None = None) -> CheckReport:
-    """All pre-flight checks of a recipe; raises ModelError only for unreadable inputs."""
+def installed_trtllm_version() -> str | None:
+    """The tensorrt_llm version installed here (the NGC image), or None (development machines)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for name in ("tensorrt_llm", "tensorrt-llm"):
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            continue
+    return None
+
+
+def _llmapi_layout_problem(recipe: Recipe) -> str | None:
+    """The LLM API runs the draft inside the target's executor: same parallel mapping, same GPUs."""
+    target, draft = recipe.target, recipe.draft
+    if (draft.tp_size, draft.pp_size, draft.devices) != (target.tp_size, target.pp_size, target.devices):
+        return (
+            f"trtllm-pytorch runs the draft on the target's ranks (tp={target.tp_size} pp={target.pp_size} "
+            f"GPUs {list(target.devices)}), not draft tp={draft.tp_size} pp={draft.pp_size} GPUs {list(draft.devices)}"
+        )
+    return None
+
+
+def check_runtime(recipe: Recipe, trtllm_version: str | None = None) -> CheckResult:
+    """Whether ``triton.runtime`` can run with TensorRT-LLM ``trtllm_version`` (None: the installed one, if any)."""
+    runtime = recipe.triton.runtime
+    version = trtllm_version or installed_trtllm_version()
+    needs = support.RUNTIME_NEEDS[runtime]
+    details = {"runtime": runtime, "trtllm_version": version, "needs": needs}
+    if runtime == "torch":
+        return CheckResult("runtime", "pass", f"torch: {needs}", details)
+    layout = _llmapi_layout_problem(recipe) if runtime == "trtllm-pytorch" else None
+    if layout:
+        return CheckResult("runtime", "warn", layout + "; the draft's tp/pp/gpu_ids are ignored", details)
+    if runtime == "trtllm-pytorch" and recipe.triton.fast_logits:
+        return CheckResult(
+            "runtime", "warn", "triton.fast_logits applies to the tensorrtllm runtime only; ignored", details
+        )
+    if version is None:
+        status = "warn" if runtime == "tensorrtllm" else "pass"
+        tail = (
+            f" (the TensorRT engine path was removed after TensorRT-LLM {support.TRTLLM_LAST_ENGINE_RELEASE})"
+            if runtime == "tensorrtllm"
+            else ""
+        )
+        return CheckResult("runtime", status, f"{runtime} needs {needs}{tail}; none installed here", details)
+    try:
+        problem = support.runtime_version_problem(runtime, version)
+    except ValueError as err:
+        return CheckResult("runtime", "warn", f"{err}; cannot tell whether {runtime} runs", details)
+    if problem:
+        return CheckResult("runtime", problem[0], problem[1], details)
+    return CheckResult("runtime", "pass", f"{runtime} runs on TensorRT-LLM {version}", details)
+
+
+def run_checks(
+    recipe: Recipe, gpu_memory_gib: float | None = None, trtllm_version: str | None = None
+) -> CheckReport:
+    """All pre-flight checks of a recipe; raises ModelError only for unreadable inputs.
+
+    ``trtllm_version`` is the TensorRT-LLM the deployment will run (default: the installed one, if any).
+    """
     target = gather_facts("target", recipe.target)
     draft = gather_facts("draft", recipe.draft)
     memory = [estimate_memory(target, recipe.target, recipe), estimate_memory(draft, recipe.draft, recipe)]
@@ -401,6 +461,7 @@ def run_checks(recipe: Recipe, gpu_memory_gib: float | None = None) -> CheckRepo
         *check_limits(recipe, target, draft),
         check_draft_size(target, draft),
         check_memory(memory, gpu_memory_gib),
+        check_runtime(recipe, trtllm_version),
     ]
     return CheckReport(recipe.name, results, memory)
 

@@ -76,3 +76,78 @@ def padded_vocab_size(vocab_size: int, tp_size: int, quantization: str) -> int:
     if quantization in ("int4_awq", "w4a8_awq"):
         vocab_size = -(-vocab_size // AWQ_VOCAB_PADDING) * AWQ_VOCAB_PADDING
     return -(-vocab_size // tp_size) * tp_size
+
+
+# ---------------------------------------------------------------- runtimes and the TensorRT-LLM versions they need
+# trtspec serves a pair three ways (recipe triton.runtime):
+#   torch           trtspec's PyTorch engine in Triton python models (no TensorRT-LLM; CPU or GPU)
+#   tensorrtllm     TensorRT engines under the C++ tensorrtllm backend + trtspec's orchestrator (engine path)
+#   trtllm-pytorch  TensorRT-LLM's PyTorch backend behind upstream's Triton LLM-API model (HF checkpoints)
+# TensorRT-LLM removed the TensorRT engine path (trtllm-build, the C++ backend's engines) after this release:
+TRTLLM_LAST_ENGINE_RELEASE = "1.3.0rc20"
+# The LLM-API runtime is pinned to the newest stable release that ships in an NGC Triton image
+# (triton-inference-server/server docs/introduction/compatibility.md: 26.04-26.07 trtllm-python-py3 -> 1.2.1).
+# Field names below are those of that line's tensorrt_llm/llmapi/llm_args.py (BaseLlmArgs: model, backend,
+# tensor_parallel_size, pipeline_parallel_size, dtype, trust_remote_code, max_batch_size, max_input_len,
+# max_seq_len, kv_cache_config, speculative_config; DecodingBaseConfig: max_draft_len, speculative_model_dir;
+# DecodingBaseConfig.from_dict registry key "DraftTarget" -> DraftTargetDecodingConfig; KvCacheConfig:
+# free_gpu_memory_fraction, enable_block_reuse) and of triton_backend/all_models/llmapi/tensorrt_llm/1/model.yaml
+# (triton_config: max_batch_size, decoupled). Later releases renamed speculative_model_dir -> speculative_model
+# (accepting the old name as an alias) and made decoding_type a pydantic discriminator.
+TRTLLM_PYTORCH_VERSION = "1.2.1"
+TRTLLM_PYTORCH_MIN_VERSION = "1.2.0"
+NGC_TRITON_TRTLLM_PYTORCH_IMAGE = NGC_TRITON_TRTLLM_IMAGE
+LLMAPI_DRAFT_TARGET_DECODING_TYPE = "DraftTarget"
+LLMAPI_SPECULATIVE_MODEL_KEY = "speculative_model_dir"
+# The runtime of each engine model per runtime: who needs which TensorRT-LLM.
+RUNTIME_NEEDS = {
+    "torch": "no TensorRT-LLM",
+    "tensorrtllm": f"TensorRT-LLM 1.2.x engines ({NGC_TRITON_TRTLLM_IMAGE})",
+    "trtllm-pytorch": f"TensorRT-LLM >= {TRTLLM_PYTORCH_MIN_VERSION} PyTorch backend ({NGC_TRITON_TRTLLM_PYTORCH_IMAGE})",
+}
+
+
+def parse_version(text: str) -> tuple[int, int, int, int]:
+    """``"1.3.0rc20"`` -> (1, 3, 0, 20); a final release sorts after its release candidates (rc = 10**6).
+
+    Local/dev suffixes (``+cu12``, ``.post1``, ``.dev``) are ignored: only release ordering matters here.
+    """
+    import re
+
+    match = re.match(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?(?:\.?rc(\d+))?", text)
+    if not match:
+        raise ValueError(f"not a TensorRT-LLM version: {text!r}")
+    major, minor, patch, rc = match.groups()
+    return int(major), int(minor), int(patch or 0), int(rc) if rc is not None else 10**6
+
+
+def runtime_version_problem(runtime: str, version: str) -> tuple[str, str] | None:
+    """(status, message) when TensorRT-LLM ``version`` cannot (fail) or may not (warn) run ``runtime``; None if fine."""
+    v = parse_version(version)
+    if runtime == "tensorrtllm":
+        if v > parse_version(TRTLLM_LAST_ENGINE_RELEASE):
+            return (
+                "fail",
+                f"TensorRT-LLM {version} has no TensorRT engine path (removed after {TRTLLM_LAST_ENGINE_RELEASE}); "
+                f"use triton.runtime: trtllm-pytorch, or the {NGC_TRITON_TRTLLM_IMAGE} image",
+            )
+        if not parse_version(TRTLLM_VERSION_RANGE[0][2:]) <= v < parse_version(TRTLLM_VERSION_RANGE[1][1:]):
+            return (
+                "fail",
+                f"trtspec builds engines with TensorRT-LLM 1.2.x; {version} is outside {', '.join(TRTLLM_VERSION_RANGE)}",
+            )
+        return None
+    if runtime == "trtllm-pytorch":
+        if v < parse_version(TRTLLM_PYTORCH_MIN_VERSION):
+            return (
+                "fail",
+                f"TensorRT-LLM {version} predates the LLM-API draft-target fields trtspec writes "
+                f"(needs >= {TRTLLM_PYTORCH_MIN_VERSION}); use {NGC_TRITON_TRTLLM_PYTORCH_IMAGE}",
+            )
+        if v[:2] != parse_version(TRTLLM_PYTORCH_VERSION)[:2]:
+            return (
+                "warn",
+                f"model.yaml field names were confirmed for TensorRT-LLM {TRTLLM_PYTORCH_VERSION}; {version} may "
+                "name them differently (e.g. speculative_model)",
+            )
+    return None

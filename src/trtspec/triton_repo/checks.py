@@ -16,8 +16,12 @@ def _dtype_name(value: int) -> str:
     return model_config_pb2.DataType.Name(value)
 
 
-def _tensors(config, kind: str) -> dict[str, str]:
+def tensors(config, kind: str) -> dict[str, str]:
+    """``kind`` ("input"/"output") tensors of a parsed ModelConfig: name -> dtype name (e.g. TYPE_INT32)."""
     return {t.name: _dtype_name(t.data_type) for t in getattr(config, kind)}
+
+
+_tensors = tensors
 
 
 def _check_call(

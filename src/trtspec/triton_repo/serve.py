@@ -1,7 +1,9 @@
 """``trtspec serve REPO``: run tritonserver on a trtspec repository until Ctrl-C.
 
 Ports come from the repository's trtspec.json (the recipe's triton section), overridden by options; the server
-binds 127.0.0.1 unless told otherwise. tp/pp > 1 needs one MPI rank per GPU (the NGC image's mpirun).
+binds 127.0.0.1 unless told otherwise. How the server starts comes from trtspec.json's ``launch`` layout
+(values.launch_layout): one process, or under the NGC image's mpirun with upstream launch_triton_server.py's
+ranks and environment (multi-GPU engines, fast logits, the LLM-API runtime).
 """
 
 from __future__ import annotations
@@ -22,9 +24,12 @@ from trtspec.triton_repo.server import (
     TritonServer,
     failure_reason,
     find_server,
-    mpi_command,
+    launch_command,
+    launch_env,
     repo_models,
 )
+
+SINGLE = {"mode": "single", "mpi": False, "world_size": 1, "env": {}, "rank_models": [], "gpus": []}
 
 
 @dataclass(frozen=True)
@@ -71,12 +76,25 @@ def sample_requests(ports: Ports, model: str = names.ENTRY_POINT) -> list[str]:
     ]
 
 
-def _run_mpi(repo: Path, ports: Ports, world_size: int, echo) -> int:
-    cmd = mpi_command(repo, ports, world_size)
-    echo("tp/pp > 1: one MPI rank per GPU:\n  " + " ".join(cmd))
+def launch_layout_of(info: dict) -> dict:
+    """The manifest's launch layout; repositories written before it existed (or not by trtspec) run single."""
+    return info.get("launch") or SINGLE
+
+
+def _run_mpi(repo: Path, ports: Ports, layout: dict, info: dict, echo) -> int:
+    if info.get("runtime") == "trtllm-pytorch":
+        from trtspec.triton_repo.llmapi import find_upstream_model_dir
+
+        find_upstream_model_dir()  # fail now, not inside the stub, if the image lacks upstream's model.py
+    cmd = launch_command(repo, ports, layout)
+    env = launch_env(layout)
+    shown = " ".join(f"{k}={v}" for k, v in (layout.get("env") or {}).items())
+    echo(f"{layout['mode']}: {layout['world_size']} MPI rank(s):\n  {shown} " + " ".join(cmd))
     if not shutil.which("mpirun"):
-        raise ServerError("mpirun not found: multi-GPU serving needs the NGC TensorRT-LLM Triton image")
-    proc = subprocess.Popen(cmd, start_new_session=True)
+        raise ServerError(
+            f"mpirun not found: the {layout['mode']} launch needs the NGC TensorRT-LLM Triton image"
+        )
+    proc = subprocess.Popen(cmd, start_new_session=True, env=env)
     try:
         return proc.wait()
     except KeyboardInterrupt:
@@ -88,9 +106,9 @@ def serve(spec: ServeSpec, echo=print) -> int:
     """Start, report endpoints, block until Ctrl-C or the server exits; returns the server's exit status."""
     info = read_manifest(spec.repo)
     ports = resolve_ports(spec, info)
-    world = max((info.get("world_size") or {"t": 1}).values())
-    if world > 1:
-        return _run_mpi(spec.repo, ports, world, echo)
+    layout = launch_layout_of(info)
+    if layout["mpi"]:
+        return _run_mpi(spec.repo, ports, layout, info, echo)
     log = Path(spec.repo).resolve().parent / f".{Path(spec.repo).name}.tritonserver.log"
     server = TritonServer(spec.repo, ports, log, find_server())
     echo("starting: " + " ".join(server.command))

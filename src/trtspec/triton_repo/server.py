@@ -133,38 +133,45 @@ def server_command(install: ServerInstall, repo: Path, ports: Ports, exit_timeou
     ]
 
 
-def mpi_command(repo: Path, ports: Ports, world_size: int, binary: str = "tritonserver") -> list[str]:
-    """One MPI rank per GPU (tp/pp > 1): rank 0 serves clients, the other ranks only load the engine model.
+def _rank_args(repo: Path, ports: Ports, layout: dict, rank: int, binary: str) -> list[str]:
+    """One rank's tritonserver argv (launch_triton_server.py's get_cmd, plus explicit 127.0.0.1 binding)."""
+    args = [binary, f"--model-repository={Path(repo).resolve()}", "--exit-timeout-secs=5"]
+    if rank == 0:
+        args += [f"--{kind}-address={ports.host}" for kind in ("http", "grpc", "metrics")]
+        args += [f"--http-port={ports.http}", f"--grpc-port={ports.grpc}", f"--metrics-port={ports.metrics}"]
+    else:
+        # Worker ranks host only the engine models' ranks and serve no endpoint.
+        args += ["--model-control-mode=explicit", *[f"--load-model={m}" for m in layout["rank_models"]]]
+        args += ["--allow-http=false", "--allow-grpc=false", "--allow-metrics=false"]
+    if layout["mode"] == "orchestrator":
+        # Spawned executor workers own the GPUs: Triton itself must not pin memory pools on them.
+        args += ["--pinned-memory-pool-byte-size=0", "--enable-peer-access=false"]
+        args += [f"--cuda-memory-pool-byte-size={gpu}:0" for gpu in range(max(layout["gpus"], default=0) + 1)]
+    args += [
+        "--disable-auto-complete-config",
+        f"--backend-config=python,shm-region-prefix-name=prefix{rank}_",
+    ]
+    return args
 
-    Mirrors upstream launch_triton_server.py: a distinct shared-memory prefix per rank, endpoints only on rank 0.
+
+def launch_command(repo: Path, ports: Ports, layout: dict, binary: str = "tritonserver") -> list[str]:
+    """The mpirun argv for a repository whose trtspec.json ``launch`` layout needs MPI (values.launch_layout).
+
+    Mirrors upstream's launch_triton_server.py: ``mpirun --allow-run-as-root -n 1 RANK0 : -n 1 RANK1 ...`` with
+    ``world_size`` ranks, a distinct python shared-memory prefix per rank, only rank 0 serving clients.
     """
     cmd = ["mpirun", "--allow-run-as-root"]
-    for rank in range(world_size):
+    for rank in range(layout["world_size"]):
         if rank:
             cmd.append(":")
-        cmd += [
-            "-n",
-            "1",
-            binary,
-            f"--model-repository={Path(repo).resolve()}",
-            "--disable-auto-complete-config",
-        ]
-        cmd.append(f"--backend-config=python,shm-region-prefix-name=prefix{rank}_")
-        if rank == 0:
-            cmd += [
-                f"--http-address={ports.host}",
-                f"--grpc-address={ports.host}",
-                f"--metrics-address={ports.host}",
-            ]
-            cmd += [
-                f"--http-port={ports.http}",
-                f"--grpc-port={ports.grpc}",
-                f"--metrics-port={ports.metrics}",
-            ]
-        else:
-            cmd += ["--model-control-mode=explicit", "--load-model=tensorrt_llm", "--allow-http=false"]
-            cmd += ["--allow-grpc=false", "--allow-metrics=false"]
+        cmd += ["-n", "1", *_rank_args(repo, ports, layout, rank, binary)]
     return cmd
+
+
+def launch_env(layout: dict, base: dict | None = None) -> dict:
+    """The environment of the launch: ``base`` (default os.environ) + the layout's variables
+    (TRTLLM_ORCHESTRATOR / TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES for --multi-model, CUDA_VISIBLE_DEVICES for llmapi)."""
+    return dict(os.environ if base is None else base) | dict(layout.get("env") or {})
 
 
 def repo_models(repo: Path) -> list[str]:

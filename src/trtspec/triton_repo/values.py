@@ -12,6 +12,7 @@ from pathlib import Path
 
 from trtspec.recipe import Recipe, torch_runtime_dtype
 from trtspec.triton_repo import interface as names
+from trtspec.triton_repo import llmapi
 
 # The 51 template keys of upstream's tensorrt_llm/config.pbtxt (TensorRT-LLM 1.2.x triton_backend).
 UPSTREAM_TRTLLM_KEYS = frozenset(
@@ -75,12 +76,16 @@ UNSET = ""
 
 @dataclass(frozen=True)
 class ModelPlan:
-    """One model directory to write: its template, values, and the thin model.py (None for C++ backends)."""
+    """One model directory to write: its template, values, and the thin model.py (None for C++ backends).
+
+    ``version_files`` are written verbatim into ``<name>/1/`` (file name -> text), e.g. the LLM-API model.yaml.
+    """
 
     name: str
     template: str
     values: dict
     model_module: str | None
+    version_files: tuple[tuple[str, str], ...] = ()
 
 
 def _tokenizer_dir(recipe: Recipe) -> str:
@@ -88,7 +93,8 @@ def _tokenizer_dir(recipe: Recipe) -> str:
 
 
 def participant_ids(recipe: Recipe) -> dict[str, str]:
-    """MPI ranks of each engine model for fast logits: rank 0 orchestrator, then draft ranks, then target ranks."""
+    """MPI ranks of each engine model for fast logits: rank 0 orchestrator, then draft ranks, then target ranks
+    (upstream's draft_target_model README: draft ``1``, target ``2,3`` for a tp=2 target)."""
     draft = list(range(1, 1 + recipe.draft.world_size))
     target = list(range(draft[-1] + 1, draft[-1] + 1 + recipe.target.world_size))
     return {"draft": ",".join(map(str, draft)), "target": ",".join(map(str, target))}
@@ -224,3 +230,59 @@ def plan_models(recipe: Recipe, runtime: str, engine_dirs: dict[str, Path] | Non
                 )
             )
     return plans
+
+
+# Environment of upstream's launch_triton_server.py --multi-model (TensorRT-LLM triton_backend/scripts).
+ORCHESTRATOR_ENV = "TRTLLM_ORCHESTRATOR"
+SPAWN_ENV = "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES"
+
+
+def launch_layout(recipe: Recipe, runtime: str) -> dict:
+    """How ``serve`` starts tritonserver for this repository (recorded in trtspec.json as ``launch``).
+
+    Modes, following upstream's launch_triton_server.py:
+    - single: one tritonserver, no MPI (torch runtime; tensorrtllm with both models on the same single GPU).
+    - orchestrator: ``--multi-model``: one MPI rank (world_size 1) whose C++ backend spawns each engine model's
+      workers on its ``gpu_device_ids`` (tp/pp > 1, or draft and target on different GPUs).
+    - orchestrator-prespawn: ``--multi-model --disable-spawn-processes`` for fast logits: world_size =
+      1 (orchestrator) + draft ranks + target ranks, every rank started by mpirun, models placed by participant_ids;
+      ranks > 0 load only the engine models.
+    - llmapi: trtllm-pytorch: one MPI rank; the LLM API spawns the tp*pp workers itself on CUDA_VISIBLE_DEVICES.
+    """
+    target, draft = recipe.target, recipe.draft
+    gpus = sorted(set(target.devices) | set(draft.devices))
+    layout = {"mode": "single", "mpi": False, "world_size": 1, "env": {}, "rank_models": [], "gpus": gpus}
+    if runtime == "torch":
+        return layout | {"gpus": []}
+    if runtime == "trtllm-pytorch":
+        env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, target.devices))}
+        return layout | {"mode": "llmapi", "mpi": True, "env": env, "gpus": list(target.devices)}
+    if recipe.triton.fast_logits:
+        return layout | {
+            "mode": "orchestrator-prespawn",
+            "mpi": True,
+            "world_size": 1 + draft.world_size + target.world_size,
+            "env": {ORCHESTRATOR_ENV: "1", SPAWN_ENV: "0"},
+            "rank_models": [names.TARGET_MODEL, names.DRAFT_MODEL],
+            "participant_ids": participant_ids(recipe),
+        }
+    if target.world_size == draft.world_size == 1 and target.devices == draft.devices:
+        return layout
+    return layout | {"mode": "orchestrator", "mpi": True, "env": {ORCHESTRATOR_ENV: "1", SPAWN_ENV: "1"}}
+
+
+def llmapi_plan(recipe: Recipe, model_dirs: dict[str, Path]) -> tuple[ModelPlan, dict]:
+    """The trtllm-pytorch repository's one model (upstream's LLM-API ``tensorrt_llm``) and its model.yaml data."""
+    from trtspec import __version__
+
+    data = llmapi.model_yaml(recipe, model_dirs)
+    llmapi.check_model_yaml(data)
+    triton = data["triton_config"]
+    values = {
+        "model_name": llmapi.MODEL_NAME,
+        "triton_max_batch_size": triton["max_batch_size"],
+        "decoupled_mode": triton["decoupled"],
+    }
+    launcher = llmapi.LAUNCHER_PY.format(version=__version__, env=llmapi.UPSTREAM_DIR_ENV)
+    files = ((llmapi.MODEL_YAML, llmapi.render_model_yaml(data)), ("model.py", launcher))
+    return ModelPlan(llmapi.MODEL_NAME, "llmapi/config.pbtxt", values, None, files), data
