@@ -92,14 +92,18 @@ def validate(options: ValidateOptions, out) -> dict:
     """Run the validation, print it, write the report; raise CheckFailed when a threshold failed."""
     from trtspec.recipe import load_recipe
     from trtspec.validate.prompts import load_prompts
+    from trtspec.validate.reference import load_tokenizer
     from trtspec.validate.validation import run_validation
 
     recipe = load_recipe(options.recipe)
     prompts = load_prompts(options.prompts, options.limit)
     console = out.console()
-    reference = open_reference(recipe, options.system)
-    system = open_system(recipe, options.system, reference.tokenizer)
+    # The system first: an unreachable endpoint fails before the reference model is loaded.
+    system = open_system(
+        recipe, options.system, load_tokenizer(recipe.target.model, recipe.target.trust_remote_code)
+    )
     try:
+        reference = open_reference(recipe, options.system)
         with console.status("validating") as status:
             result = run_validation(
                 system,

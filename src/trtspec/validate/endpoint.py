@@ -182,6 +182,11 @@ class TritonClient:
         out.metrics.update({k: event[k] for k in METRIC_OUTPUTS if k in event})
 
 
+def _first_line(err: BaseException) -> str:
+    text = str(err.message() if callable(getattr(err, "message", None)) else err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
 def _numpy_dtype(triton_dtype: str):
     import numpy as np
 
@@ -211,6 +216,7 @@ class TritonSystem:
         stream: bool = True,
     ):
         self.client = TritonClient(url, protocol, model)
+        self.client.check_ready()
         self.tokenizer, self.stream = tokenizer, stream
         self.max_draft_len, self.max_batch_size = max_draft_len, max_batch_size
         self.name = f"Triton {self.client.model} at {self.client.address} ({self.client.protocol})"

@@ -1,0 +1,133 @@
+"""validate and bench against a real tritonserver (CPU, torch runtime) on the tiny pair: one server per module."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_validate import PlantedMismatch, write_recipe
+from triton_server import running_server
+
+from trtspec.cli import cli
+from trtspec.errors import ServerError
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def served(tiny_pair, tmp_path_factory):
+    from trtspec.recipe import load_recipe
+    from trtspec.triton_repo.deploy import deploy
+
+    target, draft = tiny_pair
+    root = tmp_path_factory.mktemp("served")
+    recipe_path = write_recipe(root / "tiny.yaml", target, draft)
+    deploy(load_recipe(recipe_path), "torch", root / "repo")
+    with running_server(root / "repo", root / "server.log") as server:
+        yield recipe_path, server
+
+
+def test_validate_over_grpc_and_http(runner, served, tmp_path):
+    recipe, server = served
+    for url in (server.ports.grpc_url, f"http://{server.ports.http_url}"):
+        report = tmp_path / "report.md"
+        result = runner.invoke(
+            cli,
+            [
+                "validate",
+                str(recipe),
+                "--url",
+                url,
+                "--limit",
+                "2",
+                "--max-tokens",
+                "8",
+                "--json",
+                "--report",
+                str(report),
+                "--min-exact-match",
+                "1",
+            ],
+        )
+        assert result.exit_code == 0, result.output
+        payload = json.loads(result.stdout)
+        assert (
+            payload["overall"]["exact_match_rate"] == 1.0 and payload["overall"]["control_match_rate"] == 1.0
+        )
+        assert ("grpc" if "http" not in url else "http") in payload["system"]
+        assert payload["stats"]["drafted"] > 0 and payload["prompts"][0]["mean_accepted_length"] is None
+        assert "text_output" in report.read_text()  # the note on tokenising the returned text
+
+
+def test_planted_mismatch_over_triton(served):
+    from trtspec.recipe import load_recipe
+    from trtspec.validate.commands import SystemOptions, open_reference, open_system
+    from trtspec.validate.prompts import load_prompts
+    from trtspec.validate.validation import Thresholds, run_validation
+
+    recipe_path, server = served
+    recipe = load_recipe(recipe_path)
+    reference = open_reference(recipe, SystemOptions())
+    system = open_system(recipe, SystemOptions(url=server.ports.grpc_url), reference.tokenizer)
+    prompts = load_prompts(limit=2)
+    planted = PlantedMismatch(system, prompts[0].text, position=2)
+    result = run_validation(
+        planted, reference, prompts, max_new_tokens=8, thresholds=Thresholds(min_exact_match=1.0)
+    )
+    assert (
+        result.outcomes[0].vs_reference.first_divergence == 2 and result.outcomes[1].vs_reference.exact_match
+    )
+    assert result.failures()[0].startswith("exact-match rate vs the HF reference 0.500")
+
+
+def test_bench_over_grpc_small_sweep(runner, served, tmp_path):
+    recipe, server = served
+    out_dir = tmp_path / "bench"
+    result = runner.invoke(
+        cli,
+        [
+            "bench",
+            str(recipe),
+            "--url",
+            server.ports.grpc_url,
+            "--limit",
+            "2",
+            "--max-tokens",
+            "8",
+            "--num-draft-tokens",
+            "2",
+            "--concurrency",
+            "1,2",
+            "--draft-cost-ratio",
+            "0.2",
+            "--out",
+            str(out_dir),
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    saved = json.loads((out_dir / "bench.json").read_text())
+    assert {(p["num_draft_tokens"], p["concurrency"]) for p in saved["points"]} == {
+        (0, 1),
+        (2, 1),
+        (0, 2),
+        (2, 2),
+    }
+    for point in saved["points"]:
+        assert point["tokens_per_s"] > 0 and point["ttft_p50_s"] is not None
+    assert all(p["analytic_bound"] > 0 for p in saved["points"] if p["num_draft_tokens"])
+    assert (out_dir / "latency_concurrency.png").stat().st_size > 1000
+
+
+def test_unreachable_url_is_a_clear_error(runner, served):
+    from trtspec.triton_repo.server import free_ports
+    from trtspec.validate.endpoint import TritonClient
+
+    (port,) = free_ports(1)
+    with pytest.raises(ServerError, match="cannot reach Triton"):
+        TritonClient(f"http://127.0.0.1:{port}").generate("def", 2)
+    recipe, _ = served
+    result = runner.invoke(
+        cli, ["validate", str(recipe), "--url", f"127.0.0.1:{port}", "--limit", "1", "--max-tokens", "2"]
+    )
+    assert result.exit_code == 2 and "cannot reach Triton" in result.output
