@@ -81,8 +81,11 @@ def speculate(
         k = min(num_draft_tokens, budget - 1)  # the target always adds one token: keep room for it
         draft_tokens, draft_logits = draft(tokens, k, round_index) if k > 0 else ([], None)
         draft_tokens = list(draft_tokens)[:k]
-        new = list(target(tokens, draft_tokens, draft_logits, round_index))[: len(draft_tokens) + 1]
+        new = list(target(tokens, draft_tokens, draft_logits, round_index))
         accepted = leading_matches(draft_tokens, new)
+        # Only the accepted prefix and the one recovered/bonus token after it are verified output; anything an
+        # engine returns beyond that is not part of this round (every round emits accepted + 1 tokens).
+        new = new[: accepted + 1]
         if stats is not None:
             stats.record_round(len(draft_tokens), accepted)
         if not new:

@@ -1,0 +1,326 @@
+"""The Triton python models' pure logic without a server: the speculative loop replayed over scripted draft /
+target outputs (tensorrtllm_backend's all_models/tests/test_decode.py style), request validation, stop words and
+incremental detokenization, and the torch engine model's KV-slot choice."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from trtspec.errors import RequestError
+from trtspec.triton_repo.models.decode import leading_matches, speculate
+from trtspec.triton_repo.models.engine import SlotCache
+from trtspec.triton_repo.models.request import Limits, parse_request
+from trtspec.triton_repo.models.text import (
+    IncrementalText,
+    encode_prompt,
+    from_word_list,
+    stop_words_ids,
+    to_word_list,
+)
+from trtspec.validate.metrics import AcceptanceStats
+
+END = 2
+
+
+class Script:
+    """Replays scripted draft and target answers, one per round, and records how each was called."""
+
+    def __init__(self, drafts: list[list[int]], targets: list[list[int]]):
+        self.drafts, self.targets = drafts, targets
+        self.draft_calls: list[tuple[list[int], int]] = []
+        self.target_calls: list[tuple[list[int], list[int]]] = []
+
+    def draft(self, tokens, k, round_index):
+        self.draft_calls.append((list(tokens), k))
+        return self.drafts[round_index], None
+
+    def target(self, tokens, draft_tokens, draft_logits, round_index):
+        self.target_calls.append((list(tokens), list(draft_tokens)))
+        return self.targets[round_index]
+
+
+def _run(script: Script, prompt=(10, 11), stats=None, **kwargs):
+    options = {"max_tokens": 100, "num_draft_tokens": 3, "max_seq_len": 1000, "end_id": END} | kwargs
+    return list(speculate(list(prompt), draft=script.draft, target=script.target, stats=stats, **options))
+
+
+def test_leading_matches_is_the_common_prefix_length():
+    assert leading_matches([5, 6, 7], [5, 6, 9, 1]) == 2
+    assert leading_matches([5, 6, 7], [5, 6, 7, 8]) == 3
+    assert leading_matches([5], [4, 5]) == 0
+    assert leading_matches([], [4]) == 0
+
+
+def test_rounds_emit_accepted_plus_one_and_count_accepted_and_bonus_tokens():
+    # round 0: 2 of 3 accepted + recovered 9 (the target's surplus 99 is not this round's output);
+    # round 1: all 3 accepted + bonus 8; round 2: 1 draft (budget), rejected, recovered 30; round 3: plain step
+    script = Script(
+        drafts=[[5, 6, 7], [20, 21, 22], [40, 41, 42]],
+        targets=[[5, 6, 9, 99], [20, 21, 22, 8], [30, 99], [50]],
+    )
+    stats = AcceptanceStats(max_draft_len=3)
+    rounds = _run(script, stats=stats, max_tokens=9)
+    assert [r.tokens for r in rounds] == [[5, 6, 9], [20, 21, 22, 8], [30], [50]]
+    assert [(r.num_draft, r.num_accepted) for r in rounds] == [(3, 2), (3, 3), (1, 0), (0, 0)]
+    assert [r.finished for r in rounds] == [False, False, False, True] and rounds[-1].reason == "length"
+    # the target verifies the growing sequence; later rounds draft only what the budget leaves room for
+    assert script.target_calls[1] == ([10, 11, 5, 6, 9], [20, 21, 22])
+    assert script.draft_calls[2] == ([10, 11, 5, 6, 9, 20, 21, 22, 8], 1)
+    assert len(script.draft_calls) == 3 and script.target_calls[3][1] == []
+    assert (stats.drafted, stats.accepted, stats.bonus_tokens, stats.rounds) == (7, 5, 1, 3)
+    assert stats.accepted_length_histogram == [1, 0, 1, 1]
+    assert stats.generated_tokens == 9 and stats.target_forwards == 4
+    assert stats.acceptance_rate == pytest.approx(5 / 7)
+
+
+def test_end_id_stops_without_emitting_it():
+    script = Script(drafts=[[5, 6, 7], [1, 1, 1]], targets=[[5, END, 7, 8], [1, 1, 1, 1]])
+    rounds = _run(script)
+    assert [r.tokens for r in rounds] == [[5]]
+    assert rounds[-1].finished and rounds[-1].reason == "end_id"
+    assert len(script.target_calls) == 1
+
+
+def test_stop_sequence_across_rounds_is_emitted_and_stops():
+    # stop word [6, 9]: its first token ends round 0, the second arrives in round 1
+    script = Script(drafts=[[5, 1, 1], [9, 4, 4]], targets=[[5, 6], [9, 4, 4, 4]])
+    rounds = _run(script, stop_ids=[[6, 9]])
+    assert [r.tokens for r in rounds] == [[5, 6], [9]]
+    assert rounds[-1].reason == "stop_words"
+
+
+def test_max_tokens_truncates_the_last_round_and_leaves_room_for_the_target_token():
+    script = Script(drafts=[[5, 6, 7], [8]], targets=[[5, 6, 7, 4], [8, 3]])
+    rounds = _run(script, max_tokens=5)
+    assert sum(len(r.tokens) for r in rounds) == 5
+    assert [r.tokens for r in rounds] == [[5, 6, 7, 4], [8]]
+    assert len(script.draft_calls) == 1  # budget 1: no draft call at all
+    assert script.target_calls[1][1] == []  # a plain target step
+    assert rounds[-1].reason == "length"
+
+
+def test_max_seq_len_ends_generation():
+    script = Script(drafts=[[5, 6]], targets=[[5, 6, 7]])
+    rounds = _run(script, prompt=(1, 1, 1), max_seq_len=6)
+    assert [r.tokens for r in rounds] == [[5, 6, 7], []]
+    assert script.draft_calls[0][1] == 2  # budget 3 leaves 2 draft tokens + the target's own
+    assert rounds[-1].finished and rounds[-1].reason == "max_seq_len"
+
+
+def test_target_without_new_tokens_ends_with_no_progress():
+    rounds = _run(Script(drafts=[[5, 6, 7]], targets=[[]]))
+    assert rounds == [rounds[0]] and rounds[0].reason == "no_progress" and rounds[0].tokens == []
+
+
+def test_surplus_draft_and_target_tokens_are_ignored():
+    script = Script(drafts=[[5, 6, 7, 8, 9]], targets=[[5, 6, 7, 1, 77, 78]])
+    rounds = _run(script, max_tokens=4)
+    assert rounds[0].tokens == [5, 6, 7, 1] and rounds[0].num_draft == 3
+
+
+def test_k_zero_is_plain_target_decoding():
+    script = Script(drafts=[], targets=[[5], [6], [7]])
+    rounds = _run(script, num_draft_tokens=0, max_tokens=3)
+    assert [r.tokens for r in rounds] == [[5], [6], [7]] and script.draft_calls == []
+
+
+def _toy_next(tokens: list[int]) -> int:
+    """A deterministic 'model': the greedy next token of a sequence."""
+    return (sum(tokens) * 7 + len(tokens)) % 50 + 3
+
+
+def _toy_greedy(prompt: list[int], n: int) -> list[int]:
+    out = list(prompt)
+    for _ in range(n):
+        out.append(_toy_next(out))
+    return out[len(prompt) :]
+
+
+def _toy_target(tokens, draft_tokens, draft_logits, round_index):
+    """TensorRT-LLM's answer to a request with draft_input_ids: accepted prefix + one recovered / bonus token."""
+    new, seq = [], list(tokens)
+    for d in draft_tokens:
+        want = _toy_next(seq)
+        if d != want:
+            break
+        new.append(d)
+        seq.append(d)
+    return new + [_toy_next(seq)]
+
+
+@pytest.mark.parametrize("draft_kind", ["same_as_target", "always_wrong"])
+def test_output_equals_plain_greedy_whatever_the_draft(draft_kind):
+    def draft(tokens, k, round_index):
+        if draft_kind == "same_as_target":
+            return _toy_greedy(tokens, k), None
+        return [1] * k, None  # _toy_next never returns 1
+
+    stats = AcceptanceStats(max_draft_len=4)
+    prompt = [4, 9, 12]
+    rounds = list(
+        speculate(
+            prompt,
+            max_tokens=23,
+            num_draft_tokens=4,
+            max_seq_len=1000,
+            draft=draft,
+            target=_toy_target,
+            stats=stats,
+        )
+    )
+    assert [t for r in rounds for t in r.tokens] == _toy_greedy(prompt, 23)
+    expected_rate = 1.0 if draft_kind == "same_as_target" else 0.0
+    assert stats.acceptance_rate == expected_rate
+    if draft_kind == "same_as_target":
+        assert len(rounds) == 5  # 5 tokens per round, the last round trimmed to the budget
+
+
+# ------------------------------------------------------------------ request validation
+
+LIMITS = Limits(max_draft_len=4, num_draft_tokens=3, max_seq_len=128)
+
+
+def _inputs(**fields):
+    return {
+        name: np.array([[value.encode() if isinstance(value, str) else value]])
+        for name, value in fields.items()
+    }
+
+
+def test_a_good_request_gets_the_repository_defaults():
+    req = parse_request(_inputs(text_input="def f():", max_tokens=8), LIMITS)
+    assert (req.text, req.max_tokens, req.num_draft_tokens, req.stream) == ("def f():", 8, 3, False)
+    assert req.sampling.greedy and req.sampling.seed is None and req.stop_words == ()
+    req = parse_request(
+        _inputs(text_input="x", max_tokens=2, num_draft_tokens=0, temperature=0.7, top_k=5, seed=3), LIMITS
+    )
+    assert req.num_draft_tokens == 0 and not req.sampling.greedy and req.sampling.seed == 3
+
+
+def test_stop_words_are_read_as_strings_and_empty_ones_dropped():
+    inputs = _inputs(text_input="x", max_tokens=2)
+    inputs["stop_words"] = np.array([[b"\n\n", b"", b"END"]], dtype=object)
+    assert parse_request(inputs, LIMITS).stop_words == ("\n\n", "END")
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"max_tokens": 4}, "input 'text_input' is required"),
+        ({"text_input": "  ", "max_tokens": 4}, "text_input is empty"),
+        ({"text_input": "x"}, "max_tokens must be > 0, got 0"),
+        ({"text_input": "x", "max_tokens": -3}, "max_tokens must be > 0, got -3"),
+        ({"text_input": "x", "max_tokens": 4, "num_draft_tokens": 5}, "num_draft_tokens 5 is out of range"),
+        ({"text_input": "x", "max_tokens": 4, "num_draft_tokens": -1}, "max_draft_len 4"),
+        ({"text_input": "x", "max_tokens": 4, "temperature": -0.5}, "temperature must be >= 0"),
+        ({"text_input": "x", "max_tokens": 4, "temperature": float("nan")}, "temperature must be >= 0"),
+        ({"text_input": "x", "max_tokens": 4, "top_k": -1}, "top_k must be >= 0"),
+        ({"text_input": "x", "max_tokens": 4, "top_p": 0.0}, "top_p must be in (0, 1], got 0.0"),
+        ({"text_input": "x", "max_tokens": 4, "top_p": 1.5}, "top_p must be in (0, 1], got 1.5"),
+    ],
+)
+def test_bad_requests_raise_one_clear_line(fields, message):
+    with pytest.raises(RequestError) as err:
+        parse_request(_inputs(**fields), LIMITS)
+    assert message in err.value.message and "\n" not in err.value.message
+
+
+def test_several_values_for_a_scalar_input_are_refused():
+    inputs = _inputs(text_input="x")
+    inputs["max_tokens"] = np.array([[4, 5]], dtype=np.int32)
+    with pytest.raises(
+        RequestError, match=r"'max_tokens' must hold one value per request, got shape \[1, 2\]"
+    ):
+        parse_request(inputs, LIMITS)
+
+
+# ------------------------------------------------------------------ text: prompts, stop words, streaming
+
+
+@pytest.fixture(scope="module")
+def tokenizer(shared_tokenizer_dir):
+    from trtspec.triton_repo.models.text import load_tokenizer
+
+    return load_tokenizer(str(shared_tokenizer_dir))
+
+
+def test_encode_prompt_refuses_empty_and_too_long_prompts(tokenizer):
+    assert encode_prompt(tokenizer, "def f():", add_special_tokens=False, max_input_len=64)
+    with pytest.raises(RequestError, match="text_input is empty"):
+        encode_prompt(tokenizer, " \n", add_special_tokens=False, max_input_len=64)
+    n = len(tokenizer.encode("def " * 20, add_special_tokens=False))
+    with pytest.raises(
+        RequestError, match=f"the prompt has {n} tokens, more than max_input_len 8; shorten it"
+    ):
+        encode_prompt(tokenizer, "def " * 20, add_special_tokens=False, max_input_len=8)
+
+
+def test_word_lists_use_tensorrt_llm_layout_and_round_trip():
+    words = [[5, 6], [7], [8, 9, 10]]
+    array = to_word_list(words)
+    assert array.tolist() == [[5, 6, 7, 8, 9, 10], [2, 3, 6, -1, -1, -1]]
+    assert array.dtype == np.int32 and from_word_list(array) == words
+    assert from_word_list(to_word_list([])) == []
+
+
+def test_stop_words_are_tokenised_without_special_tokens(tokenizer):
+    ids = stop_words_ids(tokenizer, ["\n\n", "", "return"])
+    assert ids == [
+        tokenizer.encode("\n\n", add_special_tokens=False),
+        tokenizer.encode("return", add_special_tokens=False),
+    ]
+
+
+def test_incremental_text_holds_back_split_multibyte_characters(tokenizer):
+    text = "a = '€ü漢'  # ok"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert len(ids) > len(text.encode("utf-8")) / 2  # byte-level: the characters span several tokens
+    stream, pieces = IncrementalText(), []
+    for n in range(1, len(ids) + 1):
+        full = tokenizer.decode(ids[:n])
+        pieces.append(stream.delta(full, final=n == len(ids)))
+    assert "".join(pieces) == text
+    assert not any("\ufffd" in piece for piece in pieces)
+    assert any(piece == "" for piece in pieces)  # at least one partial character was held back
+
+
+def test_incremental_text_flushes_a_replacement_character_at_the_end():
+    stream = IncrementalText()
+    assert stream.delta("ab", False) == "ab"
+    assert stream.delta("ab\ufffd", False) == ""
+    assert stream.delta("ab\ufffd", True) == "\ufffd"
+
+
+# ------------------------------------------------------------------ the torch engine model's KV slots
+
+
+def test_slot_cache_picks_the_longest_shared_prefix():
+    cache = SlotCache(3)
+    cache.hold(0, [1, 2, 3])
+    cache.hold(1, [1, 2, 3, 4, 5])
+    cache.hold(2, [9])
+    assert cache.acquire([1, 2, 3, 4, 5, 6, 7]) == (1, 5)
+    assert cache.acquire([1, 2, 3, 8]) == (0, 3)  # a tie: the least recently used of the two
+    assert cache.acquire([9, 9]) == (2, 1)
+
+
+def test_slot_cache_leaves_one_token_to_feed():
+    cache = SlotCache(1)
+    cache.hold(0, [1, 2, 3])
+    assert cache.acquire([1, 2, 3]) == (0, 2)  # the last token is fed again: it yields the logits
+    assert cache.acquire([1, 2]) == (0, 1)
+
+
+def test_slot_cache_evicts_the_least_recently_used_slot():
+    cache = SlotCache(2)
+    a, _ = cache.acquire([1, 1])
+    cache.hold(a, [1, 1])
+    b, _ = cache.acquire([2, 2])
+    assert b != a  # the empty slot, not the one just used
+    cache.hold(b, [2, 2])
+    cache.acquire([1, 1, 5])  # touches slot a
+    c, cached = cache.acquire([3, 3])  # nothing shared: the least recently used slot (b) is replaced
+    assert (c, cached) == (b, 0)
+    cache.hold(c, [3, 3])
+    assert cache.tokens[a] == [1, 1] and cache.tokens[b] == [3, 3]
