@@ -48,13 +48,17 @@ def reference(tiny_pair):
     tok = AutoTokenizer.from_pretrained(tiny_pair[0])
     model = AutoModelForCausalLM.from_pretrained(tiny_pair[0]).eval()
 
-    def run(prompt: str, max_tokens: int) -> str:
+    def run(prompt: str, max_tokens: int, with_ids: bool = False):
         ids = tok(prompt, return_tensors="pt").input_ids
         with torch.no_grad():
             out = model.generate(
                 ids, max_new_tokens=max_tokens, do_sample=False, pad_token_id=tok.pad_token_id
             )
-        return tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+        new = out[0, ids.shape[1] :].tolist()
+        if tok.eos_token_id in new:  # the server stops at end_id without emitting it
+            new = new[: new.index(tok.eos_token_id)]
+        text = tok.decode(new, skip_special_tokens=True)
+        return (text, new) if with_ids else text
 
     return run
 
@@ -90,7 +94,8 @@ def _inputs(client_mod, prompt, max_tokens=12, **extra):
     return tensors
 
 
-def grpc_stream(server, prompt, **extra) -> tuple[list[str], dict]:
+def grpc_stream(server, prompt, chunk_ids: list | None = None, **extra) -> tuple[list[str], dict]:
+    """Text pieces and metrics of one gRPC stream; ``chunk_ids`` collects each response's output_ids."""
     import tritonclient.grpc as grpcclient
 
     results: queue.Queue = queue.Queue()
@@ -109,6 +114,9 @@ def grpc_stream(server, prompt, **extra) -> tuple[list[str], dict]:
             out = result.as_numpy("text_output")
             if out is not None:
                 pieces.append(out.reshape(-1)[0].decode())
+            ids = result.as_numpy("output_ids")
+            if chunk_ids is not None and ids is not None:
+                chunk_ids.append(ids.reshape(-1).tolist())
             if result.as_numpy("acceptance_rate") is not None:
                 metrics = {
                     k: result.as_numpy(k).reshape(-1)[0].item()
@@ -136,14 +144,20 @@ def http_generate(server, body: dict, stream: bool = False):
 
 def test_grpc_greedy_equals_hf_reference_streaming_and_not(server, reference):
     for prompt in PROMPTS[:2]:
-        want = reference(prompt, 12)
-        pieces, _ = grpc_stream(server, prompt, stream=False)
+        want, want_ids = reference(prompt, 12, with_ids=True)
+        chunks = []
+        pieces, _ = grpc_stream(server, prompt, chunks, stream=False)
         assert "".join(pieces) == want
+        assert chunks == [want_ids]  # output_ids: the generated token ids, exactly
+        chunks = []
         pieces, metrics = grpc_stream(
-            server, prompt, stream=True, return_perf_metrics=True, num_draft_tokens=3
+            server, prompt, chunks, stream=True, return_perf_metrics=True, num_draft_tokens=3
         )
         assert "".join(pieces) == want
         assert len([p for p in pieces if p]) > 1  # streamed in rounds, not in one piece
+        # each streamed chunk carries its own round's ids; together they are the whole answer
+        assert sum(chunks, []) == want_ids and len(chunks) == len(pieces)
+        assert all(ids for ids, piece in zip(chunks, pieces, strict=True) if piece)
         assert metrics["total_draft_tokens"] > 0
         assert metrics["acceptance_rate"] == pytest.approx(
             metrics["total_accepted_draft_tokens"] / metrics["total_draft_tokens"]
@@ -158,6 +172,7 @@ def test_http_generate_and_generate_stream(server, reference):
     assert status == 200, raw
     body = json.loads(raw)
     assert body["text_output"] == want and "acceptance_rate" in body
+    assert body["output_ids"] == reference(PROMPTS[2], 10, with_ids=True)[1]
     status, raw = http_generate(
         server, {"text_input": PROMPTS[2], "max_tokens": 10, "stream": True}, stream=True
     )

@@ -83,5 +83,8 @@ CLIENT_OUTPUTS = {
     "acceptance_rate": "TYPE_FP32",
     "total_accepted_draft_tokens": "TYPE_INT32",
     "total_draft_tokens": "TYPE_INT32",
+    # The generated token ids of each response (a streamed chunk: that chunk's ids; otherwise all of them), so
+    # clients compare tokens exactly instead of re-tokenising text. Clients that do not ask for it never see it.
+    "output_ids": "TYPE_INT32",
 }
 METRIC_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")

@@ -125,10 +125,8 @@ class TritonPythonModel:
                 raise RequestError(
                     "stream=true needs a decoupled orchestrator; deploy with triton.decoupled: true"
                 )
-            pieces, stats = [], None
-            for piece, stats, _ in self._generate(req, incremental=False):  # noqa: B007 - stats: the last
-                pieces.append(piece)
-            return self._response("".join(pieces), stats, req.return_perf_metrics)
+            text, ids, stats = self._whole(req)
+            return self._response(text, ids, stats, req.return_perf_metrics)
         except RequestError as err:
             return io.error_response(err.message)
         except io.BlsError as err:
@@ -153,21 +151,29 @@ class TritonPythonModel:
 
     def _stream(self, req: GenerationRequest, sender, final_flag) -> None:
         if not req.stream:
-            pieces, stats = [], None
-            for piece, stats, _ in self._generate(req, incremental=False):  # noqa: B007 - stats: the last
-                pieces.append(piece)
-            sender.send(self._response("".join(pieces), stats, req.return_perf_metrics), flags=final_flag)
+            text, ids, stats = self._whole(req)
+            sender.send(self._response(text, ids, stats, req.return_perf_metrics), flags=final_flag)
             return
-        stats = None
-        for piece, stats, _ in self._generate(req, incremental=True):
+        stats, pending = None, []  # ids of rounds whose text is held back (an unfinished character)
+        for piece, ids, stats, _ in self._generate(req, incremental=True):
+            pending += ids
             if piece:
-                sender.send(self._response(piece, stats, req.return_perf_metrics))
+                sender.send(self._response(piece, pending, stats, req.return_perf_metrics))
+                pending = []
             if getattr(sender, "is_cancelled", lambda: False)():
                 break
-        sender.send(self._response("", stats, req.return_perf_metrics), flags=final_flag)
+        sender.send(self._response("", pending, stats, req.return_perf_metrics), flags=final_flag)
 
-    def _response(self, text: str, stats: AcceptanceStats | None, with_metrics: bool):
-        tensors = [io.tensor("text_output", np.array([[text.encode()]], dtype=object))]
+    def _whole(self, req: GenerationRequest) -> tuple[str, list[int], AcceptanceStats]:
+        """The complete answer of a non-streaming request: (text, generated ids, stats)."""
+        ((text, ids, stats, _),) = self._generate(req, incremental=False)
+        return text, ids, stats
+
+    def _response(self, text: str, ids: list[int], stats: AcceptanceStats | None, with_metrics: bool):
+        tensors = [
+            io.tensor("text_output", np.array([[text.encode()]], dtype=object)),
+            io.tensor("output_ids", np.array([ids], dtype=np.int32).reshape(1, len(ids))),
+        ]
         if with_metrics and stats is not None:
             tensors += _metrics(stats)
         return io.pb().InferenceResponse(output_tensors=tensors)
@@ -203,7 +209,8 @@ class TritonPythonModel:
         return item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item)
 
     def _generate(self, req: GenerationRequest, incremental: bool):
-        """Yield (text piece, stats so far, finished) per verified round (one piece at the end if not incremental)."""
+        """Yield (text piece, the round's token ids, stats so far, finished) per verified round; not incremental:
+        one (text, all ids, stats, True) at the end."""
         prompt, stop_ids, end_id, pad_id = self._preprocess(req)
         engines = EngineClient(self.target, self.draft, req, end_id, pad_id)
         stats = AcceptanceStats(max_draft_len=self.limits.max_draft_len)
@@ -222,6 +229,7 @@ class TritonPythonModel:
         for rnd in rounds:
             generated += rnd.tokens
             if incremental and (rnd.tokens or rnd.finished):
-                yield text.delta(self._detokenize(generated), rnd.finished), stats, rnd.finished
+                piece = text.delta(self._detokenize(generated), rnd.finished)
+                yield piece, list(rnd.tokens), stats, rnd.finished
         if not incremental:
-            yield self._detokenize(generated), stats, True
+            yield self._detokenize(generated), generated, stats, True

@@ -1,0 +1,164 @@
+"""`trtspec serve` as a user runs it: a subprocess on a torch-runtime repository of the tiny pair, asked by
+tools/client.py over gRPC and HTTP, then stopped with SIGINT (Ctrl-C). It must exit 0 and leave no
+tritonserver / python backend stub process and no python backend shared-memory region behind."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from trtspec.recipe import recipe_from_dict
+from trtspec.triton_repo.deploy import deploy
+from trtspec.triton_repo.server import free_ports
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[1]
+CLIENT = ROOT / "tools" / "client.py"
+SHM_PREFIX = "/dev/shm/triton_python_backend_shm_region_"
+
+
+def _ready(http_port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=1) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+def _session_processes(sid: int) -> dict[int, str]:
+    """pid -> command name of the live (non-zombie) processes of session ``sid``."""
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            text = stat.read_text()
+            name, fields = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :].split()
+            if int(fields[3]) == sid and fields[0] != "Z":
+                found[int(stat.parent.name)] = name
+    return found
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(c) for c in path.read_text().split()] if path.exists() else []
+
+
+def _mapped_shm(pids) -> set[str]:
+    """The python backend shared-memory regions these processes have mapped (so they are this server's)."""
+    regions = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+                path = line.split(maxsplit=5)[-1]
+                if path.startswith(SHM_PREFIX):
+                    regions.add(path.removesuffix(" (deleted)"))
+    return regions
+
+
+@pytest.fixture(scope="module")
+def repo(tiny_pair, tmp_path_factory) -> Path:
+    target, draft = tiny_pair
+    out = tmp_path_factory.mktemp("serve_cli") / "repo"
+    recipe = recipe_from_dict(
+        {
+            "name": "tiny",
+            "target": {"model": str(target)},
+            "draft": {"model": str(draft)},
+            "speculative": {"max_draft_len": 4},
+            "limits": {"max_input_len": 64, "max_seq_len": 128},
+        }
+    )
+    deploy(recipe, "torch", out)
+    return out
+
+
+def _client(*args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(CLIENT), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+
+
+def _wait_ready(proc: subprocess.Popen, http_port: int, log: Path, timeout_s: float = 240) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not _ready(http_port):
+        assert proc.poll() is None, f"trtspec serve exited {proc.returncode}:\n{log.read_text()}"
+        assert time.monotonic() < deadline, f"not ready in {timeout_s} s:\n{log.read_text()}"
+        time.sleep(0.3)
+
+
+def test_serve_answers_the_client_and_stops_cleanly_on_ctrl_c(repo, tmp_path):
+    http, grpc, metrics = free_ports(3)
+    log = tmp_path / "serve.log"
+    cmd = [sys.executable, "-m", "trtspec", "serve", str(repo)]
+    cmd += ["--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait_ready(proc, http, log)
+        servers = _children(proc.pid)
+        assert len(servers) == 1, f"expected one tritonserver child, got {servers}"
+        server_tree = _session_processes(servers[0])  # tritonserver runs in its own session with its stubs
+        assert "tritonserver" in server_tree.values()
+        assert "triton_python_b" in "".join(server_tree.values())  # the stubs (comm is cut at 15 chars)
+        regions = _mapped_shm(server_tree)
+        assert regions, "the server maps no python backend shared memory: the check below would be vacuous"
+
+        # tools/client.py, the way tools/demo.sh calls it, and over HTTP with several prompts
+        got = _client(
+            "--url",
+            f"127.0.0.1:{grpc}",
+            "--protocol",
+            "grpc",
+            "--stream",
+            "--max-tokens",
+            "12",
+            "--num-draft-tokens",
+            "4",
+            "def add(a, b):",
+        )
+        assert got.returncode == 0, got.stderr
+        assert got.stdout.startswith("def add(a, b):") and "acceptance " in got.stdout
+        got = _client(
+            "--url",
+            f"127.0.0.1:{http}",
+            "--protocol",
+            "http",
+            "--max-tokens",
+            "6",
+            "--no-metrics",
+            "class A:",
+            "import os",
+        )
+        assert got.returncode == 0, got.stderr
+        assert "--- [2/2]" in got.stdout and "import os" in got.stdout and "acceptance" not in got.stdout
+        got = _client("--url", f"127.0.0.1:{http}", "--protocol", "http", "--num-draft-tokens", "9", "def")
+        assert got.returncode == 2 and "Traceback" not in got.stderr
+        assert (
+            got.stderr.startswith("Error: Triton at") and "num_draft_tokens 9 is out of range" in got.stderr
+        )
+
+        proc.send_signal(signal.SIGINT)
+        status = proc.wait(timeout=60)
+        assert status == 0, log.read_text()
+        assert "stopping tritonserver" in log.read_text()
+        time.sleep(0.5)  # orphaned stubs are reaped by init
+        assert not _session_processes(servers[0]), "tritonserver or a stub is still running"
+        assert not [r for r in regions if os.path.exists(r)], "shared-memory regions leaked"
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_client_reports_an_unreachable_server_in_one_line():
+    (port,) = free_ports(1)
+    got = _client("--url", f"127.0.0.1:{port}", "--protocol", "http", "def")
+    assert got.returncode == 2 and "Traceback" not in got.stderr
+    assert got.stderr.startswith(f"Error: cannot reach Triton at 127.0.0.1:{port}")

@@ -1,0 +1,172 @@
+#!/usr/bin/env python
+"""End-to-end speed through Triton vs the in-process PyTorch engine, side by side in one run (not a test).
+
+One recipe (default: the shipped demo pair) is deployed with the torch runtime into a temporary repository and
+served by a real tritonserver on free loopback ports. For each prompt, batch 1, greedy, the same K and new-token
+budget, alternately:
+  - in-process: trtspec.engines.SpeculativeEngine with the dtype / device / slots / max_seq_len the torch runtime
+    uses (so the only difference is Triton: gRPC, BLS calls, pre/postprocessing, one engine call per step);
+  - Triton: a streaming gRPC request to tensorrt_llm_bls (trtspec.validate.endpoint.TritonClient).
+It prints tokens/s of both and their ratio (goal >= 0.90), and Triton's streaming time to first token against
+the duration of one speculative round of the engine (goal: the first token within one round; the first round
+includes the prompt's prefill, so it is compared with the engine's own first round, its TTFT).
+
+    .venv/bin/python tools/bench_triton.py                       # the demo pair, 5 prompts x 128 tokens
+    .venv/bin/python tools/bench_triton.py --recipe builders/my_pair.yaml --num-draft-tokens 6 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+PROMPTS = [
+    "def read_config(path):\n    ",
+    "import os\nimport sys\n\n\ndef main(argv):\n",
+    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
+    "The module provides functions for",
+    "for key, value in sorted(mapping.items()):\n",
+]
+
+
+@dataclass
+class Sample:
+    """One prompt measured both ways. Seconds; tokens = generated tokens of the engine (exact ids)."""
+
+    tokens: int
+    engine_s: float
+    engine_ttft_s: float
+    engine_rounds: int
+    triton_s: float
+    triton_ttft_s: float
+    triton_tokens: int
+    same_text: bool
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[1])
+    parser.add_argument("--recipe", default="demo", help="recipe file or 'demo' (the shipped pair)")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--num-draft-tokens", type=int, default=None, help="K [default: the recipe's]")
+    parser.add_argument("--prompts", type=int, default=len(PROMPTS), help="how many of the built-in prompts")
+    parser.add_argument("--repeats", type=int, default=1, help="measurements per prompt (after one warm-up)")
+    parser.add_argument("--load-timeout", type=float, default=600.0, help="seconds for the server to load")
+    return parser.parse_args(argv)
+
+
+def load_engine(recipe):
+    """The in-process engine configured like the torch runtime's engine models (values.torch_engine_values)."""
+    from trtspec.engines.engine import SpeculativeEngine
+    from trtspec.recipe import torch_runtime_dtype
+
+    return SpeculativeEngine.from_pretrained(
+        recipe.target.model,
+        recipe.draft.model,
+        device=recipe.triton.device,
+        dtype=torch_runtime_dtype(recipe.triton, recipe.target),
+        max_draft_len=recipe.speculative.max_draft_len,
+        max_batch_size=recipe.limits.max_batch_size,
+        max_seq_len=recipe.limits.max_seq_len + recipe.speculative.max_draft_len + 1,
+        trust_remote_code=recipe.target.trust_remote_code,
+    )
+
+
+def measure(engine, client, prompt: str, max_new: int, k: int) -> Sample:
+    """One greedy generation of ``prompt`` in-process, then the same through Triton (streaming gRPC)."""
+    from trtspec.engines.sampling import SamplingParams
+
+    ids = engine.tokenizer(prompt)["input_ids"]
+    (result,) = engine.generate([ids], SamplingParams(max_new_tokens=max_new, num_draft_tokens=k))
+    text = engine.tokenizer.decode(result.token_ids, skip_special_tokens=True)
+    response = client.generate(prompt, max_new, k, stream=True)
+    same = response.text == text
+    # Triton answers text: when it equals the engine's, the ids are the engine's (exact); otherwise re-tokenise.
+    triton_tokens = (
+        len(result.token_ids)
+        if same
+        else len(engine.tokenizer(response.text, add_special_tokens=False).input_ids)
+    )
+    return Sample(
+        tokens=len(result.token_ids),
+        engine_s=result.stats.elapsed_s,
+        engine_ttft_s=result.stats.time_to_first_token_s or result.stats.elapsed_s,
+        engine_rounds=result.stats.target_forwards,
+        triton_s=response.elapsed_s,
+        triton_ttft_s=response.pieces[0][0] if response.pieces else response.elapsed_s,
+        triton_tokens=triton_tokens,
+        same_text=same,
+    )
+
+
+def report(samples: list[Sample], header: str) -> None:
+    print(header)
+    print(
+        f"{'prompt':>6} {'tokens':>6} {'engine tok/s':>12} {'triton tok/s':>12} {'ratio':>6} {'same text':>9} "
+        f"{'engine TTFT':>11} {'triton TTFT':>11} {'round':>8}"
+    )
+    for i, s in enumerate(samples):
+        e_tps, t_tps = s.tokens / s.engine_s, s.triton_tokens / s.triton_s
+        print(
+            f"{i:6d} {s.tokens:6d} {e_tps:12.1f} {t_tps:12.1f} {t_tps / e_tps:6.2f} {str(s.same_text):>9} "
+            f"{s.engine_ttft_s * 1e3:9.1f}ms {s.triton_ttft_s * 1e3:9.1f}ms {s.engine_s / s.engine_rounds * 1e3:6.1f}ms"
+        )
+    engine_tps = sum(s.tokens for s in samples) / sum(s.engine_s for s in samples)
+    triton_tps = sum(s.triton_tokens for s in samples) / sum(s.triton_s for s in samples)
+    ratio = triton_tps / engine_tps
+    mean_round = sum(s.engine_s for s in samples) / sum(s.engine_rounds for s in samples)
+    triton_ttft = statistics.median(s.triton_ttft_s for s in samples)
+    engine_ttft = statistics.median(s.engine_ttft_s for s in samples)
+    print(
+        f"\ntokens/s: in-process engine {engine_tps:.1f}, Triton {triton_tps:.1f}; Triton / engine = {ratio:.2f} "
+        f"(goal >= 0.90: {'met' if ratio >= 0.90 else 'NOT met'})"
+    )
+    print(
+        f"streaming TTFT (median): Triton {triton_ttft * 1e3:.1f} ms; one speculative round of the engine: "
+        f"first round (prefill + round, the engine's TTFT) {engine_ttft * 1e3:.1f} ms, mean round "
+        f"{mean_round * 1e3:.1f} ms; Triton TTFT / first round = {triton_ttft / engine_ttft:.2f} "
+        f"(goal <= 1: {'met' if triton_ttft <= engine_ttft else 'NOT met'})"
+    )
+    print(f"outputs identical (greedy): {sum(s.same_text for s in samples)}/{len(samples)}")
+
+
+def main(argv=None) -> None:
+    import torch
+
+    from trtspec.recipe import load_recipe, torch_runtime_dtype
+    from trtspec.triton_repo.deploy import deploy
+    from trtspec.triton_repo.server import Ports, TritonServer, free_ports
+    from trtspec.validate.endpoint import TritonClient
+
+    args = parse_args(argv)
+    recipe = load_recipe(args.recipe)
+    k = recipe.speculative.num_draft_tokens if args.num_draft_tokens is None else args.num_draft_tokens
+    prompts = PROMPTS[: args.prompts]
+    with tempfile.TemporaryDirectory(prefix="bench_triton.") as tmp:
+        repo = deploy(recipe, "torch", Path(tmp) / "repo").repo
+        server = TritonServer(repo, Ports(*free_ports(3)), Path(tmp) / "server.log")
+        server.start(args.load_timeout)
+        try:
+            engine = load_engine(recipe)
+            client = TritonClient(server.ports.grpc_url, "grpc")
+            measure(engine, client, prompts[0], 8, k)  # warm-up of both paths
+            samples = [
+                measure(engine, client, p, args.max_new_tokens, k)
+                for p in prompts
+                for _ in range(args.repeats)
+            ]
+        finally:
+            server.stop()
+    report(
+        samples,
+        f"recipe {recipe.name}: target {recipe.target.model}, draft {recipe.draft.model}; "
+        f"{recipe.triton.device} {torch_runtime_dtype(recipe.triton, recipe.target)} "
+        f"torch threads {torch.get_num_threads()}; K={k}; {len(prompts)} prompts x {args.repeats} x "
+        f"{args.max_new_tokens} new tokens; batch 1, greedy, Triton over streaming gRPC\n",
+    )
+
+
+if __name__ == "__main__":
+    main()

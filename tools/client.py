@@ -1,0 +1,92 @@
+#!/usr/bin/env python
+"""Send prompts to a running trtspec Triton endpoint (`trtspec serve REPO`) and print the text and the
+acceptance metrics. A thin command line over trtspec.validate.endpoint.TritonClient (the one Triton client).
+
+    python tools/client.py --url 127.0.0.1:8001 --protocol grpc --stream --max-tokens 64 --num-draft-tokens 4 \\
+        "def fibonacci(n):"
+    python tools/client.py --url 127.0.0.1:8000 --protocol http --temperature 0.8 --top-p 0.95 --seed 7 \\
+        "import os" "class Point:"
+
+Exit status: 0 when every prompt was answered, 2 when the server refused a request or could not be reached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from trtspec.errors import TrtspecError
+from trtspec.validate.endpoint import EndpointResponse, TritonClient
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "prompts", nargs="+", metavar="PROMPT", help="one or more prompts, sent one after another"
+    )
+    parser.add_argument("--url", default="127.0.0.1:8001", help="HOST:PORT of the gRPC or HTTP endpoint")
+    parser.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
+    parser.add_argument("--model", default=None, help="entry model [default: tensorrt_llm_bls]")
+    parser.add_argument("--stream", action="store_true", help="stream the answer round by round (decoupled)")
+    parser.add_argument("--max-tokens", type=int, default=64, help="new tokens per prompt")
+    parser.add_argument(
+        "--num-draft-tokens", type=int, default=None, help="draft tokens per round (K) [default: the repo's]"
+    )
+    parser.add_argument("--temperature", type=float, default=None, help="0 or absent: greedy")
+    parser.add_argument("--top-k", type=int, default=None)
+    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--no-metrics", action="store_true", help="print only the generated text")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for one answer")
+    return parser.parse_args(argv)
+
+
+def sampling(args: argparse.Namespace) -> dict:
+    """The sampling inputs given on the command line (absent ones keep the server's defaults)."""
+    fields = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed}
+    return {name: value for name, value in fields.items() if value is not None}
+
+
+def metrics_line(response: EndpointResponse) -> str:
+    """One line: acceptance (accepted / drafted), time to the first text piece, total time, pieces."""
+    m = response.metrics
+    drafted, accepted = int(m.get("total_draft_tokens", 0)), int(m.get("total_accepted_draft_tokens", 0))
+    parts = [
+        f"acceptance {m.get('acceptance_rate', 0.0):.2f} ({accepted}/{drafted} draft tokens accepted)"
+        if drafted
+        else "acceptance n/a (no draft tokens)"
+    ]
+    if response.pieces:
+        parts.append(f"first text {response.pieces[0][0] * 1000:.0f} ms")
+    parts.append(f"total {response.elapsed_s * 1000:.0f} ms")
+    parts.append(f"{len(response.pieces)} piece(s)")
+    return "  ".join(parts)
+
+
+def run(argv: list[str] | None = None, out=sys.stdout) -> int:
+    args = parse_args(argv)
+    client = TritonClient(args.url, args.protocol, args.model, timeout_s=args.timeout)
+    for i, prompt in enumerate(args.prompts):
+        if len(args.prompts) > 1:
+            print(f"--- [{i + 1}/{len(args.prompts)}]", file=out)
+        response = client.generate(
+            prompt, args.max_tokens, args.num_draft_tokens, args.stream, **sampling(args)
+        )
+        print(prompt + response.text, file=out)
+        if not args.no_metrics:
+            print(f"[{metrics_line(response)}]", file=out)
+    return 0
+
+
+def main() -> None:
+    try:
+        sys.exit(run())
+    except TrtspecError as err:  # expected failures: one line, no traceback
+        print(f"Error: {err.message}", file=sys.stderr)
+        sys.exit(err.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
