@@ -131,7 +131,9 @@ def runtime_version_problem(runtime: str, version: str) -> tuple[str, str] | Non
                 f"TensorRT-LLM {version} has no TensorRT engine path (removed after {TRTLLM_LAST_ENGINE_RELEASE}); "
                 f"use triton.runtime: trtllm-pytorch, or the {NGC_TRITON_TRTLLM_IMAGE} image",
             )
-        if not parse_version(TRTLLM_VERSION_RANGE[0][2:]) <= v < parse_version(TRTLLM_VERSION_RANGE[1][1:]):
+        # "<1.3.0" excludes 1.3.0's release candidates too (PEP 440), hence the rc -1 bound.
+        upper = parse_version(TRTLLM_VERSION_RANGE[1][1:])[:3] + (-1,)
+        if not parse_version(TRTLLM_VERSION_RANGE[0][2:]) <= v < upper:
             return (
                 "fail",
                 f"trtspec builds engines with TensorRT-LLM 1.2.x; {version} is outside {', '.join(TRTLLM_VERSION_RANGE)}",

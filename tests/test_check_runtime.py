@@ -1,0 +1,91 @@
+"""`check`'s runtime check: which TensorRT-LLM each runtime needs (engine path 1.2.x, LLM API >= pinned)."""
+
+from __future__ import annotations
+
+import pytest
+
+from trtspec.builders import support
+from trtspec.builders.preflight import check_runtime
+from trtspec.recipe import recipe_from_dict
+
+
+def recipe(runtime: str, **sections):
+    data = {
+        "name": "r",
+        "target": {"model": "/nonexistent/target"},
+        "draft": {"model": "/nonexistent/draft"},
+        "triton": {"runtime": runtime},
+    }
+    for key, value in sections.items():
+        data[key] = data.get(key, {}) | value
+    return recipe_from_dict(data, check_paths=False)
+
+
+@pytest.mark.parametrize(
+    ("text", "parsed"),
+    [
+        ("1.2.1", (1, 2, 1, 10**6)),
+        ("1.3.0rc20", (1, 3, 0, 20)),
+        ("1.3.0.rc5", (1, 3, 0, 5)),
+        ("1.2.0+cu13", (1, 2, 0, 10**6)),
+        ("v1.1", (1, 1, 0, 10**6)),
+    ],
+)
+def test_parse_version(text, parsed):
+    assert support.parse_version(text) == parsed
+
+
+def test_release_sorts_after_its_candidates():
+    assert (
+        support.parse_version("1.3.0rc20")
+        < support.parse_version("1.3.0")
+        < support.parse_version("1.3.1rc1")
+    )
+    with pytest.raises(ValueError, match="not a TensorRT-LLM version"):
+        support.parse_version("latest")
+
+
+@pytest.mark.parametrize(
+    ("runtime", "version", "status", "fragment"),
+    [
+        ("tensorrtllm", "1.2.1", "pass", "runs on TensorRT-LLM 1.2.1"),
+        ("tensorrtllm", "1.2.0", "pass", "runs on"),
+        ("tensorrtllm", "1.1.0", "fail", "outside >=1.2.0, <1.3.0"),
+        ("tensorrtllm", "1.3.0rc20", "fail", "outside"),  # engine path still there, but not trtspec's 1.2.x
+        ("tensorrtllm", "1.3.0rc21", "fail", "no TensorRT engine path (removed after 1.3.0rc20)"),
+        ("tensorrtllm", "1.4.0", "fail", "use triton.runtime: trtllm-pytorch"),
+        ("trtllm-pytorch", "1.2.1", "pass", "runs on"),
+        ("trtllm-pytorch", "1.1.0", "fail", f"needs >= {support.TRTLLM_PYTORCH_MIN_VERSION}"),
+        ("trtllm-pytorch", "1.3.0", "warn", "may name them differently"),
+        ("trtllm-pytorch", "nightly", "warn", "cannot tell"),
+        ("torch", "0.9.0", "pass", "no TensorRT-LLM"),
+    ],
+)
+def test_runtime_against_versions(runtime, version, status, fragment):
+    result = check_runtime(recipe(runtime), version)
+    assert result.name == "runtime"
+    assert (result.status, fragment in result.message) == (status, True), result.message
+
+
+def test_without_tensorrt_llm_installed_says_what_is_needed(monkeypatch):
+    monkeypatch.setattr("trtspec.builders.preflight.installed_trtllm_version", lambda: None)
+    engine = check_runtime(recipe("tensorrtllm"))
+    assert engine.status == "warn" and "removed after TensorRT-LLM 1.3.0rc20" in engine.message
+    assert support.NGC_TRITON_TRTLLM_IMAGE in engine.message
+    llmapi = check_runtime(recipe("trtllm-pytorch"))
+    assert llmapi.status == "pass" and f">= {support.TRTLLM_PYTORCH_MIN_VERSION}" in llmapi.message
+
+
+def test_installed_version_is_used_when_none_given(monkeypatch):
+    monkeypatch.setattr("trtspec.builders.preflight.installed_trtllm_version", lambda: "1.4.0")
+    assert check_runtime(recipe("tensorrtllm")).status == "fail"
+
+
+def test_llmapi_draft_shares_the_target_ranks():
+    split = recipe("trtllm-pytorch", target={"tp_size": 2, "gpu_ids": [0, 1]}, draft={"gpu_ids": [2]})
+    result = check_runtime(split, "1.2.1")
+    assert result.status == "warn" and "runs the draft on the target's ranks" in result.message
+    same = recipe("trtllm-pytorch", target={"tp_size": 2}, draft={"tp_size": 2})
+    assert check_runtime(same, "1.2.1").status == "pass"
+    fast = recipe("trtllm-pytorch", triton={"runtime": "trtllm-pytorch", "fast_logits": True})
+    assert "fast_logits applies to the tensorrtllm runtime only" in check_runtime(fast, "1.2.1").message

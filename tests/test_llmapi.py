@@ -1,0 +1,200 @@
+"""The trtllm-pytorch runtime: upstream's Triton LLM-API model, its model.yaml (field names of the pinned
+TensorRT-LLM), config.pbtxt parsed by Triton's schema and kept equal to model.yaml's triton_config, the launcher
+that loads upstream's model.py from the image, and the manifest clients read.
+
+tensorrt_llm cannot run here: the loaded "upstream" model.py is a stand-in with upstream's layout (model.py
+importing its sibling helpers.py, a TritonPythonModel class).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import yaml
+
+from trtspec.builders import support
+from trtspec.errors import CheckFailed, ServerError
+from trtspec.recipe import recipe_from_dict
+from trtspec.triton_repo import llmapi
+from trtspec.triton_repo.deploy import MANIFEST, deploy
+from trtspec.triton_repo.render import parse_model_config
+from trtspec.triton_repo.serve import ServeSpec, serve
+
+
+def hf_dir(path):
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    return path
+
+
+@pytest.fixture
+def pair(tmp_path):
+    return hf_dir(tmp_path / "hf" / "target"), hf_dir(tmp_path / "hf" / "draft")
+
+
+def make_recipe(pair, **sections):
+    target, draft = pair
+    data = {
+        "name": "llm",
+        "target": {"model": str(target)},
+        "draft": {"model": str(draft)},
+        "speculative": {"max_draft_len": 5},
+        "limits": {"max_batch_size": 4, "max_input_len": 100, "max_seq_len": 300},
+        "triton": {"runtime": "trtllm-pytorch"},
+    }
+    for key, value in sections.items():
+        data[key] = data.get(key, {}) | value
+    return recipe_from_dict(data)
+
+
+def test_deploy_writes_the_llmapi_model(pair, tmp_path):
+    recipe = make_recipe(
+        pair,
+        target={"tp_size": 2, "dtype": "bfloat16"},
+        triton={"decoupled": True, "kv_cache_free_gpu_mem_fraction": {"target": 0.8, "draft": 0.1}},
+    )
+    repo = tmp_path / "repo"
+    result = deploy(recipe, None, repo)
+    assert result.runtime == "trtllm-pytorch" and result.models == ["tensorrt_llm"]
+    assert sorted(p.name for p in repo.iterdir()) == ["tensorrt_llm", MANIFEST]
+    assert sorted(p.name for p in (repo / "tensorrt_llm" / "1").iterdir()) == ["model.py", "model.yaml"]
+    data = yaml.safe_load((repo / "tensorrt_llm" / "1" / "model.yaml").read_text())
+    assert data == {
+        "model": str(pair[0].resolve()),
+        "backend": "pytorch",
+        "tensor_parallel_size": 2,
+        "pipeline_parallel_size": 1,
+        "dtype": "bfloat16",
+        "trust_remote_code": False,
+        "max_batch_size": 4,
+        "max_input_len": 100,
+        "max_seq_len": 300,
+        "kv_cache_config": {"free_gpu_memory_fraction": 0.8, "enable_block_reuse": True},
+        "speculative_config": {
+            "decoding_type": "DraftTarget",
+            "max_draft_len": 5,
+            "speculative_model_dir": str(pair[1].resolve()),
+        },
+        "triton_config": {"max_batch_size": 0, "decoupled": True},
+    }
+    config = parse_model_config((repo / "tensorrt_llm" / "config.pbtxt").read_text(), "tensorrt_llm")
+    assert (config.name, config.backend, config.max_batch_size) == ("tensorrt_llm", "python", 0)
+    assert config.model_transaction_policy.decoupled is True
+    inputs = {t.name for t in config.input}
+    assert {"text_input", "streaming", "sampling_param_max_tokens"} <= inputs
+    assert [t.name for t in config.input if not t.optional] == ["text_input"]
+    assert "load_upstream_model" in (repo / "tensorrt_llm" / "1" / "model.py").read_text()
+    info = json.loads((repo / MANIFEST).read_text())
+    assert (info["entry_point"], info["interface"], info["runtime"]) == (
+        "tensorrt_llm",
+        "llmapi",
+        "trtllm-pytorch",
+    )
+    assert info["tensorrt_llm"] == {
+        "version": support.TRTLLM_PYTORCH_VERSION,
+        "image": support.NGC_TRITON_TRTLLM_PYTORCH_IMAGE,
+    }
+    assert info["launch"]["mode"] == "llmapi" and info["launch"]["env"] == {"CUDA_VISIBLE_DEVICES": "0,1"}
+
+
+def test_model_yaml_uses_only_the_pinned_field_names(pair):
+    data = llmapi.model_yaml(make_recipe(pair), {"target": pair[0], "draft": pair[1]})
+    llmapi.check_model_yaml(data)
+    assert set(data) <= llmapi.LLM_ARGS_KEYS
+    assert set(data["speculative_config"]) == {
+        "decoding_type",
+        "max_draft_len",
+        support.LLMAPI_SPECULATIVE_MODEL_KEY,
+    }
+    for broken, fragment in (
+        (data | {"speculative_model": "x"}, "unknown key speculative_model"),
+        (
+            data | {"speculative_config": data["speculative_config"] | {"speculative_model": "x"}},
+            "speculative_config.speculative_model",
+        ),
+        (data | {"kv_cache_config": {"free_gpu_mem_fraction": 0.5}}, "kv_cache_config.free_gpu_mem_fraction"),
+        (
+            data | {"speculative_config": data["speculative_config"] | {"decoding_type": "Draft_Target"}},
+            "DraftTarget",
+        ),
+        ({k: v for k, v in data.items() if k != "triton_config"}, "triton_config is required"),
+    ):
+        with pytest.raises(CheckFailed, match=fragment):
+            llmapi.check_model_yaml(broken)
+
+
+def test_config_must_agree_with_triton_config(pair, tmp_path):
+    deploy(make_recipe(pair, triton={"decoupled": False}), None, tmp_path / "r")
+    text = (tmp_path / "r" / "tensorrt_llm" / "config.pbtxt").read_text()
+    data = yaml.safe_load((tmp_path / "r" / "tensorrt_llm" / "1" / "model.yaml").read_text())
+    llmapi.check_llmapi_config(parse_model_config(text, "t"), data)
+    with pytest.raises(CheckFailed, match="differ from model.yaml triton_config"):
+        llmapi.check_llmapi_config(
+            parse_model_config(text, "t"), data | {"triton_config": {"max_batch_size": 0, "decoupled": True}}
+        )
+    renamed = text.replace('"text_output"', '"OUTPUT"')
+    with pytest.raises(CheckFailed, match="output 'text_output' must be TYPE_STRING"):
+        llmapi.check_llmapi_config(parse_model_config(renamed, "t"), data)
+
+
+def test_quantized_models_load_the_modelopt_hf_export(pair, tmp_path):
+    recipe = make_recipe(pair, target={"quantization": "fp8"})
+    dirs = llmapi.hf_model_dirs(recipe, tmp_path / "engines")
+    assert dirs["target"] == (tmp_path / "engines" / "llm" / "target" / "hf_checkpoint").resolve()
+    assert dirs["draft"] == pair[1].resolve()
+    with pytest.raises(CheckFailed, match="export the fp8 model as a ModelOpt HF checkpoint"):
+        deploy(recipe, None, tmp_path / "r", engines_dir=tmp_path / "engines")
+    assert not (tmp_path / "r").exists()
+    hf_dir(dirs["target"])
+    deploy(recipe, None, tmp_path / "r", engines_dir=tmp_path / "engines")
+    data = yaml.safe_load((tmp_path / "r" / "tensorrt_llm" / "1" / "model.yaml").read_text())
+    assert data["model"] == str(dirs["target"])
+
+
+def fake_upstream(path):
+    """Upstream's layout: model.py does `from helpers import ...` and defines TritonPythonModel."""
+    path.mkdir(parents=True)
+    (path / "helpers.py").write_text("def get_streaming_from_request(request):\n    return False\n")
+    (path / "model.py").write_text(
+        "from helpers import get_streaming_from_request\n\n\nclass TritonPythonModel:\n"
+        "    streaming = staticmethod(get_streaming_from_request)\n"
+    )
+    return path
+
+
+def test_launcher_loads_upstream_model_from_the_image(tmp_path, monkeypatch):
+    upstream = fake_upstream(tmp_path / "all_models" / "llmapi" / "tensorrt_llm" / "1")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    try:
+        cls = llmapi.load_upstream_model({llmapi.UPSTREAM_DIR_ENV: str(upstream)})
+        assert cls.__name__ == "TritonPythonModel" and cls.streaming(None) is False
+    finally:
+        sys.modules.pop("trtllm_llmapi_model", None)
+        sys.modules.pop("helpers", None)
+    with pytest.raises(ServerError, match=llmapi.UPSTREAM_DIR_ENV):
+        llmapi.find_upstream_model_dir({llmapi.UPSTREAM_DIR_ENV: str(tmp_path / "missing")})
+
+
+def test_serve_refuses_before_starting_without_upstream_model(pair, tmp_path, monkeypatch):
+    deploy(make_recipe(pair), None, tmp_path / "r")
+    monkeypatch.setenv(llmapi.UPSTREAM_DIR_ENV, str(tmp_path / "nowhere"))
+    with pytest.raises(ServerError, match="upstream's LLM-API model"):
+        serve(ServeSpec(tmp_path / "r"), echo=lambda *_: None)
+
+
+def test_cli_deploy_trtllm_pytorch(runner, pair, tmp_path):
+    from trtspec.cli import cli
+
+    recipe_file = tmp_path / "r.yaml"
+    recipe_file.write_text(
+        yaml.safe_dump({"name": "c", "target": {"model": str(pair[0])}, "draft": {"model": str(pair[1])}})
+    )
+    out = tmp_path / "repo"
+    result = runner.invoke(
+        cli, ["deploy", str(recipe_file), "--runtime", "trtllm-pytorch", "--out", str(out), "--json", "-q"]
+    )
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["entry_point"] == "tensorrt_llm" and payload["models"] == ["tensorrt_llm"]

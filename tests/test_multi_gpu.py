@@ -1,0 +1,154 @@
+"""Multi-GPU deployments: target tp=2 on GPUs 0,1 and the draft on GPU 2 -> per-engine gpu_device_ids and
+participant ids, and the launch upstream's launch_triton_server.py would run (mpirun ranks, world size, per-rank
+models, --multi-model environment), plus per-rank memory estimates.
+
+No GPU here: the engines are engine directories with TensorRT-LLM 1.2's config.json layout (as in test_deploy).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_deploy import fake_engine
+
+from trtspec.builders.preflight import ModelFacts, check_memory, estimate_memory
+from trtspec.recipe import recipe_from_dict
+from trtspec.triton_repo import interface as names
+from trtspec.triton_repo.deploy import MANIFEST, deploy
+from trtspec.triton_repo.render import parse_model_config
+from trtspec.triton_repo.serve import launch_layout_of
+from trtspec.triton_repo.server import Ports, launch_command, launch_env
+from trtspec.triton_repo.values import launch_layout
+
+PORTS = Ports(http=18000, grpc=18001, metrics=18002)
+
+
+def split_recipe(runtime="tensorrtllm", fast_logits=False, **target):
+    data = {
+        "name": "split",
+        "target": {"model": "/models/target", "tp_size": 2, "gpu_ids": [0, 1], **target},
+        "draft": {"model": "/models/draft", "gpu_ids": [2]},
+        "speculative": {"max_draft_len": 4},
+        "triton": {"runtime": runtime, "fast_logits": fast_logits},
+    }
+    return recipe_from_dict(data, check_paths=False)
+
+
+@pytest.fixture
+def engines(tmp_path):
+    return {
+        "target": fake_engine(tmp_path / "e" / "target", max_draft_len=4),
+        "draft": fake_engine(tmp_path / "e" / "draft", max_draft_len=0),
+    }
+
+
+def params(repo, model) -> dict[str, str]:
+    config = parse_model_config((repo / model / "config.pbtxt").read_text(), model)
+    return {k: v.string_value for k, v in config.parameters.items()}
+
+
+def ranks(cmd: list[str]) -> list[list[str]]:
+    """Split an mpirun argv at ':' into per-rank argvs (without the leading 'mpirun ...' / '-n 1')."""
+    assert cmd[:2] == ["mpirun", "--allow-run-as-root"]
+    out, current = [], []
+    for arg in cmd[2:] + [":"]:
+        if arg == ":":
+            assert current[:2] == ["-n", "1"]
+            out.append(current[2:])
+            current = []
+        else:
+            current.append(arg)
+    return out
+
+
+def test_split_pair_gets_its_gpus_and_the_orchestrator_launch(tmp_path, engines):
+    repo = tmp_path / "repo"
+    deploy(split_recipe(), "tensorrtllm", repo, engine_dirs=engines)
+    assert params(repo, names.TARGET_MODEL)["gpu_device_ids"] == "0,1"
+    assert params(repo, names.DRAFT_MODEL)["gpu_device_ids"] == "2"
+    assert params(repo, names.TARGET_MODEL)["participant_ids"] == ""  # spawned workers, no pre-spawned ranks
+    info = json.loads((repo / MANIFEST).read_text())
+    layout = launch_layout_of(info)
+    assert info["gpu_ids"] == {"target": [0, 1], "draft": [2]}
+    assert (layout["mode"], layout["world_size"], layout["mpi"]) == ("orchestrator", 1, True)
+    # --multi-model without --disable-spawn-processes: world size 1, the backend spawns each model's ranks.
+    assert launch_env(layout, {}) == {"TRTLLM_ORCHESTRATOR": "1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1"}
+    (rank0,) = ranks(launch_command(repo, PORTS, layout))
+    assert rank0[0] == "tritonserver" and f"--model-repository={repo.resolve()}" in rank0
+    assert "--http-port=18000" in rank0 and "--http-address=127.0.0.1" in rank0
+    assert [a for a in rank0 if a.startswith("--cuda-memory-pool-byte-size")] == [
+        f"--cuda-memory-pool-byte-size={gpu}:0" for gpu in (0, 1, 2)
+    ]
+    assert rank0[-2:] == [
+        "--disable-auto-complete-config",
+        "--backend-config=python,shm-region-prefix-name=prefix0_",
+    ]
+
+
+def test_fast_logits_prespawns_one_rank_per_gpu_plus_the_orchestrator(tmp_path, engines):
+    repo = tmp_path / "repo"
+    deploy(split_recipe(fast_logits=True), "tensorrtllm", repo, engine_dirs=engines)
+    target, draft = params(repo, names.TARGET_MODEL), params(repo, names.DRAFT_MODEL)
+    # Rank 0 is the orchestrator (preprocessing, BLS, postprocessing); then draft ranks, then target ranks.
+    assert (draft["participant_ids"], target["participant_ids"]) == ("1", "2,3")
+    assert (draft["gpu_device_ids"], target["gpu_device_ids"]) == ("2", "0,1")
+    assert target["speculative_decoding_fast_logits"] == draft["speculative_decoding_fast_logits"] == "1"
+    layout = launch_layout_of(json.loads((repo / MANIFEST).read_text()))
+    assert (layout["mode"], layout["world_size"]) == ("orchestrator-prespawn", 1 + 1 + 2)
+    assert launch_env(layout, {"PATH": "/bin"}) == {
+        "PATH": "/bin",
+        "TRTLLM_ORCHESTRATOR": "1",
+        "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "0",
+    }
+    per_rank = ranks(launch_command(repo, PORTS, layout))
+    assert len(per_rank) == 4
+    assert "--http-port=18000" in per_rank[0] and "--model-control-mode=explicit" not in per_rank[0]
+    for rank, args in enumerate(per_rank[1:], start=1):
+        loads = [a for a in args if a.startswith("--load-model=")]
+        assert "--model-control-mode=explicit" in args
+        assert loads == ["--load-model=tensorrt_llm", "--load-model=tensorrt_llm_draft"]
+        assert "--allow-http=false" in args and not any(a.startswith("--http-port") for a in args)
+        assert args[-1] == f"--backend-config=python,shm-region-prefix-name=prefix{rank}_"
+    # Pre-spawned ranks own their GPUs through participant ids: no memory-pool overrides.
+    assert not any(a.startswith("--cuda-memory-pool") for args in per_rank for a in args)
+
+
+def test_single_gpu_pair_runs_without_mpi(tmp_path):
+    data = {"name": "one", "target": {"model": "/t"}, "draft": {"model": "/d"}}
+    recipe = recipe_from_dict(data, check_paths=False)
+    assert launch_layout(recipe, "tensorrtllm")["mpi"] is False
+    assert launch_layout(recipe, "torch") == launch_layout_of({})
+    moved = recipe_from_dict(data | {"draft": {"model": "/d", "gpu_ids": [1]}}, check_paths=False)
+    assert launch_layout(moved, "tensorrtllm")["mode"] == "orchestrator"  # different GPUs need --multi-model
+
+
+def test_pipeline_parallel_counts_in_the_world_size():
+    recipe = split_recipe(fast_logits=True, pp_size=2, gpu_ids=[0, 1, 3, 4])
+    layout = launch_layout(recipe, "tensorrtllm")
+    assert layout["world_size"] == 1 + 1 + 4 and layout["participant_ids"]["target"] == "2,3,4,5"
+
+
+def test_llmapi_runs_one_leader_on_the_target_gpus():
+    layout = launch_layout(split_recipe("trtllm-pytorch"), "trtllm-pytorch")
+    assert (layout["mode"], layout["world_size"]) == ("llmapi", 1)
+    assert launch_env(layout, {}) == {"CUDA_VISIBLE_DEVICES": "0,1"}
+    (rank0,) = ranks(launch_command("/repo", PORTS, layout))
+    assert not any(a.startswith("--cuda-memory-pool") for a in rank0)
+
+
+def test_memory_is_estimated_per_rank_and_summed_per_gpu():
+    recipe = split_recipe()
+    facts = {
+        role: ModelFacts(role, "/m", "LlamaForCausalLM", 32000, 4096, 32, 8, 128, params, tokenizer=None)
+        for role, params in (("target", 8_000_000_000), ("draft", 1_000_000_000))
+    }
+    rows = [estimate_memory(facts[r], getattr(recipe, r), recipe) for r in ("target", "draft")]
+    target, draft = rows
+    assert target.gpus == (0, 1) and draft.gpus == (2,)
+    assert target.weights_gib == pytest.approx(8e9 * 2 / 2 / 2**30)  # fp16 weights split over tp=2
+    assert draft.weights_gib == pytest.approx(1e9 * 2 / 2**30)
+    kv_per_token = 2 * 32 * 8 * 128 * 2
+    assert target.kv_cache_gib == pytest.approx(kv_per_token * 8 * 1024 / 2 / 2**30)
+    result = check_memory(rows, gpu_memory_gib=None)
+    assert "on GPU 0" in result.message or "on GPU 1" in result.message  # the target's ranks are the peak
