@@ -87,6 +87,28 @@ class TritonClient:
         self.protocol, self.address = split_url(url, protocol)
         self.url, self.model, self.timeout_s = url, model or ENTRY_POINT, timeout_s
 
+    def check_ready(self) -> None:
+        """ServerError unless the server answers and the model is ready (one cheap call before any work)."""
+        try:
+            if self.protocol == "grpc":
+                import tritonclient.grpc as grpcclient
+
+                with grpcclient.InferenceServerClient(self.address) as client:
+                    ready = client.is_model_ready(self.model)
+            else:
+                url = f"http://{self.address}/v2/models/{self.model}/ready"
+                with urllib.request.urlopen(url, timeout=10) as response:
+                    ready = response.status == 200
+        except Exception as err:  # noqa: BLE001 - any transport failure means the same to the user
+            raise ServerError(
+                f"cannot reach Triton at {self.url} ({_first_line(err)}); "
+                "start it with `trtspec serve REPO` or fix --url"
+            ) from None
+        if not ready:
+            raise ServerError(
+                f"Triton at {self.url} has no ready model {self.model!r}; pass --model or check the server log"
+            )
+
     def generate(
         self, text: str, max_tokens: int, num_draft_tokens: int | None = None, stream: bool = True, **sampling
     ) -> EndpointResponse:
