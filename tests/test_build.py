@@ -197,6 +197,18 @@ def test_stages_skip_when_up_to_date_and_rerun_when_recipe_or_inputs_change(fake
     assert A.read_engine_config(engines / "tiny" / "target" / "engine")["gemm_plugin"] == "bfloat16"
 
 
+def test_engines_rebuild_for_another_tensorrt_llm_or_gpu(fake_trtllm, workdir, monkeypatch):
+    recipe_path, engines = workdir / "recipes" / "tiny.yaml", workdir / "engines"
+    B.build(load_recipe(recipe_path), engines)
+    assert B.build(load_recipe(recipe_path), engines).ran == ["check"]
+    monkeypatch.setattr(B, "gpu_identity", lambda: ["NVIDIA H100 80GB HBM3, 9.0"])
+    assert B.build(load_recipe(recipe_path), engines).ran == ["check", "target.engine", "draft.engine"]
+    assert B.build(load_recipe(recipe_path), engines).ran == ["check"]
+    versions = B.package_versions()
+    monkeypatch.setattr(B, "package_versions", lambda *a: versions | {"tensorrt_llm": "1.2.1"})
+    assert B.build(load_recipe(recipe_path), engines).ran == ["check", "target.engine", "draft.engine"]
+
+
 def _hidden_leftovers(root: Path) -> list[Path]:
     return [p for p in root.rglob(".*") if ".tmp-" in p.name or ".old-" in p.name]
 

@@ -26,6 +26,7 @@ import json
 import os
 import shlex
 import shutil
+import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -297,9 +298,29 @@ def write_plan_files(recipe: Recipe, plan: BuildPlan, out_dir: Path) -> None:
     write_json_atomic(out_dir / FINISH_SCRIPT, finish_script(recipe, plan, out_dir), mode=0o755)
 
 
-def engine_fingerprint(engine, checkpoint_stamp: dict) -> str:
+def gpu_identity() -> list[str] | None:
+    """Name and compute capability of each visible GPU (nvidia-smi), or None where there is none."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    query = [exe, "--query-gpu=name,compute_cap", "--format=csv,noheader"]
+    try:
+        out = subprocess.run(query, capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return sorted({line.strip() for line in out.splitlines() if line.strip()})
+
+
+def engine_environment() -> dict[str, Any]:
+    """What an engine is tied to besides its inputs: the TensorRT-LLM version and the GPU architecture."""
+    return {"tensorrt_llm": package_versions()["tensorrt_llm"], "gpus": gpu_identity()}
+
+
+def engine_fingerprint(engine, checkpoint_stamp: dict, environment: dict[str, Any]) -> str:
     # Paths are left out on purpose: the same folder mounted elsewhere (the NGC container) is still up to date.
-    return digest({"build_config": engine.build_config, "checkpoint": checkpoint_stamp.get("output_hash")})
+    # The environment is in: a new TensorRT-LLM or another GPU model makes every engine stale.
+    payload = {"build_config": engine.build_config, "checkpoint": checkpoint_stamp.get("output_hash")}
+    return digest(payload | {"environment": environment})
 
 
 def engine_stages(
@@ -309,8 +330,9 @@ def engine_stages(
     from trtspec.builders.trtllm_adapter import build_engines, require_tensorrt_llm
 
     stamps, pending = {}, {}
+    environment = engine_environment()
     for engine in plan.engines():
-        fingerprint = engine_fingerprint(engine, checkpoints[engine.role])
+        fingerprint = engine_fingerprint(engine, checkpoints[engine.role], environment)
         stamp = None if force else up_to_date(engine.engine_dir, fingerprint)
         if stamp is not None:
             stamps[engine.role] = stamp | {"skipped": True}
