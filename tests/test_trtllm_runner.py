@@ -1,0 +1,258 @@
+"""The TensorRT-LLM draft-target runner against the stand-in ModelRunnerCpp (tests/fake_tensorrt_llm).
+
+The stand-in runs the tiny HF models named in the fake engine configs and verifies draft tokens as the executor
+does, so these tests check the loop's outputs (== HF greedy), its acceptance stats and its contract checks.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from trtspec.builders import trtllm_adapter as A
+from trtspec.engines.sampling import SamplingParams
+from trtspec.engines.trtllm_runner import TrtllmSpeculativeRunner, leading_matches
+from trtspec.errors import CheckpointError, NeedsTensorRTLLM, RequestError
+
+FAKE_DIR = Path(__file__).parent / "fake_tensorrt_llm"
+PROMPTS = [(1, 40, 41, 42, 43), (1, 50, 60)]
+
+
+@pytest.fixture
+def fake_trtllm(monkeypatch):
+    """The stand-in importable in this process; dropped from sys.modules afterwards (as test_adapter does).
+
+    One torch thread meanwhile: tiny models' forwards are dominated by thread start-up, and on a loaded 2-core
+    machine multi-threaded tiny matmuls are ~20x slower than single-threaded ones.
+    """
+    import sys
+
+    monkeypatch.syspath_prepend(str(FAKE_DIR))
+    monkeypatch.delenv("FAKE_TRTLLM_VERSION", raising=False)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield monkeypatch
+    torch.set_num_threads(threads)
+    for name in [m for m in sys.modules if m == "tensorrt_llm" or m.startswith("tensorrt_llm.")]:
+        del sys.modules[name]
+
+
+def write_engine(
+    out: Path, hf_dir: Path, *, max_draft_len: int = 0, gather_logits: bool = False, max_seq_len: int = 96
+) -> Path:
+    """An engine directory in the TensorRT-LLM 1.2.x layout; ``fake_hf_model_dir`` is read only by the stand-in."""
+    out.mkdir(parents=True)
+    vocab = json.loads((hf_dir / "config.json").read_text())["vocab_size"]
+    config = {
+        "version": "1.2.1",
+        "pretrained_config": {
+            "architecture": "LlamaForCausalLM",
+            "dtype": "float16",
+            "vocab_size": vocab,
+            "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1},
+        },
+        "build_config": {
+            "max_batch_size": 4,
+            "max_input_len": 64,
+            "max_seq_len": max_seq_len + max_draft_len,  # trtllm-build adds max_draft_len
+            "max_beam_width": 1,
+            "max_draft_len": max_draft_len,
+            "speculative_decoding_mode": 2 if max_draft_len else 1,
+            "gather_context_logits": False,
+            "gather_generation_logits": gather_logits,
+            "plugin_config": {"gemm_plugin": "float16", "use_paged_context_fmha": True},
+        },
+        "fake_hf_model_dir": str(hf_dir),
+    }
+    (out / "config.json").write_text(json.dumps(config))
+    (out / "rank0.engine").write_bytes(b"FAKE")
+    return out
+
+
+@pytest.fixture
+def engines(tmp_path, tiny_pair):
+    target_hf, draft_hf = tiny_pair
+    return {
+        "target": write_engine(tmp_path / "target", target_hf, max_draft_len=4, gather_logits=True),
+        "draft": write_engine(tmp_path / "draft", draft_hf, gather_logits=True),
+        "target_as_draft": write_engine(tmp_path / "target_as_draft", target_hf, gather_logits=True),
+        "hf_target": target_hf,
+    }
+
+
+@functools.cache
+def hf_greedy(model_dir: Path, prompt: tuple[int, ...], max_new_tokens: int) -> list[int]:
+    """The oracle: Hugging Face greedy decoding of the target, EOS ignored."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt) :]
+
+
+def runner_for(engines, draft="draft", **kwargs) -> TrtllmSpeculativeRunner:
+    return TrtllmSpeculativeRunner.from_engine_dirs(
+        engines["target"], engines[draft] if draft else None, tokenizer_dir=engines["hf_target"], **kwargs
+    )
+
+
+def test_greedy_output_equals_hf_target_greedy_and_stats_add_up(fake_trtllm, engines):
+    runner = runner_for(engines)
+    params = SamplingParams(max_new_tokens=14, num_draft_tokens=3, ignore_eos=True)
+    results = runner.generate(PROMPTS, params)
+    for prompt, result in zip(PROMPTS, results, strict=True):
+        assert result.token_ids == hf_greedy(engines["hf_target"], prompt, 14)
+        s = result.stats
+        assert (result.finish_reason, s.generated_tokens, s.max_draft_len) == ("length", 14, 3)
+        assert 0 <= s.accepted <= s.drafted <= 3 * s.rounds
+        assert sum(s.accepted_length_histogram) == s.rounds
+        assert s.accepted == sum(n * c for n, c in enumerate(s.accepted_length_histogram))
+        # Every round (verification or plain target step) emits accepted + 1 tokens; nothing was cut.
+        assert s.generated_tokens == s.accepted + s.target_forwards
+        assert s.draft_forwards == s.drafted
+    # The verification calls carried the draft tokens, and never more than the engine's max_draft_len.
+    from tensorrt_llm.runtime import ModelRunnerCpp
+
+    verify = [
+        kw for d, kw in ModelRunnerCpp.calls if d == str(engines["target"]) and kw.get("draft_tokens_list")
+    ]
+    assert verify and all(1 <= len(t) <= 3 for kw in verify for t in kw["draft_tokens_list"])
+    assert all(kw["max_new_tokens"] <= 4 for kw in verify)
+
+
+def test_draft_equal_to_target_accepts_everything(fake_trtllm, engines):
+    runner = runner_for(engines, draft="target_as_draft")
+    results = runner.generate(PROMPTS, SamplingParams(max_new_tokens=12, num_draft_tokens=3, ignore_eos=True))
+    for prompt, result in zip(PROMPTS, results, strict=True):
+        s = result.stats
+        assert (s.rounds, s.drafted, s.accepted, s.bonus_tokens) == (3, 9, 9, 3)
+        assert s.accepted_length_histogram == [0, 0, 0, 3] and s.acceptance_rate == 1.0
+        assert (s.tokens_per_round, s.target_forwards) == (4.0, 3)
+        assert result.token_ids == hf_greedy(engines["hf_target"], prompt, 12)
+
+
+def test_target_only_mode_is_one_plain_call_equal_to_greedy(fake_trtllm, engines):
+    runner = runner_for(engines)
+    [result] = runner.generate(
+        PROMPTS[:1], SamplingParams(max_new_tokens=10, num_draft_tokens=0, ignore_eos=True)
+    )
+    assert result.token_ids == hf_greedy(engines["hf_target"], PROMPTS[0], 10)
+    s = result.stats
+    assert (s.drafted, s.rounds, s.target_forwards, s.draft_forwards, s.tokens_per_round) == (
+        0,
+        0,
+        10,
+        0,
+        1.0,
+    )
+    no_draft = TrtllmSpeculativeRunner.from_engine_dirs(engines["target"])
+    assert no_draft.max_draft_len == 0
+    assert no_draft.generate(PROMPTS[:1], SamplingParams(max_new_tokens=10, ignore_eos=True))[
+        0
+    ].token_ids == (result.token_ids)
+
+
+def test_stop_token_ends_the_request_and_is_kept(fake_trtllm, engines):
+    runner = runner_for(engines)
+    greedy = hf_greedy(engines["hf_target"], PROMPTS[0], 8)
+    stop = greedy[4]
+    cut = greedy[: greedy.index(stop) + 1]
+    [result] = runner.generate(
+        PROMPTS[:1], SamplingParams(max_new_tokens=8, num_draft_tokens=4, stop_token_ids=(stop,))
+    )
+    assert (result.token_ids, result.finish_reason) == (cut, "stop")
+
+
+def test_more_draft_tokens_than_the_engine_allows_is_refused(fake_trtllm, engines):
+    runner = runner_for(engines)
+    assert runner.max_draft_len == 4
+    with pytest.raises(RequestError, match="num_draft_tokens=5 is larger than the engine's max_draft_len=4"):
+        runner.generate(PROMPTS, SamplingParams(max_new_tokens=4, num_draft_tokens=5))
+    with pytest.raises(RequestError, match="max_seq_len 96"):
+        runner.generate([[1] * 90], SamplingParams(max_new_tokens=10))
+
+
+def test_sampling_with_draft_logits_passes_logits_and_is_seeded(fake_trtllm, engines):
+    runner = runner_for(engines, draft="target_as_draft", use_draft_logits=True)
+    params = SamplingParams(
+        max_new_tokens=8, num_draft_tokens=3, temperature=0.8, top_k=50, seed=7, ignore_eos=True
+    )
+    first = runner.generate(PROMPTS, params)
+    again = runner.generate(PROMPTS, params)
+    assert [r.token_ids for r in first] == [r.token_ids for r in again]
+    # Same model as draft and target: target_probs == draft_probs, so rejection sampling accepts everything.
+    assert all(r.stats.acceptance_rate == 1.0 and r.stats.generated_tokens == 8 for r in first)
+    from tensorrt_llm.runtime import ModelRunnerCpp
+
+    verify = [kw for _, kw in ModelRunnerCpp.calls if kw.get("draft_tokens_list")]
+    logits = verify[-1]["draft_logits_list"]
+    assert [tuple(x.shape) for x in logits] == [
+        (len(t), runner.target.vocab_size) for t in verify[-1]["draft_tokens_list"]
+    ]
+    assert verify[-1]["temperature"] == 0.8 and verify[-1]["top_k"] == 50 and "random_seed" in verify[-1]
+
+
+def test_pair_checks_happen_before_loading(fake_trtllm, tmp_path, tiny_pair):
+    target_hf, draft_hf = tiny_pair
+    plain_target = write_engine(tmp_path / "t", target_hf, gather_logits=True)
+    draft = write_engine(tmp_path / "d", draft_hf)
+    with pytest.raises(CheckpointError, match="built without draft support .*'none', max_draft_len 0"):
+        TrtllmSpeculativeRunner.from_engine_dirs(plain_target, draft)
+    target = write_engine(tmp_path / "t4", target_hf, max_draft_len=4, gather_logits=True)
+    with pytest.raises(
+        CheckpointError, match="use_draft_logits needs both engines built with --gather_generation"
+    ):
+        TrtllmSpeculativeRunner.from_engine_dirs(target, draft, use_draft_logits=True)
+    with pytest.raises(CheckpointError, match="cannot read the engine config"):
+        TrtllmSpeculativeRunner.from_engine_dirs(target, tmp_path / "missing")
+
+
+def test_without_tensorrt_llm_it_says_so(engines):
+    assert A.tensorrt_llm_location() is None
+    with pytest.raises(
+        NeedsTensorRTLLM, match="^running TensorRT engines needs tensorrt_llm .*run inside nvcr"
+    ) as err:
+        runner_for(engines)
+    assert err.value.exit_code == 3
+
+
+def test_wrong_tensorrt_llm_version_is_refused(fake_trtllm, engines):
+    fake_trtllm.setenv("FAKE_TRTLLM_VERSION", "1.3.0rc20")
+    with pytest.raises(NeedsTensorRTLLM, match="1.3.0rc20 is installed"):
+        runner_for(engines)
+
+
+def test_engine_system_drives_the_runner(fake_trtllm, engines):
+    from trtspec.validate.systems import EngineSystem, Request
+
+    system = EngineSystem(runner_for(engines), name="TensorRT-LLM engines")
+    [gen] = system.generate([Request("x", PROMPTS[0])], SamplingParams(max_new_tokens=6, ignore_eos=True))
+    assert gen.token_ids == hf_greedy(engines["hf_target"], PROMPTS[0], 6)
+    assert gen.stats.rounds >= 1 and sum(n for _, n in gen.chunks) == 6
+
+
+def test_sampling_kwargs_and_leading_matches():
+    assert A.sampling_kwargs(0.0, 50, 0.9, 3) == {
+        "temperature": 1.0,
+        "top_k": 1,
+        "top_p": 0.0,
+        "num_beams": 1,
+        "random_seed": 3,
+    }
+    assert A.sampling_kwargs(0.7, 0, 1.0, None) == {
+        "temperature": 0.7,
+        "top_k": 0,
+        "top_p": 1.0,
+        "num_beams": 1,
+    }
+    assert leading_matches([5, 6, 7], [5, 6, 9, 1]) == 2
+    assert leading_matches([5, 6], [5, 6, 3]) == 2
+    assert leading_matches([5], [4]) == 0
+    assert leading_matches([5, 6, 7], [5]) == 1
