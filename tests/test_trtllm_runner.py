@@ -238,6 +238,50 @@ def test_engine_system_drives_the_runner(fake_trtllm, engines):
     assert gen.stats.rounds >= 1 and sum(n for _, n in gen.chunks) == 6
 
 
+def test_engines_from_the_build_run_through_from_recipe(fake_trtllm, tmp_path, tiny_pair):
+    """checkpoint -> build_engines (the fake trtllm-build, in a child) -> from_recipe -> generate."""
+    from trtspec.builders import plan as P
+    from trtspec.recipe import recipe_from_dict
+
+    target_hf, draft_hf = tiny_pair
+    recipe = recipe_from_dict(
+        {
+            "name": "pair",
+            "target": {"model": str(target_hf)},
+            "draft": {"model": str(draft_hf)},
+            "speculative": {"max_draft_len": 3},
+            "limits": {"max_batch_size": 2, "max_input_len": 32, "max_seq_len": 48},
+        },
+        check_paths=False,
+    )
+    root = tmp_path / "engines" / "pair"
+    facts = {}
+    for role, hf in (("target", target_hf), ("draft", draft_hf)):
+        ckpt = root / role / "checkpoint"
+        ckpt.mkdir(parents=True)
+        vocab = json.loads((hf / "config.json").read_text())["vocab_size"]
+        config = {
+            "architecture": "LlamaForCausalLM",
+            "dtype": "float16",
+            "vocab_size": vocab,
+            "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1},
+            "quantization": {"quant_algo": None},
+            "fake_hf_model_dir": str(hf),
+        }
+        (ckpt / "config.json").write_text(json.dumps(config))
+        (ckpt / "rank0.safetensors").write_bytes(b"\0" * 8)
+        facts[role] = (ckpt, P.read_checkpoint_config(ckpt))
+    plan = P.make_build_plan(recipe, facts, {r: root / r / "engine" for r in P.ROLES})
+    A.build_engines(list(plan.engines()), tmp_path / "build.log")
+
+    runner = TrtllmSpeculativeRunner.from_recipe(recipe, tmp_path / "engines")
+    assert (runner.max_draft_len, runner.max_seq_len, runner.max_batch_size) == (3, 48, 2)
+    [result] = runner.generate(PROMPTS[:1], SamplingParams(max_new_tokens=8, ignore_eos=True))
+    assert result.token_ids == hf_greedy(target_hf, PROMPTS[0], 8)
+    assert result.stats.max_draft_len == 3 and result.stats.rounds >= 2
+    runner.close()
+
+
 def test_sampling_kwargs_and_leading_matches():
     assert A.sampling_kwargs(0.0, 50, 0.9, 3) == {
         "temperature": 1.0,

@@ -25,6 +25,11 @@ TensorRT-LLM 1.2.x calls (read in NVIDIA/TensorRT-LLM; trtspec calls nothing els
   build_config; IntFlag values are written as integers) and ``rank{N}.engine``.
 - ``tensorrt_llm/plugin/plugin.py``: ``PluginConfig`` (pydantic; fields gemm_plugin, use_paged_context_fmha).
 
+At run time (in-process, NGC image only) ``load_engine_runner(engine_dir)`` loads one engine into TensorRT-LLM's
+C++ runner, ``tensorrt_llm.runtime.ModelRunnerCpp.from_dir``, and returns an ``EngineRunner`` whose ``generate``
+takes and returns plain token lists (see the section "in-process runtime" for the exact upstream calls);
+engines/trtllm_runner.py builds the draft-target loop on it.
+
 Older engines (TensorRT-LLM < 0.9) have ``builder_config`` + ``plugin_config`` at the top level instead of
 ``pretrained_config`` + ``build_config``; ``read_engine_config`` reads both.
 """
@@ -386,6 +391,13 @@ class EngineRunner:
             logits = out["generation_logits"][b, 0, : len(tokens)] if return_logits else None  # [n, V]
             results.append(RunnerOutput(tokens, logits))
         return results
+
+    def close(self) -> None:
+        """Shut the executor down (its worker processes and GPU memory) now rather than at garbage collection."""
+        executor = getattr(self.runner, "executor", None)
+        if executor is not None:
+            executor.shutdown()
+        self.runner = None
 
 
 def _import_runtime(purpose: str):

@@ -175,6 +175,13 @@ class TrtllmSpeculativeRunner:
             trust_remote_code=recipe.target.trust_remote_code,
         )
 
+    def close(self) -> None:
+        """Shut both executors down (frees their GPU memory and worker processes)."""
+        for runner in (self.draft, self.target):
+            if runner is not None:
+                runner.close()
+        self.draft = None
+
     # ------------------------------------------------------------ generation
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:

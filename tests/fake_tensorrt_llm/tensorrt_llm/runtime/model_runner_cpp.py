@@ -3,8 +3,8 @@
 ``from_dir`` and ``generate`` take exactly the real parameters (NVIDIA/TensorRT-LLM, read at commit 0383291) and
 check what the real ones check (batch / input / sequence limits, beams, and the executor's "Number of draft
 tokens (N) is larger than maximum number of draft tokens (M)"). Instead of a TensorRT engine the runner runs the
-Hugging Face model named by the engine config.json's extra key ``fake_hf_model_dir`` (only this stand-in reads
-it), on CPU in float32, one request at a time without a KV cache: the models are tiny.
+Hugging Face model named by the engine config.json's extra key ``fake_hf_model_dir`` (top level or in
+pretrained_config, where the fake build carries it from the checkpoint config; only this stand-in reads it), on CPU in float32, one request at a time without a KV cache: the models are tiny.
 
 Outputs follow the real non-streaming ``return_dict=True`` layout: ``output_ids`` [B, 1, max_seq_len] int32 with
 the prompt and padded with end_id, ``sequence_lengths`` [B, 1] (prompt included), ``generation_logits`` when the
@@ -47,7 +47,9 @@ class ModelRunnerCpp:
         build = config["build_config"]
         self.max_draft_len = int(build.get("max_draft_len") or 0)
         self._gather_generation_logits = bool(build.get("gather_generation_logits"))
-        self.model = _load_model(config["fake_hf_model_dir"])
+        # Written by a test at the top level, or carried from the checkpoint config through the fake build.
+        hf_dir = config.get("fake_hf_model_dir") or config["pretrained_config"]["fake_hf_model_dir"]
+        self.model = _load_model(hf_dir)
 
     @classmethod
     def from_dir(
