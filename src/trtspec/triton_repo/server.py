@@ -26,7 +26,10 @@ from pathlib import Path
 from trtspec.errors import ServerError
 
 NGC_BACKENDS = Path("/opt/tritonserver/backends")
-STOP_GRACE_S = 15.0  # SIGINT, then SIGKILL of the whole session after this bound
+# tritonserver's own bound on unloading models after SIGINT; python models took ~10 s on a loaded 2-core machine,
+# and an expired timeout makes the server exit 1 on a stop the user asked for.
+EXIT_TIMEOUT_S = 15
+STOP_GRACE_S = EXIT_TIMEOUT_S + 10.0  # SIGINT, then SIGKILL of the whole session after this bound
 _FAILED_LOAD = re.compile(r"failed to load '([^']+)'.*?: (.*)$")
 
 
@@ -116,7 +119,9 @@ def find_server() -> ServerInstall:
     return ServerInstall(root / "bin" / "tritonserver", _pytriton_backend_dir(root), env, "pytriton")
 
 
-def server_command(install: ServerInstall, repo: Path, ports: Ports, exit_timeout_s: int = 5) -> list[str]:
+def server_command(
+    install: ServerInstall, repo: Path, ports: Ports, exit_timeout_s: int = EXIT_TIMEOUT_S
+) -> list[str]:
     """The tritonserver argv for one process serving ``repo`` on ``ports`` (bound to ``ports.host``)."""
     return [
         str(install.binary),
@@ -135,7 +140,7 @@ def server_command(install: ServerInstall, repo: Path, ports: Ports, exit_timeou
 
 def _rank_args(repo: Path, ports: Ports, layout: dict, rank: int, binary: str) -> list[str]:
     """One rank's tritonserver argv (launch_triton_server.py's get_cmd, plus explicit 127.0.0.1 binding)."""
-    args = [binary, f"--model-repository={Path(repo).resolve()}", "--exit-timeout-secs=5"]
+    args = [binary, f"--model-repository={Path(repo).resolve()}", f"--exit-timeout-secs={EXIT_TIMEOUT_S}"]
     if rank == 0:
         args += [f"--{kind}-address={ports.host}" for kind in ("http", "grpc", "metrics")]
         args += [f"--http-port={ports.http}", f"--grpc-port={ports.grpc}", f"--metrics-port={ports.metrics}"]
