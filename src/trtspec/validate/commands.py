@@ -68,9 +68,12 @@ def open_system(recipe, options: SystemOptions, tokenizer=None):
             max_batch_size=options.max_batch_size or recipe.limits.max_batch_size,
         )
     if kind == "trtllm":
-        from trtspec.validate.trtllm import TrtllmSystem
+        # Same API as SpeculativeEngine; raises NeedsTensorRTLLM (exit 3) outside the NGC image.
+        from trtspec.engines.trtllm_runner import TrtllmSpeculativeRunner
+        from trtspec.validate.systems import EngineSystem
 
-        return TrtllmSystem.from_recipe(recipe, max_batch_size=options.max_batch_size)
+        runner = TrtllmSpeculativeRunner.from_recipe(recipe, max_batch_size=options.max_batch_size)
+        return EngineSystem(runner, name=f"TensorRT-LLM engines (engines/{recipe.name})")
     raise TrtspecError(f"--system {kind!r} is not one of {', '.join(SYSTEMS)}")
 
 
