@@ -5,8 +5,9 @@ num_draft_tokens, stream, temperature, top_k, top_p, seed, return_perf_metrics -
 metrics) over gRPC streaming (tritonclient; works for decoupled and non-decoupled models) or HTTP (the generate /
 generate_stream extension, server-sent events), and records when each piece arrived. Tools may reuse it.
 
-The entry model returns text, not token ids: ``TritonSystem`` tokenises ``text_output`` with the target's
-tokenizer (``Generation.ids_from_text``) and validate maps the reference through text the same way.
+trtspec repositories also return the generated ``output_ids``, which ``TritonSystem`` compares exactly; for an
+entry model that returns text only it tokenises ``text_output`` with the target's tokenizer
+(``Generation.ids_from_text``) and validate maps the reference through text the same way.
 """
 
 from __future__ import annotations
@@ -45,6 +46,21 @@ class EndpointResponse:
     pieces: list[tuple[float, str]] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
     elapsed_s: float = 0.0
+    # (arrival, token ids) per response that carried the entry model's output_ids; None: the server sends none.
+    id_pieces: list[tuple[float, list[int]]] | None = None
+
+    def add_ids(self, arrival: float, ids) -> None:
+        if ids is None:
+            return
+        ids = [int(i) for i in (ids.reshape(-1) if hasattr(ids, "reshape") else ids)]
+        if self.id_pieces is None:
+            self.id_pieces = []
+        if ids:
+            self.id_pieces.append((arrival, ids))
+
+    @property
+    def token_ids(self) -> list[int] | None:
+        return None if self.id_pieces is None else [i for _, ids in self.id_pieces for i in ids]
 
     @property
     def text(self) -> str:
@@ -168,6 +184,7 @@ class TritonClient:
             piece = piece.decode("utf-8", "replace") if isinstance(piece, bytes) else str(piece)
             if piece:
                 out.pieces.append((now, piece))
+        out.add_ids(now, result.as_numpy("output_ids"))
         for name in METRIC_OUTPUTS:
             value = result.as_numpy(name)
             if value is not None and value.size:
@@ -201,6 +218,7 @@ class TritonClient:
             raise _server_error("the server", event["error"])
         if event.get("text_output"):
             out.pieces.append((now, event["text_output"]))
+        out.add_ids(now, event.get("output_ids"))
         out.metrics.update({k: event[k] for k in METRIC_OUTPUTS if k in event})
 
 
@@ -264,7 +282,13 @@ class TritonSystem:
             return list(pool.map(one, requests))
 
     def _generation(self, response: EndpointResponse, k: int) -> Generation:
-        ids = self.tokenizer(response.text, add_special_tokens=False).input_ids
+        # Exact ids when the entry model returns output_ids (trtspec repositories do); else tokenise the text.
+        from_text = response.token_ids is None
+        ids = (
+            self.tokenizer(response.text, add_special_tokens=False).input_ids
+            if from_text
+            else response.token_ids
+        )
         stats = AcceptanceStats(
             max_draft_len=k,
             drafted=int(response.metrics.get("total_draft_tokens", 0)),
@@ -280,11 +304,13 @@ class TritonSystem:
             response.elapsed_s,
             stats.time_to_first_token_s,
             self._chunks(response),
-            ids_from_text=True,
+            ids_from_text=from_text,
         )
 
     def _chunks(self, response: EndpointResponse) -> list[tuple[float, int]]:
-        """(arrival, tokens) per piece: token counts from tokenising the growing text, so they sum to the total."""
+        """(arrival, tokens) per piece: from output_ids, else by tokenising the growing text (sums to the total)."""
+        if response.id_pieces is not None:
+            return [(arrival, len(ids)) for arrival, ids in response.id_pieces]
         chunks, text, before = [], "", 0
         for arrival, piece in response.pieces:
             text += piece
