@@ -53,6 +53,10 @@ class RequestError(TrtspecError):
     """A generation request out of the engine's contract (e.g. num_draft_tokens > max_draft_len)."""
 
 
+class PromptSetError(TrtspecError):
+    """A prompt file (validate / bench) that cannot be read or has a malformed line."""
+
+
 class CheckFailed(TrtspecError):
     """A pre-flight check, a verification or a threshold failed."""
 

@@ -10,13 +10,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from trtspec.errors import TrtspecError
+from trtspec.errors import PromptSetError
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[1] / "assets" / "prompts" / "default.jsonl"
-
-
-class PromptSetError(TrtspecError):
-    """A prompt file that is missing, empty or malformed (exit 2)."""
 
 
 @dataclass(frozen=True)
