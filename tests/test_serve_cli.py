@@ -145,8 +145,14 @@ def test_serve_answers_the_client_and_stops_cleanly_on_ctrl_c(repo, tmp_path):
 
         proc.send_signal(signal.SIGINT)
         status = proc.wait(timeout=60)
-        assert status == 0, log.read_text()
+        server_log = (repo.parent / f".{repo.name}.tritonserver.log").read_text()
         assert "stopping tritonserver" in log.read_text()
+        # serve exits with tritonserver's status: 0, or 1 when unloading the models outlasted tritonserver's
+        # own --exit-timeout-secs (seen on an overloaded 2-core machine); anything else is a failure.
+        timed_out = "Exit timeout expired" in server_log
+        assert status == 0 or (status == 1 and timed_out), (
+            f"exit {status}\n{log.read_text()}\n{server_log[-3000:]}"
+        )
         time.sleep(0.5)  # orphaned stubs are reaped by init
         assert not _session_processes(servers[0]), "tritonserver or a stub is still running"
         assert not [r for r in regions if os.path.exists(r)], "shared-memory regions leaked"
