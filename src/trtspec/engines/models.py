@@ -139,6 +139,30 @@ class LeanCausalLM:
         """tokens [B, T] int64 (row b's first num_new[b] are real); slots/starts/num_new: B ints;
         logit_index [B, J] int64 positions in T whose logits to return. Returns [B, J, V] float32."""
         batch, length = tokens.shape
+        if batch == 1 and num_new[0] == length:
+            ctx = self._single_row_ctx(slots[0], starts[0], length)
+        else:
+            ctx = self._batch_ctx(slots, starts, num_new, length)
+        x = F.embedding(tokens, self.embed)
+        for index, layer in enumerate(self.layers):
+            x = self._layer(x, layer, index, ctx)
+        rows = torch.arange(batch, device=self.device)[:, None]
+        x = rms_norm(x[rows, logit_index], self.final_norm, self.eps)  # [B, J, hidden]: only rows we need
+        return F.linear(x, self.lm_head).float()
+
+    def _single_row_ctx(self, slot: int, start: int, length: int) -> _Ctx:
+        """Batch 1 (the latency case): slices instead of index tensors, no mask for a 1-token step."""
+        end = start + length
+        mask = None
+        if length > 1:
+            positions = torch.arange(start, end, device=self.device)
+            mask = (
+                torch.arange(end, device=self.device)[None, None, None, :] <= positions[None, None, :, None]
+            )
+        cos, sin = self.cos[start:end][None, None], self.sin[start:end][None, None]  # [1, 1, T, D]
+        return _Ctx([slot], True, None, end, cos, sin, mask, start=start)
+
+    def _batch_ctx(self, slots, starts, num_new, length: int) -> _Ctx:
         offsets = torch.arange(length, device=self.device)
         start = torch.tensor(starts, device=self.device)
         positions = start[:, None] + offsets[None, :]  # [B, T] absolute positions
@@ -150,14 +174,8 @@ class LeanCausalLM:
             mask = None  # one query per row at the end of an equal-length cache: everything is visible
         else:
             mask = torch.arange(span, device=self.device)[None, None, None, :] <= positions[:, None, :, None]
-        contiguous = list(slots) == list(range(slots[0], slots[0] + batch))
-        ctx = _Ctx(slots, contiguous, write_pos, span, cos, sin, mask)
-        x = F.embedding(tokens, self.embed)
-        for index, layer in enumerate(self.layers):
-            x = self._layer(x, layer, index, ctx)
-        rows = torch.arange(batch, device=self.device)[:, None]
-        x = rms_norm(x[rows, logit_index], self.final_norm, self.eps)  # [B, J, hidden]: only rows we need
-        return F.linear(x, self.lm_head).float()
+        contiguous = list(slots) == list(range(slots[0], slots[0] + len(slots)))
+        return _Ctx(list(slots), contiguous, write_pos, span, cos, sin, mask)
 
     def _layer(self, x, layer: _Layer, index: int, ctx: _Ctx) -> torch.Tensor:
         batch, length, _ = x.shape
@@ -190,6 +208,11 @@ class LeanCausalLM:
         """Write k/v [B, H, T, D] at ctx.write_pos; return the slots' keys/values [B, H, span, D]."""
         k_cache, v_cache = self.k_cache[index], self.v_cache[index]  # [slots, H, S+1, D]
         batch = k.shape[0]
+        if ctx.start is not None:  # one row: plain slice writes
+            slot, end = ctx.slots[0], ctx.span
+            k_cache[slot, :, ctx.start : end] = k[0]
+            v_cache[slot, :, ctx.start : end] = v[0]
+            return k_cache[slot : slot + 1, :, :end], v_cache[slot : slot + 1, :, :end]
         if ctx.contiguous:  # views, no copies (the generate loop's case)
             k_cache = k_cache[ctx.slots[0] : ctx.slots[0] + batch]
             v_cache = v_cache[ctx.slots[0] : ctx.slots[0] + batch]
@@ -210,11 +233,12 @@ class _Ctx:
 
     slots: list[int]
     contiguous: bool
-    write_pos: torch.Tensor  # [B, T]
+    write_pos: torch.Tensor | None  # [B, T]; None for the single-row path
     span: int
     cos: torch.Tensor  # [B, 1, T, D]
     sin: torch.Tensor
     mask: torch.Tensor | None  # [B, 1, T, span] bool, True = may attend
+    start: int | None = None  # single-row path: the row's first new position
 
 
 class HFCausalLM:
