@@ -163,8 +163,10 @@ def test_serve_answers_the_client_and_stops_cleanly_on_ctrl_c(repo, tmp_path):
             proc.wait()
 
 
-def test_client_reports_an_unreachable_server_in_one_line():
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_client_reports_an_unreachable_server_in_one_line(protocol):
     (port,) = free_ports(1)
-    got = _client("--url", f"127.0.0.1:{port}", "--protocol", "http", "def")
+    got = _client("--url", f"127.0.0.1:{port}", "--protocol", protocol, "def")
     assert got.returncode == 2 and "Traceback" not in got.stderr
     assert got.stderr.startswith(f"Error: cannot reach Triton at 127.0.0.1:{port}")
+    assert len(got.stderr.strip().splitlines()) == 1

@@ -13,9 +13,10 @@ Exit status: 0 when every prompt was answered, 2 when the server refused a reque
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 
-from trtspec.errors import TrtspecError
+from trtspec.errors import ServerError, TrtspecError
 from trtspec.validate.endpoint import EndpointResponse, TritonClient
 
 
@@ -63,9 +64,21 @@ def metrics_line(response: EndpointResponse) -> str:
     return "  ".join(parts)
 
 
+def check_reachable(client: TritonClient) -> None:
+    """Fail in one clear line when nothing listens at the address (gRPC would report a broken stream)."""
+    host, _, port = client.address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except (OSError, ValueError) as err:
+        raise ServerError(
+            f"cannot reach Triton at {client.address} ({err}); start it with `trtspec serve REPO` or fix --url"
+        ) from None
+
+
 def run(argv: list[str] | None = None, out=sys.stdout) -> int:
     args = parse_args(argv)
     client = TritonClient(args.url, args.protocol, args.model, timeout_s=args.timeout)
+    check_reachable(client)
     for i, prompt in enumerate(args.prompts):
         if len(args.prompts) > 1:
             print(f"--- [{i + 1}/{len(args.prompts)}]", file=out)
