@@ -98,7 +98,15 @@ def test_serve_answers_the_client_and_stops_cleanly_on_ctrl_c(repo, tmp_path):
     cmd = [sys.executable, "-m", "trtspec", "serve", str(repo)]
     cmd += ["--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)]
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        # Started with SIGINT ignored, as a `cmd &` background job of a non-interactive shell is (tools/demo.sh):
+        # serve must still stop on SIGINT.
+        proc = subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        )
     try:
         _wait_ready(proc, http, log)
         servers = _children(proc.pid)
@@ -147,12 +155,9 @@ def test_serve_answers_the_client_and_stops_cleanly_on_ctrl_c(repo, tmp_path):
         status = proc.wait(timeout=60)
         server_log = (repo.parent / f".{repo.name}.tritonserver.log").read_text()
         assert "stopping tritonserver" in log.read_text()
-        # serve exits with tritonserver's status: 0, or 1 when unloading the models outlasted tritonserver's
-        # own --exit-timeout-secs (seen on an overloaded 2-core machine); anything else is a failure.
-        timed_out = "Exit timeout expired" in server_log
-        assert status == 0 or (status == 1 and timed_out), (
-            f"exit {status}\n{log.read_text()}\n{server_log[-3000:]}"
-        )
+        # A stop the user asked for exits 0 once the server's session is gone, even when unloading the models
+        # outlasted tritonserver's own --exit-timeout-secs (seen on an overloaded 2-core machine).
+        assert status == 0, f"exit {status}\n{log.read_text()}\n{server_log[-3000:]}"
         time.sleep(0.5)  # orphaned stubs are reaped by init
         assert not _session_processes(servers[0]), "tritonserver or a stub is still running"
         assert not [r for r in regions if os.path.exists(r)], "shared-memory regions leaked"

@@ -102,8 +102,24 @@ def _run_mpi(repo: Path, ports: Ports, layout: dict, info: dict, echo) -> int:
         return proc.wait()
 
 
+def _interrupt_on_stop_signals() -> None:
+    """Ctrl-C and SIGTERM both stop the server cleanly. A background job of a non-interactive shell (and some
+    init systems) starts us with SIGINT ignored; Python then never raises KeyboardInterrupt, so restore it."""
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def serve(spec: ServeSpec, echo=print) -> int:
-    """Start, report endpoints, block until Ctrl-C or the server exits; returns the server's exit status."""
+    """Start, report endpoints, block until Ctrl-C / SIGTERM or the server exits; returns the exit status.
+
+    A stop the user asked for returns 0 once the server's whole session is gone (``TritonServer.stop`` kills
+    what outlives tritonserver's own exit timeout), whatever status tritonserver chose for a slow unload.
+    """
+    _interrupt_on_stop_signals()
     info = read_manifest(spec.repo)
     ports = resolve_ports(spec, info)
     layout = launch_layout_of(info)
@@ -125,7 +141,10 @@ def serve(spec: ServeSpec, echo=print) -> int:
                 time.sleep(0.5)
         except KeyboardInterrupt:
             echo("stopping tritonserver ...")
-            return server.stop() or 0
+            status = server.stop()
+            if status:
+                echo(f"tritonserver exited with status {status} while unloading; its session was stopped")
+            return 0
         raise ServerError(
             f"tritonserver exited unexpectedly: {failure_reason(server.log_text())} (log: {log})"
         )
