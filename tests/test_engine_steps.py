@@ -83,3 +83,44 @@ def test_sampled_rounds_with_draft_logits_run_and_respect_k(step_pair):
         draft.draft([StepRequest([1, 7, 8], num_tokens=5)])
     with pytest.raises(RequestError, match="max_draft_len=4"):
         target.verify([StepRequest([1, 7, 8], draft_ids=[5] * 5)])
+
+
+# ------------------------------------------------------------------ the slot pool (KV-cache prefix reuse)
+
+
+def test_slot_pool_picks_the_longest_shared_prefix():
+    from trtspec.engines.steps import SlotPool
+
+    pool = SlotPool(3)
+    pool.record(0, [1, 2, 3])
+    pool.record(1, [1, 2, 3, 4, 5])
+    pool.record(2, [9])
+    assert pool.acquire([1, 2, 3, 4, 5, 6, 7], set()) == (1, 5)
+    assert pool.acquire([1, 2, 3, 8], set()) == (0, 3)  # a tie: the least recently used of the two
+    assert pool.acquire([9, 9], set()) == (2, 1)
+    assert pool.acquire([1, 2, 3, 4, 5, 6, 7], {1}) == (0, 3)  # a slot taken by the same batch is skipped
+
+
+def test_slot_pool_leaves_one_token_to_feed():
+    from trtspec.engines.steps import SlotPool
+
+    pool = SlotPool(1)
+    pool.record(0, [1, 2, 3])
+    assert pool.acquire([1, 2, 3], set()) == (0, 2)  # the last token is fed again: it yields the logits
+    assert pool.acquire([1, 2], set()) == (0, 1)
+
+
+def test_slot_pool_evicts_the_least_recently_used_slot():
+    from trtspec.engines.steps import SlotPool
+
+    pool = SlotPool(2)
+    a, _ = pool.acquire([1, 1], set())
+    pool.record(a, [1, 1])
+    b, _ = pool.acquire([2, 2], set())
+    assert b != a  # the empty slot, not the one just used
+    pool.record(b, [2, 2])
+    pool.acquire([1, 1, 5], set())  # touches slot a
+    c, cached = pool.acquire([3, 3], set())  # nothing shared: the least recently used slot (b) is replaced
+    assert (c, cached) == (b, 0)
+    pool.record(c, [3, 3])
+    assert pool.cached[a] == [1, 1] and pool.cached[b] == [3, 3]

@@ -9,7 +9,6 @@ import pytest
 
 from trtspec.errors import RequestError
 from trtspec.triton_repo.models.decode import leading_matches, speculate
-from trtspec.triton_repo.models.engine import SlotCache
 from trtspec.triton_repo.models.request import Limits, parse_request
 from trtspec.triton_repo.models.text import (
     IncrementalText,
@@ -290,37 +289,3 @@ def test_incremental_text_flushes_a_replacement_character_at_the_end():
     assert stream.delta("ab", False) == "ab"
     assert stream.delta("ab\ufffd", False) == ""
     assert stream.delta("ab\ufffd", True) == "\ufffd"
-
-
-# ------------------------------------------------------------------ the torch engine model's KV slots
-
-
-def test_slot_cache_picks_the_longest_shared_prefix():
-    cache = SlotCache(3)
-    cache.hold(0, [1, 2, 3])
-    cache.hold(1, [1, 2, 3, 4, 5])
-    cache.hold(2, [9])
-    assert cache.acquire([1, 2, 3, 4, 5, 6, 7]) == (1, 5)
-    assert cache.acquire([1, 2, 3, 8]) == (0, 3)  # a tie: the least recently used of the two
-    assert cache.acquire([9, 9]) == (2, 1)
-
-
-def test_slot_cache_leaves_one_token_to_feed():
-    cache = SlotCache(1)
-    cache.hold(0, [1, 2, 3])
-    assert cache.acquire([1, 2, 3]) == (0, 2)  # the last token is fed again: it yields the logits
-    assert cache.acquire([1, 2]) == (0, 1)
-
-
-def test_slot_cache_evicts_the_least_recently_used_slot():
-    cache = SlotCache(2)
-    a, _ = cache.acquire([1, 1])
-    cache.hold(a, [1, 1])
-    b, _ = cache.acquire([2, 2])
-    assert b != a  # the empty slot, not the one just used
-    cache.hold(b, [2, 2])
-    cache.acquire([1, 1, 5])  # touches slot a
-    c, cached = cache.acquire([3, 3])  # nothing shared: the least recently used slot (b) is replaced
-    assert (c, cached) == (b, 0)
-    cache.hold(c, [3, 3])
-    assert cache.tokens[a] == [1, 1] and cache.tokens[b] == [3, 3]
