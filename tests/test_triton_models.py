@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from trtspec.errors import RequestError
-from trtspec.triton_repo.models.decode import leading_matches, speculate
+from trtspec.triton_repo.models.decode import speculate
 from trtspec.triton_repo.models.request import Limits, parse_request
 from trtspec.triton_repo.models.text import (
     IncrementalText,
@@ -42,13 +42,6 @@ class Script:
 def _run(script: Script, prompt=(10, 11), stats=None, **kwargs):
     options = {"max_tokens": 100, "num_draft_tokens": 3, "max_seq_len": 1000, "end_id": END} | kwargs
     return list(speculate(list(prompt), draft=script.draft, target=script.target, stats=stats, **options))
-
-
-def test_leading_matches_is_the_common_prefix_length():
-    assert leading_matches([5, 6, 7], [5, 6, 9, 1]) == 2
-    assert leading_matches([5, 6, 7], [5, 6, 7, 8]) == 3
-    assert leading_matches([5], [4, 5]) == 0
-    assert leading_matches([], [4]) == 0
 
 
 def test_rounds_emit_accepted_plus_one_and_count_accepted_and_bonus_tokens():

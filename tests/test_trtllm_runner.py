@@ -15,7 +15,7 @@ import torch
 
 from trtspec.builders import trtllm_adapter as A
 from trtspec.engines.sampling import SamplingParams
-from trtspec.engines.trtllm_runner import TrtllmSpeculativeRunner, leading_matches
+from trtspec.engines.trtllm_runner import TrtllmSpeculativeRunner
 from trtspec.errors import CheckpointError, NeedsTensorRTLLM, RequestError
 
 FAKE_DIR = Path(__file__).parent / "fake_tensorrt_llm"
@@ -282,7 +282,7 @@ def test_engines_from_the_build_run_through_from_recipe(fake_trtllm, tmp_path, t
     runner.close()
 
 
-def test_sampling_kwargs_and_leading_matches():
+def test_sampling_kwargs():
     assert A.sampling_kwargs(0.0, 50, 0.9, 3) == {
         "temperature": 1.0,
         "top_k": 1,
@@ -296,7 +296,3 @@ def test_sampling_kwargs_and_leading_matches():
         "top_p": 1.0,
         "num_beams": 1,
     }
-    assert leading_matches([5, 6, 7], [5, 6, 9, 1]) == 2
-    assert leading_matches([5, 6], [5, 6, 3]) == 2
-    assert leading_matches([5], [4]) == 0
-    assert leading_matches([5, 6, 7], [5]) == 1

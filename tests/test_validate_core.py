@@ -155,3 +155,12 @@ def test_user_prompt_file_and_errors(tmp_path):
             load_prompts(good)
     with pytest.raises(PromptSetError, match="cannot read"):
         load_prompts(tmp_path / "missing.jsonl")
+
+
+def test_common_prefix_len():
+    from trtspec.validate.compare import common_prefix_len
+
+    assert common_prefix_len([5, 6, 7], [5, 6, 9, 1]) == 2
+    assert common_prefix_len([5, 6, 7], [5, 6, 7, 8]) == 3
+    assert common_prefix_len([5], [4]) == 0
+    assert common_prefix_len([], [1]) == 0

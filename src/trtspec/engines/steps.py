@@ -35,6 +35,7 @@ from trtspec.engines.models import load_causal_lm
 from trtspec.engines.sampling import SamplingParams, check_num_draft_tokens, logits_to_probs
 from trtspec.engines.speculative import Row, commit, propose, verify
 from trtspec.errors import RequestError
+from trtspec.validate.compare import common_prefix_len
 
 
 @dataclass
@@ -70,8 +71,8 @@ class SlotPool:
         free = [s for s in range(len(self.cached)) if s not in taken]
         if not free:
             raise RequestError(f"batch larger than the {len(self.cached)} cache slots; raise num_slots")
-        best = max(free, key=lambda s: (_common_prefix(self.cached[s], tokens), -self.last_used[s]))
-        reuse = _common_prefix(self.cached[best], tokens)
+        best = max(free, key=lambda s: (common_prefix_len(self.cached[s], tokens), -self.last_used[s]))
+        reuse = common_prefix_len(self.cached[best], tokens)
         if reuse == 0:
             best = min(free, key=lambda s: self.last_used[s])
         self.clock += 1
@@ -80,15 +81,6 @@ class SlotPool:
 
     def record(self, slot: int, tokens: list[int]) -> None:
         self.cached[slot] = list(tokens)
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class StepModel:

@@ -48,6 +48,7 @@ from trtspec.builders import trtllm_adapter as adapter
 from trtspec.engines.engine import GenerationResult, StreamEvent, _StopChecker
 from trtspec.engines.sampling import SamplingParams, check_num_draft_tokens
 from trtspec.errors import CheckpointError, ModelError, RequestError
+from trtspec.validate.compare import common_prefix_len
 from trtspec.validate.metrics import AcceptanceStats
 
 if TYPE_CHECKING:
@@ -79,17 +80,7 @@ class _Emitted:
 
     @property
     def num_accepted(self) -> int:
-        return leading_matches(self.draft_tokens, self.tokens)
-
-
-def leading_matches(draft_tokens: list[int], emitted: list[int]) -> int:
-    """Length of the leading run of draft tokens equal to the emitted tokens (the accepted draft tokens)."""
-    n = 0
-    for drafted, got in zip(draft_tokens, emitted, strict=False):
-        if drafted != got:
-            break
-        n += 1
-    return n
+        return common_prefix_len(self.draft_tokens, self.tokens)
 
 
 class TrtllmSpeculativeRunner:

@@ -19,13 +19,21 @@ def cut_at_stop(tokens: Sequence[int], stop_token_ids: Iterable[int]) -> list[in
     return list(tokens)
 
 
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix: accepted draft tokens, reusable KV-cache positions, agreement."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def first_divergence(reference: Sequence[int], candidate: Sequence[int]) -> int | None:
     """Index of the first position where the two differ (a length difference diverges at the shorter's end);
     None when they are identical."""
-    for index, (ref, cand) in enumerate(zip(reference, candidate, strict=False)):
-        if ref != cand:
-            return index
-    return None if len(reference) == len(candidate) else min(len(reference), len(candidate))
+    n = common_prefix_len(reference, candidate)
+    return None if n == len(reference) == len(candidate) else n
 
 
 def token_agreement(reference: Sequence[int], candidate: Sequence[int]) -> float:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
+from trtspec.validate.compare import common_prefix_len
 from trtspec.validate.metrics import AcceptanceStats
 
 DraftFn = Callable[[list[int], int, int], tuple[list[int], object]]  # (tokens, k, round) -> (draft, logits)
@@ -33,16 +34,6 @@ class Round:
     reason: str | None = (
         None  # "length", "end_id", "stop_words", "max_seq_len" or "no_progress" when finished
     )
-
-
-def leading_matches(draft_tokens: Sequence[int], target_tokens: Sequence[int]) -> int:
-    """How many draft tokens the target accepted: the length of their common prefix."""
-    n = 0
-    for d, t in zip(draft_tokens, target_tokens, strict=False):
-        if d != t:
-            break
-        n += 1
-    return n
 
 
 def _cut(generated: list[int], new: list[int], end_id: int | None, stop_ids: Sequence[Sequence[int]]):
@@ -82,7 +73,7 @@ def speculate(
         draft_tokens, draft_logits = draft(tokens, k, round_index) if k > 0 else ([], None)
         draft_tokens = list(draft_tokens)[:k]
         new = list(target(tokens, draft_tokens, draft_logits, round_index))
-        accepted = leading_matches(draft_tokens, new)
+        accepted = common_prefix_len(draft_tokens, new)
         # Only the accepted prefix and the one recovered/bonus token after it are verified output; anything an
         # engine returns beyond that is not part of this round (every round emits accepted + 1 tokens).
         new = new[: accepted + 1]
