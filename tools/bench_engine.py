@@ -121,22 +121,23 @@ def main(argv=None) -> None:
     )
 
     hf_base = hf_tokens_per_s(hf_target, prompts, max_new)
+    print(f"HF target-only            {hf_base:8.1f} tokens/s", flush=True)
     hf_assisted = {}
-    for k in args.ks:
-        hf_assisted[f"K={k}"] = hf_tokens_per_s(
-            hf_target,
-            prompts,
-            max_new,
-            assistant_model=hf_draft,
-            num_assistant_tokens=k,
-            num_assistant_tokens_schedule="constant",
-            assistant_confidence_threshold=0.0,
+    for name in [*(f"K={k}" for k in args.ks), "heuristic"]:
+        schedule = (
+            {}
+            if name == "heuristic"
+            else dict(
+                num_assistant_tokens=int(name[2:]),
+                num_assistant_tokens_schedule="constant",
+                assistant_confidence_threshold=0.0,
+            )
         )
-    hf_assisted["heuristic"] = hf_tokens_per_s(hf_target, prompts, max_new, assistant_model=hf_draft)
+        tps = hf_assisted[name] = hf_tokens_per_s(
+            hf_target, prompts, max_new, assistant_model=hf_draft, **schedule
+        )
+        print(f"HF assisted {name:13s} {tps:8.1f} tokens/s  {tps / hf_base:5.2f}x HF target-only", flush=True)
     best_hf = max(hf_assisted, key=hf_assisted.get)
-    print(f"HF target-only            {hf_base:8.1f} tokens/s")
-    for name, tps in hf_assisted.items():
-        print(f"HF assisted {name:13s} {tps:8.1f} tokens/s  {tps / hf_base:5.2f}x HF target-only")
     print()
 
     base_tps, _ = engine_run(engine, prompts, max_new, 0)
