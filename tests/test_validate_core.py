@@ -164,3 +164,20 @@ def test_common_prefix_len():
     assert common_prefix_len([5, 6, 7], [5, 6, 7, 8]) == 3
     assert common_prefix_len([5], [4]) == 0
     assert common_prefix_len([], [1]) == 0
+
+
+def test_endpoint_response_collects_output_ids_per_piece():
+    import numpy as np
+
+    from trtspec.validate.endpoint import EndpointResponse
+
+    text_only = EndpointResponse(pieces=[(0.1, "ab")])
+    assert text_only.token_ids is None and text_only.id_pieces is None
+    response = EndpointResponse()
+    response.add_ids(0.1, np.array([[5, 6]], dtype=np.int32))
+    response.add_ids(0.2, np.zeros((1, 0), dtype=np.int32))  # an empty final response
+    response.add_ids(0.3, [7])
+    response.add_ids(0.35, 8)  # HTTP's JSON gives a one-element tensor as a bare number
+    response.add_ids(0.4, None)
+    assert response.token_ids == [5, 6, 7, 8]
+    assert response.id_pieces == [(0.1, [5, 6]), (0.3, [7]), (0.35, [8])]

@@ -50,9 +50,12 @@ class EndpointResponse:
     id_pieces: list[tuple[float, list[int]]] | None = None
 
     def add_ids(self, arrival: float, ids) -> None:
+        """Record one response's ids: a numpy array (gRPC), a JSON list, or a bare number (HTTP, one token)."""
+        import numpy as np
+
         if ids is None:
             return
-        ids = [int(i) for i in (ids.reshape(-1) if hasattr(ids, "reshape") else ids)]
+        ids = [int(i) for i in np.asarray(ids).reshape(-1)]
         if self.id_pieces is None:
             self.id_pieces = []
         if ids:
