@@ -113,7 +113,7 @@ def validate(options: ValidateOptions, out) -> dict:
                 reference,
                 prompts,
                 max_new_tokens=options.max_tokens,
-                num_draft_tokens=options.num_draft_tokens,
+                num_draft_tokens=options.num_draft_tokens or recipe.speculative.default_num_draft_tokens,
                 thresholds=options.thresholds,
                 progress=lambda msg: status.update(msg),
             )
