@@ -139,3 +139,15 @@ def test_bench_refuses_k_above_max_draft_len(runner, tiny_pair, tmp_path):
     assert result.exit_code == 2 and "max_draft_len 2" in result.output
     result = runner.invoke(cli, ["bench", str(recipe), "--concurrency", "1,x"])
     assert result.exit_code == 2 and "comma-separated" in result.output
+
+
+def test_bound_uses_measured_tokens_per_round_where_rounds_are_counted():
+    # Acceptance 6/8 = 0.75 predicts (1 - 0.75^5) / 0.25 = 3.05 tokens per round at K=4 if i.i.d.; the engine
+    # measured 10 tokens in 2 target forwards (bursty acceptance): the bound must use the measured 5.
+    point = _point(4, 1, 10, 0.5, accepted=6, drafted=8, hist=[0, 0, 0, 0, 2])
+    point.generations[0].stats.target_forwards = 2
+    result = BenchResult("s", 10, 1, [_point(0, 1, 10, 1.0), point], draft_cost_ratio={1: 0.1})
+    row = next(r for r in result.rows() if r["num_draft_tokens"] == 4)
+    assert row["tokens_per_round"] == 5.0
+    assert row["analytic_bound"] == pytest.approx(analytic_speedup_bound(5.0, 4, 0.1))
+    assert row["analytic_bound"] > analytic_speedup_bound(expected_tokens_per_round(0.75, 4), 4, 0.1)
