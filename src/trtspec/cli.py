@@ -124,19 +124,44 @@ def _print_checkpoints(summaries: list, out: Output) -> None:
     console = out.console()
     for s in summaries:
         v = s["verification"]
-        check = "not verified" if v is None else f"verified: top-1 {v['top1_agreement']:.1%}, max abs logit error {v['max_abs_logit_error']:.3g}"
-        console.print(f"{s['role']}: {s['checkpoint']} ({s['format'] if s['format'] != 'none' else s['dtype']}, tp={s['tp_size']} pp={s['pp_size']}; {check})")
+        check = (
+            "not verified"
+            if v is None
+            else f"verified: top-1 {v['top1_agreement']:.1%}, max abs logit error {v['max_abs_logit_error']:.3g}"
+        )
+        console.print(
+            f"{s['role']}: {s['checkpoint']} ({s['format'] if s['format'] != 'none' else s['dtype']}, tp={s['tp_size']} pp={s['pp_size']}; {check})"
+        )
 
 
 @cli.command()
 @recipe_argument
-@click.option("--model", "model", type=ROLE_CHOICES, default="both", help="Which model of the pair to convert.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help="Checkpoint dir (default engines/<name>/<role>/checkpoint; with both models, <out>/<role>).")
-@click.option("--dtype", type=click.Choice(["float16", "bfloat16"]), default=None, help="Override the recipe's dtype.")
-@click.option("--tp-size", type=click.IntRange(1, 64), default=None, help="Tensor-parallel ranks (one rank{N}.safetensors each).")
+@click.option(
+    "--model", "model", type=ROLE_CHOICES, default="both", help="Which model of the pair to convert."
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Checkpoint dir (default engines/<name>/<role>/checkpoint; with both models, <out>/<role>).",
+)
+@click.option(
+    "--dtype", type=click.Choice(["float16", "bfloat16"]), default=None, help="Override the recipe's dtype."
+)
+@click.option(
+    "--tp-size",
+    type=click.IntRange(1, 64),
+    default=None,
+    help="Tensor-parallel ranks (one rank{N}.safetensors each).",
+)
 @click.option("--pp-size", type=click.IntRange(1, 64), default=None, help="Pipeline-parallel stages.")
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None, help="Where the HF model is loaded.")
-@click.option("--no-verify", is_flag=True, help="Skip the interpreter check of the written checkpoint against HF.")
+@click.option(
+    "--device", type=click.Choice(["cpu", "cuda"]), default=None, help="Where the HF model is loaded."
+)
+@click.option(
+    "--no-verify", is_flag=True, help="Skip the interpreter check of the written checkpoint against HF."
+)
 @output_options
 def convert(recipe, model, out_dir, dtype, tp_size, pp_size, device, no_verify, out: Output) -> None:
     """HF -> TensorRT-LLM checkpoint (fp16/bf16) via ModelOpt, verified against the HF model.
@@ -151,24 +176,53 @@ def convert(recipe, model, out_dir, dtype, tp_size, pp_size, device, no_verify, 
     roles = _roles(model)
     overrides = {"calibration.device": device}
     for role in roles:
-        overrides.update({f"{role}.quantization": "none", f"{role}.dtype": dtype, f"{role}.tp_size": tp_size, f"{role}.pp_size": pp_size})
+        overrides.update(
+            {
+                f"{role}.quantization": "none",
+                f"{role}.dtype": dtype,
+                f"{role}.tp_size": tp_size,
+                f"{role}.pp_size": pp_size,
+            }
+        )
     spec = load_recipe(recipe, overrides)
-    summaries = export_models(spec, roles, out=Path(out_dir) if out_dir else None, verify=not no_verify, console=out.console())
+    summaries = export_models(
+        spec, roles, out=Path(out_dir) if out_dir else None, verify=not no_verify, console=out.console()
+    )
     _print_checkpoints(summaries, out)
 
 
 @cli.command()
 @recipe_argument
-@click.option("--model", "model", type=ROLE_CHOICES, default="both", help="Which model of the pair to quantize.")
+@click.option(
+    "--model", "model", type=ROLE_CHOICES, default="both", help="Which model of the pair to quantize."
+)
 @click.option("--target-format", type=FORMAT_CHOICES, default=None, help="Override target.quantization.")
 @click.option("--draft-format", type=FORMAT_CHOICES, default=None, help="Override draft.quantization.")
-@click.option("--kv-cache-dtype", type=click.Choice(["auto", "fp8"]), default=None, help="KV cache dtype of the quantized models.")
-@click.option("--calib-data", type=click.Path(dir_okay=False), default=None, help="'builtin' or a .txt / .jsonl file (one {\"text\": ...} per line).")
+@click.option(
+    "--kv-cache-dtype",
+    type=click.Choice(["auto", "fp8"]),
+    default=None,
+    help="KV cache dtype of the quantized models.",
+)
+@click.option(
+    "--calib-data",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="'builtin' or a .txt / .jsonl file (one {\"text\": ...} per line).",
+)
 @click.option("--calib-size", type=click.IntRange(1), default=None, help="Number of calibration samples.")
 @click.option("--calib-seq-len", type=click.IntRange(8), default=None, help="Tokens per calibration sample.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None, help="Where calibration runs.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help="Checkpoint dir (default engines/<name>/<role>/checkpoint; with both models, <out>/<role>).")
-@click.option("--no-verify", is_flag=True, help="Skip the interpreter check of the written checkpoint against HF.")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Checkpoint dir (default engines/<name>/<role>/checkpoint; with both models, <out>/<role>).",
+)
+@click.option(
+    "--no-verify", is_flag=True, help="Skip the interpreter check of the written checkpoint against HF."
+)
 @output_options
 def quantize(
     recipe, model, target_format, draft_format, kv_cache_dtype, calib_data, calib_size, calib_seq_len, device, out_dir,
@@ -185,14 +239,19 @@ def quantize(
 
     roles = _roles(model)
     overrides = {
-        "target.quantization": target_format, "draft.quantization": draft_format,
-        "calibration.dataset": calib_data, "calibration.size": calib_size,
-        "calibration.seq_len": calib_seq_len, "calibration.device": device,
+        "target.quantization": target_format,
+        "draft.quantization": draft_format,
+        "calibration.dataset": calib_data,
+        "calibration.size": calib_size,
+        "calibration.seq_len": calib_seq_len,
+        "calibration.device": device,
     }
     for role in roles:
         overrides[f"{role}.kv_cache_dtype"] = kv_cache_dtype
     spec = load_recipe(recipe, overrides)
-    summaries = export_models(spec, roles, out=Path(out_dir) if out_dir else None, verify=not no_verify, console=out.console())
+    summaries = export_models(
+        spec, roles, out=Path(out_dir) if out_dir else None, verify=not no_verify, console=out.console()
+    )
     _print_checkpoints(summaries, out)
 
 
@@ -238,30 +297,84 @@ def build(recipe: str, engines_dir: str, engines_only: bool, force: bool, out: O
 
 @cli.command()
 @click.option("--prompt", required=True, help="Text to continue.")
-@click.option("--recipe", default="demo", envvar="TRTSPEC_RECIPE", help="Recipe file, or 'demo' (the shipped pair); ignored with --target.")
-@click.option("--target", type=click.Path(), default=None, help="Target HF model directory (instead of --recipe).")
+@click.option(
+    "--recipe",
+    default="demo",
+    envvar="TRTSPEC_RECIPE",
+    help="Recipe file, or 'demo' (the shipped pair); ignored with --target.",
+)
+@click.option(
+    "--target", type=click.Path(), default=None, help="Target HF model directory (instead of --recipe)."
+)
 @click.option("--draft", type=click.Path(), default=None, help="Draft HF model directory (with --target).")
 @click.option("--no-draft", is_flag=True, help="Target-only decoding (the baseline).")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=128)
-@click.option("--num-draft-tokens", type=click.IntRange(min=0), default=None, help="Draft tokens per round K [default: the recipe's].")
-@click.option("--max-draft-len", type=click.IntRange(min=1), default=None, help="Engine limit [default: the recipe's, or 8].")
+@click.option(
+    "--num-draft-tokens",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Draft tokens per round K [default: the recipe's].",
+)
+@click.option(
+    "--max-draft-len",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Engine limit [default: the recipe's, or 8].",
+)
 @click.option("--temperature", type=click.FloatRange(min=0), default=0.0, help="0 = greedy.")
 @click.option("--top-k", type=click.IntRange(min=0), default=0, help="0 = off.")
 @click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0)
 @click.option("--seed", type=int, default=None)
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu")
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default=None,
-              help="[default: float32 on cpu, the recipe's dtype on cuda]")
+@click.option(
+    "--dtype",
+    type=click.Choice(["float32", "bfloat16", "float16"]),
+    default=None,
+    help="[default: float32 on cpu, the recipe's dtype on cuda]",
+)
 @output_options
-def generate(prompt, recipe, target, draft, no_draft, max_new_tokens, num_draft_tokens, max_draft_len, temperature,
-             top_k, top_p, seed, stop, device, dtype, out: Output) -> None:
+def generate(
+    prompt,
+    recipe,
+    target,
+    draft,
+    no_draft,
+    max_new_tokens,
+    num_draft_tokens,
+    max_draft_len,
+    temperature,
+    top_k,
+    top_p,
+    seed,
+    stop,
+    device,
+    dtype,
+    out: Output,
+) -> None:
     """Speculative generation with the PyTorch engine: streams the text as tokens are accepted, then the stats."""
     from trtspec.engines.generate import GenerateSpec, run_generate
 
-    run_generate(GenerateSpec(
-        prompt, recipe, target, draft, no_draft, max_new_tokens, num_draft_tokens, temperature, top_k, top_p, seed,
-        tuple(stop), device, dtype, max_draft_len), out)
+    run_generate(
+        GenerateSpec(
+            prompt,
+            recipe,
+            target,
+            draft,
+            no_draft,
+            max_new_tokens,
+            num_draft_tokens,
+            temperature,
+            top_k,
+            top_p,
+            seed,
+            tuple(stop),
+            device,
+            dtype,
+            max_draft_len,
+        ),
+        out,
+    )
 
 
 # --- deploy / serve (issue 5) ---
@@ -269,14 +382,28 @@ def generate(prompt, recipe, target, draft, no_draft, max_new_tokens, num_draft_
 
 @cli.command()
 @recipe_argument
-@click.option("--runtime", type=click.Choice(["tensorrtllm", "torch", "trtllm-pytorch"]), default=None,
-              help="Engine models: the TensorRT-LLM C++ backend over 1.2.x engines, python models running the "
-              "PyTorch engine (CPU), or upstream's LLM-API model on TensorRT-LLM's PyTorch backend (HF "
-              "checkpoints). Default: the recipe's triton.runtime.")
-@click.option("--out", "out_dir", type=click.Path(), default=None, help="Repository folder [default: triton_repo/<name>].")
-@click.option("--engines-dir", type=click.Path(file_okay=False), default="engines",
-              help="Where `trtspec build` put engines/<name>/{target,draft}/engine (tensorrtllm runtime) and "
-              "quantized models' hf_checkpoint (trtllm-pytorch runtime).")
+@click.option(
+    "--runtime",
+    type=click.Choice(["tensorrtllm", "torch", "trtllm-pytorch"]),
+    default=None,
+    help="Engine models: the TensorRT-LLM C++ backend over 1.2.x engines, python models running the "
+    "PyTorch engine (CPU), or upstream's LLM-API model on TensorRT-LLM's PyTorch backend (HF "
+    "checkpoints). Default: the recipe's triton.runtime.",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(),
+    default=None,
+    help="Repository folder [default: triton_repo/<name>].",
+)
+@click.option(
+    "--engines-dir",
+    type=click.Path(file_okay=False),
+    default="engines",
+    help="Where `trtspec build` put engines/<name>/{target,draft}/engine (tensorrtllm runtime) and "
+    "quantized models' hf_checkpoint (trtllm-pytorch runtime).",
+)
 @output_options
 def deploy(recipe: str, runtime: str | None, out_dir: str | None, engines_dir: str, out: Output) -> None:
     """Write a Triton model repository: preprocessing, postprocessing, target and draft engine models and the
@@ -304,7 +431,9 @@ def deploy(recipe: str, runtime: str | None, out_dir: str | None, engines_dir: s
 @click.option("--http-port", type=int, default=None, help="[default: the recipe's triton.http_port]")
 @click.option("--grpc-port", type=int, default=None, help="[default: the recipe's triton.grpc_port]")
 @click.option("--metrics-port", type=int, default=None, help="[default: the recipe's triton.metrics_port]")
-@click.option("--timeout", "timeout_s", type=float, default=300.0, help="Seconds to wait for every model to load.")
+@click.option(
+    "--timeout", "timeout_s", type=float, default=300.0, help="Seconds to wait for every model to load."
+)
 @output_options
 def serve(repo: str, host, http_port, grpc_port, metrics_port, timeout_s: float, out: Output) -> None:
     """Run tritonserver (the NGC image's, else nvidia-pytriton's) on REPO until Ctrl-C."""
@@ -323,16 +452,34 @@ def serve(repo: str, host, http_port, grpc_port, metrics_port, timeout_s: float,
 def _system_options(func):
     """Which system validate/bench test: the in-process engine, a Triton endpoint, or TensorRT-LLM engines."""
     options = [
-        click.option("--system", type=click.Choice(["auto", "engine", "triton", "trtllm"]), default="auto",
-                     help="System under test; auto = triton when --url is given, else the in-process engine."),
+        click.option(
+            "--system",
+            type=click.Choice(["auto", "engine", "triton", "trtllm"]),
+            default="auto",
+            help="System under test; auto = triton when --url is given, else the in-process engine.",
+        ),
         click.option("--url", default=None, help="Triton endpoint HOST:PORT (gRPC) or http://HOST:PORT."),
-        click.option("--protocol", type=click.Choice(["auto", "grpc", "http"]), default="auto",
-                     help="Triton protocol; auto = http for http:// URLs, else grpc."),
-        click.option("--model", "triton_model", default=None, help="Triton entry model [default: tensorrt_llm_bls]."),
-        click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu",
-                     help="Device of the in-process engine and the HF reference."),
-        click.option("--dtype", type=click.Choice(["auto", "float32", "float16", "bfloat16"]), default="auto",
-                     help="In-process dtype; auto = float32 on cpu, the recipe's dtype on cuda."),
+        click.option(
+            "--protocol",
+            type=click.Choice(["auto", "grpc", "http"]),
+            default="auto",
+            help="Triton protocol; auto = http for http:// URLs, else grpc.",
+        ),
+        click.option(
+            "--model", "triton_model", default=None, help="Triton entry model [default: tensorrt_llm_bls]."
+        ),
+        click.option(
+            "--device",
+            type=click.Choice(["cpu", "cuda"]),
+            default="cpu",
+            help="Device of the in-process engine and the HF reference.",
+        ),
+        click.option(
+            "--dtype",
+            type=click.Choice(["auto", "float32", "float16", "bfloat16"]),
+            default="auto",
+            help="In-process dtype; auto = float32 on cpu, the recipe's dtype on cuda.",
+        ),
     ]
     for option in reversed(options):
         func = option(func)
@@ -347,23 +494,59 @@ def _system_spec(system, url, protocol, triton_model, device, dtype):
 
 @cli.command()
 @recipe_argument
-@click.option("--prompts", type=click.Path(dir_okay=False), default=None,
-              help="Prompt JSONL ({\"prompt\": ...} per line) [default: the shipped code+prose set].")
+@click.option(
+    "--prompts",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help='Prompt JSONL ({"prompt": ...} per line) [default: the shipped code+prose set].',
+)
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N prompts.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=32, help="New tokens per prompt.")
-@click.option("--num-draft-tokens", type=click.IntRange(min=1), default=None,
-              help="Draft tokens per round (K) [default: the recipe's max_draft_len].")
-@click.option("--min-exact-match", type=click.FloatRange(0, 1), default=None,
-              help="Fail (exit 1) below this exact-match rate vs the HF reference.")
-@click.option("--min-acceptance", type=click.FloatRange(0, 1), default=None,
-              help="Fail (exit 1) below this acceptance rate.")
-@click.option("--min-control-match", type=click.FloatRange(0, 1), default=1.0,
-              help="Fail (exit 1) below this exact-match rate of speculative vs target-only on the same system.")
+@click.option(
+    "--num-draft-tokens",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Draft tokens per round (K) [default: the recipe's max_draft_len].",
+)
+@click.option(
+    "--min-exact-match",
+    type=click.FloatRange(0, 1),
+    default=None,
+    help="Fail (exit 1) below this exact-match rate vs the HF reference.",
+)
+@click.option(
+    "--min-acceptance",
+    type=click.FloatRange(0, 1),
+    default=None,
+    help="Fail (exit 1) below this acceptance rate.",
+)
+@click.option(
+    "--min-control-match",
+    type=click.FloatRange(0, 1),
+    default=1.0,
+    help="Fail (exit 1) below this exact-match rate of speculative vs target-only on the same system.",
+)
 @click.option("--report", type=click.Path(dir_okay=False), default=None, help="Write a Markdown report here.")
 @_system_options
 @output_options
-def validate(recipe, prompts, limit, max_tokens, num_draft_tokens, min_exact_match, min_acceptance,
-             min_control_match, report, system, url, protocol, triton_model, device, dtype, out: Output) -> None:
+def validate(
+    recipe,
+    prompts,
+    limit,
+    max_tokens,
+    num_draft_tokens,
+    min_exact_match,
+    min_acceptance,
+    min_control_match,
+    report,
+    system,
+    url,
+    protocol,
+    triton_model,
+    device,
+    dtype,
+    out: Output,
+) -> None:
     """Greedy outputs of the system under test vs the HF PyTorch reference and vs its own target-only decoding.
     Exit 0 pass, 1 a threshold failed, 2 bad input.
 
@@ -375,10 +558,19 @@ def validate(recipe, prompts, limit, max_tokens, num_draft_tokens, min_exact_mat
     from trtspec.validate.commands import validate as run_validate
     from trtspec.validate.validation import Thresholds
 
-    run_validate(ValidateOptions(
-        recipe, Path(prompts) if prompts else None, limit, max_tokens, num_draft_tokens,
-        Thresholds(min_exact_match, min_acceptance, min_control_match), Path(report) if report else None,
-        _system_spec(system, url, protocol, triton_model, device, dtype)), out)
+    run_validate(
+        ValidateOptions(
+            recipe,
+            Path(prompts) if prompts else None,
+            limit,
+            max_tokens,
+            num_draft_tokens,
+            Thresholds(min_exact_match, min_acceptance, min_control_match),
+            Path(report) if report else None,
+            _system_spec(system, url, protocol, triton_model, device, dtype),
+        ),
+        out,
+    )
 
 
 def _int_list(ctx, param, value: str) -> tuple[int, ...]:
@@ -393,22 +585,56 @@ def _int_list(ctx, param, value: str) -> tuple[int, ...]:
 
 @cli.command()
 @recipe_argument
-@click.option("--prompts", type=click.Path(dir_okay=False), default=None,
-              help="Prompt JSONL [default: the shipped code+prose set].")
+@click.option(
+    "--prompts",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Prompt JSONL [default: the shipped code+prose set].",
+)
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N prompts.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=64, help="New tokens per request.")
-@click.option("--num-draft-tokens", "ks", default="1,2,4", callback=_int_list,
-              help="K values to sweep (comma-separated); K=0 (target-only) always runs too.")
-@click.option("--concurrency", default="1", callback=_int_list,
-              help="Concurrent requests to sweep (comma-separated).")
-@click.option("--draft-cost-ratio", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Draft step / target step time for the analytic bound [default: measured in-process].")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Folder for bench.json, bench.md and the plots [default: bench/<name>].")
+@click.option(
+    "--num-draft-tokens",
+    "ks",
+    default="1,2,4",
+    callback=_int_list,
+    help="K values to sweep (comma-separated); K=0 (target-only) always runs too.",
+)
+@click.option(
+    "--concurrency", default="1", callback=_int_list, help="Concurrent requests to sweep (comma-separated)."
+)
+@click.option(
+    "--draft-cost-ratio",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Draft step / target step time for the analytic bound [default: measured in-process].",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Folder for bench.json, bench.md and the plots [default: bench/<name>].",
+)
 @_system_options
 @output_options
-def bench(recipe, prompts, limit, max_tokens, ks, concurrency, draft_cost_ratio, out_dir, system, url, protocol,
-          triton_model, device, dtype, out: Output) -> None:
+def bench(
+    recipe,
+    prompts,
+    limit,
+    max_tokens,
+    ks,
+    concurrency,
+    draft_cost_ratio,
+    out_dir,
+    system,
+    url,
+    protocol,
+    triton_model,
+    device,
+    dtype,
+    out: Output,
+) -> None:
     """Sweep num_draft_tokens and concurrency against target-only on the same system: tokens/s, TTFT, ITL,
     acceptance, the analytic bound and a recommended K; writes JSON, Markdown and PNG plots.
 
@@ -419,9 +645,20 @@ def bench(recipe, prompts, limit, max_tokens, ks, concurrency, draft_cost_ratio,
     from trtspec.validate.commands import BenchOptions
     from trtspec.validate.commands import bench as run_bench
 
-    run_bench(BenchOptions(
-        recipe, Path(prompts) if prompts else None, limit, max_tokens, ks, concurrency, draft_cost_ratio,
-        Path(out_dir) if out_dir else None, _system_spec(system, url, protocol, triton_model, device, dtype)), out)
+    run_bench(
+        BenchOptions(
+            recipe,
+            Path(prompts) if prompts else None,
+            limit,
+            max_tokens,
+            ks,
+            concurrency,
+            draft_cost_ratio,
+            Path(out_dir) if out_dir else None,
+            _system_spec(system, url, protocol, triton_model, device, dtype),
+        ),
+        out,
+    )
 
 
 def _show_envvars(group: click.Group) -> None:
