@@ -13,10 +13,14 @@ from trtspec.validate.bench import (
     BenchResult,
     itl_samples,
     make_requests,
-    per_position_acceptance,
     percentile,
 )
-from trtspec.validate.metrics import AcceptanceStats, analytic_speedup_bound, expected_tokens_per_round
+from trtspec.validate.metrics import (
+    AcceptanceStats,
+    analytic_speedup_bound,
+    expected_tokens_per_round,
+    per_position_acceptance,
+)
 from trtspec.validate.systems import Generation, Request
 
 

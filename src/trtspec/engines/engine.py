@@ -128,7 +128,7 @@ class SpeculativeEngine:
         """Yield one StreamEvent per round; the last one carries the GenerationResults."""
         k = check_num_draft_tokens(params, self.max_draft_len, self.draft is not None)
         self._check_prompts(prompts, params)
-        stops = _StopChecker(params, self._eos_ids(params), self.tokenizer)
+        stops = StopChecker(params, self._eos_ids(params), self.tokenizer)
         generator = _generator(params, self.target.device)
         requests = [
             _Request(Row(list(p), slot=b), len(p), AcceptanceStats(max_draft_len=k))
@@ -156,7 +156,7 @@ class SpeculativeEngine:
             [[] for _ in requests], [True] * len(requests), [self._result(r, stops) for r in requests]
         )
 
-    def _accept_tokens(self, req: _Request, tokens: list[int], stops: _StopChecker, now: float) -> list[int]:
+    def _accept_tokens(self, req: _Request, tokens: list[int], stops: StopChecker, now: float) -> list[int]:
         kept, reason = stops.cut(req.generated, tokens)
         req.generated += kept
         req.stats.generated_tokens = len(req.generated)
@@ -166,7 +166,7 @@ class SpeculativeEngine:
         req.finish_reason = reason
         return kept
 
-    def _result(self, req: _Request, stops: _StopChecker) -> GenerationResult:
+    def _result(self, req: _Request, stops: StopChecker) -> GenerationResult:
         return GenerationResult(req.generated, req.finish_reason, req.stats, stops.text(req.generated))
 
     def _check_prompts(self, prompts: list[list[int]], params: SamplingParams) -> None:
@@ -201,7 +201,7 @@ class SpeculativeEngine:
         return set(eos) if isinstance(eos, list | tuple) else ({eos} if eos is not None else set())
 
 
-class _StopChecker:
+class StopChecker:
     """Cuts a round's new tokens at the first stop (max_new_tokens, stop token, stop string)."""
 
     def __init__(self, params: SamplingParams, eos_ids: set[int], tokenizer):

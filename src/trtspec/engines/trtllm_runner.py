@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtspec.builders import trtllm_adapter as adapter
-from trtspec.engines.engine import GenerationResult, StreamEvent, _StopChecker
+from trtspec.engines.engine import GenerationResult, StopChecker, StreamEvent
 from trtspec.engines.sampling import SamplingParams, check_num_draft_tokens
 from trtspec.errors import CheckpointError, ModelError, RequestError
 from trtspec.validate.compare import common_prefix_len
@@ -185,7 +185,7 @@ class TrtllmSpeculativeRunner:
         k = check_num_draft_tokens(params, self.max_draft_len, self.draft is not None)
         self._check_prompts(prompts, params)
         eos = self._eos_ids(params)
-        stops = _StopChecker(params, set(eos), self.tokenizer)
+        stops = StopChecker(params, set(eos), self.tokenizer)
         call = self._call_options(params, eos)
         requests = [_Request(list(p), AcceptanceStats(max_draft_len=k)) for p in prompts]
         base_seed = params.seed if params.seed is not None else random.getrandbits(31)
@@ -269,7 +269,7 @@ class TrtllmSpeculativeRunner:
         outs = self.target.generate(prefixes, max_new_tokens=steps, sampling=_sampling(params, seed), **call)
         return [o.token_ids for o in outs]
 
-    def _accept(self, req: _Request, tokens: list[int], stops: _StopChecker, now: float) -> list[int]:
+    def _accept(self, req: _Request, tokens: list[int], stops: StopChecker, now: float) -> list[int]:
         kept, reason = stops.cut(req.generated, tokens)
         req.generated += kept
         req.stats.generated_tokens = len(req.generated)

@@ -28,6 +28,7 @@ from trtspec.validate.metrics import (
     analytic_speedup_bound,
     expected_tokens_per_round,
     merge_stats,
+    per_position_acceptance,
 )
 from trtspec.validate.systems import Generation, Request
 
@@ -49,14 +50,6 @@ def itl_samples(chunks: Sequence[tuple[float, int]]) -> list[float]:
         if tokens > 0:
             samples += [(arrival - before) / tokens] * tokens
     return samples
-
-
-def per_position_acceptance(stats: AcceptanceStats) -> list[float]:
-    """[K] fraction of rounds whose i-th draft token was accepted (accepted length >= i), i = 1..K."""
-    hist = stats.accepted_length_histogram
-    if not stats.rounds:
-        return []
-    return [sum(hist[n:]) / stats.rounds for n in range(1, len(hist))]
 
 
 @dataclass

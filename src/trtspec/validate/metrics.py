@@ -118,6 +118,14 @@ def merge_stats(stats: list[AcceptanceStats]) -> AcceptanceStats:
     return total
 
 
+def per_position_acceptance(stats: AcceptanceStats) -> list[float]:
+    """[K] fraction of rounds whose i-th draft token was accepted (accepted length >= i), i = 1..K."""
+    hist = stats.accepted_length_histogram
+    if not stats.rounds:
+        return []
+    return [sum(hist[n:]) / stats.rounds for n in range(1, len(hist))]
+
+
 def expected_tokens_per_round(acceptance_rate: float, num_draft_tokens: int) -> float:
     """Tokens per round if each draft token is accepted independently with ``acceptance_rate``:
     (1 - a^(K+1)) / (1 - a) (Leviathan et al. 2023, eq. 1)."""
