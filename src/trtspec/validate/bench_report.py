@@ -95,8 +95,9 @@ def bench_markdown(result: BenchResult, plots: list[str] | None = None) -> str:
         "",
         markdown_table(COLUMNS, [row_cells(r) for r in rows]),
         "",
-        "speedup: tokens/s over target-only at the same concurrency; bound: analytic speedup bound from the measured "
-        "acceptance rate and cost ratio (Leviathan et al. 2023); achieved: speedup / bound; ITL: per-token "
+        "speedup: tokens/s over target-only at the same concurrency; bound: analytic speedup bound, tokens per round "
+        "(measured; from the acceptance rate where rounds are not reported) over the round's cost in target steps "
+        "(Leviathan et al. 2023); achieved: speedup / bound; ITL: per-token "
         "inter-token latency (a piece of n tokens counts n times at gap/n).",
         "",
         _recommendation(result),
