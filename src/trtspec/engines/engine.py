@@ -17,6 +17,7 @@ token that completes one is the last token; ``text`` ends at the stop string). N
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -69,7 +70,20 @@ class _Request:
     generated: list[int] = field(default_factory=list)
 
 
-class SpeculativeEngine:
+class StreamingGenerator(ABC):
+    """``generate`` for every runtime that yields rounds from ``generate_stream`` (PyTorch engine, TRT-LLM runner)."""
+
+    @abstractmethod
+    def generate_stream(self, prompts: list[list[int]], params: SamplingParams) -> Iterator[StreamEvent]:
+        """Yield one StreamEvent per round; the last one carries the GenerationResults (each runtime's loop)."""
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:
+        """Generate for a batch of token-id prompts; returns one result per prompt, in order."""
+        last = deque(self.generate_stream(prompts, params), maxlen=1)
+        return last[0].results
+
+
+class SpeculativeEngine(StreamingGenerator):
     """A target (and optional draft) KV model pair; see the module docstring."""
 
     def __init__(
@@ -118,11 +132,6 @@ class SpeculativeEngine:
             max_draft_len=max_draft_len,
             max_seq_len=max_seq_len,
         )
-
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:
-        """Generate for a batch of token-id prompts; returns one result per prompt, in order."""
-        last = deque(self.generate_stream(prompts, params), maxlen=1)
-        return last[0].results
 
     def generate_stream(self, prompts: list[list[int]], params: SamplingParams) -> Iterator[StreamEvent]:
         """Yield one StreamEvent per round; the last one carries the GenerationResults."""

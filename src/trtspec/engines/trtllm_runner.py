@@ -38,14 +38,13 @@ from __future__ import annotations
 
 import random
 import time
-from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtspec.builders import trtllm_adapter as adapter
-from trtspec.engines.engine import GenerationResult, StopChecker, StreamEvent
+from trtspec.engines.engine import GenerationResult, StopChecker, StreamEvent, StreamingGenerator
 from trtspec.engines.sampling import SamplingParams, check_num_draft_tokens
 from trtspec.errors import CheckpointError, ModelError, RequestError
 from trtspec.validate.compare import common_prefix_len
@@ -83,7 +82,7 @@ class _Emitted:
         return common_prefix_len(self.draft_tokens, self.tokens)
 
 
-class TrtllmSpeculativeRunner:
+class TrtllmSpeculativeRunner(StreamingGenerator):
     """A target engine and an optional draft engine (``adapter.EngineRunner``); see the module docstring."""
 
     def __init__(
@@ -174,11 +173,6 @@ class TrtllmSpeculativeRunner:
         self.draft = None
 
     # ------------------------------------------------------------ generation
-
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:
-        """Generate for a batch of token-id prompts; returns one result per prompt, in order."""
-        last = deque(self.generate_stream(prompts, params), maxlen=1)
-        return last[0].results
 
     def generate_stream(self, prompts: list[list[int]], params: SamplingParams) -> Iterator[StreamEvent]:
         """Yield one StreamEvent per round; the last one carries the GenerationResults."""
