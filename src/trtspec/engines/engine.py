@@ -77,6 +77,42 @@ class StreamingGenerator(ABC):
     def generate_stream(self, prompts: list[list[int]], params: SamplingParams) -> Iterator[StreamEvent]:
         """Yield one StreamEvent per round; the last one carries the GenerationResults (each runtime's loop)."""
 
+    # What a user changes to lift each limit (the engine's arguments here; a rebuild for TensorRT engines).
+    batch_hint = "raise max_batch_size"
+    seq_hint = "shorten it or raise max_seq_len"
+    tokenizer_hint = "load the engine from a directory with one"
+
+    def _check_prompts(self, prompts: list[list[int]], params: SamplingParams) -> None:
+        """Refuse a batch the runtime cannot take: size, empty prompts, length, ids outside the vocabulary."""
+        if not prompts or len(prompts) > self.max_batch_size:
+            raise RequestError(
+                f"batch of {len(prompts)} prompts; the engine takes 1..{self.max_batch_size} ({self.batch_hint})"
+            )
+        vocab = self.target.vocab_size
+        for i, prompt in enumerate(prompts):
+            if not prompt:
+                raise RequestError(f"prompt {i} is empty; give at least one token")
+            if len(prompt) + params.max_new_tokens > self.max_seq_len:
+                raise RequestError(
+                    f"prompt {i}: {len(prompt)} tokens + max_new_tokens {params.max_new_tokens} "
+                    f"> max_seq_len {self.max_seq_len}; {self.seq_hint}"
+                )
+            if vocab and (max(prompt) >= vocab or min(prompt) < 0):
+                raise RequestError(f"prompt {i} has token ids outside the vocabulary [0, {vocab})")
+        if params.stop_strings and self.tokenizer is None:
+            raise RequestError(f"stop_strings need a tokenizer; {self.tokenizer_hint}")
+
+    def _accept_tokens(self, req, tokens: list[int], stops: StopChecker, now: float) -> list[int]:
+        """Append a round's new tokens up to the first stop; update the request's stats and finish reason."""
+        kept, reason = stops.cut(req.generated, tokens)
+        req.generated += kept
+        req.stats.generated_tokens = len(req.generated)
+        req.stats.elapsed_s = now
+        if req.stats.time_to_first_token_s is None and kept:
+            req.stats.time_to_first_token_s = now
+        req.finish_reason = reason
+        return kept
+
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:
         """Generate for a batch of token-id prompts; returns one result per prompt, in order."""
         last = deque(self.generate_stream(prompts, params), maxlen=1)
@@ -165,39 +201,8 @@ class SpeculativeEngine(StreamingGenerator):
             [[] for _ in requests], [True] * len(requests), [self._result(r, stops) for r in requests]
         )
 
-    def _accept_tokens(self, req: _Request, tokens: list[int], stops: StopChecker, now: float) -> list[int]:
-        kept, reason = stops.cut(req.generated, tokens)
-        req.generated += kept
-        req.stats.generated_tokens = len(req.generated)
-        req.stats.elapsed_s = now
-        if req.stats.time_to_first_token_s is None and kept:
-            req.stats.time_to_first_token_s = now
-        req.finish_reason = reason
-        return kept
-
     def _result(self, req: _Request, stops: StopChecker) -> GenerationResult:
         return GenerationResult(req.generated, req.finish_reason, req.stats, stops.text(req.generated))
-
-    def _check_prompts(self, prompts: list[list[int]], params: SamplingParams) -> None:
-        if not prompts or len(prompts) > self.max_batch_size:
-            raise RequestError(
-                f"batch of {len(prompts)} prompts; the engine takes 1..{self.max_batch_size} "
-                "(raise max_batch_size)"
-            )
-        for i, prompt in enumerate(prompts):
-            if not prompt:
-                raise RequestError(f"prompt {i} is empty; give at least one token")
-            if len(prompt) + params.max_new_tokens > self.max_seq_len:
-                raise RequestError(
-                    f"prompt {i}: {len(prompt)} tokens + max_new_tokens {params.max_new_tokens} "
-                    f"> max_seq_len {self.max_seq_len}; shorten it or raise max_seq_len"
-                )
-            if max(prompt) >= self.target.vocab_size or min(prompt) < 0:
-                raise RequestError(
-                    f"prompt {i} has token ids outside the vocabulary [0, {self.target.vocab_size})"
-                )
-        if params.stop_strings and self.tokenizer is None:
-            raise RequestError("stop_strings need a tokenizer; load the engine from a directory with one")
 
     def _eos_ids(self, params: SamplingParams) -> set[int]:
         if params.ignore_eos:

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 from trtspec.builders import trtllm_adapter as adapter
 from trtspec.engines.engine import GenerationResult, StopChecker, StreamEvent, StreamingGenerator
 from trtspec.engines.sampling import SamplingParams, check_num_draft_tokens
-from trtspec.errors import CheckpointError, ModelError, RequestError
+from trtspec.errors import CheckpointError, ModelError
 from trtspec.validate.compare import common_prefix_len
 from trtspec.validate.metrics import AcceptanceStats
 
@@ -84,6 +84,10 @@ class _Emitted:
 
 class TrtllmSpeculativeRunner(StreamingGenerator):
     """A target engine and an optional draft engine (``adapter.EngineRunner``); see the module docstring."""
+
+    batch_hint = "rebuild with a larger limits.max_batch_size"
+    seq_hint = "shorten it or rebuild with a larger limits.max_seq_len"
+    tokenizer_hint = "pass tokenizer_dir (the target's HF directory)"
 
     def __init__(
         self,
@@ -192,7 +196,7 @@ class TrtllmSpeculativeRunner(StreamingGenerator):
             new_tokens = {id(r): [] for r in requests}
             for req, out in zip(active, emitted, strict=True):
                 _record(req.stats, out)
-                new_tokens[id(req)] = self._accept(req, out.tokens, stops, now)
+                new_tokens[id(req)] = self._accept_tokens(req, out.tokens, stops, now)
             round_index += 1
             yield StreamEvent(
                 [new_tokens[id(r)] for r in requests], [r.finish_reason is not None for r in requests]
@@ -263,40 +267,13 @@ class TrtllmSpeculativeRunner(StreamingGenerator):
         outs = self.target.generate(prefixes, max_new_tokens=steps, sampling=_sampling(params, seed), **call)
         return [o.token_ids for o in outs]
 
-    def _accept(self, req: _Request, tokens: list[int], stops: StopChecker, now: float) -> list[int]:
-        kept, reason = stops.cut(req.generated, tokens)
-        req.generated += kept
-        req.stats.generated_tokens = len(req.generated)
-        req.stats.elapsed_s = now
-        if req.stats.time_to_first_token_s is None and kept:
-            req.stats.time_to_first_token_s = now
-        # No tokens at all: the target made no progress (upstream's "no change" stop).
-        req.finish_reason = reason or (None if tokens else "stop")
+    def _accept_tokens(self, req: _Request, tokens: list[int], stops: StopChecker, now: float) -> list[int]:
+        kept = super()._accept_tokens(req, tokens, stops, now)
+        if not tokens and req.finish_reason is None:
+            req.finish_reason = "stop"  # no tokens at all: no progress (upstream's "no change" stop)
         return kept
 
     # ------------------------------------------------------------ requests and stops
-
-    def _check_prompts(self, prompts: list[list[int]], params: SamplingParams) -> None:
-        if not prompts or len(prompts) > self.max_batch_size:
-            raise RequestError(
-                f"batch of {len(prompts)} prompts; the engines take 1..{self.max_batch_size} "
-                "(rebuild with a larger limits.max_batch_size)"
-            )
-        vocab = self.target.vocab_size
-        for i, prompt in enumerate(prompts):
-            if not prompt:
-                raise RequestError(f"prompt {i} is empty; give at least one token")
-            if len(prompt) + params.max_new_tokens > self.max_seq_len:
-                raise RequestError(
-                    f"prompt {i}: {len(prompt)} tokens + max_new_tokens {params.max_new_tokens} > the engines' "
-                    f"max_seq_len {self.max_seq_len}; shorten it or rebuild with a larger limits.max_seq_len"
-                )
-            if vocab and (max(prompt) >= vocab or min(prompt) < 0):
-                raise RequestError(f"prompt {i} has token ids outside the vocabulary [0, {vocab})")
-        if params.stop_strings and self.tokenizer is None:
-            raise RequestError(
-                "stop_strings need a tokenizer; pass tokenizer_dir (the target's HF directory)"
-            )
 
     def _eos_ids(self, params: SamplingParams) -> tuple[int, ...]:
         if params.ignore_eos:
