@@ -10,6 +10,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+FAKE_TRTLLM_DIR = Path(__file__).parent / "fake_tensorrt_llm"  # the tensorrt_llm 1.2.x stand-in
 
 
 @pytest.fixture
@@ -48,3 +49,15 @@ def tiny_pair(tmp_path_factory, shared_tokenizer_dir) -> tuple[Path, Path]:
         seed=2,
     )
     return target, draft
+
+
+@pytest.fixture
+def fake_trtllm(monkeypatch):
+    """Make the tensorrt_llm stand-in importable (here for find_spec, in a child through PYTHONPATH)."""
+    monkeypatch.syspath_prepend(str(FAKE_TRTLLM_DIR))
+    for knob in ("FAKE_TRTLLM_VERSION", "FAKE_TRTLLM_DROP_SPECULATIVE", "FAKE_TRTLLM_CRASH"):
+        monkeypatch.delenv(knob, raising=False)
+    yield monkeypatch
+    # modelopt imports tensorrt_llm when it can: drop the stand-in so later tests see a machine without it.
+    for name in [m for m in sys.modules if m == "tensorrt_llm" or m.startswith("tensorrt_llm.")]:
+        del sys.modules[name]

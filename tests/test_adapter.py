@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,20 +11,6 @@ from trtspec.builders import plan as P
 from trtspec.builders import trtllm_adapter as A
 from trtspec.errors import CheckFailed, CheckpointError, NeedsTensorRTLLM
 from trtspec.recipe import recipe_from_dict
-
-FAKE_DIR = Path(__file__).parent / "fake_tensorrt_llm"
-
-
-@pytest.fixture
-def fake_trtllm(monkeypatch):
-    """Make the stand-in importable (here for find_spec, in the child through PYTHONPATH)."""
-    monkeypatch.syspath_prepend(str(FAKE_DIR))
-    for knob in ("FAKE_TRTLLM_VERSION", "FAKE_TRTLLM_DROP_SPECULATIVE", "FAKE_TRTLLM_CRASH"):
-        monkeypatch.delenv(knob, raising=False)
-    yield monkeypatch
-    # modelopt imports tensorrt_llm when it can: drop the stand-in so later tests see a machine without it.
-    for name in [m for m in sys.modules if m == "tensorrt_llm" or m.startswith("tensorrt_llm.")]:
-        del sys.modules[name]
 
 
 def write_checkpoint(path: Path, vocab: int = 320, tp: int = 1, dtype: str = "float16") -> Path:

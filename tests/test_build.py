@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import FAKE_TRTLLM_DIR
 
 from trtspec.builders import build as B
 from trtspec.builders import trtllm_adapter as A
@@ -20,19 +21,7 @@ from trtspec.cli import cli
 from trtspec.errors import CheckFailed, CheckpointError, NeedsTensorRTLLM
 from trtspec.recipe import load_recipe
 
-FAKE_DIR = Path(__file__).parent / "fake_tensorrt_llm"
 pytestmark = pytest.mark.slow  # each test converts (or reuses) two tiny checkpoints
-
-
-@pytest.fixture
-def fake_trtllm(monkeypatch):
-    monkeypatch.syspath_prepend(str(FAKE_DIR))
-    for knob in ("FAKE_TRTLLM_VERSION", "FAKE_TRTLLM_DROP_SPECULATIVE", "FAKE_TRTLLM_CRASH"):
-        monkeypatch.delenv(knob, raising=False)
-    yield monkeypatch
-    # modelopt imports tensorrt_llm when it can: drop the stand-in so later tests see a machine without it.
-    for name in [m for m in sys.modules if m == "tensorrt_llm" or m.startswith("tensorrt_llm.")]:
-        del sys.modules[name]
 
 
 def write_recipe(path: Path, target: Path, draft: Path, **limits) -> Path:
@@ -118,7 +107,7 @@ def test_finish_script_completes_the_build_with_engines_only(fake_trtllm, workdi
     out = workdir / "engines" / "tiny"
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # the venv's `trtspec`
-    env["PYTHONPATH"] = str(FAKE_DIR)
+    env["PYTHONPATH"] = str(FAKE_TRTLLM_DIR)
     # Run from elsewhere: the script must not depend on the working directory.
     proc = subprocess.run(
         ["bash", str(out / "finish_in_ngc.sh")], cwd="/", env=env, capture_output=True, text=True

@@ -14,9 +14,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from triton_server import deploy_tiny_repo
 
-from trtspec.recipe import recipe_from_dict
-from trtspec.triton_repo.deploy import deploy
 from trtspec.triton_repo.server import free_ports
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
@@ -64,19 +63,7 @@ def _mapped_shm(pids) -> set[str]:
 
 @pytest.fixture(scope="module")
 def repo(tiny_pair, tmp_path_factory) -> Path:
-    target, draft = tiny_pair
-    out = tmp_path_factory.mktemp("serve_cli") / "repo"
-    recipe = recipe_from_dict(
-        {
-            "name": "tiny",
-            "target": {"model": str(target)},
-            "draft": {"model": str(draft)},
-            "speculative": {"max_draft_len": 4},
-            "limits": {"max_input_len": 64, "max_seq_len": 128},
-        }
-    )
-    deploy(recipe, "torch", out)
-    return out
+    return deploy_tiny_repo(tiny_pair, tmp_path_factory.mktemp("serve_cli") / "repo")
 
 
 def _client(*args: str) -> subprocess.CompletedProcess:

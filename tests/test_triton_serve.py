@@ -11,10 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from triton_server import running_server
-
-from trtspec.recipe import recipe_from_dict
-from trtspec.triton_repo.deploy import deploy
+from triton_server import deploy_tiny_repo, running_server
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 MODEL = "tensorrt_llm_bls"
@@ -23,18 +20,8 @@ PROMPTS = ["def add(a, b):", "for i in range(10):", "class Point:", "import os\n
 
 @pytest.fixture(scope="module")
 def server(tiny_pair, tmp_path_factory):
-    target, draft = tiny_pair
     root = tmp_path_factory.mktemp("serve")
-    recipe = recipe_from_dict(
-        {
-            "name": "tiny",
-            "target": {"model": str(target)},
-            "draft": {"model": str(draft)},
-            "speculative": {"max_draft_len": 4},
-            "limits": {"max_input_len": 64, "max_seq_len": 128},
-        }
-    )
-    deploy(recipe, "torch", root / "repo")
+    deploy_tiny_repo(tiny_pair, root / "repo")
     with running_server(root / "repo", root / "server.log") as srv:
         yield srv
 

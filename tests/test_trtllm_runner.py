@@ -18,27 +18,18 @@ from trtspec.engines.sampling import SamplingParams
 from trtspec.engines.trtllm_runner import TrtllmSpeculativeRunner
 from trtspec.errors import CheckpointError, NeedsTensorRTLLM, RequestError
 
-FAKE_DIR = Path(__file__).parent / "fake_tensorrt_llm"
 PROMPTS = [(1, 40, 41, 42, 43), (1, 50, 60)]
 
 
 @pytest.fixture
-def fake_trtllm(monkeypatch):
-    """The stand-in importable in this process; dropped from sys.modules afterwards (as test_adapter does).
-
-    One torch thread meanwhile: tiny models' forwards are dominated by thread start-up, and on a loaded 2-core
-    machine multi-threaded tiny matmuls are ~20x slower than single-threaded ones.
+def fake_trtllm(fake_trtllm):
+    """The shared stand-in, with one torch thread meanwhile: tiny models' forwards are dominated by thread
+    start-up, and on a loaded 2-core machine multi-threaded tiny matmuls are ~20x slower than single-threaded ones.
     """
-    import sys
-
-    monkeypatch.syspath_prepend(str(FAKE_DIR))
-    monkeypatch.delenv("FAKE_TRTLLM_VERSION", raising=False)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    yield monkeypatch
+    yield fake_trtllm
     torch.set_num_threads(threads)
-    for name in [m for m in sys.modules if m == "tensorrt_llm" or m.startswith("tensorrt_llm.")]:
-        del sys.modules[name]
 
 
 def write_engine(

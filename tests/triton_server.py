@@ -22,3 +22,22 @@ def running_server(repo: Path, log_path: Path, timeout_s: float = 180.0):
         yield server
     finally:
         server.stop()
+
+
+def deploy_tiny_repo(tiny_pair: tuple[Path, Path], out: Path) -> Path:
+    """The tiny pair (conftest) as a torch-runtime repository at ``out``, K <= 4, prompts <= 64 tokens."""
+    from trtspec.recipe import recipe_from_dict
+    from trtspec.triton_repo.deploy import deploy
+
+    target, draft = tiny_pair
+    recipe = recipe_from_dict(
+        {
+            "name": "tiny",
+            "target": {"model": str(target)},
+            "draft": {"model": str(draft)},
+            "speculative": {"max_draft_len": 4},
+            "limits": {"max_input_len": 64, "max_seq_len": 128},
+        }
+    )
+    deploy(recipe, "torch", out)
+    return out
