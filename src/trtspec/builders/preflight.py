@@ -74,11 +74,7 @@ class CheckReport:
         return all(r.status != "fail" for r in self.results)
 
     def per_gpu_gib(self) -> dict[int, float]:
-        totals: dict[int, float] = {}
-        for row in self.memory:
-            for gpu in row.gpus:
-                totals[gpu] = totals.get(gpu, 0.0) + row.total_gib
-        return totals
+        return per_gpu_gib(self.memory)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -371,12 +367,17 @@ def estimate_memory(facts: ModelFacts, spec: ModelSpec, recipe: Recipe) -> Memor
     return MemoryRow(facts.role, precision, spec.devices, weights / 2**30, kv / 2**30, f"{cc[0]}.{cc[1]}")
 
 
-def check_memory(report_memory: list[MemoryRow], gpu_memory_gib: float | None) -> CheckResult:
-    per_gpu: dict[int, float] = {}
-    for row in report_memory:
+def per_gpu_gib(memory: list[MemoryRow]) -> dict[int, float]:
+    """GiB per GPU id: every model rank placed on it (draft and target may share a GPU)."""
+    totals: dict[int, float] = {}
+    for row in memory:
         for gpu in row.gpus:
-            per_gpu[gpu] = per_gpu.get(gpu, 0.0) + row.total_gib
-    worst_gpu, worst = max(per_gpu.items(), key=lambda kv: kv[1])
+            totals[gpu] = totals.get(gpu, 0.0) + row.total_gib
+    return totals
+
+
+def check_memory(report_memory: list[MemoryRow], gpu_memory_gib: float | None) -> CheckResult:
+    worst_gpu, worst = max(per_gpu_gib(report_memory).items(), key=lambda kv: kv[1])
     msg = f"peak estimate {format_gib(worst)} on GPU {worst_gpu} (weights + KV cache; activations and workspace extra)"
     if gpu_memory_gib is not None and worst > gpu_memory_gib:
         return CheckResult(
