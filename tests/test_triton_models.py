@@ -232,7 +232,7 @@ def test_several_values_for_a_scalar_input_are_refused():
 
 @pytest.fixture(scope="module")
 def tokenizer(shared_tokenizer_dir):
-    from trtspec.triton_repo.models.text import load_tokenizer
+    from trtspec.builders.preflight import load_tokenizer
 
     return load_tokenizer(str(shared_tokenizer_dir))
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.builders import support
+from trtspec.builders.preflight import load_tokenizer
 from trtspec.errors import CheckFailed, CheckpointError, ModelError
 from trtspec.recipe import CalibrationSpec, ModelSpec
 
@@ -147,12 +148,6 @@ def check_memory(model_dir: Path, need: dict[str, int]) -> None:
 
 
 # ---------------------------------------------------------------- loading
-
-
-def load_tokenizer(model_dir: Path, trust_remote_code: bool = False):
-    from trtspec.builders.preflight import load_tokenizer as _load
-
-    return _load(model_dir, trust_remote_code)
 
 
 def load_hf_model(
@@ -395,7 +390,7 @@ def _failure_message(spec: ModelSpec, out_dir: Path, v: dict) -> str:
     )
 
 
-__all__ = ["export_checkpoint", "load_hf_model", "load_tokenizer"]
+__all__ = ["export_checkpoint", "load_hf_model"]
 
 
 def checkpoint_dir(recipe_name: str, role: str, out: Path | None = None, several: bool = False) -> Path:

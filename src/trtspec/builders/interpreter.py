@@ -495,7 +495,8 @@ def verify_checkpoint(checkpoint_dir: Path, hf_dir: Path, *, prompts=None) -> di
 
     Does not raise on a failed comparison (``passed`` is False); raises CheckpointError/ModelError on bad inputs.
     """
-    from trtspec.builders.convert import load_hf_model, load_tokenizer
+    from trtspec.builders.convert import load_hf_model
+    from trtspec.builders.preflight import load_tokenizer
 
     tokenizer = load_tokenizer(Path(hf_dir))
     input_ids = tokenize_prompts(tokenizer, prompts or DEFAULT_PROMPTS)

@@ -93,9 +93,9 @@ def open_reference(recipe, options: SystemOptions):
 
 def validate(options: ValidateOptions, out) -> dict:
     """Run the validation, print it, write the report; raise CheckFailed when a threshold failed."""
+    from trtspec.builders.preflight import load_tokenizer
     from trtspec.recipe import load_recipe
     from trtspec.validate.prompts import load_prompts
-    from trtspec.validate.reference import load_tokenizer
     from trtspec.validate.validation import run_validation
 
     recipe = load_recipe(options.recipe)
@@ -195,10 +195,10 @@ def bench(options: BenchOptions, out) -> dict:
     """Run the sweep with progress, print the table, write bench.json, bench.md and the plots atomically."""
     from rich.progress import Progress
 
+    from trtspec.builders.preflight import load_tokenizer
     from trtspec.recipe import load_recipe
     from trtspec.validate.bench import BenchResult, cost_ratios, run_sweep
     from trtspec.validate.prompts import load_prompts
-    from trtspec.validate.reference import load_tokenizer
     from trtspec.validate.systems import Request
 
     recipe = load_recipe(options.recipe)

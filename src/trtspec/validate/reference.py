@@ -8,18 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from trtspec.builders.preflight import load_tokenizer
 from trtspec.errors import ModelError
-
-
-def load_tokenizer(model_dir: Path | str, trust_remote_code: bool = False):
-    """The model directory's tokenizer, or a ModelError naming the directory."""
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError, KeyError) as err:
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise ModelError(f"{model_dir}: cannot load the tokenizer ({first})", detail=repr(err)) from None
 
 
 class HFReference:

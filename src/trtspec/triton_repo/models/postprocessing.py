@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from trtspec.builders.preflight import load_tokenizer
 from trtspec.triton_repo.interface import POSTPROCESSING_INPUTS
-from trtspec.triton_repo.models import text as tok
 from trtspec.triton_repo.models import triton_io as io
 
 
 class TritonPythonModel:
     def initialize(self, args):
         params = io.model_parameters(args)
-        self.tokenizer = tok.load_tokenizer(params["tokenizer_dir"])
+        self.tokenizer = load_tokenizer(params["tokenizer_dir"])
         self.skip_special_tokens = params.get("skip_special_tokens", "True").lower() == "true"
 
     def execute(self, requests):

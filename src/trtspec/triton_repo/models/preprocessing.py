@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from trtspec.builders.preflight import load_tokenizer
 from trtspec.errors import RequestError
 from trtspec.triton_repo.interface import PREPROCESSING_INPUTS
 from trtspec.triton_repo.models import text as tok
@@ -13,7 +14,7 @@ from trtspec.triton_repo.models import triton_io as io
 class TritonPythonModel:
     def initialize(self, args):
         params = io.model_parameters(args)
-        self.tokenizer = tok.load_tokenizer(params["tokenizer_dir"])
+        self.tokenizer = load_tokenizer(params["tokenizer_dir"])
         self.add_special_tokens = params.get("add_special_tokens", "True").lower() == "true"
         self.max_input_len = int(params["max_input_len"])
         self.end_id = self.tokenizer.eos_token_id

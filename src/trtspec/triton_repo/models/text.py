@@ -9,12 +9,6 @@ import numpy as np
 from trtspec.errors import RequestError
 
 
-def load_tokenizer(path: str, trust_remote_code: bool = False):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-
-
 def encode_prompt(tokenizer, text: str, *, add_special_tokens: bool, max_input_len: int) -> list[int]:
     """Prompt text -> ids; RequestError when empty or longer than the engines' max_input_len."""
     if not text.strip():
