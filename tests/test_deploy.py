@@ -99,6 +99,15 @@ def test_torch_repo_renders_checks_and_writes_atomically(tiny_pair, tmp_path):
         assert config.name == model
         assert "from trtspec.triton_repo.models." in (out / model / "1" / "model.py").read_text()
     assert [p.name for p in tmp_path.iterdir()] == ["repo"]  # no temp dir left behind
+    params = {
+        m: _params(parse_model_config((out / m / "config.pbtxt").read_text(), m)) for m in result.models
+    }
+    # The orchestrator tokenises and detokenises in-process with the pre/postprocessing models' settings.
+    text_keys = ("tokenizer_dir", "add_special_tokens", "max_input_len", "skip_special_tokens")
+    for key in text_keys:
+        owner = names.POSTPROCESSING if key == "skip_special_tokens" else names.PREPROCESSING
+        assert params[names.ORCHESTRATOR][key] == params[owner][key] != ""
+    assert params[names.TARGET_MODEL]["cpu_threads"] == params[names.DRAFT_MODEL]["cpu_threads"] == "auto"
     # Redeploying replaces the repository in one rename.
     deploy(recipe, "torch", out)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["repo"]

@@ -9,9 +9,11 @@ import pytest
 
 from trtspec.errors import RequestError
 from trtspec.triton_repo.models.decode import speculate
+from trtspec.triton_repo.models.engine import cpu_threads
 from trtspec.triton_repo.models.request import Limits, parse_request
 from trtspec.triton_repo.models.text import (
     IncrementalText,
+    TextCodec,
     encode_prompt,
     from_word_list,
     stop_words_ids,
@@ -117,6 +119,16 @@ def test_k_zero_is_plain_target_decoding():
     assert [r.tokens for r in rounds] == [[5], [6], [7]] and script.draft_calls == []
 
 
+def test_first_token_alone_takes_round_zero_from_the_target_prefill_then_drafts():
+    script = Script(drafts=[[], [6, 7, 8]], targets=[[5], [6, 7, 9, 99]])  # indexed by round
+    stats = AcceptanceStats(max_draft_len=3)
+    rounds = _run(script, stats=stats, max_tokens=4, first_token_alone=True)
+    assert [r.tokens for r in rounds] == [[5], [6, 7, 9]] and rounds[-1].reason == "length"
+    assert script.target_calls[0] == ([10, 11], []) and script.draft_calls == [([10, 11, 5], 2)]
+    # the prefill round counts as a target forward, not as a drafting round
+    assert (stats.rounds, stats.target_forwards, stats.drafted, stats.accepted) == (1, 2, 2, 2)
+
+
 def _toy_next(tokens: list[int]) -> int:
     """A deterministic 'model': the greedy next token of a sequence."""
     return (sum(tokens) * 7 + len(tokens)) % 50 + 3
@@ -141,8 +153,9 @@ def _toy_target(tokens, draft_tokens, draft_logits, round_index):
     return new + [_toy_next(seq)]
 
 
+@pytest.mark.parametrize("first_token_alone", [False, True])
 @pytest.mark.parametrize("draft_kind", ["same_as_target", "always_wrong"])
-def test_output_equals_plain_greedy_whatever_the_draft(draft_kind):
+def test_output_equals_plain_greedy_whatever_the_draft(draft_kind, first_token_alone):
     def draft(tokens, k, round_index):
         if draft_kind == "same_as_target":
             return _toy_greedy(tokens, k), None
@@ -159,13 +172,14 @@ def test_output_equals_plain_greedy_whatever_the_draft(draft_kind):
             draft=draft,
             target=_toy_target,
             stats=stats,
+            first_token_alone=first_token_alone,
         )
     )
     assert [t for r in rounds for t in r.tokens] == _toy_greedy(prompt, 23)
     expected_rate = 1.0 if draft_kind == "same_as_target" else 0.0
     assert stats.acceptance_rate == expected_rate
-    if draft_kind == "same_as_target":
-        assert len(rounds) == 5  # 5 tokens per round, the last round trimmed to the budget
+    if draft_kind == "same_as_target":  # 5 tokens per round, the last round trimmed to the budget
+        assert [len(r.tokens) for r in rounds] == ([1, 5, 5, 5, 5, 2] if first_token_alone else [5] * 4 + [3])
 
 
 # ------------------------------------------------------------------ request validation
@@ -246,6 +260,34 @@ def test_encode_prompt_refuses_empty_and_too_long_prompts(tokenizer):
         RequestError, match=f"the prompt has {n} tokens, more than max_input_len 8; shorten it"
     ):
         encode_prompt(tokenizer, "def " * 20, add_special_tokens=False, max_input_len=8)
+
+
+def test_text_codec_reads_the_model_parameters_and_applies_them(shared_tokenizer_dir, tokenizer):
+    params = {
+        "tokenizer_dir": str(shared_tokenizer_dir),
+        "add_special_tokens": "False",
+        "skip_special_tokens": "True",
+        "max_input_len": "8",
+    }
+    codec = TextCodec.from_parameters(params)
+    assert codec.encode("def f():") == tokenizer.encode("def f():", add_special_tokens=False)
+    with pytest.raises(RequestError, match="more than max_input_len 8"):
+        codec.encode("def " * 20)
+    assert codec.stop_ids(["", "return"]) == [tokenizer.encode("return", add_special_tokens=False)]
+    ids = tokenizer.encode("x = 1", add_special_tokens=False)
+    assert codec.decode([tokenizer.eos_token_id, *ids]) == tokenizer.decode(ids)  # special tokens skipped
+    assert codec.end_id == tokenizer.eos_token_id
+    assert codec.pad_id == (tokenizer.pad_token_id if tokenizer.pad_token_id is not None else codec.end_id)
+    keep = TextCodec.from_parameters(
+        {"tokenizer_dir": str(shared_tokenizer_dir), "skip_special_tokens": "false"}
+    )
+    assert keep.max_input_len is None and tokenizer.eos_token in keep.decode([tokenizer.eos_token_id])
+
+
+def test_cpu_threads_auto_is_half_the_cores_and_at_least_one():
+    assert [cpu_threads("auto", n) for n in (1, 2, 3, 16)] == [1, 1, 1, 8]
+    assert cpu_threads("3", 16) == 3 and cpu_threads(" AUTO ", 4) == 2
+    assert cpu_threads("auto") >= 1
 
 
 def test_word_lists_use_tensorrt_llm_layout_and_round_trip():

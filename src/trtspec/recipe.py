@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -158,6 +158,11 @@ class TritonSpec(_Strict):
         "auto", description="dtype of the torch runtime: auto = float32 on cpu, the model's dtype on cuda"
     )
     decoupled: bool = Field(True, description="stream accepted tokens as each round is verified")
+    cpu_threads: Annotated[int, Field(ge=1, le=1024)] | Literal["auto"] = Field(
+        "auto",
+        description="torch intra-op threads of each torch-runtime engine model on cpu; auto = half the cores "
+        "the server may use (the draft and the target run one after the other), at least 1",
+    )
     instances: InstanceCounts = InstanceCounts()
     kv_cache_free_gpu_mem_fraction: PerModel = PerModel()
     enable_kv_cache_reuse: bool = True

@@ -154,6 +154,7 @@ def torch_engine_values(recipe: Recipe, role: str) -> dict:
         "model_dir": str(spec.model),
         "device": recipe.triton.device,
         "dtype": torch_runtime_dtype(recipe.triton, spec),
+        "cpu_threads": recipe.triton.cpu_threads,
         "max_draft_len": recipe.speculative.max_draft_len,
         "max_seq_len": recipe.limits.max_seq_len,
         "trust_remote_code": spec.trust_remote_code,
@@ -164,15 +165,21 @@ def common_values(recipe: Recipe) -> dict[str, dict]:
     """Values of preprocessing, postprocessing and the orchestrator (the same for both runtimes)."""
     triton, spec = recipe.triton, recipe.speculative
     batch = recipe.limits.max_batch_size
+    # Tokenizer settings shared by preprocessing, postprocessing and the orchestrator (which tokenises and
+    # detokenises in-process with the same TextCodec, without a BLS hop).
+    text = {
+        "tokenizer_dir": _tokenizer_dir(recipe),
+        "add_special_tokens": True,
+        "skip_special_tokens": True,
+        "max_input_len": recipe.limits.max_input_len,
+    }
     return {
         names.PREPROCESSING: {
             "triton_max_batch_size": batch,
             "max_queue_delay_microseconds": 0,
             "max_queue_size": 0,
             "preprocessing_instance_count": triton.instances.preprocessing,
-            "tokenizer_dir": _tokenizer_dir(recipe),
-            "add_special_tokens": True,
-            "max_input_len": recipe.limits.max_input_len,
+            **{k: text[k] for k in ("tokenizer_dir", "add_special_tokens", "max_input_len")},
             "engine_dir": UNSET,
             "multimodal_model_path": UNSET,
             "max_num_images": UNSET,
@@ -180,8 +187,7 @@ def common_values(recipe: Recipe) -> dict[str, dict]:
         names.POSTPROCESSING: {
             "triton_max_batch_size": batch,
             "postprocessing_instance_count": triton.instances.postprocessing,
-            "tokenizer_dir": _tokenizer_dir(recipe),
-            "skip_special_tokens": True,
+            **{k: text[k] for k in ("tokenizer_dir", "skip_special_tokens")},
         },
         names.ORCHESTRATOR: {
             "triton_max_batch_size": batch,
@@ -198,6 +204,7 @@ def common_values(recipe: Recipe) -> dict[str, dict]:
             "max_seq_len": recipe.limits.max_seq_len,
             # Requests in flight at once in decoupled mode: one per engine batch slot.
             "max_concurrency": batch,
+            **text,
         },
     }
 

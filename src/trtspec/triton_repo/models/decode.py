@@ -8,7 +8,9 @@ One round:
    TensorRT-LLM backend returns for a request with draft_input_ids and request_output_len = k + 1.
 3. emit the new tokens, cut at end_id / a stop sequence / max_tokens / max_seq_len.
 
-K = 0 (or one token left) is a plain target continuation through the same call.
+K = 0 (or one token left) is a plain target continuation through the same call. With ``first_token_alone``
+(streaming), round 0 is such a K = 0 round: the first token comes from the target's prefill alone, so it reaches
+the client after one target forward instead of after a whole draft + verify round.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ def speculate(
     end_id: int | None = None,
     stop_ids: Sequence[Sequence[int]] = (),
     stats: AcceptanceStats | None = None,
+    first_token_alone: bool = False,
 ) -> Iterator[Round]:
     """Yield one Round per target verification until max_tokens, end_id, a stop sequence or max_seq_len."""
     tokens, generated = list(prompt), []
@@ -70,6 +73,8 @@ def speculate(
             yield Round([], 0, 0, True, reason)
             return
         k = min(num_draft_tokens, budget - 1)  # the target always adds one token: keep room for it
+        if first_token_alone and round_index == 0:
+            k = 0
         draft_tokens, draft_logits = draft(tokens, k, round_index) if k > 0 else ([], None)
         draft_tokens = list(draft_tokens)[:k]
         new = list(target(tokens, draft_tokens, draft_logits, round_index))

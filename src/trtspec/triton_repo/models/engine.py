@@ -9,9 +9,15 @@ primitives (trtspec.engines.steps.StepModel) behind the TensorRT-LLM backend's t
 
 KV-cache reuse across calls (TensorRT-LLM's enable_kv_cache_reuse) is StepModel's slot pool: a request takes the
 slot sharing the longest prefix with its input_ids and only the rest is computed.
+
+On cpu each engine model sets its torch intra-op threads (cpu_threads; auto = half the cores it may use): the
+draft and the target run one after the other in two processes, and a model whose OpenMP threads still spin after
+its call must not take the cores of the other.
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 
@@ -22,6 +28,16 @@ from trtspec.triton_repo.models import triton_io as io
 def _scalar(inputs: dict, name: str, default):
     value = inputs.get(name)
     return default if value is None else np.asarray(value).reshape(-1)[0].item()
+
+
+def cpu_threads(value: str, available: int | None = None) -> int:
+    """The cpu_threads parameter as a thread count: a number, or auto = half of ``available`` (default: the
+    cores this process may run on), at least 1."""
+    if value.strip().lower() != "auto":
+        return max(int(value), 1)
+    if available is None:
+        available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(available // 2, 1)
 
 
 class TorchEngine:
@@ -79,9 +95,13 @@ class TritonPythonModel:
     def initialize(self, args):
         import json
 
+        import torch
+
         from trtspec.engines.steps import StepModel
 
         params = io.model_parameters(args)
+        if params["device"] == "cpu":
+            torch.set_num_threads(cpu_threads(params.get("cpu_threads", "auto")))
         config = json.loads(args["model_config"])
         max_draft_len = int(params["max_draft_len"])
         step_model = StepModel.from_pretrained(

@@ -1,9 +1,13 @@
 """Triton python model `tensorrt_llm_bls`: the speculative orchestrator and the client-facing entry point.
 
-Per request: preprocessing (BLS) -> rounds of draft (K tokens) + one target verification through the engine
-models' TensorRT-LLM tensor interface (decode.speculate) -> postprocessing (BLS) -> text. Beyond upstream's
-BLS: decoupled streaming of each verified round, concurrent requests (one thread each, bounded), per-request
-num_draft_tokens, sampling, stop words and return_perf_metrics.
+Per request: prompt -> ids, rounds of draft (K tokens) + one target verification through the engine models'
+TensorRT-LLM tensor interface (decode.speculate), ids -> text. Beyond upstream's BLS: decoupled streaming of
+each verified round, concurrent requests (one thread each, bounded), per-request num_draft_tokens, sampling,
+stop words and return_perf_metrics.
+
+Speed: a round costs two BLS calls (draft, target) and nothing else. Text goes through the same TextCodec as the
+preprocessing and postprocessing models, in-process (no BLS hop per request or per streamed round), and a
+streaming request's first token comes from the target's prefill alone (decode.speculate's first_token_alone).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from trtspec.triton_repo import interface as names
 from trtspec.triton_repo.models import triton_io as io
 from trtspec.triton_repo.models.decode import speculate
 from trtspec.triton_repo.models.request import GenerationRequest, Limits, parse_request
-from trtspec.triton_repo.models.text import IncrementalText, from_word_list
+from trtspec.triton_repo.models.text import IncrementalText, TextCodec
 from trtspec.validate.metrics import AcceptanceStats
 
 _SEED_MASK = (1 << 63) - 1
@@ -95,6 +99,7 @@ class TritonPythonModel:
             max_seq_len=int(params["max_seq_len"]),
             use_draft_logits=params.get("use_draft_logits", "False").lower() == "true",
         )
+        self.codec = TextCodec.from_parameters(params)
         self.target = params["tensorrt_llm_model_name"]
         self.draft = params["tensorrt_llm_draft_model_name"]
         self.decoupled = io.pb().using_decoupled_model_transaction_policy(json.loads(args["model_config"]))
@@ -181,32 +186,10 @@ class TritonPythonModel:
     # ------------------------------------------------------------------ generation
 
     def _preprocess(self, req: GenerationRequest):
-        inputs = {"QUERY": np.array([[req.text.encode()]], dtype=object)}
-        if req.stop_words:
-            inputs["STOP_WORDS_DICT"] = np.array([[w.encode() for w in req.stop_words]], dtype=object)
-        if req.end_id is not None:
-            inputs["END_ID"] = np.array([[req.end_id]], dtype=np.int32)
-        if req.pad_id is not None:
-            inputs["PAD_ID"] = np.array([[req.pad_id]], dtype=np.int32)
-        out = io.bls(names.PREPROCESSING, inputs, list(names.PREPROCESSING_OUTPUTS))
-        length = int(np.asarray(out["REQUEST_INPUT_LEN"]).reshape(-1)[0])
-        prompt = np.asarray(out["INPUT_ID"]).reshape(-1)[:length].tolist()
-        stop_ids = from_word_list(np.asarray(out["STOP_WORDS_IDS"]).reshape(2, -1)) if req.stop_words else []
-        end_id = int(np.asarray(out["OUT_END_ID"]).reshape(-1)[0])
-        pad_id = int(np.asarray(out["OUT_PAD_ID"]).reshape(-1)[0])
-        return prompt, stop_ids, end_id, pad_id
-
-    def _detokenize(self, tokens: list[int]) -> str:
-        out = io.bls(
-            names.POSTPROCESSING,
-            {
-                "TOKENS_BATCH": np.array([[tokens]], dtype=np.int32),
-                "SEQUENCE_LENGTH": np.array([[len(tokens)]], dtype=np.int32),
-            },
-            ["OUTPUT"],
-        )
-        item = np.asarray(out["OUTPUT"]).reshape(-1)[0]
-        return item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item)
+        """(prompt ids, stop sequences, end_id, pad_id): the preprocessing model's answer, computed in-process."""
+        end_id = self.codec.end_id if req.end_id is None else req.end_id
+        pad_id = self.codec.pad_id if req.pad_id is None else req.pad_id
+        return self.codec.encode(req.text), self.codec.stop_ids(req.stop_words), end_id, pad_id
 
     def _generate(self, req: GenerationRequest, incremental: bool):
         """Yield (text piece, the round's token ids, stats so far, finished) per verified round; not incremental:
@@ -225,11 +208,12 @@ class TritonPythonModel:
             end_id=end_id,
             stop_ids=stop_ids,
             stats=stats,
+            first_token_alone=incremental,
         )
         for rnd in rounds:
             generated += rnd.tokens
             if incremental and (rnd.tokens or rnd.finished):
-                piece = text.delta(self._detokenize(generated), rnd.finished)
+                piece = text.delta(self.codec.decode(generated), rnd.finished)
                 yield piece, list(rnd.tokens), stats, rnd.finished
         if not incremental:
-            yield self._detokenize(generated), generated, stats, True
+            yield self.codec.decode(generated), generated, stats, True

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from trtspec.builders.preflight import load_tokenizer
 from trtspec.triton_repo.interface import POSTPROCESSING_INPUTS
 from trtspec.triton_repo.models import triton_io as io
+from trtspec.triton_repo.models.text import TextCodec
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        params = io.model_parameters(args)
-        self.tokenizer = load_tokenizer(params["tokenizer_dir"])
-        self.skip_special_tokens = params.get("skip_special_tokens", "True").lower() == "true"
+        self.codec = TextCodec.from_parameters(io.model_parameters(args))
 
     def execute(self, requests):
         responses = []
@@ -23,9 +21,7 @@ class TritonPythonModel:
             lengths = np.asarray(inputs["SEQUENCE_LENGTH"]).reshape(tokens.shape[:-1])
             texts = [
                 [
-                    self.tokenizer.decode(
-                        row[: int(n)].tolist(), skip_special_tokens=self.skip_special_tokens
-                    ).encode()
+                    self.codec.decode(row[: int(n)].tolist()).encode()
                     for row, n in zip(beams, lens, strict=False)
                 ]
                 for beams, lens in zip(tokens, lengths, strict=False)

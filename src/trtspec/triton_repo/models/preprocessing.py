@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from trtspec.builders.preflight import load_tokenizer
 from trtspec.errors import RequestError
 from trtspec.triton_repo.interface import PREPROCESSING_INPUTS
 from trtspec.triton_repo.models import text as tok
@@ -13,13 +12,7 @@ from trtspec.triton_repo.models import triton_io as io
 
 class TritonPythonModel:
     def initialize(self, args):
-        params = io.model_parameters(args)
-        self.tokenizer = load_tokenizer(params["tokenizer_dir"])
-        self.add_special_tokens = params.get("add_special_tokens", "True").lower() == "true"
-        self.max_input_len = int(params["max_input_len"])
-        self.end_id = self.tokenizer.eos_token_id
-        pad = self.tokenizer.pad_token_id
-        self.pad_id = pad if pad is not None else self.end_id
+        self.codec = tok.TextCodec.from_parameters(io.model_parameters(args))
 
     def execute(self, requests):
         responses = []
@@ -32,26 +25,19 @@ class TritonPythonModel:
 
     def _one(self, inputs):
         queries = [q.decode("utf-8", "replace") for q in np.asarray(inputs["QUERY"]).reshape(-1)]
-        rows = [
-            tok.encode_prompt(
-                self.tokenizer,
-                q,
-                add_special_tokens=self.add_special_tokens,
-                max_input_len=self.max_input_len,
-            )
-            for q in queries
-        ]
+        codec = self.codec
+        rows = [codec.encode(q) for q in queries]
         width = max(len(r) for r in rows)
-        ids = np.full((len(rows), width), self.pad_id, dtype=np.int32)
+        ids = np.full((len(rows), width), codec.pad_id, dtype=np.int32)
         for i, row in enumerate(rows):
             ids[i, : len(row)] = row
         words = []
         if inputs["STOP_WORDS_DICT"] is not None:
             raw = [w.decode("utf-8", "replace") for w in np.asarray(inputs["STOP_WORDS_DICT"]).reshape(-1)]
-            words = tok.stop_words_ids(self.tokenizer, raw)
+            words = codec.stop_ids(raw)
         stop = np.stack([tok.to_word_list(words)] * len(rows))
-        end = inputs["END_ID"] if inputs["END_ID"] is not None else np.full((len(rows), 1), self.end_id)
-        pad = inputs["PAD_ID"] if inputs["PAD_ID"] is not None else np.full((len(rows), 1), self.pad_id)
+        end = inputs["END_ID"] if inputs["END_ID"] is not None else np.full((len(rows), 1), codec.end_id)
+        pad = inputs["PAD_ID"] if inputs["PAD_ID"] is not None else np.full((len(rows), 1), codec.pad_id)
         return io.pb().InferenceResponse(
             output_tensors=[
                 io.tensor("INPUT_ID", ids),

@@ -1,4 +1,9 @@
-"""Tokenizer work of preprocessing/postprocessing and the orchestrator's streaming, without Triton (pure)."""
+"""Tokenizer work of preprocessing/postprocessing and the orchestrator's streaming, without Triton (pure).
+
+``TextCodec`` is the one owner of the repository's tokenizer settings (tokenizer_dir, add_special_tokens,
+skip_special_tokens, max_input_len, default end/pad ids): the preprocessing and postprocessing models expose it
+through upstream's tensors, and the orchestrator uses it in-process so that a request costs no BLS hop for text.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +14,63 @@ import numpy as np
 from trtspec.errors import RequestError
 
 
-def encode_prompt(tokenizer, text: str, *, add_special_tokens: bool, max_input_len: int) -> list[int]:
+def _flag(params: dict[str, str], name: str, default: bool) -> bool:
+    return params.get(name, str(default)).strip().lower() == "true"
+
+
+class TextCodec:
+    """A tokenizer with the repository's settings: prompt -> ids, stop words -> ids, ids -> text."""
+
+    def __init__(
+        self,
+        tokenizer,
+        *,
+        add_special_tokens: bool = True,
+        skip_special_tokens: bool = True,
+        max_input_len: int | None = None,
+    ):
+        self.tokenizer = tokenizer
+        self.add_special_tokens, self.skip_special_tokens = add_special_tokens, skip_special_tokens
+        self.max_input_len = max_input_len
+        self.end_id = tokenizer.eos_token_id
+        pad = tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else self.end_id
+
+    @classmethod
+    def from_parameters(cls, params: dict[str, str]) -> TextCodec:
+        """From a model's config.pbtxt parameters (tokenizer_dir and the optional settings)."""
+        from trtspec.builders.preflight import load_tokenizer
+
+        max_input_len = params.get("max_input_len")
+        return cls(
+            load_tokenizer(params["tokenizer_dir"]),
+            add_special_tokens=_flag(params, "add_special_tokens", True),
+            skip_special_tokens=_flag(params, "skip_special_tokens", True),
+            max_input_len=int(max_input_len) if max_input_len else None,
+        )
+
+    def encode(self, text: str) -> list[int]:
+        """A prompt's ids; RequestError when empty or longer than max_input_len."""
+        return encode_prompt(
+            self.tokenizer,
+            text,
+            add_special_tokens=self.add_special_tokens,
+            max_input_len=self.max_input_len,
+        )
+
+    def stop_ids(self, words: Sequence[str]) -> list[list[int]]:
+        return stop_words_ids(self.tokenizer, words)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=self.skip_special_tokens)
+
+
+def encode_prompt(tokenizer, text: str, *, add_special_tokens: bool, max_input_len: int | None) -> list[int]:
     """Prompt text -> ids; RequestError when empty or longer than the engines' max_input_len."""
     if not text.strip():
         raise RequestError("text_input is empty; send a non-empty prompt")
     ids = tokenizer.encode(text, add_special_tokens=add_special_tokens)
-    if len(ids) > max_input_len:
+    if max_input_len is not None and len(ids) > max_input_len:
         raise RequestError(
             f"the prompt has {len(ids)} tokens, more than max_input_len {max_input_len}; shorten it"
         )
