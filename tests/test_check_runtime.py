@@ -89,3 +89,14 @@ def test_llmapi_draft_shares_the_target_ranks():
     assert check_runtime(same, "1.2.1").status == "pass"
     fast = recipe("trtllm-pytorch", triton={"runtime": "trtllm-pytorch", "fast_logits": True})
     assert "fast_logits applies to the tensorrtllm runtime only" in check_runtime(fast, "1.2.1").message
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "int4_awq", "w4a8_awq", "int8_sq"])
+def test_llmapi_refuses_formats_the_pytorch_backend_cannot_run(fmt):
+    result = check_runtime(recipe("trtllm-pytorch", draft={"quantization": fmt}), "1.2.1")
+    if fmt == "int8_sq":
+        assert result.status == "fail"
+        assert result.message.startswith("draft.quantization int8_sq: TensorRT-LLM's PyTorch backend has no")
+    else:
+        assert result.status == "pass"
+    assert check_runtime(recipe("tensorrtllm", draft={"quantization": fmt}), "1.2.1").status == "pass"

@@ -75,7 +75,7 @@ def test_deploy_writes_the_llmapi_model(pair, tmp_path):
         "speculative_config": {
             "decoding_type": "DraftTarget",
             "max_draft_len": 5,
-            "speculative_model_dir": str(pair[1].resolve()),
+            "speculative_model": str(pair[1].resolve()),
         },
         "triton_config": {"max_batch_size": 0, "decoupled": True},
     }
@@ -109,10 +109,10 @@ def test_model_yaml_uses_only_the_pinned_field_names(pair):
         support.LLMAPI_SPECULATIVE_MODEL_KEY,
     }
     for broken, fragment in (
-        (data | {"speculative_model": "x"}, "unknown key speculative_model"),
+        (data | {"speculative_model_dir": "x"}, "unknown key speculative_model_dir"),
         (
-            data | {"speculative_config": data["speculative_config"] | {"speculative_model": "x"}},
-            "speculative_config.speculative_model",
+            data | {"speculative_config": data["speculative_config"] | {"speculative_model_dir": "x"}},
+            "speculative_config.speculative_model_dir",
         ),
         (data | {"kv_cache_config": {"free_gpu_mem_fraction": 0.5}}, "kv_cache_config.free_gpu_mem_fraction"),
         (
@@ -144,7 +144,7 @@ def test_quantized_models_load_the_modelopt_hf_export(pair, tmp_path):
     dirs = llmapi.hf_model_dirs(recipe, tmp_path / "engines")
     assert dirs["target"] == (tmp_path / "engines" / "llm" / "target" / "hf_checkpoint").resolve()
     assert dirs["draft"] == pair[1].resolve()
-    with pytest.raises(CheckFailed, match="export the fp8 model as a ModelOpt HF checkpoint"):
+    with pytest.raises(CheckFailed, match="run `trtspec build` with this recipe first"):
         deploy(recipe, None, tmp_path / "r", engines_dir=tmp_path / "engines")
     assert not (tmp_path / "r").exists()
     hf_dir(dirs["target"])

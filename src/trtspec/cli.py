@@ -278,6 +278,8 @@ def build(recipe: str, engines_dir: str, engines_only: bool, force: bool, out: O
 
     RECIPE is a builders/<pair>.yaml file; 'demo' (the default) is the shipped demo pair. Without tensorrt_llm
     it stops after the checkpoints and the plan, writes engines/<name>/finish_in_ngc.sh and exits 3.
+    With triton.runtime trtllm-pytorch it builds no engines: it checks the pair and writes each quantized
+    model's ModelOpt HF checkpoint to engines/<name>/<role>/hf_checkpoint.
     """
     from pathlib import Path
 
@@ -289,7 +291,8 @@ def build(recipe: str, engines_dir: str, engines_only: bool, force: bool, out: O
     if out.json:
         out.emit_json(result.manifest)
     else:
-        out.console().print(f"Engines ready in {result.out_dir} (ran: {', '.join(result.ran) or 'nothing'}).")
+        what = "Checkpoints" if result.plan is None else "Engines"  # trtllm-pytorch serves HF checkpoints
+        out.console().print(f"{what} ready in {result.out_dir} (ran: {', '.join(result.ran) or 'nothing'}).")
 
 
 # --- generate (issue 3) ---

@@ -10,6 +10,10 @@ Stages, in order: 1. pre-flight checks (``preflight.run_checks``); 2. one conver
 script to finish in the NGC image; 4. one engine stage per model (``trtllm_adapter.build_engines``, in a child
 process), or, without tensorrt_llm, exit status 3 (NeedsTensorRTLLM) after step 3.
 
+For ``triton.runtime: trtllm-pytorch`` there are no engines: TensorRT-LLM's PyTorch backend loads Hugging Face
+checkpoints. The build is then 1. the checks and 2. for each quantized model, one stage writing its ModelOpt HF
+export to ``<role>/hf_checkpoint`` (``hf_export.export_hf``); an unquantized model is served from its own folder.
+
 Every stage writes into a hidden temporary sibling directory and is renamed into place on success, with a stamp
 file (``.trtspec-stage.json``: fingerprint of its inputs, hash of its outputs, timing). A stage is skipped when
 its stamp's fingerprint equals the current one and its outputs still hash to the stamp's value. An interrupted
@@ -36,7 +40,7 @@ from typing import Any
 
 from trtspec.builders import support
 from trtspec.builders.plan import ROLES, BuildPlan, make_build_plan, read_checkpoint_config
-from trtspec.errors import CheckFailed, CheckpointError, NeedsTensorRTLLM
+from trtspec.errors import CheckFailed, CheckpointError, NeedsTensorRTLLM, RecipeError
 from trtspec.recipe import DEMO_RECIPE, Recipe
 
 STAMP = ".trtspec-stage.json"
@@ -230,6 +234,46 @@ def convert_stage(recipe: Recipe, role: str, out_dir: Path, console, force: bool
     if stamp["skipped"]:
         _say(console, f"[bold]{role}[/]: checkpoint up to date, skipped")
     return stamp
+
+
+def hf_export_stage(recipe: Recipe, role: str, out_dir: Path, console, force: bool) -> dict[str, Any]:
+    """trtllm-pytorch, a quantized model: its ModelOpt HF export in <role>/hf_checkpoint (skipped when up to date)."""
+    from trtspec import __version__
+    from trtspec.builders.hf_export import export_hf
+
+    spec = recipe.models()[role]
+    part = convert_recipe_part(recipe, role)
+    fingerprint = digest({"trtspec": __version__, "recipe": part, "input": tree_hash(spec.model), "as": "hf"})
+
+    def work(tmp: Path) -> dict:
+        _say(
+            console,
+            f"[bold]{role}[/]: quantizing {spec.model} ({spec.quantization}) as a ModelOpt HF checkpoint",
+        )
+        summary = export_hf(
+            spec, tmp, calibration=recipe.calibration, device=recipe.calibration.device, console=console
+        )
+        return {"recipe": part, "input_hash": tree_hash(spec.model), "summary": summary}
+
+    final = out_dir / role / support.QUANTIZED_HF_SUBDIR
+    stamp = run_stage(f"{role}.hf_checkpoint", final, fingerprint, work, force)
+    if stamp["skipped"]:
+        _say(console, f"[bold]{role}[/]: {support.QUANTIZED_HF_SUBDIR} up to date, skipped")
+    return stamp
+
+
+def build_hf(recipe: Recipe, out_dir: Path, console, force: bool) -> BuildResult:
+    """The trtllm-pytorch build: checks, then a ModelOpt HF export of each quantized model; no engines."""
+    stages: dict[str, dict] = {"check": run_preflight(recipe)}
+    for role, spec in recipe.models().items():
+        if spec.quantization == "none":
+            _say(console, f"[bold]{role}[/]: served from its Hugging Face checkpoint {spec.model}")
+        else:
+            stages[f"{role}.hf_checkpoint"] = hf_export_stage(recipe, role, out_dir, console, force)
+    manifest = make_manifest(recipe, None, stages, "complete")
+    write_json_atomic(out_dir / MANIFEST, manifest)
+    ran = [name for name, s in stages.items() if not s.get("skipped")]
+    return BuildResult(out_dir, None, manifest, ran=ran, skipped=manifest["skipped"])
 
 
 def existing_checkpoint(recipe: Recipe, role: str, out_dir: Path) -> dict[str, Any]:
@@ -452,8 +496,16 @@ def build(
     the engines is done and finish_in_ngc.sh is written) or another TrtspecError for bad input.
     """
     out_dir = Path(engines_dir) / recipe.name
+    if recipe.triton.runtime == "trtllm-pytorch" and engines_only:
+        raise RecipeError(
+            recipe.source or recipe.name,
+            "triton.runtime",
+            "trtllm-pytorch has no engines; drop --engines-only",
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     clean_stale(out_dir)
+    if recipe.triton.runtime == "trtllm-pytorch":
+        return build_hf(recipe, out_dir, console, force)
     stages: dict[str, dict] = {}
     if engines_only:
         for role in ROLES:

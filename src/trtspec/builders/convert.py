@@ -247,7 +247,7 @@ def _mark_qwen(export_dir: Path, hf_config: dict) -> None:
 # ---------------------------------------------------------------- orchestration
 
 
-class _Stages:
+class Stages:
     """Prints each stage (load, calibrate, export, verify) with a spinner and records its duration in seconds."""
 
     def __init__(self, console, label: str):
@@ -319,7 +319,7 @@ def export_checkpoint(
     check_shapes(spec, hf_config)
     warning = _warn_unsupported(spec, console)
     check_memory(spec.model, estimate_peak_bytes(count_parameters(spec.model), device, verify))
-    stages = _Stages(console, out_dir.parent.name or str(out_dir))
+    stages = Stages(console, out_dir.parent.name or str(out_dir))
     with atomic_dir(out_dir) as tmp:
         with stages("load", f"{spec.model} on {device}"):
             tokenizer = load_tokenizer(spec.model, spec.trust_remote_code)
@@ -329,7 +329,7 @@ def export_checkpoint(
                 r.cpu() for r in interpreter.reference_logits_for(model, [p.to(device) for p in prompts])
             ]
         if spec.quantization != "none":
-            batches = _calibration_batches(tokenizer, calibration)
+            batches = calibration_batches_for(tokenizer, calibration)
             with stages("calibrate", f"{spec.quantization} on {len(batches)} x {batches[0].shape[1]} tokens"):
                 model = quantize_model(model, spec, batches)
         with stages(
@@ -363,7 +363,7 @@ def export_checkpoint(
     }
 
 
-def _calibration_batches(tokenizer, calibration: CalibrationSpec) -> list:
+def calibration_batches_for(tokenizer, calibration: CalibrationSpec) -> list:
     from trtspec.builders.calibration import calibration_batches
 
     return calibration_batches(tokenizer, calibration.dataset, calibration.size, calibration.seq_len)

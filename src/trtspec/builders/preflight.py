@@ -417,6 +417,16 @@ def check_runtime(recipe: Recipe, trtllm_version: str | None = None) -> CheckRes
     details = {"runtime": runtime, "trtllm_version": version, "needs": needs}
     if runtime == "torch":
         return CheckResult("runtime", "pass", f"torch: {needs}", details)
+    if runtime == "trtllm-pytorch":
+        for role, spec in recipe.models().items():
+            if spec.quantization not in support.LLMAPI_QUANT_FORMATS:
+                return CheckResult(
+                    "runtime",
+                    "fail",
+                    f"{role}.quantization {spec.quantization}: TensorRT-LLM's PyTorch backend has no kernels for "
+                    f"it; use one of {', '.join(support.LLMAPI_QUANT_FORMATS)} with trtllm-pytorch",
+                    details,
+                )
     layout = _llmapi_layout_problem(recipe) if runtime == "trtllm-pytorch" else None
     if layout:
         return CheckResult("runtime", "warn", layout + "; the draft's tp/pp/gpu_ids are ignored", details)

@@ -87,18 +87,26 @@ def padded_vocab_size(vocab_size: int, tp_size: int, quantization: str) -> int:
 TRTLLM_LAST_ENGINE_RELEASE = "1.3.0rc20"
 # The LLM-API runtime is pinned to the newest stable release that ships in an NGC Triton image
 # (triton-inference-server/server docs/introduction/compatibility.md: 26.04-26.07 trtllm-python-py3 -> 1.2.1).
-# Field names below are those of that line's tensorrt_llm/llmapi/llm_args.py (BaseLlmArgs: model, backend,
-# tensor_parallel_size, pipeline_parallel_size, dtype, trust_remote_code, max_batch_size, max_input_len,
-# max_seq_len, kv_cache_config, speculative_config; DecodingBaseConfig: max_draft_len, speculative_model_dir;
-# DecodingBaseConfig.from_dict registry key "DraftTarget" -> DraftTargetDecodingConfig; KvCacheConfig:
-# free_gpu_memory_fraction, enable_block_reuse) and of triton_backend/all_models/llmapi/tensorrt_llm/1/model.yaml
-# (triton_config: max_batch_size, decoupled). Later releases renamed speculative_model_dir -> speculative_model
-# (accepting the old name as an alias) and made decoding_type a pydantic discriminator.
+# Field names below are those of 1.2.1's tensorrt_llm/llmapi/llm_args.py (read in the 1.2.1 documentation's
+# rendered source, 1.2.1/_modules/tensorrt_llm/llmapi/llm_args.html): BaseLlmArgs (extra="forbid"): model, backend
+# (deprecated but still a field; upstream's model.yaml sets it), tensor_parallel_size, pipeline_parallel_size,
+# dtype, trust_remote_code, max_batch_size, max_input_len, max_seq_len, kv_cache_config, speculative_config;
+# DecodingBaseConfig (strict): max_draft_len, speculative_model (validation aliases speculative_model,
+# speculative_model_dir); DecodingBaseConfig.from_dict maps decoding_type "DraftTarget" ->
+# DraftTargetDecodingConfig (the class's own string "Draft_Target" is refused there); KvCacheConfig (strict):
+# free_gpu_memory_fraction, enable_block_reuse. Upstream's llmapi model.py pops only triton_config (max_batch_size,
+# decoupled: both required) from model.yaml and passes every other key to LLM().
 TRTLLM_PYTORCH_VERSION = "1.2.1"
 TRTLLM_PYTORCH_MIN_VERSION = "1.2.0"
 NGC_TRITON_TRTLLM_PYTORCH_IMAGE = NGC_TRITON_TRTLLM_IMAGE
 LLMAPI_DRAFT_TARGET_DECODING_TYPE = "DraftTarget"
-LLMAPI_SPECULATIVE_MODEL_KEY = "speculative_model_dir"
+LLMAPI_SPECULATIVE_MODEL_KEY = "speculative_model"
+# Quantized checkpoints the PyTorch backend runs (_torch/modules/linear.py get_quant_method: FP8, W4A16_AWQ,
+# W4A8_AWQ, NVFP4, ...; no SmoothQuant path, so int8_sq is refused for trtllm-pytorch).
+LLMAPI_QUANT_FORMATS = ("none", "fp8", "int4_awq", "w4a8_awq")
+# Where `trtspec build` writes the ModelOpt HF export of a quantized model for trtllm-pytorch
+# (engines/<name>/<role>/<this>); model.yaml points the LLM at it.
+QUANTIZED_HF_SUBDIR = "hf_checkpoint"
 # The runtime of each engine model per runtime: who needs which TensorRT-LLM.
 RUNTIME_NEEDS = {
     "torch": "no TensorRT-LLM",
@@ -150,6 +158,6 @@ def runtime_version_problem(runtime: str, version: str) -> tuple[str, str] | Non
             return (
                 "warn",
                 f"model.yaml field names were confirmed for TensorRT-LLM {TRTLLM_PYTORCH_VERSION}; {version} may "
-                "name them differently (e.g. speculative_model)",
+                "name them differently (1.3 made speculative_config.decoding_type Draft_Target)",
             )
     return None

@@ -1,7 +1,7 @@
 """The ``trtllm-pytorch`` runtime: upstream's Triton LLM-API model over TensorRT-LLM's PyTorch backend.
 
 TensorRT-LLM removed the TensorRT engine path after 1.3.0rc20; what remains is the LLM API, which runs draft-target
-itself (``speculative_config: {decoding_type: DraftTarget, max_draft_len: K, speculative_model_dir: DRAFT}``) from
+itself (``speculative_config: {decoding_type: DraftTarget, max_draft_len: K, speculative_model: DRAFT}``) from
 Hugging Face checkpoints. Upstream serves it through one Triton python model, ``tensorrt_llm``
 (triton_backend/all_models/llmapi/tensorrt_llm/: config.pbtxt, 1/model.py, 1/helpers.py, 1/model.yaml), whose
 model.yaml keys map 1:1 to ``LLM()`` arguments (``triton_config`` aside).
@@ -12,7 +12,7 @@ What trtspec writes (deploy) and why:
   like upstream's launch_triton_server.py, starts tritonserver with --disable-auto-complete-config, so model.py's
   auto_complete_config never copies them over.
 - ``tensorrt_llm/1/model.yaml``: from the recipe, every key checked against the pinned release's field names
-  (``trtspec.builders.support``); the ``model`` / ``speculative_model_dir`` are the HF checkpoints (or ModelOpt's
+  (``trtspec.builders.support``); the ``model`` / ``speculative_model`` are the HF checkpoints (or ModelOpt's
   quantized HF exports for quantized models).
 - ``tensorrt_llm/1/model.py``: a thin launcher, not a copy: upstream's model.py belongs to the TensorRT-LLM release
   in the image and must match it, so it is loaded at server start from the image (``find_upstream_model_dir``).
@@ -36,8 +36,6 @@ from trtspec.recipe import Recipe
 MODEL_NAME = "tensorrt_llm"  # upstream's model name: the entry point of this runtime
 INTERFACE = "llmapi"
 MODEL_YAML = "model.yaml"
-# Where `trtspec quantize` leaves a ModelOpt HF export of a quantized model (engines/<name>/<role>/<this>).
-QUANTIZED_HF_SUBDIR = "hf_checkpoint"
 UPSTREAM_DIR_ENV = "TRTSPEC_LLMAPI_MODEL_DIR"
 # Where upstream's llmapi/tensorrt_llm/1 may live in an NGC trtllm-python-py3 image (the image keeps the backend's
 # scripts under /app); UPSTREAM_DIR_ENV overrides, e.g. a TensorRT-LLM checkout's triton_backend/all_models/....
@@ -105,7 +103,9 @@ def hf_model_dirs(recipe: Recipe, engines_dir: Path | None = None) -> dict[str, 
     root = Path(engines_dir or "engines") / recipe.name
     dirs = {}
     for role, spec in recipe.models().items():
-        dirs[role] = Path(spec.model) if spec.quantization == "none" else root / role / QUANTIZED_HF_SUBDIR
+        dirs[role] = (
+            Path(spec.model) if spec.quantization == "none" else root / role / support.QUANTIZED_HF_SUBDIR
+        )
     return {role: path.resolve() for role, path in dirs.items()}
 
 
@@ -115,7 +115,8 @@ def check_model_dirs(recipe: Recipe, model_dirs: dict[str, Path]) -> None:
         if not (Path(path) / "config.json").is_file():
             spec = recipe.models()[role]
             how = (
-                f"export the {spec.quantization} model as a ModelOpt HF checkpoint there"
+                f"run `trtspec build` with this recipe first (it writes the {spec.quantization} ModelOpt HF "
+                "checkpoint there)"
                 if spec.quantization != "none"
                 else f"point {role}.model at a Hugging Face checkpoint"
             )
