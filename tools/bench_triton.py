@@ -4,8 +4,9 @@
 One recipe (default: the shipped demo pair) is deployed with the torch runtime into a temporary repository and
 served by a real tritonserver on free loopback ports. For each prompt, batch 1, greedy, the same K and new-token
 budget, alternately:
-  - in-process: trtspec.engines.SpeculativeEngine with the dtype / device / slots / max_seq_len the torch runtime
-    uses (so the only difference is Triton: gRPC, BLS calls, pre/postprocessing, one engine call per step);
+  - in-process: trtspec.engines.SpeculativeEngine with the dtype / device / slots / max_seq_len and, on cpu, the
+    torch threads (triton.cpu_threads) the torch runtime's engine models use, so the only difference is Triton:
+    gRPC, the orchestrator, two BLS calls per round and the draft and target in separate processes;
   - Triton: a streaming gRPC request to tensorrt_llm_bls (trtspec.validate.endpoint.TritonClient).
 It prints tokens/s of both and their ratio (goal >= 0.90), and Triton's streaming time to first token against
 the duration of one speculative round of the engine (goal: the first token within one round; the first round
@@ -59,8 +60,14 @@ def parse_args(argv):
 
 def load_engine(recipe):
     """The in-process engine configured like the torch runtime's engine models (values.torch_engine_values)."""
+    import torch
+
     from trtspec.engines.engine import SpeculativeEngine
     from trtspec.recipe import torch_runtime_dtype
+    from trtspec.triton_repo.models.engine import cpu_threads
+
+    if recipe.triton.device == "cpu":
+        torch.set_num_threads(cpu_threads(str(recipe.triton.cpu_threads)))
 
     return SpeculativeEngine.from_pretrained(
         recipe.target.model,
@@ -163,7 +170,7 @@ def main(argv=None) -> None:
         samples,
         f"recipe {recipe.name}: target {recipe.target.model}, draft {recipe.draft.model}; "
         f"{recipe.triton.device} {torch_runtime_dtype(recipe.triton, recipe.target)} "
-        f"torch threads {torch.get_num_threads()}; K={k}; {len(prompts)} prompts x {args.repeats} x "
+        f"torch threads {torch.get_num_threads()} (in-process and per engine model); K={k}; {len(prompts)} prompts x {args.repeats} x "
         f"{args.max_new_tokens} new tokens; batch 1, greedy, Triton over streaming gRPC\n",
     )
 
