@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# trtspec container entry point: check -> build engines (tensorrtllm runtime) -> deploy -> serve.
+# trtspec container entry point: check -> build (engines for tensorrtllm, ModelOpt HF exports of quantized models
+# for trtllm-pytorch) -> deploy -> serve.
 #
 # Configuration (environment only; values are passed to trtspec as single arguments, never evaluated):
 #   TRTSPEC_RECIPE        recipe file                         [/workspace/recipes/recipe.yaml]
 #   TRTSPEC_ENGINES_DIR   where engines/<name>/ is built      [/workspace/engines]
 #   TRTSPEC_REPO_DIR      the repository goes to DIR/<name>   [/workspace/triton_repo]
-#   TRTSPEC_RUNTIME       tensorrtllm | torch                 [the recipe's triton.runtime]
+#   TRTSPEC_RUNTIME       tensorrtllm | trtllm-pytorch | torch [the recipe's triton.runtime]
 #   TRTSPEC_HOST          address tritonserver binds          [0.0.0.0, see below]
 #   TRTSPEC_HTTP_PORT / TRTSPEC_GRPC_PORT / TRTSPEC_METRICS_PORT   [8000 / 8001 / 8002]
 # With arguments (`docker run IMAGE trtspec validate ...`) it runs those instead.
@@ -33,10 +34,10 @@ print(recipe.name, recipe.triton.runtime)
 PY
 }
 
-# Engines for the tensorrtllm runtime. `trtspec build` skips every stage whose inputs and outputs are
-# unchanged, so calling it on each start costs a few hashes when the engines are current and rebuilds exactly
-# the stale stages when the recipe or the models changed.
-build_engines() {
+# What the runtime serves: engines (tensorrtllm) or quantized models' ModelOpt HF exports (trtllm-pytorch).
+# `trtspec build` skips every stage whose inputs and outputs are unchanged, so calling it on each start costs a
+# few hashes when the outputs are current and rebuilds exactly the stale stages when the recipe or models changed.
+build_outputs() {
     local recipe="$1" engines_dir="$2" status=0
     trtspec build "$recipe" --engines-dir "$engines_dir" || status=$?
     if [[ $status -eq $EXIT_NEEDS_TENSORRT_LLM ]]; then
@@ -50,9 +51,9 @@ build_engines() {
 # Only the runtimes `trtspec deploy` writes; checked before any work so a typo fails in a second.
 require_runtime() {
     case "$1" in
-        tensorrtllm | torch) ;;
+        tensorrtllm | trtllm-pytorch | torch) ;;
         *)
-            log "TRTSPEC_RUNTIME='$1' is not a runtime; use tensorrtllm or torch"
+            log "TRTSPEC_RUNTIME='$1' is not a runtime; use tensorrtllm, trtllm-pytorch or torch"
             exit "$EXIT_USAGE"
             ;;
     esac
@@ -85,12 +86,17 @@ main() {
     read -r name runtime <<<"$facts"
     runtime="${TRTSPEC_RUNTIME:-$runtime}"
     require_runtime "$runtime"
-    if [[ $runtime == tensorrtllm ]]; then
-        log "2/4 build engines into ${engines_dir}/${name} (up-to-date stages are skipped)"
-        build_engines "$recipe" "$engines_dir"
-    else
-        log "2/4 no engine build: the torch runtime serves the Hugging Face checkpoints"
-    fi
+    case "$runtime" in
+        tensorrtllm)
+            log "2/4 build engines into ${engines_dir}/${name} (up-to-date stages are skipped)"
+            build_outputs "$recipe" "$engines_dir"
+            ;;
+        trtllm-pytorch)
+            log "2/4 build: ModelOpt HF checkpoints of quantized models into ${engines_dir}/${name} (no engines)"
+            build_outputs "$recipe" "$engines_dir"
+            ;;
+        *) log "2/4 no build: the torch runtime serves the Hugging Face checkpoints" ;;
+    esac
 
     local repo="${repo_dir}/${name}"
     log "3/4 deploy the ${runtime} repository to ${repo}"
