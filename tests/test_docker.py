@@ -534,13 +534,18 @@ def test_entrypoint_trtllm_pytorch_builds_deploys_and_stops_at_serve_without_the
     """trtllm-pytorch: build (no engines: the HF checkpoints are served), deploy upstream's LLM-API model, then
     serve refuses in one line because upstream's model.py ships only in the NGC image."""
     recipe = write_tiny_recipe(tmp_path, tiny_pair, runtime="trtllm-pytorch")
-    env = entrypoint_env(tmp_path, TRTSPEC_RECIPE=str(recipe), TRTSPEC_LLMAPI_MODEL_DIR=str(tmp_path / "none"))
+    env = entrypoint_env(
+        tmp_path, TRTSPEC_RECIPE=str(recipe), TRTSPEC_LLMAPI_MODEL_DIR=str(tmp_path / "none")
+    )
     result = run_entrypoint(env, timeout=300)
     assert "2/4 build: ModelOpt HF checkpoints of quantized models" in result.stderr, result.stderr[-3000:]
     assert (tmp_path / "engines" / "tiny-docker" / "manifest.json").is_file()
     model_yaml = tmp_path / "repos" / "tiny-docker" / "tensorrt_llm" / "1" / "model.yaml"
     assert yaml.safe_load(model_yaml.read_text())["model"] == str(tiny_pair[0].resolve())
-    assert result.returncode == 2 and "upstream's LLM-API model (model.py + helpers.py) not found" in result.stderr
+    assert (
+        result.returncode == 2
+        and "upstream's LLM-API model (model.py + helpers.py) not found" in result.stderr
+    )
     assert "Traceback" not in result.stderr
 
 

@@ -47,6 +47,7 @@ class PlantedMismatch:
             inner.max_draft_len,
             inner.max_batch_size,
         )
+        self.fixed_k = inner.fixed_k
 
     def generate(self, requests, params):
         generations = self.inner.generate(requests, params)

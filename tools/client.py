@@ -27,7 +27,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--url", default="127.0.0.1:8001", help="HOST:PORT of the gRPC or HTTP endpoint")
     parser.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
-    parser.add_argument("--model", default=None, help="entry model [default: tensorrt_llm_bls]")
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="entry model [default: tensorrt_llm_bls, else upstream's LLM-API tensorrt_llm]",
+    )
     parser.add_argument("--stream", action="store_true", help="stream the answer round by round (decoupled)")
     parser.add_argument("--max-tokens", type=int, default=64, help="new tokens per prompt")
     parser.add_argument(

@@ -209,6 +209,13 @@ def bench(options: BenchOptions, out) -> dict:
     biggest = max(options.concurrency)
     options.system.max_batch_size = max(options.system.max_batch_size or 0, biggest)
     system = open_system(recipe, options.system, tokenizer)
+    if system.fixed_k is not None:
+        system.close()
+        raise TrtspecError(
+            f"{system.name} drafts a fixed K={system.fixed_k} (its model.yaml) with no per-request K and no "
+            "target-only mode, so bench cannot sweep K or measure a speedup; use `trtspec validate --url` for "
+            "its outputs, acceptance and tokens/s"
+        )
     measure_draft = options.system.kind == "engine" and options.draft_cost_ratio is None
     draft = _draft_alone(recipe, options.system, biggest) if measure_draft else None
     total = len(options.concurrency) * (len(options.num_draft_tokens) + 1 + (draft is not None))

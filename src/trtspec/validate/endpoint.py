@@ -1,9 +1,13 @@
 """A client of a trtspec (or upstream tensorrtllm_backend) Triton endpoint, and the system under test over it.
 
-``TritonClient.generate`` sends one request to the entry model (tensorrt_llm_bls: text_input, max_tokens,
-num_draft_tokens, stream, temperature, top_k, top_p, seed, return_perf_metrics -> text_output and the acceptance
-metrics) over gRPC streaming (tritonclient; works for decoupled and non-decoupled models) or HTTP (the generate /
-generate_stream extension, server-sent events), and records when each piece arrived. Tools may reuse it.
+``TritonClient.generate`` sends one request to the entry model over gRPC streaming (tritonclient; works for
+decoupled and non-decoupled models) or HTTP (the generate / generate_stream extension, server-sent events), and
+records when each piece arrived. Tools may reuse it. It speaks both client interfaces a deployment can have
+(``INTERFACES``; found from the model's metadata unless given):
+- ``trtspec``: tensorrt_llm_bls (torch and tensorrtllm runtimes): text_input, max_tokens, num_draft_tokens, stream,
+  temperature, top_k, top_p, seed, return_perf_metrics -> text_output, output_ids and the acceptance metrics;
+- ``llmapi``: upstream's LLM-API ``tensorrt_llm`` (trtllm-pytorch): the same fields as sampling_param_* and
+  streaming -> text_output and the same metrics; K is fixed by model.yaml, so num_draft_tokens is not sent.
 
 trtspec repositories also return the generated ``output_ids``, which ``TritonSystem`` compares exactly; for an
 entry model that returns text only it tokenises ``text_output`` with the target's tokenizer
@@ -22,20 +26,38 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from trtspec.errors import RequestError, ServerError
-from trtspec.triton_repo.interface import ENTRY_POINT, METRIC_OUTPUTS
+from trtspec.triton_repo import llmapi
+from trtspec.triton_repo.interface import CLIENT_INPUTS, ENTRY_POINT, METRIC_OUTPUTS
 from trtspec.validate.metrics import AcceptanceStats
 from trtspec.validate.systems import Generation, Request
 
+# Request field -> input name, per client interface (the trtspec.json "interface" of a repository); a field an
+# interface lacks is not sent. The entry model each interface has by default comes with it.
+INTERFACES = {
+    "trtspec": {
+        "model": ENTRY_POINT,
+        "fields": {name: name for name in CLIENT_INPUTS},
+        "fixed": {},
+        "batched": True,  # max_batch_size > 0: tensors are [1, 1]
+    },
+    "llmapi": {
+        "model": llmapi.MODEL_NAME,
+        "fields": {
+            "text_input": "text_input",
+            "stream": "streaming",
+            **{
+                name: f"sampling_param_{name}"
+                for name in ("max_tokens", "temperature", "top_k", "top_p", "seed", "return_perf_metrics")
+            },
+        },
+        # upstream's model echoes the prompt unless told not to; trtspec compares generated text only
+        "fixed": {"sampling_param_exclude_input_from_output": True},
+        "batched": False,  # upstream's max_batch_size: 0: tensors are [1]
+    },
+}
 _GRPC_DTYPES = {
-    "text_input": "BYTES",
-    "max_tokens": "INT32",
-    "num_draft_tokens": "INT32",
-    "stream": "BOOL",
-    "temperature": "FP32",
-    "top_k": "INT32",
-    "top_p": "FP32",
-    "seed": "UINT64",
-    "return_perf_metrics": "BOOL",
+    name: dtype.removeprefix("TYPE_").replace("STRING", "BYTES")
+    for name, dtype in (CLIENT_INPUTS | llmapi.LLMAPI_INPUTS).items()
 }
 
 
@@ -85,9 +107,16 @@ def split_url(url: str, protocol: str = "auto") -> tuple[str, str]:
 
 
 def request_fields(
-    text: str, max_tokens: int, num_draft_tokens: int | None, stream: bool, **sampling
+    text: str,
+    max_tokens: int,
+    num_draft_tokens: int | None,
+    stream: bool,
+    interface: str = "trtspec",
+    **sampling,
 ) -> dict:
-    """The client inputs of one request (None values are left out: the server's defaults apply)."""
+    """The inputs of one request in ``interface``'s names (None values and fields the interface lacks are left
+    out: the server's defaults apply)."""
+    names = INTERFACES[interface]["fields"]
     fields = {
         "text_input": text,
         "max_tokens": max_tokens,
@@ -96,26 +125,75 @@ def request_fields(
         "return_perf_metrics": True,
         **sampling,
     }
-    return {k: v for k, v in fields.items() if v is not None}
+    unknown = sorted(set(fields) - set(CLIENT_INPUTS))
+    if unknown:
+        raise RequestError(f"unknown request field {unknown[0]!r}; use one of {', '.join(CLIENT_INPUTS)}")
+    mapped = {names[k]: v for k, v in fields.items() if v is not None and k in names}
+    return mapped | INTERFACES[interface]["fixed"]
 
 
 class TritonClient:
-    """Requests to one model of a Triton server. ``url``: HOST:PORT (gRPC) or http://HOST:PORT."""
+    """Requests to one model of a Triton server. ``url``: HOST:PORT (gRPC) or http://HOST:PORT.
 
-    def __init__(self, url: str, protocol: str = "auto", model: str | None = None, timeout_s: float = 600.0):
+    ``interface`` 'auto' (and no ``model``): the first of tensorrt_llm_bls and tensorrt_llm the server has,
+    spoken in the interface its inputs show (``resolve``, on the first call that needs it)."""
+
+    def __init__(
+        self,
+        url: str,
+        protocol: str = "auto",
+        model: str | None = None,
+        timeout_s: float = 600.0,
+        interface: str = "auto",
+    ):
+        if interface not in ("auto", *INTERFACES):
+            raise RequestError(f"interface {interface!r} is not auto, {' or '.join(INTERFACES)}")
         self.protocol, self.address = split_url(url, protocol)
-        self.url, self.model, self.timeout_s = url, model or ENTRY_POINT, timeout_s
+        self.url, self.timeout_s, self.interface = url, timeout_s, interface
+        self.model = model or (INTERFACES[interface]["model"] if interface != "auto" else None)
 
-    def check_ready(self) -> None:
-        """ServerError unless the server answers and the model is ready (one cheap call before any work)."""
+    def _input_names(self, model: str) -> set[str] | None:
+        """The inputs of ``model`` from the server's metadata; None when it has no such model."""
         try:
             if self.protocol == "grpc":
                 import tritonclient.grpc as grpcclient
 
                 with grpcclient.InferenceServerClient(self.address) as client:
-                    ready = client.is_model_ready(self.model)
+                    return {i.name for i in client.get_model_metadata(model).inputs}
+            url = f"http://{self.address}/v2/models/{model}"
+            with urllib.request.urlopen(url, timeout=10) as response:
+                return {i["name"] for i in json.loads(response.read()).get("inputs", [])}
+        except Exception:  # noqa: BLE001 - unknown model, or unreachable (check_ready says which)
+            return None
+
+    def resolve(self) -> None:
+        """Fix the entry model and the interface (see the class docstring); ServerError when neither is served."""
+        if self.model is not None and self.interface != "auto":
+            return
+        candidates = [self.model] if self.model else [spec["model"] for spec in INTERFACES.values()]
+        for model in candidates:
+            inputs = self._input_names(model)
+            if inputs is not None:
+                llm = "sampling_param_max_tokens" in inputs
+                self.model, self.interface = model, "llmapi" if llm else "trtspec"
+                return
+        self.check_ready_of(candidates[0])  # says whether the server is unreachable or lacks the model
+        raise ServerError(f"Triton at {self.url} serves none of {', '.join(candidates)}; pass --model")
+
+    def check_ready(self) -> None:
+        """ServerError unless the server answers and the model is ready (one cheap call before any work)."""
+        self.resolve()
+        self.check_ready_of(self.model)
+
+    def check_ready_of(self, model: str) -> None:
+        try:
+            if self.protocol == "grpc":
+                import tritonclient.grpc as grpcclient
+
+                with grpcclient.InferenceServerClient(self.address) as client:
+                    ready = client.is_model_ready(model)
             else:
-                url = f"http://{self.address}/v2/models/{self.model}/ready"
+                url = f"http://{self.address}/v2/models/{model}/ready"
                 with urllib.request.urlopen(url, timeout=10) as response:
                     ready = response.status == 200
         except Exception as err:  # noqa: BLE001 - any transport failure means the same to the user
@@ -125,14 +203,15 @@ class TritonClient:
             ) from None
         if not ready:
             raise ServerError(
-                f"Triton at {self.url} has no ready model {self.model!r}; pass --model or check the server log"
+                f"Triton at {self.url} has no ready model {model!r}; pass --model or check the server log"
             )
 
     def generate(
         self, text: str, max_tokens: int, num_draft_tokens: int | None = None, stream: bool = True, **sampling
     ) -> EndpointResponse:
-        fields = request_fields(text, max_tokens, num_draft_tokens, stream, **sampling)
         try:
+            self.resolve()
+            fields = request_fields(text, max_tokens, num_draft_tokens, stream, self.interface, **sampling)
             if self.protocol == "grpc":
                 return self._grpc(fields)
             return self._http(fields, stream)
@@ -148,10 +227,11 @@ class TritonClient:
         from tritonclient.utils import InferenceServerException
 
         inputs = []
+        batched = INTERFACES[self.interface]["batched"]
         for name, value in fields.items():
+            item = value.encode() if isinstance(value, str) else value
             array = np.array(
-                [[value.encode() if isinstance(value, str) else value]],
-                dtype=object if isinstance(value, str) else None,
+                [[item]] if batched else [item], dtype=object if isinstance(value, str) else None
             )
             tensor = grpcclient.InferInput(name, list(array.shape), _GRPC_DTYPES[name])
             tensor.set_data_from_numpy(array.astype(_numpy_dtype(_GRPC_DTYPES[name])))
@@ -263,6 +343,8 @@ class TritonSystem:
         self.tokenizer, self.stream = tokenizer, stream
         self.max_draft_len, self.max_batch_size = max_draft_len, max_batch_size
         self.name = f"Triton {self.client.model} at {self.client.address} ({self.client.protocol})"
+        # upstream's LLM-API model drafts max_draft_len tokens every round and takes no per-request K
+        self.fixed_k = max_draft_len if self.client.interface == "llmapi" else None
 
     def generate(self, requests: list[Request], params) -> list[Generation]:
         sampling = (
@@ -276,6 +358,11 @@ class TritonSystem:
             }
         )
         k = self.max_draft_len if params.num_draft_tokens is None else params.num_draft_tokens
+        if self.client.interface == "llmapi" and k != self.max_draft_len:
+            raise RequestError(
+                f"{self.name}: upstream's LLM-API model drafts max_draft_len {self.max_draft_len} tokens per round "
+                f"(model.yaml) and takes no per-request K, so K={k} cannot be measured; use K={self.max_draft_len}"
+            )
 
         def one(request: Request) -> Generation:
             response = self.client.generate(request.text, params.max_new_tokens, k, self.stream, **sampling)

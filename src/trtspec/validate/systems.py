@@ -52,6 +52,7 @@ class SystemUnderTest(Protocol):
     name: str
     max_draft_len: int  # the most draft tokens a request may ask for (0: target-only system)
     max_batch_size: int  # the most requests generate() takes at once
+    fixed_k: int | None  # K the system sets itself (no per-request K, no target-only mode); None: any K
 
     def generate(self, requests: list[Request], params: SamplingParams) -> list[Generation]: ...
 
@@ -76,6 +77,7 @@ class EngineSystem:
         self.engine, self.name = engine, name
         self.max_draft_len = engine.max_draft_len
         self.max_batch_size = engine.max_batch_size
+        self.fixed_k = None
 
     @classmethod
     def from_recipe(

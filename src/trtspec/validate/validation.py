@@ -4,7 +4,9 @@ Three outputs per prompt, all greedy: the reference (HF ``generate(do_sample=Fal
 system's speculative output (num_draft_tokens K) and the same system's target-only output (K = 0). Two
 comparisons: speculative vs reference (may drift under reduced precision: a different kernel path is a
 different rounding) and the control, speculative vs target-only on the same system, which must match exactly:
-greedy draft-target decoding emits exactly the target's greedy tokens whatever the draft proposes.
+greedy draft-target decoding emits exactly the target's greedy tokens whatever the draft proposes. A system with
+a fixed K (``fixed_k``: upstream's LLM-API model, whose model.yaml sets it) has no target-only mode: the control
+is then not run (None) and a note says so.
 
 ``compare_outputs`` and the ``ValidationResult`` properties are pure; ``run_validation`` does the I/O.
 """
@@ -27,9 +29,9 @@ class PromptOutcome:
     prompt: Prompt
     reference: list[int]
     speculative: Generation
-    target_only: Generation
+    target_only: Generation | None  # None: the system has a fixed K, no target-only run
     vs_reference: Comparison
-    control: Comparison
+    control: Comparison | None
 
 
 @dataclass
@@ -61,8 +63,9 @@ class ValidationResult:
         return mean_agreement([o.vs_reference for o in self.outcomes])
 
     @property
-    def control_match_rate(self) -> float:
-        return exact_match_rate([o.control for o in self.outcomes])
+    def control_match_rate(self) -> float | None:
+        controls = [o.control for o in self.outcomes]
+        return None if None in controls else exact_match_rate(controls)
 
     @property
     def stats(self) -> AcceptanceStats:
@@ -73,7 +76,9 @@ class ValidationResult:
         return _rate(sum(len(o.speculative.token_ids) for o in self.outcomes), self.speculative_wall_s)
 
     @property
-    def target_only_tokens_per_s(self) -> float:
+    def target_only_tokens_per_s(self) -> float | None:
+        if any(o.target_only is None for o in self.outcomes):
+            return None
         return _rate(sum(len(o.target_only.token_ids) for o in self.outcomes), self.target_only_wall_s)
 
     def failures(self) -> list[str]:
@@ -95,7 +100,7 @@ class ValidationResult:
             ),
         ]
         for what, value, floor, option in checks:
-            if floor is not None and value < floor:
+            if floor is not None and value is not None and value < floor:
                 out.append(f"{what} {value:.3f} < {option} {floor:.3f}")
         return out
 
@@ -108,7 +113,7 @@ def compare_outputs(
     prompts: Sequence[Prompt],
     reference: Sequence[Sequence[int]],
     speculative: Sequence[Generation],
-    target_only: Sequence[Generation],
+    target_only: Sequence[Generation | None],
     stop_token_ids: Iterable[int],
     to_text_domain: Callable[[list[int]], list[int]] | None = None,
 ) -> list[PromptOutcome]:
@@ -120,20 +125,18 @@ def compare_outputs(
         ref_ids = cut_at_stop(ref, stops)
         if spec.ids_from_text and to_text_domain is not None:
             ref_ids = to_text_domain(ref_ids)
-        spec_ids, base_ids = cut_at_stop(spec.token_ids, stops), cut_at_stop(base.token_ids, stops)
-        outcomes.append(
-            PromptOutcome(
-                prompt, ref_ids, spec, base, compare(ref_ids, spec_ids), compare(base_ids, spec_ids)
-            )
-        )
+        spec_ids = cut_at_stop(spec.token_ids, stops)
+        control = None if base is None else compare(cut_at_stop(base.token_ids, stops), spec_ids)
+        outcomes.append(PromptOutcome(prompt, ref_ids, spec, base, compare(ref_ids, spec_ids), control))
     return outcomes
 
 
-def warm_up(system: SystemUnderTest, request: Request, params) -> None:
+def warm_up(system: SystemUnderTest, request: Request, params, target_only: bool = True) -> None:
     """One short request in both modes, so the timed runs do not pay first-call costs (allocations, caches)."""
     short = params.with_(max_new_tokens=min(4, params.max_new_tokens))
     system.generate([request], short)
-    system.generate([request], short.with_(num_draft_tokens=0))
+    if target_only:
+        system.generate([request], short.with_(num_draft_tokens=0))
 
 
 def run_validation(
@@ -156,11 +159,20 @@ def run_validation(
     ref_ids = [reference.generate(r.token_ids, max_new_tokens) for r in requests]
     k = system.max_draft_len if num_draft_tokens is None else num_draft_tokens
     params = SamplingParams(max_new_tokens=max_new_tokens, num_draft_tokens=k)
-    warm_up(system, requests[0], params)
+    fixed_k = system.fixed_k
+    warm_up(system, requests[0], params, target_only=fixed_k is None)
     say(f"{system.name}: speculative, num_draft_tokens={k}")
     speculative, spec_wall = generate_all(system, requests, params)
-    say(f"{system.name}: target-only")
-    target_only, base_wall = generate_all(system, requests, params.with_(num_draft_tokens=0))
+    notes = []
+    if fixed_k is None:
+        say(f"{system.name}: target-only")
+        target_only, base_wall = generate_all(system, requests, params.with_(num_draft_tokens=0))
+    else:
+        target_only, base_wall = [None] * len(requests), 0.0
+        notes.append(
+            f"The system drafts a fixed K={fixed_k} (set in its model.yaml) and has no per-request target-only "
+            "mode: the control run and its threshold were skipped; outputs are compared with the HF reference."
+        )
 
     def to_text_domain(ids: list[int]) -> list[int]:
         return tokenizer(tokenizer.decode(ids, skip_special_tokens=True), add_special_tokens=False).input_ids
@@ -168,7 +180,6 @@ def run_validation(
     outcomes = compare_outputs(
         prompts, ref_ids, speculative, target_only, reference.stop_token_ids(), to_text_domain
     )
-    notes = []
     if any(g.ids_from_text for g in speculative):
         notes.append(
             "The system returns text only: its token ids come from tokenising text_output with the target's "

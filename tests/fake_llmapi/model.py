@@ -1,0 +1,112 @@
+"""Stand-in for upstream's LLM-API Triton model (TensorRT-LLM triton_backend/all_models/llmapi/tensorrt_llm/1),
+which needs tensorrt_llm and a GPU. It mirrors what trtspec depends on: loaded by trtspec's launcher from
+TRTSPEC_LLMAPI_MODEL_DIR (model.py importing its sibling helpers.py), reads 1/model.yaml like upstream (LLM()
+arguments + triton_config; only triton_config is popped, and unknown keys are refused like LlmArgs'
+extra="forbid"), and answers upstream's tensors: text_input, streaming, sampling_param_* -> text_output (streamed
+as deltas) and, with sampling_param_return_perf_metrics, acceptance_rate / total_accepted_draft_tokens /
+total_draft_tokens. Generation is trtspec's PyTorch draft-target engine over model.yaml's model and
+speculative_config.speculative_model, standing in for LLM(**args).generate_async.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+import yaml
+from helpers import scalar, tensor
+
+LLM_ARGS = {
+    "model", "tokenizer", "backend", "tensor_parallel_size", "pipeline_parallel_size", "dtype",
+    "trust_remote_code", "max_batch_size", "max_input_len", "max_seq_len", "kv_cache_config", "speculative_config",
+}  # fmt: skip
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        import triton_python_backend_utils as pb_utils
+
+        from trtspec.engines.engine import SpeculativeEngine
+
+        config = yaml.safe_load(
+            (Path(args["model_repository"]) / args["model_version"] / "model.yaml").read_text()
+        )
+        triton = config.pop("triton_config")
+        unknown = sorted(set(config) - LLM_ARGS)
+        if unknown:
+            raise ValueError(f"LlmArgs: extra fields not permitted: {unknown}")
+        spec = config["speculative_config"]
+        if spec.pop("decoding_type") != "DraftTarget":
+            raise ValueError("Invalid decoding type")
+        self.engine = SpeculativeEngine.from_pretrained(
+            config["model"], spec["speculative_model"], max_draft_len=spec["max_draft_len"],
+            max_seq_len=config["max_seq_len"] + spec["max_draft_len"] + 1,
+        )  # fmt: skip
+        self.k = spec["max_draft_len"]
+        self.decoupled = bool(triton["decoupled"])
+        model_config = json.loads(args["model_config"])
+        assert pb_utils.using_decoupled_model_transaction_policy(model_config) == self.decoupled
+        self.lock = threading.Lock()
+
+    def execute(self, requests):
+        if not self.decoupled:
+            return [self._respond(r, sender=None) for r in requests]
+        for request in requests:
+            self._respond(request, sender=request.get_response_sender())
+        return None
+
+    def _respond(self, request, sender):
+        import triton_python_backend_utils as pb_utils
+
+        from trtspec.engines.sampling import SamplingParams
+
+        prompt = scalar(request, "text_input")
+        params = SamplingParams(
+            max_new_tokens=int(scalar(request, "sampling_param_max_tokens", 16)),
+            num_draft_tokens=self.k,
+            temperature=float(scalar(request, "sampling_param_temperature", 0.0)),
+            top_k=int(scalar(request, "sampling_param_top_k", 0)),
+            top_p=float(scalar(request, "sampling_param_top_p", 1.0)),
+            seed=scalar(request, "sampling_param_seed"),
+        )
+        streaming = bool(scalar(request, "streaming", False))
+        metrics = bool(scalar(request, "sampling_param_return_perf_metrics", False))
+        exclude = bool(scalar(request, "sampling_param_exclude_input_from_output", False))
+        tokenizer = self.engine.tokenizer
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        generated, sent = [], "" if exclude else prompt
+        if sender is not None and streaming and not exclude:
+            sender.send(
+                pb_utils.InferenceResponse(output_tensors=[tensor("text_output", prompt.encode(), object)])
+            )
+        with self.lock:  # one LLM; upstream batches in flight, the stand-in serialises
+            for event in self.engine.generate_stream([tokenizer(prompt)["input_ids"]], params):
+                generated += event.new_tokens[0]
+                result = event.results[0] if event.results else None
+                if sender is not None and streaming and result is None:  # upstream streams text_diff deltas
+                    text = (prompt if not exclude else "") + tokenizer.decode(
+                        generated, skip_special_tokens=True
+                    )
+                    if text != sent and not text.endswith("\ufffd"):
+                        sender.send(
+                            pb_utils.InferenceResponse(
+                                output_tensors=[tensor("text_output", text[len(sent) :].encode(), object)]
+                            )
+                        )
+                        sent = text
+        text = (prompt if not exclude else "") + tokenizer.decode(result.token_ids, skip_special_tokens=True)
+        last = text[len(sent) :] if sender is not None and streaming else text
+        outputs = [tensor("text_output", last.encode(), object)]
+        if metrics:
+            stats = result.stats
+            outputs += [
+                tensor("acceptance_rate", stats.acceptance_rate, np.float32),
+                tensor("total_accepted_draft_tokens", stats.accepted, np.int32),
+                tensor("total_draft_tokens", stats.drafted, np.int32),
+            ]
+        if sender is None:
+            return pb_utils.InferenceResponse(output_tensors=outputs)
+        sender.send(pb_utils.InferenceResponse(output_tensors=outputs), flags=final)
+        return None
