@@ -29,7 +29,8 @@ from trtspec.recipe import load_recipe
 try:
     recipe = load_recipe(sys.argv[1])
 except TrtspecError as err:
-    sys.exit(f"Error: {err.message}")
+    print(f"Error: {err.message}", file=sys.stderr)
+    sys.exit(err.exit_code)
 print(recipe.name, recipe.triton.runtime)
 PY
 }
@@ -38,8 +39,8 @@ PY
 # `trtspec build` skips every stage whose inputs and outputs are unchanged, so calling it on each start costs a
 # few hashes when the outputs are current and rebuilds exactly the stale stages when the recipe or models changed.
 build_outputs() {
-    local recipe="$1" engines_dir="$2" status=0
-    trtspec build "$recipe" --engines-dir "$engines_dir" || status=$?
+    local recipe="$1" runtime="$2" engines_dir="$3" status=0
+    trtspec build "$recipe" --runtime "$runtime" --engines-dir "$engines_dir" || status=$?
     if [[ $status -eq $EXIT_NEEDS_TENSORRT_LLM ]]; then
         # Outside the NGC image exit 3 means "finish there"; in a container meant to serve it is a real error.
         log "tensorrt_llm is not importable in this image: the tensorrtllm runtime needs the NGC image"
@@ -78,22 +79,23 @@ main() {
         require_runtime "$TRTSPEC_RUNTIME"
     fi
 
-    log "1/4 check ${recipe}"
-    trtspec check "$recipe"
-
     local facts name runtime
     facts="$(recipe_facts "$recipe")"
     read -r name runtime <<<"$facts"
+    # One effective runtime for check, build and deploy (TRTSPEC_RUNTIME overrides the recipe's).
     runtime="${TRTSPEC_RUNTIME:-$runtime}"
     require_runtime "$runtime"
+
+    log "1/4 check ${recipe} (${runtime} runtime)"
+    trtspec check "$recipe" --runtime "$runtime"
     case "$runtime" in
         tensorrtllm)
             log "2/4 build engines into ${engines_dir}/${name} (up-to-date stages are skipped)"
-            build_outputs "$recipe" "$engines_dir"
+            build_outputs "$recipe" "$runtime" "$engines_dir"
             ;;
         trtllm-pytorch)
             log "2/4 build: ModelOpt HF checkpoints of quantized models into ${engines_dir}/${name} (no engines)"
-            build_outputs "$recipe" "$engines_dir"
+            build_outputs "$recipe" "$runtime" "$engines_dir"
             ;;
         *) log "2/4 no build: the torch runtime serves the Hugging Face checkpoints" ;;
     esac

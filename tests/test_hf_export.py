@@ -88,7 +88,7 @@ def test_build_writes_the_quantized_target_as_a_checked_modelopt_hf_checkpoint(m
     assert llmapi.hf_model_dirs(recipe, tmp_path / "engines")["target"] == hf.resolve()
 
 
-@pytest.mark.parametrize("fmt", ["int8_sq", pytest.param("int4_awq", marks=pytest.mark.slow), "w4a8_awq"])
+@pytest.mark.parametrize("fmt", [pytest.param("int4_awq", marks=pytest.mark.slow), "w4a8_awq"])
 def test_every_format_exports_with_its_quant_algo(models, calib, tmp_path, fmt):
     spec = ModelSpec(model=models[0], quantization=fmt)
     summary = export_hf(spec, tmp_path / "hf", calibration=calib)
@@ -97,6 +97,21 @@ def test_every_format_exports_with_its_quant_algo(models, calib, tmp_path, fmt):
     assert check["quantized_layers"] == 14
     assert (check["max_dequant_error"] is None) == (fmt in ("int4_awq", "w4a8_awq"))  # packed: shapes only
     assert set(summary["timings"]) == {"load", "calibrate", "export", "check"}
+
+
+def test_formats_the_pytorch_backend_cannot_run_and_models_without_safetensors_are_refused(
+    models, calib, tmp_path
+):
+    with pytest.raises(CheckFailed, match="quantization int8_sq has no ModelOpt HF export"):
+        export_hf(ModelSpec(model=models[0], quantization="int8_sq"), tmp_path / "a", calibration=calib)
+    bin_model = tmp_path / "bin"
+    bin_model.mkdir()
+    for path in models[0].iterdir():
+        if path.suffix != ".safetensors":
+            (bin_model / path.name).write_bytes(path.read_bytes())
+    with pytest.raises(CheckFailed, match=r"no \*\.safetensors weights"):
+        export_hf(ModelSpec(model=bin_model, quantization="fp8"), tmp_path / "b", calibration=calib)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
 def _planted(export: Path, tmp_path: Path, change) -> Path:
@@ -147,3 +162,30 @@ def test_engines_only_is_refused_for_trtllm_pytorch(runner, models, calib, tmp_p
     assert result.exit_code == 2
     assert "triton.runtime: trtllm-pytorch has no engines; drop --engines-only" in result.output
     assert not (tmp_path / "e").exists()
+
+
+def test_runtime_option_gives_check_and_build_the_runtime_deploy_will_use(runner, models, calib, tmp_path):
+    """A recipe written for tensorrtllm, run as trtllm-pytorch (the container's TRTSPEC_RUNTIME override)."""
+    recipe = _recipe(models, calib, quantization="int8_sq")
+    data = recipe.model_dump(mode="json", exclude_none=True)
+    data["triton"]["runtime"] = "tensorrtllm"
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(data))
+
+    def runtime_check(*extra):
+        result = runner.invoke(cli, ["check", str(path), "--json", *extra])
+        return next(c for c in json.loads(result.stdout)["checks"] if c["name"] == "runtime")
+
+    refused = runtime_check("--runtime", "trtllm-pytorch")
+    assert refused["status"] == "fail"
+    assert refused["message"].startswith("target.quantization int8_sq: TensorRT-LLM's PyTorch backend")
+    assert runtime_check()["status"] != "fail"  # the recipe's own runtime (engines) runs int8_sq
+    data["target"]["quantization"] = "fp8"
+    path.write_text(yaml.safe_dump(data))
+    engines = tmp_path / "engines"
+    built = runner.invoke(
+        cli, ["build", str(path), "--runtime", "trtllm-pytorch", "--engines-dir", str(engines)]
+    )
+    assert built.exit_code == 0, built.output
+    assert (engines / "pt" / "target" / support.QUANTIZED_HF_SUBDIR / HF_QUANT_CONFIG).is_file()
+    assert not (engines / "pt" / "target" / "checkpoint").exists()

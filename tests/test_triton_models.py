@@ -324,3 +324,10 @@ def test_incremental_text_flushes_a_replacement_character_at_the_end():
     assert stream.delta("ab", False) == "ab"
     assert stream.delta("ab\ufffd", False) == ""
     assert stream.delta("ab\ufffd", True) == "\ufffd"
+
+
+def test_text_codec_names_a_repository_from_an_older_trtspec():
+    from trtspec.errors import ServerError
+
+    with pytest.raises(ServerError, match="no tokenizer_dir parameter .* redeploy it with `trtspec deploy`"):
+        TextCodec.from_parameters({"max_input_len": "8"})

@@ -62,6 +62,7 @@ def _inputs(client_mod, prompt, max_tokens=12, **extra):
         "top_p": np.float32,
         "stream": bool,
         "return_perf_metrics": bool,
+        "seed": np.uint64,
     }
     for key, value in extra.items():
         fields[key] = np.array([[value]], dtype=dtypes.get(key, type(value)))
@@ -72,9 +73,12 @@ def _inputs(client_mod, prompt, max_tokens=12, **extra):
             arr.shape,
             "BYTES"
             if arr.dtype == object
-            else {np.dtype(np.int32): "INT32", np.dtype(np.float32): "FP32", np.dtype(bool): "BOOL"}[
-                arr.dtype
-            ],
+            else {
+                np.dtype(np.int32): "INT32",
+                np.dtype(np.float32): "FP32",
+                np.dtype(bool): "BOOL",
+                np.dtype(np.uint64): "UINT64",
+            }[arr.dtype],
         )
         t.set_data_from_numpy(arr)
         tensors.append(t)
@@ -149,6 +153,15 @@ def test_grpc_greedy_equals_hf_reference_streaming_and_not(server, reference):
         assert metrics["acceptance_rate"] == pytest.approx(
             metrics["total_accepted_draft_tokens"] / metrics["total_draft_tokens"]
         )
+
+
+def test_seeded_sampling_gives_the_same_text_streamed_or_not(server):
+    sampling = {"temperature": 1.0, "top_k": 20, "seed": 1234, "num_draft_tokens": 3}
+    whole, _ = grpc_stream(server, PROMPTS[0], stream=False, **sampling)
+    streamed, _ = grpc_stream(server, PROMPTS[0], stream=True, **sampling)
+    other, _ = grpc_stream(server, PROMPTS[0], stream=False, **(sampling | {"seed": 99}))
+    assert "".join(streamed) == "".join(whole) and "".join(whole)
+    assert "".join(other) != "".join(whole)  # the seed matters, so the equality above is not vacuous
 
 
 def test_http_generate_and_generate_stream(server, reference):

@@ -74,8 +74,20 @@ def cli() -> None:
     """
 
 
+# One --runtime for check, build and deploy: the same effective triton.runtime for all three steps.
+runtime_option = click.option(
+    "--runtime",
+    type=click.Choice(["tensorrtllm", "torch", "trtllm-pytorch"]),
+    default=None,
+    help="Engine models: the TensorRT-LLM C++ backend over 1.2.x engines, python models running the "
+    "PyTorch engine (CPU), or upstream's LLM-API model on TensorRT-LLM's PyTorch backend (HF "
+    "checkpoints). Default: the recipe's triton.runtime.",
+)
+
+
 @cli.command()
 @recipe_argument
+@runtime_option
 @click.option(
     "--allow-unsupported-precision",
     is_flag=True,
@@ -91,7 +103,11 @@ def cli() -> None:
 )
 @output_options
 def check(
-    recipe: str, allow_unsupported_precision: bool | None, gpu_memory: float | None, out: Output
+    recipe: str,
+    runtime: str | None,
+    allow_unsupported_precision: bool | None,
+    gpu_memory: float | None,
+    out: Output,
 ) -> None:
     """Pre-flight checks of a draft/target pair, no GPU needed. Exit 0 pass, 1 a check failed, 2 bad input.
 
@@ -100,7 +116,10 @@ def check(
     from trtspec.builders.preflight import print_check_report, run_checks
     from trtspec.recipe import load_recipe
 
-    spec = load_recipe(recipe, {"speculative.allow_unsupported_precision": allow_unsupported_precision})
+    spec = load_recipe(
+        recipe,
+        {"speculative.allow_unsupported_precision": allow_unsupported_precision, "triton.runtime": runtime},
+    )
     report = run_checks(spec, gpu_memory_gib=gpu_memory)
     print_check_report(report, out)
     if not report.ok:
@@ -260,6 +279,7 @@ def quantize(
 
 @cli.command()
 @recipe_argument
+@runtime_option
 @click.option(
     "--engines-dir",
     type=click.Path(file_okay=False),
@@ -273,7 +293,9 @@ def quantize(
 )
 @click.option("--force", is_flag=True, help="Re-run every stage even when its outputs are up to date.")
 @output_options
-def build(recipe: str, engines_dir: str, engines_only: bool, force: bool, out: Output) -> None:
+def build(
+    recipe: str, runtime: str | None, engines_dir: str, engines_only: bool, force: bool, out: Output
+) -> None:
     """check -> convert/quantize -> TensorRT-LLM engines for both models, skipping up-to-date stages.
 
     RECIPE is a builders/<pair>.yaml file; 'demo' (the default) is the shipped demo pair. Without tensorrt_llm
@@ -286,7 +308,7 @@ def build(recipe: str, engines_dir: str, engines_only: bool, force: bool, out: O
     from trtspec.builders.build import build as run_build
     from trtspec.recipe import load_recipe
 
-    spec = load_recipe(recipe, check_paths=not engines_only)
+    spec = load_recipe(recipe, {"triton.runtime": runtime}, check_paths=not engines_only)
     result = run_build(spec, Path(engines_dir), engines_only=engines_only, force=force, console=out.console())
     if out.json:
         out.emit_json(result.manifest)
@@ -385,14 +407,7 @@ def generate(
 
 @cli.command()
 @recipe_argument
-@click.option(
-    "--runtime",
-    type=click.Choice(["tensorrtllm", "torch", "trtllm-pytorch"]),
-    default=None,
-    help="Engine models: the TensorRT-LLM C++ backend over 1.2.x engines, python models running the "
-    "PyTorch engine (CPU), or upstream's LLM-API model on TensorRT-LLM's PyTorch backend (HF "
-    "checkpoints). Default: the recipe's triton.runtime.",
-)
+@runtime_option
 @click.option(
     "--out",
     "out_dir",

@@ -217,20 +217,37 @@ def _export(spec, out_dir: Path, recipe: Recipe, console) -> dict:
     )
 
 
-def convert_stage(recipe: Recipe, role: str, out_dir: Path, console, force: bool) -> dict[str, Any]:
-    """Stage 2 for one model: HF -> TensorRT-LLM checkpoint (convert or quantize)."""
+def model_stage_fingerprint(recipe: Recipe, role: str, kind: str) -> str:
+    """What a model's convert/quantize/export output depends on: the recipe fields, the model's files, and the
+    trtspec and nvidia-modelopt versions (a new modelopt may export differently)."""
     from trtspec import __version__
 
     spec = recipe.models()[role]
+    return digest(
+        {
+            "trtspec": __version__,
+            "modelopt": package_versions()["nvidia-modelopt"],
+            "recipe": convert_recipe_part(recipe, role),
+            "input": tree_hash(spec.model),
+            "as": kind,
+        }
+    )
+
+
+def convert_stage(recipe: Recipe, role: str, out_dir: Path, console, force: bool) -> dict[str, Any]:
+    """Stage 2 for one model: HF -> TensorRT-LLM checkpoint (convert or quantize)."""
+
+    spec = recipe.models()[role]
     part = convert_recipe_part(recipe, role)
-    fingerprint = digest({"trtspec": __version__, "recipe": part, "input": tree_hash(spec.model)})
+    fingerprint = model_stage_fingerprint(recipe, role, "trtllm_checkpoint")
+    final = out_dir / role / "checkpoint"
 
     def work(tmp: Path) -> dict:
         _say(console, f"[bold]{role}[/]: converting {spec.model} ({spec.quantization}, {spec.dtype})")
-        summary = _export(spec, tmp, recipe, console)
+        summary = _export(spec, tmp, recipe, console) | {"checkpoint": str(final)}
         return {"recipe": part, "input_hash": tree_hash(spec.model), "summary": summary}
 
-    stamp = run_stage(f"{role}.checkpoint", out_dir / role / "checkpoint", fingerprint, work, force)
+    stamp = run_stage(f"{role}.checkpoint", final, fingerprint, work, force)
     if stamp["skipped"]:
         _say(console, f"[bold]{role}[/]: checkpoint up to date, skipped")
     return stamp
@@ -238,12 +255,12 @@ def convert_stage(recipe: Recipe, role: str, out_dir: Path, console, force: bool
 
 def hf_export_stage(recipe: Recipe, role: str, out_dir: Path, console, force: bool) -> dict[str, Any]:
     """trtllm-pytorch, a quantized model: its ModelOpt HF export in <role>/hf_checkpoint (skipped when up to date)."""
-    from trtspec import __version__
     from trtspec.builders.hf_export import export_hf
 
     spec = recipe.models()[role]
     part = convert_recipe_part(recipe, role)
-    fingerprint = digest({"trtspec": __version__, "recipe": part, "input": tree_hash(spec.model), "as": "hf"})
+    fingerprint = model_stage_fingerprint(recipe, role, "modelopt_hf_checkpoint")
+    final = out_dir / role / support.QUANTIZED_HF_SUBDIR
 
     def work(tmp: Path) -> dict:
         _say(
@@ -252,10 +269,9 @@ def hf_export_stage(recipe: Recipe, role: str, out_dir: Path, console, force: bo
         )
         summary = export_hf(
             spec, tmp, calibration=recipe.calibration, device=recipe.calibration.device, console=console
-        )
+        ) | {"hf_checkpoint": str(final)}
         return {"recipe": part, "input_hash": tree_hash(spec.model), "summary": summary}
 
-    final = out_dir / role / support.QUANTIZED_HF_SUBDIR
     stamp = run_stage(f"{role}.hf_checkpoint", final, fingerprint, work, force)
     if stamp["skipped"]:
         _say(console, f"[bold]{role}[/]: {support.QUANTIZED_HF_SUBDIR} up to date, skipped")
@@ -459,7 +475,7 @@ def make_manifest(
         "inputs": {
             f"{role}.model": s["info"].get("input_hash")
             for role in ROLES
-            if (s := stages.get(f"{role}.checkpoint"))
+            if (s := stages.get(f"{role}.checkpoint") or stages.get(f"{role}.hf_checkpoint"))
         },
         "outputs": {name: s.get("output_hash") for name, s in stages.items() if "output_hash" in s},
         "timings": {name: s.get("seconds") for name, s in stages.items()},

@@ -6,10 +6,11 @@ runs four stages, each reported like ``convert.export_checkpoint``'s: load, cali
 with the recipe's calibration data), export (``modelopt.torch.export.export_hf_checkpoint`` + the tokenizer, so the
 directory is self-contained), and check (``check_export``), all in a temp dir renamed into place on success.
 
-``check_export`` reads the files back without TensorRT-LLM: the quant_algo / kv_cache_quant_algo TensorRT-LLM keys
-on, every decoder linear layer quantized with the storage dtype and shapes of the format, lm_head kept in the model
-dtype, and for fp8 / int8_sq the dequantized weights against the original ones (scale or layout mistakes show up as
-errors near or above 100 %; int4 packing is checked by shape only).
+``check_export`` reads the files back without TensorRT-LLM, one tensor at a time: the quant_algo /
+kv_cache_quant_algo TensorRT-LLM keys on, every decoder linear layer quantized with the storage dtype and shapes of
+the format, lm_head kept in the model dtype, and for fp8 the dequantized weights against the original ones (scale
+or layout mistakes show up as errors near or above 100 %; int4 packing is checked by shape only). The formats are
+those the PyTorch backend runs (``support.LLMAPI_QUANT_FORMATS``).
 """
 
 from __future__ import annotations
@@ -37,10 +38,10 @@ from trtspec.recipe import CalibrationSpec, ModelSpec
 
 HF_QUANT_CONFIG = "hf_quant_config.json"
 # Storage dtype of a quantized linear weight per recipe format (AWQ packs two int4 values per byte along dim 0).
-WEIGHT_DTYPES = {"fp8": "float8_e4m3fn", "int8_sq": "int8", "int4_awq": "uint8", "w4a8_awq": "uint8"}
+WEIGHT_DTYPES = {"fp8": "float8_e4m3fn", "int4_awq": "uint8", "w4a8_awq": "uint8"}
 PACKED_FORMATS = ("int4_awq", "w4a8_awq")
 # Largest dequantization error, relative to the layer's largest original weight, that is still quantization noise
-# (measured on random tiny models: fp8 ~4 %, int8 SmoothQuant ~3 %); a wrong scale or layout gives >= 100 %.
+# (measured on random tiny models: fp8 ~4 %); a wrong scale or layout gives >= 100 %.
 MAX_DEQUANT_ERROR = 0.10
 
 
@@ -57,11 +58,17 @@ def export_hf(
     Returns a JSON-able summary (model, format, files, check results, timings). Raises ModelError (bad input),
     CheckpointError (modelopt could not export) or CheckFailed (memory, or the export failed its check).
     """
-    if spec.quantization == "none":
-        raise ValueError(
-            "export_hf is for quantized models; an unquantized one is served from its HF checkpoint"
+    if spec.quantization not in WEIGHT_DTYPES:
+        raise CheckFailed(
+            f"{spec.model}: quantization {spec.quantization} has no ModelOpt HF export for TensorRT-LLM's PyTorch "
+            f"backend; use one of {', '.join(WEIGHT_DTYPES)} (or none: the HF checkpoint is served as is)"
         )
     out_dir = Path(out_dir)
+    if not _weight_files(spec.model):
+        raise CheckFailed(
+            f"{spec.model}: no *.safetensors weights; the export check reads them (re-save the model with "
+            "save_pretrained(safe_serialization=True))"
+        )
     hf_config = read_hf_config(spec.model)
     check_shapes(spec, hf_config)
     check_memory(spec.model, estimate_peak_bytes(count_parameters(spec.model), device, verify=False))
@@ -123,13 +130,30 @@ def _export(model, spec: ModelSpec, export_dir: Path) -> None:
         ) from None
 
 
-def _tensors(directory: Path) -> dict:
-    from safetensors.torch import load_file
+def _weight_files(directory: Path) -> list[Path]:
+    return sorted(Path(directory).glob("*.safetensors"))
 
-    tensors = {}
-    for path in sorted(Path(directory).glob("*.safetensors")):
-        tensors.update(load_file(path))
-    return tensors
+
+class _Tensors:
+    """The tensors of a folder's safetensors files, read one at a time (a 70B model never sits in memory)."""
+
+    def __init__(self, directory: Path):
+        from safetensors import safe_open
+
+        self.files = {}
+        for path in _weight_files(directory):
+            handle = safe_open(str(path), "pt")
+            self.files.update(dict.fromkeys(handle.keys(), handle))
+
+    def names(self) -> list[str]:
+        return sorted(self.files)
+
+    def get(self, name: str):
+        handle = self.files.get(name)
+        return None if handle is None else handle.get_tensor(name)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.files[name].get_slice(name).get_shape())
 
 
 def check_export(export_dir: Path, spec: ModelSpec, original_dir: Path) -> dict:
@@ -153,17 +177,17 @@ def check_export(export_dir: Path, spec: ModelSpec, original_dir: Path) -> dict:
         )
     if config.get("quantization_config", {}).get("quant_method") != "modelopt":
         raise CheckFailed(f"{export_dir / 'config.json'}: no ModelOpt quantization_config")
-    exported, original = _tensors(export_dir), _tensors(original_dir)
-    linears = sorted(
+    exported, original = _Tensors(export_dir), _Tensors(original_dir)
+    linears = [
         name[: -len(".weight")]
-        for name, w in original.items()
-        if name.endswith(".weight") and w.dim() == 2 and ".layers." in name
-    )
+        for name in original.names()
+        if name.endswith(".weight") and ".layers." in name and len(original.shape(name)) == 2
+    ]
     if not linears:
         raise CheckFailed(f"{original_dir}: no decoder linear layers found in its safetensors")
     worst = None
     for name in linears:
-        error = _check_linear(name, exported, original[f"{name}.weight"], spec.quantization, export_dir)
+        error = _check_linear(name, exported, original.get(f"{name}.weight"), spec.quantization, export_dir)
         if error is not None:
             worst = error if worst is None else max(worst, error)
     head = exported.get("lm_head.weight")
@@ -184,8 +208,10 @@ def check_export(export_dir: Path, spec: ModelSpec, original_dir: Path) -> dict:
     }
 
 
-def _check_linear(name: str, exported: dict, original, quantization: str, export_dir: Path) -> float | None:
-    """One linear layer's storage; for fp8 / int8_sq its dequantization error relative to max |original|."""
+def _check_linear(
+    name: str, exported: _Tensors, original, quantization: str, export_dir: Path
+) -> float | None:
+    """One linear layer's storage; for fp8 its dequantization error relative to max |original|."""
     weight, scale = exported.get(f"{name}.weight"), exported.get(f"{name}.weight_scale")
     if weight is None or scale is None:
         raise CheckFailed(f"{export_dir}: {name} is not quantized (no weight / weight_scale)")
@@ -205,8 +231,5 @@ def _check_linear(name: str, exported: dict, original, quantization: str, export
     if packed:
         return None
     dequant = weight.float() * (scale.float()[:, None] if scale.dim() == 1 else scale.float())
-    smoothing = exported.get(f"{name}.pre_quant_scale")
-    if smoothing is not None:  # SmoothQuant stores W / s and scales activations by s at run time
-        dequant = dequant * smoothing.float()[None, :]
     reference = original.float()
     return float((dequant - reference).abs().max() / reference.abs().max().clamp_min(1e-12))

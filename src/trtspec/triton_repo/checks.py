@@ -100,3 +100,5 @@ def check_repository(configs: Mapping[str, object]) -> None:
             )
     for callee, (sent, read) in names.ORCHESTRATOR_CALLS.items():
         _check_call(names.ORCHESTRATOR, callee, configs, sent, read)
+    for model, (sent, read) in names.TEXT_MODELS.items():
+        _check_call("client", model, configs, sent, read)

@@ -54,12 +54,16 @@ PREPROCESSING_OUTPUTS = {
 POSTPROCESSING_INPUTS = {"TOKENS_BATCH": "TYPE_INT32", "SEQUENCE_LENGTH": "TYPE_INT32"}
 POSTPROCESSING_OUTPUTS = {"OUTPUT": "TYPE_STRING"}
 
-# What the orchestrator calls: model -> (inputs it may send, outputs it reads).
+# What the orchestrator calls (BLS): model -> (inputs it may send, outputs it reads).
 ORCHESTRATOR_CALLS = {
-    PREPROCESSING: (PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS),
-    POSTPROCESSING: (POSTPROCESSING_INPUTS, POSTPROCESSING_OUTPUTS),
     TARGET_MODEL: (ENGINE_INPUTS, ENGINE_OUTPUTS),
     DRAFT_MODEL: (ENGINE_INPUTS, ENGINE_OUTPUTS),
+}
+# Upstream's tokenizer models, kept for clients and ensembles that call them directly (the orchestrator tokenises
+# in-process with the same settings): model -> (inputs they take, outputs they give).
+TEXT_MODELS = {
+    PREPROCESSING: (PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS),
+    POSTPROCESSING: (POSTPROCESSING_INPUTS, POSTPROCESSING_OUTPUTS),
 }
 
 # The client-facing interface (upstream BLS/ensemble names) -> dtype.

@@ -9,7 +9,7 @@ One round:
 3. emit the new tokens, cut at end_id / a stop sequence / max_tokens / max_seq_len.
 
 K = 0 (or one token left) is a plain target continuation through the same call. With ``first_token_alone``
-(streaming), round 0 is such a K = 0 round: the first token comes from the target's prefill alone, so it reaches
+(the orchestrator's choice), round 0 is such a K = 0 round: the first token comes from the target's prefill alone, so it reaches
 the client after one target forward instead of after a whole draft + verify round.
 """
 

@@ -7,7 +7,8 @@ stop words and return_perf_metrics.
 
 Speed: a round costs two BLS calls (draft, target) and nothing else. Text goes through the same TextCodec as the
 preprocessing and postprocessing models, in-process (no BLS hop per request or per streamed round), and a
-streaming request's first token comes from the target's prefill alone (decode.speculate's first_token_alone).
+request's first token comes from the target's prefill alone (decode.speculate's first_token_alone), streamed or
+not, so that a seeded sampled request gives the same text either way.
 """
 
 from __future__ import annotations
@@ -208,7 +209,7 @@ class TritonPythonModel:
             end_id=end_id,
             stop_ids=stop_ids,
             stats=stats,
-            first_token_alone=incremental,
+            first_token_alone=True,
         )
         for rnd in rounds:
             generated += rnd.tokens

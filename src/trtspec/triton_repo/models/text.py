@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from trtspec.errors import RequestError
+from trtspec.errors import RequestError, ServerError
 
 
 def _flag(params: dict[str, str], name: str, default: bool) -> bool:
@@ -35,12 +35,20 @@ class TextCodec:
         self.end_id = tokenizer.eos_token_id
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else self.end_id
+        # The first encode may set the fast tokenizer's truncation/padding state; do it here, before request
+        # threads share the tokenizer.
+        self.decode(self.tokenizer.encode("warm-up", add_special_tokens=self.add_special_tokens))
 
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> TextCodec:
         """From a model's config.pbtxt parameters (tokenizer_dir and the optional settings)."""
         from trtspec.builders.preflight import load_tokenizer
 
+        if not params.get("tokenizer_dir"):
+            raise ServerError(
+                "the model's config.pbtxt has no tokenizer_dir parameter (a repository from an older trtspec); "
+                "redeploy it with `trtspec deploy`"
+            )
         max_input_len = params.get("max_input_len")
         return cls(
             load_tokenizer(params["tokenizer_dir"]),
