@@ -234,23 +234,36 @@ def model_stage_fingerprint(recipe: Recipe, role: str, kind: str) -> str:
     )
 
 
-def convert_stage(recipe: Recipe, role: str, out_dir: Path, console, force: bool) -> dict[str, Any]:
-    """Stage 2 for one model: HF -> TensorRT-LLM checkpoint (convert or quantize)."""
-
+def _model_stage(
+    recipe: Recipe, role: str, out_dir: Path, subdir: str, what: str, export, console, force: bool
+) -> dict[str, Any]:
+    """One model's stage ``<role>.<subdir>`` in ``<role>/<subdir>``: ``export(spec, tmp)`` writes it and returns its
+    summary; skipped when its inputs and outputs are unchanged."""
     spec = recipe.models()[role]
     part = convert_recipe_part(recipe, role)
-    fingerprint = model_stage_fingerprint(recipe, role, "trtllm_checkpoint")
-    final = out_dir / role / "checkpoint"
+    final = out_dir / role / subdir
 
     def work(tmp: Path) -> dict:
-        _say(console, f"[bold]{role}[/]: converting {spec.model} ({spec.quantization}, {spec.dtype})")
-        summary = _export(spec, tmp, recipe, console) | {"checkpoint": str(final)}
+        _say(console, f"[bold]{role}[/]: {what}")
+        summary = export(spec, tmp) | {subdir: str(final)}
         return {"recipe": part, "input_hash": tree_hash(spec.model), "summary": summary}
 
-    stamp = run_stage(f"{role}.checkpoint", final, fingerprint, work, force)
+    fingerprint = model_stage_fingerprint(recipe, role, subdir)
+    stamp = run_stage(f"{role}.{subdir}", final, fingerprint, work, force)
     if stamp["skipped"]:
-        _say(console, f"[bold]{role}[/]: checkpoint up to date, skipped")
+        _say(console, f"[bold]{role}[/]: {subdir} up to date, skipped")
     return stamp
+
+
+def convert_stage(recipe: Recipe, role: str, out_dir: Path, console, force: bool) -> dict[str, Any]:
+    """Stage 2 for one model: HF -> TensorRT-LLM checkpoint (convert or quantize)."""
+    spec = recipe.models()[role]
+    what = f"converting {spec.model} ({spec.quantization}, {spec.dtype})"
+
+    def export(spec, tmp: Path) -> dict:
+        return _export(spec, tmp, recipe, console)
+
+    return _model_stage(recipe, role, out_dir, "checkpoint", what, export, console, force)
 
 
 def hf_export_stage(recipe: Recipe, role: str, out_dir: Path, console, force: bool) -> dict[str, Any]:
@@ -258,24 +271,21 @@ def hf_export_stage(recipe: Recipe, role: str, out_dir: Path, console, force: bo
     from trtspec.builders.hf_export import export_hf
 
     spec = recipe.models()[role]
-    part = convert_recipe_part(recipe, role)
-    fingerprint = model_stage_fingerprint(recipe, role, "modelopt_hf_checkpoint")
-    final = out_dir / role / support.QUANTIZED_HF_SUBDIR
+    what = f"quantizing {spec.model} ({spec.quantization}) as a ModelOpt HF checkpoint"
 
-    def work(tmp: Path) -> dict:
-        _say(
-            console,
-            f"[bold]{role}[/]: quantizing {spec.model} ({spec.quantization}) as a ModelOpt HF checkpoint",
-        )
-        summary = export_hf(
-            spec, tmp, calibration=recipe.calibration, device=recipe.calibration.device, console=console
-        ) | {"hf_checkpoint": str(final)}
-        return {"recipe": part, "input_hash": tree_hash(spec.model), "summary": summary}
+    def export(spec, tmp: Path) -> dict:
+        calibration = recipe.calibration
+        return export_hf(spec, tmp, calibration=calibration, device=calibration.device, console=console)
 
-    stamp = run_stage(f"{role}.hf_checkpoint", final, fingerprint, work, force)
-    if stamp["skipped"]:
-        _say(console, f"[bold]{role}[/]: {support.QUANTIZED_HF_SUBDIR} up to date, skipped")
-    return stamp
+    return _model_stage(recipe, role, out_dir, support.QUANTIZED_HF_SUBDIR, what, export, console, force)
+
+
+def _finish(recipe: Recipe, out_dir: Path, plan: BuildPlan | None, stages: dict[str, dict]) -> BuildResult:
+    """A complete build: its manifest written, and what ran and what was skipped."""
+    manifest = make_manifest(recipe, plan, stages, "complete")
+    write_json_atomic(out_dir / MANIFEST, manifest)
+    ran = [name for name, s in stages.items() if not s.get("skipped")]
+    return BuildResult(out_dir, plan, manifest, ran=ran, skipped=manifest["skipped"])
 
 
 def build_hf(recipe: Recipe, out_dir: Path, console, force: bool) -> BuildResult:
@@ -286,10 +296,7 @@ def build_hf(recipe: Recipe, out_dir: Path, console, force: bool) -> BuildResult
             _say(console, f"[bold]{role}[/]: served from its Hugging Face checkpoint {spec.model}")
         else:
             stages[f"{role}.hf_checkpoint"] = hf_export_stage(recipe, role, out_dir, console, force)
-    manifest = make_manifest(recipe, None, stages, "complete")
-    write_json_atomic(out_dir / MANIFEST, manifest)
-    ran = [name for name, s in stages.items() if not s.get("skipped")]
-    return BuildResult(out_dir, None, manifest, ran=ran, skipped=manifest["skipped"])
+    return _finish(recipe, out_dir, None, stages)
 
 
 def existing_checkpoint(recipe: Recipe, role: str, out_dir: Path) -> dict[str, Any]:
@@ -544,7 +551,4 @@ def build(
             detail=err.message,
         ) from None
     stages.update({f"{role}.engine": stamp for role, stamp in engine_stamps.items()})
-    manifest = make_manifest(recipe, plan, stages, "complete")
-    write_json_atomic(out_dir / MANIFEST, manifest)
-    ran = [name for name, s in stages.items() if not s.get("skipped")]
-    return BuildResult(out_dir, plan, manifest, ran=ran, skipped=manifest["skipped"])
+    return _finish(recipe, out_dir, plan, stages)

@@ -58,10 +58,11 @@ def export_hf(
     Returns a JSON-able summary (model, format, files, check results, timings). Raises ModelError (bad input),
     CheckpointError (modelopt could not export) or CheckFailed (memory, or the export failed its check).
     """
-    if spec.quantization not in WEIGHT_DTYPES:
+    formats = [f for f in support.LLMAPI_QUANT_FORMATS if f != "none"]
+    if spec.quantization not in formats:
         raise CheckFailed(
             f"{spec.model}: quantization {spec.quantization} has no ModelOpt HF export for TensorRT-LLM's PyTorch "
-            f"backend; use one of {', '.join(WEIGHT_DTYPES)} (or none: the HF checkpoint is served as is)"
+            f"backend; use one of {', '.join(formats)} (or none: the HF checkpoint is served as is)"
         )
     out_dir = Path(out_dir)
     if not _weight_files(spec.model):

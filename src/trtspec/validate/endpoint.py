@@ -174,7 +174,7 @@ class TritonClient:
         for model in candidates:
             inputs = self._input_names(model)
             if inputs is not None:
-                llm = "sampling_param_max_tokens" in inputs
+                llm = INTERFACES["llmapi"]["fields"]["max_tokens"] in inputs
                 self.model, self.interface = model, "llmapi" if llm else "trtspec"
                 return
         self.check_ready_of(candidates[0])  # says whether the server is unreachable or lacks the model
