@@ -153,14 +153,24 @@ def _toy_target(tokens, draft_tokens, draft_logits, round_index):
     return new + [_toy_next(seq)]
 
 
-@pytest.mark.parametrize("first_token_alone", [False, True])
-@pytest.mark.parametrize("draft_kind", ["same_as_target", "always_wrong"])
-def test_output_equals_plain_greedy_whatever_the_draft(draft_kind, first_token_alone):
+def _toy_draft(kind: str):
     def draft(tokens, k, round_index):
-        if draft_kind == "same_as_target":
+        if kind == "same_as_target":
             return _toy_greedy(tokens, k), None
+        if kind == "every_third_wrong":  # right where the sequence length is not a multiple of 3
+            out = list(tokens)
+            for _ in range(k):
+                out.append(_toy_next(out) if len(out) % 3 else 1)
+            return out[len(tokens) :], None
         return [1] * k, None  # _toy_next never returns 1
 
+    return draft
+
+
+@pytest.mark.parametrize("draft_ahead", [False, True])
+@pytest.mark.parametrize("first_token_alone", [False, True])
+@pytest.mark.parametrize("draft_kind", ["same_as_target", "every_third_wrong", "always_wrong"])
+def test_output_equals_plain_greedy_whatever_the_draft(draft_kind, first_token_alone, draft_ahead):
     stats = AcceptanceStats(max_draft_len=4)
     prompt = [4, 9, 12]
     rounds = list(
@@ -169,17 +179,127 @@ def test_output_equals_plain_greedy_whatever_the_draft(draft_kind, first_token_a
             max_tokens=23,
             num_draft_tokens=4,
             max_seq_len=1000,
-            draft=draft,
+            draft=_toy_draft(draft_kind),
             target=_toy_target,
             stats=stats,
             first_token_alone=first_token_alone,
+            draft_ahead=(lambda: True) if draft_ahead else None,
         )
     )
     assert [t for r in rounds for t in r.tokens] == _toy_greedy(prompt, 23)
-    expected_rate = 1.0 if draft_kind == "same_as_target" else 0.0
-    assert stats.acceptance_rate == expected_rate
+    expected_rate = {"same_as_target": 1.0, "always_wrong": 0.0}.get(draft_kind)
+    if expected_rate is None:
+        assert 0 < stats.acceptance_rate < 1
+    else:
+        assert stats.acceptance_rate == expected_rate
     if draft_kind == "same_as_target":  # 5 tokens per round, the last round trimmed to the budget
         assert [len(r.tokens) for r in rounds] == ([1, 5, 5, 5, 5, 2] if first_token_alone else [5] * 4 + [3])
+
+
+class Recorder:
+    """The toy draft and target, recording each call; ``together`` records that both ran in one call."""
+
+    def __init__(self, kind: str):
+        self.kind_draft = _toy_draft(kind)
+        self.draft_calls: list[tuple[int, int]] = []  # (context length, k)
+        self.target_calls = 0
+        self.together_calls = 0
+
+    def draft(self, tokens, k, round_index):
+        self.draft_calls.append((len(tokens), k))
+        return self.kind_draft(tokens, k, round_index)
+
+    def target(self, tokens, draft_tokens, draft_logits, round_index):
+        self.target_calls += 1
+        return _toy_target(tokens, draft_tokens, draft_logits, round_index)
+
+    def together(self, first, second):
+        self.together_calls += 1
+        return first(), second()
+
+
+def _ahead_run(rec: Recorder, ahead=lambda: True, **kwargs):
+    options = dict(max_tokens=12, num_draft_tokens=3, max_seq_len=1000, first_token_alone=True) | kwargs
+    return list(
+        speculate(
+            [4, 9, 12],
+            draft=rec.draft,
+            target=rec.target,
+            draft_ahead=ahead,
+            together=rec.together,
+            **options,
+        )
+    )
+
+
+def test_draft_ahead_replaces_the_next_draft_call_when_the_draft_and_its_bonus_guess_are_accepted():
+    rec = Recorder("same_as_target")
+    rounds = _ahead_run(rec)
+    assert [t for r in rounds for t in r.tokens] == _toy_greedy([4, 9, 12], 12)
+    # round 0 (the prefill) drafts K + 1 = 4 ahead from the prompt; every guess is right, so no round drafts on
+    # its own; the last round (budget 3) has no room for a next one and drafts nothing ahead
+    assert [len(r.tokens) for r in rounds] == [1, 4, 4, 3]
+    assert rec.draft_calls == [(3, 4), (7, 4), (11, 4)]
+    assert rec.target_calls == 4 and rec.together_calls == 3
+
+
+def test_draft_ahead_that_misses_falls_back_to_a_fresh_draft_from_the_verified_tokens():
+    rec = Recorder("always_wrong")
+    rounds = _ahead_run(rec)
+    assert [t for r in rounds for t in r.tokens] == _toy_greedy([4, 9, 12], 12)
+    ahead = [c for c in rec.draft_calls if c[1] == 4]
+    fresh = [c for c in rec.draft_calls if c[1] < 4]
+    # every round after the prefill drafts afresh from the verified sequence (one token longer each round)
+    assert [length for length, _ in fresh] == list(range(4, 4 + len(fresh)))
+    assert len(fresh) == sum(1 for r in rounds if r.num_draft)
+    assert len(ahead) == rec.together_calls > 0
+
+
+@pytest.mark.parametrize("ahead", [None, lambda: False])
+def test_no_draft_ahead_when_off_or_while_other_requests_run(ahead):
+    rec = Recorder("same_as_target")
+    rounds = _ahead_run(rec, ahead=ahead)
+    assert [t for r in rounds for t in r.tokens] == _toy_greedy([4, 9, 12], 12)
+    assert rec.together_calls == 0 and all(k <= 3 for _, k in rec.draft_calls)
+
+
+def test_draft_ahead_respects_max_seq_len_and_k_zero():
+    rec = Recorder("same_as_target")
+    _ahead_run(rec, max_seq_len=12)  # prompt 3: drafting K + 1 ahead must fit within 12
+    assert all(length + k <= 12 for length, k in rec.draft_calls)
+    rec = Recorder("same_as_target")
+    _ahead_run(rec, num_draft_tokens=0)
+    assert rec.draft_calls == [] and rec.together_calls == 0
+
+
+def test_draft_ahead_passes_the_guess_logits_on_to_the_next_verification():
+    vocab = 60
+    verified_logits = []
+
+    def draft(tokens, k, round_index):
+        ids = _toy_greedy(tokens, k)
+        logits = np.zeros((k, vocab), dtype=np.float32)
+        logits[np.arange(k), ids] = 1.0  # one-hot rows, so each row names its token
+        return ids, logits
+
+    def target(tokens, draft_tokens, draft_logits, round_index):
+        if draft_tokens:
+            verified_logits.append((list(draft_tokens), draft_logits.argmax(-1).tolist()))
+        return _toy_target(tokens, draft_tokens, draft_logits, round_index)
+
+    list(
+        speculate(
+            [4, 9, 12],
+            max_tokens=12,
+            num_draft_tokens=3,
+            max_seq_len=100,
+            draft=draft,
+            target=target,
+            first_token_alone=True,
+            draft_ahead=lambda: True,
+        )
+    )
+    assert verified_logits and all(ids == rows for ids, rows in verified_logits)
 
 
 # ------------------------------------------------------------------ request validation
@@ -331,3 +451,35 @@ def test_text_codec_names_a_repository_from_an_older_trtspec():
 
     with pytest.raises(ServerError, match="no tokenizer_dir parameter .* redeploy it with `trtspec deploy`"):
         TextCodec.from_parameters({"max_input_len": "8"})
+
+
+def test_orchestrator_runs_draft_ahead_beside_verification_and_only_for_a_lone_request():
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from trtspec.triton_repo.models.orchestrator import TritonPythonModel
+
+    model = TritonPythonModel.__new__(TritonPythonModel)  # the parts draft-ahead uses, without a server
+    model.pool, model.lock, model.active, model.draft_ahead = ThreadPoolExecutor(2), threading.Lock(), 0, True
+    assert model._together(lambda: 1, lambda: 2) == (1, 2)
+    done = []
+
+    def slow():
+        time.sleep(0.05)
+        done.append(True)
+
+    def failing():
+        raise RuntimeError("target engine: failed")
+
+    with pytest.raises(RuntimeError, match="target engine"):
+        model._together(failing, slow)
+    assert done == [True]  # the draft call had finished before the error reached the caller
+    with model._counted():
+        assert model._alone()
+        with model._counted():
+            assert not model._alone()
+    assert model.active == 0
+    model.draft_ahead = False
+    with model._counted():
+        assert not model._alone()

@@ -222,3 +222,19 @@ def test_wrong_dtype_is_rejected(server):
     ):
         client.infer("preprocessing", [text, bad])
     assert "FP32" in str(err.value) and "INT32" in str(err.value)
+
+
+def test_draft_ahead_with_a_draft_that_is_always_right_keeps_the_target_greedy_output(
+    tiny_pair, reference, tmp_path
+):
+    """The target as its own draft: every round accepts the whole draft and the bonus guess, so each round after
+    the prefill verifies a draft made ahead (K + 1 = max_draft_len + 1 tokens asked of the draft engine model)."""
+    target = tiny_pair[0]
+    deploy_tiny_repo((target, target), tmp_path / "repo")
+    with running_server(tmp_path / "repo", tmp_path / "server.log") as srv:
+        for stream in (True, False):
+            pieces, metrics = grpc_stream(
+                srv, PROMPTS[1], stream=stream, max_tokens=16, num_draft_tokens=4, return_perf_metrics=True
+            )
+            assert "".join(pieces) == reference(PROMPTS[1], 16)
+            assert metrics["acceptance_rate"] == 1.0 and metrics["total_draft_tokens"] > 0

@@ -163,6 +163,11 @@ class TritonSpec(_Strict):
         description="torch intra-op threads of each torch-runtime engine model on cpu; auto = half the cores "
         "the server may use (the draft and the target run one after the other), at least 1",
     )
+    draft_ahead: bool = Field(
+        True,
+        description="while the target verifies a round, draft the next one (used when the whole draft and the "
+        "draft's guess of the bonus token are accepted); only while a single request is being served",
+    )
     instances: InstanceCounts = InstanceCounts()
     kv_cache_free_gpu_mem_fraction: PerModel = PerModel()
     enable_kv_cache_reuse: bool = True

@@ -201,6 +201,7 @@ def common_values(recipe: Recipe) -> dict[str, dict]:
             "max_draft_len": spec.max_draft_len,
             "num_draft_tokens": spec.default_num_draft_tokens,
             "use_draft_logits": spec.use_draft_logits,
+            "draft_ahead": triton.draft_ahead,
             "max_seq_len": recipe.limits.max_seq_len,
             # Requests in flight at once in decoupled mode: one per engine batch slot.
             "max_concurrency": batch,

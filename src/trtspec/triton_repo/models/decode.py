@@ -11,18 +11,33 @@ One round:
 K = 0 (or one token left) is a plain target continuation through the same call. With ``first_token_alone``
 (the orchestrator's choice), round 0 is such a K = 0 round: the first token comes from the target's prefill alone, so it reaches
 the client after one target forward instead of after a whole draft + verify round.
+
+Draft-ahead (``draft_ahead()`` true for the round): while the target verifies ``tokens + draft``, the draft
+continues ``tokens + draft`` by K + 1 tokens in parallel (``together``). If the target then accepts every draft
+token and its bonus token equals the first of those (the draft's guess), the other K are the next round's draft,
+which then skips its draft call; otherwise they are dropped. The target still decides every emitted token, so the
+output is the same as without it (greedy: identical; sampled: the same distribution).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 from trtspec.validate.compare import common_prefix_len
 from trtspec.validate.metrics import AcceptanceStats
 
 DraftFn = Callable[[list[int], int, int], tuple[list[int], object]]  # (tokens, k, round) -> (draft, logits)
 TargetFn = Callable[[list[int], list[int], object, int], list[int]]  # (tokens, draft, logits, round) -> new
+# together(first, second) -> (first(), second()), run at the same time where the caller can (the orchestrator)
+Together = Callable[[Callable[[], Any], Callable[[], Any]], tuple[Any, Any]]
+
+
+def one_after_the_other(first, second):
+    """The default ``together``: no parallelism (what a test replaying scripted engines needs)."""
+    return first(), second()
 
 
 @dataclass(frozen=True)
@@ -62,10 +77,13 @@ def speculate(
     stop_ids: Sequence[Sequence[int]] = (),
     stats: AcceptanceStats | None = None,
     first_token_alone: bool = False,
+    draft_ahead: Callable[[], bool] | None = None,
+    together: Together = one_after_the_other,
 ) -> Iterator[Round]:
     """Yield one Round per target verification until max_tokens, end_id, a stop sequence or max_seq_len."""
     tokens, generated = list(prompt), []
     round_index = 0
+    ready = None  # the next round's draft (tokens, logits or None), drafted ahead and confirmed
     while True:
         budget = min(max_tokens - len(generated), max_seq_len - len(tokens))
         if budget <= 0:
@@ -75,9 +93,32 @@ def speculate(
         k = min(num_draft_tokens, budget - 1)  # the target always adds one token: keep room for it
         if first_token_alone and round_index == 0:
             k = 0
-        draft_tokens, draft_logits = draft(tokens, k, round_index) if k > 0 else ([], None)
-        draft_tokens = list(draft_tokens)[:k]
-        new = list(target(tokens, draft_tokens, draft_logits, round_index))
+        if k == 0:
+            draft_tokens, draft_logits = [], None
+        elif ready is not None and len(ready[0]) >= k:
+            draft_tokens, draft_logits = ready[0], ready[1]
+        else:
+            draft_tokens, draft_logits = draft(tokens, k, round_index)
+        draft_tokens, ready = list(draft_tokens)[:k], None
+        if draft_logits is not None:
+            draft_logits = draft_logits[:k]
+        # Draft ahead only if a next round can draft: room for this round's k + 1 tokens and K + 1 more.
+        ahead_k = num_draft_tokens + 1
+        ahead = (
+            draft_ahead is not None
+            and num_draft_tokens > 0
+            and budget >= k + 3
+            and len(tokens) + k + ahead_k <= max_seq_len
+            and draft_ahead()
+        )
+        verify = partial(target, tokens, draft_tokens, draft_logits, round_index)
+        if ahead:
+            new, (guess, guess_logits) = together(
+                verify, partial(draft, tokens + draft_tokens, ahead_k, round_index + 1)
+            )
+        else:
+            new = verify()
+        new = list(new)
         accepted = common_prefix_len(draft_tokens, new)
         # Only the accepted prefix and the one recovered/bonus token after it are verified output; anything an
         # engine returns beyond that is not part of this round (every round emits accepted + 1 tokens).
@@ -95,6 +136,9 @@ def speculate(
         round_index += 1
         if reason is None and len(generated) >= max_tokens:
             reason = "length"
+        guess = list(guess)[:ahead_k] if ahead else []
+        if reason is None and guess[1:] and new == draft_tokens + guess[:1]:
+            ready = (guess[1:], None if guess_logits is None else guess_logits[1:ahead_k])
         yield Round(new, len(draft_tokens), accepted, reason is not None, reason)
         if reason is not None:
             return

@@ -104,13 +104,16 @@ class TritonPythonModel:
             torch.set_num_threads(cpu_threads(params.get("cpu_threads", "auto")))
         config = json.loads(args["model_config"])
         max_draft_len = int(params["max_draft_len"])
+        # The orchestrator's draft-ahead asks the draft for K + 1 tokens (a TensorRT-LLM draft engine has no draft
+        # length limit of its own); the target verifies at most max_draft_len.
+        request_limit = max_draft_len + 1 if params["role"] == "draft" else max_draft_len
         step_model = StepModel.from_pretrained(
             params["model_dir"],
             device=params["device"],
             dtype=params["dtype"],
             num_slots=max(int(config.get("max_batch_size") or 1), 1),
             max_seq_len=int(params["max_seq_len"]) + max_draft_len + 1,
-            max_draft_len=max_draft_len,
+            max_draft_len=request_limit,
             trust_remote_code=params.get("trust_remote_code", "False").lower() == "true",
         )
         self.engine = TorchEngine(step_model, params["role"])

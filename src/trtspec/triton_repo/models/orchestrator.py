@@ -5,7 +5,10 @@ TensorRT-LLM tensor interface (decode.speculate), ids -> text. Beyond upstream's
 each verified round, concurrent requests (one thread each, bounded), per-request num_draft_tokens, sampling,
 stop words and return_perf_metrics.
 
-Speed: a round costs two BLS calls (draft, target) and nothing else. Text goes through the same TextCodec as the
+Speed: a round costs two BLS calls (draft, target) and nothing else. With draft_ahead (the default), a request
+served alone also drafts the next round while the target verifies this one (decode.speculate): when the target
+accepts the whole draft and the draft guessed its bonus token, the next round skips its draft call. Under
+concurrent requests the other requests keep the engines busy, so draft-ahead is off and nothing is drafted twice. Text goes through the same TextCodec as the
 preprocessing and postprocessing models, in-process (no BLS hop per request or per streamed round), and a
 request's first token comes from the target's prefill alone (decode.speculate's first_token_alone), streamed or
 not, so that a seeded sampled request gives the same text either way.
@@ -14,6 +17,8 @@ not, so that a seeded sampled request gives the same text either way.
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -104,9 +109,13 @@ class TritonPythonModel:
         self.target = params["tensorrt_llm_model_name"]
         self.draft = params["tensorrt_llm_draft_model_name"]
         self.decoupled = io.pb().using_decoupled_model_transaction_policy(json.loads(args["model_config"]))
-        self.slots = threading.BoundedSemaphore(int(params.get("max_concurrency") or 8))
+        max_concurrency = int(params.get("max_concurrency") or 8)
+        self.slots = threading.BoundedSemaphore(max_concurrency)
         self.threads: set[threading.Thread] = set()
         self.lock = threading.Lock()
+        self.active = 0  # requests being generated
+        self.draft_ahead = params.get("draft_ahead", "False").lower() == "true"
+        self.pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="draft-ahead")
 
     # ------------------------------------------------------------------ request handling
 
@@ -123,6 +132,32 @@ class TritonPythonModel:
     def finalize(self):
         for thread in list(self.threads):
             thread.join(timeout=10)
+        self.pool.shutdown(wait=False)
+
+    @contextmanager
+    def _counted(self):
+        with self.lock:
+            self.active += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.active -= 1
+
+    def _alone(self) -> bool:
+        """Draft ahead for this round: on, and no other request is being generated."""
+        return self.draft_ahead and self.active == 1
+
+    def _together(self, first, second):
+        """(first(), second()) with second() on a pool thread (BLS calls release the GIL); both are finished
+        before this returns or raises."""
+        future = self.pool.submit(second)
+        try:
+            result = first()
+        except BaseException:
+            wait([future])
+            raise
+        return result, future.result()
 
     def _respond_once(self, request):
         try:
@@ -131,7 +166,8 @@ class TritonPythonModel:
                 raise RequestError(
                     "stream=true needs a decoupled orchestrator; deploy with triton.decoupled: true"
                 )
-            text, ids, stats = self._whole(req)
+            with self._counted():
+                text, ids, stats = self._whole(req)
             return self._response(text, ids, stats, req.return_perf_metrics)
         except RequestError as err:
             return io.error_response(err.message)
@@ -142,7 +178,7 @@ class TritonPythonModel:
         final = io.pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
         sender = request.get_response_sender()
         try:
-            with self.slots:
+            with self.slots, self._counted():
                 req = parse_request(io.read_inputs(request, names.CLIENT_INPUTS), self.limits)
                 self._stream(req, sender, final)
         except RequestError as err:
@@ -210,6 +246,8 @@ class TritonPythonModel:
             stop_ids=stop_ids,
             stats=stats,
             first_token_alone=True,
+            draft_ahead=self._alone,
+            together=self._together,
         )
         for rnd in rounds:
             generated += rnd.tokens
