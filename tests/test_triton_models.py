@@ -4,6 +4,8 @@ incremental detokenization, and the torch engine model's KV-slot choice."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -455,7 +457,6 @@ def test_text_codec_names_a_repository_from_an_older_trtspec():
 
 def test_orchestrator_runs_draft_ahead_beside_verification_and_only_for_a_lone_request():
     import threading
-    import time
     from concurrent.futures import ThreadPoolExecutor
 
     from trtspec.triton_repo.models.orchestrator import TritonPythonModel
@@ -483,3 +484,49 @@ def test_orchestrator_runs_draft_ahead_beside_verification_and_only_for_a_lone_r
     model.draft_ahead = False
     with model._counted():
         assert not model._alone()
+
+
+class _Sender:
+    """A decoupled response sender: records what it sent; fails or reports cancellation when told to."""
+
+    def __init__(self, fail_at=None, cancel_after=None):
+        self.sent, self.fail_at, self.cancel_after = [], fail_at, cancel_after
+
+    def send(self, response, flags=0):
+        time.sleep(0.002)  # slower than putting, so responses queue up behind each other
+        if len(self.sent) == self.fail_at:
+            raise RuntimeError("client went away")
+        self.sent.append(response)
+
+    def is_cancelled(self):
+        return self.cancel_after is not None and len(self.sent) >= self.cancel_after
+
+
+def test_outbox_sends_streamed_responses_in_order_before_the_block_ends():
+    from trtspec.triton_repo.models.orchestrator import Outbox
+
+    sender = _Sender()
+    with Outbox(sender) as outbox:
+        for i in range(20):
+            outbox.put(i)
+    assert sender.sent == list(range(20))  # all sent, in order, when the final response may go
+
+    sender = _Sender(cancel_after=3)
+    with Outbox(sender) as outbox:
+        outbox.put(0)
+        for i in range(1, 100):
+            if outbox.cancelled:
+                break
+            outbox.put(i)
+            time.sleep(0.003)
+    assert outbox.cancelled and len(sender.sent) < 100
+
+
+def test_outbox_raises_a_failed_send_in_the_request_thread():
+    from trtspec.triton_repo.models.orchestrator import Outbox
+
+    sender = _Sender(fail_at=2)
+    with pytest.raises(RuntimeError, match="client went away"), Outbox(sender) as outbox:
+        for i in range(5):
+            outbox.put(i)
+    assert sender.sent == [0, 1]  # nothing is sent after the failure

@@ -12,13 +12,18 @@ It prints tokens/s of both and their ratio (goal >= 0.90), and Triton's streamin
 the duration of one speculative round of the engine (goal: the first token within one round; the first round
 includes the prompt's prefill, so it is compared with the engine's own first round, its TTFT).
 
+With --ablate-draft-ahead a second server runs the same repository with triton.draft_ahead false, measured in
+the same loop (engine, Triton, Triton without draft-ahead, per prompt), so the two ratios are side by side.
+
     .venv/bin/python tools/bench_triton.py                       # the demo pair, 5 prompts x 128 tokens
     .venv/bin/python tools/bench_triton.py --recipe builders/my_pair.yaml --num-draft-tokens 6 --repeats 3
+    .venv/bin/python tools/bench_triton.py --repeats 2 --ablate-draft-ahead
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import tempfile
 from dataclasses import dataclass
@@ -51,6 +56,11 @@ def parse_args(argv):
     parser.add_argument("--prompts", type=int, default=len(PROMPTS), help="how many of the built-in prompts")
     parser.add_argument("--repeats", type=int, default=1, help="measurements per prompt (after one warm-up)")
     parser.add_argument("--load-timeout", type=float, default=600.0, help="seconds for the server to load")
+    parser.add_argument(
+        "--ablate-draft-ahead",
+        action="store_true",
+        help="also measure a second server with triton.draft_ahead false, side by side",
+    )
     return parser.parse_args(argv)
 
 
@@ -147,28 +157,38 @@ def main(argv=None) -> None:
     recipe = load_recipe(args.recipe)
     k = recipe.speculative.num_draft_tokens if args.num_draft_tokens is None else args.num_draft_tokens
     prompts = PROMPTS[: args.prompts]
-    with tempfile.TemporaryDirectory(prefix="bench_triton.") as tmp:
-        repo = deploy(recipe, "torch", Path(tmp) / "repo").repo
-        server = TritonServer(repo, Ports(*free_ports(3)), Path(tmp) / "server.log")
-        server.start(args.load_timeout)
-        try:
-            engine = load_engine(recipe)
-            client = TritonClient(server.ports.grpc_url, "grpc")
+    variants = {"": recipe}
+    if args.ablate_draft_ahead:
+        off = recipe.model_copy(update={"triton": recipe.triton.model_copy(update={"draft_ahead": False})})
+        variants = {
+            "draft_ahead on": off.model_copy(update={"triton": recipe.triton}),
+            "draft_ahead off": off,
+        }
+    with tempfile.TemporaryDirectory(prefix="bench_triton.") as tmp, contextlib.ExitStack() as stack:
+        clients = {}
+        for i, (label, variant) in enumerate(variants.items()):
+            repo = deploy(variant, "torch", Path(tmp) / f"repo{i}").repo
+            server = TritonServer(repo, Ports(*free_ports(3)), Path(tmp) / f"server{i}.log")
+            server.start(args.load_timeout)
+            stack.callback(server.stop)
+            clients[label] = TritonClient(server.ports.grpc_url, "grpc")
+        engine = load_engine(recipe)
+        for client in clients.values():
             measure(engine, client, prompts[0], 8, k)  # warm-up of both paths
-            samples = [
-                measure(engine, client, p, args.max_new_tokens, k)
-                for p in prompts
-                for _ in range(args.repeats)
-            ]
-        finally:
-            server.stop()
-    report(
-        samples,
-        f"recipe {recipe.name}: target {recipe.target.model}, draft {recipe.draft.model}; "
-        f"{recipe.triton.device} {torch_runtime_dtype(recipe.triton, recipe.target)} "
-        f"torch threads {torch.get_num_threads()} (in-process and per engine model); K={k}; {len(prompts)} prompts x {args.repeats} x "
-        f"{args.max_new_tokens} new tokens; batch 1, greedy, Triton over streaming gRPC\n",
-    )
+        samples = {label: [] for label in clients}
+        for p in prompts:
+            for _ in range(args.repeats):
+                for label, client in clients.items():
+                    samples[label].append(measure(engine, client, p, args.max_new_tokens, k))
+    for label, got in samples.items():
+        report(
+            got,
+            f"recipe {recipe.name}{' (' + label + ')' if label else ''}: target {recipe.target.model}, draft "
+            f"{recipe.draft.model}; {recipe.triton.device} {torch_runtime_dtype(recipe.triton, recipe.target)} "
+            f"torch threads {torch.get_num_threads()} (in-process and per engine model); K={k}; "
+            f"{len(prompts)} prompts x {args.repeats} x {args.max_new_tokens} new tokens; batch 1, greedy, "
+            "Triton over streaming gRPC\n",
+        )
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@ stop words and return_perf_metrics.
 Speed: a round costs two BLS calls (draft, target) and nothing else. With draft_ahead (the default), a request
 served alone also drafts the next round while the target verifies this one (decode.speculate): when the target
 accepts the whole draft and the draft guessed its bonus token, the next round skips its draft call. Under
-concurrent requests the other requests keep the engines busy, so draft-ahead is off and nothing is drafted twice. Text goes through the same TextCodec as the
+concurrent requests the other requests keep the engines busy, so draft-ahead is off and nothing is drafted twice.
+A streamed round's response is sent by a thread of its own (Outbox), so the next round's calls do not wait
+for it. Text goes through the same TextCodec as the
 preprocessing and postprocessing models, in-process (no BLS hop per request or per streamed round), and a
 request's first token comes from the target's prefill alone (decode.speculate's first_token_alone), streamed or
 not, so that a seeded sampled request gives the same text either way.
@@ -84,6 +86,40 @@ class EngineClient:
                 inputs["draft_logits"] = np.asarray(draft_logits, dtype=np.float32)[None, : len(draft_tokens)]
         out = io.bls(self.target, inputs, ["output_ids", "sequence_length"])
         return self._new_tokens(out, len(tokens))
+
+
+class Outbox:
+    """A streamed request's responses, sent in order by a thread of their own so that the next round's engine
+    calls do not wait for the send; that thread also asks whether the client cancelled. Leaving the ``with``
+    block waits until everything put is sent (the final response goes after it) and raises a failed send."""
+
+    def __init__(self, sender):
+        self.sender = sender
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="send")
+        self.cancelled = False
+        self.error: BaseException | None = None
+
+    def _send(self, response) -> None:
+        if self.error is not None:
+            return
+        try:
+            self.sender.send(response)
+            self.cancelled = self.cancelled or getattr(self.sender, "is_cancelled", lambda: False)()
+        except BaseException as err:  # noqa: BLE001 - raised in the request's thread by put / __exit__
+            self.error = err
+
+    def put(self, response) -> None:
+        if self.error is not None:
+            raise self.error
+        self.pool.submit(self._send, response)
+
+    def __enter__(self) -> Outbox:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.pool.shutdown(wait=True)
+        if self.error is not None and exc[0] is None:
+            raise self.error
 
 
 def _metrics(stats: AcceptanceStats) -> list:
@@ -197,13 +233,14 @@ class TritonPythonModel:
             sender.send(self._response(text, ids, stats, req.return_perf_metrics), flags=final_flag)
             return
         stats, pending = None, []  # ids of rounds whose text is held back (an unfinished character)
-        for piece, ids, stats, _ in self._generate(req, incremental=True):
-            pending += ids
-            if piece:
-                sender.send(self._response(piece, pending, stats, req.return_perf_metrics))
-                pending = []
-            if getattr(sender, "is_cancelled", lambda: False)():
-                break
+        with Outbox(sender) as outbox:
+            for piece, ids, stats, _ in self._generate(req, incremental=True):
+                pending += ids
+                if piece:
+                    outbox.put(self._response(piece, pending, stats, req.return_perf_metrics))
+                    pending = []
+                if outbox.cancelled:
+                    break
         sender.send(self._response("", pending, stats, req.return_perf_metrics), flags=final_flag)
 
     def _whole(self, req: GenerationRequest) -> tuple[str, list[int], AcceptanceStats]:
