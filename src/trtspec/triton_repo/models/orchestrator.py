@@ -10,10 +10,10 @@ served alone also drafts the next round while the target verifies this one (deco
 accepts the whole draft and the draft guessed its bonus token, the next round skips its draft call. Under
 concurrent requests the other requests keep the engines busy, so draft-ahead is off and nothing is drafted twice.
 A streamed round's response is sent by a thread of its own (Outbox), so the next round's calls do not wait
-for it. Text goes through the same TextCodec as the
-preprocessing and postprocessing models, in-process (no BLS hop per request or per streamed round), and a
-request's first token comes from the target's prefill alone (decode.speculate's first_token_alone), streamed or
-not, so that a seeded sampled request gives the same text either way.
+for it. Text goes through the same TextCodec as the preprocessing and postprocessing models, in-process (no
+BLS hop per request or per streamed round), and a request's first token comes from the target's prefill alone
+(decode.speculate's first_token_alone), streamed or not, so that a seeded sampled request gives the same text
+either way.
 """
 
 from __future__ import annotations
