@@ -203,12 +203,12 @@ class Recorder:
 
     def __init__(self, kind: str):
         self.kind_draft = _toy_draft(kind)
-        self.draft_calls: list[tuple[int, int]] = []  # (context length, k)
+        self.draft_calls: list[tuple[int, int, int]] = []  # (context length, k, round index)
         self.target_calls = 0
         self.together_calls = 0
 
     def draft(self, tokens, k, round_index):
-        self.draft_calls.append((len(tokens), k))
+        self.draft_calls.append((len(tokens), k, round_index))
         return self.kind_draft(tokens, k, round_index)
 
     def target(self, tokens, draft_tokens, draft_logits, round_index):
@@ -238,11 +238,12 @@ def test_draft_ahead_replaces_the_next_draft_call_when_the_draft_and_its_bonus_g
     rec = Recorder("same_as_target")
     rounds = _ahead_run(rec)
     assert [t for r in rounds for t in r.tokens] == _toy_greedy([4, 9, 12], 12)
-    # round 0 (the prefill) drafts K + 1 = 4 ahead from the prompt; every guess is right, so no round drafts on
-    # its own; the last round (budget 3) has no room for a next one and drafts nothing ahead
+    # round 0 (the prefill) drafts nothing ahead (it would slow the first token); round 1 drafts K = 3 itself and
+    # K + 1 = 4 ahead for round 2 (with round 2's seed), whose guess is right, and so on; the last round (budget 3)
+    # has no room for a next one and drafts nothing ahead
     assert [len(r.tokens) for r in rounds] == [1, 4, 4, 3]
-    assert rec.draft_calls == [(3, 4), (7, 4), (11, 4)]
-    assert rec.target_calls == 4 and rec.together_calls == 3
+    assert rec.draft_calls == [(4, 3, 1), (8 - 1, 4, 2), (12 - 1, 4, 3)]
+    assert rec.target_calls == 4 and rec.together_calls == 2
 
 
 def test_draft_ahead_that_misses_falls_back_to_a_fresh_draft_from_the_verified_tokens():
@@ -252,7 +253,7 @@ def test_draft_ahead_that_misses_falls_back_to_a_fresh_draft_from_the_verified_t
     ahead = [c for c in rec.draft_calls if c[1] == 4]
     fresh = [c for c in rec.draft_calls if c[1] < 4]
     # every round after the prefill drafts afresh from the verified sequence (one token longer each round)
-    assert [length for length, _ in fresh] == list(range(4, 4 + len(fresh)))
+    assert [length for length, _, _ in fresh] == list(range(4, 4 + len(fresh)))
     assert len(fresh) == sum(1 for r in rounds if r.num_draft)
     assert len(ahead) == rec.together_calls > 0
 
@@ -262,13 +263,19 @@ def test_no_draft_ahead_when_off_or_while_other_requests_run(ahead):
     rec = Recorder("same_as_target")
     rounds = _ahead_run(rec, ahead=ahead)
     assert [t for r in rounds for t in r.tokens] == _toy_greedy([4, 9, 12], 12)
-    assert rec.together_calls == 0 and all(k <= 3 for _, k in rec.draft_calls)
+    assert rec.together_calls == 0 and all(k <= 3 for _, k, _ in rec.draft_calls)
 
 
-def test_draft_ahead_respects_max_seq_len_and_k_zero():
+@pytest.mark.parametrize("first_token_alone", [False, True])
+@pytest.mark.parametrize("max_seq_len", range(9, 19))
+def test_draft_ahead_stays_within_max_seq_len(max_seq_len, first_token_alone):
     rec = Recorder("same_as_target")
-    _ahead_run(rec, max_seq_len=12)  # prompt 3: drafting K + 1 ahead must fit within 12
-    assert all(length + k <= 12 for length, k in rec.draft_calls)
+    rounds = _ahead_run(rec, max_seq_len=max_seq_len, max_tokens=100, first_token_alone=first_token_alone)
+    assert all(length + k <= max_seq_len for length, k, _ in rec.draft_calls)
+    assert rounds[-1].reason == "max_seq_len" and 3 + sum(len(r.tokens) for r in rounds) == max_seq_len
+
+
+def test_no_draft_ahead_without_drafts():
     rec = Recorder("same_as_target")
     _ahead_run(rec, num_draft_tokens=0)
     assert rec.draft_calls == [] and rec.together_calls == 0
@@ -455,10 +462,11 @@ def test_text_codec_names_a_repository_from_an_older_trtspec():
         TextCodec.from_parameters({"max_input_len": "8"})
 
 
-def test_orchestrator_runs_draft_ahead_beside_verification_and_only_for_a_lone_request():
+def test_orchestrator_runs_draft_ahead_beside_verification_and_only_for_a_lone_request(monkeypatch):
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
+    from trtspec.triton_repo.models import orchestrator
     from trtspec.triton_repo.models.orchestrator import TritonPythonModel
 
     model = TritonPythonModel.__new__(TritonPythonModel)  # the parts draft-ahead uses, without a server
@@ -476,6 +484,14 @@ def test_orchestrator_runs_draft_ahead_beside_verification_and_only_for_a_lone_r
     with pytest.raises(RuntimeError, match="target engine"):
         model._together(failing, slow)
     assert done == [True]  # the draft call had finished before the error reached the caller
+
+    def failing_draft():
+        raise orchestrator.io.BlsError("draft engine: out of slots")
+
+    warnings = []
+    monkeypatch.setattr(orchestrator.io, "log_warning", warnings.append)
+    assert model._together(lambda: [5], failing_draft) == ([5], ([], None))  # a miss, not a failed request
+    assert len(warnings) == 1 and "out of slots" in warnings[0]
     with model._counted():
         assert model._alone()
         with model._counted():
@@ -487,7 +503,7 @@ def test_orchestrator_runs_draft_ahead_beside_verification_and_only_for_a_lone_r
 
 
 class _Sender:
-    """A decoupled response sender: records what it sent; fails or reports cancellation when told to."""
+    """A decoupled response sender: records what it sent; fails once or reports cancellation when told to."""
 
     def __init__(self, fail_at=None, cancel_after=None):
         self.sent, self.fail_at, self.cancel_after = [], fail_at, cancel_after
@@ -495,6 +511,7 @@ class _Sender:
     def send(self, response, flags=0):
         time.sleep(0.002)  # slower than putting, so responses queue up behind each other
         if len(self.sent) == self.fail_at:
+            self.fail_at = None  # only this send fails: a later one would go through if it were tried
             raise RuntimeError("client went away")
         self.sent.append(response)
 
@@ -519,7 +536,7 @@ def test_outbox_sends_streamed_responses_in_order_before_the_block_ends():
                 break
             outbox.put(i)
             time.sleep(0.003)
-    assert outbox.cancelled and len(sender.sent) < 100
+    assert outbox.cancelled and len(sender.sent) == 3  # nothing is sent once the client has cancelled
 
 
 def test_outbox_raises_a_failed_send_in_the_request_thread():
@@ -530,3 +547,42 @@ def test_outbox_raises_a_failed_send_in_the_request_thread():
         for i in range(5):
             outbox.put(i)
     assert sender.sent == [0, 1]  # nothing is sent after the failure
+
+
+@pytest.mark.parametrize(
+    "sampling, ahead",
+    [({}, True), ({"temperature": 0.8}, True), ({"seed": 7}, True), ({"temperature": 0.8, "seed": 7}, False)],
+)
+def test_seeded_sampled_requests_are_never_drafted_ahead(monkeypatch, sampling, ahead):
+    """A seeded sampled request must give the same text whatever else the server does; draft-ahead would change
+    its random draws depending on load."""
+    import threading
+
+    from trtspec.triton_repo.models import orchestrator
+    from trtspec.triton_repo.models.orchestrator import TritonPythonModel
+
+    seen = {}
+
+    def fake_speculate(prompt, **kwargs):
+        seen["draft_ahead"] = kwargs["draft_ahead"]
+        return iter(())
+
+    class Codec:
+        end_id, pad_id = 2, 3
+
+        def encode(self, text):
+            return [5, 6]
+
+        def stop_ids(self, words):
+            return []
+
+        def decode(self, ids):
+            return ""
+
+    monkeypatch.setattr(orchestrator, "speculate", fake_speculate)
+    model = TritonPythonModel.__new__(TritonPythonModel)
+    model.codec, model.limits, model.target, model.draft = Codec(), LIMITS, "t", "d"
+    model.lock, model.active, model.draft_ahead = threading.Lock(), 1, True
+    fields = {"text_input": "def", "max_tokens": 4} | sampling
+    model._whole(parse_request(_inputs(**fields), LIMITS))
+    assert (seen["draft_ahead"] is not None) == ahead

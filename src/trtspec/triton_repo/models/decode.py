@@ -12,11 +12,12 @@ K = 0 (or one token left) is a plain target continuation through the same call. 
 (the orchestrator's choice), round 0 is such a K = 0 round: the first token comes from the target's prefill alone, so it reaches
 the client after one target forward instead of after a whole draft + verify round.
 
-Draft-ahead (``draft_ahead()`` true for the round): while the target verifies ``tokens + draft``, the draft
-continues ``tokens + draft`` by K + 1 tokens in parallel (``together``). If the target then accepts every draft
+Draft-ahead (``draft_ahead()`` true for the round): while the target verifies ``tokens + draft`` (k > 0), the
+draft continues ``tokens + draft`` by K + 1 tokens in parallel (``together``). If the target then accepts every draft
 token and its bonus token equals the first of those (the draft's guess), the other K are the next round's draft,
 which then skips its draft call; otherwise they are dropped. The target still decides every emitted token, so the
-output is the same as without it (greedy: identical; sampled: the same distribution).
+output is the same as without it for greedy requests, and has the same distribution for sampled ones (but a
+seeded request draws other random numbers: the orchestrator does not draft ahead for those).
 """
 
 from __future__ import annotations
@@ -95,18 +96,19 @@ def speculate(
             k = 0
         if k == 0:
             draft_tokens, draft_logits = [], None
-        elif ready is not None and len(ready[0]) >= k:
-            draft_tokens, draft_logits = ready[0], ready[1]
+        elif ready is not None:  # K tokens, at least k
+            draft_tokens, draft_logits = ready
         else:
             draft_tokens, draft_logits = draft(tokens, k, round_index)
         draft_tokens, ready = list(draft_tokens)[:k], None
         if draft_logits is not None:
             draft_logits = draft_logits[:k]
-        # Draft ahead only if a next round can draft: room for this round's k + 1 tokens and K + 1 more.
+        # Draft ahead only beside a verification of drafts (never beside the prefill round: it would slow the first
+        # token) and only if a next round can draft: room for this round's k + 1 tokens and K + 1 more.
         ahead_k = num_draft_tokens + 1
         ahead = (
             draft_ahead is not None
-            and num_draft_tokens > 0
+            and k > 0
             and budget >= k + 3
             and len(tokens) + k + ahead_k <= max_seq_len
             and draft_ahead()

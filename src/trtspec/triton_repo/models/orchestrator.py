@@ -100,7 +100,7 @@ class Outbox:
         self.error: BaseException | None = None
 
     def _send(self, response) -> None:
-        if self.error is not None:
+        if self.error is not None or self.cancelled:
             return
         try:
             self.sender.send(response)
@@ -184,16 +184,21 @@ class TritonPythonModel:
         """Draft ahead for this round: on, and no other request is being generated."""
         return self.draft_ahead and self.active == 1
 
-    def _together(self, first, second):
-        """(first(), second()) with second() on a pool thread (BLS calls release the GIL); both are finished
-        before this returns or raises."""
-        future = self.pool.submit(second)
+    def _together(self, verify, draft_ahead):
+        """(verify(), draft_ahead()) with draft_ahead() on a pool thread (BLS calls release the GIL); both are
+        finished before this returns or raises. The guess is optional: a failed draft-ahead call is logged and
+        answered as a miss ([], None), not as a failed request."""
+        future = self.pool.submit(draft_ahead)
         try:
-            result = first()
+            result = verify()
         except BaseException:
             wait([future])
             raise
-        return result, future.result()
+        try:
+            return result, future.result()
+        except io.BlsError as err:
+            io.log_warning(f"draft-ahead call failed; the next round drafts as usual: {err}")
+            return result, ([], None)
 
     def _respond_once(self, request):
         try:
@@ -283,7 +288,8 @@ class TritonPythonModel:
             stop_ids=stop_ids,
             stats=stats,
             first_token_alone=True,
-            draft_ahead=self._alone,
+            # A seeded sampled request must give the same text whatever else the server is doing: no draft-ahead.
+            draft_ahead=None if req.sampling.seed is not None and not req.sampling.greedy else self._alone,
             together=self._together,
         )
         for rnd in rounds:

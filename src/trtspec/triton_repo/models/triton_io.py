@@ -17,6 +17,11 @@ class BlsError(Exception):
     """A model called through BLS answered with an error; ``message`` is its own text."""
 
 
+def log_warning(message: str) -> None:
+    """A warning in the server log (pb_utils.Logger)."""
+    pb().Logger.log_warn(message)
+
+
 def model_parameters(args: dict) -> dict[str, str]:
     """The string parameters of this model's config.pbtxt (initialize's args['model_config'])."""
     config = json.loads(args["model_config"])
