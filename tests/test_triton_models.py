@@ -586,3 +586,24 @@ def test_seeded_sampled_requests_are_never_drafted_ahead(monkeypatch, sampling, 
     fields = {"text_input": "def", "max_tokens": 4} | sampling
     model._whole(parse_request(_inputs(**fields), LIMITS))
     assert (seen["draft_ahead"] is not None) == ahead
+
+
+def test_draft_and_target_get_different_seeds_in_a_round_and_new_ones_each_round(monkeypatch):
+    from trtspec.triton_repo.models import orchestrator
+
+    calls = []
+
+    def fake_bls(model, inputs, outputs):
+        calls.append((model, int(inputs["seed"].reshape(-1)[0])))
+        ids = np.asarray(inputs["input_ids"])
+        return {"output_ids": ids, "sequence_length": np.array([[ids.shape[1]]])}
+
+    monkeypatch.setattr(orchestrator.io, "bls", fake_bls)
+    req = parse_request(_inputs(text_input="def", max_tokens=4, temperature=0.8, seed=7), LIMITS)
+    engines = orchestrator.EngineClient("target", "draft", req, end_id=2, pad_id=3)
+    for round_index in (0, 1):
+        engines.draft_fn([5, 6], 2, round_index)
+        engines.target_fn([5, 6], [7, 8], None, round_index)
+    (_, d0), (_, t0), (_, d1), (_, t1) = calls
+    assert [m for m, _ in calls] == ["draft", "target"] * 2
+    assert len({d0, t0, d1, t1}) == 4 and t0 == 7 and t1 == 8

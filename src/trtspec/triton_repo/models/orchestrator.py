@@ -33,6 +33,7 @@ from trtspec.triton_repo.models.text import IncrementalText, TextCodec
 from trtspec.validate.metrics import AcceptanceStats
 
 _SEED_MASK = (1 << 63) - 1
+_DRAFT_SEED_SALT = 0x1E3779B97F4A7C15
 
 
 class EngineClient:
@@ -42,7 +43,7 @@ class EngineClient:
         self.target, self.draft, self.req = target, draft, req
         self.end_id, self.pad_id = end_id, pad_id
 
-    def _common(self, tokens: list[int], output_len: int, round_index: int) -> dict:
+    def _common(self, tokens: list[int], output_len: int, round_index: int, salt: int = 0) -> dict:
         s = self.req.sampling
         inputs = {
             "input_ids": np.array([tokens], dtype=np.int32),
@@ -55,8 +56,8 @@ class EngineClient:
             "runtime_top_p": np.array([[s.top_p]], dtype=np.float32),
             "streaming": np.array([[False]]),
         }
-        if s.seed is not None:  # a distinct seed per round, reproducible per request
-            inputs["seed"] = np.array([[(s.seed + round_index) & _SEED_MASK]], dtype=np.uint64)
+        if s.seed is not None:  # a distinct seed per round and per model, reproducible per request
+            inputs["seed"] = np.array([[((s.seed + round_index) ^ salt) & _SEED_MASK]], dtype=np.uint64)
         return inputs
 
     @staticmethod
@@ -66,7 +67,9 @@ class EngineClient:
         return ids[prompt_len:length].tolist()
 
     def draft_fn(self, tokens: list[int], k: int, round_index: int):
-        inputs = self._common(tokens, k, round_index)
+        # The draft's seed differs from the target's in the same round: with one seed both engines would draw the
+        # same random numbers, and the target's acceptance test would be correlated with the draft's sample.
+        inputs = self._common(tokens, k, round_index, salt=_DRAFT_SEED_SALT)
         want_logits = self.req.use_draft_logits
         inputs["return_generation_logits"] = np.array([[want_logits]])
         outputs = ["output_ids", "sequence_length"] + (["generation_logits"] if want_logits else [])
