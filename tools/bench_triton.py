@@ -159,10 +159,11 @@ def main(argv=None) -> None:
     prompts = PROMPTS[: args.prompts]
     variants = {"": recipe}
     if args.ablate_draft_ahead:
-        off = recipe.model_copy(update={"triton": recipe.triton.model_copy(update={"draft_ahead": False})})
         variants = {
-            "draft_ahead on": off.model_copy(update={"triton": recipe.triton}),
-            "draft_ahead off": off,
+            f"draft_ahead {state}": recipe.model_copy(
+                update={"triton": recipe.triton.model_copy(update={"draft_ahead": state == "on"})}
+            )
+            for state in ("on", "off")
         }
     with tempfile.TemporaryDirectory(prefix="bench_triton.") as tmp, contextlib.ExitStack() as stack:
         clients = {}
