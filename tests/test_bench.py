@@ -145,6 +145,30 @@ def test_bench_refuses_k_above_max_draft_len(runner, tiny_pair, tmp_path):
     assert result.exit_code == 2 and "comma-separated" in result.output
 
 
+def test_bench_refuses_an_out_folder_that_is_not_a_bench_report_before_running(
+    runner, tiny_pair, tmp_path, monkeypatch
+):
+    import trtspec.validate.bench as bench_module
+
+    def no_sweep(*args, **kwargs):
+        raise AssertionError("the sweep ran before --out was checked")
+
+    monkeypatch.setattr(bench_module, "run_sweep", no_sweep)
+    target, draft = tiny_pair
+    recipe = write_recipe(tmp_path / "tiny.yaml", target, draft)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    result = runner.invoke(cli, ["bench", str(recipe), "--out", str(mine)])
+    assert result.exit_code == 2, result.output
+    assert "exists and is not a trtspec bench report (no bench.json)" in result.output
+    assert (mine / "notes.txt").read_text() == "keep me"
+    monkeypatch.chdir(mine)
+    result = runner.invoke(cli, ["bench", str(recipe), "--out", "."])
+    assert result.exit_code == 2 and "is the current folder" in result.output
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+
+
 def test_bound_uses_measured_tokens_per_round_where_rounds_are_counted():
     # Acceptance 6/8 = 0.75 predicts (1 - 0.75^5) / 0.25 = 3.05 tokens per round at K=4 if i.i.d.; the engine
     # measured 10 tokens in 2 target forwards (bursty acceptance): the bound must use the measured 5.

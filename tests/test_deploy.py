@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trtspec.errors import CheckFailed
+from trtspec.errors import CheckFailed, OutputError
 from trtspec.recipe import recipe_from_dict
 from trtspec.triton_repo import interface as names
 from trtspec.triton_repo.checks import check_repository
@@ -116,7 +116,7 @@ def test_torch_repo_renders_checks_and_writes_atomically(tiny_pair, tmp_path):
 def test_refuses_to_overwrite_a_folder_that_is_not_a_repository(tiny_pair, tmp_path):
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep me")
-    with pytest.raises(CheckFailed, match="not a trtspec repository"):
+    with pytest.raises(OutputError, match="not a trtspec repository"):
         deploy(make_recipe(tiny_pair), "torch", tmp_path / "mine")
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
 

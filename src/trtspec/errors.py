@@ -57,6 +57,10 @@ class PromptSetError(TrtspecError):
     """A prompt file (validate / bench) that cannot be read or has a malformed line."""
 
 
+class OutputError(TrtspecError):
+    """An output path that cannot be written, or whose writing would replace something that is not ours."""
+
+
 class CheckFailed(TrtspecError):
     """A pre-flight check, a verification or a threshold failed."""
 

@@ -7,13 +7,11 @@ cross-model references -> write everything into a temp dir beside the output -> 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtspec.errors import CheckFailed
+from trtspec.outputs import write_output_dir
 from trtspec.recipe import Recipe
 from trtspec.triton_repo import interface as names
 from trtspec.triton_repo import llmapi
@@ -198,28 +196,7 @@ def deploy(
         engine_dirs = default_engine_dirs(recipe, engines_dir)
     plans, rendered = plan_and_render(recipe, runtime, engine_dirs, model_dirs, engines_dir)
     info = manifest(recipe, runtime, [p.name for p in plans])
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        _write_tree(tmp, plans, rendered, info)
-        _replace_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    write_output_dir(
+        out, MANIFEST, "a trtspec repository", "--out", lambda tmp: _write_tree(tmp, plans, rendered, info)
+    )
     return DeployResult(repo=out, runtime=runtime, models=[p.name for p in plans], manifest=info)
-
-
-def _replace_dir(tmp: Path, out: Path) -> None:
-    """Rename ``tmp`` to ``out``; an existing ``out`` is moved aside first and removed only after the swap."""
-    os.chmod(tmp, 0o755)
-    if out.exists() and not (out / MANIFEST).is_file():
-        raise CheckFailed(
-            f"{out} exists and is not a trtspec repository (no {MANIFEST}); choose another --out"
-        )
-    if not out.exists():
-        os.rename(tmp, out)
-        return
-    old = out.with_name(f".{out.name}.old-{os.getpid()}")
-    os.rename(out, old)
-    os.rename(tmp, out)
-    shutil.rmtree(old, ignore_errors=True)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtspec.errors import CheckFailed, TrtspecError
+from trtspec.outputs import check_output_dir, write_output_dir
 from trtspec.validate.validation import Thresholds
 
 SYSTEMS = ("auto", "engine", "triton", "trtllm")
@@ -203,6 +204,8 @@ def bench(options: BenchOptions, out) -> dict:
 
     recipe = load_recipe(options.recipe)
     _check_sweep(options, recipe.speculative.max_draft_len)
+    out_dir = options.out_dir or Path("bench") / recipe.name
+    check_output_dir(out_dir, BENCH_MARKER, "a trtspec bench report", "--out")  # before the sweep, not after
     prompts = load_prompts(options.prompts, options.limit)
     tokenizer = load_tokenizer(recipe.target.model, recipe.target.trust_remote_code)
     requests = [Request(p.text, tokenizer(p.text).input_ids) for p in prompts]
@@ -251,30 +254,24 @@ def bench(options: BenchOptions, out) -> dict:
             "No draft/target cost ratio (only measured in-process): pass --draft-cost-ratio for the bound."
         )
     result = BenchResult(system.name, options.max_tokens, len(prompts), points, ratios, notes)
-    return report_bench(result, options.out_dir or Path("bench") / recipe.name, out)
+    return report_bench(result, out_dir, out)
+
+
+BENCH_MARKER = "bench.json"  # the file that makes a folder an earlier bench report (which --out may replace)
 
 
 def report_bench(result, out_dir: Path, out) -> dict:
     """Write bench.json, bench.md and the PNG plots into ``out_dir`` (a temp dir renamed into place)."""
-    import shutil
-    import tempfile
-
     from trtspec.validate.bench_report import bench_markdown, bench_table, bench_to_dict, write_plots
 
     payload = bench_to_dict(result)
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
+
+    def fill(tmp: Path) -> None:
         plots = write_plots(result, tmp)
-        (tmp / "bench.json").write_text(dumps(payload))
+        (tmp / BENCH_MARKER).write_text(dumps(payload))
         (tmp / "bench.md").write_text(bench_markdown(result, [p.name for p in plots]))
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    write_output_dir(out_dir, BENCH_MARKER, "a trtspec bench report", "--out", fill)
     payload["out_dir"] = str(out_dir)
     if out.json:
         out.emit_json(payload)
