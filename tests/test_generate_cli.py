@@ -85,6 +85,7 @@ def test_generate_errors_are_one_line(runner, tiny_pair, tmp_path):
         ],
         "no config.json": [*base, str(tmp_path), "--draft", str(draft)],
         "needs --draft": [*base, str(target)],
+        "--draft DIR needs --target DIR": ["generate", "--prompt", "x", "--draft", str(draft)],
     }
     other = make_model(
         tmp_path / "other",
@@ -97,3 +98,5 @@ def test_generate_errors_are_one_line(runner, tiny_pair, tmp_path):
         assert result.exit_code == 2, (needle, result.output)
         assert needle in result.output and "Traceback" not in result.output
         assert len(result.output.strip().splitlines()) == 1, result.output
+    result = runner.invoke(cli, ["serve", str(tmp_path), "--http-port", "99999"])  # a click usage error
+    assert result.exit_code == 2 and "is not in the range 0<=x<=65535" in result.output

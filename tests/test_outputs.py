@@ -49,7 +49,9 @@ def test_refuses_to_replace_what_is_not_an_earlier_output(tmp_path, kind):
 
 
 @pytest.mark.parametrize("where", [".", ".."])
-def test_refuses_the_current_folder_and_its_parents_even_if_they_look_like_outputs(tmp_path, monkeypatch, where):
+def test_refuses_the_current_folder_and_its_parents_even_if_they_look_like_outputs(
+    tmp_path, monkeypatch, where
+):
     here = tmp_path / "work"
     here.mkdir()
     (here / "report.json").write_text("{}")
@@ -72,3 +74,42 @@ def test_a_failing_fill_leaves_nothing_behind_and_keeps_the_earlier_output(tmp_p
         write_output_dir(out, "report.json", "a report", "--out", broken)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     assert sorted(os.listdir(out)) == ["report.json"]
+
+
+def test_a_report_file_is_checked_before_any_work(tmp_path):
+    from trtspec.outputs import check_output_file
+
+    check_output_file(tmp_path / "new" / "deeper" / "report.md", "--report")  # folders are created later
+    (tmp_path / "plain").write_text("")
+    with pytest.raises(OutputError, match=r"--report .*plain is a file, not a folder"):
+        check_output_file(tmp_path / "plain" / "report.md", "--report")
+    with pytest.raises(OutputError, match="is a folder; pass a file path"):
+        check_output_file(tmp_path, "--report")
+
+
+def test_an_output_folder_below_a_file_is_refused_before_any_work(tmp_path):
+    (tmp_path / "plain").write_text("")
+    with pytest.raises(OutputError, match=r"plain is a file, not a folder"):
+        check_output_dir(tmp_path / "plain" / "out", "report.json", "a report", "--out")
+
+
+def test_the_command_line_reports_a_refused_path_in_one_line(tiny_pair, tmp_path):
+    """An OSError on a user's path reaches the user as one line and exit 2, not a traceback (trtspec.cli.main);
+    here the folder check is disabled so that the system refuses the path itself."""
+    import subprocess
+    import sys
+
+    from test_validate import write_recipe
+
+    recipe = write_recipe(tmp_path / "tiny.yaml", *tiny_pair)
+    (tmp_path / "plain").write_text("")
+    argv = ["deploy", str(recipe), "--runtime", "torch", "--out", str(tmp_path / "plain" / "repo")]
+    script = (
+        "import sys, trtspec.outputs as o; o._check_parent = lambda *a: None\n"
+        f"from trtspec.cli import main; sys.argv = ['trtspec']; main({argv!r})"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(tmp_path / "plain") in lines[0] and lines[0].startswith("Error: ")

@@ -76,3 +76,10 @@ def test_digest_changes_with_fields(tiny_pair):
     a = recipe_from_dict(base)
     b = recipe_from_dict(base | {"limits": {"max_batch_size": 4}})
     assert a.digest() == recipe_from_dict(base).digest() != b.digest()
+
+
+def test_a_recipe_that_is_not_utf8_is_a_one_line_error(tmp_path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes(b"name: caf\xe9\n")
+    with pytest.raises(RecipeError, match=r"latin1.yaml: not UTF-8 text \(byte 9\)"):
+        load_recipe(path)

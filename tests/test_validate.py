@@ -158,3 +158,12 @@ def test_reference_stop_ids_and_greedy_continuation(engine_and_reference):
     assert reference.tokenizer.eos_token_id in reference.stop_token_ids()
     ids = reference.generate(reference.tokenizer("def add(a, b):").input_ids, 5)
     assert 1 <= len(ids) <= 5
+
+
+def test_a_prompt_file_that_is_not_utf8_is_a_one_line_error(tmp_path):
+    from trtspec.errors import PromptSetError
+
+    path = tmp_path / "prompts.jsonl"
+    path.write_bytes(b'\xff{"prompt": "x"}\n')
+    with pytest.raises(PromptSetError, match=r"prompts.jsonl: not UTF-8 text \(byte 0\)"):
+        load_prompts(path)

@@ -446,9 +446,24 @@ def deploy(recipe: str, runtime: str | None, out_dir: str | None, engines_dir: s
 @cli.command()
 @click.argument("repo", type=click.Path())
 @click.option("--host", default=None, help="Address to bind [default: 127.0.0.1].")
-@click.option("--http-port", type=int, default=None, help="[default: the recipe's triton.http_port]")
-@click.option("--grpc-port", type=int, default=None, help="[default: the recipe's triton.grpc_port]")
-@click.option("--metrics-port", type=int, default=None, help="[default: the recipe's triton.metrics_port]")
+@click.option(
+    "--http-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="[default: the recipe's triton.http_port]",
+)
+@click.option(
+    "--grpc-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="[default: the recipe's triton.grpc_port]",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="[default: the recipe's triton.metrics_port]",
+)
 @click.option(
     "--timeout", "timeout_s", type=float, default=300.0, help="Seconds to wait for every model to load."
 )
@@ -694,6 +709,14 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of ``trtspec`` and ``python -m trtspec``."""
     try:
         cli.main(args=argv, prog_name="trtspec", standalone_mode=True)
+    except OSError as err:  # click's standalone mode handles only a broken pipe
+        # A path the system refused (permissions, a file where a folder is needed, a full disk): one line naming
+        # it, not a traceback; the commands' own checks catch the errors they expect before any work is done.
+        if err.filename is None:
+            raise
+        where = err.filename if err.filename2 is None else f"{err.filename} -> {err.filename2}"
+        click.echo(f"Error: {where}: {err.strerror or err}; check the path and its permissions", err=True)
+        sys.exit(2)
     except KeyboardInterrupt:  # pragma: no cover - interactive
         click.echo("Interrupted.", err=True)
         sys.exit(130)

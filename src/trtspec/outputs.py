@@ -28,7 +28,28 @@ def check_output_dir(out: Path, marker: str, what: str, option: str) -> Path:
         raise OutputError(f"{option} {out} exists and is not a folder; choose another {option}")
     if target.is_dir() and any(target.iterdir()) and not (target / marker).is_file():
         raise OutputError(f"{option} {out} exists and is not {what} (no {marker}); choose another {option}")
+    _check_parent(target, out, option)
     return target
+
+
+def check_output_file(path: Path, option: str) -> None:
+    """OutputError now, before any work, if a file cannot be written at ``path`` (a file where a folder is
+    needed, a folder where the file should be, or a folder this user may not write)."""
+    target = Path(path).absolute()
+    if target.is_dir():
+        raise OutputError(f"{option} {path} is a folder; pass a file path")
+    _check_parent(target, path, option)
+
+
+def _check_parent(target: Path, path, option: str) -> None:
+    """The nearest existing folder above ``target`` is a folder this user may write."""
+    folder = target.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise OutputError(f"{option} {path}: {folder} is a file, not a folder; choose another {option}")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OutputError(f"{option} {path}: {folder} is not writable; choose another {option}")
 
 
 def write_output_dir(out: Path, marker: str, what: str, option: str, fill: Callable[[Path], None]) -> Path:

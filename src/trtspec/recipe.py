@@ -266,10 +266,14 @@ def load_recipe(
 
     path = resolve_recipe_path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise RecipeError(
             path, None, f"cannot read the recipe ({err.strerror}); pass an existing YAML file"
+        ) from None
+    except UnicodeDecodeError as err:
+        raise RecipeError(
+            path, None, f"not UTF-8 text (byte {err.start}); save the recipe as UTF-8"
         ) from None
     try:
         data = yaml.safe_load(text)

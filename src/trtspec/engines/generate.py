@@ -46,6 +46,8 @@ class _Models:
 
 def resolve_models(spec: GenerateSpec) -> _Models:
     """Model directories and limits from --target/--draft or the recipe; refuses mismatched tokenizers."""
+    if spec.draft is not None and spec.target is None:
+        raise RequestError("--draft DIR needs --target DIR (the recipe names its own draft)")
     if spec.target is not None:
         if spec.draft is None and not spec.no_draft:
             raise RequestError("--target needs --draft DIR (or --no-draft for target-only decoding)")

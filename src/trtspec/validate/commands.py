@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtspec.errors import CheckFailed, TrtspecError
-from trtspec.outputs import check_output_dir, write_output_dir
+from trtspec.outputs import check_output_dir, check_output_file, write_output_dir
 from trtspec.validate.validation import Thresholds
 
 SYSTEMS = ("auto", "engine", "triton", "trtllm")
@@ -100,6 +100,8 @@ def validate(options: ValidateOptions, out) -> dict:
     from trtspec.validate.validation import run_validation
 
     recipe = load_recipe(options.recipe)
+    if options.report:
+        check_output_file(options.report, "--report")  # before the run, not after it
     prompts = load_prompts(options.prompts, options.limit)
     console = out.console()
     # The system first: an unreachable endpoint fails before the reference model is loaded.

@@ -49,6 +49,10 @@ def load_prompts(path: Path | str | None = None, limit: int | None = None) -> li
         raise PromptSetError(
             f"{path}: cannot read the prompt file ({err.strerror}); pass a JSONL file"
         ) from None
+    except UnicodeDecodeError as err:
+        raise PromptSetError(
+            f"{path}: not UTF-8 text (byte {err.start}); save the prompt file as UTF-8 JSONL"
+        ) from None
     prompts = []
     for number, line in enumerate(lines, start=1):
         if line.strip() and not line.lstrip().startswith("#"):
