@@ -443,27 +443,22 @@ def deploy(recipe: str, runtime: str | None, out_dir: str | None, engines_dir: s
         out.console().print(f"serve it with: trtspec serve {result.repo}")
 
 
+def _port_option(kind: str):
+    """--<kind>-port of serve, range-checked like the recipe's triton.<kind>_port."""
+    return click.option(
+        f"--{kind}-port",
+        type=click.IntRange(0, 65535),
+        default=None,
+        help=f"[default: the recipe's triton.{kind}_port]",
+    )
+
+
 @cli.command()
 @click.argument("repo", type=click.Path())
 @click.option("--host", default=None, help="Address to bind [default: 127.0.0.1].")
-@click.option(
-    "--http-port",
-    type=click.IntRange(0, 65535),
-    default=None,
-    help="[default: the recipe's triton.http_port]",
-)
-@click.option(
-    "--grpc-port",
-    type=click.IntRange(0, 65535),
-    default=None,
-    help="[default: the recipe's triton.grpc_port]",
-)
-@click.option(
-    "--metrics-port",
-    type=click.IntRange(0, 65535),
-    default=None,
-    help="[default: the recipe's triton.metrics_port]",
-)
+@_port_option("http")
+@_port_option("grpc")
+@_port_option("metrics")
 @click.option(
     "--timeout", "timeout_s", type=float, default=300.0, help="Seconds to wait for every model to load."
 )

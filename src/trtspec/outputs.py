@@ -1,16 +1,19 @@
 """Output folders written whole: built in a temp folder beside the destination, then renamed into place.
 
-One owner for the rule every writer of a folder follows (deploy's repository, bench's report): an existing
-destination is replaced only if it is an earlier output of the same kind (it holds ``marker``); never the current
-folder or one containing it; the old folder is moved aside first and removed only after the swap.
+The one owner of the swap every folder writer uses (``replace_dir``, ``atomic_dir``: build stages, checkpoints,
+HF exports, deploy's repository, bench's report): the old folder is moved aside first and removed only after the
+rename. For folders a user names with an option (``write_output_dir``): an existing destination is replaced only
+if it is an earlier output of the same kind (it holds ``marker``), never the current folder or one containing it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from trtspec.errors import OutputError
@@ -19,8 +22,8 @@ from trtspec.errors import OutputError
 def check_output_dir(out: Path, marker: str, what: str, option: str) -> Path:
     """``out`` as an absolute path, or OutputError if writing ``what`` there would replace something else."""
     target = Path(out).absolute()
-    here = Path.cwd().resolve()
-    if target.resolve() == here or target.resolve() in here.parents:
+    here, resolved = Path.cwd().resolve(), target.resolve()
+    if resolved == here or resolved in here.parents:
         raise OutputError(
             f"{option} {out} is the current folder or contains it; choose a new folder for {what}"
         )
@@ -52,23 +55,36 @@ def _check_parent(target: Path, path, option: str) -> None:
         raise OutputError(f"{option} {path}: {folder} is not writable; choose another {option}")
 
 
+def replace_dir(tmp: Path, final: Path) -> None:
+    """Move a finished folder into place; the previous one (if any) is removed only after the rename."""
+    old = None
+    if final.exists():
+        old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
+        final.rename(old)
+    tmp.rename(final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def atomic_dir(out_dir: Path) -> Iterator[Path]:
+    """Yield a fresh temp folder beside ``out_dir``; on success it replaces ``out_dir``, on any failure (an
+    interrupt included) it is removed, so a half-written folder never exists under ``out_dir``."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        yield tmp
+        replace_dir(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def write_output_dir(out: Path, marker: str, what: str, option: str, fill: Callable[[Path], None]) -> Path:
     """``fill(tmp)`` writes the folder's files into a temp folder that then replaces ``out``; nothing of it is
     left behind if ``fill`` or the swap fails."""
     target = check_output_dir(out, marker, what, option)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
+    with atomic_dir(target) as tmp:
         fill(tmp)
-        os.chmod(tmp, 0o755)
-        if target.exists():
-            old = target.with_name(f".{target.name}.old-{os.getpid()}")
-            os.rename(target, old)
-            os.rename(tmp, target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        os.chmod(tmp, 0o755)  # readable by a server running as another user (mkdtemp makes it 0700)
     return target

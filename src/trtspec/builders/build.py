@@ -41,6 +41,7 @@ from typing import Any
 from trtspec.builders import support
 from trtspec.builders.plan import ROLES, BuildPlan, make_build_plan, read_checkpoint_config
 from trtspec.errors import CheckFailed, CheckpointError, NeedsTensorRTLLM, RecipeError
+from trtspec.outputs import replace_dir
 from trtspec.recipe import DEMO_RECIPE, Recipe
 
 STAMP = ".trtspec-stage.json"
@@ -113,17 +114,6 @@ def write_json_atomic(path: Path, payload: Any, mode: int | None = None) -> None
 
 def temp_sibling(final: Path) -> Path:
     return final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-
-
-def replace_dir(tmp: Path, final: Path) -> None:
-    """Move a finished stage into place; the previous output (if any) is removed only after the rename."""
-    old = None
-    if final.exists():
-        old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
-        final.rename(old)
-    tmp.rename(final)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 @contextlib.contextmanager

@@ -15,8 +15,6 @@ import copy
 import gc
 import json
 import os
-import shutil
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -25,6 +23,7 @@ from typing import Any
 from trtspec.builders import support
 from trtspec.builders.preflight import load_tokenizer
 from trtspec.errors import CheckFailed, CheckpointError, ModelError
+from trtspec.outputs import atomic_dir
 from trtspec.recipe import CalibrationSpec, ModelSpec
 
 TORCH_DTYPES = {"float16": "float16", "bfloat16": "bfloat16", "float32": "float32"}
@@ -264,24 +263,6 @@ class Stages:
         self.timings[name] = round(time.perf_counter() - start, 3)
         if self.console is not None:
             self.console.print(f"[green]✓[/] {self.label} {name} ({self.timings[name]:.1f} s) {what}")
-
-
-@contextlib.contextmanager
-def atomic_dir(out_dir: Path):
-    """Yield a fresh temp dir beside ``out_dir``; on success it replaces ``out_dir``, on any failure (an interrupt
-    included) it is removed, so a half-written checkpoint never exists under ``out_dir``."""
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    try:
-        yield tmp
-        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
-        if out_dir.exists():
-            out_dir.rename(old)
-        tmp.rename(out_dir)
-        shutil.rmtree(old, ignore_errors=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _warn_unsupported(spec: ModelSpec, console) -> str | None:

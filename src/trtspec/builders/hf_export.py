@@ -22,7 +22,6 @@ from pathlib import Path
 from trtspec.builders import support
 from trtspec.builders.convert import (
     Stages,
-    atomic_dir,
     calibration_batches_for,
     check_memory,
     check_shapes,
@@ -34,6 +33,7 @@ from trtspec.builders.convert import (
 )
 from trtspec.builders.preflight import load_tokenizer
 from trtspec.errors import CheckFailed, CheckpointError
+from trtspec.outputs import atomic_dir
 from trtspec.recipe import CalibrationSpec, ModelSpec
 
 HF_QUANT_CONFIG = "hf_quant_config.json"

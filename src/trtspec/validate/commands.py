@@ -207,7 +207,7 @@ def bench(options: BenchOptions, out) -> dict:
     recipe = load_recipe(options.recipe)
     _check_sweep(options, recipe.speculative.max_draft_len)
     out_dir = options.out_dir or Path("bench") / recipe.name
-    check_output_dir(out_dir, BENCH_MARKER, "a trtspec bench report", "--out")  # before the sweep, not after
+    check_output_dir(out_dir, *BENCH_OUTPUT)  # before the sweep, not after
     prompts = load_prompts(options.prompts, options.limit)
     tokenizer = load_tokenizer(recipe.target.model, recipe.target.trust_remote_code)
     requests = [Request(p.text, tokenizer(p.text).input_ids) for p in prompts]
@@ -260,6 +260,11 @@ def bench(options: BenchOptions, out) -> dict:
 
 
 BENCH_MARKER = "bench.json"  # the file that makes a folder an earlier bench report (which --out may replace)
+BENCH_OUTPUT = (
+    BENCH_MARKER,
+    "a trtspec bench report",
+    "--out",
+)  # check_output_dir / write_output_dir arguments
 
 
 def report_bench(result, out_dir: Path, out) -> dict:
@@ -273,7 +278,7 @@ def report_bench(result, out_dir: Path, out) -> dict:
         (tmp / BENCH_MARKER).write_text(dumps(payload))
         (tmp / "bench.md").write_text(bench_markdown(result, [p.name for p in plots]))
 
-    write_output_dir(out_dir, BENCH_MARKER, "a trtspec bench report", "--out", fill)
+    write_output_dir(out_dir, *BENCH_OUTPUT, fill)
     payload["out_dir"] = str(out_dir)
     if out.json:
         out.emit_json(payload)
