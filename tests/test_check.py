@@ -111,17 +111,45 @@ def test_model_vocab_smaller_than_tokenizer(runner, tmp_path, tiny_pair, draft_w
     assert status == "fail" and "vocab_size 300 < tokenizer size 320" in message
 
 
-def test_padded_vocab_mismatch_warns_and_fails_with_draft_logits(runner, tmp_path, tiny_pair, draft_with):
+def test_padded_vocab_mismatch_fails_like_build(runner, tmp_path, tiny_pair, draft_with):
+    """build, generate and validate refuse a pair whose vocab sizes differ, so check does too (it used to warn)."""
     draft = draft_with(vocab_size=384)
-    recipe = write_recipe(tmp_path / "r.yaml", tiny_pair[0], draft)
-    result, payload = run_check(runner, recipe)
-    assert result.exit_code == 0
-    assert status_of(payload, "padded vocab")[0] == "warn"
-    recipe = write_recipe(tmp_path / "r2.yaml", tiny_pair[0], draft, speculative={"use_draft_logits": True})
-    result, payload = run_check(runner, recipe)
-    assert result.exit_code == 1
-    status, message = status_of(payload, "padded vocab")
-    assert status == "fail" and "320" in message and "384" in message
+    for name, extra in (("r.yaml", {}), ("r2.yaml", {"speculative": {"use_draft_logits": True}})):
+        result, payload = run_check(runner, write_recipe(tmp_path / name, tiny_pair[0], draft, **extra))
+        assert result.exit_code == 1
+        status, message = status_of(payload, "padded vocab")
+        assert status == "fail" and "320" in message and "384" in message
+
+
+def test_build_stops_at_preflight_on_vocab_mismatch(runner, tmp_path, tiny_pair, draft_with):
+    """The build refuses the pair before converting anything (it used to fail after both checkpoints)."""
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_pair[0], draft_with(vocab_size=384))
+    out = tmp_path / "engines"
+    result = runner.invoke(cli, ["build", str(recipe), "--engines-dir", str(out)])
+    assert result.exit_code == 1, result.output
+    assert "pre-flight check padded vocab failed" in result.output
+    assert not (out / "target").exists()
+
+
+@pytest.mark.parametrize("keep", ["half", "header"])
+def test_truncated_weights_are_one_line_model_errors(runner, tmp_path, tiny_pair, draft_with, keep):
+    """A half-copied model.safetensors (header intact) or one cut inside its header: exit 2, the file named."""
+    draft = draft_with()
+    weights = draft / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2] if keep == "half" else data[:100])
+    result = runner.invoke(cli, ["check", str(write_recipe(tmp_path / "r.yaml", tiny_pair[0], draft))])
+    assert result.exit_code == 2, result.output
+    assert f"{weights}: not a readable safetensors file" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_model_without_weights(runner, tmp_path, tiny_pair, draft_with):
+    draft = draft_with()
+    (draft / "model.safetensors").unlink()
+    result = runner.invoke(cli, ["check", str(write_recipe(tmp_path / "r.yaml", tiny_pair[0], draft))])
+    assert result.exit_code == 2, result.output
+    assert "draft model has no weights (*.safetensors or *.bin)" in result.output
 
 
 def test_padded_vocab_counts_tp_and_awq(runner, tmp_path, tiny_pair):
@@ -209,7 +237,12 @@ def test_draft_not_smaller_warns(runner, tmp_path, tiny_pair):
         ("speculative", {"max_draft_len": 0}, "speculative.max_draft_len", "greater than or equal to 1"),
         ("speculative", {"max_draft_len": "four"}, "speculative.max_draft_len", "'four'"),
         ("target", {"dtype": "float8"}, "target.dtype", "'float8'"),
-        ("limits", {"max_batch_sise": 4}, "limits.max_batch_sise", "Extra inputs are not permitted"),
+        (
+            "limits",
+            {"max_batch_sise": 4},
+            "limits.max_batch_sise",
+            "unknown field; did you mean 'max_batch_size'?",
+        ),
         ("name", "../escape", "name", "'../escape'"),
         ("name", "a/b", "name", "'a/b'"),
         (

@@ -121,6 +121,24 @@ def test_refuses_to_overwrite_a_folder_that_is_not_a_repository(tiny_pair, tmp_p
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
 
 
+def test_torch_runtime_refuses_models_that_do_not_load(tiny_pair, tmp_path):
+    """The torch engine models load the recipe's checkpoints at server start; deploy finds a broken one first."""
+    import shutil
+
+    from trtspec.errors import ModelError
+
+    draft = shutil.copytree(tiny_pair[1], tmp_path / "draft")
+    weights = draft / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    out = tmp_path / "repo"
+    with pytest.raises(ModelError, match="model.safetensors: not a readable safetensors file"):
+        deploy(make_recipe((tiny_pair[0], draft)), "torch", out)
+    (draft / "config.json").unlink()
+    with pytest.raises(ModelError, match="draft model has no config.json"):
+        deploy(make_recipe((tiny_pair[0], draft)), "torch", out)
+    assert not out.exists()
+
+
 def _params(config) -> dict[str, str]:
     return {k: v.string_value for k, v in config.parameters.items()}
 

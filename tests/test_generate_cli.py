@@ -93,6 +93,25 @@ def test_generate_errors_are_one_line(runner, tiny_pair, tmp_path):
         tokenizer_dir=make_tokenizer(tmp_path / "tok", vocab_size=300) and tmp_path / "tok",
     )
     cases["tokenizers differ"] = [*base, str(target), "--draft", str(other)]
+    cases["--num-draft-tokens 3 needs a draft"] = [
+        *base,
+        str(target),
+        "--no-draft",
+        "--num-draft-tokens",
+        "3",
+    ]
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    for path in draft.iterdir():
+        (cut / path.name).write_bytes(path.read_bytes())
+    weights = cut / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    cases["cut: cannot load the model (Error while deserializing header"] = [
+        *base,
+        str(target),
+        "--draft",
+        str(cut),
+    ]
     for needle, args in cases.items():
         result = runner.invoke(cli, args)
         assert result.exit_code == 2, (needle, result.output)

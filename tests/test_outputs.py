@@ -113,3 +113,22 @@ def test_the_command_line_reports_a_refused_path_in_one_line(tiny_pair, tmp_path
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and str(tmp_path / "plain") in lines[0] and lines[0].startswith("Error: ")
+
+
+def test_write_file_atomic_sets_the_mode_and_leaves_nothing_on_failure(tmp_path, monkeypatch):
+    import stat
+
+    from trtspec.outputs import write_file_atomic
+
+    script = write_file_atomic(tmp_path / "run.sh", "#!/bin/sh\n", mode=0o755)
+    assert script.read_text() == "#!/bin/sh\n" and stat.S_IMODE(script.stat().st_mode) == 0o755
+    report = tmp_path / "report.md"
+    report.write_text("old")
+
+    def refuse(src, dst):
+        raise OSError(28, "No space left on device", str(dst))
+
+    monkeypatch.setattr(os, "replace", refuse)
+    with pytest.raises(OSError):
+        write_file_atomic(report, "new")
+    assert report.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["report.md", "run.sh"]

@@ -83,3 +83,40 @@ def test_a_recipe_that_is_not_utf8_is_a_one_line_error(tmp_path):
     path.write_bytes(b"name: caf\xe9\n")
     with pytest.raises(RecipeError, match=r"latin1.yaml: not UTF-8 text \(byte 9\)"):
         load_recipe(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        (
+            "speculative: {max_draft_len: true}",
+            "speculative.max_draft_len: Input should be a valid integer (got True)",
+        ),
+        ("triton: {decoupled: 1}", "triton.decoupled: Input should be a valid boolean (got 1)"),
+        ("target: {model: T, tp_size: 2.5}", "target.tp_size: Input should be a valid integer (got 2.5)"),
+        (
+            "triton: {cpu_threads: 0}",
+            "triton.cpu_threads: Input should be greater than or equal to 1 or Input should be 'auto' (got 0)",
+        ),
+        ("triton: {cpu_thread: 2}", "triton.cpu_thread: unknown field; did you mean 'cpu_threads'?"),
+        (
+            "limits: {max_input_len: 600, max_seq_len: 512}",
+            "limits.max_input_len 600 must be < limits.max_seq_len 512",
+        ),
+        ("name: again", "line 4: not valid YAML: key 'name' is given twice; keep one"),
+    ],
+)
+def test_recipe_values_are_not_coerced_and_errors_name_the_field(tmp_path, tiny_pair, text, needle):
+    """YAML's true/1/2.5 are not taken as 1/True/2; a key given twice is refused; messages carry no pydantic
+    internals (union tags, the whole section as 'got')."""
+    path = tmp_path / "r.yaml"
+    base = f"name: x\ntarget: {{model: {tiny_pair[0]}}}\ndraft: {{model: {tiny_pair[1]}}}\n"
+    if text.startswith("target:"):
+        base = base.replace(f"target: {{model: {tiny_pair[0]}}}\n", "")
+        text = text.replace("model: T", f"model: {tiny_pair[0]}")
+    path.write_text(base + text + "\n")
+    with pytest.raises(RecipeError) as caught:
+        load_recipe(path)
+    message = str(caught.value.message)
+    assert message == f"{path}: {needle}" or message.startswith(f"{path}: {needle}"), message
+    assert "constrained-int" not in message and "{'" not in message

@@ -153,6 +153,39 @@ def test_cli_bad_prompt_file_is_a_usage_error(runner, recipe_path, tmp_path):
     assert result.exit_code == 2 and "bad.jsonl:1: not valid JSON" in result.output
 
 
+def test_prompts_that_do_not_fit_the_limits_fail_before_any_model_loads(
+    runner, recipe_path, tmp_path, monkeypatch
+):
+    import trtspec.validate.commands as commands
+
+    def no_system(*args, **kwargs):
+        raise AssertionError("a system was opened before the prompt lengths were checked")
+
+    monkeypatch.setattr(commands, "open_system", no_system)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(
+        '{"id": "short", "prompt": "def f():"}\n{"id": "long", "prompt": "' + "x = 1; " * 200 + '"}\n'
+    )
+    result = runner.invoke(cli, ["validate", str(recipe_path), "--prompts", str(prompts)])
+    assert result.exit_code == 2, result.output
+    assert "prompt long: " in result.output and "> the recipe's limits.max_input_len 128" in result.output
+    result = runner.invoke(
+        cli, ["validate", str(recipe_path), "--prompts", str(prompts), "--limit", "1", "--max-tokens", "300"]
+    )
+    assert result.exit_code == 2, result.output
+    assert (
+        "prompt short: " in result.output
+        and "+ --max-tokens 300 > the recipe's limits.max_seq_len 256" in result.output
+    )
+    result = runner.invoke(
+        cli, ["bench", str(recipe_path), "--prompts", str(prompts), "--limit", "1", "--max-tokens", "300"]
+    )
+    assert result.exit_code == 2 and "limits.max_seq_len 256" in result.output
+    result = runner.invoke(cli, ["bench", str(recipe_path), "--concurrency", "1,100000"])
+    assert result.exit_code == 2, result.output
+    assert "--concurrency 100000 > the recipe's limits.max_batch_size 4" in result.output
+
+
 def test_reference_stop_ids_and_greedy_continuation(engine_and_reference):
     _, reference = engine_and_reference
     assert reference.tokenizer.eos_token_id in reference.stop_token_ids()

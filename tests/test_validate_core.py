@@ -6,10 +6,11 @@ import json
 
 import pytest
 
+from trtspec.outputs import write_file_atomic
 from trtspec.validate.compare import compare, cut_at_stop, first_divergence, token_agreement
 from trtspec.validate.metrics import AcceptanceStats
 from trtspec.validate.prompts import DEFAULT_PROMPTS, Prompt, PromptSetError, load_prompts
-from trtspec.validate.report import validation_markdown, validation_to_dict, write_atomic
+from trtspec.validate.report import validation_markdown, validation_to_dict
 from trtspec.validate.systems import Generation
 from trtspec.validate.validation import Thresholds, ValidationResult, compare_outputs
 
@@ -125,7 +126,7 @@ def test_reports_are_well_formed(tmp_path):
     widths = {line.count("|") - line.count("\\|") for line in tables}
     assert len(widths) == 2  # two tables (overall: 3 bars, per prompt: 9 bars), every row complete
     assert "| p1 | NO | 2 |" in markdown and "FAIL" in markdown
-    path = write_atomic(tmp_path / "sub" / "report.md", markdown)
+    path = write_file_atomic(tmp_path / "sub" / "report.md", markdown)
     assert path.read_text() == markdown and [p.name for p in path.parent.iterdir()] == ["report.md"]
 
 

@@ -1,7 +1,7 @@
 """Output folders written whole: built in a temp folder beside the destination, then renamed into place.
 
 The one owner of the swap every folder writer uses (``replace_dir``, ``atomic_dir``: build stages, checkpoints,
-HF exports, deploy's repository, bench's report): the old folder is moved aside first and removed only after the
+HF exports, deploy's repository, bench's report) and of single files written whole (``write_file_atomic``): the old folder is moved aside first and removed only after the
 rename. For folders a user names with an option (``write_output_dir``): an existing destination is replaced only
 if it is an earlier output of the same kind (it holds ``marker``), never the current folder or one containing it.
 """
@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -66,18 +65,44 @@ def replace_dir(tmp: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def temp_sibling(final: Path) -> Path:
+    """A hidden, unique path beside ``final`` (``.NAME.tmp-PID-XXXXXXXX``; a killed build's are swept by
+    ``builders.build.clean_stale``)."""
+    return final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
 @contextlib.contextmanager
-def atomic_dir(out_dir: Path) -> Iterator[Path]:
-    """Yield a fresh temp folder beside ``out_dir``; on success it replaces ``out_dir``, on any failure (an
-    interrupt included) it is removed, so a half-written folder never exists under ``out_dir``."""
+def atomic_dir(out_dir: Path, create: bool = True) -> Iterator[Path]:
+    """Yield a temp folder beside ``out_dir`` (``create`` False: a path not yet made, for a tool that creates its
+    own output folder); on success it replaces ``out_dir``, on any failure (an interrupt included) it is removed,
+    so a half-written folder never exists under ``out_dir``."""
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    tmp = temp_sibling(out_dir)
+    if create:
+        tmp.mkdir()
     try:
         yield tmp
         replace_dir(tmp, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_file_atomic(path: Path | str, data: str | bytes, mode: int | None = None) -> Path:
+    """Write ``data`` to ``path`` through a temp file beside it and a rename: never a half-written file.
+    ``mode``: permissions to set (default: the umask's, like any new file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_sibling(path)
+    try:
+        tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+        if mode is not None:
+            tmp.chmod(mode)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
 
 
 def write_output_dir(out: Path, marker: str, what: str, option: str, fill: Callable[[Path], None]) -> Path:
@@ -86,5 +111,4 @@ def write_output_dir(out: Path, marker: str, what: str, option: str, fill: Calla
     target = check_output_dir(out, marker, what, option)
     with atomic_dir(target) as tmp:
         fill(tmp)
-        os.chmod(tmp, 0o755)  # readable by a server running as another user (mkdtemp makes it 0700)
     return target

@@ -39,7 +39,9 @@ Device = Literal["cpu", "cuda"]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """No unknown keys, and no coercion: ``max_draft_len: true`` or ``decoupled: 1`` is an error, not 1 / True."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 def resolve_model_path(value: str | Path, base_dir: Path) -> Path:
@@ -55,14 +57,17 @@ class ModelSpec(_Strict):
     """One model of the pair (target or draft)."""
 
     model: Path = Field(
-        description="Hugging Face model directory (config.json, weights, tokenizer) or demo:NAME"
+        strict=False,  # a YAML string
+        description="Hugging Face model directory (config.json, weights, tokenizer) or demo:NAME",
     )
     dtype: Dtype = "float16"
     quantization: Quantization = "none"
     kv_cache_dtype: KvCacheDtype = "auto"
     tp_size: int = Field(1, ge=1, le=64)
     pp_size: int = Field(1, ge=1, le=64)
-    gpu_ids: tuple[int, ...] | None = Field(None, description="GPUs this model runs on; default 0..tp*pp-1")
+    gpu_ids: tuple[int, ...] | None = Field(
+        None, strict=False, description="GPUs this model runs on; default 0..tp*pp-1"
+    )
     trust_remote_code: bool = False
 
     @field_validator("model", mode="before")
@@ -193,7 +198,9 @@ class Recipe(_Strict):
     limits: LimitsSpec = LimitsSpec()
     calibration: CalibrationSpec = CalibrationSpec()
     triton: TritonSpec = TritonSpec()
-    source: Path | None = Field(None, exclude=True, description="the file this recipe was read from")
+    source: Path | None = Field(
+        None, strict=False, exclude=True, description="the file this recipe was read from"
+    )
 
     @field_validator("name")
     @classmethod
@@ -232,11 +239,34 @@ def _set_dotted(data: dict, dotted: str, value: Any) -> None:
     node[leaf] = value
 
 
+def _fields_at(loc: tuple) -> list[str]:
+    """The field names of the recipe section at ``loc`` (empty if ``loc`` leads outside the models)."""
+    model: Any = Recipe
+    for part in loc:
+        field = getattr(model, "model_fields", {}).get(part)
+        model = field.annotation if field else None
+    return list(getattr(model, "model_fields", {}))
+
+
 def _format_validation_error(path: Path | str, err: ValidationError) -> RecipeError:
-    first = err.errors()[0]
-    field = ".".join(str(p) for p in first["loc"]) or None
-    message = first["msg"].removeprefix("Value error, ")
-    if first["type"] != "missing":
+    """The first error as ``field.path: message (got value)``. Union branch tags (``constrained-int``) are left out
+    of the path and the branches' messages joined; an unknown key gets the closest field name."""
+    import difflib
+
+    def clean(loc) -> tuple:
+        return tuple(p for p in loc if isinstance(p, int) or str(p).isidentifier())
+
+    errors = err.errors()
+    first, loc = errors[0], clean(errors[0]["loc"])
+    field = ".".join(str(p) for p in loc) or None
+    messages = [e["msg"].removeprefix("Value error, ") for e in errors if clean(e["loc"]) == loc]
+    message = " or ".join(dict.fromkeys(messages))
+    if first["type"] == "extra_forbidden":
+        known = _fields_at(loc[:-1])
+        close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+        hint = f"did you mean '{close[0]}'? " if close else f"known: {', '.join(known)}; " if known else ""
+        message = f"unknown field; {hint}builders/README.md documents every field"
+    elif first["type"] != "missing" and not isinstance(first.get("input"), dict):  # not a whole section
         message += f" (got {first.get('input')!r})"
     return RecipeError(path, field, message, detail=str(err))
 
@@ -251,6 +281,26 @@ def recipe_from_dict(
     except ValidationError as err:
         raise _format_validation_error(source, err) from None
     return recipe.model_copy(update={"source": Path(source) if source != "<recipe>" else None})
+
+
+def _unique_key_loader():
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        """safe_load that refuses a key given twice in one mapping (PyYAML silently keeps the last)."""
+
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key '{key}' is given twice; keep one", key_node.start_mark
+                    )
+                seen.add(key)
+            return super().construct_mapping(node, deep)
+
+    return UniqueKeyLoader
 
 
 def resolve_recipe_path(path: str | Path) -> Path:
@@ -276,7 +326,7 @@ def load_recipe(
             path, None, f"not UTF-8 text (byte {err.start}); save the recipe as UTF-8"
         ) from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_unique_key_loader())  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else None

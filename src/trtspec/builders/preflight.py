@@ -7,8 +7,7 @@ tokenizers, safetensors headers); every ``check_*`` function is pure over those 
 
 from __future__ import annotations
 
-import json
-import struct
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -90,21 +89,25 @@ class CheckReport:
 
 
 def count_safetensors_parameters(model_dir: Path) -> int | None:
-    """Sum of tensor elements over the model's *.safetensors files, from their headers only (no weights read)."""
+    """Sum of tensor elements over the model's *.safetensors files, from their headers only (no weights read).
+
+    safetensors validates each file's layout on open, so a truncated or corrupt file is a ModelError here.
+    """
+    from safetensors import safe_open
+
     files = sorted(Path(model_dir).glob("*.safetensors"))
     if not files:
         return None
     total = 0
     for path in files:
-        with open(path, "rb") as fh:
-            (length,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(length))
-        for name, meta in header.items():
-            if name != "__metadata__":
-                numel = 1
-                for dim in meta["shape"]:
-                    numel *= dim
-                total += numel
+        try:
+            with safe_open(path, framework="pt") as handle:
+                shapes = [handle.get_slice(name).get_shape() for name in handle.keys()]  # noqa: SIM118
+        except Exception as err:  # noqa: BLE001 - SafetensorError, OSError: one message for a broken file
+            raise ModelError(
+                f"{path}: not a readable safetensors file ({err}); re-download or re-save the model"
+            ) from None
+        total += sum(math.prod(shape) for shape in shapes)
     return total
 
 
@@ -148,6 +151,12 @@ def gather_facts(role: str, spec: ModelSpec) -> ModelFacts:
             f"{path}/config.json: cannot be read as a model config ({err})", detail=repr(err)
         ) from None
     cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    counted = count_safetensors_parameters(path)
+    if counted is None and not any(path.glob("*.bin")):
+        raise ModelError(
+            f"{path}: {role} model has no weights (*.safetensors or *.bin); point {role}.model at a whole "
+            "Hugging Face checkpoint"
+        )
     heads = cfg.num_attention_heads
     return ModelFacts(
         role=role,
@@ -158,7 +167,7 @@ def gather_facts(role: str, spec: ModelSpec) -> ModelFacts:
         num_hidden_layers=cfg.num_hidden_layers,
         num_key_value_heads=getattr(cfg, "num_key_value_heads", None) or heads,
         head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
-        num_parameters=count_safetensors_parameters(path) or _estimate_parameters(cfg),
+        num_parameters=counted or _estimate_parameters(cfg),
         tokenizer=load_tokenizer(path, spec.trust_remote_code),
     )
 
@@ -234,21 +243,18 @@ def check_vocab(facts: ModelFacts, spec: ModelSpec) -> CheckResult:
 
 
 def check_padded_vocab(target: ModelFacts, draft: ModelFacts, recipe: Recipe) -> CheckResult:
-    """Draft logits are compared with target logits element-wise, so their padded vocab must agree."""
+    """The runtime copies draft tokens and logits between the engines by vocab index (TensorRT-LLM 2789), so the
+    engines' padded vocab must agree; ``build``, ``generate`` and ``validate`` refuse a pair where it does not."""
     t_pad = support.padded_vocab_size(target.vocab_size, recipe.target.tp_size, recipe.target.quantization)
     d_pad = support.padded_vocab_size(draft.vocab_size, recipe.draft.tp_size, recipe.draft.quantization)
     if t_pad == d_pad:
         return CheckResult("padded vocab", "pass", f"target and draft engines both have {t_pad} vocab rows")
-    msg = f"target engine has {t_pad} vocab rows, draft {d_pad}"
-    if recipe.speculative.use_draft_logits or recipe.triton.fast_logits:
-        return CheckResult(
-            "padded vocab",
-            "fail",
-            f"{msg}: draft logits cannot be passed to the target (buffer size mismatch); set "
-            "speculative.use_draft_logits: false or use a draft with the target's vocab_size",
-        )
     return CheckResult(
-        "padded vocab", "warn", f"{msg}: fine for token-matching acceptance, not for draft logits"
+        "padded vocab",
+        "fail",
+        f"target engine has {t_pad} vocab rows (vocab_size {target.vocab_size}), draft {d_pad} "
+        f"(vocab_size {draft.vocab_size}): the engines exchange draft tokens and logits by vocab index; use a "
+        "draft whose vocab_size (and tp_size/quantization padding) matches the target's",
     )
 
 
@@ -449,6 +455,11 @@ def check_runtime(recipe: Recipe, trtllm_version: str | None = None) -> CheckRes
     if problem:
         return CheckResult("runtime", problem[0], problem[1], details)
     return CheckResult("runtime", "pass", f"{runtime} runs on TensorRT-LLM {version}", details)
+
+
+# What concerns TensorRT-LLM engines only (its draft-target support matrix, GPU memory, the installed
+# TensorRT-LLM): the torch runtime loads the Hugging Face checkpoints itself, in any dtype, on CPU too.
+ENGINE_ONLY_CHECKS = ("precision", "memory", "runtime")
 
 
 def run_checks(

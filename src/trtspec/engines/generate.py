@@ -48,6 +48,10 @@ def resolve_models(spec: GenerateSpec) -> _Models:
     """Model directories and limits from --target/--draft or the recipe; refuses mismatched tokenizers."""
     if spec.draft is not None and spec.target is None:
         raise RequestError("--draft DIR needs --target DIR (the recipe names its own draft)")
+    if spec.no_draft and spec.num_draft_tokens:
+        raise RequestError(
+            f"--num-draft-tokens {spec.num_draft_tokens} needs a draft; --no-draft decodes target-only, drop one"
+        )
     if spec.target is not None:
         if spec.draft is None and not spec.no_draft:
             raise RequestError("--target needs --draft DIR (or --no-draft for target-only decoding)")

@@ -291,6 +291,7 @@ def load_causal_lm(
     lean: bool | None = None,
 ):
     """Load a HF causal LM into a KV model. lean None = the lean forward when the architecture allows it."""
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
     model_dir = Path(model_dir)
@@ -302,7 +303,7 @@ def load_causal_lm(
         hf_model = AutoModelForCausalLM.from_pretrained(
             model_dir, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code
         )
-    except (OSError, ValueError, KeyError) as err:
+    except (OSError, ValueError, KeyError, SafetensorError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ModelError(f"{model_dir}: cannot load the model ({first})", detail=repr(err)) from None
     hf_model = hf_model.to(device).eval()

@@ -164,6 +164,11 @@ def plan_and_render(
     if runtime == "tensorrtllm":
         engine_dirs = {k: Path(v).resolve() for k, v in (engine_dirs or default_engine_dirs(recipe)).items()}
         check_engine_dirs(recipe, engine_dirs)
+    if runtime == "torch":  # the engine models load the recipe's checkpoints: check them (and the pair) first
+        from trtspec.builders.build import run_preflight
+        from trtspec.builders.preflight import ENGINE_ONLY_CHECKS
+
+        run_preflight(recipe, skip=ENGINE_ONLY_CHECKS)
     if runtime != "trtllm-pytorch":
         plans = plan_models(recipe, runtime, engine_dirs)
         return plans, render_models(plans)

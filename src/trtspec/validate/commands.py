@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtspec.errors import CheckFailed, TrtspecError
-from trtspec.outputs import check_output_dir, check_output_file, write_output_dir
+from trtspec.outputs import check_output_dir, check_output_file, write_file_atomic, write_output_dir
 from trtspec.validate.validation import Thresholds
 
 SYSTEMS = ("auto", "engine", "triton", "trtllm")
@@ -97,17 +97,19 @@ def validate(options: ValidateOptions, out) -> dict:
     from trtspec.builders.preflight import load_tokenizer
     from trtspec.recipe import load_recipe
     from trtspec.validate.prompts import load_prompts
+    from trtspec.validate.systems import encode_prompts
     from trtspec.validate.validation import run_validation
 
     recipe = load_recipe(options.recipe)
     if options.report:
         check_output_file(options.report, "--report")  # before the run, not after it
     prompts = load_prompts(options.prompts, options.limit)
+    tokenizer = load_tokenizer(recipe.target.model, recipe.target.trust_remote_code)
+    requests = encode_prompts(tokenizer, prompts)
+    check_requests_fit(prompts, requests, options.max_tokens, recipe.limits)
     console = out.console()
     # The system first: an unreachable endpoint fails before the reference model is loaded.
-    system = open_system(
-        recipe, options.system, load_tokenizer(recipe.target.model, recipe.target.trust_remote_code)
-    )
+    system = open_system(recipe, options.system, tokenizer)
     try:
         reference = open_reference(recipe, options.system)
         with console.status("validating") as status:
@@ -131,12 +133,11 @@ def report_validation(result, report: Path | None, out) -> dict:
         validation_markdown,
         validation_tables,
         validation_to_dict,
-        write_atomic,
     )
 
     payload = validation_to_dict(result)
     if report:
-        write_atomic(report, validation_markdown(result))
+        write_file_atomic(report, validation_markdown(result))
     if out.json:
         out.emit_json(payload)
     console = out.console()
@@ -185,13 +186,38 @@ def _draft_alone(recipe, options: SystemOptions, max_batch_size: int):
     return EngineSystem(engine, name="draft alone")
 
 
-def _check_sweep(options: BenchOptions, max_draft_len: int) -> None:
+def _check_sweep(options: BenchOptions, recipe) -> None:
+    """K and concurrency the system can take: K <= max_draft_len; in-process, one KV-cache slot per request."""
+    max_draft_len = recipe.speculative.max_draft_len
     too_big = [k for k in options.num_draft_tokens if k > max_draft_len]
     if too_big:
         raise TrtspecError(
             f"--num-draft-tokens {too_big[0]} > the recipe's speculative.max_draft_len "
             f"{max_draft_len}; sweep K <= {max_draft_len}"
         )
+    limit, biggest = recipe.limits.max_batch_size, max(options.concurrency)
+    if options.system.kind != "triton" and biggest > limit:
+        raise TrtspecError(
+            f"--concurrency {biggest} > the recipe's limits.max_batch_size {limit}: the in-process "
+            f"{options.system.kind} runs concurrent requests as one batch; sweep concurrency <= {limit} or raise "
+            "limits.max_batch_size"
+        )
+
+
+def check_requests_fit(prompts, requests, max_tokens: int, limits) -> None:
+    """Every prompt fits the recipe's limits with ``max_tokens`` new tokens, checked before any model runs."""
+    for prompt, request in zip(prompts, requests, strict=True):
+        n = len(request.token_ids)
+        if n > limits.max_input_len:
+            raise TrtspecError(
+                f"prompt {prompt.id}: {n} tokens > the recipe's limits.max_input_len {limits.max_input_len}; "
+                "shorten it or raise limits.max_input_len"
+            )
+        if n + max_tokens > limits.max_seq_len:
+            raise TrtspecError(
+                f"prompt {prompt.id}: {n} tokens + --max-tokens {max_tokens} > the recipe's limits.max_seq_len "
+                f"{limits.max_seq_len}; lower --max-tokens or raise limits.max_seq_len"
+            )
 
 
 def bench(options: BenchOptions, out) -> dict:
@@ -202,15 +228,16 @@ def bench(options: BenchOptions, out) -> dict:
     from trtspec.recipe import load_recipe
     from trtspec.validate.bench import BenchResult, cost_ratios, run_sweep
     from trtspec.validate.prompts import load_prompts
-    from trtspec.validate.systems import Request
+    from trtspec.validate.systems import encode_prompts
 
     recipe = load_recipe(options.recipe)
-    _check_sweep(options, recipe.speculative.max_draft_len)
+    _check_sweep(options, recipe)
     out_dir = options.out_dir or Path("bench") / recipe.name
     check_output_dir(out_dir, *BENCH_OUTPUT)  # before the sweep, not after
     prompts = load_prompts(options.prompts, options.limit)
     tokenizer = load_tokenizer(recipe.target.model, recipe.target.trust_remote_code)
-    requests = [Request(p.text, tokenizer(p.text).input_ids) for p in prompts]
+    requests = encode_prompts(tokenizer, prompts)
+    check_requests_fit(prompts, requests, options.max_tokens, recipe.limits)
     biggest = max(options.concurrency)
     options.system.max_batch_size = max(options.system.max_batch_size or 0, biggest)
     system = open_system(recipe, options.system, tokenizer)

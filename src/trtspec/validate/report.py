@@ -1,28 +1,9 @@
-"""Validation reports as pure functions of a ``ValidationResult``: a JSON-ready dict, Markdown, a rich table.
-``write_atomic`` is the one place report files are written (temp file in the same folder, then rename)."""
+"""Validation reports as pure functions of a ``ValidationResult``: a JSON-ready dict, Markdown, a rich table
+(``trtspec.outputs.write_file_atomic`` writes them)."""
 
 from __future__ import annotations
 
-import os
-import tempfile
-from pathlib import Path
-
 from trtspec.validate.validation import PromptOutcome, ValidationResult
-
-
-def write_atomic(path: Path | str, data: str | bytes) -> Path:
-    """Write ``data`` to ``path`` via a temp file in the same folder and a rename: never a half-written file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def _mean_accepted_length(stats) -> float | None:

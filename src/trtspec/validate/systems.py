@@ -31,6 +31,11 @@ class Request:
     token_ids: list[int]
 
 
+def encode_prompts(tokenizer, prompts) -> list[Request]:
+    """The prompt set (``prompts.Prompt``) as Requests of the target tokenizer."""
+    return [Request(p.text, tokenizer(p.text).input_ids) for p in prompts]
+
+
 @dataclass
 class Generation:
     """One request's output. Times are seconds from the moment the batch was issued.

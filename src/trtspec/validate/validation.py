@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from trtspec.validate.compare import Comparison, compare, cut_at_stop, exact_match_rate, mean_agreement
 from trtspec.validate.metrics import AcceptanceStats, merge_stats
 from trtspec.validate.prompts import Prompt
-from trtspec.validate.systems import Generation, Request, SystemUnderTest, generate_all
+from trtspec.validate.systems import Generation, Request, SystemUnderTest, encode_prompts, generate_all
 
 
 @dataclass
@@ -153,7 +153,7 @@ def run_validation(
     from trtspec.engines.sampling import SamplingParams
 
     tokenizer = reference.tokenizer
-    requests = [Request(p.text, tokenizer(p.text).input_ids) for p in prompts]
+    requests = encode_prompts(tokenizer, prompts)
     say = progress or (lambda _msg: None)
     say(f"HF reference on {len(prompts)} prompts")
     ref_ids = [reference.generate(r.token_ids, max_new_tokens) for r in requests]
