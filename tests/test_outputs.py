@@ -131,4 +131,5 @@ def test_write_file_atomic_sets_the_mode_and_leaves_nothing_on_failure(tmp_path,
     monkeypatch.setattr(os, "replace", refuse)
     with pytest.raises(OSError):
         write_file_atomic(report, "new")
-    assert report.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["report.md", "run.sh"]
+    assert report.read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.md", "run.sh"]
