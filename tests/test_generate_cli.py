@@ -106,7 +106,7 @@ def test_generate_errors_are_one_line(runner, tiny_pair, tmp_path):
         (cut / path.name).write_bytes(path.read_bytes())
     weights = cut / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
-    cases["cut: cannot load the model (Error while deserializing header"] = [
+    cases["cut: cannot load the model (SafetensorError: Error while deserializing header"] = [
         *base,
         str(target),
         "--draft",

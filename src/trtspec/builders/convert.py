@@ -26,7 +26,6 @@ from trtspec.errors import CheckFailed, CheckpointError, ModelError
 from trtspec.outputs import atomic_dir
 from trtspec.recipe import CalibrationSpec, ModelSpec
 
-TORCH_DTYPES = {"float16": "float16", "bfloat16": "bfloat16", "float32": "float32"}
 KV_CACHE_CFG = "FP8_KV_CFG"
 # modelopt 0.37's TensorRT-LLM export has no "qwen" decoder (tensorrt_llm_utils raises NotImplementedError);
 # Qwen2/3 are Llama-shaped (+ qkv bias / qk-norm), so they go through its "llama" path.
@@ -144,27 +143,18 @@ def check_memory(model_dir: Path, need: dict[str, int]) -> None:
 # ---------------------------------------------------------------- loading
 
 
-def load_hf_model(
+def load_source_model(
     model_dir: Path, device: str = "cpu", dtype: str | None = None, trust_remote_code: bool = False
 ):
     """The HF causal LM in eval mode: float32 on CPU (calibration and reference logits), ``dtype`` on CUDA."""
-    import torch
-    from transformers import AutoModelForCausalLM
+    from trtspec.engines.models import load_hf_model
 
     read_hf_config(model_dir)
-    torch_dtype = torch.float32 if device == "cpu" or dtype is None else getattr(torch, TORCH_DTYPES[dtype])
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            model = AutoModelForCausalLM.from_pretrained(
-                model_dir, dtype=torch_dtype, trust_remote_code=trust_remote_code
-            )
-    except Exception as err:  # corrupt weights, missing files: transformers/safetensors raise many types
-        raise ModelError(
-            f"{model_dir}: cannot load the model ({type(err).__name__}: {str(err).splitlines()[0][:200]}); "
-            "check that its weight files are complete",
-            detail=repr(err),
-        ) from None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = load_hf_model(
+            model_dir, "float32" if device == "cpu" or dtype is None else dtype, trust_remote_code
+        )
     return model.to(device).eval()
 
 
@@ -210,7 +200,7 @@ def export_model(model, decoder: str, spec: ModelSpec, export_dir: Path, hf_conf
             export_tensorrt_llm_checkpoint(
                 model,
                 MODELOPT_DECODER.get(decoder, decoder),
-                getattr(torch, TORCH_DTYPES[spec.dtype]),
+                getattr(torch, spec.dtype),
                 export_dir,
                 inference_tensor_parallel=spec.tp_size,  # the default 0 divides by zero in modelopt 0.37
                 inference_pipeline_parallel=spec.pp_size,
@@ -299,7 +289,7 @@ def export_checkpoint(
     with atomic_dir(out_dir) as tmp:
         with stages("load", f"{spec.model} on {device}"):
             tokenizer = load_tokenizer(spec.model, spec.trust_remote_code)
-            model = load_hf_model(spec.model, device, spec.dtype, spec.trust_remote_code)
+            model = load_source_model(spec.model, device, spec.dtype, spec.trust_remote_code)
             prompts = interpreter.tokenize_prompts(tokenizer, interpreter.DEFAULT_PROMPTS) if verify else []
             reference = [
                 r.cpu() for r in interpreter.reference_logits_for(model, [p.to(device) for p in prompts])
@@ -366,7 +356,7 @@ def _failure_message(spec: ModelSpec, out_dir: Path, v: dict) -> str:
     )
 
 
-__all__ = ["export_checkpoint", "load_hf_model"]
+__all__ = ["export_checkpoint", "load_source_model"]
 
 
 def checkpoint_dir(recipe_name: str, role: str, out: Path | None = None, several: bool = False) -> Path:

@@ -27,7 +27,7 @@ from trtspec.builders.convert import (
     check_shapes,
     count_parameters,
     estimate_peak_bytes,
-    load_hf_model,
+    load_source_model,
     quantize_model,
     read_hf_config,
 )
@@ -77,7 +77,7 @@ def export_hf(
     with atomic_dir(out_dir) as tmp:
         with stages("load", f"{spec.model} on {device}"):
             tokenizer = load_tokenizer(spec.model, spec.trust_remote_code)
-            model = load_hf_model(spec.model, device, spec.dtype, spec.trust_remote_code)
+            model = load_source_model(spec.model, device, spec.dtype, spec.trust_remote_code)
         batches = calibration_batches_for(tokenizer, calibration)
         with stages("calibrate", f"{spec.quantization} on {len(batches)} x {batches[0].shape[1]} tokens"):
             model = quantize_model(model, spec, batches)

@@ -495,12 +495,12 @@ def verify_checkpoint(checkpoint_dir: Path, hf_dir: Path, *, prompts=None) -> di
 
     Does not raise on a failed comparison (``passed`` is False); raises CheckpointError/ModelError on bad inputs.
     """
-    from trtspec.builders.convert import load_hf_model
+    from trtspec.builders.convert import load_source_model
     from trtspec.builders.preflight import load_tokenizer
 
     tokenizer = load_tokenizer(Path(hf_dir))
     input_ids = tokenize_prompts(tokenizer, prompts or DEFAULT_PROMPTS)
-    hf_model = load_hf_model(Path(hf_dir), device="cpu")
+    hf_model = load_source_model(Path(hf_dir), device="cpu")
     reference = reference_logits_for(hf_model, input_ids)
     del hf_model
     return verify_against(Path(checkpoint_dir), input_ids, reference)

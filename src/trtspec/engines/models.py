@@ -280,6 +280,28 @@ class HFCausalLM:
         return out
 
 
+def load_hf_model(
+    model_dir: Path | str, dtype: str, trust_remote_code: bool = False, what: str = "the model"
+):
+    """``AutoModelForCausalLM.from_pretrained`` (on CPU) with a one-line ModelError for what a broken or
+    incomplete checkpoint raises (missing or truncated weights, a config transformers cannot read)."""
+    from transformers import AutoModelForCausalLM
+
+    if dtype not in DTYPES:
+        raise ModelError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    try:
+        return AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code
+        )
+    except Exception as err:  # noqa: BLE001 - transformers/safetensors raise many types for a broken checkpoint
+        first = (str(err).strip().splitlines() or [""])[0][:200]
+        raise ModelError(
+            f"{model_dir}: cannot load {what} ({type(err).__name__}: {first}); check that its weight files "
+            "are complete",
+            detail=repr(err),
+        ) from None
+
+
 def load_causal_lm(
     model_dir: Path | str,
     *,
@@ -291,22 +313,10 @@ def load_causal_lm(
     lean: bool | None = None,
 ):
     """Load a HF causal LM into a KV model. lean None = the lean forward when the architecture allows it."""
-    from safetensors import SafetensorError
-    from transformers import AutoModelForCausalLM
-
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
         raise ModelError(f"{model_dir}: no config.json; pass a Hugging Face model directory")
-    if dtype not in DTYPES:
-        raise ModelError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-    try:
-        hf_model = AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code
-        )
-    except (OSError, ValueError, KeyError, SafetensorError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ModelError(f"{model_dir}: cannot load the model ({first})", detail=repr(err)) from None
-    hf_model = hf_model.to(device).eval()
+    hf_model = load_hf_model(model_dir, dtype, trust_remote_code).to(device).eval()
     reason = lean_unsupported_reason(hf_model.config, max_seq_len)
     use_lean = reason is None if lean is None else lean
     if use_lean and reason is not None:

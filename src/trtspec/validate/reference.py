@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from trtspec.builders.preflight import load_tokenizer
-from trtspec.errors import ModelError
 
 
 class HFReference:
@@ -27,19 +26,10 @@ class HFReference:
         dtype: str = "float32",
         trust_remote_code: bool = False,
     ) -> HFReference:
-        import torch
-        from transformers import AutoModelForCausalLM
+        from trtspec.engines.models import load_hf_model
 
         tokenizer = load_tokenizer(model_dir, trust_remote_code)
-        try:
-            model = AutoModelForCausalLM.from_pretrained(
-                model_dir, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code
-            )
-        except (OSError, ValueError, KeyError) as err:
-            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            raise ModelError(
-                f"{model_dir}: cannot load the reference model ({first})", detail=repr(err)
-            ) from None
+        model = load_hf_model(model_dir, dtype, trust_remote_code, what="the reference model")
         return cls(model.to(device).eval(), tokenizer)
 
     def stop_token_ids(self) -> set[int]:
