@@ -101,6 +101,11 @@ def test_without_tensorrt_llm_exits_3_with_one_line_and_a_finish_script(runner, 
         assert shlex.join(plan["engines"][role]["trtllm_build"]) in result.output
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "needs_tensorrt_llm" and manifest["finish_script"] == "finish_in_ngc.sh"
+    # With --json the same manifest is the one document on stdout (the stages are up to date now), still exit 3.
+    result = runner.invoke(cli, ["build", str(pair), "--engines-dir", str(engines), "--json"])
+    assert result.exit_code == 3, result.output
+    payload = json.loads(result.stdout)
+    assert payload["status"] == "needs_tensorrt_llm" and set(payload["skipped"]) >= {"target.checkpoint"}
 
 
 def test_finish_script_completes_the_build_with_engines_only(fake_trtllm, workdir):

@@ -66,8 +66,11 @@ def test_quantize_target_fp8_with_calibration_file(runner, recipe_file, tmp_path
         "--out",
         str(tmp_path / "q"),
     ]
-    result = runner.invoke(cli, [*args, "--json", "-q"])
+    result = runner.invoke(cli, [*args, "--json"])
     assert result.exit_code == 0, result.output
+    # ModelOpt prints its quantizer lines on stdout; --json keeps stdout to the one document (they go to stderr).
+    assert json.loads(result.stdout)["checkpoints"][0]["format"] == "fp8"
+    assert "quantizers" in result.stderr
     config = json.loads((tmp_path / "q" / "config.json").read_text())
     assert (
         config["quantization"]["quant_algo"] == "FP8"

@@ -120,3 +120,16 @@ def test_recipe_values_are_not_coerced_and_errors_name_the_field(tmp_path, tiny_
     message = str(caught.value.message)
     assert message == f"{path}: {needle}" or message.startswith(f"{path}: {needle}"), message
     assert "constrained-int" not in message and "{'" not in message
+
+
+def test_verbose_adds_the_details_of_an_error(runner, tmp_path, tiny_pair):
+    from trtspec.cli import cli
+
+    path = tmp_path / "r.yaml"
+    path.write_text(f"name: x\ntarget: {{model: {tiny_pair[0]}}}\ndraft: {{model: {tiny_pair[1]}}}\n")
+    path.write_text(path.read_text() + "speculative: {max_draft_len: 0}\n")
+    plain = runner.invoke(cli, ["check", str(path)])
+    verbose = runner.invoke(cli, ["check", str(path), "-v"])
+    assert plain.exit_code == verbose.exit_code == 2
+    assert len(plain.stderr.strip().splitlines()) == 1
+    assert "1 validation error for Recipe" in verbose.stderr and "greater_than_equal" in verbose.stderr

@@ -200,3 +200,23 @@ def test_a_prompt_file_that_is_not_utf8_is_a_one_line_error(tmp_path):
     path.write_bytes(b'\xff{"prompt": "x"}\n')
     with pytest.raises(PromptSetError, match=r"prompts.jsonl: not UTF-8 text \(byte 0\)"):
         load_prompts(path)
+
+
+def test_validate_and_bench_refuse_a_pair_that_check_refuses(runner, tiny_pair, tmp_path):
+    """The in-process engine checks the pair's tokenizers as check does (validate used to pass such a pair), and a
+    draft tokenizer that does not load is one line, not a traceback (bench loads the draft alone too)."""
+    import shutil
+
+    from tiny_models import make_model, make_tokenizer
+
+    make_tokenizer(tmp_path / "tok", vocab_size=300)
+    other = make_model(tmp_path / "other", "llama", tokenizer_dir=tmp_path / "tok")
+    broken = Path(shutil.copytree(tiny_pair[1], tmp_path / "broken"))
+    (broken / "tokenizer.json").write_text('{"version": ')
+    for draft, needle in ((other, "tokenizers differ"), (broken, "no loadable tokenizer")):
+        recipe = write_recipe(tmp_path / f"{draft.name}.yaml", tiny_pair[0], draft)
+        assert runner.invoke(cli, ["check", str(recipe)]).exit_code in (1, 2)
+        for command in (["validate", "--limit", "1"], ["bench", "--limit", "1", "--num-draft-tokens", "1"]):
+            result = runner.invoke(cli, [command[0], str(recipe), *command[1:], "--max-tokens", "4"])
+            assert result.exit_code == 2, (command, result.output)
+            assert needle in result.output and "Traceback" not in result.output

@@ -1,15 +1,19 @@
 """The ``trtspec`` command line: one Click group, thin commands (options -> spec -> one call).
 
 Heavy libraries (torch, transformers, modelopt, tritonclient) are imported inside the commands so that
-``trtspec --help`` starts instantly. Every option can also come from a ``TRTSPEC_<COMMAND>_<OPTION>``
-environment variable (shown in ``--help``); the recipe argument reads ``TRTSPEC_RECIPE``.
+``trtspec --help`` starts instantly. Every option can also come from a ``TRTSPEC_<COMMAND>_<PARAMETER>``
+environment variable (its exact name is shown in ``--help``); the recipe argument reads ``TRTSPEC_RECIPE``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import click
 
@@ -25,6 +29,8 @@ class Output:
     verbose: bool = False
     quiet: bool = False
 
+    stdout: Any = None  # the command's stdout, kept while other libraries' prints are redirected
+
     def console(self):
         from rich.console import Console
 
@@ -34,7 +40,18 @@ class Output:
     def emit_json(self, payload) -> None:
         import json
 
-        click.echo(json.dumps(payload, indent=2, sort_keys=False, default=str))
+        click.echo(json.dumps(payload, indent=2, sort_keys=False, default=str), file=self.stdout)
+
+    @contextlib.contextmanager
+    def own_stdout(self) -> Iterator[None]:
+        """With --json, stdout carries one JSON document; with -q, nothing. What other libraries print there
+        (ModelOpt's quantizer lines, transformers' notices) goes to stderr, or nowhere with -q."""
+        self.stdout = sys.stdout
+        if not (self.json or self.quiet):
+            yield
+            return
+        with contextlib.redirect_stdout(sys.stderr if not self.quiet else io.StringIO()):
+            yield
 
 
 def output_options(func):
@@ -45,9 +62,13 @@ def output_options(func):
     @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors (and --json output).")
     @functools.wraps(func)
     def wrapper(*args, as_json: bool, verbose: bool, quiet: bool, **kwargs):
-        ctx = click.get_current_context()
-        ctx.find_root().meta["trtspec.verbose"] = verbose
-        return func(*args, out=Output(json=as_json, verbose=verbose, quiet=quiet), **kwargs)
+        out = Output(json=as_json, verbose=verbose, quiet=quiet)
+        try:
+            with out.own_stdout():
+                return func(*args, out=out, **kwargs)
+        except TrtspecError as err:
+            err.verbose = verbose  # click shows the error after this command's context is gone
+            raise
 
     return wrapper
 
@@ -306,10 +327,18 @@ def build(
     from pathlib import Path
 
     from trtspec.builders.build import build as run_build
+    from trtspec.errors import NeedsTensorRTLLM
     from trtspec.recipe import load_recipe
 
     spec = load_recipe(recipe, {"triton.runtime": runtime}, check_paths=not engines_only)
-    result = run_build(spec, Path(engines_dir), engines_only=engines_only, force=force, console=out.console())
+    try:
+        result = run_build(
+            spec, Path(engines_dir), engines_only=engines_only, force=force, console=out.console()
+        )
+    except NeedsTensorRTLLM as err:
+        if out.json and getattr(err, "manifest", None):
+            out.emit_json(err.manifest)  # what was done (status needs_tensorrt_llm), then exit 3
+        raise
     if out.json:
         out.emit_json(result.manifest)
     else:
@@ -534,7 +563,7 @@ def _system_spec(system, url, protocol, triton_model, device, dtype):
     "--num-draft-tokens",
     type=click.IntRange(min=1),
     default=None,
-    help="Draft tokens per round (K) [default: the recipe's max_draft_len].",
+    help="Draft tokens per round (K) [default: the recipe's speculative.num_draft_tokens, else max_draft_len].",
 )
 @click.option(
     "--min-exact-match",

@@ -24,11 +24,11 @@ class TrtspecError(click.ClickException):
         super().__init__(message)
         self.detail = detail
 
+    verbose = False  # set by the command (-v): show() then adds ``detail``
+
     def show(self, file=None) -> None:
         super().show(file)
-        ctx = click.get_current_context(silent=True)
-        verbose = bool(ctx and ctx.find_root().meta.get("trtspec.verbose"))
-        if verbose and self.detail:
+        if self.verbose and self.detail:
             click.echo(self.detail, err=True)
 
 

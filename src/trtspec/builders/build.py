@@ -508,12 +508,15 @@ def build(
     try:
         engine_stamps = engine_stages(plan, checkpoints, out_dir, console, force)
     except NeedsTensorRTLLM as err:
-        write_json_atomic(out_dir / MANIFEST, make_manifest(recipe, plan, stages, "needs_tensorrt_llm"))
+        manifest = make_manifest(recipe, plan, stages, "needs_tensorrt_llm")
+        write_json_atomic(out_dir / MANIFEST, manifest)
         _print_finish(console, plan, out_dir)
-        raise NeedsTensorRTLLM(
+        stopped = NeedsTensorRTLLM(
             f"{out_dir}: checkpoints and plan written; {err.message.split('; ')[0]}: "
             f"run {out_dir / FINISH_SCRIPT} inside {support.NGC_TRITON_TRTLLM_IMAGE}",
             detail=err.message,
-        ) from None
+        )
+        stopped.manifest = manifest  # build --json prints it before exiting 3
+        raise stopped from None
     stages.update({f"{role}.engine": stamp for role, stamp in engine_stamps.items()})
     return _finish(recipe, out_dir, plan, stages)

@@ -271,8 +271,10 @@ def export_checkpoint(
     device: str = "cpu",
     verify: bool = True,
     console=None,
+    label: str | None = None,
 ) -> dict:
     """Write the TensorRT-LLM checkpoint of ``spec`` to ``out_dir`` atomically; verify it unless ``verify=False``.
+    ``label`` names the model in progress lines (default: the folder above ``out_dir``, the role under engines/).
 
     Returns a JSON-able summary: model, format, dtype, tp/pp, files, verification metrics (or None), timings (s).
     Raises ModelError (bad input), CheckpointError (export failed), CheckFailed (memory, or verification failed).
@@ -285,7 +287,7 @@ def export_checkpoint(
     check_shapes(spec, hf_config)
     warning = _warn_unsupported(spec, console)
     check_memory(spec.model, estimate_peak_bytes(count_parameters(spec.model), device, verify))
-    stages = Stages(console, out_dir.parent.name or str(out_dir))
+    stages = Stages(console, label or out_dir.parent.name or str(out_dir))
     with atomic_dir(out_dir) as tmp:
         with stages("load", f"{spec.model} on {device}"):
             tokenizer = load_tokenizer(spec.model, spec.trust_remote_code)
@@ -376,7 +378,7 @@ def export_models(
         target_dir = checkpoint_dir(recipe.name, role, out, several=len(roles) > 1)
         summary = export_checkpoint(
             spec, target_dir, calibration=recipe.calibration, device=recipe.calibration.device,
-            verify=verify, console=console,
+            verify=verify, console=console, label=role,
         )  # fmt: skip
         summaries.append({"role": role, **summary})
     return summaries

@@ -159,6 +159,8 @@ class SpeculativeEngine(StreamingGenerator):
             trust_remote_code=trust_remote_code,
             lean=lean,
         )
+        if draft_dir is not None:
+            check_same_tokenizer(target_dir, draft_dir, trust_remote_code)
         target = load_causal_lm(target_dir, **opts)
         draft = load_causal_lm(draft_dir, **opts) if draft_dir is not None else None
         return cls(
@@ -259,11 +261,28 @@ def _generator(params: SamplingParams, device) -> torch.Generator | None:
     return generator
 
 
-def _load_tokenizer(model_dir: Path | str, trust_remote_code: bool):
-    """The target's tokenizer, or None when the directory has none (ids-only use still works)."""
-    from transformers import AutoTokenizer
+# What a Hugging Face checkpoint's tokenizer is saved as (any one of them means the folder has a tokenizer).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
 
-    try:
-        return AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+
+def has_tokenizer(model_dir: Path | str) -> bool:
+    return any((Path(model_dir) / name).is_file() for name in TOKENIZER_FILES)
+
+
+def _load_tokenizer(model_dir: Path | str, trust_remote_code: bool):
+    """The target's tokenizer, or None when the directory has none (ids-only use still works); a tokenizer that
+    is there but does not load is a ModelError."""
+    from trtspec.builders.preflight import load_tokenizer
+
+    return load_tokenizer(Path(model_dir), trust_remote_code) if has_tokenizer(model_dir) else None
+
+
+def check_same_tokenizer(target_dir: Path | str, draft_dir: Path | str, trust_remote_code: bool) -> None:
+    """ModelError unless the pair's tokenizers are identical (check's rule); skipped for ids-only folders."""
+    from trtspec.builders.preflight import compare_tokenizers
+
+    if not (has_tokenizer(target_dir) and has_tokenizer(draft_dir)):
+        return
+    result = compare_tokenizers(Path(target_dir), Path(draft_dir), trust_remote_code)
+    if result.status == "fail":
+        raise ModelError(f"draft {draft_dir} and target {target_dir} tokenizers differ: {result.message}")

@@ -91,14 +91,6 @@ def resolve_models(spec: GenerateSpec) -> _Models:
     for path in (models.target, models.draft):
         if path is not None and not (Path(path) / "config.json").is_file():
             raise ModelError(f"{path}: not a Hugging Face model directory (no config.json)")
-    if models.draft is not None:
-        from trtspec.builders.preflight import compare_tokenizers
-
-        result = compare_tokenizers(Path(models.target), Path(models.draft))
-        if result.status == "fail":
-            raise ModelError(
-                f"draft {models.draft} and target {models.target} tokenizers differ: {result.message}"
-            )
     return models
 
 
