@@ -101,6 +101,29 @@ def test_slot_pool_picks_the_longest_shared_prefix():
     assert pool.acquire([1, 2, 3, 4, 5, 6, 7], {1}) == (0, 3)  # a slot taken by the same batch is skipped
 
 
+def test_slot_pool_keeps_concurrent_sequences_that_share_a_prefix_apart():
+    """8 live sequences that all start with BOS (and two with a longer shared prompt), called in turn as the Triton
+    engine models are: each keeps its own slot, so every call computes only its new tokens. (Picking the longest
+    common prefix alone put them all in one slot, recomputing each whole sequence on every call.)"""
+    from trtspec.engines.steps import SlotPool
+
+    pool = SlotPool(8, max_draft_len=4)
+    seqs = [[1, 50, 51, 52, 53, 54] + [60 + i] * 6 if i < 2 else [1, 100 + i] + [7] * 10 for i in range(8)]
+    slots = {}
+    for step in range(6):
+        for i, seq in enumerate(seqs):
+            before = list(seq)
+            seq += [200 + step, 300 + i]  # this call's new tokens
+            slot, reuse = pool.acquire(seq, set())
+            if step:
+                assert slots[i] == slot and reuse == len(before), (step, i)
+            slots[i] = slot
+            pool.record(
+                slot, seq + [9, 9, 9]
+            )  # the call also cached draft tokens that the next one rolls back
+    assert sorted(slots.values()) == list(range(8))
+
+
 def test_slot_pool_leaves_one_token_to_feed():
     from trtspec.engines.steps import SlotPool
 

@@ -16,8 +16,8 @@ pool of cached sequences and offers the three calls it needs, as thin wrappers o
         # c.tokens: up to n tokens (stops after end_id)
 
 KV reuse (like TensorRT-LLM's enable_kv_cache_reuse): each slot remembers the tokens its cache holds; a request
-takes the free slot with the longest common prefix with its input_ids (else the least recently used one) and
-only the rest is computed; a rolled-back or diverging tail is simply overwritten. Consecutive calls for one growing
+takes the slot that holds its own sequence (its tokens up to a round's rollback and growth, ``SlotPool.acquire``),
+else the least recently used one, and only the rest is computed; a rolled-back tail is simply overwritten. Consecutive calls for one growing
 sequence therefore cost one forward of the new tokens. A list of requests runs as one batch (grouped by
 temperature/top_k/top_p, which a batched sampling step shares). Without draft_logits, verification uses the
 token-match rule (TensorRT-LLM without use_draft_logits), which is exact for greedy and sampling alike.
@@ -59,25 +59,39 @@ class StepResult:
 
 
 class SlotPool:
-    """Which tokens each cache slot holds; picks the slot with the longest common prefix for a request."""
+    """Which tokens each cache slot holds, and which slot a request takes (see ``acquire``)."""
 
-    def __init__(self, num_slots: int):
+    def __init__(self, num_slots: int, max_draft_len: int = 8):
         self.cached: list[list[int]] = [[] for _ in range(num_slots)]
+        self.inputs = [0] * num_slots  # the length of the last request's input_ids in each slot
         self.last_used = [0] * num_slots
         self.clock = 0
+        # A draft-ahead's input ends in up to max_draft_len unconfirmed draft tokens (+1: the bonus): the next call
+        # of that sequence may drop them.
+        self.rollback = max_draft_len + 1
 
     def acquire(self, tokens: list[int], taken: set[int]) -> tuple[int, int]:
-        """(slot, reusable length) for a sequence; at least one token is left to compute (its logits are needed)."""
+        """(slot, reusable length) for a sequence; at least one token is left to compute (its logits are needed).
+
+        Requests carry no id, so a sequence is recognised by its tokens: it only grows, so its next call contains
+        the previous call's input (up to a rejected draft-ahead), and such a slot is its own; of those, the one
+        with the longest common prefix is taken. Otherwise the least recently used slot (a never-used one first),
+        never the slot of another live sequence that merely shares a prefix with this one (a BOS, a system
+        prompt): taking that would make every concurrent sequence recompute its whole prefix on every call.
+        """
         free = [s for s in range(len(self.cached)) if s not in taken]
         if not free:
             raise RequestError(f"batch larger than the {len(self.cached)} cache slots; raise num_slots")
-        best = max(free, key=lambda s: (common_prefix_len(self.cached[s], tokens), -self.last_used[s]))
-        reuse = common_prefix_len(self.cached[best], tokens)
-        if reuse == 0:
+        shared = {s: common_prefix_len(self.cached[s], tokens) for s in free}
+        own = [s for s in free if shared[s] and shared[s] >= self.inputs[s] - self.rollback]
+        if own:
+            best = max(own, key=lambda s: (shared[s], -self.last_used[s]))
+        else:
             best = min(free, key=lambda s: self.last_used[s])
         self.clock += 1
         self.last_used[best] = self.clock
-        return best, min(reuse, len(tokens) - 1)
+        self.inputs[best] = len(tokens)
+        return best, min(shared[best], len(tokens) - 1)
 
     def record(self, slot: int, tokens: list[int]) -> None:
         self.cached[slot] = list(tokens)
@@ -88,7 +102,7 @@ class StepModel:
 
     def __init__(self, model, *, max_draft_len: int = 8):
         self.model, self.max_draft_len = model, max_draft_len
-        self.pool = SlotPool(model.num_slots)
+        self.pool = SlotPool(model.num_slots, max_draft_len)
 
     @classmethod
     def from_pretrained(
