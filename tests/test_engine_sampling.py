@@ -138,3 +138,17 @@ def test_engine_samples_follow_the_target_distribution(monkeypatch, small_vocab_
     # Round 1 drafts 1 token (the engine never drafts past max_new_tokens); a rejection leaves round 2 to the
     # target alone: acceptance, recovered and bonus tokens all shape the 2-token joint.
     assert follows(counts, target_joint(target, prompt, SamplingParams(temperature=0.5))) == (bug is None)
+
+
+def test_a_tiny_temperature_is_a_near_greedy_distribution_not_nan():
+    """temperature 1e-38 passed the request checks and divided the logits into inf - inf = nan (a RuntimeError
+    in torch.multinomial, found by the serving audit); it is the limit of sampling: the argmax."""
+    from trtspec.engines.sampling import SamplingParams, logits_to_probs, sample
+
+    logits = torch.tensor([[1.0, 3.0, 2.0, -5.0], [0.5, 0.5, -1.0, 0.0]])
+    for temperature in (1e-38, 1e-45):
+        params = SamplingParams(max_new_tokens=1, temperature=temperature)
+        probs = logits_to_probs(logits, params)
+        assert torch.isfinite(probs).all()
+        assert probs[0].tolist() == [0.0, 1.0, 0.0, 0.0] and probs[1].tolist() == [0.5, 0.5, 0.0, 0.0]
+        assert sample(logits, params, torch.Generator().manual_seed(0))[0].item() == 1

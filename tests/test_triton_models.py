@@ -344,7 +344,7 @@ def test_stop_words_are_read_as_strings_and_empty_ones_dropped():
     [
         ({"max_tokens": 4}, "input 'text_input' is required"),
         ({"text_input": "  ", "max_tokens": 4}, "text_input is empty"),
-        ({"text_input": "x"}, "max_tokens must be > 0, got 0"),
+        ({"text_input": "x"}, "input 'max_tokens' is required"),
         ({"text_input": "x", "max_tokens": -3}, "max_tokens must be > 0, got -3"),
         ({"text_input": "x", "max_tokens": 4, "num_draft_tokens": 5}, "num_draft_tokens 5 is out of range"),
         ({"text_input": "x", "max_tokens": 4, "num_draft_tokens": -1}, "max_draft_len 4"),
@@ -607,3 +607,54 @@ def test_draft_and_target_get_different_seeds_in_a_round_and_new_ones_each_round
     (_, d0), (_, t0), (_, d1), (_, t1) = calls
     assert [m for m, _ in calls] == ["draft", "target"] * 2
     assert len({d0, t0, d1, t1}) == 4 and t0 == 7 and t1 == 8
+
+
+def test_a_cancelled_non_streamed_request_stops_generating(monkeypatch):
+    """A client that cancels (or drops) a non-streamed request used to hold its slot until max_tokens; the
+    orchestrator now asks Triton between rounds, at most every CANCEL_POLL_S, and stops."""
+    import threading
+
+    from trtspec.triton_repo.models import orchestrator
+    from trtspec.triton_repo.models.decode import Round
+    from trtspec.triton_repo.models.orchestrator import TritonPythonModel, cancel_check
+
+    produced = []
+
+    def endless(prompt, **kwargs):
+        while True:
+            produced.append(7)
+            yield Round([7], 0, 0, False)
+
+    class Codec:
+        end_id, pad_id = 2, 3
+
+        def encode(self, text):
+            return [5, 6]
+
+        def stop_ids(self, words):
+            return []
+
+        def decode(self, ids):
+            return "x" * len(ids)
+
+    monkeypatch.setattr(orchestrator, "speculate", endless)
+    model = TritonPythonModel.__new__(TritonPythonModel)
+    model.codec, model.limits, model.target, model.draft = Codec(), LIMITS, "t", "d"
+    model.lock, model.active, model.draft_ahead = threading.Lock(), 1, False
+    req = parse_request(_inputs(text_input="def", max_tokens=4), LIMITS)
+    answers = iter([False, False, True])
+    text, ids, _ = model._whole(req, lambda: next(answers))
+    assert ids == [7, 7, 7] and text == "xxx" and len(produced) == 3
+
+    class Request:
+        asked = 0
+
+        def is_cancelled(self):
+            Request.asked += 1
+            return True
+
+    check = cancel_check(Request(), poll_s=0.05)
+    assert not check() and Request.asked == 0  # not asked again within poll_s
+    time.sleep(0.06)
+    assert check() and Request.asked == 1
+    assert not cancel_check(object())()  # no is_cancelled: never cancelled

@@ -19,6 +19,7 @@ either way.
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 
@@ -33,6 +34,7 @@ from trtspec.triton_repo.models.text import IncrementalText, TextCodec
 from trtspec.validate.metrics import AcceptanceStats
 
 _SEED_MASK = (1 << 63) - 1
+CANCEL_POLL_S = 0.1  # how often a non-streamed request asks Triton whether its client cancelled (an IPC each)
 _DRAFT_SEED_SALT = 0x1E3779B97F4A7C15
 
 
@@ -125,6 +127,24 @@ class Outbox:
             raise self.error
 
 
+def cancel_check(source, poll_s: float = CANCEL_POLL_S):
+    """() -> whether the client cancelled ``source`` (a request or a response sender), asking Triton at most
+    every ``poll_s`` seconds; never, where the python backend has no ``is_cancelled``."""
+    is_cancelled = getattr(source, "is_cancelled", None)
+    if is_cancelled is None:
+        return lambda: False
+    last = [time.monotonic()]
+
+    def cancelled() -> bool:
+        now = time.monotonic()
+        if now - last[0] < poll_s:
+            return False
+        last[0] = now
+        return bool(is_cancelled())
+
+    return cancelled
+
+
 def _metrics(stats: AcceptanceStats) -> list:
     return [
         io.tensor("acceptance_rate", np.array([[stats.acceptance_rate]], dtype=np.float32)),
@@ -211,12 +231,12 @@ class TritonPythonModel:
                     "stream=true needs a decoupled orchestrator; deploy with triton.decoupled: true"
                 )
             with self._counted():
-                text, ids, stats = self._whole(req)
+                text, ids, stats = self._whole(req, cancel_check(request))
             return self._response(text, ids, stats, req.return_perf_metrics)
         except RequestError as err:
             return io.error_response(err.message)
-        except io.BlsError as err:
-            return io.error_response(str(err))
+        except io.BlsError as err:  # an engine's failure, not the client's: INTERNAL
+            return io.error_response(str(err), False)
 
     def _serve_decoupled(self, request):
         final = io.pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -227,8 +247,8 @@ class TritonPythonModel:
                 self._stream(req, sender, final)
         except RequestError as err:
             sender.send(io.error_response(err.message), flags=final)
-        except io.BlsError as err:
-            sender.send(io.error_response(str(err)), flags=final)
+        except io.BlsError as err:  # an engine's failure, not the client's: INTERNAL
+            sender.send(io.error_response(str(err), False), flags=final)
         except Exception as err:  # noqa: BLE001 - the client gets one line; the server log keeps the rest
             sender.send(io.error_response(f"internal error: {type(err).__name__}: {err}", False), flags=final)
         finally:
@@ -236,8 +256,8 @@ class TritonPythonModel:
                 self.threads.discard(threading.current_thread())
 
     def _stream(self, req: GenerationRequest, sender, final_flag) -> None:
-        if not req.stream:
-            text, ids, stats = self._whole(req)
+        if not req.stream:  # a cancelled one stops within CANCEL_POLL_S and frees its slot
+            text, ids, stats = self._whole(req, cancel_check(sender))
             sender.send(self._response(text, ids, stats, req.return_perf_metrics), flags=final_flag)
             return
         stats, pending = None, []  # ids of rounds whose text is held back (an unfinished character)
@@ -251,9 +271,12 @@ class TritonPythonModel:
                     break
         sender.send(self._response("", pending, stats, req.return_perf_metrics), flags=final_flag)
 
-    def _whole(self, req: GenerationRequest) -> tuple[str, list[int], AcceptanceStats]:
-        """The complete answer of a non-streaming request: (text, generated ids, stats)."""
-        ((text, ids, stats, _),) = self._generate(req, incremental=False)
+    def _whole(
+        self, req: GenerationRequest, cancelled=lambda: False
+    ) -> tuple[str, list[int], AcceptanceStats]:
+        """The complete answer of a non-streaming request: (text, generated ids, stats); what was generated when
+        ``cancelled()`` turned true, if it did."""
+        ((text, ids, stats, _),) = self._generate(req, incremental=False, cancelled=cancelled)
         return text, ids, stats
 
     def _response(self, text: str, ids: list[int], stats: AcceptanceStats | None, with_metrics: bool):
@@ -273,9 +296,9 @@ class TritonPythonModel:
         pad_id = self.codec.pad_id if req.pad_id is None else req.pad_id
         return self.codec.encode(req.text), self.codec.stop_ids(req.stop_words), end_id, pad_id
 
-    def _generate(self, req: GenerationRequest, incremental: bool):
+    def _generate(self, req: GenerationRequest, incremental: bool, cancelled=lambda: False):
         """Yield (text piece, the round's token ids, stats so far, finished) per verified round; not incremental:
-        one (text, all ids, stats, True) at the end."""
+        one (text, all ids, stats, True) at the end (early if ``cancelled()``)."""
         prompt, stop_ids, end_id, pad_id = self._preprocess(req)
         engines = EngineClient(self.target, self.draft, req, end_id, pad_id)
         stats = AcceptanceStats(max_draft_len=self.limits.max_draft_len)
@@ -300,5 +323,7 @@ class TritonPythonModel:
             if incremental and (rnd.tokens or rnd.finished):
                 piece = text.delta(self.codec.decode(generated), rnd.finished)
                 yield piece, list(rnd.tokens), stats, rnd.finished
+            if not incremental and cancelled():
+                break
         if not incremental:
             yield self.codec.decode(generated), generated, stats, True

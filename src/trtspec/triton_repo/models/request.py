@@ -102,7 +102,9 @@ def parse_request(inputs: Mapping[str, object], limits: Limits) -> GenerationReq
         raise RequestError("input 'text_input' is required")
     if not str(text).strip():
         raise RequestError("text_input is empty; send a non-empty prompt")
-    max_tokens = int(_scalar(inputs, "max_tokens", 0))
+    if inputs.get("max_tokens") is None:  # required in config.pbtxt, but Triton lets a request leave it out
+        raise RequestError("input 'max_tokens' is required: how many tokens to generate (> 0)")
+    max_tokens = int(_scalar(inputs, "max_tokens"))
     if max_tokens <= 0:
         raise RequestError(f"max_tokens must be > 0, got {max_tokens}")
     k = int(_scalar(inputs, "num_draft_tokens", limits.num_draft_tokens))
