@@ -147,3 +147,27 @@ def test_slot_pool_evicts_the_least_recently_used_slot():
     assert (c, cached) == (b, 0)
     pool.record(c, [3, 3])
     assert pool.cached[a] == [1, 1] and pool.cached[b] == [3, 3]
+
+
+def test_engine_model_refuses_what_the_tensorrt_llm_backend_would(step_pair):
+    """The torch runtime's engine models called directly with bad tensors: a clear RequestError (INVALID_ARG to the
+    client), not a second row silently dropped, a negative length taken as a slice, or an IndexError."""
+    import numpy as np
+
+    from trtspec.triton_repo.models.engine import TorchEngine
+
+    target, _ = step_pair
+    engine = TorchEngine(target, "target")
+    ok = {"input_ids": np.array([[1, 5, 6]], dtype=np.int32), "request_output_len": np.array([[2]])}
+    assert engine.check_input_ids(ok) == [1, 5, 6]
+    assert engine.check_input_ids(ok | {"input_lengths": np.array([[2]])}) == [1, 5]
+    cases = {
+        "input 'input_ids' is required": {"request_output_len": np.array([[2]])},
+        "holds 2 sequences": ok | {"input_ids": np.array([[1, 2, 3], [4, 5, 6]], dtype=np.int32)},
+        "input_lengths -3 is outside 1..3": ok | {"input_lengths": np.array([[-3]])},
+        "input_lengths 100 is outside 1..3": ok | {"input_lengths": np.array([[100]])},
+        "outside the vocabulary": ok | {"input_ids": np.array([[1, 10**6]], dtype=np.int32)},
+    }
+    for needle, inputs in cases.items():
+        with pytest.raises(RequestError, match=needle):
+            engine.run(inputs)

@@ -8,7 +8,7 @@ primitives (trtspec.engines.steps.StepModel) behind the TensorRT-LLM backend's t
 - a target request without drafts: plain continuation by request_output_len tokens (stops after end_id).
 
 KV-cache reuse across calls (TensorRT-LLM's enable_kv_cache_reuse) is StepModel's slot pool: a request takes the
-slot sharing the longest prefix with its input_ids and only the rest is computed.
+slot that holds its own sequence (steps.SlotPool.acquire) and only the rest is computed.
 
 On cpu each engine model sets its torch intra-op threads (cpu_threads; auto = half the cores it may use): the
 draft and the target run one after the other in two processes, and a model whose OpenMP threads still spin after
@@ -21,6 +21,7 @@ import os
 
 import numpy as np
 
+from trtspec.errors import RequestError
 from trtspec.triton_repo.interface import ENGINE_INPUTS
 from trtspec.triton_repo.models import triton_io as io
 
@@ -57,6 +58,25 @@ class TorchEngine:
             seed=None if inputs.get("seed") is None else int(_scalar(inputs, "seed", 0)),
         )
 
+    def check_input_ids(self, inputs: dict) -> list[int]:
+        """input_ids[:input_lengths] of a one-sequence request; RequestError for what the backend would refuse."""
+        if inputs.get("input_ids") is None:
+            raise RequestError("input 'input_ids' is required")
+        ids = np.asarray(inputs["input_ids"])
+        rows = ids.reshape(-1, ids.shape[-1]) if ids.ndim else ids.reshape(1, 1)
+        if rows.shape[0] != 1:
+            raise RequestError(f"input_ids holds {rows.shape[0]} sequences; send one request per sequence")
+        length = int(_scalar(inputs, "input_lengths", rows.shape[1]))
+        if not 1 <= length <= rows.shape[1]:
+            raise RequestError(
+                f"input_lengths {length} is outside 1..{rows.shape[1]} (the length of input_ids)"
+            )
+        tokens = rows[0, :length].tolist()
+        vocab = self.model.model.vocab_size
+        if min(tokens) < 0 or max(tokens) >= vocab:
+            raise RequestError(f"input_ids hold ids outside the vocabulary [0, {vocab})")
+        return tokens
+
     def run(self, inputs: dict) -> tuple[list[int], np.ndarray | None]:
         """-> (output_ids: input + new tokens, generation_logits [new, V] or None)."""
         import torch
@@ -64,8 +84,7 @@ class TorchEngine:
         from trtspec.engines.steps import StepRequest
 
         params = self._params(inputs)
-        length = int(_scalar(inputs, "input_lengths", 0))
-        tokens = np.asarray(inputs["input_ids"]).reshape(-1)[:length].tolist()
+        tokens = self.check_input_ids(inputs)
         output_len = max(int(_scalar(inputs, "request_output_len", 1)), 1)
         raw_drafts = inputs.get("draft_input_ids")
         drafts = [] if raw_drafts is None else np.asarray(raw_drafts).reshape(-1).tolist()
@@ -123,6 +142,9 @@ class TritonPythonModel:
         for request in requests:
             try:
                 output_ids, logits = self.engine.run(io.read_inputs(request, ENGINE_INPUTS))
+            except RequestError as err:  # the caller's mistake (a client calling this model directly)
+                responses.append(io.error_response(f"{self.engine.role} engine: {err.message}"))
+                continue
             except Exception as err:  # noqa: BLE001 - one line to the caller (the orchestrator)
                 responses.append(
                     io.error_response(f"{self.engine.role} engine: {type(err).__name__}: {err}", False)
