@@ -549,6 +549,21 @@ def test_outbox_raises_a_failed_send_in_the_request_thread():
     assert sender.sent == [0, 1]  # nothing is sent after the failure
 
 
+class _Codec:
+    """The orchestrator's TextCodec, reduced to what _generate uses: every prompt is [5, 6], one char per id."""
+
+    end_id, pad_id = 2, 3
+
+    def encode(self, text):
+        return [5, 6]
+
+    def stop_ids(self, words):
+        return []
+
+    def decode(self, ids):
+        return "x" * len(ids)
+
+
 @pytest.mark.parametrize(
     "sampling, ahead",
     [({}, True), ({"temperature": 0.8}, True), ({"seed": 7}, True), ({"temperature": 0.8, "seed": 7}, False)],
@@ -567,21 +582,9 @@ def test_seeded_sampled_requests_are_never_drafted_ahead(monkeypatch, sampling, 
         seen["draft_ahead"] = kwargs["draft_ahead"]
         return iter(())
 
-    class Codec:
-        end_id, pad_id = 2, 3
-
-        def encode(self, text):
-            return [5, 6]
-
-        def stop_ids(self, words):
-            return []
-
-        def decode(self, ids):
-            return ""
-
     monkeypatch.setattr(orchestrator, "speculate", fake_speculate)
     model = TritonPythonModel.__new__(TritonPythonModel)
-    model.codec, model.limits, model.target, model.draft = Codec(), LIMITS, "t", "d"
+    model.codec, model.limits, model.target, model.draft = _Codec(), LIMITS, "t", "d"
     model.lock, model.active, model.draft_ahead = threading.Lock(), 1, True
     fields = {"text_input": "def", "max_tokens": 4} | sampling
     model._whole(parse_request(_inputs(**fields), LIMITS))
@@ -625,21 +628,9 @@ def test_a_cancelled_non_streamed_request_stops_generating(monkeypatch):
             produced.append(7)
             yield Round([7], 0, 0, False)
 
-    class Codec:
-        end_id, pad_id = 2, 3
-
-        def encode(self, text):
-            return [5, 6]
-
-        def stop_ids(self, words):
-            return []
-
-        def decode(self, ids):
-            return "x" * len(ids)
-
     monkeypatch.setattr(orchestrator, "speculate", endless)
     model = TritonPythonModel.__new__(TritonPythonModel)
-    model.codec, model.limits, model.target, model.draft = Codec(), LIMITS, "t", "d"
+    model.codec, model.limits, model.target, model.draft = _Codec(), LIMITS, "t", "d"
     model.lock, model.active, model.draft_ahead = threading.Lock(), 1, False
     req = parse_request(_inputs(text_input="def", max_tokens=4), LIMITS)
     answers = iter([False, False, True])
