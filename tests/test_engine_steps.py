@@ -95,10 +95,14 @@ def test_slot_pool_picks_the_longest_shared_prefix():
     pool.record(0, [1, 2, 3])
     pool.record(1, [1, 2, 3, 4, 5])
     pool.record(2, [9])
-    assert pool.acquire([1, 2, 3, 4, 5, 6, 7], set()) == (1, 5)
-    assert pool.acquire([1, 2, 3, 8], set()) == (0, 3)  # a tie: the least recently used of the two
-    assert pool.acquire([9, 9], set()) == (2, 1)
-    assert pool.acquire([1, 2, 3, 4, 5, 6, 7], {1}) == (0, 3)  # a slot taken by the same batch is skipped
+    assert pool.acquire([1, 2, 3, 4, 5, 6, 7], set()) == (1, 5, None)
+    assert pool.acquire([1, 2, 3, 8], set()) == (0, 3, None)  # a tie: the least recently used of the two
+    assert pool.acquire([9, 9], set()) == (2, 1, None)
+    assert pool.acquire([1, 2, 3, 4, 5, 6, 7], {1}) == (
+        0,
+        3,
+        None,
+    )  # a slot taken by the same batch is skipped
 
 
 def test_slot_pool_keeps_concurrent_sequences_that_share_a_prefix_apart():
@@ -114,7 +118,7 @@ def test_slot_pool_keeps_concurrent_sequences_that_share_a_prefix_apart():
         for i, seq in enumerate(seqs):
             before = list(seq)
             seq += [200 + step, 300 + i]  # this call's new tokens
-            slot, reuse = pool.acquire(seq, set())
+            slot, reuse, _ = pool.acquire(seq, set())
             if step:
                 assert slots[i] == slot and reuse == len(before), (step, i)
             slots[i] = slot
@@ -124,27 +128,49 @@ def test_slot_pool_keeps_concurrent_sequences_that_share_a_prefix_apart():
     assert sorted(slots.values()) == list(range(8))
 
 
+def test_a_prompt_seen_before_is_copied_into_a_new_slot_not_taken_over(step_pair, tiny_pair):
+    """A second request with the same prompt (or a shared system prompt) reuses the cached prefix by copying it into
+    a slot of its own: the first sequence keeps its slot and cache, and the copy gives exactly the outputs of a
+    fresh computation (HF greedy) while computing only the new tokens."""
+    target, _ = step_pair
+    prompt = [1, 21, 22, 23, 24, 25, 26, 27, 28, 29]
+    expected = hf_greedy(tiny_pair[0], prompt, 12)  # more than a round's rollback past the prompt
+    (first,) = target.continue_([StepRequest(prompt, num_tokens=12, params=SamplingParams())])
+    assert first.tokens == expected
+    holders = [s for s, cached in enumerate(target.pool.cached) if cached[: len(prompt)] == prompt]
+    before = target.model.computed
+    (second,) = target.continue_([StepRequest(prompt + [99], num_tokens=6, params=SamplingParams())])
+    assert second.tokens == hf_greedy(tiny_pair[0], prompt + [99], 6)
+    assert (
+        target.model.computed - before <= 1 + 6
+    )  # the new token (+ the last one fed again), then 1 per step
+    now = [s for s, cached in enumerate(target.pool.cached) if cached[: len(prompt)] == prompt]
+    assert len(holders) == 1 and holders[0] in now and len(now) == 2  # the first sequence's slot is intact
+
+
 def test_slot_pool_leaves_one_token_to_feed():
     from trtspec.engines.steps import SlotPool
 
     pool = SlotPool(1)
     pool.record(0, [1, 2, 3])
-    assert pool.acquire([1, 2, 3], set()) == (0, 2)  # the last token is fed again: it yields the logits
-    assert pool.acquire([1, 2], set()) == (0, 1)
+    assert pool.acquire([1, 2, 3], set()) == (0, 2, None)  # the last token is fed again: it yields the logits
+    assert pool.acquire([1, 2], set()) == (0, 1, None)
 
 
 def test_slot_pool_evicts_the_least_recently_used_slot():
     from trtspec.engines.steps import SlotPool
 
     pool = SlotPool(2)
-    a, _ = pool.acquire([1, 1], set())
+    a, _, _ = pool.acquire([1, 1], set())
     pool.record(a, [1, 1])
-    b, _ = pool.acquire([2, 2], set())
+    b, _, _ = pool.acquire([2, 2], set())
     assert b != a  # the empty slot, not the one just used
     pool.record(b, [2, 2])
     pool.acquire([1, 1, 5], set())  # touches slot a
-    c, cached = pool.acquire([3, 3], set())  # nothing shared: the least recently used slot (b) is replaced
-    assert (c, cached) == (b, 0)
+    c, cached, source = pool.acquire(
+        [3, 3], set()
+    )  # nothing shared: the least recently used slot (b) is replaced
+    assert (c, cached, source) == (b, 0, None)
     pool.record(c, [3, 3])
     assert pool.cached[a] == [1, 1] and pool.cached[b] == [3, 3]
 
@@ -171,3 +197,19 @@ def test_engine_model_refuses_what_the_tensorrt_llm_backend_would(step_pair):
     for needle, inputs in cases.items():
         with pytest.raises(RequestError, match=needle):
             engine.run(inputs)
+
+
+@pytest.mark.parametrize("lean", [True, False])
+def test_copy_prefix_gives_the_logits_of_a_fresh_computation(tiny_pair, lean):
+    """Both KV models: slot 1, given slot 0's first 6 positions by copy_prefix, continues exactly as slot 0 would."""
+    import torch
+
+    from trtspec.engines.models import load_causal_lm
+
+    model = load_causal_lm(tiny_pair[0], num_slots=2, max_seq_len=64, lean=lean)
+    prompt = torch.tensor([[1, 31, 32, 33, 34, 35, 36, 37]])
+    last = torch.tensor([[7]])
+    full = model.forward(prompt, [0], [0], [8], last)  # slot 0 computes all 8 positions
+    model.copy_prefix(0, 1, 6)
+    tail = model.forward(prompt[:, 6:], [1], [6], [2], torch.tensor([[1]]))  # slot 1 computes only the last 2
+    torch.testing.assert_close(tail, full, rtol=1e-4, atol=1e-4)

@@ -135,6 +135,12 @@ class LeanCausalLM:
         return self.k_cache.shape[1]
 
     @torch.inference_mode()
+    def copy_prefix(self, source: int, slot: int, length: int) -> None:
+        """Cache positions [0, length) of ``source`` into ``slot`` (a shared prompt prefix, reused by copying)."""
+        self.k_cache[:, slot, :, :length] = self.k_cache[:, source, :, :length]
+        self.v_cache[:, slot, :, :length] = self.v_cache[:, source, :, :length]
+
+    @torch.inference_mode()
     def forward(self, tokens, slots, starts, num_new, logit_index) -> torch.Tensor:
         """tokens [B, T] int64 (row b's first num_new[b] are real); slots/starts/num_new: B ints;
         logit_index [B, J] int64 positions in T whose logits to return. Returns [B, J, V] float32."""
@@ -254,6 +260,15 @@ class HFCausalLM:
     @property
     def num_slots(self) -> int:
         return len(self.caches)
+
+    def copy_prefix(self, source: int, slot: int, length: int) -> None:
+        """Same contract as LeanCausalLM.copy_prefix."""
+        import copy
+
+        if self.caches[source] is None:
+            return
+        self.caches[slot] = copy.deepcopy(self.caches[source])
+        self.caches[slot].crop(length)
 
     @torch.inference_mode()
     def forward(self, tokens, slots, starts, num_new, logit_index) -> torch.Tensor:

@@ -70,28 +70,39 @@ class SlotPool:
         # of that sequence may drop them.
         self.rollback = max_draft_len + 1
 
-    def acquire(self, tokens: list[int], taken: set[int]) -> tuple[int, int]:
-        """(slot, reusable length) for a sequence; at least one token is left to compute (its logits are needed).
+    def acquire(self, tokens: list[int], taken: set[int]) -> tuple[int, int, int | None]:
+        """(slot, reusable length, source) for a sequence; at least one token is left to compute (its logits are
+        needed). ``source`` is None, or the slot whose first ``reusable length`` positions the caller copies into
+        ``slot`` before computing the rest.
 
         Requests carry no id, so a sequence is recognised by its tokens: it only grows, so its next call contains
         the previous call's input (up to a rejected draft-ahead), and such a slot is its own; of those, the one
-        with the longest common prefix is taken. Otherwise the least recently used slot (a never-used one first),
-        never the slot of another live sequence that merely shares a prefix with this one (a BOS, a system
-        prompt): taking that would make every concurrent sequence recompute its whole prefix on every call.
+        with the longest common prefix is taken. Otherwise the least recently used slot (a never-used one first) is
+        taken, never the slot of another sequence that merely shares a prefix with this one (a BOS, a system
+        prompt, the same prompt again): that sequence may still be live, and taking its slot would make every
+        concurrent sequence recompute its whole prefix on every call. The shared prefix is copied instead.
         """
         free = [s for s in range(len(self.cached)) if s not in taken]
         if not free:
             raise RequestError(f"batch larger than the {len(self.cached)} cache slots; raise num_slots")
-        shared = {s: common_prefix_len(self.cached[s], tokens) for s in free}
+        shared = [common_prefix_len(cached, tokens) for cached in self.cached]
         own = [s for s in free if shared[s] and shared[s] >= self.inputs[s] - self.rollback]
+        source = None
         if own:
             best = max(own, key=lambda s: (shared[s], -self.last_used[s]))
         else:
             best = min(free, key=lambda s: self.last_used[s])
+            donor = max(free, key=lambda s: shared[s])  # not a slot this batch already changed
+            if shared[donor] > shared[best]:
+                source = donor
+        reuse = min(shared[best if source is None else source], len(tokens) - 1)
         self.clock += 1
         self.last_used[best] = self.clock
         self.inputs[best] = len(tokens)
-        return best, min(shared[best], len(tokens) - 1)
+        self.cached[best] = tokens[
+            :reuse
+        ]  # all the slot surely holds until ``record`` (a failed call writes part)
+        return best, reuse, source
 
     def record(self, slot: int, tokens: list[int]) -> None:
         self.cached[slot] = list(tokens)
@@ -195,7 +206,9 @@ class StepModel:
                     f"sequence of {len(r.input_ids)} tokens would exceed max_seq_len "
                     f"{self.model.max_seq_len}; raise max_seq_len"
                 )
-            slot, reuse = self.pool.acquire(r.input_ids, taken)
+            slot, reuse, source = self.pool.acquire(r.input_ids, taken)
+            if source is not None:
+                self.model.copy_prefix(source, slot, reuse)
             taken.add(slot)
             rows.append(Row(list(r.input_ids), slot, **{length_field: reuse}))
         return rows
