@@ -213,3 +213,26 @@ def test_copy_prefix_gives_the_logits_of_a_fresh_computation(tiny_pair, lean):
     model.copy_prefix(0, 1, 6)
     tail = model.forward(prompt[:, 6:], [1], [6], [2], torch.tensor([[1]]))  # slot 1 computes only the last 2
     torch.testing.assert_close(tail, full, rtol=1e-4, atol=1e-4)
+
+
+def test_a_failed_prefix_copy_leaves_no_slot_the_pool_trusts(tiny_pair, monkeypatch):
+    """If copy_prefix raises (out of memory on a GPU), the pool must not believe the slot holds the prefix: a later
+    request with that prefix would reuse another sequence's KV and get a wrong token (found in review)."""
+    from trtspec.engines.models import load_causal_lm
+
+    model = StepModel(load_causal_lm(tiny_pair[0], num_slots=2, max_seq_len=128), max_draft_len=4)
+    greedy = SamplingParams()
+    prefix = [1, 21, 22, 23, 24, 25, 26, 27, 28, 29]
+    model.continue_([StepRequest(prefix, num_tokens=1, params=greedy)])  # slot 0 holds the prefix
+    model.continue_([StepRequest([1, 90, 91, 92, 93, 94, 95, 96, 97], num_tokens=1, params=greedy)])  # slot 1
+    model.continue_([StepRequest(prefix + [5], num_tokens=10, params=greedy)])  # slot 1 is now the LRU one
+
+    def out_of_memory(*args):
+        raise RuntimeError("out of memory (simulated)")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(model.model, "copy_prefix", out_of_memory)
+        with pytest.raises(RuntimeError, match="out of memory"):
+            model.verify([StepRequest(prefix + [40], params=greedy)])  # LRU slot 1, a copy from slot 0
+    (result,) = model.verify([StepRequest(prefix + [40, 41], params=greedy)])
+    assert result.tokens == hf_greedy(tiny_pair[0], prefix + [40, 41], 1)

@@ -133,3 +133,17 @@ def test_verbose_adds_the_details_of_an_error(runner, tmp_path, tiny_pair):
     assert plain.exit_code == verbose.exit_code == 2
     assert len(plain.stderr.strip().splitlines()) == 1
     assert "1 validation error for Recipe" in verbose.stderr and "greater_than_equal" in verbose.stderr
+
+
+def test_yaml_anchors_and_merge_keys_still_load(tmp_path, tiny_pair):
+    """The duplicate-key check must not refuse YAML merge keys (`<<: *anchor`), which recipes use to share fields."""
+    path = tmp_path / "r.yaml"
+    path.write_text(
+        f"name: x\ntarget: &common {{model: {tiny_pair[0]}, dtype: bfloat16}}\n"
+        f"draft: {{<<: *common, model: {tiny_pair[1]}}}\n"
+    )
+    recipe = load_recipe(path)
+    assert recipe.draft.dtype == "bfloat16" and recipe.draft.model == tiny_pair[1]
+    path.write_text(path.read_text() + "? [1, 2]\n: 3\n")
+    with pytest.raises(RecipeError, match=r"a key must be a name, got \[1, 2\]"):
+        load_recipe(path)

@@ -292,7 +292,13 @@ def _unique_key_loader():
         def construct_mapping(self, node, deep=False):
             seen = set()
             for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor` merges; not a key of its own
+                    continue
                 key = self.construct_object(key_node, deep=True)
+                if not isinstance(key, str | int | float | bool) and key is not None:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"a key must be a name, got {key!r}", key_node.start_mark
+                    )
                 if key in seen:
                     raise yaml.constructor.ConstructorError(
                         None, None, f"key '{key}' is given twice; keep one", key_node.start_mark

@@ -266,7 +266,7 @@ class HFCausalLM:
         import copy
 
         if self.caches[source] is None:
-            return
+            raise ValueError(f"cache slot {source} holds nothing to copy")
         self.caches[slot] = copy.deepcopy(self.caches[source])
         self.caches[slot].crop(length)
 

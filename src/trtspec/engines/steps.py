@@ -99,9 +99,9 @@ class SlotPool:
         self.clock += 1
         self.last_used[best] = self.clock
         self.inputs[best] = len(tokens)
-        self.cached[best] = tokens[
-            :reuse
-        ]  # all the slot surely holds until ``record`` (a failed call writes part)
+        # All the slot surely holds until ``record``: a failed call may have written part of it, and a slot that is
+        # to get a copy holds nothing trustworthy until the caller has copied (then it records tokens[:reuse]).
+        self.cached[best] = tokens[:reuse] if source is None else []
         return best, reuse, source
 
     def record(self, slot: int, tokens: list[int]) -> None:
@@ -209,6 +209,7 @@ class StepModel:
             slot, reuse, source = self.pool.acquire(r.input_ids, taken)
             if source is not None:
                 self.model.copy_prefix(source, slot, reuse)
+                self.pool.record(slot, r.input_ids[:reuse])
             taken.add(slot)
             rows.append(Row(list(r.input_ids), slot, **{length_field: reuse}))
         return rows
