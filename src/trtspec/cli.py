@@ -336,7 +336,7 @@ def build(
             spec, Path(engines_dir), engines_only=engines_only, force=force, console=out.console()
         )
     except NeedsTensorRTLLM as err:
-        if out.json and getattr(err, "manifest", None):
+        if out.json and err.manifest:
             out.emit_json(err.manifest)  # what was done (status needs_tensorrt_llm), then exit 3
         raise
     if out.json:

@@ -71,6 +71,7 @@ class NeedsTensorRTLLM(TrtspecError):
     """The step needs the tensorrt_llm package, which only the NGC image has."""
 
     exit_code = EXIT_NEEDS_TENSORRT_LLM
+    manifest: dict | None = None  # what a build did before it stopped here (build --json prints it)
 
 
 class ServerError(TrtspecError):

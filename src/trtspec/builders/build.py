@@ -516,7 +516,7 @@ def build(
             f"run {out_dir / FINISH_SCRIPT} inside {support.NGC_TRITON_TRTLLM_IMAGE}",
             detail=err.message,
         )
-        stopped.manifest = manifest  # build --json prints it before exiting 3
+        stopped.manifest = manifest
         raise stopped from None
     stages.update({f"{role}.engine": stamp for role, stamp in engine_stamps.items()})
     return _finish(recipe, out_dir, plan, stages)

@@ -217,13 +217,6 @@ def check_tokenizers(target_tok, draft_tok) -> CheckResult:
     return CheckResult("tokenizer", "fail", f"{diff}; draft and target must share one tokenizer")
 
 
-def compare_tokenizers(target_dir: Path, draft_dir: Path, trust_remote_code: bool = False) -> CheckResult:
-    """Load both tokenizers and compare them (used by ``check`` and by ``generate``)."""
-    return check_tokenizers(
-        load_tokenizer(target_dir, trust_remote_code), load_tokenizer(draft_dir, trust_remote_code)
-    )
-
-
 def check_vocab(facts: ModelFacts, spec: ModelSpec) -> CheckResult:
     """The model's embedding rows must cover every tokenizer id; extra rows (padding) are normal."""
     tok_size = len(facts.tokenizer)

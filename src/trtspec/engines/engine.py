@@ -159,17 +159,12 @@ class SpeculativeEngine(StreamingGenerator):
             trust_remote_code=trust_remote_code,
             lean=lean,
         )
-        if draft_dir is not None:
-            check_same_tokenizer(target_dir, draft_dir, trust_remote_code)
+        tokenizer = _load_tokenizer(target_dir, trust_remote_code)
+        if draft_dir is not None and tokenizer is not None:
+            check_same_tokenizer(tokenizer, target_dir, draft_dir, trust_remote_code)
         target = load_causal_lm(target_dir, **opts)
         draft = load_causal_lm(draft_dir, **opts) if draft_dir is not None else None
-        return cls(
-            target,
-            draft,
-            tokenizer=_load_tokenizer(target_dir, trust_remote_code),
-            max_draft_len=max_draft_len,
-            max_seq_len=max_seq_len,
-        )
+        return cls(target, draft, tokenizer=tokenizer, max_draft_len=max_draft_len, max_seq_len=max_seq_len)
 
     def generate_stream(self, prompts: list[list[int]], params: SamplingParams) -> Iterator[StreamEvent]:
         """Yield one StreamEvent per round; the last one carries the GenerationResults."""
@@ -277,12 +272,14 @@ def _load_tokenizer(model_dir: Path | str, trust_remote_code: bool):
     return load_tokenizer(Path(model_dir), trust_remote_code) if has_tokenizer(model_dir) else None
 
 
-def check_same_tokenizer(target_dir: Path | str, draft_dir: Path | str, trust_remote_code: bool) -> None:
-    """ModelError unless the pair's tokenizers are identical (check's rule); skipped for ids-only folders."""
-    from trtspec.builders.preflight import compare_tokenizers
+def check_same_tokenizer(
+    target_tokenizer, target_dir: Path | str, draft_dir: Path | str, trust_remote_code: bool
+) -> None:
+    """ModelError unless the draft's tokenizer is the target's (check's rule); skipped for an ids-only draft."""
+    from trtspec.builders.preflight import check_tokenizers, load_tokenizer
 
-    if not (has_tokenizer(target_dir) and has_tokenizer(draft_dir)):
+    if not has_tokenizer(draft_dir):
         return
-    result = compare_tokenizers(Path(target_dir), Path(draft_dir), trust_remote_code)
+    result = check_tokenizers(target_tokenizer, load_tokenizer(Path(draft_dir), trust_remote_code))
     if result.status == "fail":
         raise ModelError(f"draft {draft_dir} and target {target_dir} tokenizers differ: {result.message}")

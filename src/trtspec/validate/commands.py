@@ -287,11 +287,8 @@ def bench(options: BenchOptions, out) -> dict:
 
 
 BENCH_MARKER = "bench.json"  # the file that makes a folder an earlier bench report (which --out may replace)
-BENCH_OUTPUT = (
-    BENCH_MARKER,
-    "a trtspec bench report",
-    "--out",
-)  # check_output_dir / write_output_dir arguments
+# check_output_dir / write_output_dir arguments for bench's --out
+BENCH_OUTPUT = (BENCH_MARKER, "a trtspec bench report", "--out")
 
 
 def report_bench(result, out_dir: Path, out) -> dict:
