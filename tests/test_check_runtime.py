@@ -100,3 +100,25 @@ def test_llmapi_refuses_formats_the_pytorch_backend_cannot_run(fmt):
     else:
         assert result.status == "pass"
     assert check_runtime(recipe("tensorrtllm", draft={"quantization": fmt}), "1.2.1").status == "pass"
+
+
+def test_fast_logits_is_checked_against_the_draft_logits_it_would_carry():
+    from trtspec.builders.preflight import check_fast_logits
+    from trtspec.triton_repo import interface as names
+    from trtspec.triton_repo.values import common_values
+
+    assert check_fast_logits(recipe("tensorrtllm")) == []
+    assert check_fast_logits(recipe("torch", triton={"runtime": "torch", "fast_logits": True})) == []
+    unused = recipe("tensorrtllm", triton={"runtime": "tensorrtllm", "fast_logits": True})
+    [result] = check_fast_logits(unused)
+    assert result.status == "warn" and "without speculative.use_draft_logits" in result.message
+    assert common_values(unused)[names.ORCHESTRATOR]["draft_ahead"] is True
+    used = recipe(
+        "tensorrtllm",
+        triton={"runtime": "tensorrtllm", "fast_logits": True},
+        speculative={"use_draft_logits": True},
+    )
+    [result] = check_fast_logits(used)
+    assert result.status == "pass" and "draft-ahead is off" in result.message
+    # A fast-logits answer is a record of where the draft's logits are: it cannot be cut to the next round.
+    assert common_values(used)[names.ORCHESTRATOR]["draft_ahead"] is False

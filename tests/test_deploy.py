@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from tritonclient.grpc import model_config_pb2
 
 from trtspec.errors import CheckFailed, OutputError
 from trtspec.recipe import recipe_from_dict
@@ -81,7 +82,7 @@ def test_schema_rejects_unknown_fields_and_bad_enums():
 
 def test_tensorrtllm_template_has_exactly_the_upstream_keys():
     keys = template_keys(read_template("tensorrt_llm/config.pbtxt"))
-    assert len(UPSTREAM_TRTLLM_KEYS) == 51
+    assert len(UPSTREAM_TRTLLM_KEYS) == 52
     assert keys == UPSTREAM_TRTLLM_KEYS | {"model_name"}
 
 
@@ -183,6 +184,34 @@ def test_fast_logits_sets_participant_ids(tiny_pair, tmp_path, engines):
     draft = _params(parse_model_config((tmp_path / "r/tensorrt_llm_draft/config.pbtxt").read_text(), "d"))
     assert (draft["participant_ids"], target["participant_ids"]) == ("1", "2")
     assert target["speculative_decoding_fast_logits"] == draft["speculative_decoding_fast_logits"] == "1"
+
+
+def test_engine_models_declare_every_output_the_backend_writes_for_perf_metrics(tiny_pair, tmp_path, engines):
+    """The C++ backend writes these for a request with return_perf_metrics whatever outputs it asked for, and Triton
+    fails a response with an undeclared output (model_instance_state.cc fillTritonResponse)."""
+    deploy(
+        make_recipe(tiny_pair, speculative={"max_draft_len": 4}),
+        "tensorrtllm",
+        tmp_path / "r",
+        engine_dirs=engines,
+    )
+    written = {
+        "kv_cache_alloc_new_blocks": "TYPE_INT32",
+        "kv_cache_reused_blocks": "TYPE_INT32",
+        "kv_cache_alloc_total_blocks": "TYPE_INT32",
+        "arrival_time_ns": "TYPE_INT64",
+        "first_scheduled_time_ns": "TYPE_INT64",
+        "first_token_time_ns": "TYPE_INT64",
+        "last_token_time_ns": "TYPE_INT64",
+        "acceptance_rate": "TYPE_FP32",
+        "total_accepted_draft_tokens": "TYPE_INT32",
+        "total_draft_tokens": "TYPE_INT32",
+    }
+    for model in (names.TARGET_MODEL, names.DRAFT_MODEL):
+        config = parse_model_config((tmp_path / "r" / model / "config.pbtxt").read_text(), model)
+        assert "return_perf_metrics" in {t.name for t in config.input}
+        declared = {t.name: model_config_pb2.DataType.Name(t.data_type) for t in config.output}
+        assert {k: declared.get(k) for k in written} == written
 
 
 def test_tensorrtllm_refuses_engines_that_do_not_fit(tiny_pair, tmp_path):

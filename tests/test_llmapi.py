@@ -75,7 +75,7 @@ def test_deploy_writes_the_llmapi_model(pair, tmp_path):
         "speculative_config": {
             "decoding_type": "DraftTarget",
             "max_draft_len": 5,
-            "speculative_model": str(pair[1].resolve()),
+            "speculative_model_dir": str(pair[1].resolve()),
         },
         "triton_config": {"max_batch_size": 0, "decoupled": True},
     }
@@ -111,8 +111,8 @@ def test_model_yaml_uses_only_the_pinned_field_names(pair):
     for broken, fragment in (
         (data | {"speculative_model_dir": "x"}, "unknown key speculative_model_dir"),
         (
-            data | {"speculative_config": data["speculative_config"] | {"speculative_model_dir": "x"}},
-            "speculative_config.speculative_model_dir",
+            data | {"speculative_config": data["speculative_config"] | {"speculative_model": "x"}},
+            "speculative_config.speculative_model",
         ),
         (data | {"kv_cache_config": {"free_gpu_mem_fraction": 0.5}}, "kv_cache_config.free_gpu_mem_fraction"),
         (

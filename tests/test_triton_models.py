@@ -361,6 +361,41 @@ def test_bad_requests_raise_one_clear_line(fields, message):
     assert message in err.value.message and "\n" not in err.value.message
 
 
+def test_draft_logits_are_refused_where_the_engines_do_not_gather_them():
+    with pytest.raises(RequestError, match="use_draft_logits=true needs a repository deployed with"):
+        parse_request(_inputs(text_input="x", max_tokens=2, use_draft_logits=True), LIMITS)
+    assert not parse_request(
+        _inputs(text_input="x", max_tokens=2, use_draft_logits=False), LIMITS
+    ).use_draft_logits
+    gathering = Limits(max_draft_len=4, num_draft_tokens=3, max_seq_len=128, use_draft_logits=True)
+    assert parse_request(_inputs(text_input="x", max_tokens=2), gathering).use_draft_logits
+    assert not parse_request(
+        _inputs(text_input="x", max_tokens=2, use_draft_logits=False), gathering
+    ).use_draft_logits
+
+
+@pytest.mark.parametrize(
+    "sampling, sent",
+    [
+        ({}, {"runtime_top_k": 1}),
+        ({"temperature": 0.7, "top_k": 1}, {"runtime_top_k": 1}),
+        ({"temperature": 0.7, "top_p": 0.9}, {"temperature": 0.7, "runtime_top_k": 0, "runtime_top_p": 0.9}),
+    ],
+)
+def test_engines_get_top_k_1_for_greedy_requests_and_the_sampling_values_otherwise(sampling, sent):
+    """TensorRT-LLM divides logits by (temperature + 1e-6): greedy goes as top_k = 1, as upstream's clients send it."""
+    from trtspec.triton_repo.models import orchestrator
+
+    req = parse_request(_inputs(text_input="def", max_tokens=4, **sampling), LIMITS)
+    inputs = orchestrator.EngineClient("t", "d", req, end_id=2, pad_id=3)._common([5, 6], 3, 0)
+    knobs = {
+        k: inputs[k].reshape(-1)[0].item()
+        for k in ("temperature", "runtime_top_k", "runtime_top_p")
+        if k in inputs
+    }
+    assert knobs == pytest.approx(sent)
+
+
 def test_several_values_for_a_scalar_input_are_refused():
     inputs = _inputs(text_input="x")
     inputs["max_tokens"] = np.array([[4, 5]], dtype=np.int32)

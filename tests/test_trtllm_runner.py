@@ -270,7 +270,9 @@ def test_engines_from_the_build_run_through_from_recipe(fake_trtllm, tmp_path, t
     [result] = runner.generate(PROMPTS[:1], SamplingParams(max_new_tokens=8, ignore_eos=True))
     assert result.token_ids == hf_greedy(target_hf, PROMPTS[0], 8)
     assert result.stats.max_draft_len == 3 and result.stats.rounds >= 2
+    sessions = [r.runner.session for r in (runner.draft, runner.target)]
     runner.close()
+    assert all(s.is_shut_down for s in sessions)
 
 
 def test_sampling_kwargs():

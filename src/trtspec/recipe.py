@@ -34,6 +34,7 @@ DEMO_RECIPE = DEMO_DIR / "recipe.yaml"
 Dtype = Literal["float16", "bfloat16", "float32"]
 Quantization = Literal["none", "fp8", "int8_sq", "int4_awq", "w4a8_awq"]
 KvCacheDtype = Literal["auto", "fp8"]
+FP8_KV_CACHE_QUANTIZATIONS = ("fp8", "w4a8_awq")
 Runtime = Literal["torch", "tensorrtllm", "trtllm-pytorch"]
 Device = Literal["cpu", "cuda"]
 
@@ -90,6 +91,18 @@ class ModelSpec(_Strict):
     def _gpu_count(self) -> ModelSpec:
         if self.gpu_ids is not None and len(self.gpu_ids) != self.world_size:
             raise ValueError(f"gpu_ids has {len(self.gpu_ids)} ids but tp_size*pp_size is {self.world_size}")
+        return self
+
+    @model_validator(mode="after")
+    def _fp8_kv_cache(self) -> ModelSpec:
+        # ModelOpt writes an fp8 KV cache only as part of a quantization, and TensorRT-LLM's build keeps the paged
+        # context FMHA (which KV-cache reuse needs) with an fp8 KV cache only for the fp8 and w4a8_awq formats: for
+        # the others it turns it off ("FP8 Paged Context FMHA is disabled because FP8 context FMHA is disabled").
+        if self.kv_cache_dtype == "fp8" and self.quantization not in FP8_KV_CACHE_QUANTIZATIONS:
+            raise ValueError(
+                f"kv_cache_dtype fp8 needs quantization {' or '.join(FP8_KV_CACHE_QUANTIZATIONS)}, not "
+                f"{self.quantization}; set kv_cache_dtype: auto or change the quantization"
+            )
         return self
 
     @property

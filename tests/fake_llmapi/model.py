@@ -5,7 +5,7 @@ arguments + triton_config; only triton_config is popped, and unknown keys are re
 extra="forbid"), and answers upstream's tensors: text_input, streaming, sampling_param_* -> text_output (streamed
 as deltas) and, with sampling_param_return_perf_metrics, acceptance_rate / total_accepted_draft_tokens /
 total_draft_tokens. Generation is trtspec's PyTorch draft-target engine over model.yaml's model and
-speculative_config.speculative_model, standing in for LLM(**args).generate_async.
+speculative_config.speculative_model_dir, standing in for LLM(**args).generate_async.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class TritonPythonModel:
         if spec.pop("decoding_type") != "DraftTarget":
             raise ValueError("Invalid decoding type")
         self.engine = SpeculativeEngine.from_pretrained(
-            config["model"], spec["speculative_model"], max_draft_len=spec["max_draft_len"],
+            config["model"], spec["speculative_model_dir"], max_draft_len=spec["max_draft_len"],
             max_seq_len=config["max_seq_len"] + spec["max_draft_len"] + 1,
         )  # fmt: skip
         self.k = spec["max_draft_len"]

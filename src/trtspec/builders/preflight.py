@@ -452,7 +452,29 @@ def check_runtime(recipe: Recipe, trtllm_version: str | None = None) -> CheckRes
 
 # What concerns TensorRT-LLM engines only (its draft-target support matrix, GPU memory, the installed
 # TensorRT-LLM): the torch runtime loads the Hugging Face checkpoints itself, in any dtype, on CPU too.
-ENGINE_ONLY_CHECKS = ("precision", "memory", "runtime")
+def check_fast_logits(recipe: Recipe) -> list[CheckResult]:
+    """triton.fast_logits on the tensorrtllm runtime: useful only with draft logits to pass on."""
+    if not recipe.triton.fast_logits or recipe.triton.runtime != "tensorrtllm":
+        return []
+    if not recipe.speculative.use_draft_logits:
+        return [
+            CheckResult(
+                "fast logits",
+                "warn",
+                "triton.fast_logits without speculative.use_draft_logits: no draft logits are passed on, yet the "
+                "deployment still needs the MPI orchestrator layout; set use_draft_logits: true or fast_logits: "
+                "false",
+            )
+        ]
+    ahead = "; draft-ahead is off (a fast-logits answer cannot be cut to the next round)"
+    return [
+        CheckResult(
+            "fast logits", "pass", "draft logits go from rank to rank" + ahead * recipe.triton.draft_ahead
+        )
+    ]
+
+
+ENGINE_ONLY_CHECKS = ("precision", "memory", "runtime", "fast logits")
 
 
 def run_checks(
@@ -477,6 +499,7 @@ def run_checks(
         check_draft_size(target, draft),
         check_memory(memory, gpu_memory_gib),
         check_runtime(recipe, trtllm_version),
+        *check_fast_logits(recipe),
     ]
     return CheckReport(recipe.name, results, memory)
 

@@ -91,8 +91,10 @@ TRTLLM_LAST_ENGINE_RELEASE = "1.3.0rc20"
 # rendered source, 1.2.1/_modules/tensorrt_llm/llmapi/llm_args.html): BaseLlmArgs (extra="forbid"): model, backend
 # (deprecated but still a field; upstream's model.yaml sets it), tensor_parallel_size, pipeline_parallel_size,
 # dtype, trust_remote_code, max_batch_size, max_input_len, max_seq_len, kv_cache_config, speculative_config;
-# DecodingBaseConfig (strict): max_draft_len, speculative_model (validation aliases speculative_model,
-# speculative_model_dir); DecodingBaseConfig.from_dict maps decoding_type "DraftTarget" ->
+# DecodingBaseConfig (strict): max_draft_len, speculative_model_dir. Main renamed it speculative_model and kept
+# speculative_model_dir as a validation alias (NVIDIA/TensorRT-LLM PR #10099, December 2025); whether the rename
+# reached 1.2.x could not be confirmed from here, and speculative_model_dir is accepted either way.
+# DecodingBaseConfig.from_dict maps decoding_type "DraftTarget" ->
 # DraftTargetDecodingConfig (the class's own string "Draft_Target" is refused there); KvCacheConfig (strict):
 # free_gpu_memory_fraction, enable_block_reuse. Upstream's llmapi model.py pops only triton_config (max_batch_size,
 # decoupled: both required) from model.yaml and passes every other key to LLM().
@@ -100,7 +102,7 @@ TRTLLM_PYTORCH_VERSION = "1.2.1"
 TRTLLM_PYTORCH_MIN_VERSION = "1.2.0"
 NGC_TRITON_TRTLLM_PYTORCH_IMAGE = NGC_TRITON_TRTLLM_IMAGE
 LLMAPI_DRAFT_TARGET_DECODING_TYPE = "DraftTarget"
-LLMAPI_SPECULATIVE_MODEL_KEY = "speculative_model"
+LLMAPI_SPECULATIVE_MODEL_KEY = "speculative_model_dir"
 # Quantized checkpoints the PyTorch backend runs (_torch/modules/linear.py get_quant_method: FP8, W4A16_AWQ,
 # W4A8_AWQ, NVFP4, ...; no SmoothQuant path, so int8_sq is refused for trtllm-pytorch).
 LLMAPI_QUANT_FORMATS = ("none", "fp8", "int4_awq", "w4a8_awq")

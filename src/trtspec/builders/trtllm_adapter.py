@@ -14,12 +14,14 @@ TensorRT-LLM 1.2.x calls (read in NVIDIA/TensorRT-LLM; trtspec calls nothing els
   [architecture].from_checkpoint(ckpt_dir, config=rank_config)`` then ``builder.build``) and ``Engine.save``;
   the ``kwargs`` are those ``main()`` passes (logits_dtype, lora_*, strip_plan, refit). ``main()`` also shows
   how the CLI flags become objects: ``SpeculativeDecodingMode.from_arguments(args)``, ``PluginConfig`` from the
-  plugin flags, ``BuildConfig.from_dict({...}, plugin_config=...)`` with ``strongly_typed=True``.
+  plugin flags, ``BuildConfig(max_input_len=..., ..., plugin_config=...)`` with ``strongly_typed=True`` (a
+  pydantic model since PR #8330, October 2025; before that a dataclass built with ``BuildConfig.from_dict``:
+  keyword construction works with both).
 - ``tensorrt_llm/models/modeling_utils.py``: ``PretrainedConfig.from_json_file(config_file)``,
   ``SpeculativeDecodingMode`` (an IntFlag: NONE=1, DRAFT_TOKENS_EXTERNAL=2, MEDUSA=4, ...).
 - ``tensorrt_llm/builder.py``: ``BuildConfig`` (fields max_batch_size, max_input_len, max_seq_len,
   max_beam_width, gather_context_logits, gather_generation_logits, strongly_typed, max_draft_len,
-  speculative_decoding_mode, plugin_config), ``BuildConfig.from_dict(config, plugin_config=None)``;
+  speculative_decoding_mode, plugin_config);
   ``build(model, build_config)`` adds max_draft_len to max_seq_len when a speculative mode is set;
   ``Engine.save(engine_dir)`` writes ``config.json`` (``EngineConfig.to_dict``: version, pretrained_config,
   build_config; IntFlag values are written as integers) and ``rank{N}.engine``.
@@ -252,7 +254,7 @@ def _build_one(plan: EnginePlan) -> None:
     plugin_config = PluginConfig(**cfg.pop("plugin_config"))
     mode = argparse.Namespace(speculative_decoding_mode=cfg.pop("speculative_decoding_mode"))
     cfg["speculative_decoding_mode"] = SpeculativeDecodingMode.from_arguments(mode)
-    build_config = BuildConfig.from_dict(cfg, plugin_config=plugin_config)
+    build_config = BuildConfig(**cfg, plugin_config=plugin_config)
     model_config = PretrainedConfig.from_json_file(str(plan.checkpoint_dir / "config.json"))
     kwargs = {
         "logits_dtype": None,
@@ -291,7 +293,8 @@ def child_main(job_path: str, result_path: str) -> int:
 
 # ---------------------------------------------------------------- in-process runtime: the C++ runner
 #
-# TensorRT-LLM 1.2.x ``tensorrt_llm/runtime/model_runner_cpp.py`` (read at NVIDIA/TensorRT-LLM commit 0383291):
+# TensorRT-LLM 1.x ``tensorrt_llm/runtime/model_runner_cpp.py`` (a 1.x version of NVIDIA/TensorRT-LLM: its executor
+# is ``self.session``, and ``from_dir`` also takes ``fail_fast_on_attention_window_too_large``):
 # ``ModelRunnerCpp.from_dir(engine_dir, *, rank=0, max_batch_size=None, max_input_len=None, max_output_len=None,
 # max_beam_width=None, kv_cache_free_gpu_memory_fraction=None, kv_cache_enable_block_reuse=False, device_ids=None,
 # is_orchestrator_mode=False, gather_generation_logits=False, ...)`` and ``generate(batch_input_ids: list[Tensor],
@@ -394,7 +397,7 @@ class EngineRunner:
 
     def close(self) -> None:
         """Shut the executor down (its worker processes and GPU memory) now rather than at garbage collection."""
-        executor = getattr(self.runner, "executor", None)
+        executor = getattr(self.runner, "session", None)  # ModelRunnerCpp keeps its trtllm.Executor there
         if executor is not None:
             executor.shutdown()
         self.runner = None

@@ -1,7 +1,7 @@
 """The ``trtllm-pytorch`` runtime: upstream's Triton LLM-API model over TensorRT-LLM's PyTorch backend.
 
 TensorRT-LLM removed the TensorRT engine path after 1.3.0rc20; what remains is the LLM API, which runs draft-target
-itself (``speculative_config: {decoding_type: DraftTarget, max_draft_len: K, speculative_model: DRAFT}``) from
+itself (``speculative_config: {decoding_type: DraftTarget, max_draft_len: K, speculative_model_dir: DRAFT}``) from
 Hugging Face checkpoints. Upstream serves it through one Triton python model, ``tensorrt_llm``
 (triton_backend/all_models/llmapi/tensorrt_llm/: config.pbtxt, 1/model.py, 1/helpers.py, 1/model.yaml), whose
 model.yaml keys map 1:1 to ``LLM()`` arguments (``triton_config`` aside).
@@ -12,7 +12,7 @@ What trtspec writes (deploy) and why:
   like upstream's launch_triton_server.py, starts tritonserver with --disable-auto-complete-config, so model.py's
   auto_complete_config never copies them over.
 - ``tensorrt_llm/1/model.yaml``: from the recipe, every key checked against the pinned release's field names
-  (``trtspec.builders.support``); the ``model`` / ``speculative_model`` are the HF checkpoints (or ModelOpt's
+  (``trtspec.builders.support``); the ``model`` / ``speculative_model_dir`` are the HF checkpoints (or ModelOpt's
   quantized HF exports for quantized models).
 - ``tensorrt_llm/1/model.py``: a thin launcher, not a copy: upstream's model.py belongs to the TensorRT-LLM release
   in the image and must match it, so it is loaded at server start from the image (``find_upstream_model_dir``).

@@ -14,7 +14,7 @@ from trtspec.recipe import Recipe, torch_runtime_dtype
 from trtspec.triton_repo import interface as names
 from trtspec.triton_repo import llmapi
 
-# The 51 template keys of upstream's tensorrt_llm/config.pbtxt (TensorRT-LLM 1.2.x triton_backend).
+# The 52 template keys of upstream's tensorrt_llm/config.pbtxt (TensorRT-LLM 1.2.x triton_backend).
 UPSTREAM_TRTLLM_KEYS = frozenset(
     [
         "batch_scheduler_policy",
@@ -60,6 +60,7 @@ UPSTREAM_TRTLLM_KEYS = frozenset(
         "normalize_log_probs",
         "num_nodes",
         "participant_ids",
+        "prompt_embedding_table_data_type",
         "request_stats_max_iterations",
         "sink_token_length",
         "speculative_decoding_fast_logits",
@@ -101,7 +102,7 @@ def participant_ids(recipe: Recipe) -> dict[str, str]:
 
 
 def tensorrtllm_values(recipe: Recipe, role: str, engine_dir: Path) -> dict:
-    """The 51 upstream keys (+ model_name) of the C++ backend model over ``role``'s engine ("target"/"draft")."""
+    """The 52 upstream keys (+ model_name) of the C++ backend model over ``role``'s engine ("target"/"draft")."""
     spec = recipe.models()[role]
     triton = recipe.triton
     fast = triton.fast_logits
@@ -129,6 +130,7 @@ def tensorrtllm_values(recipe: Recipe, role: str, engine_dir: Path) -> dict:
         gpu_weights_percent=1.0,
         logits_datatype="TYPE_FP32",
         encoder_input_features_data_type="TYPE_FP16",
+        prompt_embedding_table_data_type="TYPE_FP16",
         gpu_device_ids=",".join(map(str, spec.devices)),
         max_queue_delay_microseconds=0,
         max_queue_size=0,
@@ -201,7 +203,9 @@ def common_values(recipe: Recipe) -> dict[str, dict]:
             "max_draft_len": spec.max_draft_len,
             "num_draft_tokens": spec.default_num_draft_tokens,
             "use_draft_logits": spec.use_draft_logits,
-            "draft_ahead": triton.draft_ahead,
+            # A fast-logits draft answer is a record of where its logits are, not logits: it cannot be cut to
+            # the next round's drafts, so draft-ahead is off when draft logits travel that way.
+            "draft_ahead": triton.draft_ahead and not (triton.fast_logits and spec.use_draft_logits),
             "max_seq_len": recipe.limits.max_seq_len,
             # Requests in flight at once in decoupled mode: one per engine batch slot.
             "max_concurrency": batch,

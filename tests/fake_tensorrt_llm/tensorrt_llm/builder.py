@@ -1,7 +1,6 @@
 """Stand-in of tensorrt_llm/builder.py: BuildConfig, EngineConfig, Engine (save), build."""
 
 import copy
-import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
@@ -49,19 +48,6 @@ class BuildConfig:
     visualize_network: str = None
     monitor_memory: bool = False
     use_mrope: bool = False
-
-    @classmethod
-    def from_dict(cls, config, plugin_config=None):
-        config = copy.deepcopy(config)
-        names = {f.name for f in dataclasses.fields(cls)} - {"plugin_config"}
-        unknown = set(config) - names - {"plugin_config", "lora_config"}
-        if unknown:  # the real from_dict pops known keys and ignores the rest; surface typos here
-            raise TypeError(f"fake BuildConfig.from_dict: unknown keys {sorted(unknown)}")
-        if plugin_config is None:
-            plugin_config = PluginConfig()
-        if "plugin_config" in config:
-            plugin_config = plugin_config.model_copy(update=config["plugin_config"], deep=True)
-        return cls(**{k: v for k, v in config.items() if k in names}, plugin_config=plugin_config)
 
     def to_dict(self):
         output = copy.deepcopy(self.__dict__)

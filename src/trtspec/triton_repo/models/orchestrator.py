@@ -53,11 +53,14 @@ class EngineClient:
             "request_output_len": np.array([[output_len]], dtype=np.int32),
             "end_id": np.array([[self.end_id]], dtype=np.int32),
             "pad_id": np.array([[self.pad_id]], dtype=np.int32),
-            "temperature": np.array([[s.temperature]], dtype=np.float32),
-            "runtime_top_k": np.array([[s.top_k]], dtype=np.int32),
-            "runtime_top_p": np.array([[s.top_p]], dtype=np.float32),
             "streaming": np.array([[False]]),
         }
+        if s.greedy:  # top_k = 1 is TensorRT-LLM's argmax; a temperature of 0 it would divide by (0 + 1e-6)
+            inputs["runtime_top_k"] = np.array([[1]], dtype=np.int32)
+        else:
+            inputs["temperature"] = np.array([[s.temperature]], dtype=np.float32)
+            inputs["runtime_top_k"] = np.array([[s.top_k]], dtype=np.int32)
+            inputs["runtime_top_p"] = np.array([[s.top_p]], dtype=np.float32)
         if s.seed is not None:  # a distinct seed per round and per model, reproducible per request
             inputs["seed"] = np.array([[((s.seed + round_index) ^ salt) & _SEED_MASK]], dtype=np.uint64)
         return inputs

@@ -113,6 +113,12 @@ def parse_request(inputs: Mapping[str, object], limits: Limits) -> GenerationReq
             f"num_draft_tokens {k} is out of range: it must be between 0 and max_draft_len {limits.max_draft_len} "
             "(the engine limit)"
         )
+    use_draft_logits = bool(_scalar(inputs, "use_draft_logits", limits.use_draft_logits))
+    if use_draft_logits and not limits.use_draft_logits:
+        raise RequestError(
+            "use_draft_logits=true needs a repository deployed with speculative.use_draft_logits: true "
+            "(its engines gather generation logits); leave it out or send false"
+        )
     end_id, pad_id = _scalar(inputs, "end_id"), _scalar(inputs, "pad_id")
     return GenerationRequest(
         text=str(text),
@@ -120,7 +126,7 @@ def parse_request(inputs: Mapping[str, object], limits: Limits) -> GenerationReq
         num_draft_tokens=k,
         stream=bool(_scalar(inputs, "stream", False)),
         sampling=_sampling(inputs),
-        use_draft_logits=bool(_scalar(inputs, "use_draft_logits", limits.use_draft_logits)),
+        use_draft_logits=use_draft_logits,
         return_perf_metrics=bool(_scalar(inputs, "return_perf_metrics", False)),
         end_id=None if end_id is None else int(end_id),
         pad_id=None if pad_id is None else int(pad_id),

@@ -29,6 +29,10 @@ class SpeculativeDecodingMode(IntFlag):
             "lookahead_decoding": "LOOKAHEAD_DECODING",
             "explicit_draft_tokens": "EXPLICIT_DRAFT_TOKENS",
             "eagle": "EAGLE",
+            "ngram": "NGRAM",
+            "user_provided": "USER_PROVIDED",
+            "auto": "AUTO",
+            "save_hidden_states": "SAVE_HIDDEN_STATES",
         }
         if args.speculative_decoding_mode not in names:
             raise AssertionError(f"Unknown speculative_decoding_mode {args.speculative_decoding_mode}")

@@ -37,11 +37,25 @@ def _load_model(path):
     return _MODELS[path]
 
 
+class _Executor:
+    """The part of tensorrt_llm.bindings.executor.Executor the runner's users touch."""
+
+    def __init__(self):
+        self.is_shut_down = False
+
+    def can_enqueue_requests(self):
+        return not self.is_shut_down
+
+    def shutdown(self):
+        self.is_shut_down = True
+
+
 class ModelRunnerCpp:
     calls = []
 
     def __init__(self, engine_dir, config, max_batch_size, max_input_len, max_seq_len, max_beam_width):
         self.engine_dir, self.config = engine_dir, config
+        self.session = _Executor()  # the real class keeps its trtllm.Executor here
         self.max_batch_size, self.max_input_len = max_batch_size, max_input_len
         self.max_seq_len, self.max_beam_width = max_seq_len, max_beam_width
         build = config["build_config"]
@@ -90,6 +104,7 @@ class ModelRunnerCpp:
         gather_generation_logits=False,
         use_variable_beam_width_search=False,
         mm_embedding_offloading=False,
+        fail_fast_on_attention_window_too_large=False,
     ):
         with open(os.path.join(engine_dir, "config.json")) as f:
             config = json.load(f)
