@@ -114,13 +114,16 @@ def test_fast_logits_prespawns_one_rank_per_gpu_plus_the_orchestrator(tmp_path, 
     assert not any(a.startswith("--cuda-memory-pool") for args in per_rank for a in args)
 
 
-def test_single_gpu_pair_runs_without_mpi(tmp_path):
+def test_two_tensorrt_llm_models_always_launch_with_multi_model_and_torch_without_mpi(tmp_path):
     data = {"name": "one", "target": {"model": "/t"}, "draft": {"model": "/d"}}
     recipe = recipe_from_dict(data, check_paths=False)
-    assert launch_layout(recipe, "tensorrtllm")["mpi"] is False
     assert launch_layout(recipe, "torch") == launch_layout_of({})
+    # One GPU for both: still --multi-model, as upstream's draft-target README launches the pair.
+    layout = launch_layout(recipe, "tensorrtllm")
+    assert (layout["mode"], layout["world_size"], layout["gpus"]) == ("orchestrator", 1, [0])
+    assert launch_env(layout, {}) == {"TRTLLM_ORCHESTRATOR": "1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1"}
     moved = recipe_from_dict(data | {"draft": {"model": "/d", "gpu_ids": [1]}}, check_paths=False)
-    assert launch_layout(moved, "tensorrtllm")["mode"] == "orchestrator"  # different GPUs need --multi-model
+    assert launch_layout(moved, "tensorrtllm")["mode"] == "orchestrator"
 
 
 def test_pipeline_parallel_counts_in_the_world_size():

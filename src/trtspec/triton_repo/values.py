@@ -253,9 +253,11 @@ def launch_layout(recipe: Recipe, runtime: str) -> dict:
     """How ``serve`` starts tritonserver for this repository (recorded in trtspec.json as ``launch``).
 
     Modes, following upstream's launch_triton_server.py:
-    - single: one tritonserver, no MPI (torch runtime; tensorrtllm with both models on the same single GPU).
+    - single: one tritonserver, no MPI (torch runtime).
     - orchestrator: ``--multi-model``: one MPI rank (world_size 1) whose C++ backend spawns each engine model's
-      workers on its ``gpu_device_ids`` (tp/pp > 1, or draft and target on different GPUs).
+      workers on its ``gpu_device_ids``. Always so for tensorrtllm, one GPU or many: the repository holds two
+      TensorRT-LLM models ("--multi-model: Enable support for multiple TRT-LLM models in the Triton model
+      repository"), and upstream's draft-target README launches them this way.
     - orchestrator-prespawn: ``--multi-model --disable-spawn-processes`` for fast logits: world_size =
       1 (orchestrator) + draft ranks + target ranks, every rank started by mpirun, models placed by participant_ids;
       ranks > 0 load only the engine models.
@@ -278,8 +280,6 @@ def launch_layout(recipe: Recipe, runtime: str) -> dict:
             "rank_models": [names.TARGET_MODEL, names.DRAFT_MODEL],
             "participant_ids": participant_ids(recipe),
         }
-    if target.world_size == draft.world_size == 1 and target.devices == draft.devices:
-        return layout
     return layout | {"mode": "orchestrator", "mpi": True, "env": {ORCHESTRATOR_ENV: "1", SPAWN_ENV: "1"}}
 
 
