@@ -320,3 +320,26 @@ def test_python_dash_m_is_the_same_program():
         [sys.executable, "-m", "trtspec", "--version"], capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "trtspec, version 0.1.0"
+
+
+def test_tensorrtllm_runtime_options_are_checked_and_left_out_for_torch(runner, tmp_path, tiny_pair):
+    from trtspec.builders.build import run_preflight
+    from trtspec.builders.preflight import ENGINE_ONLY_CHECKS
+    from trtspec.recipe import load_recipe
+
+    path = write_recipe(
+        tmp_path / "r.yaml",
+        *tiny_pair,
+        draft={"quantization": "int4_awq", "kv_cache_dtype": "fp8"},
+        speculative={"allow_unsupported_precision": True},
+        triton={"runtime": "tensorrtllm", "fast_logits": True},
+    )
+    result, payload = run_check(runner, path)
+    assert result.exit_code == 1
+    status, message = status_of(payload, "kv cache")
+    assert status == "fail" and "draft.kv_cache_dtype fp8 beside quantization int4_awq" in message
+    status, message = status_of(payload, "fast logits")
+    assert status == "warn" and "without speculative.use_draft_logits" in message
+    # deploy --runtime torch runs the checks that concern the checkpoints only
+    results = run_preflight(load_recipe(path), skip=ENGINE_ONLY_CHECKS)["results"]
+    assert results["kv cache"] == "fail" and results["fast logits"] == "warn"

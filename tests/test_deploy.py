@@ -109,6 +109,8 @@ def test_torch_repo_renders_checks_and_writes_atomically(tiny_pair, tmp_path):
         owner = names.POSTPROCESSING if key == "skip_special_tokens" else names.PREPROCESSING
         assert params[names.ORCHESTRATOR][key] == params[owner][key] != ""
     assert params[names.TARGET_MODEL]["cpu_threads"] == params[names.DRAFT_MODEL]["cpu_threads"] == "auto"
+    # upstream's preprocessing key names (gpt_model_path holds ${engine_dir} there; unused by draft-target)
+    assert {"tokenizer_dir", "add_special_tokens", "gpt_model_path"} <= set(params[names.PREPROCESSING])
     # Redeploying replaces the repository in one rename.
     deploy(recipe, "torch", out)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["repo"]

@@ -162,3 +162,76 @@ def test_client_reports_an_unreachable_server_in_one_line(protocol):
     assert got.returncode == 2 and "Traceback" not in got.stderr
     assert got.stderr.startswith(f"Error: cannot reach Triton at 127.0.0.1:{port}")
     assert len(got.stderr.strip().splitlines()) == 1
+
+
+FAKE_MPIRUN = """#!{python}
+# Stand-in for Open MPI's mpirun (none here): the argv form trtspec uses, `mpirun --allow-run-as-root -n 1 RANK0
+# [: -n 1 RANK1 ...]`; it runs a one-rank launch in place (exec), records what it got, and refuses more ranks.
+import json, os, sys
+args = sys.argv[1:]
+assert args[0] == "--allow-run-as-root", args
+ranks = " ".join(args[1:]).split(" : ")
+if len(ranks) != 1:
+    sys.exit("fake mpirun: one rank only")
+rank = ranks[0].split(" ")
+assert rank[:2] == ["-n", "1"], rank
+with open(os.environ["FAKE_MPIRUN_RECORD"], "w") as f:
+    json.dump({{"argv": sys.argv, "orchestrator": os.environ.get("TRTLLM_ORCHESTRATOR")}}, f)
+os.execv(rank[2], rank[2:])
+"""
+
+
+def test_an_mpi_launch_is_served_like_a_single_one(repo, tmp_path):
+    """The tensorrtllm runtime always launches under mpirun (--multi-model): serve must still wait for every model,
+    print the endpoints, answer, and stop the whole session on Ctrl-C. A stand-in mpirun runs the one rank."""
+    import json
+    import shutil
+
+    mpi_repo = tmp_path / "repo"
+    shutil.copytree(repo, mpi_repo)
+    manifest = json.loads((mpi_repo / "trtspec.json").read_text())
+    manifest["launch"] = {
+        "mode": "orchestrator",
+        "mpi": True,
+        "world_size": 1,
+        "env": {"TRTLLM_ORCHESTRATOR": "1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1"},
+        "rank_models": [],
+        "gpus": [],
+    }
+    (mpi_repo / "trtspec.json").write_text(json.dumps(manifest))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "mpirun").write_text(FAKE_MPIRUN.format(python=sys.executable))
+    (bin_dir / "mpirun").chmod(0o755)
+    record = tmp_path / "mpirun.json"
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", FAKE_MPIRUN_RECORD=str(record))
+
+    http, grpc, metrics = free_ports(3)
+    log = tmp_path / "serve.log"
+    cmd = [sys.executable, "-m", "trtspec", "serve", str(mpi_repo)]
+    cmd += ["--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        _wait_ready(proc, http, log)
+        deadline = time.monotonic() + 30
+        while "try:" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        text = " ".join(log.read_text().split())  # the console wraps long lines
+        assert "orchestrator: 1 MPI rank(s)" in text and "mpirun --allow-run-as-root -n 1" in text
+        assert f"HTTP http://127.0.0.1:{http}" in text and "ready: " in text
+        got = json.loads(record.read_text())
+        assert got["orchestrator"] == "1" and f"--http-port={http}" in got["argv"]
+        assert "--http-address=127.0.0.1" in got["argv"]
+        answer = _client("--url", f"127.0.0.1:{grpc}", "--stream", "--max-tokens", "6", "def add(a, b):")
+        assert answer.returncode == 0 and answer.stdout.startswith("def add(a, b):"), answer.stderr
+        (server,) = _children(proc.pid)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0, log.read_text()
+        time.sleep(0.5)
+        assert not _session_processes(server), "a rank or a stub is still running"
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

@@ -34,7 +34,6 @@ DEMO_RECIPE = DEMO_DIR / "recipe.yaml"
 Dtype = Literal["float16", "bfloat16", "float32"]
 Quantization = Literal["none", "fp8", "int8_sq", "int4_awq", "w4a8_awq"]
 KvCacheDtype = Literal["auto", "fp8"]
-FP8_KV_CACHE_QUANTIZATIONS = ("fp8", "w4a8_awq")
 Runtime = Literal["torch", "tensorrtllm", "trtllm-pytorch"]
 Device = Literal["cpu", "cuda"]
 
@@ -95,13 +94,12 @@ class ModelSpec(_Strict):
 
     @model_validator(mode="after")
     def _fp8_kv_cache(self) -> ModelSpec:
-        # ModelOpt writes an fp8 KV cache only as part of a quantization, and TensorRT-LLM's build keeps the paged
-        # context FMHA (which KV-cache reuse needs) with an fp8 KV cache only for the fp8 and w4a8_awq formats: for
-        # the others it turns it off ("FP8 Paged Context FMHA is disabled because FP8 context FMHA is disabled").
-        if self.kv_cache_dtype == "fp8" and self.quantization not in FP8_KV_CACHE_QUANTIZATIONS:
+        # trtspec writes an fp8 KV cache as part of a ModelOpt quantization (its KV quantizers calibrated with the
+        # weights'); without one the setting would be silently ignored by every build path.
+        if self.kv_cache_dtype == "fp8" and self.quantization == "none":
             raise ValueError(
-                f"kv_cache_dtype fp8 needs quantization {' or '.join(FP8_KV_CACHE_QUANTIZATIONS)}, not "
-                f"{self.quantization}; set kv_cache_dtype: auto or change the quantization"
+                "kv_cache_dtype fp8 needs a quantization (the KV cache is quantized with the weights); "
+                "set kv_cache_dtype: auto or choose a quantization"
             )
         return self
 
@@ -232,6 +230,12 @@ class Recipe(_Strict):
                 f"limits.max_input_len {lim.max_input_len} must be < limits.max_seq_len {lim.max_seq_len}"
             )
         return self
+
+    def draft_ahead_for(self, runtime: str) -> bool:
+        """triton.draft_ahead as ``runtime`` can serve it: a fast-logits draft answer (tensorrtllm with fast_logits
+        and use_draft_logits) says where the draft's logits are and cannot be cut to the next round's drafts."""
+        fast = runtime == "tensorrtllm" and self.triton.fast_logits and self.speculative.use_draft_logits
+        return self.triton.draft_ahead and not fast
 
     def models(self) -> dict[str, ModelSpec]:
         return {"target": self.target, "draft": self.draft}

@@ -450,31 +450,45 @@ def check_runtime(recipe: Recipe, trtllm_version: str | None = None) -> CheckRes
     return CheckResult("runtime", "pass", f"{runtime} runs on TensorRT-LLM {version}", details)
 
 
-# What concerns TensorRT-LLM engines only (its draft-target support matrix, GPU memory, the installed
-# TensorRT-LLM): the torch runtime loads the Hugging Face checkpoints itself, in any dtype, on CPU too.
 def check_fast_logits(recipe: Recipe) -> list[CheckResult]:
     """triton.fast_logits on the tensorrtllm runtime: useful only with draft logits to pass on."""
     if not recipe.triton.fast_logits or recipe.triton.runtime != "tensorrtllm":
         return []
     if not recipe.speculative.use_draft_logits:
-        return [
-            CheckResult(
-                "fast logits",
-                "warn",
-                "triton.fast_logits without speculative.use_draft_logits: no draft logits are passed on, yet the "
-                "deployment still needs the MPI orchestrator layout; set use_draft_logits: true or fast_logits: "
-                "false",
-            )
-        ]
-    ahead = "; draft-ahead is off (a fast-logits answer cannot be cut to the next round)"
-    return [
-        CheckResult(
-            "fast logits", "pass", "draft logits go from rank to rank" + ahead * recipe.triton.draft_ahead
+        message = (
+            "triton.fast_logits without speculative.use_draft_logits: no draft logits are passed on, yet the "
+            "deployment still needs the MPI orchestrator layout; set speculative.use_draft_logits: true or "
+            "triton.fast_logits: false"
         )
-    ]
+        return [CheckResult("fast logits", "warn", message)]
+    message = "draft logits go from rank to rank"
+    if recipe.triton.draft_ahead and not recipe.draft_ahead_for("tensorrtllm"):
+        message += "; draft-ahead is off (a fast-logits answer cannot be cut to the next round)"
+    return [CheckResult("fast logits", "pass", message)]
 
 
-ENGINE_ONLY_CHECKS = ("precision", "memory", "runtime", "fast logits")
+def check_kv_cache(recipe: Recipe) -> list[CheckResult]:
+    """An fp8 KV cache in a tensorrtllm engine keeps the paged context FMHA only beside some formats."""
+    if recipe.triton.runtime != "tensorrtllm":
+        return []
+    for role, spec in recipe.models().items():
+        if (
+            spec.kv_cache_dtype == "fp8"
+            and spec.quantization not in support.FP8_KV_CACHE_ENGINE_QUANTIZATIONS
+        ):
+            formats = " or ".join(support.FP8_KV_CACHE_ENGINE_QUANTIZATIONS)
+            message = (
+                f"{role}.kv_cache_dtype fp8 beside quantization {spec.quantization}: TensorRT-LLM's build turns the "
+                f"paged context FMHA (which KV-cache reuse needs) off; use {formats}, or kv_cache_dtype: auto"
+            )
+            return [CheckResult("kv cache", "fail", message)]
+    return []
+
+
+# What concerns TensorRT-LLM engines only (its draft-target support matrix, GPU memory, the installed
+# TensorRT-LLM, the tensorrtllm runtime's options): the torch runtime loads the Hugging Face checkpoints itself,
+# in any dtype, on CPU too.
+ENGINE_ONLY_CHECKS = ("precision", "memory", "runtime", "fast logits", "kv cache")
 
 
 def run_checks(
@@ -500,6 +514,7 @@ def run_checks(
         check_memory(memory, gpu_memory_gib),
         check_runtime(recipe, trtllm_version),
         *check_fast_logits(recipe),
+        *check_kv_cache(recipe),
     ]
     return CheckReport(recipe.name, results, memory)
 

@@ -2,16 +2,16 @@
 
 Ports come from the repository's trtspec.json (the recipe's triton section), overridden by options; the server
 binds 127.0.0.1 unless told otherwise. How the server starts comes from trtspec.json's ``launch`` layout
-(values.launch_layout): one process, or under the NGC image's mpirun with upstream launch_triton_server.py's
-ranks and environment (multi-GPU engines, fast logits, the LLM-API runtime).
+(values.launch_layout): one process (torch runtime), or under the NGC image's mpirun with upstream
+launch_triton_server.py's ranks and environment (the tensorrtllm runtime's --multi-model, fast logits, the LLM-API
+runtime). Either way serve waits until every model is ready, prints the endpoints and sample requests, and stops
+the whole session on Ctrl-C.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import signal
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +24,6 @@ from trtspec.triton_repo.server import (
     TritonServer,
     failure_reason,
     find_server,
-    launch_command,
-    launch_env,
     repo_models,
 )
 
@@ -81,27 +79,6 @@ def launch_layout_of(info: dict) -> dict:
     return info.get("launch") or SINGLE
 
 
-def _run_mpi(repo: Path, ports: Ports, layout: dict, info: dict, echo) -> int:
-    if info.get("runtime") == "trtllm-pytorch":
-        from trtspec.triton_repo.llmapi import find_upstream_model_dir
-
-        find_upstream_model_dir()  # fail now, not inside the stub, if the image lacks upstream's model.py
-    cmd = launch_command(repo, ports, layout)
-    env = launch_env(layout)
-    shown = " ".join(f"{k}={v}" for k, v in (layout.get("env") or {}).items())
-    echo(f"{layout['mode']}: {layout['world_size']} MPI rank(s):\n  {shown} " + " ".join(cmd))
-    if not shutil.which("mpirun"):
-        raise ServerError(
-            f"mpirun not found: the {layout['mode']} launch needs the NGC TensorRT-LLM Triton image"
-        )
-    proc = subprocess.Popen(cmd, start_new_session=True, env=env)
-    try:
-        return proc.wait()
-    except KeyboardInterrupt:
-        proc.send_signal(signal.SIGINT)
-        return proc.wait()
-
-
 def _interrupt_on_stop_signals() -> None:
     """Ctrl-C and SIGTERM both stop the server cleanly. A background job of a non-interactive shell (and some
     init systems) starts us with SIGINT ignored; Python then never raises KeyboardInterrupt, so restore it."""
@@ -123,11 +100,18 @@ def serve(spec: ServeSpec, echo=print) -> int:
     info = read_manifest(spec.repo)
     ports = resolve_ports(spec, info)
     layout = launch_layout_of(info)
-    if layout["mpi"]:
-        return _run_mpi(spec.repo, ports, layout, info, echo)
+    if info.get("runtime") == "trtllm-pytorch":
+        from trtspec.triton_repo.llmapi import find_upstream_model_dir
+
+        find_upstream_model_dir()  # fail now, not inside the stub, if the image lacks upstream's model.py
     log = Path(spec.repo).resolve().parent / f".{Path(spec.repo).name}.tritonserver.log"
-    server = TritonServer(spec.repo, ports, log, find_server())
-    echo("starting: " + " ".join(server.command))
+    server = TritonServer(spec.repo, ports, log, find_server(), layout)
+    if server.layout:
+        shown = " ".join(f"{k}={v}" for k, v in (layout.get("env") or {}).items())
+        echo(f"{layout['mode']}: {layout['world_size']} MPI rank(s)")
+        echo(f"starting: {shown} " + " ".join(server.command))
+    else:
+        echo("starting: " + " ".join(server.command))
     server.start(spec.timeout_s)
     try:
         echo(f"ready: {', '.join(repo_models(spec.repo))}")

@@ -138,9 +138,13 @@ def server_command(
     ]
 
 
-def _rank_args(repo: Path, ports: Ports, layout: dict, rank: int, binary: str) -> list[str]:
+def _rank_args(
+    repo: Path, ports: Ports, layout: dict, rank: int, binary: str, backend_dir: Path | None
+) -> list[str]:
     """One rank's tritonserver argv (launch_triton_server.py's get_cmd, plus explicit 127.0.0.1 binding)."""
     args = [binary, f"--model-repository={Path(repo).resolve()}", f"--exit-timeout-secs={EXIT_TIMEOUT_S}"]
+    if backend_dir is not None:
+        args.append(f"--backend-directory={backend_dir}")
     if rank == 0:
         args += [f"--{kind}-address={ports.host}" for kind in ("http", "grpc", "metrics")]
         args += [f"--http-port={ports.http}", f"--grpc-port={ports.grpc}", f"--metrics-port={ports.metrics}"]
@@ -159,7 +163,9 @@ def _rank_args(repo: Path, ports: Ports, layout: dict, rank: int, binary: str) -
     return args
 
 
-def launch_command(repo: Path, ports: Ports, layout: dict, binary: str = "tritonserver") -> list[str]:
+def launch_command(
+    repo: Path, ports: Ports, layout: dict, binary: str = "tritonserver", backend_dir: Path | None = None
+) -> list[str]:
     """The mpirun argv for a repository whose trtspec.json ``launch`` layout needs MPI (values.launch_layout).
 
     Mirrors upstream's launch_triton_server.py: ``mpirun --allow-run-as-root -n 1 RANK0 : -n 1 RANK1 ...`` with
@@ -169,7 +175,7 @@ def launch_command(repo: Path, ports: Ports, layout: dict, binary: str = "triton
     for rank in range(layout["world_size"]):
         if rank:
             cmd.append(":")
-        cmd += ["-n", "1", *_rank_args(repo, ports, layout, rank, binary)]
+        cmd += ["-n", "1", *_rank_args(repo, ports, layout, rank, binary, backend_dir)]
     return cmd
 
 
@@ -211,27 +217,49 @@ def _http_ok(url: str, timeout: float = 1.0) -> bool:
 class TritonServer:
     """A tritonserver child process in its own session; use as a context manager.
 
+    ``layout`` (a repository's trtspec.json ``launch``, values.launch_layout): one that needs MPI starts the
+    ranks under mpirun (``launch_command``, ``launch_env``) instead of one tritonserver; the rest is the same.
     ``start()`` returns once every model of the repository is ready, or raises ServerError with Triton's
     reason. ``stop()`` sends SIGINT, then SIGKILLs the whole session after STOP_GRACE_S so no stub survives.
     """
 
-    def __init__(self, repo: Path, ports: Ports, log_path: Path, install: ServerInstall | None = None):
+    def __init__(
+        self,
+        repo: Path,
+        ports: Ports,
+        log_path: Path,
+        install: ServerInstall | None = None,
+        layout: dict | None = None,
+    ):
         self.repo, self.ports, self.log_path = Path(repo), ports, Path(log_path)
         self.install = install or find_server()
+        self.layout = layout if layout and layout.get("mpi") else None
         self.proc: subprocess.Popen | None = None
 
     @property
     def command(self) -> list[str]:
+        if self.layout:
+            return launch_command(
+                self.repo, self.ports, self.layout, str(self.install.binary), self.install.backend_dir
+            )
         return server_command(self.install, self.repo, self.ports)
 
+    @property
+    def env(self) -> dict:
+        return launch_env(self.layout, self.install.env) if self.layout else self.install.env
+
     def start(self, timeout_s: float = 120.0) -> TritonServer:
+        if self.layout and not shutil.which("mpirun", path=self.env.get("PATH")):
+            raise ServerError(
+                f"mpirun not found: the {self.layout['mode']} launch needs the NGC TensorRT-LLM Triton image"
+            )
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 self.command,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=self.install.env,
+                env=self.env,
                 start_new_session=True,
             )
         try:

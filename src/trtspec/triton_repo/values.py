@@ -163,8 +163,8 @@ def torch_engine_values(recipe: Recipe, role: str) -> dict:
     }
 
 
-def common_values(recipe: Recipe) -> dict[str, dict]:
-    """Values of preprocessing, postprocessing and the orchestrator (the same for both runtimes)."""
+def common_values(recipe: Recipe, runtime: str) -> dict[str, dict]:
+    """Values of preprocessing, postprocessing and the orchestrator (``runtime``: "torch" or "tensorrtllm")."""
     triton, spec = recipe.triton, recipe.speculative
     batch = recipe.limits.max_batch_size
     # Tokenizer settings shared by preprocessing, postprocessing and the orchestrator (which tokenises and
@@ -203,9 +203,7 @@ def common_values(recipe: Recipe) -> dict[str, dict]:
             "max_draft_len": spec.max_draft_len,
             "num_draft_tokens": spec.default_num_draft_tokens,
             "use_draft_logits": spec.use_draft_logits,
-            # A fast-logits draft answer is a record of where its logits are, not logits: it cannot be cut to
-            # the next round's drafts, so draft-ahead is off when draft logits travel that way.
-            "draft_ahead": triton.draft_ahead and not (triton.fast_logits and spec.use_draft_logits),
+            "draft_ahead": recipe.draft_ahead_for(runtime),
             "max_seq_len": recipe.limits.max_seq_len,
             # Requests in flight at once in decoupled mode: one per engine batch slot.
             "max_concurrency": batch,
@@ -216,7 +214,7 @@ def common_values(recipe: Recipe) -> dict[str, dict]:
 
 def plan_models(recipe: Recipe, runtime: str, engine_dirs: dict[str, Path] | None = None) -> list[ModelPlan]:
     """Every model of the repository for ``runtime`` ("torch" or "tensorrtllm")."""
-    common = common_values(recipe)
+    common = common_values(recipe, runtime)
     plans = [
         ModelPlan(
             names.PREPROCESSING, "preprocessing/config.pbtxt", common[names.PREPROCESSING], "preprocessing"
