@@ -71,6 +71,17 @@ def _client(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
 
 
+def _kill_serve(proc: subprocess.Popen) -> None:
+    """After a failed test: kill serve and the server sessions it started (tritonserver runs in its own)."""
+    if proc.poll() is None:
+        for child in _children(proc.pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(child, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def _wait_ready(proc: subprocess.Popen, http_port: int, log: Path, timeout_s: float = 240) -> None:
     deadline = time.monotonic() + timeout_s
     while not _ready(http_port):
@@ -149,10 +160,7 @@ def test_serve_answers_the_client_and_stops_cleanly_on_ctrl_c(repo, tmp_path):
         assert not _session_processes(servers[0]), "tritonserver or a stub is still running"
         assert not [r for r in regions if os.path.exists(r)], "shared-memory regions leaked"
     finally:
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        _kill_serve(proc)
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
@@ -231,7 +239,4 @@ def test_an_mpi_launch_is_served_like_a_single_one(repo, tmp_path):
         time.sleep(0.5)
         assert not _session_processes(server), "a rank or a stub is still running"
     finally:
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        _kill_serve(proc)
