@@ -343,3 +343,29 @@ def test_tensorrtllm_runtime_options_are_checked_and_left_out_for_torch(runner, 
     # deploy --runtime torch runs the checks that concern the checkpoints only
     results = run_preflight(load_recipe(path), skip=ENGINE_ONLY_CHECKS)["results"]
     assert results["kv cache"] == "fail" and results["fast logits"] == "warn"
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_parameters_are_counted_alike_from_safetensors_and_bin_checkpoints(
+    tmp_path, shared_tokenizer_dir, tied
+):
+    """One owner (preflight.count_parameters) for check's facts and convert's memory estimate; a .bin-only
+    checkpoint is counted from its tensors (memory-mapped), a tied embedding once."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trtspec.builders.preflight import count_parameters
+    from trtspec.errors import ModelError
+
+    safe = make_model(tmp_path / "safe", tokenizer_dir=shared_tokenizer_dir, tie_word_embeddings=tied)
+    model = AutoModelForCausalLM.from_pretrained(safe)
+    expected = sum(p.numel() for p in model.parameters())  # parameters() yields a tied tensor once
+    assert count_parameters(safe) == expected
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    torch.save(model.state_dict(), legacy / "pytorch_model.bin")  # both names of a tied tensor, one storage
+    assert count_parameters(legacy) == expected
+    (legacy / "pytorch_model.bin").write_bytes(b"not a checkpoint")
+    with pytest.raises(ModelError, match="pytorch_model.bin: not a readable PyTorch checkpoint"):
+        count_parameters(legacy)
+    assert count_parameters(tmp_path) is None  # no weight files

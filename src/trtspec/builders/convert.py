@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.builders import support
-from trtspec.builders.preflight import load_tokenizer
+from trtspec.builders.preflight import count_parameters, load_tokenizer
 from trtspec.errors import CheckFailed, CheckpointError, ModelError
 from trtspec.outputs import atomic_dir
 from trtspec.recipe import CalibrationSpec, ModelSpec
@@ -91,17 +91,6 @@ def check_shapes(spec: ModelSpec, hf_config: dict) -> None:
 
 
 # ---------------------------------------------------------------- memory
-
-
-def count_parameters(model_dir: Path) -> int:
-    """From safetensors headers (no weights read); else from weight file sizes assuming 16-bit weights."""
-    from trtspec.builders.preflight import count_safetensors_parameters
-
-    counted = count_safetensors_parameters(model_dir)
-    if counted:
-        return counted
-    sizes = sum(p.stat().st_size for p in Path(model_dir).glob("*.bin"))
-    return sizes // 2
 
 
 def estimate_peak_bytes(num_parameters: int, device: str, verify: bool) -> dict[str, int]:
@@ -286,7 +275,8 @@ def export_checkpoint(
     decoder = decoder_type(hf_config, spec.model)
     check_shapes(spec, hf_config)
     warning = _warn_unsupported(spec, console)
-    check_memory(spec.model, estimate_peak_bytes(count_parameters(spec.model), device, verify))
+    # Without weight files the load below fails with its own one-line error.
+    check_memory(spec.model, estimate_peak_bytes(count_parameters(spec.model) or 0, device, verify))
     stages = Stages(console, label or out_dir.parent.name or str(out_dir))
     with atomic_dir(out_dir) as tmp:
         with stages("load", f"{spec.model} on {device}"):

@@ -111,15 +111,37 @@ def count_safetensors_parameters(model_dir: Path) -> int | None:
     return total
 
 
-def _estimate_parameters(cfg) -> int:
-    """Llama-family parameter count from the config, for checkpoints without safetensors."""
-    hidden, layers, vocab = cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size
-    head_dim = getattr(cfg, "head_dim", None) or hidden // cfg.num_attention_heads
-    kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-    attn = hidden * head_dim * (cfg.num_attention_heads * 2 + kv * 2)
-    mlp = 3 * hidden * cfg.intermediate_size
-    embeddings = vocab * hidden * (1 if getattr(cfg, "tie_word_embeddings", False) else 2)
-    return layers * (attn + mlp + 2 * hidden) + embeddings + hidden
+def _count_bin_parameters(files: list[Path]) -> int:
+    """Sum of tensor elements over PyTorch ``*.bin`` checkpoints, memory-mapped (no weights read); a tensor
+    stored under two names (tied embeddings) counts once."""
+    import torch
+
+    total, seen = 0, set()
+    for path in files:
+        try:
+            state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+        except Exception as err:  # noqa: BLE001 - pickle, zip or OSError: one message for a broken file
+            raise ModelError(
+                f"{path}: not a readable PyTorch checkpoint ({err}); re-download or re-save the model"
+            ) from None
+        for tensor in state.values():
+            if not torch.is_tensor(tensor):
+                continue
+            key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+            if key not in seen:
+                seen.add(key)
+                total += tensor.numel()
+    return total
+
+
+def count_parameters(model_dir: Path) -> int | None:
+    """The model's parameter count from its weight files' headers (*.safetensors, else *.bin); None without
+    weight files. A broken file is a ModelError."""
+    counted = count_safetensors_parameters(model_dir)
+    if counted is not None:
+        return counted
+    bins = sorted(Path(model_dir).glob("*.bin"))
+    return _count_bin_parameters(bins) if bins else None
 
 
 def load_tokenizer(model_dir: Path, trust_remote_code: bool = False):
@@ -151,8 +173,8 @@ def gather_facts(role: str, spec: ModelSpec) -> ModelFacts:
             f"{path}/config.json: cannot be read as a model config ({err})", detail=repr(err)
         ) from None
     cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-    counted = count_safetensors_parameters(path)
-    if counted is None and not any(path.glob("*.bin")):
+    counted = count_parameters(path)
+    if counted is None:
         raise ModelError(
             f"{path}: {role} model has no weights (*.safetensors or *.bin); point {role}.model at a whole "
             "Hugging Face checkpoint"
@@ -167,7 +189,7 @@ def gather_facts(role: str, spec: ModelSpec) -> ModelFacts:
         num_hidden_layers=cfg.num_hidden_layers,
         num_key_value_heads=getattr(cfg, "num_key_value_heads", None) or heads,
         head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
-        num_parameters=counted or _estimate_parameters(cfg),
+        num_parameters=counted,
         tokenizer=load_tokenizer(path, spec.trust_remote_code),
     )
 
