@@ -240,3 +240,28 @@ def test_an_mpi_launch_is_served_like_a_single_one(repo, tmp_path):
         assert not _session_processes(server), "a rank or a stub is still running"
     finally:
         _kill_serve(proc)
+
+
+def test_ctrl_c_while_the_models_load_stops_cleanly(repo, tmp_path):
+    """A stop the user asks for before the server is ready is still a clean stop: exit 0, nothing left running
+    (it used to escape as click's 'Aborted!' with exit 1 and could race a health check that saw the models ready
+    before serve did)."""
+    http, grpc, metrics = free_ports(3)
+    log = tmp_path / "serve.log"
+    cmd = [sys.executable, "-m", "trtspec", "serve", str(repo)]
+    cmd += ["--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not _children(proc.pid):  # tritonserver started: its python models take seconds to load
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        (server,) = _children(proc.pid)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0, log.read_text()
+        assert "stopped while loading the models" in log.read_text() and "ready:" not in log.read_text()
+        time.sleep(0.5)
+        assert not _session_processes(server), "tritonserver or a stub is still running"
+    finally:
+        _kill_serve(proc)

@@ -112,7 +112,11 @@ def serve(spec: ServeSpec, echo=print) -> int:
         echo(f"starting: {shown} " + " ".join(server.command))
     else:
         echo("starting: " + " ".join(server.command))
-    server.start(spec.timeout_s)
+    try:
+        server.start(spec.timeout_s)
+    except KeyboardInterrupt:  # Ctrl-C while the models load: start() has already stopped the whole session
+        echo("stopped while loading the models")
+        return 0
     try:
         echo(f"ready: {', '.join(repo_models(spec.repo))}")
         echo(
