@@ -149,7 +149,7 @@ def test_model_without_weights(runner, tmp_path, tiny_pair, draft_with):
     (draft / "model.safetensors").unlink()
     result = runner.invoke(cli, ["check", str(write_recipe(tmp_path / "r.yaml", tiny_pair[0], draft))])
     assert result.exit_code == 2, result.output
-    assert "draft model has no weights (*.safetensors or *.bin)" in result.output
+    assert "draft model has no weights (*.safetensors or pytorch_model*.bin)" in result.output
 
 
 def test_padded_vocab_counts_tp_and_awq(runner, tmp_path, tiny_pair):
@@ -340,7 +340,8 @@ def test_tensorrtllm_runtime_options_are_checked_and_left_out_for_torch(runner, 
     assert status == "fail" and "draft.kv_cache_dtype fp8 beside quantization int4_awq" in message
     status, message = status_of(payload, "fast logits")
     assert status == "warn" and "without speculative.use_draft_logits" in message
-    # deploy --runtime torch runs the checks that concern the checkpoints only
+    # deploy --runtime torch runs the checks that concern the checkpoints only: these two are reported but skipped
+    # (run_preflight raises on any other failed check)
     results = run_preflight(load_recipe(path), skip=ENGINE_ONLY_CHECKS)["results"]
     assert results["kv cache"] == "fail" and results["fast logits"] == "warn"
 
@@ -361,11 +362,37 @@ def test_parameters_are_counted_alike_from_safetensors_and_bin_checkpoints(
     model = AutoModelForCausalLM.from_pretrained(safe)
     expected = sum(p.numel() for p in model.parameters())  # parameters() yields a tied tensor once
     assert count_parameters(safe) == expected
-    legacy = tmp_path / "legacy"
-    legacy.mkdir()
-    torch.save(model.state_dict(), legacy / "pytorch_model.bin")  # both names of a tied tensor, one storage
-    assert count_parameters(legacy) == expected
-    (legacy / "pytorch_model.bin").write_bytes(b"not a checkpoint")
-    with pytest.raises(ModelError, match="pytorch_model.bin: not a readable PyTorch checkpoint"):
-        count_parameters(legacy)
+    bins = tmp_path / "bins"
+    bins.mkdir()
+    torch.save(model.state_dict(), bins / "pytorch_model.bin")  # both names of a tied tensor, one storage
+    torch.save({"output_dir": "x"}, bins / "training_args.bin")  # a Trainer's pickle beside the weights
+    assert count_parameters(bins) == expected
+    # the pre-1.6 (non-zip) format cannot be memory-mapped: read instead
+    torch.save(model.state_dict(), bins / "pytorch_model.bin", _use_new_zipfile_serialization=False)
+    assert count_parameters(bins) == expected
+    # sharded: the index names the files
+    (bins / "pytorch_model.bin").unlink()
+    state = model.state_dict()
+    names = list(state)
+    half = len(names) // 2
+    shards = {
+        "pytorch_model-00001-of-00002.bin": names[:half],
+        "pytorch_model-00002-of-00002.bin": names[half:],
+    }
+    for shard, keys in shards.items():
+        torch.save({k: state[k] for k in keys}, bins / shard)
+    weight_map = {k: shard for shard, keys in shards.items() for k in keys}
+    (bins / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    if not tied:  # a tied tensor split over two shards is saved twice: only one file can say they are one
+        assert count_parameters(bins) == expected
+    for shard in shards:
+        (bins / shard).unlink()
+    (bins / "pytorch_model.bin.index.json").unlink()
+    (bins / "pytorch_model.bin").write_bytes(b"not a checkpoint")
+    with pytest.raises(ModelError, match=r"pytorch_model.bin: not a readable PyTorch checkpoint \(") as err:
+        count_parameters(bins)
+    assert "\n" not in err.value.message
+    torch.save([1, 2], bins / "pytorch_model.bin")
+    with pytest.raises(ModelError, match="holds a list, not a state dict"):
+        count_parameters(bins)
     assert count_parameters(tmp_path) is None  # no weight files

@@ -123,3 +123,15 @@ def test_fast_logits_is_checked_against_the_draft_logits_it_would_carry():
     # A fast-logits answer is a record of where the draft's logits are: it cannot be cut to the next round.
     assert common_values(used, "tensorrtllm")[names.ORCHESTRATOR]["draft_ahead"] is False
     assert common_values(used, "torch")[names.ORCHESTRATOR]["draft_ahead"] is True  # real logits there
+
+
+def test_an_fp8_kv_cache_is_checked_for_engines_only():
+    from trtspec.builders.preflight import check_kv_cache
+
+    def kv(runtime, quantization):
+        draft = {"model": "/nonexistent/draft", "quantization": quantization, "kv_cache_dtype": "fp8"}
+        return check_kv_cache(recipe(runtime, draft=draft))
+
+    assert [r.status for r in kv("tensorrtllm", "int4_awq")] == ["fail"]
+    assert kv("tensorrtllm", "w4a8_awq") == kv("tensorrtllm", "fp8") == []
+    assert kv("trtllm-pytorch", "int4_awq") == []  # the LLM API has no engine build to turn the FMHA off

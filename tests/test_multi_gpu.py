@@ -155,3 +155,21 @@ def test_memory_is_estimated_per_rank_and_summed_per_gpu():
     assert target.kv_cache_gib == pytest.approx(kv_per_token * 8 * 1024 / 2 / 2**30)
     result = check_memory(rows, gpu_memory_gib=None)
     assert "on GPU 0" in result.message or "on GPU 1" in result.message  # the target's ranks are the peak
+
+
+def test_an_mpi_launch_without_mpirun_is_one_clear_error(tmp_path):
+    from pathlib import Path
+
+    from trtspec.errors import ServerError
+    from trtspec.triton_repo.server import ServerInstall, TritonServer
+
+    layout = launch_layout(split_recipe(), "tensorrtllm")
+    binary, backends = Path("/opt/tritonserver/bin/tritonserver"), Path("/opt/tritonserver/backends")
+    install = ServerInstall(binary, backends, {"PATH": str(tmp_path)}, "ngc")  # no mpirun on this PATH
+    server = TritonServer(tmp_path, PORTS, tmp_path / "log", install, layout)
+    assert server.command[0] == "mpirun" and server.env["TRTLLM_ORCHESTRATOR"] == "1"
+    with pytest.raises(
+        ServerError, match="^mpirun not found: the orchestrator launch needs the NGC TensorRT-LLM"
+    ):
+        server.start(1)
+    assert server.proc is None and not (tmp_path / "log").exists()

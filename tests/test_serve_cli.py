@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from triton_server import deploy_tiny_repo
 
-from trtspec.triton_repo.server import free_ports
+from trtspec.triton_repo.server import free_ports, session_processes
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,18 +30,6 @@ def _ready(http_port: int) -> bool:
             return resp.status == 200
     except OSError:
         return False
-
-
-def _session_processes(sid: int) -> dict[int, str]:
-    """pid -> command name of the live (non-zombie) processes of session ``sid``."""
-    found = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            text = stat.read_text()
-            name, fields = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :].split()
-            if int(fields[3]) == sid and fields[0] != "Z":
-                found[int(stat.parent.name)] = name
-    return found
 
 
 def _children(pid: int) -> list[int]:
@@ -109,7 +97,7 @@ def test_serve_answers_the_client_and_stops_cleanly_on_ctrl_c(repo, tmp_path):
         _wait_ready(proc, http, log)
         servers = _children(proc.pid)
         assert len(servers) == 1, f"expected one tritonserver child, got {servers}"
-        server_tree = _session_processes(servers[0])  # tritonserver runs in its own session with its stubs
+        server_tree = session_processes(servers[0])  # tritonserver runs in its own session with its stubs
         assert "tritonserver" in server_tree.values()
         assert "triton_python_b" in "".join(server_tree.values())  # the stubs (comm is cut at 15 chars)
         regions = _mapped_shm(server_tree)
@@ -157,7 +145,7 @@ def test_serve_answers_the_client_and_stops_cleanly_on_ctrl_c(repo, tmp_path):
         # outlasted tritonserver's own --exit-timeout-secs (seen on an overloaded 2-core machine).
         assert status == 0, f"exit {status}\n{log.read_text()}\n{server_log[-3000:]}"
         time.sleep(0.5)  # orphaned stubs are reaped by init
-        assert not _session_processes(servers[0]), "tritonserver or a stub is still running"
+        assert not session_processes(servers[0]), "tritonserver or a stub is still running"
         assert not [r for r in regions if os.path.exists(r)], "shared-memory regions leaked"
     finally:
         _kill_serve(proc)
@@ -237,7 +225,7 @@ def test_an_mpi_launch_is_served_like_a_single_one(repo, tmp_path):
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0, log.read_text()
         time.sleep(0.5)
-        assert not _session_processes(server), "a rank or a stub is still running"
+        assert not session_processes(server), "a rank or a stub is still running"
     finally:
         _kill_serve(proc)
 
@@ -250,11 +238,15 @@ def test_ctrl_c_while_the_models_load_stops_cleanly(repo, tmp_path):
     log = tmp_path / "serve.log"
     cmd = [sys.executable, "-m", "trtspec", "serve", str(repo)]
     cmd += ["--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)]
+    server_log = repo.parent / f".{repo.name}.tritonserver.log"
+    server_log.unlink(missing_ok=True)
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 60
-        while not _children(proc.pid):  # tritonserver started: its python models take seconds to load
+        # tritonserver has started and written its first lines (so serve's Popen has returned); its python
+        # models take seconds more to load
+        while not (_children(proc.pid) and server_log.exists() and server_log.stat().st_size):
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.05)
         (server,) = _children(proc.pid)
@@ -262,6 +254,6 @@ def test_ctrl_c_while_the_models_load_stops_cleanly(repo, tmp_path):
         assert proc.wait(timeout=60) == 0, log.read_text()
         assert "stopped while loading the models" in log.read_text() and "ready:" not in log.read_text()
         time.sleep(0.5)
-        assert not _session_processes(server), "tritonserver or a stub is still running"
+        assert not session_processes(server), "tritonserver or a stub is still running"
     finally:
         _kill_serve(proc)

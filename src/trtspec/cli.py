@@ -489,7 +489,11 @@ def _port_option(kind: str):
 @_port_option("grpc")
 @_port_option("metrics")
 @click.option(
-    "--timeout", "timeout_s", type=float, default=300.0, help="Seconds to wait for every model to load."
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Seconds to wait for every model to load [default: 300, or 3600 under MPI (TensorRT-LLM engines)].",
 )
 @output_options
 def serve(repo: str, host, http_port, grpc_port, metrics_port, timeout_s: float, out: Output) -> None:

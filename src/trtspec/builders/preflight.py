@@ -7,6 +7,7 @@ tokenizers, safetensors headers); every ``check_*`` function is pure over those 
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -111,20 +112,48 @@ def count_safetensors_parameters(model_dir: Path) -> int | None:
     return total
 
 
+def _bin_weight_files(model_dir: Path) -> list[Path]:
+    """The PyTorch weight files transformers would load: the shards named by pytorch_model.bin.index.json, else
+    pytorch_model*.bin (not training_args.bin and other pickles beside them)."""
+    index = model_dir / "pytorch_model.bin.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, AttributeError) as err:
+            raise ModelError(f"{index}: not a readable weight index ({err}); re-download the model") from None
+        return [model_dir / name for name in shards]
+    return sorted(model_dir.glob("pytorch_model*.bin"))
+
+
+def _load_state_dict(path: Path) -> dict:
+    """A .bin state dict, memory-mapped where its format allows (zip, torch >= 1.6), else read."""
+    import torch
+
+    try:
+        try:
+            state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+        except RuntimeError as err:
+            if "mmap" not in str(err):
+                raise
+            state = torch.load(path, map_location="cpu", weights_only=True)  # the legacy (non-zip) format
+    except Exception as err:  # noqa: BLE001 - pickle, zip or OSError: one message for a broken file
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ModelError(
+            f"{path}: not a readable PyTorch checkpoint ({reason}); re-download or re-save the model"
+        ) from None
+    if not isinstance(state, dict):
+        raise ModelError(f"{path}: holds a {type(state).__name__}, not a state dict; re-save the model")
+    return state
+
+
 def _count_bin_parameters(files: list[Path]) -> int:
-    """Sum of tensor elements over PyTorch ``*.bin`` checkpoints, memory-mapped (no weights read); a tensor
-    stored under two names (tied embeddings) counts once."""
+    """Sum of tensor elements over PyTorch ``*.bin`` checkpoints; a tensor stored under two names (tied
+    embeddings) counts once."""
     import torch
 
     total, seen = 0, set()
     for path in files:
-        try:
-            state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-        except Exception as err:  # noqa: BLE001 - pickle, zip or OSError: one message for a broken file
-            raise ModelError(
-                f"{path}: not a readable PyTorch checkpoint ({err}); re-download or re-save the model"
-            ) from None
-        for tensor in state.values():
+        for tensor in _load_state_dict(path).values():
             if not torch.is_tensor(tensor):
                 continue
             key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
@@ -135,12 +164,12 @@ def _count_bin_parameters(files: list[Path]) -> int:
 
 
 def count_parameters(model_dir: Path) -> int | None:
-    """The model's parameter count from its weight files' headers (*.safetensors, else *.bin); None without
-    weight files. A broken file is a ModelError."""
+    """The model's parameter count from its weight files (*.safetensors headers, else the pytorch_model*.bin
+    state dicts); None without weight files. A broken file is a ModelError."""
     counted = count_safetensors_parameters(model_dir)
     if counted is not None:
         return counted
-    bins = sorted(Path(model_dir).glob("*.bin"))
+    bins = _bin_weight_files(Path(model_dir))
     return _count_bin_parameters(bins) if bins else None
 
 
@@ -176,7 +205,7 @@ def gather_facts(role: str, spec: ModelSpec) -> ModelFacts:
     counted = count_parameters(path)
     if counted is None:
         raise ModelError(
-            f"{path}: {role} model has no weights (*.safetensors or *.bin); point {role}.model at a whole "
+            f"{path}: {role} model has no weights (*.safetensors or pytorch_model*.bin); point {role}.model at a whole "
             "Hugging Face checkpoint"
         )
     heads = cfg.num_attention_heads

@@ -103,12 +103,12 @@ TRTLLM_PYTORCH_MIN_VERSION = "1.2.0"
 NGC_TRITON_TRTLLM_PYTORCH_IMAGE = NGC_TRITON_TRTLLM_IMAGE
 LLMAPI_DRAFT_TARGET_DECODING_TYPE = "DraftTarget"
 LLMAPI_SPECULATIVE_MODEL_KEY = "speculative_model_dir"
-# Quantized checkpoints the PyTorch backend runs (_torch/modules/linear.py get_quant_method: FP8, W4A16_AWQ,
-# W4A8_AWQ, NVFP4, ...; no SmoothQuant path, so int8_sq is refused for trtllm-pytorch).
 # Formats beside which TensorRT-LLM's engine build keeps the paged context FMHA (which KV-cache reuse needs) with an
 # fp8 KV cache; for the others builder.py's build() turns it off ("FP8 Paged Context FMHA is disabled because FP8
 # context FMHA is disabled"). NVFP4 is the third there; trtspec has no nvfp4 format.
 FP8_KV_CACHE_ENGINE_QUANTIZATIONS = ("fp8", "w4a8_awq")
+# Quantized checkpoints the PyTorch backend runs (_torch/modules/linear.py get_quant_method: FP8, W4A16_AWQ,
+# W4A8_AWQ, NVFP4, ...; no SmoothQuant path, so int8_sq is refused for trtllm-pytorch).
 LLMAPI_QUANT_FORMATS = ("none", "fp8", "int4_awq", "w4a8_awq")
 # Where `trtspec build` writes the ModelOpt HF export of a quantized model for trtllm-pytorch
 # (engines/<name>/<role>/<this>); model.yaml points the LLM at it.

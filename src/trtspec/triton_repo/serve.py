@@ -27,6 +27,10 @@ from trtspec.triton_repo.server import (
     repo_models,
 )
 
+LOAD_TIMEOUT_S = 300.0
+# TensorRT-LLM engines (and the LLM API's weight loading, autotuning and CUDA-graph capture) can take far longer
+# than the python models; the docker healthcheck's start period is an hour too.
+MPI_LOAD_TIMEOUT_S = 3600.0
 SINGLE = {"mode": "single", "mpi": False, "world_size": 1, "env": {}, "rank_models": [], "gpus": []}
 
 
@@ -37,7 +41,7 @@ class ServeSpec:
     http_port: int | None = None
     grpc_port: int | None = None
     metrics_port: int | None = None
-    timeout_s: float = 300.0
+    timeout_s: float | None = None  # None: LOAD_TIMEOUT_S, or MPI_LOAD_TIMEOUT_S for an MPI launch
 
 
 def read_manifest(repo: Path) -> dict:
@@ -113,7 +117,8 @@ def serve(spec: ServeSpec, echo=print) -> int:
     else:
         echo("starting: " + " ".join(server.command))
     try:
-        server.start(spec.timeout_s)
+        default = MPI_LOAD_TIMEOUT_S if server.layout else LOAD_TIMEOUT_S
+        server.start(spec.timeout_s if spec.timeout_s is not None else default)
     except KeyboardInterrupt:  # Ctrl-C while the models load: start() has already stopped the whole session
         echo("stopped while loading the models")
         return 0

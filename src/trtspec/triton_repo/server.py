@@ -214,6 +214,18 @@ def _http_ok(url: str, timeout: float = 1.0) -> bool:
         return False
 
 
+def session_processes(sid: int) -> dict[int, str]:
+    """pid -> command name of the live (non-zombie) processes of session ``sid`` (Linux /proc)."""
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            text = stat.read_text()
+            name, fields = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :].split()
+            if int(fields[3]) == sid and fields[0] != "Z":
+                found[int(stat.parent.name)] = name
+    return found
+
+
 class TritonServer:
     """A tritonserver child process in its own session; use as a context manager.
 
@@ -294,17 +306,24 @@ class TritonServer:
                 time.sleep(0.2)
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> int | None:
-        """SIGINT, wait up to ``grace_s``, then SIGKILL the session; returns the exit status."""
+        """SIGINT, wait up to ``grace_s``, then SIGKILL the session; returns the exit status. A second Ctrl-C
+        during the wait still kills the session (and then propagates)."""
         proc, self.proc = self.proc, None
         if proc is None:
             return None
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(grace_s)
-        # The stubs live in the server's session: kill whatever is left of it (our own child's group only).
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        try:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(grace_s)
+        finally:
+            # The stubs (and MPI ranks) live in the server's session: kill whatever is left of it, the server's
+            # own process group and any other group of that session (our own child's session only).
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            for pid in session_processes(proc.pid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
         return proc.wait()
 
     def __enter__(self) -> TritonServer:
