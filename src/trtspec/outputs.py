@@ -2,8 +2,9 @@
 
 The one owner of the swap every folder writer uses (``replace_dir``, ``atomic_dir``: build stages, checkpoints,
 HF exports, deploy's repository, bench's report): the old folder is moved aside first and removed only after the
-rename. Single files are written whole the same way (``write_file_atomic``: a temp file beside, then a rename). For folders a user names with an option (``write_output_dir``): an existing destination is replaced only
-if it is an earlier output of the same kind (it holds ``marker``), never the current folder or one containing it.
+rename. Single files are written whole the same way (``write_file_atomic``: a temp file beside, then a rename).
+For folders a user names with an option (``write_output_dir``): an existing destination is replaced only if it is
+an earlier output of the same kind (it holds ``marker``), never the current folder or one containing it.
 """
 
 from __future__ import annotations

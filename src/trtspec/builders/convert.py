@@ -119,7 +119,10 @@ def available_bytes(place: str) -> int | None:
     return None
 
 
-def check_memory(model_dir: Path, need: dict[str, int]) -> None:
+def check_memory(model_dir: Path, device: str, verify: bool) -> None:
+    """CheckFailed if converting ``model_dir`` on ``device`` would not fit the memory available now. Without
+    weight files nothing is counted: the load fails later with its own one-line error."""
+    need = estimate_peak_bytes(count_parameters(model_dir) or 0, device, verify)
     for place, bytes_needed in need.items():
         free = available_bytes(place)
         if free is not None and bytes_needed > free:
@@ -275,8 +278,7 @@ def export_checkpoint(
     decoder = decoder_type(hf_config, spec.model)
     check_shapes(spec, hf_config)
     warning = _warn_unsupported(spec, console)
-    # Without weight files the load below fails with its own one-line error.
-    check_memory(spec.model, estimate_peak_bytes(count_parameters(spec.model) or 0, device, verify))
+    check_memory(spec.model, device, verify)
     stages = Stages(console, label or out_dir.parent.name or str(out_dir))
     with atomic_dir(out_dir) as tmp:
         with stages("load", f"{spec.model} on {device}"):

@@ -25,12 +25,11 @@ from trtspec.builders.convert import (
     calibration_batches_for,
     check_memory,
     check_shapes,
-    estimate_peak_bytes,
     load_source_model,
     quantize_model,
     read_hf_config,
 )
-from trtspec.builders.preflight import count_parameters, load_tokenizer
+from trtspec.builders.preflight import load_tokenizer
 from trtspec.errors import CheckFailed, CheckpointError
 from trtspec.outputs import atomic_dir
 from trtspec.recipe import CalibrationSpec, ModelSpec
@@ -71,7 +70,7 @@ def export_hf(
         )
     hf_config = read_hf_config(spec.model)
     check_shapes(spec, hf_config)
-    check_memory(spec.model, estimate_peak_bytes(count_parameters(spec.model) or 0, device, verify=False))
+    check_memory(spec.model, device, verify=False)
     stages = Stages(console, out_dir.parent.name or str(out_dir))
     with atomic_dir(out_dir) as tmp:
         with stages("load", f"{spec.model} on {device}"):

@@ -205,8 +205,8 @@ def gather_facts(role: str, spec: ModelSpec) -> ModelFacts:
     counted = count_parameters(path)
     if counted is None:
         raise ModelError(
-            f"{path}: {role} model has no weights (*.safetensors or pytorch_model*.bin); point {role}.model at a whole "
-            "Hugging Face checkpoint"
+            f"{path}: {role} model has no weights (*.safetensors or pytorch_model*.bin); point {role}.model at "
+            "a whole Hugging Face checkpoint"
         )
     heads = cfg.num_attention_heads
     return ModelFacts(

@@ -18,10 +18,11 @@ pool of cached sequences and offers the three calls it needs, as thin wrappers o
 KV reuse (like TensorRT-LLM's enable_kv_cache_reuse): each slot remembers the tokens its cache holds; a request
 takes the slot that holds its own sequence (``SlotPool.acquire``), else the least recently used one with a prefix
 another slot shares copied in, and only the rest is computed; a rolled-back tail is simply overwritten.
-Consecutive calls for one growing sequence therefore cost one forward of the new tokens. A list of requests runs as one batch (grouped by
-temperature/top_k/top_p, which a batched sampling step shares). Without draft_logits, verification uses the
-token-match rule (TensorRT-LLM without use_draft_logits), which is exact for greedy and sampling alike.
-Seeds: each call seeds from (seed, len(input_ids)), so a seeded request is reproducible and rounds stay independent.
+Consecutive calls for one growing sequence therefore cost one forward of the new tokens. A list of requests runs
+as one batch (grouped by temperature/top_k/top_p, which a batched sampling step shares). Without draft_logits,
+verification uses the token-match rule (TensorRT-LLM without use_draft_logits), which is exact for greedy and
+sampling alike. Seeds: each call seeds from (seed, len(input_ids)), so a seeded request is reproducible and rounds
+stay independent.
 """
 
 from __future__ import annotations

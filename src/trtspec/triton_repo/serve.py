@@ -110,12 +110,11 @@ def serve(spec: ServeSpec, echo=print) -> int:
         find_upstream_model_dir()  # fail now, not inside the stub, if the image lacks upstream's model.py
     log = Path(spec.repo).resolve().parent / f".{Path(spec.repo).name}.tritonserver.log"
     server = TritonServer(spec.repo, ports, log, find_server(), layout)
+    env = ""
     if server.layout:
-        shown = " ".join(f"{k}={v}" for k, v in (layout.get("env") or {}).items())
         echo(f"{layout['mode']}: {layout['world_size']} MPI rank(s)")
-        echo(f"starting: {shown} " + " ".join(server.command))
-    else:
-        echo("starting: " + " ".join(server.command))
+        env = "".join(f"{k}={v} " for k, v in (layout.get("env") or {}).items())
+    echo(f"starting: {env}" + " ".join(server.command))
     try:
         default = MPI_LOAD_TIMEOUT_S if server.layout else LOAD_TIMEOUT_S
         server.start(spec.timeout_s if spec.timeout_s is not None else default)
