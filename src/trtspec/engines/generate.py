@@ -73,7 +73,8 @@ def resolve_models(spec: GenerateSpec) -> _Models:
             recipe.target.model,
             None if spec.no_draft else recipe.draft.model,
             spec.max_draft_len or recipe.speculative.max_draft_len,
-            recipe.speculative.default_num_draft_tokens,
+            # Target-only decoding asks for no draft tokens, whatever K the recipe serves with.
+            0 if spec.no_draft else recipe.speculative.default_num_draft_tokens,
             recipe.limits.max_seq_len,
             recipe.target.dtype,
             recipe.target.trust_remote_code,
