@@ -140,6 +140,62 @@ def test_engine_samples_follow_the_target_distribution(monkeypatch, small_vocab_
     assert follows(counts, target_joint(target, prompt, SamplingParams(temperature=0.5))) == (bug is None)
 
 
+@pytest.fixture(scope="module")
+def padded_vocab_pairs(tmp_path_factory, shared_tokenizer_dir):
+    """An 8-row target with a 6-row draft (Qwen2.5's case: the target has rows the draft lacks) and with a 10-row
+    draft (the draft has rows the target lacks)."""
+    root = tmp_path_factory.mktemp("paddedvocab")
+    opts = dict(
+        tokenizer_dir=shared_tokenizer_dir, hidden_size=32, num_attention_heads=2, intermediate_size=64
+    )
+    target = make_model(root / "target", "llama", num_hidden_layers=2, seed=31, vocab_size=8, **opts)
+    drafts = {
+        rows: make_model(
+            root / f"draft{rows}", "llama", num_hidden_layers=1, seed=32, vocab_size=rows, **opts
+        )
+        for rows in (6, 10)
+    }
+    return target, drafts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("draft_rows", [6, 10])
+@pytest.mark.parametrize("bug", BUGS)
+def test_padded_vocab_pair_samples_follow_the_target_distribution(
+    monkeypatch, padded_vocab_pairs, draft_rows, bug
+):
+    """The target's rows 6 and 7 (which a 6-row draft cannot propose) come out with their target probability,
+    and a 10-row draft never makes the target score a row it lacks."""
+    plant(monkeypatch, bug)
+    target, drafts = padded_vocab_pairs
+    prompt, batch = [1, 2, 3], 256
+    engine = SpeculativeEngine.from_pretrained(
+        target, drafts[draft_rows], max_draft_len=2, max_batch_size=batch, max_seq_len=16
+    )
+    counts = torch.zeros(64, dtype=torch.long)
+    for seed in range(12):
+        params = SamplingParams(
+            max_new_tokens=2, num_draft_tokens=2, temperature=0.5, seed=seed, ignore_eos=True
+        )
+        for result in engine.generate([prompt] * batch, params):
+            counts[result.token_ids[0] * 8 + result.token_ids[1]] += 1
+    joint = target_joint(target, prompt, SamplingParams(temperature=0.5))
+    assert joint.reshape(8, 8)[6:].sum() > 0.03  # the rows the 6-row draft lacks matter in this test
+    assert follows(counts, joint) == (bug is None)
+
+
+def test_padded_vocab_pair_greedy_equals_target_greedy(padded_vocab_pairs):
+    from test_engine import hf_greedy
+
+    target, drafts = padded_vocab_pairs
+    for rows, draft in drafts.items():
+        engine = SpeculativeEngine.from_pretrained(target, draft, max_draft_len=3, max_seq_len=64)
+        # Not the pad id 3 in the prompt: HF generate would mask it out of the attention.
+        result = engine.generate([[1, 5, 4]], SamplingParams(max_new_tokens=20))[0]
+        assert result.token_ids == hf_greedy(target, [1, 5, 4], 20), rows
+        assert result.stats.drafted > 0
+
+
 def test_a_tiny_temperature_is_a_near_greedy_distribution_not_nan():
     """temperature 1e-38 passed the request checks and divided the logits into inf - inf = nan (a RuntimeError
     in torch.multinomial, found by the serving audit); it is the limit of sampling: the argmax."""

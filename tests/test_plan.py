@@ -112,8 +112,10 @@ def test_parallelism_comes_from_the_checkpoint_and_must_match_the_recipe():
         build_plan(recipe, ckpt_config(tp=1), ckpt_config())
 
 
-def test_vocab_mismatch_between_checkpoints_is_refused():
-    with pytest.raises(RecipeError, match="vocab_size 384 != target 320"):
+def test_padded_vocab_checkpoints_plan_and_a_larger_draft_is_refused():
+    plan = build_plan(make_recipe(), ckpt_config(vocab=352), ckpt_config(vocab=336))  # Qwen2.5's shape
+    assert (plan.target.checkpoint.vocab_size, plan.draft.checkpoint.vocab_size) == (352, 336)
+    with pytest.raises(RecipeError, match="the draft has 384 vocab rows and the target 320"):
         build_plan(make_recipe(), ckpt_config(vocab=320), ckpt_config(vocab=384))
 
 

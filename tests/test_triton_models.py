@@ -684,3 +684,42 @@ def test_a_cancelled_non_streamed_request_stops_generating(monkeypatch):
     time.sleep(0.06)
     assert check() and Request.asked == 1
     assert not cancel_check(object())()  # no is_cancelled: never cancelled
+
+
+def test_a_padded_vocab_drafts_logits_reach_the_target_model_padded(
+    monkeypatch, tmp_path, shared_tokenizer_dir
+):
+    """Qwen2.5's pair behind the engine models' tensor interface: the draft model returns its own 336 rows; the
+    target model (as TensorRT-LLM) takes only its own 352, so the orchestrator pads them with -inf."""
+    from tiny_models import make_model
+
+    from trtspec.engines.steps import StepModel
+    from trtspec.triton_repo.models import orchestrator
+    from trtspec.triton_repo.models.engine import TorchEngine
+
+    opts = dict(
+        tokenizer_dir=shared_tokenizer_dir, hidden_size=32, num_attention_heads=2, intermediate_size=64
+    )
+    engines = {
+        role: TorchEngine(
+            StepModel.from_pretrained(make_model(tmp_path / role, "llama", vocab_size=rows, **opts)), role
+        )
+        for role, rows in (("target", 352), ("draft", 336))
+    }
+
+    def bls(model, inputs, outputs):
+        ids, logits = engines[model].run(inputs)
+        out = {"output_ids": np.array([[ids]]), "sequence_length": np.array([[len(ids)]])}
+        return out | ({} if logits is None else {"generation_logits": logits[None, None]})
+
+    monkeypatch.setattr(orchestrator.io, "bls", bls)
+    limits = Limits(max_draft_len=4, num_draft_tokens=3, max_seq_len=128, use_draft_logits=True)
+    req = parse_request(_inputs(text_input="def", max_tokens=8, temperature=0.9, seed=1), limits)
+    padded = orchestrator.EngineClient("target", "draft", req, end_id=2, pad_id=3, target_rows=352)
+    tokens, logits = padded.draft_fn([1, 40, 41], 3, 0)
+    assert logits.shape == (3, 336)
+    new = padded.target_fn([1, 40, 41], tokens, logits, 0)
+    assert 1 <= len(new) <= 4
+    unpadded = orchestrator.EngineClient("target", "draft", req, end_id=2, pad_id=3)
+    with pytest.raises(RequestError, match="draft_logits has 336 columns; the target has 352 vocab rows"):
+        unpadded.target_fn([1, 40, 41], tokens, logits, 0)

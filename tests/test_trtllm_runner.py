@@ -16,7 +16,7 @@ import torch
 from trtspec.builders import trtllm_adapter as A
 from trtspec.engines.sampling import SamplingParams
 from trtspec.engines.trtllm_runner import TrtllmSpeculativeRunner
-from trtspec.errors import CheckpointError, NeedsTensorRTLLM, RequestError
+from trtspec.errors import CheckpointError, ModelError, NeedsTensorRTLLM, RequestError
 
 PROMPTS = [(1, 40, 41, 42, 43), (1, 50, 60)]
 
@@ -188,6 +188,38 @@ def test_sampling_with_draft_logits_passes_logits_and_is_seeded(fake_trtllm, eng
         (len(t), runner.target.vocab_size) for t in verify[-1]["draft_tokens_list"]
     ]
     assert verify[-1]["temperature"] == 0.8 and verify[-1]["top_k"] == 50 and "random_seed" in verify[-1]
+
+
+def test_padded_vocab_draft_logits_reach_the_target_padded_with_minus_inf(fake_trtllm, tmp_path, tiny_pair):
+    """A draft with fewer vocab rows (Qwen2.5's pair): its logits are padded to the target's rows, which the
+    runtime's buffer copy needs (the stand-in refuses another size as BufferManager::copy does)."""
+    from tiny_models import make_model
+
+    target_hf = tiny_pair[0]
+    narrow = make_model(
+        tmp_path / "narrow_hf", "llama", tokenizer_dir=target_hf, vocab_size=336, hidden_size=32, seed=5
+    )
+    wide = make_model(tmp_path / "wide_hf", "llama", tokenizer_dir=target_hf, vocab_size=352, seed=6)
+    target = write_engine(tmp_path / "t", wide, max_draft_len=4, gather_logits=True)
+    draft = write_engine(tmp_path / "d", narrow, gather_logits=True)
+    runner = TrtllmSpeculativeRunner.from_engine_dirs(
+        target, draft, tokenizer_dir=wide, use_draft_logits=True
+    )
+    params = SamplingParams(max_new_tokens=8, num_draft_tokens=3, temperature=0.8, seed=3, ignore_eos=True)
+    [result] = runner.generate([list(PROMPTS[0])], params)
+    assert result.stats.drafted > 0 and len(result.token_ids) == 8
+    from tensorrt_llm.runtime import ModelRunnerCpp
+
+    logits = [kw for _, kw in ModelRunnerCpp.calls if kw.get("draft_tokens_list")][-1]["draft_logits_list"][0]
+    assert (
+        logits.shape[-1] == 352
+        and torch.isinf(logits[:, 336:]).all()
+        and torch.isfinite(logits[:, :336]).all()
+    )
+    narrow_target = write_engine(tmp_path / "nt", narrow, max_draft_len=4)
+    wide_draft = write_engine(tmp_path / "wd", wide)
+    with pytest.raises(ModelError, match="the draft has 352 vocab rows and the target 336"):
+        TrtllmSpeculativeRunner.from_engine_dirs(narrow_target, wide_draft, tokenizer_dir=wide)
 
 
 def test_pair_checks_happen_before_loading(fake_trtllm, tmp_path, tiny_pair):

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from trtspec.builders import support
 from trtspec.errors import CheckpointError, RecipeError
 from trtspec.recipe import Recipe
 
@@ -214,21 +215,25 @@ def make_build_plan(
 ) -> BuildPlan:
     """Plans of both engines. ``checkpoints`` maps role -> (checkpoint dir, its facts).
 
-    The pair must agree on vocab size (padded rows included): the runtime copies draft tokens and logits
-    between the engines by vocab index (TensorRT-LLM 2789).
+    The engines' vocab rows may differ only as support.vocab_pair_problem allows (padding past the tokenizer).
     """
     plans = {
         role: make_engine_plan(role, recipe, checkpoints[role][1], checkpoints[role][0], engine_dirs[role])
         for role in ROLES
     }
-    target_vocab, draft_vocab = plans["target"].checkpoint.vocab_size, plans["draft"].checkpoint.vocab_size
-    if target_vocab != draft_vocab:
-        raise RecipeError(
-            recipe.source or "<recipe>",
-            "draft.model",
-            f"draft checkpoint vocab_size {draft_vocab} != target {target_vocab}; draft and target must share "
-            "one vocabulary (same tokenizer, same padded vocab)",
-        )
+    rows = {
+        role: support.vocab_rows(plan.checkpoint.vocab_size, "tensorrtllm", plan.checkpoint.tp_size, "none")
+        for role, plan in plans.items()
+    }
+    problem = support.vocab_pair_problem(
+        rows["target"],
+        rows["draft"],
+        "tensorrtllm",
+        recipe.speculative.use_draft_logits,
+        recipe.triton.fast_logits,
+    )
+    if problem is not None:
+        raise RecipeError(recipe.source or "<recipe>", "draft.model", f"checkpoints: {problem}")
     return BuildPlan(recipe_name=recipe.name, target=plans["target"], draft=plans["draft"])
 
 

@@ -88,7 +88,7 @@ class StreamingGenerator(ABC):
             raise RequestError(
                 f"batch of {len(prompts)} prompts; the engine takes 1..{self.max_batch_size} ({self.batch_hint})"
             )
-        vocab = self.target.vocab_size
+        vocab = self.input_vocab_size
         for i, prompt in enumerate(prompts):
             if not prompt:
                 raise RequestError(f"prompt {i} is empty; give at least one token")
@@ -101,6 +101,11 @@ class StreamingGenerator(ABC):
                 raise RequestError(f"prompt {i} has token ids outside the vocabulary [0, {vocab})")
         if params.stop_strings and self.tokenizer is None:
             raise RequestError(f"stop_strings need a tokenizer; {self.tokenizer_hint}")
+
+    @property
+    def input_vocab_size(self) -> int:
+        """Ids every model of the runtime can embed (a padded-vocabulary pair's draft may have fewer rows)."""
+        return self.target.vocab_size
 
     def _accept_tokens(self, req, tokens: list[int], stops: StopChecker, now: float) -> list[int]:
         """Append a round's new tokens up to the first stop; update the request's stats and finish reason."""
@@ -125,11 +130,6 @@ class SpeculativeEngine(StreamingGenerator):
     def __init__(
         self, target, draft=None, *, tokenizer=None, max_draft_len: int = 8, max_seq_len: int = 2048
     ):
-        if draft is not None and draft.vocab_size != target.vocab_size:
-            raise ModelError(
-                f"draft vocab size {draft.vocab_size} != target vocab size {target.vocab_size}; "
-                "the pair must share one tokenizer and one vocabulary"
-            )
         self.target, self.draft, self.tokenizer = target, draft, tokenizer
         self.max_draft_len = max_draft_len if draft is not None else 0
         self.max_seq_len = max_seq_len
@@ -165,6 +165,11 @@ class SpeculativeEngine(StreamingGenerator):
         target = load_causal_lm(target_dir, **opts)
         draft = load_causal_lm(draft_dir, **opts) if draft_dir is not None else None
         return cls(target, draft, tokenizer=tokenizer, max_draft_len=max_draft_len, max_seq_len=max_seq_len)
+
+    @property
+    def input_vocab_size(self) -> int:
+        sizes = [m.vocab_size for m in (self.target, self.draft) if m is not None]
+        return min(sizes)
 
     def generate_stream(self, prompts: list[list[int]], params: SamplingParams) -> Iterator[StreamEvent]:
         """Yield one StreamEvent per round; the last one carries the GenerationResults."""

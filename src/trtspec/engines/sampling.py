@@ -91,6 +91,23 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     return logits.softmax(-1)
 
 
+def to_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[..., V_draft] draft logits -> [..., vocab_size] over the target's rows.
+
+    A padded-vocabulary pair (one tokenizer, e.g. 151936 draft rows and 152064 target rows) differs only in rows
+    no text produces. Rows the draft lacks get -inf (draft probability 0: it never proposes them, and rejection
+    sampling's residual gives them their full target probability); draft rows the target lacks are cut, so the
+    draft never proposes a token the target cannot score. Proposing from, and accepting with, these logits keeps
+    the output distribution the target's.
+    """
+    extra = vocab_size - logits.shape[-1]
+    if extra == 0:
+        return logits
+    if extra < 0:
+        return logits[..., :vocab_size]
+    return torch.nn.functional.pad(logits, (0, extra), value=float("-inf"))
+
+
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
     """[B, V] logits -> [B] tokens (argmax when greedy)."""
     if params.greedy:

@@ -25,7 +25,14 @@ from dataclasses import dataclass
 
 import torch
 
-from trtspec.engines.sampling import SamplingParams, logits_to_probs, match_accept, rejection_sample, sample
+from trtspec.engines.sampling import (
+    SamplingParams,
+    logits_to_probs,
+    match_accept,
+    rejection_sample,
+    sample,
+    to_vocab,
+)
 
 
 @dataclass
@@ -60,8 +67,16 @@ def feed(
     return model.forward(tokens, slots, list(cached), counts, logit_index)
 
 
-def propose(draft, rows: list[Row], num_draft: list[int], params: SamplingParams, generator):
-    """Draft ``num_draft[b]`` tokens per row, autoregressively.
+def propose(
+    draft,
+    rows: list[Row],
+    num_draft: list[int],
+    params: SamplingParams,
+    generator,
+    vocab_size: int | None = None,
+):
+    """Draft ``num_draft[b]`` tokens per row, autoregressively, over ``vocab_size`` rows (the target's; None = the
+    draft's own, as a TensorRT-LLM draft engine returns them; see sampling.to_vocab).
 
     Returns draft_tokens [B, K] int64, draft_logits [B, K, V] float32 (raw) and draft_probs [B, K, V] (None when
     greedy), K = max(num_draft). Updates each row's draft_len (the last draft token is not fed: it is pending).
@@ -79,6 +94,8 @@ def propose(draft, rows: list[Row], num_draft: list[int], params: SamplingParams
             for row, p, on in zip(rows, proposed, active, strict=True)
         ]
         logits = feed(draft, slots, seqs, [row.draft_len for row in rows], [1] * len(rows))[:, 0]  # [B, V]
+        if vocab_size is not None:
+            logits = to_vocab(logits, vocab_size)
         tokens = sample(logits, params, generator)  # [B]
         for row, seq, token, p, on in zip(rows, seqs, tokens.tolist(), proposed, active, strict=True):
             if on:
@@ -129,6 +146,6 @@ def speculative_round(
     target, draft, rows: list[Row], num_draft: list[int], params: SamplingParams, generator
 ):
     """1. propose, 2. verify, 3. commit. Returns (emitted tokens per row, num_accepted per row)."""
-    draft_tokens, _, draft_probs = propose(draft, rows, num_draft, params, generator)
+    draft_tokens, _, draft_probs = propose(draft, rows, num_draft, params, generator, target.vocab_size)
     num_accepted, next_token = verify(target, rows, draft_tokens, num_draft, draft_probs, params, generator)
     return commit(rows, draft_tokens, num_accepted, next_token), num_accepted

@@ -172,7 +172,7 @@ class StepModel:
                 dtype=torch.long,
                 device=self.model.device,
             )  # [B, K]
-            draft_probs = _draft_probs(reqs, width, params, self.model.device)
+            draft_probs = _draft_probs(reqs, width, params, self.model.device, self.model.vocab_size)
             rows = self._rows(reqs, "target_len")
             num_accepted, next_token = verify(
                 self.model, rows, draft_tokens, num, draft_probs, params, _generator(group, self.model.device)
@@ -226,8 +226,8 @@ def _groups(requests: list[StepRequest]):
     return [(group, group[0][1].params) for group in groups.values()]
 
 
-def _draft_probs(requests: list[StepRequest], width: int, params: SamplingParams, device):
-    """[B, K, V] draft probabilities from the requests' raw draft logits, or None (token-match rule)."""
+def _draft_probs(requests: list[StepRequest], width: int, params: SamplingParams, device, vocab_size: int):
+    """[B, K, V] draft probabilities from the requests' raw draft logits [k, V], or None (token-match rule)."""
     if params.greedy or any(r.draft_logits is None for r in requests) or width == 0:
         return None
     probs = []
@@ -235,6 +235,12 @@ def _draft_probs(requests: list[StepRequest], width: int, params: SamplingParams
         logits = torch.as_tensor(r.draft_logits, dtype=torch.float32, device=device)
         if logits.shape[0] != len(r.draft_ids):
             raise RequestError(f"draft_logits has {logits.shape[0]} rows for {len(r.draft_ids)} draft tokens")
+        if logits.shape[1] != vocab_size:
+            # TensorRT-LLM copies them into a buffer of the target's rows and refuses another size.
+            raise RequestError(
+                f"draft_logits has {logits.shape[1]} columns; the target has {vocab_size} vocab rows (pad a "
+                "padded-vocabulary draft's logits with -inf)"
+            )
         padded = torch.cat([logits, logits.new_zeros(width - logits.shape[0], logits.shape[1])])
         probs.append(logits_to_probs(padded, params))
     return torch.stack(probs)

@@ -43,9 +43,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trtspec.builders import support
 from trtspec.builders import trtllm_adapter as adapter
 from trtspec.engines.engine import GenerationResult, StopChecker, StreamEvent, StreamingGenerator
-from trtspec.engines.sampling import SamplingParams, check_num_draft_tokens
+from trtspec.engines.sampling import SamplingParams, check_num_draft_tokens, to_vocab
 from trtspec.errors import CheckpointError, ModelError
 from trtspec.validate.compare import common_prefix_len
 from trtspec.validate.metrics import AcceptanceStats
@@ -223,7 +224,7 @@ class TrtllmSpeculativeRunner(StreamingGenerator):
                 max_new_tokens=max(len(drafts[i].token_ids) for i in verify) + 1,
                 sampling=_sampling(params, seeds[0]),
                 draft_tokens=[drafts[i].token_ids for i in verify],
-                draft_logits=[drafts[i].logits for i in verify] if self.use_draft_logits else None,
+                draft_logits=self._draft_logits([drafts[i] for i in verify]),
                 **call,
             )
             for i, out in zip(verify, outs, strict=True):
@@ -233,6 +234,18 @@ class TrtllmSpeculativeRunner(StreamingGenerator):
             for i, tokens in zip(plain, outs, strict=True):
                 emitted[i].tokens = tokens
         return emitted
+
+    def _draft_logits(self, drafts: list[adapter.RunnerOutput]) -> list | None:
+        """Each draft's logits [n, target rows]: a padded-vocabulary draft's rows are padded with -inf, as the
+        target's draft-logits buffer has the target's rows (support.vocab_pair_problem)."""
+        if not self.use_draft_logits:
+            return None
+        rows = vocab_rows(self.target.facts)
+        return [to_vocab(d.logits, rows) for d in drafts]
+
+    @property
+    def input_vocab_size(self) -> int:
+        return min(r.vocab_size for r in (self.target, self.draft) if r is not None)
 
     def _propose(
         self, active, num_draft: list[int], params, call: dict, seed: int
@@ -306,6 +319,11 @@ def _record(stats: AcceptanceStats, out: _Emitted) -> None:
             stats.record_round(0, 0)
 
 
+def vocab_rows(facts: dict) -> int:
+    """Logit rows of an engine (read_engine_config facts): vocab_size padded to its tp_size."""
+    return support.vocab_rows(facts["vocab_size"], "tensorrtllm", facts["tp_size"] or 1, "none")
+
+
 def check_pair(target_dir: Path, target: dict, draft: dict | None, use_draft_logits: bool) -> None:
     """Engine-config checks of a draft-target pair (CheckpointError, one line), before any engine is loaded."""
     if draft is None:
@@ -316,11 +334,11 @@ def check_pair(target_dir: Path, target: dict, draft: dict | None, use_draft_log
             f"{target['speculative_decoding_mode']!r}, max_draft_len {target['max_draft_len']}); rebuild it with "
             "`trtspec build` (--speculative_decoding_mode draft_tokens_external --max_draft_len K)"
         )
-    if draft["vocab_size"] != target["vocab_size"]:
-        raise ModelError(
-            f"draft engine vocab size {draft['vocab_size']} != target engine vocab size {target['vocab_size']}; "
-            "the pair must share one tokenizer and one vocabulary"
-        )
+    problem = support.vocab_pair_problem(
+        vocab_rows(target), vocab_rows(draft), "tensorrtllm", use_draft_logits, fast_logits=False
+    )
+    if problem is not None:
+        raise ModelError(f"{target_dir}: engines: {problem}")
     if use_draft_logits and not (draft["gather_generation_logits"] and target["gather_generation_logits"]):
         # Without gathered logits the runtime hangs (TensorRT-LLM issue 2798): refuse up front.
         raise CheckpointError(

@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trtspec.builders import support
 from trtspec.errors import CheckFailed
 from trtspec.outputs import write_output_dir
 from trtspec.recipe import Recipe
@@ -73,8 +74,17 @@ def engine_problems(recipe: Recipe, facts: dict[str, dict]) -> list[str]:
         problems.append(
             f"target engine max_draft_len {target['max_draft_len']} < recipe max_draft_len {spec.max_draft_len}"
         )
-    if target["vocab_size"] != draft["vocab_size"]:
-        problems.append(f"vocab sizes differ: target {target['vocab_size']}, draft {draft['vocab_size']}")
+    vocab = support.vocab_pair_problem(
+        *(
+            support.vocab_rows(f["vocab_size"], "tensorrtllm", f["tp_size"] or 1, "none")
+            for f in (target, draft)
+        ),
+        "tensorrtllm",
+        spec.use_draft_logits,
+        recipe.triton.fast_logits,
+    )
+    if vocab is not None:
+        problems.append(vocab)
     for role, f in facts.items():
         if (f["max_batch_size"] or 0) < recipe.limits.max_batch_size:
             problems.append(f"{role} engine max_batch_size {f['max_batch_size']} < limits.max_batch_size")
@@ -103,7 +113,6 @@ def manifest(recipe: Recipe, runtime: str, models: list[str]) -> dict:
     import platform
 
     from trtspec import __version__
-    from trtspec.builders import support
 
     versions = {"trtspec": __version__, "python": platform.python_version()}
     for pkg in ("tritonclient", "torch", "transformers"):

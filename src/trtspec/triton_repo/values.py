@@ -163,8 +163,25 @@ def torch_engine_values(recipe: Recipe, role: str) -> dict:
     }
 
 
-def common_values(recipe: Recipe, runtime: str) -> dict[str, dict]:
-    """Values of preprocessing, postprocessing and the orchestrator (``runtime``: "torch" or "tensorrtllm")."""
+def target_vocab_rows(recipe: Recipe, runtime: str, engine_dirs: dict[str, Path] | None = None) -> int:
+    """Logit rows of the target engine model: what the orchestrator pads a padded-vocabulary draft's logits to
+    (support.vocab_pair_problem)."""
+    from trtspec.builders import support
+
+    if runtime == "tensorrtllm":
+        from trtspec.builders.trtllm_adapter import read_engine_config
+
+        facts = read_engine_config((engine_dirs or {})["target"])
+        return support.vocab_rows(facts["vocab_size"], runtime, facts["tp_size"] or 1, "none")
+    from trtspec.builders.convert import read_hf_config
+
+    config = read_hf_config(recipe.target.model)
+    return int(config.get("text_config", config).get("vocab_size") or config["vocab_size"])
+
+
+def common_values(recipe: Recipe, runtime: str, target_rows: int) -> dict[str, dict]:
+    """Values of preprocessing, postprocessing and the orchestrator (``runtime``: "torch" or "tensorrtllm");
+    ``target_rows``: target_vocab_rows."""
     triton, spec = recipe.triton, recipe.speculative
     batch = recipe.limits.max_batch_size
     # Tokenizer settings shared by preprocessing, postprocessing and the orchestrator (which tokenises and
@@ -203,6 +220,7 @@ def common_values(recipe: Recipe, runtime: str) -> dict[str, dict]:
             "max_draft_len": spec.max_draft_len,
             "num_draft_tokens": spec.default_num_draft_tokens,
             "use_draft_logits": spec.use_draft_logits,
+            "target_vocab_rows": target_rows,
             "draft_ahead": recipe.draft_ahead_for(runtime),
             "max_seq_len": recipe.limits.max_seq_len,
             # Requests in flight at once in decoupled mode: one per engine batch slot.
@@ -214,7 +232,7 @@ def common_values(recipe: Recipe, runtime: str) -> dict[str, dict]:
 
 def plan_models(recipe: Recipe, runtime: str, engine_dirs: dict[str, Path] | None = None) -> list[ModelPlan]:
     """Every model of the repository for ``runtime`` ("torch" or "tensorrtllm")."""
-    common = common_values(recipe, runtime)
+    common = common_values(recipe, runtime, target_vocab_rows(recipe, runtime, engine_dirs))
     plans = [
         ModelPlan(
             names.PREPROCESSING, "preprocessing/config.pbtxt", common[names.PREPROCESSING], "preprocessing"

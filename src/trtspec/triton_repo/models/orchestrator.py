@@ -41,9 +41,18 @@ _DRAFT_SEED_SALT = 0x1E3779B97F4A7C15
 class EngineClient:
     """The draft and target engine models behind upstream's tensor interface (either runtime)."""
 
-    def __init__(self, target: str, draft: str, req: GenerationRequest, end_id: int, pad_id: int):
+    def __init__(
+        self,
+        target: str,
+        draft: str,
+        req: GenerationRequest,
+        end_id: int,
+        pad_id: int,
+        target_rows: int | None = None,
+    ):
         self.target, self.draft, self.req = target, draft, req
         self.end_id, self.pad_id = end_id, pad_id
+        self.target_rows = target_rows  # the target's logit rows (draft logits are padded to them)
 
     def _common(self, tokens: list[int], output_len: int, round_index: int, salt: int = 0) -> dict:
         s = self.req.sampling
@@ -91,9 +100,20 @@ class EngineClient:
         if draft_tokens:
             inputs["draft_input_ids"] = np.array([draft_tokens], dtype=np.int32)
             if draft_logits is not None:
-                inputs["draft_logits"] = np.asarray(draft_logits, dtype=np.float32)[None, : len(draft_tokens)]
+                logits = np.asarray(draft_logits, dtype=np.float32)[None, : len(draft_tokens)]
+                inputs["draft_logits"] = to_rows(logits, self.target_rows)
         out = io.bls(self.target, inputs, ["output_ids", "sequence_length"])
         return self._new_tokens(out, len(tokens))
+
+
+def to_rows(logits: np.ndarray, rows: int | None) -> np.ndarray:
+    """[..., V_draft] draft logits -> [..., rows], padded with -inf: TensorRT-LLM copies draft logits into a
+    buffer of the target's rows and softmaxes them, so a padded-vocabulary draft's missing rows become probability
+    0 (builders.support.vocab_pair_problem)."""
+    extra = 0 if rows is None else rows - logits.shape[-1]
+    if extra <= 0:
+        return logits
+    return np.pad(logits, [(0, 0)] * (logits.ndim - 1) + [(0, extra)], constant_values=-np.inf)
 
 
 class Outbox:
@@ -177,6 +197,7 @@ class TritonPythonModel:
         self.lock = threading.Lock()
         self.active = 0  # requests being generated
         self.draft_ahead = params.get("draft_ahead", "False").lower() == "true"
+        self.target_rows = int(params["target_vocab_rows"])
         self.pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="draft-ahead")
 
     # ------------------------------------------------------------------ request handling
@@ -303,7 +324,7 @@ class TritonPythonModel:
         """Yield (text piece, the round's token ids, stats so far, finished) per verified round; not incremental:
         one (text, all ids, stats, True) at the end (early if ``cancelled()``)."""
         prompt, stop_ids, end_id, pad_id = self._preprocess(req)
-        engines = EngineClient(self.target, self.draft, req, end_id, pad_id)
+        engines = EngineClient(self.target, self.draft, req, end_id, pad_id, self.target_rows)
         stats = AcceptanceStats(max_draft_len=self.limits.max_draft_len)
         generated, text = [], IncrementalText()
         rounds = speculate(

@@ -135,6 +135,11 @@ class ModelRunnerCpp:
     def vocab_size(self):
         return self.config["pretrained_config"]["vocab_size"]
 
+    @property
+    def vocab_size_padded(self):
+        tp = self.config["pretrained_config"].get("mapping", {}).get("tp_size", 1)
+        return -(-self.vocab_size // tp) * tp
+
     def _check_inputs(self, batch_input_ids_list, beam_width, max_new_tokens):
         if len(batch_input_ids_list) > self.max_batch_size:
             raise RuntimeError(
@@ -236,6 +241,12 @@ class ModelRunnerCpp:
         if draft_logits_list is not None and not self.gather_generation_logits:
             # The real runtime hangs here (TensorRT-LLM issue 2798); a test must not.
             raise RuntimeError("fake: draft logits without --gather_generation_logits would hang")
+        for tokens, logits in zip(draft_tokens_list, draft_logits_list or [], strict=False):
+            # The real runtime copies them into a [k, vocabSizePadded] buffer (BufferManager::copy checks bytes).
+            want = len(tokens) * self.vocab_size_padded * 4
+            have = logits[: len(tokens)].numel() * 4
+            if have != want:
+                raise RuntimeError(f"[TensorRT-LLM][ERROR] Incompatible buffer sizes: {have} != {want}")
 
     def _logits(self, ids):
         with torch.no_grad():
