@@ -22,6 +22,104 @@ ARCHS = {
     "mistral": ("MistralConfig", "MistralForCausalLM"),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM"),
+}
+
+# One tiny draft/target pair per family, each keeping every key of the published config.json that changes what the
+# model computes or when it stops (dims shrunk; windows and vocab padding shrunk in proportion). "specials": extra
+# special tokens of the family's tokenizer (the pair shares one); "eos": the eos_token_id list of config.json or
+# generation_config.json, by token ("</s>" is the tokenizer's eos, id 2); "vocab_size": padded model vocab rows.
+_LLAMA3_ROPE = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192}  # fmt: skip
+FAMILIES: dict[str, dict] = {
+    # meta-llama/Llama-3.1-8B-Instruct target, Llama-3.2-1B-Instruct draft (tied embeddings, rope factor 32);
+    # eos_token_id [128001 <|end_of_text|>, 128008 <|eom_id|>, 128009 <|eot_id|>]. With head_dim 16 and theta 5e5
+    # the llama3 rope keeps, smooths and divides by the factor different frequencies, as at head_dim 128.
+    "llama3": {
+        "arch": "llama",
+        "specials": ("<|eom_id|>", "<|eot_id|>"),
+        "eos": ("</s>", "<|eom_id|>", "<|eot_id|>"),
+        "common": dict(rope_theta=500000.0, rms_norm_eps=1e-5, max_position_embeddings=131072, head_dim=16,
+                       attention_bias=False, mlp_bias=False),
+        "target": dict(num_key_value_heads=2, rope_scaling=_LLAMA3_ROPE | {"factor": 8.0}),
+        "draft": dict(hidden_size=32, num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True,
+                      rope_scaling=_LLAMA3_ROPE | {"factor": 32.0}),
+    },
+    # Qwen/Qwen2.5-7B-Instruct target (vocab 152064), Qwen2.5-0.5B-Instruct draft (vocab 151936, tied): qkv bias,
+    # use_sliding_window false beside sliding_window / max_window_layers; generation_config eos
+    # [151645 <|im_end|>, 151643 <|endoftext|>]. Tokenizer 324 tokens, vocab rows 336 / 352 (same relation).
+    "qwen2.5": {
+        "arch": "qwen2",
+        "specials": ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+        "eos": ("<|im_end|>", "<|endoftext|>"),
+        "common": dict(rope_theta=1000000.0, rms_norm_eps=1e-6, max_position_embeddings=32768,
+                       use_sliding_window=False, sliding_window=32768),
+        "target": dict(num_key_value_heads=2, vocab_size=352, max_window_layers=2),
+        "draft": dict(hidden_size=32, num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True,
+                      vocab_size=336, max_window_layers=1),
+    },
+    # Qwen/Qwen3-8B target, Qwen3-0.6B draft: q/k norm, head_dim 128 with 16 heads and hidden 1024 in the draft
+    # (head_dim * heads != hidden), tied draft; eos 151645 <|im_end|> (config), [151645, 151643] (generation).
+    "qwen3": {
+        "arch": "qwen3",
+        "specials": ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+        "eos": ("<|im_end|>", "<|endoftext|>"),
+        "common": dict(rope_theta=1000000.0, rms_norm_eps=1e-6, max_position_embeddings=40960, head_dim=16,
+                       attention_bias=False, use_sliding_window=False, sliding_window=None),
+        "target": dict(num_key_value_heads=2),
+        "draft": dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
+    },
+    # mistralai/Mistral-7B-v0.1 (both: there is no smaller Mistral): sliding_window 4096 of a 32768 context,
+    # here 16 tokens, so generations run past it.
+    "mistral": {
+        "arch": "mistral",
+        "common": dict(rope_theta=10000.0, rms_norm_eps=1e-5, max_position_embeddings=32768, sliding_window=16),
+        "target": dict(num_key_value_heads=1),
+        "draft": dict(hidden_size=32, num_attention_heads=2, num_key_value_heads=1),
+    },
+    # google/gemma-2-9b-it target, gemma-2-2b-it draft: logit soft-capping (final 30, attention 50),
+    # query_pre_attn_scalar, alternating sliding (4096) / global layers, gelu_pytorch_tanh, tied embeddings,
+    # generation eos [1 <eos>, 107 <end_of_turn>].
+    "gemma2": {
+        "arch": "gemma2",
+        "specials": ("<end_of_turn>",),
+        "eos": ("</s>", "<end_of_turn>"),
+        "common": dict(head_dim=16, query_pre_attn_scalar=16, final_logit_softcapping=30.0,
+                       attn_logit_softcapping=50.0, sliding_window=8, hidden_activation="gelu_pytorch_tanh",
+                       rope_theta=10000.0, rms_norm_eps=1e-6, max_position_embeddings=8192,
+                       tie_word_embeddings=True),
+        "target": dict(num_key_value_heads=2),
+        "draft": dict(num_attention_heads=2, num_key_value_heads=1),
+    },
+    # google/gemma-3-1b-it draft and the text model of gemma-3-4b-it target (rope_scaling linear 8): layer_types
+    # 5 sliding (512) : 1 full, rope_local_base_freq 10000 beside rope_theta 1e6, q/k norm, no soft-capping;
+    # generation eos [1 <eos>, 106 <end_of_turn>].
+    "gemma3": {
+        "arch": "gemma3",
+        "specials": ("<end_of_turn>",),
+        "eos": ("</s>", "<end_of_turn>"),
+        "common": dict(head_dim=16, query_pre_attn_scalar=16, sliding_window=8, rope_local_base_freq=10000.0,
+                       rope_theta=1000000.0, rms_norm_eps=1e-6, max_position_embeddings=32768,
+                       final_logit_softcapping=None, attn_logit_softcapping=None, tie_word_embeddings=True,
+                       layer_types=["sliding_attention", "full_attention"]),
+        "target": dict(num_key_value_heads=2, rope_scaling={"rope_type": "linear", "factor": 8.0}),
+        "draft": dict(num_attention_heads=2, num_key_value_heads=1, num_hidden_layers=2),
+    },
+    # microsoft/Phi-3-medium-4k-instruct target, Phi-3-mini-4k-instruct draft: fused qkv / gate_up, sliding_window
+    # 2047 of a 4096 context (here 16), vocab 32064 padded past the 32011 tokens; generation eos
+    # [32000 <|endoftext|>, 32001 <|assistant|>, 32007 <|end|>]. partial_rotary_factor 0.75 as in Phi-4-mini
+    # (a Phi3ForCausalLM) on the target.
+    "phi3": {
+        "arch": "phi3",
+        "specials": ("<|assistant|>", "<|end|>"),
+        "eos": ("</s>", "<|assistant|>", "<|end|>"),
+        "common": dict(sliding_window=16, rope_theta=10000.0, rms_norm_eps=1e-5, max_position_embeddings=4096,
+                       original_max_position_embeddings=4096, vocab_size=336),
+        "target": dict(num_key_value_heads=2, partial_rotary_factor=0.75),
+        "draft": dict(hidden_size=32, num_attention_heads=2, num_key_value_heads=2),
+    },
 }
 
 
@@ -82,6 +180,8 @@ def make_model(
     if tokenizer_dir:
         tokenizer.save_pretrained(out_dir)
     config_cls, model_cls = (getattr(transformers, name) for name in ARCHS[arch])
+    defaults = dict(max_position_embeddings=2048, bos_token_id=tokenizer.bos_token_id,
+                    eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
     config = config_cls(
         hidden_size=hidden_size,
         num_hidden_layers=num_hidden_layers,
@@ -89,12 +189,8 @@ def make_model(
         num_key_value_heads=num_key_value_heads or num_attention_heads,
         intermediate_size=intermediate_size,
         vocab_size=vocab_size or len(tokenizer),
-        max_position_embeddings=2048,
         tie_word_embeddings=tie_word_embeddings,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        **config_overrides,
+        **(defaults | config_overrides),
     )
     torch.manual_seed(seed)
     model = model_cls(config).eval()
@@ -105,3 +201,29 @@ def make_model(
                 param.normal_(0.0, 0.08)
     model.save_pretrained(out_dir, safe_serialization=True)
     return out_dir
+
+
+def make_family_pair(out_dir: Path, family: str, seed: int = 0) -> tuple[Path, Path]:
+    """(target_dir, draft_dir) of ``FAMILIES[family]``: a 2-layer x 64 target and a 1-layer draft (unless the
+    family says otherwise) sharing one tokenizer; the eos list goes where the published model keeps it."""
+    from transformers import GenerationConfig
+
+    spec = FAMILIES[family]
+    out_dir = Path(out_dir)
+    tokenizer = make_tokenizer(out_dir / "tokenizer", extra_special=spec.get("specials", ()))
+    eos = [tokenizer.convert_tokens_to_ids(t) for t in spec.get("eos", ("</s>",))]
+    dirs = []
+    for i, (role, shape) in enumerate((("target", {}), ("draft", {"num_hidden_layers": 1}))):
+        kwargs = shape | spec["common"] | spec[role]
+        if len(eos) > 1 and spec["arch"] == "llama":
+            kwargs["eos_token_id"] = eos  # Llama 3.x: the list is in config.json itself
+        else:
+            kwargs["eos_token_id"] = eos[0]
+        path = make_model(out_dir / role, spec["arch"], tokenizer_dir=out_dir / "tokenizer",
+                          seed=seed + i, **kwargs)  # fmt: skip
+        if len(eos) > 1:  # the others list it in generation_config.json only
+            GenerationConfig(
+                bos_token_id=tokenizer.bos_token_id, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id
+            ).save_pretrained(path)
+        dirs.append(path)
+    return dirs[0], dirs[1]

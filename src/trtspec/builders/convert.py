@@ -49,13 +49,10 @@ def read_hf_config(model_dir: Path) -> dict:
 
 
 def decoder_type(hf_config: dict, model_dir: Path) -> str:
-    arch = (hf_config.get("architectures") or ["<none>"])[0]
-    if arch not in support.SUPPORTED_ARCHITECTURES:
-        raise ModelError(
-            f"{model_dir}/config.json: architecture {arch} is not supported for conversion; supported: "
-            f"{', '.join(sorted(support.SUPPORTED_ARCHITECTURES))}"
-        )
-    return support.SUPPORTED_ARCHITECTURES[arch]
+    problem = support.convert_problem(hf_config)
+    if problem:
+        raise ModelError(f"{model_dir}/config.json: {problem}")
+    return support.SUPPORTED_ARCHITECTURES[hf_config["architectures"][0]]
 
 
 def awq_shape_problems(hf_config: dict, tp_size: int, group: int = support.AWQ_GROUP_SIZE) -> list[str]:
@@ -302,6 +299,9 @@ def export_checkpoint(
         gc.collect()
         verification = None
         if verify:
+            window = support.sliding_window(hf_config)
+            if window:  # the checkpoint has no window (the runtime applies it: check's engine rule): verify inside it
+                prompts = [p[:, :window] for p in prompts]
             with stages("verify", "checkpoint interpreter vs the HF model"):
                 verification = interpreter.verify_against(tmp, prompts, reference)
             _report_verification(console, verification)

@@ -45,6 +45,7 @@ class ModelFacts:
     head_dim: int
     num_parameters: int
     tokenizer: Any = field(repr=False)
+    config: dict[str, Any] = field(default_factory=dict, repr=False)  # the (text) config.json, for family rules
 
 
 @dataclass(frozen=True)
@@ -220,6 +221,7 @@ def gather_facts(role: str, spec: ModelSpec) -> ModelFacts:
         head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
         num_parameters=counted,
         tokenizer=load_tokenizer(path, spec.trust_remote_code),
+        config=cfg.to_dict(),
     )
 
 
@@ -302,21 +304,27 @@ def check_padded_vocab(target: ModelFacts, draft: ModelFacts, recipe: Recipe) ->
     )
 
 
-def check_architecture(facts: ModelFacts, runtime: str) -> CheckResult:
+def check_architecture(facts: ModelFacts, runtime: str, max_seq_len: int = 0) -> CheckResult:
+    """Whether the stages ``runtime`` goes through take this model family (support.py's table); a failure names
+    the stage and why. The torch runtime serves any causal LM, so there a convert problem only warns."""
     name = f"architecture ({facts.role})"
-    if facts.architecture in support.SUPPORTED_ARCHITECTURES:
+    hf_config = {**facts.config, "architectures": [facts.architecture]}
+    problem = support.convert_problem(hf_config)
+    if problem is None and runtime == "tensorrtllm":
+        problem = support.engine_window_problem(hf_config, max_seq_len)
+    if problem is None:
         return CheckResult(
             name,
             "pass",
             f"{facts.architecture} -> decoder {support.SUPPORTED_ARCHITECTURES[facts.architecture]}",
         )
-    supported = ", ".join(sorted(support.SUPPORTED_ARCHITECTURES))
-    message = (
-        f"{facts.architecture} is not supported by the TensorRT-LLM conversion path (supported: {supported})"
-    )
     if runtime == "torch":
-        return CheckResult(name, "warn", message + "; the torch runtime can still serve it")
-    return CheckResult(name, "fail", message)
+        return CheckResult(name, "warn", problem + "; the torch runtime serves it through the HF forward")
+    if runtime == "trtllm-pytorch" and facts.architecture not in support.SUPPORTED_ARCHITECTURES:
+        # That runtime never converts; which families its PyTorch backend serves was not run here.
+        supported = ", ".join(sorted(support.SUPPORTED_ARCHITECTURES))
+        problem = f"trtllm-pytorch: trtspec supports {supported} there; {facts.architecture} is untested"
+    return CheckResult(name, "fail", problem)
 
 
 def check_precision(recipe: Recipe) -> CheckResult:
@@ -557,8 +565,8 @@ def run_checks(
         check_vocab(target, recipe.target),
         check_vocab(draft, recipe.draft),
         check_padded_vocab(target, draft, recipe),
-        check_architecture(target, recipe.triton.runtime),
-        check_architecture(draft, recipe.triton.runtime),
+        check_architecture(target, recipe.triton.runtime, recipe.limits.max_seq_len),
+        check_architecture(draft, recipe.triton.runtime, recipe.limits.max_seq_len),
         check_precision(recipe),
         *check_limits(recipe, target, draft),
         check_draft_size(target, draft),

@@ -32,6 +32,65 @@ QUANT_FORMATS: dict[str, tuple[str | None, str | None, bool]] = {
     "int4_awq": ("INT4_AWQ_CFG", "W4A16_AWQ", True),
     "w4a8_awq": ("W4A8_AWQ_BETA_CFG", "W4A8_AWQ", True),
 }
+# HF model_type -> why `convert` cannot write its TensorRT-LLM checkpoint. Found by running modelopt 0.37's
+# export_tensorrt_llm_checkpoint on tiny models of each family (tests/test_families.py keeps that evidence): it
+# extracts the weights, then writes config.json through tensorrt_llm's own config classes when tensorrt_llm imports
+# and otherwise through tensorrt_llm_utils.convert_to_tensorrt_llm_config, whose manual path knows only
+# gpt/gemma/llama/mpt/recurrentgemma/dbrx/mllama and encoder-decoders and raises NotImplementedError for these.
+# Exporting them as "llama" or "gemma" instead fails in build_decoder_config (KeyError 'parallel_attn_mlp_res')
+# for Gemma 2/3 and would drop Phi-3's own config fields; trtspec's checkpoint interpreter verifies Llama-family
+# decoders only. The torch runtime serves them through the Hugging Face forward.
+_NO_TRTLLM_CONFIG = (
+    "its config writer (tensorrt_llm_utils.convert_to_tensorrt_llm_config) raises NotImplementedError without "
+    "tensorrt_llm installed, and trtspec's checkpoint interpreter cannot verify {what}"
+)
+CONVERT_UNSUPPORTED_FAMILIES: dict[str, str] = {
+    "gemma2": _NO_TRTLLM_CONFIG.format(what="logit soft-capping and the pre/post-feedforward norms"),
+    "gemma3_text": _NO_TRTLLM_CONFIG.format(what="local/global rope bases and the pre/post-feedforward norms"),
+    "gemma3": _NO_TRTLLM_CONFIG.format(what="local/global rope bases and the pre/post-feedforward norms"),
+    "phi3": _NO_TRTLLM_CONFIG.format(what="Phi-3's fused qkv/gate_up layout and partial or long rope"),
+}
+
+
+def sliding_window(hf_config: dict) -> int | None:
+    """The attention window a Hugging Face config applies (None: full attention), as transformers 4.57 reads it:
+    Mistral always, Qwen2/Qwen3 only with use_sliding_window."""
+    window = hf_config.get("sliding_window")
+    applies = hf_config.get("model_type") == "mistral" or hf_config.get("use_sliding_window", False)
+    return window if applies and window else None
+
+
+def convert_problem(hf_config: dict) -> str | None:
+    """Why `convert` cannot export this model to a TensorRT-LLM checkpoint (None: it can), as one line naming the
+    stage; check and convert both say this."""
+    model_type = hf_config.get("model_type", "<none>")
+    arch = (hf_config.get("architectures") or ["<none>"])[0]
+    if model_type in CONVERT_UNSUPPORTED_FAMILIES:
+        return (
+            f"convert: nvidia-modelopt 0.37 cannot export model_type {model_type} to a TensorRT-LLM checkpoint: "
+            f"{CONVERT_UNSUPPORTED_FAMILIES[model_type]}"
+        )
+    if arch not in SUPPORTED_ARCHITECTURES:
+        return (
+            f"convert: architecture {arch} is not supported by the TensorRT-LLM conversion path (supported: "
+            f"{', '.join(sorted(SUPPORTED_ARCHITECTURES))})"
+        )
+    return None
+
+
+def engine_window_problem(hf_config: dict, max_seq_len: int) -> str | None:
+    """A sliding window the TensorRT engine would not apply: modelopt's checkpoint config has no window field, and
+    TensorRT-LLM applies one only at run time (max_attention_window_size), which trtspec's repositories leave
+    unset; so past the window the engine would attend where the Hugging Face model does not."""
+    window = sliding_window(hf_config)
+    if window is None or window >= max_seq_len:
+        return None
+    return (
+        f"engine: sliding_window {window} < limits.max_seq_len {max_seq_len}: the TensorRT-LLM checkpoint carries "
+        "no window and trtspec leaves max_attention_window_size unset, so the engine would attend past the "
+        f"window; set limits.max_seq_len <= {window} or use triton.runtime: torch"
+    )
+
 
 # Draft-target model (DTM) support matrix of TensorRT-LLM: the precisions a pair may run in.
 DTM_SUPPORTED_PRECISIONS = frozenset({"float16", "bfloat16", "fp8"})
