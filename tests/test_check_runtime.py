@@ -102,6 +102,9 @@ def test_llmapi_refuses_formats_the_pytorch_backend_cannot_run(fmt):
     assert check_runtime(recipe("tensorrtllm", draft={"quantization": fmt}), "1.2.1").status == "pass"
 
 
+ROWS = {"target": 320, "draft": 320}  # engine_vocab_rows of a pair with one vocabulary
+
+
 def test_fast_logits_is_checked_against_the_draft_logits_it_would_carry():
     from trtspec.builders.preflight import check_fast_logits
     from trtspec.triton_repo import interface as names
@@ -112,7 +115,7 @@ def test_fast_logits_is_checked_against_the_draft_logits_it_would_carry():
     unused = recipe("tensorrtllm", triton={"runtime": "tensorrtllm", "fast_logits": True})
     [result] = check_fast_logits(unused)
     assert result.status == "warn" and "without speculative.use_draft_logits" in result.message
-    assert common_values(unused, "tensorrtllm", 320)[names.ORCHESTRATOR]["draft_ahead"] is True
+    assert common_values(unused, "tensorrtllm", ROWS)[names.ORCHESTRATOR]["draft_ahead"] is True
     used = recipe(
         "tensorrtllm",
         triton={"runtime": "tensorrtllm", "fast_logits": True},
@@ -121,8 +124,8 @@ def test_fast_logits_is_checked_against_the_draft_logits_it_would_carry():
     [result] = check_fast_logits(used)
     assert result.status == "pass" and "draft-ahead is off" in result.message
     # A fast-logits answer is a record of where the draft's logits are: it cannot be cut to the next round.
-    assert common_values(used, "tensorrtllm", 320)[names.ORCHESTRATOR]["draft_ahead"] is False
-    assert common_values(used, "torch", 320)[names.ORCHESTRATOR]["draft_ahead"] is True  # real logits there
+    assert common_values(used, "tensorrtllm", ROWS)[names.ORCHESTRATOR]["draft_ahead"] is False
+    assert common_values(used, "torch", ROWS)[names.ORCHESTRATOR]["draft_ahead"] is True  # real logits there
 
 
 def test_an_fp8_kv_cache_is_checked_for_engines_only():

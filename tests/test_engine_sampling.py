@@ -196,6 +196,21 @@ def test_padded_vocab_pair_greedy_equals_target_greedy(padded_vocab_pairs):
         assert result.stats.drafted > 0
 
 
+def test_the_draft_reads_target_rows_it_lacks(padded_vocab_pairs):
+    """A hot target samples its rows 6 and 7, which the 6-row draft has no embedding for: the draft then sees its
+    own last row there, and generation goes on (the target decides every token)."""
+    target, drafts = padded_vocab_pairs
+    engine = SpeculativeEngine.from_pretrained(
+        target, drafts[6], max_draft_len=3, max_batch_size=32, max_seq_len=32
+    )
+    params = SamplingParams(max_new_tokens=10, num_draft_tokens=3, temperature=3.0, seed=0, ignore_eos=True)
+    results = engine.generate([[1, 5, 4]] * 32, params)
+    assert all(len(r.token_ids) == 10 for r in results)
+    assert (
+        any(t >= 6 for r in results for t in r.token_ids[:-1]) and sum(r.stats.drafted for r in results) > 0
+    )
+
+
 def test_a_tiny_temperature_is_a_near_greedy_distribution_not_nan():
     """temperature 1e-38 passed the request checks and divided the logits into inf - inf = nan (a RuntimeError
     in torch.multinomial, found by the serving audit); it is the limit of sampling: the argmax."""

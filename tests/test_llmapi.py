@@ -23,9 +23,10 @@ from trtspec.triton_repo.render import parse_model_config
 from trtspec.triton_repo.serve import ServeSpec, serve
 
 
-def hf_dir(path):
+def hf_dir(path, vocab_size: int = 320):
     path.mkdir(parents=True)
-    (path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    config = {"architectures": ["LlamaForCausalLM"], "vocab_size": vocab_size}
+    (path / "config.json").write_text(json.dumps(config))
     return path
 
 
@@ -97,6 +98,15 @@ def test_deploy_writes_the_llmapi_model(pair, tmp_path):
         "image": support.NGC_TRITON_TRTLLM_PYTORCH_IMAGE,
     }
     assert info["launch"]["mode"] == "llmapi" and info["launch"]["env"] == {"CUDA_VISIBLE_DEVICES": "0,1"}
+
+
+def test_a_padded_vocab_pair_is_refused_with_the_reason(tmp_path):
+    """TensorRT-LLM's DraftTarget subtracts the draft's probabilities from the target's at a rejected sampled
+    token; with Qwen2.5's 151936/152064 rows that is a size error, so deploy refuses the pair as check does."""
+    pair = hf_dir(tmp_path / "target", 152064), hf_dir(tmp_path / "draft", 151936)
+    with pytest.raises(CheckFailed, match="DraftTarget .* serve this pair with runtime torch or tensorrtllm"):
+        deploy(make_recipe(pair), None, tmp_path / "repo")
+    assert not (tmp_path / "repo").exists()
 
 
 def test_model_yaml_uses_only_the_pinned_field_names(pair):

@@ -715,9 +715,16 @@ def test_a_padded_vocab_drafts_logits_reach_the_target_model_padded(
     monkeypatch.setattr(orchestrator.io, "bls", bls)
     limits = Limits(max_draft_len=4, num_draft_tokens=3, max_seq_len=128, use_draft_logits=True)
     req = parse_request(_inputs(text_input="def", max_tokens=8, temperature=0.9, seed=1), limits)
-    padded = orchestrator.EngineClient("target", "draft", req, end_id=2, pad_id=3, target_rows=352)
+    padded = orchestrator.EngineClient(
+        "target", "draft", req, end_id=2, pad_id=3, vocab_rows={"target": 352, "draft": 336}
+    )
     tokens, logits = padded.draft_fn([1, 40, 41], 3, 0)
     assert logits.shape == (3, 336)
+    # A padding row the target sampled (340) reaches the draft as its own last row, which it can embed.
+    assert len(padded.draft_fn([1, 40, 340, 41], 2, 1)[0]) == 2
+    with pytest.raises(RequestError, match=r"outside the vocabulary \[0, 336\)"):
+        unmapped = orchestrator.EngineClient("target", "draft", req, end_id=2, pad_id=3)
+        unmapped.draft_fn([1, 40, 340, 41], 2, 1)
     new = padded.target_fn([1, 40, 41], tokens, logits, 0)
     assert 1 <= len(new) <= 4
     unpadded = orchestrator.EngineClient("target", "draft", req, end_id=2, pad_id=3)

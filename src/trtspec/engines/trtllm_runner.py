@@ -255,7 +255,7 @@ class TrtllmSpeculativeRunner(StreamingGenerator):
         rows = [i for i, n in enumerate(num_draft) if n > 0]
         if not rows:
             return drafts
-        prefixes = [active[i].tokens for i in rows]
+        prefixes = [support.draft_input_ids(active[i].tokens, self.draft.vocab_size) for i in rows]
         # One max_new_tokens for the batch: capped so the longest prefix still fits the draft engine.
         steps = min(max(num_draft[i] for i in rows), self.draft.max_seq_len - max(map(len, prefixes)))
         if steps <= 0:

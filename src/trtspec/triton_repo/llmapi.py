@@ -121,6 +121,13 @@ def check_model_dirs(recipe: Recipe, model_dirs: dict[str, Path]) -> None:
                 else f"point {role}.model at a Hugging Face checkpoint"
             )
             raise CheckFailed(f"{path}: no {role} checkpoint (config.json) for trtllm-pytorch; {how}")
+    from trtspec.builders import support
+    from trtspec.builders.convert import hf_vocab_size
+
+    rows = {role: hf_vocab_size(path) for role, path in model_dirs.items()}
+    problem = support.vocab_pair_problem(rows["target"], rows["draft"], "trtllm-pytorch", False, False)
+    if problem is not None:
+        raise CheckFailed(f"{model_dirs['draft']}: {problem}")
 
 
 def model_yaml(recipe: Recipe, model_dirs: dict[str, Path]) -> dict:

@@ -163,25 +163,29 @@ def torch_engine_values(recipe: Recipe, role: str) -> dict:
     }
 
 
-def target_vocab_rows(recipe: Recipe, runtime: str, engine_dirs: dict[str, Path] | None = None) -> int:
-    """Logit rows of the target engine model: what the orchestrator pads a padded-vocabulary draft's logits to
-    (support.vocab_pair_problem)."""
+def engine_vocab_rows(recipe: Recipe, runtime: str, engine_dirs: dict[str, Path] | None = None) -> dict:
+    """Logit rows of the target and draft engine models (role -> rows). With a padded-vocabulary pair the
+    orchestrator pads the draft's logits to the target's rows and maps ids the draft lacks
+    (support.vocab_pair_problem, support.draft_input_ids)."""
     from trtspec.builders import support
 
-    if runtime == "tensorrtllm":
-        from trtspec.builders.trtllm_adapter import read_engine_config
+    rows = {}
+    for role, spec in recipe.models().items():
+        if runtime == "tensorrtllm":
+            from trtspec.builders.trtllm_adapter import read_engine_config
 
-        facts = read_engine_config((engine_dirs or {})["target"])
-        return support.vocab_rows(facts["vocab_size"], runtime, facts["tp_size"] or 1, "none")
-    from trtspec.builders.convert import read_hf_config
+            facts = read_engine_config((engine_dirs or {})[role])
+            rows[role] = support.vocab_rows(facts["vocab_size"], runtime, facts["tp_size"] or 1, "none")
+        else:
+            from trtspec.builders.convert import hf_vocab_size
 
-    config = read_hf_config(recipe.target.model)
-    return int(config.get("text_config", config).get("vocab_size") or config["vocab_size"])
+            rows[role] = hf_vocab_size(spec.model)
+    return rows
 
 
-def common_values(recipe: Recipe, runtime: str, target_rows: int) -> dict[str, dict]:
+def common_values(recipe: Recipe, runtime: str, vocab_rows: dict) -> dict[str, dict]:
     """Values of preprocessing, postprocessing and the orchestrator (``runtime``: "torch" or "tensorrtllm");
-    ``target_rows``: target_vocab_rows."""
+    ``vocab_rows``: engine_vocab_rows."""
     triton, spec = recipe.triton, recipe.speculative
     batch = recipe.limits.max_batch_size
     # Tokenizer settings shared by preprocessing, postprocessing and the orchestrator (which tokenises and
@@ -220,7 +224,8 @@ def common_values(recipe: Recipe, runtime: str, target_rows: int) -> dict[str, d
             "max_draft_len": spec.max_draft_len,
             "num_draft_tokens": spec.default_num_draft_tokens,
             "use_draft_logits": spec.use_draft_logits,
-            "target_vocab_rows": target_rows,
+            "target_vocab_rows": vocab_rows["target"],
+            "draft_vocab_rows": vocab_rows["draft"],
             "draft_ahead": recipe.draft_ahead_for(runtime),
             "max_seq_len": recipe.limits.max_seq_len,
             # Requests in flight at once in decoupled mode: one per engine batch slot.
@@ -232,7 +237,7 @@ def common_values(recipe: Recipe, runtime: str, target_rows: int) -> dict[str, d
 
 def plan_models(recipe: Recipe, runtime: str, engine_dirs: dict[str, Path] | None = None) -> list[ModelPlan]:
     """Every model of the repository for ``runtime`` ("torch" or "tensorrtllm")."""
-    common = common_values(recipe, runtime, target_vocab_rows(recipe, runtime, engine_dirs))
+    common = common_values(recipe, runtime, engine_vocab_rows(recipe, runtime, engine_dirs))
     plans = [
         ModelPlan(
             names.PREPROCESSING, "preprocessing/config.pbtxt", common[names.PREPROCESSING], "preprocessing"

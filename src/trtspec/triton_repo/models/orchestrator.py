@@ -25,6 +25,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from trtspec.builders.support import draft_input_ids
 from trtspec.errors import RequestError
 from trtspec.triton_repo import interface as names
 from trtspec.triton_repo.models import triton_io as io
@@ -48,11 +49,13 @@ class EngineClient:
         req: GenerationRequest,
         end_id: int,
         pad_id: int,
-        target_rows: int | None = None,
+        vocab_rows: dict[str, int] | None = None,
     ):
         self.target, self.draft, self.req = target, draft, req
         self.end_id, self.pad_id = end_id, pad_id
-        self.target_rows = target_rows  # the target's logit rows (draft logits are padded to them)
+        # Each engine's logit rows: a padded-vocabulary pair's draft logits are padded to the target's, and ids
+        # the draft lacks are mapped for it (builders.support.draft_input_ids).
+        self.vocab_rows = vocab_rows or {}
 
     def _common(self, tokens: list[int], output_len: int, round_index: int, salt: int = 0) -> dict:
         s = self.req.sampling
@@ -83,6 +86,8 @@ class EngineClient:
     def draft_fn(self, tokens: list[int], k: int, round_index: int):
         # The draft's seed differs from the target's in the same round: with one seed both engines would draw the
         # same random numbers, and the target's acceptance test would be correlated with the draft's sample.
+        if "draft" in self.vocab_rows:
+            tokens = draft_input_ids(tokens, self.vocab_rows["draft"])
         inputs = self._common(tokens, k, round_index, salt=_DRAFT_SEED_SALT)
         want_logits = self.req.use_draft_logits
         inputs["return_generation_logits"] = np.array([[want_logits]])
@@ -101,7 +106,7 @@ class EngineClient:
             inputs["draft_input_ids"] = np.array([draft_tokens], dtype=np.int32)
             if draft_logits is not None:
                 logits = np.asarray(draft_logits, dtype=np.float32)[None, : len(draft_tokens)]
-                inputs["draft_logits"] = to_rows(logits, self.target_rows)
+                inputs["draft_logits"] = to_rows(logits, self.vocab_rows.get("target"))
         out = io.bls(self.target, inputs, ["output_ids", "sequence_length"])
         return self._new_tokens(out, len(tokens))
 
@@ -197,7 +202,7 @@ class TritonPythonModel:
         self.lock = threading.Lock()
         self.active = 0  # requests being generated
         self.draft_ahead = params.get("draft_ahead", "False").lower() == "true"
-        self.target_rows = int(params["target_vocab_rows"])
+        self.vocab_rows = {role: int(params[f"{role}_vocab_rows"]) for role in ("target", "draft")}
         self.pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="draft-ahead")
 
     # ------------------------------------------------------------------ request handling
@@ -324,7 +329,7 @@ class TritonPythonModel:
         """Yield (text piece, the round's token ids, stats so far, finished) per verified round; not incremental:
         one (text, all ids, stats, True) at the end (early if ``cancelled()``)."""
         prompt, stop_ids, end_id, pad_id = self._preprocess(req)
-        engines = EngineClient(self.target, self.draft, req, end_id, pad_id, self.target_rows)
+        engines = EngineClient(self.target, self.draft, req, end_id, pad_id, self.vocab_rows)
         stats = AcceptanceStats(max_draft_len=self.limits.max_draft_len)
         generated, text = [], IncrementalText()
         rounds = speculate(
