@@ -130,9 +130,12 @@ def test_reports_are_well_formed(tmp_path):
     assert path.read_text() == markdown and [p.name for p in path.parent.iterdir()] == ["report.md"]
 
 
-def test_default_prompt_set_has_code_and_prose():
+def test_default_prompt_set_has_code_and_prose_then_chat():
     prompts = load_prompts()
-    assert {p.category for p in prompts} == {"code", "prose"} and len(prompts) >= 8
+    raw = [p for p in prompts if p.prompt_set == "raw"]
+    assert {p.category for p in raw} == {"code", "prose"} and len(raw) >= 8
+    assert prompts[: len(raw)] == raw and {p.category for p in prompts[len(raw) :]} == {"chat"}
+    assert load_prompts(chat_set=False) == raw
     assert DEFAULT_PROMPTS.suffix == ".jsonl"
     assert len(load_prompts(limit=3)) == 3
 

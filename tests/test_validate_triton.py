@@ -132,3 +132,24 @@ def test_unreachable_url_is_a_clear_error(runner, served):
         cli, ["validate", str(recipe), "--url", f"127.0.0.1:{port}", "--limit", "1", "--max-tokens", "2"]
     )
     assert result.exit_code == 2 and "cannot reach Triton" in result.output
+
+
+def test_validate_chat_prompts_over_grpc(runner, served, tiny_pair, tmp_path):
+    """Chats are rendered client-side into text_input (the server takes raw text): the server's ids are the
+    template's, compared exactly with the reference on the same ids."""
+    import shutil
+
+    from test_chat import CHAT_LINE, CHAT_TEMPLATE
+
+    _, server = served
+    target = shutil.copytree(tiny_pair[0], tmp_path / "target")  # the served target, with a chat template
+    config = json.loads((target / "tokenizer_config.json").read_text())
+    (target / "tokenizer_config.json").write_text(json.dumps(config | {"chat_template": CHAT_TEMPLATE}))
+    recipe = write_recipe(tmp_path / "chat.yaml", target, tiny_pair[1])
+    prompts = tmp_path / "chats.jsonl"
+    prompts.write_text(json.dumps(CHAT_LINE) + "\n")
+    args = ["validate", str(recipe), "--url", server.ports.grpc_url, "--prompts", str(prompts), "--chat"]
+    result = runner.invoke(cli, [*args, "--max-tokens", "8", "--json", "--min-exact-match", "1"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["sets"]["chat"]["exact_match_rate"] == 1.0 and payload["stats"]["drafted"] > 0

@@ -350,7 +350,12 @@ def build(
 
 
 @cli.command()
-@click.option("--prompt", required=True, help="Text to continue.")
+@click.option("--prompt", required=True, help="Text to continue (with --chat: the user's message).")
+@click.option(
+    "--chat",
+    is_flag=True,
+    help="Send the prompt as a single user message rendered with the target tokenizer's chat template.",
+)
 @click.option(
     "--recipe",
     default="demo",
@@ -390,6 +395,7 @@ def build(
 @output_options
 def generate(
     prompt,
+    chat,
     recipe,
     target,
     draft,
@@ -426,6 +432,7 @@ def generate(
             device,
             dtype,
             max_draft_len,
+            chat=chat,
         ),
         out,
     )
@@ -547,6 +554,12 @@ def _system_options(func):
     return func
 
 
+CHAT_HELP = (
+    'Render plain prompts as single user messages with the target tokenizer\'s chat template ("messages" '
+    "lines always are)."
+)
+
+
 def _system_spec(system, url, protocol, triton_model, device, dtype):
     from trtspec.validate.commands import SystemOptions
 
@@ -559,9 +572,11 @@ def _system_spec(system, url, protocol, triton_model, device, dtype):
     "--prompts",
     type=click.Path(dir_okay=False),
     default=None,
-    help='Prompt JSONL ({"prompt": ...} per line) [default: the shipped code+prose set].',
+    help='Prompt JSONL ({"prompt": ...} or {"messages": [...]} per line) [default: the shipped code+prose '
+    "set, then the chat set where the target has a chat template].",
 )
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N prompts.")
+@click.option("--chat", is_flag=True, help=CHAT_HELP)
 @click.option("--max-tokens", type=click.IntRange(min=1), default=32, help="New tokens per prompt.")
 @click.option(
     "--num-draft-tokens",
@@ -594,6 +609,7 @@ def validate(
     recipe,
     prompts,
     limit,
+    chat,
     max_tokens,
     num_draft_tokens,
     min_exact_match,
@@ -629,6 +645,7 @@ def validate(
             Thresholds(min_exact_match, min_acceptance, min_control_match),
             Path(report) if report else None,
             _system_spec(system, url, protocol, triton_model, device, dtype),
+            chat=chat,
         ),
         out,
     )
@@ -650,9 +667,11 @@ def _int_list(ctx, param, value: str) -> tuple[int, ...]:
     "--prompts",
     type=click.Path(dir_okay=False),
     default=None,
-    help="Prompt JSONL [default: the shipped code+prose set].",
+    help="Prompt JSONL [default: the shipped code+prose set, then the chat set where the target has a chat "
+    "template].",
 )
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N prompts.")
+@click.option("--chat", is_flag=True, help=CHAT_HELP)
 @click.option("--max-tokens", type=click.IntRange(min=1), default=64, help="New tokens per request.")
 @click.option(
     "--num-draft-tokens",
@@ -683,6 +702,7 @@ def bench(
     recipe,
     prompts,
     limit,
+    chat,
     max_tokens,
     ks,
     concurrency,
@@ -717,6 +737,7 @@ def bench(
             draft_cost_ratio,
             Path(out_dir) if out_dir else None,
             _system_spec(system, url, protocol, triton_model, device, dtype),
+            chat=chat,
         ),
         out,
     )

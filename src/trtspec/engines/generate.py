@@ -31,6 +31,7 @@ class GenerateSpec:
     device: str = "cpu"
     dtype: str | None = None  # None: float32 on CPU, the recipe's target dtype (or bfloat16) on CUDA
     max_draft_len: int | None = None
+    chat: bool = False  # the prompt is one user message, rendered with the target tokenizer's chat template
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,7 @@ def run_generate(spec: GenerateSpec, out) -> dict:
     from trtspec.engines.sampling import SamplingParams
 
     models = resolve_models(spec)
+    prompt_ids = _encode(spec, models)  # before the models load: a chat needs a chat template
     engine = SpeculativeEngine.from_pretrained(
         models.target,
         models.draft,
@@ -111,8 +113,6 @@ def run_generate(spec: GenerateSpec, out) -> dict:
         max_seq_len=models.max_seq_len,
         trust_remote_code=models.trust_remote_code,
     )
-    if engine.tokenizer is None:
-        raise ModelError(f"{models.target}: no tokenizer; generate needs one to encode the prompt")
     num_draft = spec.num_draft_tokens if spec.num_draft_tokens is not None else models.num_draft_tokens
     params = SamplingParams(
         max_new_tokens=spec.max_new_tokens,
@@ -123,7 +123,6 @@ def run_generate(spec: GenerateSpec, out) -> dict:
         seed=spec.seed,
         stop_strings=spec.stop,
     )
-    prompt_ids = engine.tokenizer(spec.prompt)["input_ids"]
     stream = _TextStream(engine.tokenizer, spec.stop, enabled=not (out.json or out.quiet))
     for event in engine.generate_stream([prompt_ids], params):
         stream.feed(event.new_tokens[0])
@@ -136,6 +135,17 @@ def run_generate(spec: GenerateSpec, out) -> dict:
     else:
         _print_stats(out.console(), result, models.draft is not None)
     return payload
+
+
+def _encode(spec: GenerateSpec, models: _Models) -> list[int]:
+    from trtspec.builders.preflight import load_tokenizer
+    from trtspec.chat import encode_prompt, user_message
+    from trtspec.engines.engine import has_tokenizer
+
+    if not has_tokenizer(models.target):
+        raise ModelError(f"{models.target}: no tokenizer; generate needs one to encode the prompt")
+    tokenizer = load_tokenizer(Path(models.target), models.trust_remote_code)
+    return encode_prompt(tokenizer, spec.prompt, user_message(spec.prompt) if spec.chat else None)[1]
 
 
 class _TextStream:

@@ -8,8 +8,9 @@ concurrent requests to a server), greedy, and measures from the streamed pieces:
 - inter-token latency (ITL): per streamed piece after the first, the gap since the previous piece divided by
   the piece's tokens, one sample per token, so a speculative round that delivers n tokens at once counts as n
   tokens at gap/n each (p50 / p95 over all tokens of the point).
-- acceptance: AcceptanceStats merged over the point (metrics.py); per-position acceptance: the fraction of
-  rounds whose i-th draft token (1-based) was accepted, from the accepted-length histogram.
+- acceptance: AcceptanceStats merged over the point (metrics.py), also per prompt set (raw text, chat
+  template); per-position acceptance: the fraction of rounds whose i-th draft token (1-based) was accepted, from
+  the accepted-length histogram.
 
 The analytic bound (metrics.analytic_speedup_bound) uses the measured tokens per round (the i.i.d. formula from the
 acceptance rate where a system reports no rounds, e.g. Triton) and a draft/target cost ratio: measured in-process as the target-only time per token of the draft over that of the target (same
@@ -61,6 +62,16 @@ class BenchPoint:
     generations: list[Generation]
     wall_s: float
     role: str = "pair"  # "pair", or "draft" for the draft model alone (cost-ratio measurement)
+    prompt_sets: list[str] = field(default_factory=list)  # per generation: its request's prompt set; [] = raw
+
+    def stats_by_set(self) -> dict[str, AcceptanceStats]:
+        """AcceptanceStats merged per prompt set ('raw', 'chat'), in order of appearance."""
+        by_set: dict[str, list[AcceptanceStats]] = {}
+        names = self.prompt_sets or ["raw"] * len(self.generations)
+        for name, g in zip(names, self.generations, strict=True):
+            if g.stats is not None:
+                by_set.setdefault(name, []).append(g.stats)
+        return {name: merge_stats(stats) for name, stats in by_set.items()}
 
     @property
     def tokens(self) -> int:
@@ -93,6 +104,15 @@ class BenchPoint:
             "mean_accepted_length": stats.mean_accepted_length if stats.rounds else None,
             "tokens_per_round": stats.tokens_per_round if stats.target_forwards else None,
             "per_position_acceptance": per_position_acceptance(stats) if self.num_draft_tokens else [],
+            "acceptance_by_set": {
+                name: {
+                    "acceptance_rate": s.acceptance_rate,
+                    "mean_accepted_length": s.mean_accepted_length if s.rounds else None,
+                }
+                for name, s in self.stats_by_set().items()
+            }
+            if self.num_draft_tokens
+            else {},
         }
 
 
@@ -155,8 +175,9 @@ def run_point(
     start = time.perf_counter()
     for first in range(0, len(requests), concurrency):
         generations += system.generate(list(requests[first : first + concurrency]), params)
+    wall_s = time.perf_counter() - start
     k = params.num_draft_tokens or 0
-    return BenchPoint(k, concurrency, generations, time.perf_counter() - start, role)
+    return BenchPoint(k, concurrency, generations, wall_s, role, [r.prompt_set for r in requests])
 
 
 def cost_ratios(points: Sequence[BenchPoint]) -> dict[int, float]:

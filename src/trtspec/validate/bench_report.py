@@ -82,6 +82,26 @@ def _per_position_rows(rows: list[dict]) -> list[list[str]]:
     ]
 
 
+def set_acceptance(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of acceptance per prompt set and speculative point; empty when every prompt is raw text."""
+    names = list(dict.fromkeys(name for r in rows for name in r["acceptance_by_set"]))
+    if names in ([], ["raw"]):
+        return [], []
+    header = ["K", "conc"] + [f"{name} {what}" for name in names for what in ("accept", "acc len")]
+    cells = []
+    for r in (r for r in rows if r["acceptance_by_set"]):
+        by_set = r["acceptance_by_set"]
+        cells.append(
+            [str(r["num_draft_tokens"]), str(r["concurrency"])]
+            + [
+                _f(by_set.get(name, {}).get(key), spec)
+                for name in names
+                for key, spec in (("acceptance_rate", ".3f"), ("mean_accepted_length", ".2f"))
+            ]
+        )
+    return header, cells
+
+
 def bench_markdown(result: BenchResult, plots: list[str] | None = None) -> str:
     rows = result.rows()
     ratios = (
@@ -102,6 +122,16 @@ def bench_markdown(result: BenchResult, plots: list[str] | None = None) -> str:
         "",
         _recommendation(result),
     ]
+    set_header, set_rows = set_acceptance(rows)
+    if set_rows:
+        parts += [
+            "",
+            "## Acceptance per prompt set",
+            "",
+            "raw: prompt text as given; chat: messages rendered with the target tokenizer's chat template.",
+            "",
+            markdown_table(set_header, set_rows),
+        ]
     per_position = _per_position_rows(rows)
     if per_position:
         parts += [
@@ -119,15 +149,25 @@ def bench_markdown(result: BenchResult, plots: list[str] | None = None) -> str:
     return "\n".join(parts) + "\n"
 
 
-def bench_table(result: BenchResult):
+def bench_tables(result: BenchResult) -> list:
+    """The sweep as a rich Table, then acceptance per prompt set where chat prompts ran."""
     from rich.table import Table
 
+    rows = result.rows()
     table = Table(title=f"bench: {result.system}")
     for column in COLUMNS:
         table.add_column(column, justify="right")
-    for row in result.rows():
+    for row in rows:
         table.add_row(*row_cells(row))
-    return table
+    set_header, set_rows = set_acceptance(rows)
+    if not set_rows:
+        return [table]
+    per_set = Table(title="acceptance per prompt set")
+    for column in set_header:
+        per_set.add_column(column, justify="right")
+    for cells in set_rows:
+        per_set.add_row(*cells)
+    return [table, per_set]
 
 
 def write_plots(result: BenchResult, out_dir: Path) -> list[Path]:

@@ -46,6 +46,7 @@ class ValidateOptions:
     thresholds: Thresholds = field(default_factory=Thresholds)
     report: Path | None = None
     system: SystemOptions = field(default_factory=SystemOptions)
+    chat: bool = False  # raw prompts as single user messages through the chat template
 
 
 def open_system(recipe, options: SystemOptions, tokenizer=None):
@@ -94,19 +95,15 @@ def open_reference(recipe, options: SystemOptions):
 
 def validate(options: ValidateOptions, out) -> dict:
     """Run the validation, print it, write the report; raise CheckFailed when a threshold failed."""
-    from trtspec.builders.preflight import load_tokenizer
     from trtspec.recipe import load_recipe
-    from trtspec.validate.prompts import load_prompts
-    from trtspec.validate.systems import encode_prompts
     from trtspec.validate.validation import run_validation
 
     recipe = load_recipe(options.recipe)
     if options.report:
         check_output_file(options.report, "--report")  # before the run, not after it
-    prompts = load_prompts(options.prompts, options.limit)
-    tokenizer = load_tokenizer(recipe.target.model, recipe.target.trust_remote_code)
-    requests = encode_prompts(tokenizer, prompts)
-    check_requests_fit(prompts, requests, options.max_tokens, recipe.limits)
+    prompts, tokenizer, _, notes = load_requests(
+        recipe, options.prompts, options.limit, options.chat, options.max_tokens
+    )
     console = out.console()
     # The system first: an unreachable endpoint fails before the reference model is loaded.
     system = open_system(recipe, options.system, tokenizer)
@@ -124,6 +121,7 @@ def validate(options: ValidateOptions, out) -> dict:
             )
     finally:
         system.close()
+    result.notes += notes
     return report_validation(result, options.report, out)
 
 
@@ -167,6 +165,7 @@ class BenchOptions:
     draft_cost_ratio: float | None = None
     out_dir: Path | None = None
     system: SystemOptions = field(default_factory=SystemOptions)
+    chat: bool = False  # raw prompts as single user messages through the chat template
 
 
 def _draft_alone(recipe, options: SystemOptions, max_batch_size: int):
@@ -220,24 +219,40 @@ def check_requests_fit(prompts, requests, max_tokens: int, limits) -> None:
             )
 
 
+def load_requests(recipe, path: Path | None, limit: int | None, chat: bool, max_tokens: int):
+    """(prompts, target tokenizer, requests, notes): the prompt set encoded (chats through the target's chat
+    template) and checked against the recipe's limits, before any model loads."""
+    from trtspec.builders.preflight import load_tokenizer
+    from trtspec.chat import has_chat_template
+    from trtspec.validate.prompts import load_prompts
+    from trtspec.validate.systems import encode_prompts
+
+    tokenizer = load_tokenizer(recipe.target.model, recipe.target.trust_remote_code)
+    # Base models have no chat template: the shipped chat set is left out for them; asked-for chats fail.
+    chat_set = chat or has_chat_template(tokenizer)
+    notes = []
+    if path is None and not chat_set:
+        notes.append(f"{recipe.target.model}: no chat template, so the shipped chat prompts were left out.")
+    prompts = load_prompts(path, limit, chat=chat, chat_set=chat_set)
+    requests = encode_prompts(tokenizer, prompts)
+    check_requests_fit(prompts, requests, max_tokens, recipe.limits)
+    return prompts, tokenizer, requests, notes
+
+
 def bench(options: BenchOptions, out) -> dict:
     """Run the sweep with progress, print the table, write bench.json, bench.md and the plots atomically."""
     from rich.progress import Progress
 
-    from trtspec.builders.preflight import load_tokenizer
     from trtspec.recipe import load_recipe
     from trtspec.validate.bench import BenchResult, cost_ratios, run_sweep
-    from trtspec.validate.prompts import load_prompts
-    from trtspec.validate.systems import encode_prompts
 
     recipe = load_recipe(options.recipe)
     _check_sweep(options, recipe)
     out_dir = options.out_dir or Path("bench") / recipe.name
     check_output_dir(out_dir, *BENCH_OUTPUT)  # before the sweep, not after
-    prompts = load_prompts(options.prompts, options.limit)
-    tokenizer = load_tokenizer(recipe.target.model, recipe.target.trust_remote_code)
-    requests = encode_prompts(tokenizer, prompts)
-    check_requests_fit(prompts, requests, options.max_tokens, recipe.limits)
+    prompts, tokenizer, requests, notes = load_requests(
+        recipe, options.prompts, options.limit, options.chat, options.max_tokens
+    )
     biggest = max(options.concurrency)
     options.system.max_batch_size = max(options.system.max_batch_size or 0, biggest)
     system = open_system(recipe, options.system, tokenizer)
@@ -273,7 +288,6 @@ def bench(options: BenchOptions, out) -> dict:
             )
     finally:
         system.close()
-    notes = []
     ratios = cost_ratios(points)
     if options.draft_cost_ratio is not None:
         ratios = {c: options.draft_cost_ratio for c in options.concurrency}
@@ -293,7 +307,7 @@ BENCH_OUTPUT = (BENCH_MARKER, "a trtspec bench report", "--out")
 
 def report_bench(result, out_dir: Path, out) -> dict:
     """Write bench.json, bench.md and the PNG plots into ``out_dir`` (a temp dir renamed into place)."""
-    from trtspec.validate.bench_report import bench_markdown, bench_table, bench_to_dict, write_plots
+    from trtspec.validate.bench_report import bench_markdown, bench_tables, bench_to_dict, write_plots
 
     payload = bench_to_dict(result)
 
@@ -307,7 +321,8 @@ def report_bench(result, out_dir: Path, out) -> dict:
     if out.json:
         out.emit_json(payload)
     console = out.console()
-    console.print(bench_table(result))
+    for table in bench_tables(result):
+        console.print(table)
     recommended = ", ".join(f"concurrency {c}: K={k}" for c, k in result.recommended_k().items())
     console.print(f"recommended num_draft_tokens: {recommended}")
     console.print(f"wrote {out_dir}/bench.json, bench.md, speedup_acceptance.png, latency_concurrency.png")

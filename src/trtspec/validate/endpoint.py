@@ -25,6 +25,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from trtspec.chat import check_text_input
 from trtspec.errors import RequestError, ServerError
 from trtspec.triton_repo import llmapi
 from trtspec.triton_repo.interface import CLIENT_INPUTS, ENTRY_POINT, METRIC_OUTPUTS
@@ -341,6 +342,7 @@ class TritonSystem:
         self.client = TritonClient(url, protocol, model)
         self.client.check_ready()
         self.tokenizer, self.stream = tokenizer, stream
+        self._checked_chats: set[str] = set()  # chat texts that passed check_text_input
         self.max_draft_len, self.max_batch_size = max_draft_len, max_batch_size
         self.name = f"Triton {self.client.model} at {self.client.address} ({self.client.protocol})"
         # upstream's LLM-API model drafts max_draft_len tokens every round and takes no per-request K
@@ -363,6 +365,12 @@ class TritonSystem:
                 f"{self.name}: upstream's LLM-API model drafts max_draft_len {self.max_draft_len} tokens per round "
                 f"(model.yaml) and takes no per-request K, so K={k} cannot be measured; use K={self.max_draft_len}"
             )
+
+        for request in requests:
+            # Chats were rendered client-side (trtspec/chat.py); the server tokenises text_input its own way.
+            if request.prompt_set == "chat" and request.text not in self._checked_chats:
+                check_text_input(self.tokenizer, request.text, request.token_ids, "a chat prompt")
+                self._checked_chats.add(request.text)
 
         def one(request: Request) -> Generation:
             response = self.client.generate(request.text, params.max_new_tokens, k, self.stream, **sampling)

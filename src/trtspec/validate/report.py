@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from trtspec.validate.validation import PromptOutcome, ValidationResult
 
 
@@ -16,6 +18,7 @@ def outcome_to_dict(o: PromptOutcome) -> dict:
     return {
         "id": o.prompt.id,
         "category": o.prompt.category,
+        "prompt_set": o.prompt.prompt_set,
         "vs_reference": o.vs_reference.to_dict(),
         "control": None if o.control is None else o.control.to_dict(),
         "acceptance_rate": stats.acceptance_rate if stats else None,
@@ -28,6 +31,26 @@ def outcome_to_dict(o: PromptOutcome) -> dict:
         "speculative_ids": o.speculative.token_ids,
         "text": o.speculative.text,
     }
+
+
+def set_summaries(result: ValidationResult) -> dict[str, dict]:
+    """Per prompt set ('raw', 'chat'; Prompt.prompt_set), in order of appearance: exact match, control and
+    acceptance over that set's prompts alone (chat traffic accepts differently from raw text)."""
+    sets: dict[str, list[PromptOutcome]] = {}
+    for o in result.outcomes:
+        sets.setdefault(o.prompt.prompt_set, []).append(o)
+    out = {}
+    for name, outcomes in sets.items():
+        part = replace(result, outcomes=outcomes)  # the rate properties read only the outcomes
+        out[name] = {
+            "prompts": len(outcomes),
+            "exact_match_rate": part.exact_match_rate,
+            "mean_token_agreement": part.mean_token_agreement,
+            "control_match_rate": part.control_match_rate,
+            "acceptance_rate": part.stats.acceptance_rate,
+            "mean_accepted_length": _mean_accepted_length(part.stats),
+        }
+    return out
 
 
 def validation_to_dict(result: ValidationResult) -> dict:
@@ -50,6 +73,7 @@ def validation_to_dict(result: ValidationResult) -> dict:
             if result.target_only_tokens_per_s
             else None,
         },
+        "sets": set_summaries(result),
         "stats": stats.to_dict(),
         "thresholds": {
             "min_exact_match": t.min_exact_match,
@@ -105,6 +129,28 @@ def _summary_rows(result: ValidationResult) -> list[tuple[str, str]]:
     ]
 
 
+SET_COLUMNS = ["prompt set", "prompts", "match", "agree", "control", "accept", "acc len"]
+
+
+def _set_rows(result: ValidationResult) -> list[list[str]]:
+    """Rows of the per-set table; none when every prompt is raw text (the overall table says it all)."""
+    sets = set_summaries(result)
+    if list(sets) == ["raw"]:
+        return []
+    return [
+        [
+            name,
+            str(d["prompts"]),
+            _fmt(d["exact_match_rate"]),
+            _fmt(d["mean_token_agreement"]),
+            _fmt(d["control_match_rate"]),
+            _fmt(d["acceptance_rate"]),
+            _fmt(d["mean_accepted_length"], ".2f"),
+        ]
+        for name, d in sets.items()
+    ]
+
+
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
@@ -124,6 +170,19 @@ def validation_markdown(result: ValidationResult) -> str:
         "",
         markdown_table(["metric", "value"], [list(r) for r in _summary_rows(result)]),
         "",
+    ]
+    set_rows = _set_rows(result)
+    if set_rows:
+        parts += [
+            "## Per prompt set",
+            "",
+            markdown_table(SET_COLUMNS, set_rows),
+            "",
+            "raw: prompt text as given; chat: messages rendered with the target tokenizer's chat template. "
+            "match: exact-match rate; agree: mean token agreement; control: speculative == target-only rate.",
+            "",
+        ]
+    parts += [
         "## Per prompt",
         "",
         markdown_table(PROMPT_COLUMNS, [_prompt_row(o) for o in result.outcomes]),
@@ -136,7 +195,7 @@ def validation_markdown(result: ValidationResult) -> str:
 
 
 def validation_tables(result: ValidationResult):
-    """(per-prompt table, overall table) as rich Tables."""
+    """(per-prompt table, [per-set table,] overall table) as rich Tables."""
     from rich.table import Table
 
     per_prompt = Table(title=f"validate: {result.system}, num_draft_tokens={result.num_draft_tokens}")
@@ -149,4 +208,12 @@ def validation_tables(result: ValidationResult):
     overall.add_column("value", justify="right")
     for name, value in _summary_rows(result):
         overall.add_row(name, value)
-    return per_prompt, overall
+    set_rows = _set_rows(result)
+    if not set_rows:
+        return per_prompt, overall
+    per_set = Table(title="per prompt set")
+    for column in SET_COLUMNS:
+        per_set.add_column(column, justify="left" if column == "prompt set" else "right")
+    for row in set_rows:
+        per_set.add_row(*row)
+    return per_prompt, per_set, overall

@@ -25,15 +25,19 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Request:
-    """One prompt, as text and as the target tokenizer's ids (systems use whichever they take)."""
+    """One prompt, as text and as the target tokenizer's ids (systems use whichever they take). ``text`` is what
+    a server's text_input gets: for a chat prompt, the chat template's rendering (trtspec/chat.py)."""
 
     text: str
     token_ids: list[int]
+    prompt_set: str = "raw"  # 'raw' or 'chat' (prompts.Prompt.prompt_set), for per-set reports
 
 
 def encode_prompts(tokenizer, prompts) -> list[Request]:
-    """The prompt set (``prompts.Prompt``) as Requests of the target tokenizer."""
-    return [Request(p.text, tokenizer(p.text).input_ids) for p in prompts]
+    """The prompt set (``prompts.Prompt``) as Requests of the target tokenizer, chats through its chat template."""
+    from trtspec.chat import encode_prompt
+
+    return [Request(*encode_prompt(tokenizer, p.text, p.messages), p.prompt_set) for p in prompts]
 
 
 @dataclass
