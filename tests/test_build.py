@@ -69,6 +69,7 @@ def workdir(tmp_path, converted):
     return dst
 
 
+@pytest.mark.conversion
 def test_without_tensorrt_llm_exits_3_with_one_line_and_a_finish_script(runner, pair, tmp_path):
     engines = tmp_path / "my engines"
     result = runner.invoke(cli, ["build", str(pair), "--engines-dir", str(engines)])
@@ -108,6 +109,7 @@ def test_without_tensorrt_llm_exits_3_with_one_line_and_a_finish_script(runner, 
     assert payload["status"] == "needs_tensorrt_llm" and set(payload["skipped"]) >= {"target.checkpoint"}
 
 
+@pytest.mark.conversion
 def test_finish_script_completes_the_build_with_engines_only(fake_trtllm, workdir):
     out = workdir / "engines" / "tiny"
     env = dict(os.environ)
@@ -127,6 +129,7 @@ def test_finish_script_completes_the_build_with_engines_only(fake_trtllm, workdi
     )
 
 
+@pytest.mark.conversion
 def test_engines_only_from_the_cli_and_its_manifest(runner, fake_trtllm, workdir):
     recipe = workdir / "recipes" / "tiny.yaml"
     engines = workdir / "engines"
@@ -167,6 +170,7 @@ def test_engines_only_without_checkpoints_says_what_to_do(runner, fake_trtllm, p
     assert "no finished checkpoint; run `trtspec build` without --engines-only" in result.output
 
 
+@pytest.mark.conversion
 def test_stages_skip_when_up_to_date_and_rerun_when_recipe_or_inputs_change(fake_trtllm, workdir):
     recipe_path, engines = workdir / "recipes" / "tiny.yaml", workdir / "engines"
     first = B.build(load_recipe(recipe_path), engines)
@@ -191,6 +195,7 @@ def test_stages_skip_when_up_to_date_and_rerun_when_recipe_or_inputs_change(fake
     assert A.read_engine_config(engines / "tiny" / "target" / "engine")["gemm_plugin"] == "bfloat16"
 
 
+@pytest.mark.conversion
 def test_engines_rebuild_for_another_tensorrt_llm_or_gpu(fake_trtllm, workdir, monkeypatch):
     recipe_path, engines = workdir / "recipes" / "tiny.yaml", workdir / "engines"
     B.build(load_recipe(recipe_path), engines)
@@ -207,6 +212,7 @@ def _hidden_leftovers(root: Path) -> list[Path]:
     return [p for p in root.rglob(".*") if ".tmp-" in p.name or ".old-" in p.name]
 
 
+@pytest.mark.conversion
 def test_interrupted_convert_leaves_no_half_written_checkpoint(monkeypatch, pair, tmp_path):
     real_export = B._export
 
@@ -230,6 +236,7 @@ def test_interrupted_convert_leaves_no_half_written_checkpoint(monkeypatch, pair
     assert not stale.exists() and (out / "target" / "checkpoint" / "config.json").is_file()
 
 
+@pytest.mark.conversion
 def test_crashed_engine_build_leaves_no_engine_and_keeps_checkpoints(fake_trtllm, workdir):
     recipe_path, engines = workdir / "recipes" / "tiny.yaml", workdir / "engines"
     fake_trtllm.setenv("FAKE_TRTLLM_CRASH", "1")
@@ -245,6 +252,7 @@ def test_crashed_engine_build_leaves_no_engine_and_keeps_checkpoints(fake_trtllm
     ]
 
 
+@pytest.mark.conversion
 def test_engine_without_speculative_mode_is_discarded(runner, fake_trtllm, workdir):
     fake_trtllm.setenv("FAKE_TRTLLM_DROP_SPECULATIVE", "1")
     recipe, engines = workdir / "recipes" / "tiny.yaml", workdir / "engines"
@@ -254,6 +262,7 @@ def test_engine_without_speculative_mode_is_discarded(runner, fake_trtllm, workd
     assert not (engines / "tiny" / "target" / "engine").exists()
 
 
+@pytest.mark.conversion
 def test_failed_preflight_stops_before_converting(tmp_path, tiny_pair):
     from tiny_models import make_model
 
@@ -272,6 +281,7 @@ def test_failed_preflight_stops_before_converting(tmp_path, tiny_pair):
     assert not (tmp_path / "engines" / "tiny" / "target" / "checkpoint").exists()
 
 
+@pytest.mark.conversion
 def test_engines_only_refuses_checkpoints_of_other_settings(workdir):
     recipe = load_recipe(workdir / "recipes" / "tiny.yaml", {"draft.dtype": "bfloat16"}, check_paths=False)
     with pytest.raises(CheckpointError, match="converted with other draft settings"):

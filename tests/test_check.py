@@ -159,6 +159,7 @@ def test_draft_with_more_vocab_rows_than_the_target_fails(runner, tmp_path, tiny
     assert status == "fail" and "the draft has 384 vocab rows and the target 320" in message
 
 
+@pytest.mark.conversion
 def test_build_stops_at_preflight_on_vocab_mismatch(runner, tmp_path, tiny_pair, draft_with):
     """The build refuses the pair before converting anything."""
     recipe = write_recipe(tmp_path / "r.yaml", tiny_pair[0], draft_with(vocab_size=384))

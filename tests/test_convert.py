@@ -15,6 +15,8 @@ from trtspec.recipe import CalibrationSpec, ModelSpec
 
 CALIB = CalibrationSpec(size=2, seq_len=16)
 
+pytestmark = pytest.mark.conversion  # every test here runs ModelOpt
+
 
 @pytest.fixture(scope="module")
 def llama_dir(tmp_path_factory, shared_tokenizer_dir) -> Path:

@@ -11,6 +11,8 @@ from tiny_models import CORPUS
 
 from trtspec.cli import cli
 
+pytestmark = pytest.mark.conversion  # every test here runs ModelOpt
+
 
 @pytest.fixture
 def recipe_file(tmp_path, tiny_pair) -> Path:

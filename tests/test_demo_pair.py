@@ -43,8 +43,8 @@ def pair():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(TARGET_DIR)
-    target = AutoModelForCausalLM.from_pretrained(TARGET_DIR, torch_dtype=torch.float32).eval()
-    draft = AutoModelForCausalLM.from_pretrained(DRAFT_DIR, torch_dtype=torch.float32).eval()
+    target = AutoModelForCausalLM.from_pretrained(TARGET_DIR, dtype=torch.float32).eval()
+    draft = AutoModelForCausalLM.from_pretrained(DRAFT_DIR, dtype=torch.float32).eval()
     return tokenizer, target, draft
 
 

@@ -215,6 +215,7 @@ def test_ngc_pip_install_is_constrained_by_the_image_freeze():
     for i in installs:
         assert i > freeze, "the freeze must be taken before anything is installed"
         assert "-c /opt/trtspec/image-constraints.txt" in runs[i].args, runs[i].args
+        assert '"/opt/trtspec/src[convert]"' in runs[i].args, "the image converts: the convert extra"
         assert "--upgrade" not in runs[i].args and "-U " not in runs[i].args
     compare = next(i for i, r in enumerate(runs) if "check_pins.py compare" in r.args)
     assert compare > max(installs)
@@ -227,6 +228,7 @@ def test_cpu_image_uses_the_cpu_torch_wheel_and_project_constraints():
     runs = " ".join(r.args for r in instructions(CPU_DOCKERFILE, "RUN"))
     assert "--index-url https://download.pytorch.org/whl/cpu" in runs
     assert "-c /opt/trtspec/src/constraints.txt" in runs and "-c /opt/trtspec/image-constraints.txt" in runs
+    assert '"/opt/trtspec/src[convert]"' in runs  # the image converts: the convert extra
     assert "check_pins.py compare" in runs and "torch.version.cuda" in runs
 
 
@@ -428,7 +430,7 @@ def test_constraints_of_this_venv_are_satisfied_by_it(tmp_path):
     cons = tmp_path / "constraints.txt"
     assert check_pins.main(["constraints", str(tmp_path / "freeze.txt"), str(cons)]) == 0
     pins = [Requirement(line) for line in cons.read_text().splitlines() if line and not line.startswith("#")]
-    assert {"torch", "transformers", "nvidia-modelopt"} <= {check_pins.normalize(r.name) for r in pins}
+    assert {"torch", "transformers"} <= {check_pins.normalize(r.name) for r in pins}
     for req in pins:
         (spec,) = req.specifier
         assert spec.operator == "=="
@@ -519,6 +521,7 @@ def test_entrypoint_refuses_an_unknown_runtime_before_any_work(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.conversion
 def test_entrypoint_tensorrtllm_without_tensorrt_llm_exits_3(tmp_path, tiny_pair):
     """Here tensorrt_llm is absent: build converts the checkpoints, then the entry point stops with exit 3."""
     recipe = write_tiny_recipe(tmp_path, tiny_pair, runtime="tensorrtllm")

@@ -66,6 +66,7 @@ def _recipe(models, calib, **target):
     )
 
 
+@pytest.mark.conversion
 def test_build_writes_the_quantized_target_as_a_checked_modelopt_hf_checkpoint(models, calib, tmp_path):
     recipe = _recipe(models, calib, quantization="fp8", kv_cache_dtype="fp8")
     result = build(recipe, tmp_path / "engines")
@@ -89,6 +90,7 @@ def test_build_writes_the_quantized_target_as_a_checked_modelopt_hf_checkpoint(m
 
 
 @pytest.mark.parametrize("fmt", [pytest.param("int4_awq", marks=pytest.mark.slow), "w4a8_awq"])
+@pytest.mark.conversion
 def test_every_format_exports_with_its_quant_algo(models, calib, tmp_path, fmt):
     spec = ModelSpec(model=models[0], quantization=fmt)
     summary = export_hf(spec, tmp_path / "hf", calibration=calib)
@@ -99,6 +101,7 @@ def test_every_format_exports_with_its_quant_algo(models, calib, tmp_path, fmt):
     assert set(summary["timings"]) == {"load", "calibrate", "export", "check"}
 
 
+@pytest.mark.conversion
 def test_formats_the_pytorch_backend_cannot_run_and_models_without_safetensors_are_refused(
     models, calib, tmp_path
 ):
@@ -145,6 +148,7 @@ def _planted(export: Path, tmp_path: Path, change) -> Path:
     ],
     ids=["scale", "transposed", "missing-scale", "kv-config", "lm-head-dtype"],
 )  # fmt: skip
+@pytest.mark.conversion
 def test_check_catches_planted_mistakes(fp8_export, tmp_path, change, message):
     export, spec = fp8_export
     assert check_export(export, spec, spec.model)["max_dequant_error"] < 0.1
@@ -164,6 +168,7 @@ def test_engines_only_is_refused_for_trtllm_pytorch(runner, models, calib, tmp_p
     assert not (tmp_path / "e").exists()
 
 
+@pytest.mark.conversion
 def test_runtime_option_gives_check_and_build_the_runtime_deploy_will_use(runner, models, calib, tmp_path):
     """A recipe written for tensorrtllm, run as trtllm-pytorch (the container's TRTSPEC_RUNTIME override)."""
     recipe = _recipe(models, calib, quantization="int8_sq")

@@ -48,6 +48,7 @@ def _quantize(model_dir: Path, out: Path, fmt: str, calib: str, kv: str = "auto"
         pytest.param("w4a8_awq", "auto", marks=pytest.mark.slow),
     ],
 )
+@pytest.mark.conversion
 def test_quantized_checkpoint_within_tolerance(awq_ready_dir, calib_file, tmp_path, fmt, kv):
     summary = _quantize(awq_ready_dir, tmp_path / "ckpt", fmt, str(calib_file), kv)
     config = json.loads((tmp_path / "ckpt" / "config.json").read_text())
@@ -62,6 +63,7 @@ def test_quantized_checkpoint_within_tolerance(awq_ready_dir, calib_file, tmp_pa
     assert rows == support.padded_vocab_size(VOCAB, 1, fmt)
 
 
+@pytest.mark.conversion
 def test_verifier_catches_swapped_fc_and_gate_in_a_quantized_checkpoint(awq_ready_dir, calib_file, tmp_path):
     from safetensors.torch import load_file, save_file
 
@@ -81,6 +83,7 @@ def test_verifier_catches_swapped_fc_and_gate_in_a_quantized_checkpoint(awq_read
 
 
 @pytest.mark.parametrize("fmt", ["int4_awq", "w4a8_awq"])
+@pytest.mark.conversion
 def test_awq_on_dimensions_not_divisible_by_128(tmp_path, shared_tokenizer_dir, fmt):
     hf = make_model(tmp_path / "hf", "llama", tokenizer_dir=shared_tokenizer_dir)  # hidden 64
     with pytest.raises(ModelError, match=r"divisible by 128 per rank, but hidden_size=64"):
@@ -88,6 +91,7 @@ def test_awq_on_dimensions_not_divisible_by_128(tmp_path, shared_tokenizer_dir, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
 
 
+@pytest.mark.conversion
 def test_awq_tensor_parallel_splits_below_the_group_size(awq_ready_dir, tmp_path):
     spec = ModelSpec(model=awq_ready_dir, quantization="int4_awq", tp_size=2)
     with pytest.raises(ModelError, match=r"num_attention_heads\*head_dim/tp_size=64"):

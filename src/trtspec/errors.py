@@ -74,5 +74,10 @@ class NeedsTensorRTLLM(TrtspecError):
     manifest: dict | None = None  # what a build did before it stopped here (build --json prints it)
 
 
+class NeedsConversionStack(TrtspecError):
+    """The step runs nvidia-modelopt, which needs the conversion stack TensorRT-LLM 1.2.x pins (the `convert`
+    extra); nothing was done."""
+
+
 class ServerError(TrtspecError):
     """tritonserver could not be found, started, or did not load the repository."""

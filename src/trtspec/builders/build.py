@@ -253,6 +253,15 @@ def _finish(recipe: Recipe, out_dir: Path, plan: BuildPlan | None, stages: dict[
     return BuildResult(out_dir, plan, manifest, ran=ran, skipped=manifest["skipped"])
 
 
+def conversion_roles(recipe: Recipe) -> list[str]:
+    """The models ``build`` runs through ModelOpt: both for engines, only the quantized ones for trtllm-pytorch
+    (an unquantized model is served from its own folder)."""
+    models = recipe.models()
+    if recipe.triton.runtime == "trtllm-pytorch":
+        return [role for role, spec in models.items() if spec.quantization != "none"]
+    return list(models)
+
+
 def build_hf(recipe: Recipe, out_dir: Path, console, force: bool) -> BuildResult:
     """The trtllm-pytorch build: checks, then a ModelOpt HF export of each quantized model; no engines."""
     stages: dict[str, dict] = {"check": run_preflight(recipe)}
@@ -490,6 +499,10 @@ def build(
             "triton.runtime",
             "trtllm-pytorch has no engines; drop --engines-only",
         )
+    if not engines_only and conversion_roles(recipe):
+        from trtspec.builders.convert import require_conversion_stack
+
+        require_conversion_stack()
     out_dir.mkdir(parents=True, exist_ok=True)
     clean_stale(out_dir)
     if recipe.triton.runtime == "trtllm-pytorch":

@@ -22,7 +22,7 @@ from typing import Any
 
 from trtspec.builders import support
 from trtspec.builders.preflight import count_parameters, load_tokenizer
-from trtspec.errors import CheckFailed, CheckpointError, ModelError
+from trtspec.errors import CheckFailed, CheckpointError, ModelError, NeedsConversionStack
 from trtspec.outputs import atomic_dir
 from trtspec.recipe import CalibrationSpec, ModelSpec
 
@@ -31,6 +31,16 @@ KV_CACHE_CFG = "FP8_KV_CFG"
 # Qwen2/3 are Llama-shaped (+ qkv bias / qk-norm), so they go through its "llama" path.
 MODELOPT_DECODER = {"qwen": "llama"}
 AWQ_FORMATS = ("int4_awq", "w4a8_awq")
+
+
+def require_conversion_stack() -> None:
+    """NeedsConversionStack, one line naming what to install, unless the installed nvidia-modelopt and transformers
+    are the conversion path's (support.CONVERSION_STACK). Called before any work, so nothing is half done."""
+    from trtspec.builders.build import package_versions
+
+    problem = support.conversion_stack_problem(package_versions())
+    if problem:
+        raise NeedsConversionStack(problem)
 
 
 # ---------------------------------------------------------------- inspecting the HF model
@@ -276,6 +286,7 @@ def export_checkpoint(
     check_shapes(spec, hf_config)
     warning = _warn_unsupported(spec, console)
     check_memory(spec.model, device, verify)
+    require_conversion_stack()
     stages = Stages(console, label or out_dir.parent.name or str(out_dir))
     with atomic_dir(out_dir) as tmp:
         with stages("load", f"{spec.model} on {device}"):

@@ -28,6 +28,7 @@ from trtspec.builders.convert import (
     load_source_model,
     quantize_model,
     read_hf_config,
+    require_conversion_stack,
 )
 from trtspec.builders.preflight import load_tokenizer
 from trtspec.errors import CheckFailed, CheckpointError
@@ -56,6 +57,7 @@ def export_hf(
     Returns a JSON-able summary (model, format, files, check results, timings). Raises ModelError (bad input),
     CheckpointError (modelopt could not export) or CheckFailed (memory, or the export failed its check).
     """
+    require_conversion_stack()
     formats = [f for f in support.LLMAPI_QUANT_FORMATS if f != "none"]
     if spec.quantization not in formats:
         raise CheckFailed(

@@ -553,6 +553,21 @@ ENGINE_ONLY_CHECKS = ("precision", "memory", "runtime", "fast logits", "kv cache
 def run_checks(
     recipe: Recipe, gpu_memory_gib: float | None = None, trtllm_version: str | None = None
 ) -> CheckReport:
+def check_conversion(recipe: Recipe, versions: dict[str, str | None] | None = None) -> list[CheckResult]:
+    """Whether ``versions`` (default: the installed packages) run the ModelOpt conversion ``build`` does for this
+    recipe. A warning, like a missing TensorRT-LLM: the conversion may run elsewhere (the NGC image)."""
+    from trtspec.builders.build import conversion_roles, package_versions
+
+    if recipe.triton.runtime == "torch" or not conversion_roles(recipe):
+        return []  # the torch runtime and unquantized trtllm-pytorch models load the HF checkpoints themselves
+    versions = package_versions() if versions is None else versions
+    problem = support.conversion_stack_problem(versions)
+    if problem:
+        return [CheckResult("conversion", "warn", problem)]
+    found = ", ".join(f"{package} {versions[package]}" for package in support.CONVERSION_STACK)
+    return [CheckResult("conversion", "pass", f"ModelOpt conversion on {found}")]
+
+
     """All pre-flight checks of a recipe; raises ModelError only for unreadable inputs.
 
     ``trtllm_version`` is the TensorRT-LLM the deployment will run (default: the installed one, if any).
@@ -583,6 +598,7 @@ def run_checks(
 
 def format_gib(gib: float) -> str:
     return f"{gib:.2f} GiB" if gib >= 1 else f"{gib * 1024:.1f} MiB"
+        *check_conversion(recipe),
 
 
 STATUS_STYLE = {"pass": "[green]pass[/]", "warn": "[yellow]warn[/]", "fail": "[bold red]FAIL[/]"}

@@ -16,6 +16,14 @@ TRTLLM_VERSION_RANGE = (">=1.2.0", "<1.3.0")
 # 25.12-26.02 have 1.1.0); 26.07 is the newest of them.
 NGC_TRITON_TRTLLM_IMAGE = "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
 
+# The conversion path (nvidia-modelopt quantization and export: convert, quantize, build's checkpoint stages, the
+# HF export for trtllm-pytorch) runs on the libraries TensorRT-LLM 1.2.1 pins (nvidia-modelopt 0.37,
+# transformers 4.57.3): ModelOpt 0.37 supports transformers 4 only, and its export on transformers 5 gave checkpoints
+# with a 21.7 % logit error. pyproject.toml's `convert` extra installs this; the rest of trtspec runs on
+# transformers 4.56 to 5.x.
+CONVERSION_STACK = {"nvidia-modelopt": ">=0.37,<0.38", "transformers": ">=4.56,<5"}
+CONVERSION_INSTALL = "pip install 'trtspec[convert]'"
+
 # HF architecture -> modelopt/TensorRT-LLM decoder type of the conversion path.
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
@@ -226,3 +234,27 @@ def runtime_version_problem(runtime: str, version: str) -> tuple[str, str] | Non
                 "name them differently (1.3 made speculative_config.decoding_type Draft_Target)",
             )
     return None
+
+
+def conversion_stack_problem(versions: dict[str, str | None]) -> str | None:
+    """Why the installed ``versions`` (package -> version, None = not installed) cannot run the conversion path,
+    in one line that says what to install; None when they match CONVERSION_STACK."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    found = []
+    for package, specifier in CONVERSION_STACK.items():
+        version = versions.get(package)
+        try:
+            fits = version is not None and Version(version) in SpecifierSet(specifier, prereleases=True)
+        except InvalidVersion:
+            fits = False
+        if not fits:
+            found.append(f"{package} {version}" if version else f"no {package}")
+    if not found:
+        return None
+    needs = ", ".join(f"{package}{specifier}" for package, specifier in CONVERSION_STACK.items())
+    return (
+        f"converting with ModelOpt needs the TensorRT-LLM {TRTLLM_VERSION} stack ({needs}), found "
+        f"{', '.join(found)}; install it with {CONVERSION_INSTALL}, or run this in {NGC_TRITON_TRTLLM_IMAGE}"
+    )

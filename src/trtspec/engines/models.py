@@ -10,7 +10,8 @@ write to a scratch column past ``max_seq_len`` and their outputs are never read)
 
 - ``LeanCausalLM``: a functional forward of the Llama family (Llama, Mistral, Qwen2 with qkv bias, Qwen3 with
   q/k norm) over the Hugging Face model's own weights and rotary table, with a preallocated cache and fused
-  qkv / gate-up matmuls. It exists for speed: a Hugging Face decoder layer costs ~1 ms of per-call overhead on
+  qkv / gate-up matmuls (the HF q/k/v and gate/up parameters become views into the fused tensors, so the
+  weights exist once). It exists for speed: a Hugging Face decoder layer costs ~1 ms of per-call overhead on
   CPU whatever its width, which eats a 1-layer draft's advantage. Its ops mirror the HF modules (same RMSNorm
   casts, same rotary table) so fp32 greedy outputs match ``generate(do_sample=False)``.
 - ``HFCausalLM``: the fallback for any other ``AutoModelForCausalLM``: the model's own forward with one
@@ -21,6 +22,7 @@ write to a scratch column past ``max_seq_len`` and their outputs are never read)
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,24 +66,40 @@ class _Layer:
     down_bias: torch.Tensor | None
 
 
-def _cat_bias(*linears) -> torch.Tensor | None:
-    biases = [lin.bias for lin in linears]
-    return None if biases[0] is None else torch.cat([b.detach() for b in biases])
+def _fuse(*linears) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Concatenate linears that read the same input into one weight [sum(out), in] (and bias [sum(out)]) and make
+    each linear's parameters views into it: the HF module then computes the same values from the same memory, so
+    the fused matmul costs no second copy of the weights (the originals are freed unless something else holds
+    them). ``requires_grad`` is kept so the HF model behaves as before."""
+    with torch.no_grad():
+        weight = torch.cat([lin.weight.detach() for lin in linears])
+        has_bias = linears[0].bias is not None
+        bias = torch.cat([lin.bias.detach() for lin in linears]) if has_bias else None
+    start = 0
+    for lin in linears:
+        rows = lin.weight.shape[0]
+        lin.weight = torch.nn.Parameter(weight[start : start + rows], lin.weight.requires_grad)
+        if has_bias:
+            lin.bias = torch.nn.Parameter(bias[start : start + rows], lin.bias.requires_grad)
+        start += rows
+    return weight, bias
 
 
 def _lean_layer(layer) -> _Layer:
     attn, mlp = layer.self_attn, layer.mlp
+    qkv_weight, qkv_bias = _fuse(attn.q_proj, attn.k_proj, attn.v_proj)
+    gate_up_weight, gate_up_bias = _fuse(mlp.gate_proj, mlp.up_proj)
     return _Layer(
         input_norm=layer.input_layernorm.weight.detach(),
-        qkv_weight=torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach(),
-        qkv_bias=_cat_bias(attn.q_proj, attn.k_proj, attn.v_proj),
+        qkv_weight=qkv_weight,
+        qkv_bias=qkv_bias,
         q_norm=attn.q_norm.weight.detach() if hasattr(attn, "q_norm") else None,
         k_norm=attn.k_norm.weight.detach() if hasattr(attn, "k_norm") else None,
         o_weight=attn.o_proj.weight.detach(),
         o_bias=None if attn.o_proj.bias is None else attn.o_proj.bias.detach(),
         post_norm=layer.post_attention_layernorm.weight.detach(),
-        gate_up_weight=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach(),
-        gate_up_bias=_cat_bias(mlp.gate_proj, mlp.up_proj),
+        gate_up_weight=gate_up_weight,
+        gate_up_bias=gate_up_bias,
         down_weight=mlp.down_proj.weight.detach(),
         down_bias=None if mlp.down_proj.bias is None else mlp.down_proj.bias.detach(),
     )
@@ -268,7 +286,7 @@ class HFCausalLM:
         if self.caches[source] is None:
             raise ValueError(f"cache slot {source} holds nothing to copy")
         self.caches[slot] = copy.deepcopy(self.caches[source])
-        self.caches[slot].crop(length)
+        truncate_cache(self.caches[slot], length)
 
     @torch.inference_mode()
     def forward(self, tokens, slots, starts, num_new, logit_index) -> torch.Tensor:
@@ -282,17 +300,40 @@ class HFCausalLM:
             cache = self.caches[slot]
             if start == 0 or cache is None:
                 cache = self.caches[slot] = DynamicCache()
-            cache.crop(start)
+            truncate_cache(cache, start)
             positions = torch.arange(start, start + count, device=self.device)
             logits = self.model(
                 input_ids=tokens[b : b + 1, :count],
                 past_key_values=cache,
-                position_ids=positions[None],
-                cache_position=positions,
+                position_ids=positions[None],  # the cache positions follow from its length (= start)
                 use_cache=True,
             ).logits[0]  # [count, V]
             out[b] = logits[logit_index[b].clamp(max=count - 1)].float()
         return out
+
+
+def truncate_cache(cache, length: int) -> None:
+    """Keep the first ``length`` positions of a DynamicCache. ``crop`` takes a negative count of positions to drop
+    on every transformers version (4.x also reads a positive argument as the length to keep, 5.x refuses it), and
+    ``crop(0)`` empties a 4.x cache, so it is called only when there is something to drop."""
+    excess = cache.get_seq_length() - length
+    if excess > 0:
+        cache.crop(-excess)
+
+
+@contextlib.contextmanager
+def _no_progress_bars():
+    """transformers 5 draws a progress bar on stderr for every local weight load, which would split trtspec's
+    one-line output and errors; trtspec reports its own stages."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
 
 
 def load_hf_model(
@@ -305,9 +346,10 @@ def load_hf_model(
     if dtype not in DTYPES:
         raise ModelError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     try:
-        return AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code
-        )
+        with _no_progress_bars():
+            return AutoModelForCausalLM.from_pretrained(
+                model_dir, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code
+            )
     except Exception as err:  # noqa: BLE001 - transformers/safetensors raise many types for a broken checkpoint
         first = (str(err).strip().splitlines() or [""])[0][:200]
         raise ModelError(

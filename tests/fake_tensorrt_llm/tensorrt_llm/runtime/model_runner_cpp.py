@@ -33,7 +33,7 @@ def _load_model(path):
     if path not in _MODELS:
         from transformers import AutoModelForCausalLM
 
-        _MODELS[path] = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+        _MODELS[path] = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     return _MODELS[path]
 
 
