@@ -280,13 +280,13 @@ def export_checkpoint(
     """
     from trtspec.builders import interpreter
 
+    require_conversion_stack()
     out_dir = Path(out_dir)
     hf_config = read_hf_config(spec.model)
     decoder = decoder_type(hf_config, spec.model)
     check_shapes(spec, hf_config)
     warning = _warn_unsupported(spec, console)
     check_memory(spec.model, device, verify)
-    require_conversion_stack()
     stages = Stages(console, label or out_dir.parent.name or str(out_dir))
     with atomic_dir(out_dir) as tmp:
         with stages("load", f"{spec.model} on {device}"):

@@ -544,15 +544,6 @@ def check_kv_cache(recipe: Recipe) -> list[CheckResult]:
     return []
 
 
-# What concerns TensorRT-LLM engines only (its draft-target support matrix, GPU memory, the installed
-# TensorRT-LLM, the tensorrtllm runtime's options): the torch runtime loads the Hugging Face checkpoints itself,
-# in any dtype, on CPU too.
-ENGINE_ONLY_CHECKS = ("precision", "memory", "runtime", "fast logits", "kv cache")
-
-
-def run_checks(
-    recipe: Recipe, gpu_memory_gib: float | None = None, trtllm_version: str | None = None
-) -> CheckReport:
 def check_conversion(recipe: Recipe, versions: dict[str, str | None] | None = None) -> list[CheckResult]:
     """Whether ``versions`` (default: the installed packages) run the ModelOpt conversion ``build`` does for this
     recipe. A warning, like a missing TensorRT-LLM: the conversion may run elsewhere (the NGC image)."""
@@ -568,6 +559,15 @@ def check_conversion(recipe: Recipe, versions: dict[str, str | None] | None = No
     return [CheckResult("conversion", "pass", f"ModelOpt conversion on {found}")]
 
 
+# What concerns TensorRT-LLM engines only (its draft-target support matrix, GPU memory, the installed
+# TensorRT-LLM, the tensorrtllm runtime's options): the torch runtime loads the Hugging Face checkpoints itself,
+# in any dtype, on CPU too.
+ENGINE_ONLY_CHECKS = ("precision", "memory", "runtime", "fast logits", "kv cache")
+
+
+def run_checks(
+    recipe: Recipe, gpu_memory_gib: float | None = None, trtllm_version: str | None = None
+) -> CheckReport:
     """All pre-flight checks of a recipe; raises ModelError only for unreadable inputs.
 
     ``trtllm_version`` is the TensorRT-LLM the deployment will run (default: the installed one, if any).
@@ -589,6 +589,7 @@ def check_conversion(recipe: Recipe, versions: dict[str, str | None] | None = No
         check_runtime(recipe, trtllm_version),
         *check_fast_logits(recipe),
         *check_kv_cache(recipe),
+        *check_conversion(recipe),
     ]
     return CheckReport(recipe.name, results, memory)
 
@@ -598,7 +599,6 @@ def check_conversion(recipe: Recipe, versions: dict[str, str | None] | None = No
 
 def format_gib(gib: float) -> str:
     return f"{gib:.2f} GiB" if gib >= 1 else f"{gib * 1024:.1f} MiB"
-        *check_conversion(recipe),
 
 
 STATUS_STYLE = {"pass": "[green]pass[/]", "warn": "[yellow]warn[/]", "fail": "[bold red]FAIL[/]"}
