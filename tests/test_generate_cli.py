@@ -73,7 +73,17 @@ def test_generate_no_draft_is_target_only(runner, tiny_pair):
 
 def test_generate_no_draft_on_a_recipe_with_k_is_target_only(runner):
     """The demo recipe serves K=4; --no-draft still means target-only, not a refused K."""
-    args = ["generate", "--recipe", "demo", "--no-draft", "--prompt", "def f(x):", "--max-new-tokens", "4", "--json"]
+    args = [
+        "generate",
+        "--recipe",
+        "demo",
+        "--no-draft",
+        "--prompt",
+        "def f(x):",
+        "--max-new-tokens",
+        "4",
+        "--json",
+    ]
     result = runner.invoke(cli, args)
     assert result.exit_code == 0, result.output
     stats = json.loads(result.stdout)["stats"]

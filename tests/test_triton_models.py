@@ -44,7 +44,7 @@ class Script:
 
 
 def _run(script: Script, prompt=(10, 11), stats=None, **kwargs):
-    options = {"max_tokens": 100, "num_draft_tokens": 3, "max_seq_len": 1000, "end_id": END} | kwargs
+    options = {"max_tokens": 100, "num_draft_tokens": 3, "max_seq_len": 1000, "end_ids": (END,)} | kwargs
     return list(speculate(list(prompt), draft=script.draft, target=script.target, stats=stats, **options))
 
 
@@ -76,6 +76,29 @@ def test_end_id_stops_without_emitting_it():
     assert [r.tokens for r in rounds] == [[5]]
     assert rounds[-1].finished and rounds[-1].reason == "end_id"
     assert len(script.target_calls) == 1
+
+
+def test_any_id_of_an_eos_list_stops():
+    """Llama 3 Instruct ends at any of [128001, 128008, 128009]; TensorRT-LLM's engines take one end_id."""
+    script = Script(drafts=[[5, 6, 7]], targets=[[5, 6, 42, 8]])
+    rounds = _run(script, end_ids=(END, 42))
+    assert [r.tokens for r in rounds] == [[5, 6]] and rounds[-1].reason == "end_id"
+
+
+def test_the_codec_reads_an_eos_list_from_generation_config(tmp_path, shared_tokenizer_dir):
+    import json
+    import shutil
+
+    tokenizer_dir = tmp_path / "tok"
+    shutil.copytree(shared_tokenizer_dir, tokenizer_dir)
+    codec = TextCodec.from_parameters({"tokenizer_dir": str(tokenizer_dir)})
+    eos = codec.tokenizer.eos_token_id
+    assert codec.end_ids == (eos,) and codec.end_id == eos
+    (tokenizer_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, eos, 9]}))
+    codec = TextCodec.from_parameters({"tokenizer_dir": str(tokenizer_dir)})
+    assert codec.end_ids == (7, eos, 9) and codec.end_id == eos
+    (tokenizer_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 9]}))
+    assert TextCodec.from_parameters({"tokenizer_dir": str(tokenizer_dir)}).end_id == 7
 
 
 def test_stop_sequence_across_rounds_is_emitted_and_stops():
@@ -587,7 +610,7 @@ def test_outbox_raises_a_failed_send_in_the_request_thread():
 class _Codec:
     """The orchestrator's TextCodec, reduced to what _generate uses: every prompt is [5, 6], one char per id."""
 
-    end_id, pad_id = 2, 3
+    end_id, pad_id, end_ids = 2, 3, (2,)
 
     def encode(self, text):
         return [5, 6]
@@ -620,6 +643,7 @@ def test_seeded_sampled_requests_are_never_drafted_ahead(monkeypatch, sampling, 
     monkeypatch.setattr(orchestrator, "speculate", fake_speculate)
     model = TritonPythonModel.__new__(TritonPythonModel)
     model.codec, model.limits, model.target, model.draft = _Codec(), LIMITS, "t", "d"
+    model.vocab_rows = {}
     model.lock, model.active, model.draft_ahead = threading.Lock(), 1, True
     fields = {"text_input": "def", "max_tokens": 4} | sampling
     model._whole(parse_request(_inputs(**fields), LIMITS))
@@ -666,6 +690,7 @@ def test_a_cancelled_non_streamed_request_stops_generating(monkeypatch):
     monkeypatch.setattr(orchestrator, "speculate", endless)
     model = TritonPythonModel.__new__(TritonPythonModel)
     model.codec, model.limits, model.target, model.draft = _Codec(), LIMITS, "t", "d"
+    model.vocab_rows = {}
     model.lock, model.active, model.draft_ahead = threading.Lock(), 1, False
     req = parse_request(_inputs(text_input="def", max_tokens=4), LIMITS)
     answers = iter([False, False, True])

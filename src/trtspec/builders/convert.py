@@ -58,6 +58,12 @@ def read_hf_config(model_dir: Path) -> dict:
         raise ModelError(f"{path}: not valid JSON ({err})") from None
 
 
+def hf_vocab_size(model_dir: Path) -> int:
+    """vocab_size of a Hugging Face checkpoint (its text config's, for a multimodal config such as Gemma 3's)."""
+    config = read_hf_config(model_dir)
+    return int(config.get("text_config", config).get("vocab_size") or config["vocab_size"])
+
+
 def decoder_type(hf_config: dict, model_dir: Path) -> str:
     problem = support.convert_problem(hf_config)
     if problem:
@@ -293,6 +299,10 @@ def export_checkpoint(
             tokenizer = load_tokenizer(spec.model, spec.trust_remote_code)
             model = load_source_model(spec.model, device, spec.dtype, spec.trust_remote_code)
             prompts = interpreter.tokenize_prompts(tokenizer, interpreter.DEFAULT_PROMPTS) if verify else []
+            window = support.sliding_window(hf_config)
+            # The checkpoint has no window (the runtime applies it: check's engine rule): verify inside it.
+            if window:
+                prompts = [p[:, :window] for p in prompts]
             reference = [
                 r.cpu() for r in interpreter.reference_logits_for(model, [p.to(device) for p in prompts])
             ]
@@ -310,9 +320,6 @@ def export_checkpoint(
         gc.collect()
         verification = None
         if verify:
-            window = support.sliding_window(hf_config)
-            if window:  # the checkpoint has no window (the runtime applies it: check's engine rule): verify inside it
-                prompts = [p[:, :window] for p in prompts]
             with stages("verify", "checkpoint interpreter vs the HF model"):
                 verification = interpreter.verify_against(tmp, prompts, reference)
             _report_verification(console, verification)

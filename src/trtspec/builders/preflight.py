@@ -45,7 +45,8 @@ class ModelFacts:
     head_dim: int
     num_parameters: int
     tokenizer: Any = field(repr=False)
-    config: dict[str, Any] = field(default_factory=dict, repr=False)  # the (text) config.json, for family rules
+    # the (text) config.json, for family rules
+    config: dict[str, Any] = field(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True)
@@ -187,6 +188,21 @@ def load_tokenizer(model_dir: Path, trust_remote_code: bool = False):
         ) from None
 
 
+def end_ids(model_dir: Path | str, tokenizer) -> tuple[int, ...]:
+    """The ids that end generation, as Hugging Face generate takes them: generation_config.json's eos_token_id (an
+    int, or a list as Llama 3 Instruct's [128001, 128008, 128009]), else the tokenizer's eos."""
+    path = Path(model_dir) / "generation_config.json"
+    try:
+        eos = json.loads(path.read_text()).get("eos_token_id") if path.is_file() else None
+    except (OSError, ValueError):
+        eos = None
+    if eos is None and tokenizer is not None:
+        eos = tokenizer.eos_token_id
+    return (
+        tuple(int(i) for i in eos) if isinstance(eos, list | tuple) else (() if eos is None else (int(eos),))
+    )
+
+
 def gather_facts(role: str, spec: ModelSpec) -> ModelFacts:
     """Read config.json, the tokenizer and the safetensors headers of one model directory."""
     from transformers import AutoConfig
@@ -289,19 +305,28 @@ def check_vocab(facts: ModelFacts, spec: ModelSpec) -> CheckResult:
 
 
 def check_padded_vocab(target: ModelFacts, draft: ModelFacts, recipe: Recipe) -> CheckResult:
-    """The runtime copies draft tokens and logits between the engines by vocab index (TensorRT-LLM 2789), so the
-    engines' padded vocab must agree; ``build``, ``generate`` and ``validate`` refuse a pair where it does not."""
-    t_pad = support.padded_vocab_size(target.vocab_size, recipe.target.tp_size, recipe.target.quantization)
-    d_pad = support.padded_vocab_size(draft.vocab_size, recipe.draft.tp_size, recipe.draft.quantization)
-    if t_pad == d_pad:
-        return CheckResult("padded vocab", "pass", f"target and draft engines both have {t_pad} vocab rows")
-    return CheckResult(
-        "padded vocab",
-        "fail",
-        f"target engine has {t_pad} vocab rows (vocab_size {target.vocab_size}), draft {d_pad} "
-        f"(vocab_size {draft.vocab_size}): the engines exchange draft tokens and logits by vocab index; use a "
-        "draft whose vocab_size (and tp_size/quantization padding) matches the target's",
+    """The pair's vocab rows under the recipe's runtime: equal, or rows past the shared tokenizer that differ
+    (padding, as in Qwen2.5), which every runtime but the ones support.vocab_pair_problem names can serve."""
+    runtime, spec = recipe.triton.runtime, recipe.speculative
+    t_rows = support.vocab_rows(target.vocab_size, runtime, recipe.target.tp_size, recipe.target.quantization)
+    d_rows = support.vocab_rows(draft.vocab_size, runtime, recipe.draft.tp_size, recipe.draft.quantization)
+    details = {"target": t_rows, "draft": d_rows, "tokenizer": len(target.tokenizer)}
+    problem = support.vocab_pair_problem(
+        t_rows, d_rows, runtime, spec.use_draft_logits, recipe.triton.fast_logits
     )
+    if problem is not None:
+        return CheckResult("padded vocab", "fail", problem, details)
+    if t_rows == d_rows:
+        return CheckResult("padded vocab", "pass", f"target and draft both have {t_rows} vocab rows", details)
+    tokens = len(target.tokenizer)
+    message = (
+        f"target {t_rows} vocab rows, draft {d_rows}; the tokenizer has {tokens} ids, so target rows "
+        f"{tokens}-{t_rows - 1}{f' and draft rows {tokens}-{d_rows - 1}' if d_rows > tokens else ''} are padding "
+        "no text produces; draft tokens pass by id"
+    )
+    if spec.use_draft_logits and runtime != "trtllm-pytorch":
+        message += f", the draft's logits are padded with -inf to the target's {t_rows} rows"
+    return CheckResult("padded vocab", "pass", message, details)
 
 
 def check_architecture(facts: ModelFacts, runtime: str, max_seq_len: int = 0) -> CheckResult:

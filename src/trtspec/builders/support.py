@@ -32,14 +32,6 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "Qwen3ForCausalLM": "qwen",
 }
 
-# Quantization formats: recipe name -> (modelopt config name, checkpoint QuantAlgo, needs calibration).
-QUANT_FORMATS: dict[str, tuple[str | None, str | None, bool]] = {
-    "none": (None, None, False),
-    "fp8": ("FP8_DEFAULT_CFG", "FP8", True),
-    "int8_sq": ("INT8_SMOOTHQUANT_CFG", "W8A8_SQ_PER_CHANNEL", True),
-    "int4_awq": ("INT4_AWQ_CFG", "W4A16_AWQ", True),
-    "w4a8_awq": ("W4A8_AWQ_BETA_CFG", "W4A8_AWQ", True),
-}
 # HF model_type -> why `convert` cannot write its TensorRT-LLM checkpoint. Found by running modelopt 0.37's
 # export_tensorrt_llm_checkpoint on tiny models of each family (tests/test_families.py keeps that evidence): it
 # extracts the weights, then writes config.json through tensorrt_llm's own config classes when tensorrt_llm imports
@@ -52,10 +44,11 @@ _NO_TRTLLM_CONFIG = (
     "its config writer (tensorrt_llm_utils.convert_to_tensorrt_llm_config) raises NotImplementedError without "
     "tensorrt_llm installed, and trtspec's checkpoint interpreter cannot verify {what}"
 )
+_GEMMA3 = _NO_TRTLLM_CONFIG.format(what="local/global rope bases and the pre/post-feedforward norms")
 CONVERT_UNSUPPORTED_FAMILIES: dict[str, str] = {
     "gemma2": _NO_TRTLLM_CONFIG.format(what="logit soft-capping and the pre/post-feedforward norms"),
-    "gemma3_text": _NO_TRTLLM_CONFIG.format(what="local/global rope bases and the pre/post-feedforward norms"),
-    "gemma3": _NO_TRTLLM_CONFIG.format(what="local/global rope bases and the pre/post-feedforward norms"),
+    "gemma3_text": _GEMMA3,
+    "gemma3": _GEMMA3,
     "phi3": _NO_TRTLLM_CONFIG.format(what="Phi-3's fused qkv/gate_up layout and partial or long rope"),
 }
 
@@ -100,6 +93,15 @@ def engine_window_problem(hf_config: dict, max_seq_len: int) -> str | None:
     )
 
 
+# Quantization formats: recipe name -> (modelopt config name, checkpoint QuantAlgo, needs calibration).
+QUANT_FORMATS: dict[str, tuple[str | None, str | None, bool]] = {
+    "none": (None, None, False),
+    "fp8": ("FP8_DEFAULT_CFG", "FP8", True),
+    "int8_sq": ("INT8_SMOOTHQUANT_CFG", "W8A8_SQ_PER_CHANNEL", True),
+    "int4_awq": ("INT4_AWQ_CFG", "W4A16_AWQ", True),
+    "w4a8_awq": ("W4A8_AWQ_BETA_CFG", "W4A8_AWQ", True),
+}
+
 # Draft-target model (DTM) support matrix of TensorRT-LLM: the precisions a pair may run in.
 DTM_SUPPORTED_PRECISIONS = frozenset({"float16", "bfloat16", "fp8"})
 
@@ -143,6 +145,61 @@ def padded_vocab_size(vocab_size: int, tp_size: int, quantization: str) -> int:
     if quantization in ("int4_awq", "w4a8_awq"):
         vocab_size = -(-vocab_size // AWQ_VOCAB_PADDING) * AWQ_VOCAB_PADDING
     return -(-vocab_size // tp_size) * tp_size
+
+
+def vocab_pair_problem(
+    target_rows: int, draft_rows: int, runtime: str, use_draft_logits: bool, fast_logits: bool
+) -> str | None:
+    """Why ``runtime`` cannot serve a pair whose models have these vocab rows (None: it can). The pair shares one
+    tokenizer; rows past it are padding no text produces (Qwen2.5: 151936 draft rows, 152064 target rows).
+
+    What TensorRT-LLM 1.2.x does with such a pair (read from its sources):
+    - draft tokens go to the target by id and are accepted by id (``acceptDraftTokensKernel``): no vocab check;
+    - draft logits are copied into a ``[k, target vocabSizePadded]`` buffer and a different size throws
+      "Incompatible buffer sizes" (TensorRT-LLM issue 2789); the rows are softmaxed first, so draft logits padded
+      with -inf to the target's rows are valid, which the orchestrator and the runner do;
+    - fast logits go from the draft rank to the target rank as they are, so nothing can pad them;
+    - the PyTorch backend's DraftTarget subtracts the draft's probabilities from the target's at a rejected
+      sampled token (``sample_rejected``): a size error for different rows;
+    - no runtime checks draft token ids against the target's rows, so a draft with more rows could make the target
+      embed an id it has no row for.
+    """
+    if target_rows == draft_rows:
+        return None
+    if draft_rows > target_rows:
+        return (
+            f"the draft has {draft_rows} vocab rows and the target {target_rows}: the draft could propose ids the "
+            "target has no rows for; use a draft whose vocab_size does not exceed the target's"
+        )
+    if runtime == "trtllm-pytorch":
+        return (
+            f"TensorRT-LLM's DraftTarget (PyTorch backend) subtracts the draft's probabilities ({draft_rows} rows) "
+            f"from the target's ({target_rows}) at a rejected sampled token, a size error; serve this pair with "
+            "runtime torch or tensorrtllm"
+        )
+    if runtime == "tensorrtllm" and use_draft_logits and fast_logits:
+        return (
+            f"triton.fast_logits passes the draft's logits ({draft_rows} rows) to the target rank unchanged and "
+            f"TensorRT-LLM refuses them for the target's {target_rows} rows; set triton.fast_logits: false (the "
+            "orchestrator then pads them with -inf)"
+        )
+    return None
+
+
+def draft_input_ids(tokens: list[int], draft_rows: int) -> list[int]:
+    """The sequence as the draft sees it: an id it has no row for (one of a padded-vocabulary target's padding
+    rows, which only an untrained or unlucky target samples) becomes the draft's own last row, padding too. The
+    draft's view only steers its proposals and the target decides every token, so outputs do not change."""
+    if not tokens or max(tokens) < draft_rows:
+        return tokens
+    return [t if t < draft_rows else draft_rows - 1 for t in tokens]
+
+
+def vocab_rows(vocab_size: int, runtime: str, tp_size: int, quantization: str) -> int:
+    """Logit rows a model has under ``runtime``: a TensorRT engine's padded lm_head, else the checkpoint's own."""
+    if runtime == "tensorrtllm":
+        return padded_vocab_size(vocab_size, tp_size, quantization)
+    return vocab_size
 
 
 # ---------------------------------------------------------------- runtimes and the TensorRT-LLM versions they need

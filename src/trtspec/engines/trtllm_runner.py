@@ -351,17 +351,13 @@ def _tokenizer_facts(tokenizer_dir, trust_remote_code: bool) -> tuple[Any, tuple
     """(tokenizer or None, EOS ids: generation_config's else the tokenizer's, pad id) of the target's HF dir."""
     if tokenizer_dir is None:
         return None, (), None
-    from transformers import AutoTokenizer, GenerationConfig
+    from transformers import AutoTokenizer
+
+    from trtspec.builders.preflight import end_ids
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, KeyError, TypeError):
         tokenizer = None
-    try:
-        eos = GenerationConfig.from_pretrained(tokenizer_dir).eos_token_id
-    except OSError:
-        eos = None
-    if eos is None and tokenizer is not None:
-        eos = tokenizer.eos_token_id
-    eos_ids = tuple(eos) if isinstance(eos, list | tuple) else ((eos,) if eos is not None else ())
-    return tokenizer, eos_ids, tokenizer.pad_token_id if tokenizer is not None else None
+    pad_id = tokenizer.pad_token_id if tokenizer is not None else None
+    return tokenizer, end_ids(tokenizer_dir, tokenizer), pad_id

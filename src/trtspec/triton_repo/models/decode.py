@@ -22,7 +22,7 @@ seeded request draws other random numbers: the orchestrator does not draft ahead
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -54,10 +54,10 @@ class Round:
     )
 
 
-def _cut(generated: list[int], new: list[int], end_id: int | None, stop_ids: Sequence[Sequence[int]]):
-    """``new`` cut at the first end_id (excluded) or after the first stop sequence (included)."""
+def _cut(generated: list[int], new: list[int], end_ids: Collection[int], stop_ids: Sequence[Sequence[int]]):
+    """``new`` cut at the first end id (excluded) or after the first stop sequence (included)."""
     for i, token in enumerate(new):
-        if end_id is not None and token == end_id:
+        if token in end_ids:
             return new[:i], "end_id"
         tail = generated + new[: i + 1]
         for stop in stop_ids:
@@ -74,14 +74,15 @@ def speculate(
     max_seq_len: int,
     draft: DraftFn,
     target: TargetFn,
-    end_id: int | None = None,
+    end_ids: Collection[int] = (),
     stop_ids: Sequence[Sequence[int]] = (),
     stats: AcceptanceStats | None = None,
     first_token_alone: bool = False,
     draft_ahead: Callable[[], bool] | None = None,
     together: Together = one_after_the_other,
 ) -> Iterator[Round]:
-    """Yield one Round per target verification until max_tokens, end_id, a stop sequence or max_seq_len."""
+    """Yield one Round per target verification until max_tokens, an end id (any of ``end_ids``), a stop sequence
+    or max_seq_len."""
     tokens, generated = list(prompt), []
     round_index = 0
     ready = None  # the next round's draft (tokens, logits or None), drafted ahead and confirmed
@@ -130,7 +131,7 @@ def speculate(
         if not new:
             yield Round([], len(draft_tokens), accepted, True, "no_progress")
             return
-        new, reason = _cut(generated, new[:budget], end_id, stop_ids)
+        new, reason = _cut(generated, new[:budget], end_ids, stop_ids)
         generated += new
         tokens += new
         if stats is not None:

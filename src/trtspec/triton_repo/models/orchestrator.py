@@ -320,15 +320,17 @@ class TritonPythonModel:
     # ------------------------------------------------------------------ generation
 
     def _preprocess(self, req: GenerationRequest):
-        """(prompt ids, stop sequences, end_id, pad_id): the preprocessing model's answer, computed in-process."""
+        """(prompt ids, stop sequences, end_id, pad_id, end ids): the preprocessing model's answer, computed
+        in-process. A request's own end_id replaces the model's eos ids."""
         end_id = self.codec.end_id if req.end_id is None else req.end_id
+        end_ids = self.codec.end_ids if req.end_id is None else (req.end_id,)
         pad_id = self.codec.pad_id if req.pad_id is None else req.pad_id
-        return self.codec.encode(req.text), self.codec.stop_ids(req.stop_words), end_id, pad_id
+        return self.codec.encode(req.text), self.codec.stop_ids(req.stop_words), end_id, pad_id, end_ids
 
     def _generate(self, req: GenerationRequest, incremental: bool, cancelled=lambda: False):
         """Yield (text piece, the round's token ids, stats so far, finished) per verified round; not incremental:
         one (text, all ids, stats, True) at the end (early if ``cancelled()``)."""
-        prompt, stop_ids, end_id, pad_id = self._preprocess(req)
+        prompt, stop_ids, end_id, pad_id, end_ids = self._preprocess(req)
         engines = EngineClient(self.target, self.draft, req, end_id, pad_id, self.vocab_rows)
         stats = AcceptanceStats(max_draft_len=self.limits.max_draft_len)
         generated, text = [], IncrementalText()
@@ -339,7 +341,7 @@ class TritonPythonModel:
             max_seq_len=self.limits.max_seq_len,
             draft=engines.draft_fn,
             target=engines.target_fn,
-            end_id=end_id,
+            end_ids=end_ids,
             stop_ids=stop_ids,
             stats=stats,
             first_token_alone=True,

@@ -28,11 +28,16 @@ class TextCodec:
         add_special_tokens: bool = True,
         skip_special_tokens: bool = True,
         max_input_len: int | None = None,
+        end_ids: tuple[int, ...] = (),
     ):
         self.tokenizer = tokenizer
         self.add_special_tokens, self.skip_special_tokens = add_special_tokens, skip_special_tokens
         self.max_input_len = max_input_len
-        self.end_id = tokenizer.eos_token_id
+        # Every id that ends a request (preflight.end_ids: an eos list such as Llama 3's); the engines get one,
+        # the tokenizer's when it is among them, as TensorRT-LLM takes a single end_id.
+        self.end_ids = end_ids or ((tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ())
+        eos = tokenizer.eos_token_id
+        self.end_id = eos if eos in self.end_ids or not self.end_ids else self.end_ids[0]
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else self.end_id
         # The first encode may set the fast tokenizer's truncation/padding state; do it here, before request
@@ -42,7 +47,7 @@ class TextCodec:
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> TextCodec:
         """From a model's config.pbtxt parameters (tokenizer_dir and the optional settings)."""
-        from trtspec.builders.preflight import load_tokenizer
+        from trtspec.builders.preflight import end_ids, load_tokenizer
 
         if not params.get("tokenizer_dir"):
             raise ServerError(
@@ -50,11 +55,13 @@ class TextCodec:
                 "redeploy it with `trtspec deploy`"
             )
         max_input_len = params.get("max_input_len")
+        tokenizer = load_tokenizer(params["tokenizer_dir"])
         return cls(
-            load_tokenizer(params["tokenizer_dir"]),
+            tokenizer,
             add_special_tokens=_flag(params, "add_special_tokens", True),
             skip_special_tokens=_flag(params, "skip_special_tokens", True),
             max_input_len=int(max_input_len) if max_input_len else None,
+            end_ids=end_ids(params["tokenizer_dir"], tokenizer),
         )
 
     def encode(self, text: str) -> list[int]:
