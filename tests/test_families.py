@@ -149,6 +149,7 @@ def test_check_tensorrtllm_runtime_fails_at_the_stage_that_cannot(pairs, tmp_pat
 
 @pytest.mark.parametrize("role", ["target", "draft"])
 @pytest.mark.parametrize("family", CONVERTIBLE)
+@pytest.mark.conversion
 def test_convert_is_verified_by_the_interpreter(pairs, tmp_path, family, role):
     hf = dict(zip(("target", "draft"), pairs(family), strict=True))[role]
     summary = export_checkpoint(ModelSpec(model=hf), tmp_path / "ckpt", calibration=CALIB)
@@ -176,6 +177,7 @@ def test_convert_is_verified_by_the_interpreter(pairs, tmp_path, family, role):
 
 
 @pytest.mark.parametrize("family", NOT_CONVERTIBLE)
+@pytest.mark.conversion
 def test_convert_refuses_what_modelopt_cannot_export(pairs, tmp_path, family):
     """The table's reason is modelopt's own behaviour: its export of the family's decoder type raises
     NotImplementedError here (no tensorrt_llm); trtspec's convert says so before loading anything."""
