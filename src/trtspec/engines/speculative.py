@@ -123,6 +123,8 @@ def verify(target, rows: list[Row], draft_tokens, num_draft: list[int], draft_pr
     )  # [B, K+1, V]
     k = draft_tokens.shape[1]
     target_logits = target_logits[:, : k + 1]
+    # A target-only round's empty draft_tokens come from propose on the CPU (no draft model to take a device from).
+    draft_tokens = draft_tokens.to(target_logits.device)
     num = torch.tensor(num_draft, device=target_logits.device)
     if draft_probs is None or params.greedy:
         num_accepted, next_token = match_accept(draft_tokens, num, target_logits, params, generator)
