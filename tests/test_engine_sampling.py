@@ -119,22 +119,28 @@ def target_joint(target_dir, prompt: list[int], params: SamplingParams) -> torch
     return (first[:, None] * second).reshape(-1)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("bug", BUGS)
-def test_engine_samples_follow_the_target_distribution(monkeypatch, small_vocab_pair, bug):
-    plant(monkeypatch, bug)
-    target, draft = small_vocab_pair
-    prompt, batch = [1, 2, 3], 256
+def two_token_counts(target, draft, prompt: list[int], batch: int = 256, seeds: int = 12) -> torch.Tensor:
+    """[64] how often each 2-token continuation (first * 8 + second) came out of the engine at temperature 0.5."""
     engine = SpeculativeEngine.from_pretrained(
         target, draft, max_draft_len=2, max_batch_size=batch, max_seq_len=16
     )
     counts = torch.zeros(64, dtype=torch.long)
-    for seed in range(12):
+    for seed in range(seeds):
         params = SamplingParams(
             max_new_tokens=2, num_draft_tokens=2, temperature=0.5, seed=seed, ignore_eos=True
         )
         for result in engine.generate([prompt] * batch, params):
             counts[result.token_ids[0] * 8 + result.token_ids[1]] += 1
+    return counts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bug", BUGS)
+def test_engine_samples_follow_the_target_distribution(monkeypatch, small_vocab_pair, bug):
+    plant(monkeypatch, bug)
+    target, draft = small_vocab_pair
+    prompt = [1, 2, 3]
+    counts = two_token_counts(target, draft, prompt)
     # Round 1 drafts 1 token (the engine never drafts past max_new_tokens); a rejection leaves round 2 to the
     # target alone: acceptance, recovered and bonus tokens all shape the 2-token joint.
     assert follows(counts, target_joint(target, prompt, SamplingParams(temperature=0.5))) == (bug is None)
@@ -168,17 +174,8 @@ def test_padded_vocab_pair_samples_follow_the_target_distribution(
     and a 10-row draft never makes the target score a row it lacks."""
     plant(monkeypatch, bug)
     target, drafts = padded_vocab_pairs
-    prompt, batch = [1, 2, 3], 256
-    engine = SpeculativeEngine.from_pretrained(
-        target, drafts[draft_rows], max_draft_len=2, max_batch_size=batch, max_seq_len=16
-    )
-    counts = torch.zeros(64, dtype=torch.long)
-    for seed in range(12):
-        params = SamplingParams(
-            max_new_tokens=2, num_draft_tokens=2, temperature=0.5, seed=seed, ignore_eos=True
-        )
-        for result in engine.generate([prompt] * batch, params):
-            counts[result.token_ids[0] * 8 + result.token_ids[1]] += 1
+    prompt = [1, 2, 3]
+    counts = two_token_counts(target, drafts[draft_rows], prompt)
     joint = target_joint(target, prompt, SamplingParams(temperature=0.5))
     assert joint.reshape(8, 8)[6:].sum() > 0.03  # the rows the 6-row draft lacks matter in this test
     assert follows(counts, joint) == (bug is None)
