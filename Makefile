@@ -33,6 +33,7 @@ venv-latest: $(VENV_LATEST)/.installed
 lint: venv
 	$(BIN)/ruff check src tests tools
 	$(BIN)/ruff format --check src tests tools
+	$(BIN)/lint-imports
 
 test-pinned: venv
 	@echo "== tests on the pinned stack ($(VENV), constraints.txt)"

@@ -23,7 +23,7 @@ recipe_facts() {
     python3 - "$1" <<'PY'
 import sys
 
-from trtspec.errors import TrtspecError
+from trtspec.core.errors import TrtspecError
 from trtspec.recipe import load_recipe
 
 try:

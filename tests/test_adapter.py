@@ -9,7 +9,7 @@ import pytest
 
 from trtspec.builders import plan as P
 from trtspec.builders import trtllm_adapter as A
-from trtspec.errors import CheckFailed, CheckpointError, NeedsTensorRTLLM
+from trtspec.core.errors import CheckFailed, CheckpointError, NeedsTensorRTLLM
 from trtspec.recipe import recipe_from_dict
 
 

@@ -8,18 +8,18 @@ import pytest
 from test_validate import write_recipe
 
 from trtspec.cli import cli
+from trtspec.core.metrics import (
+    AcceptanceStats,
+    analytic_speedup_bound,
+    expected_tokens_per_round,
+    per_position_acceptance,
+)
 from trtspec.validate.bench import (
     BenchPoint,
     BenchResult,
     itl_samples,
     make_requests,
     percentile,
-)
-from trtspec.validate.metrics import (
-    AcceptanceStats,
-    analytic_speedup_bound,
-    expected_tokens_per_round,
-    per_position_acceptance,
 )
 from trtspec.validate.systems import Generation, Request
 

@@ -18,7 +18,7 @@ from conftest import FAKE_TRTLLM_DIR
 from trtspec.builders import build as B
 from trtspec.builders import trtllm_adapter as A
 from trtspec.cli import cli
-from trtspec.errors import CheckFailed, CheckpointError, NeedsTensorRTLLM
+from trtspec.core.errors import CheckFailed, CheckpointError, NeedsTensorRTLLM
 from trtspec.recipe import load_recipe
 
 pytestmark = pytest.mark.slow  # each test converts (or reuses) two tiny checkpoints

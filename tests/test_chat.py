@@ -16,7 +16,7 @@ from tiny_models import make_model, make_tokenizer
 
 from trtspec.chat import check_text_input, encode_prompt, user_message
 from trtspec.cli import cli
-from trtspec.errors import PromptSetError, RequestError
+from trtspec.core.errors import PromptSetError, RequestError
 from trtspec.validate.prompts import CHAT_PROMPTS, Prompt, load_prompts
 
 # ChatML-like, with the tokenizer's own special tokens: BOS at the start, </s> closing every turn.
@@ -79,7 +79,7 @@ def test_rendering_is_the_templates_ids_with_one_bos(chat_pair):
 
 
 def test_the_demo_pair_renders_the_shipped_chat_set_like_apply_chat_template():
-    from trtspec.builders.preflight import load_tokenizer
+    from trtspec.core.model_dir import load_tokenizer
     from trtspec.recipe import DEMO_DIR
     from trtspec.triton_repo.models.text import TextCodec
 
@@ -144,13 +144,15 @@ def test_generate_chat_prompts_the_model_with_the_rendered_ids(runner, chat_pair
 
 
 def _no_model_loads(monkeypatch):
+    from trtspec.core import model_dir
     from trtspec.engines import engine, models
 
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded")
 
     monkeypatch.setattr(engine.SpeculativeEngine, "from_pretrained", refuse)
-    monkeypatch.setattr(models, "load_hf_model", refuse)
+    monkeypatch.setattr(models, "load_hf_model", refuse)  # the engines' loader
+    monkeypatch.setattr(model_dir, "load_hf_model", refuse)  # the reference's
 
 
 def test_chat_without_a_template_is_one_line_before_any_model_loads(runner, tiny_pair, tmp_path, monkeypatch):

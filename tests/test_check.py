@@ -389,13 +389,13 @@ def test_tensorrtllm_runtime_options_are_checked_and_left_out_for_torch(runner, 
 def test_parameters_are_counted_alike_from_safetensors_and_bin_checkpoints(
     tmp_path, shared_tokenizer_dir, tied
 ):
-    """One owner (preflight.count_parameters) for check's facts and convert's memory estimate; a .bin-only
+    """One owner (model_dir.count_parameters) for check's facts and convert's memory estimate; a .bin-only
     checkpoint is counted from its tensors (memory-mapped), a tied embedding once."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from trtspec.builders.preflight import count_parameters
-    from trtspec.errors import ModelError
+    from trtspec.core.errors import ModelError
+    from trtspec.core.model_dir import count_parameters
 
     safe = make_model(tmp_path / "safe", tokenizer_dir=shared_tokenizer_dir, tie_word_embeddings=tied)
     model = AutoModelForCausalLM.from_pretrained(safe)

@@ -10,7 +10,7 @@ from tiny_models import make_model
 
 from trtspec.builders import interpreter
 from trtspec.builders.convert import export_checkpoint
-from trtspec.errors import CheckFailed, CheckpointError, ModelError
+from trtspec.core.errors import CheckFailed, CheckpointError, ModelError
 from trtspec.recipe import CalibrationSpec, ModelSpec
 
 CALIB = CalibrationSpec(size=2, seq_len=16)

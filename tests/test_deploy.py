@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from tritonclient.grpc import model_config_pb2
 
-from trtspec.errors import CheckFailed, OutputError
+from trtspec.core.errors import CheckFailed, OutputError
 from trtspec.recipe import recipe_from_dict
 from trtspec.triton_repo import interface as names
 from trtspec.triton_repo.checks import check_repository
@@ -128,7 +128,7 @@ def test_torch_runtime_refuses_models_that_do_not_load(tiny_pair, tmp_path):
     """The torch engine models load the recipe's checkpoints at server start; deploy finds a broken one first."""
     import shutil
 
-    from trtspec.errors import ModelError
+    from trtspec.core.errors import ModelError
 
     draft = shutil.copytree(tiny_pair[1], tmp_path / "draft")
     weights = draft / "model.safetensors"

@@ -6,9 +6,9 @@ import pytest
 import torch
 from tiny_models import make_model
 
+from trtspec.core.errors import ModelError, RequestError
 from trtspec.engines.engine import SpeculativeEngine
 from trtspec.engines.sampling import SamplingParams
-from trtspec.errors import ModelError, RequestError
 from trtspec.recipe import DEMO_DIR
 
 PROMPTS = [[1, 40, 41, 42, 43, 44, 45], [1, 7, 8], [1, 100]]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from test_engine import hf_greedy
 
+from trtspec.core.errors import RequestError
 from trtspec.engines.sampling import SamplingParams
 from trtspec.engines.steps import StepModel, StepRequest
-from trtspec.errors import RequestError
 
 
 class CountingModel:

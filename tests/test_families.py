@@ -18,9 +18,9 @@ from tiny_models import FAMILIES, make_family_pair
 
 from trtspec.builders import support
 from trtspec.builders.convert import export_checkpoint
+from trtspec.core.errors import ModelError
 from trtspec.engines.engine import SpeculativeEngine
 from trtspec.engines.sampling import SamplingParams
-from trtspec.errors import ModelError
 from trtspec.recipe import CalibrationSpec, ModelSpec, load_recipe
 
 CALIB = CalibrationSpec(size=2, seq_len=16)

@@ -16,7 +16,8 @@ from trtspec.builders import support
 from trtspec.builders.build import MANIFEST, build
 from trtspec.builders.hf_export import HF_QUANT_CONFIG, check_export, export_hf
 from trtspec.cli import cli
-from trtspec.errors import CheckFailed
+from trtspec.core import layout
+from trtspec.core.errors import CheckFailed
 from trtspec.recipe import CalibrationSpec, ModelSpec, recipe_from_dict
 from trtspec.triton_repo import llmapi
 from trtspec.triton_repo.deploy import deploy
@@ -70,7 +71,7 @@ def _recipe(models, calib, **target):
 def test_build_writes_the_quantized_target_as_a_checked_modelopt_hf_checkpoint(models, calib, tmp_path):
     recipe = _recipe(models, calib, quantization="fp8", kv_cache_dtype="fp8")
     result = build(recipe, tmp_path / "engines")
-    hf = tmp_path / "engines" / "pt" / "target" / support.QUANTIZED_HF_SUBDIR
+    hf = tmp_path / "engines" / "pt" / "target" / layout.QUANTIZED_HF_SUBDIR
     quant = json.loads((hf / HF_QUANT_CONFIG).read_text())["quantization"]
     assert (quant["quant_algo"], quant["kv_cache_quant_algo"]) == ("FP8", "FP8")
     assert (hf / "tokenizer.json").is_file()  # self-contained: the LLM API reads the tokenizer from it too
@@ -192,5 +193,5 @@ def test_runtime_option_gives_check_and_build_the_runtime_deploy_will_use(runner
         cli, ["build", str(path), "--runtime", "trtllm-pytorch", "--engines-dir", str(engines)]
     )
     assert built.exit_code == 0, built.output
-    assert (engines / "pt" / "target" / support.QUANTIZED_HF_SUBDIR / HF_QUANT_CONFIG).is_file()
+    assert (engines / "pt" / "target" / layout.QUANTIZED_HF_SUBDIR / HF_QUANT_CONFIG).is_file()
     assert not (engines / "pt" / "target" / "checkpoint").exists()

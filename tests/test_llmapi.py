@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from trtspec.builders import support
-from trtspec.errors import CheckFailed, ServerError
+from trtspec.core.errors import CheckFailed, ServerError
 from trtspec.recipe import recipe_from_dict
 from trtspec.triton_repo import llmapi
 from trtspec.triton_repo.deploy import MANIFEST, deploy

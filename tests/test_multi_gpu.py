@@ -160,7 +160,7 @@ def test_memory_is_estimated_per_rank_and_summed_per_gpu():
 def test_an_mpi_launch_without_mpirun_is_one_clear_error(tmp_path):
     from pathlib import Path
 
-    from trtspec.errors import ServerError
+    from trtspec.core.errors import ServerError
     from trtspec.triton_repo.server import ServerInstall, TritonServer
 
     layout = launch_layout(split_recipe(), "tensorrtllm")

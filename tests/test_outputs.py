@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from trtspec.errors import OutputError
+from trtspec.core.errors import OutputError
 from trtspec.outputs import check_output_dir, write_output_dir
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from trtspec.builders import plan as P
-from trtspec.errors import CheckpointError, RecipeError
+from trtspec.core.errors import CheckpointError, RecipeError
 from trtspec.recipe import recipe_from_dict
 
 

@@ -11,7 +11,7 @@ from tiny_models import CORPUS, make_model
 from trtspec.builders import interpreter, support
 from trtspec.builders.calibration import builtin_texts, calibration_batches
 from trtspec.builders.convert import export_checkpoint
-from trtspec.errors import ModelError, RecipeError
+from trtspec.core.errors import ModelError, RecipeError
 from trtspec.recipe import CalibrationSpec, ModelSpec
 
 VOCAB = 330  # not a multiple of 64: exercises the AWQ vocab padding

@@ -7,7 +7,7 @@ import re
 import pytest
 from conftest import REPO_ROOT
 
-from trtspec.errors import RecipeError
+from trtspec.core.errors import RecipeError
 from trtspec.recipe import DEMO_DIR, Recipe, load_recipe, recipe_from_dict
 
 

@@ -9,7 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from trtspec.errors import RequestError
+from trtspec.core.errors import RequestError
+from trtspec.core.metrics import AcceptanceStats
 from trtspec.triton_repo.models.decode import speculate
 from trtspec.triton_repo.models.engine import cpu_threads
 from trtspec.triton_repo.models.request import Limits, parse_request
@@ -21,7 +22,6 @@ from trtspec.triton_repo.models.text import (
     stop_words_ids,
     to_word_list,
 )
-from trtspec.validate.metrics import AcceptanceStats
 
 END = 2
 
@@ -433,7 +433,7 @@ def test_several_values_for_a_scalar_input_are_refused():
 
 @pytest.fixture(scope="module")
 def tokenizer(shared_tokenizer_dir):
-    from trtspec.builders.preflight import load_tokenizer
+    from trtspec.core.model_dir import load_tokenizer
 
     return load_tokenizer(str(shared_tokenizer_dir))
 
@@ -514,7 +514,7 @@ def test_incremental_text_flushes_a_replacement_character_at_the_end():
 
 
 def test_text_codec_names_a_repository_from_an_older_trtspec():
-    from trtspec.errors import ServerError
+    from trtspec.core.errors import ServerError
 
     with pytest.raises(ServerError, match="no tokenizer_dir parameter .* redeploy it with `trtspec deploy`"):
         TextCodec.from_parameters({"max_input_len": "8"})

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from trtspec.builders import trtllm_adapter as A
+from trtspec.core.errors import CheckpointError, ModelError, NeedsTensorRTLLM, RequestError
 from trtspec.engines.sampling import SamplingParams
 from trtspec.engines.trtllm_runner import TrtllmSpeculativeRunner
-from trtspec.errors import CheckpointError, ModelError, NeedsTensorRTLLM, RequestError
 
 PROMPTS = [(1, 40, 41, 42, 43), (1, 50, 60)]
 

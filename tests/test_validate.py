@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from trtspec.cli import Output, cli
-from trtspec.errors import EXIT_CHECK_FAILED, CheckFailed
+from trtspec.core.errors import EXIT_CHECK_FAILED, CheckFailed
 from trtspec.validate.prompts import load_prompts
 
 
@@ -194,7 +194,7 @@ def test_reference_stop_ids_and_greedy_continuation(engine_and_reference):
 
 
 def test_a_prompt_file_that_is_not_utf8_is_a_one_line_error(tmp_path):
-    from trtspec.errors import PromptSetError
+    from trtspec.core.errors import PromptSetError
 
     path = tmp_path / "prompts.jsonl"
     path.write_bytes(b'\xff{"prompt": "x"}\n')

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from trtspec.core.metrics import AcceptanceStats
 from trtspec.outputs import write_file_atomic
 from trtspec.validate.compare import compare, cut_at_stop, first_divergence, token_agreement
-from trtspec.validate.metrics import AcceptanceStats
 from trtspec.validate.prompts import DEFAULT_PROMPTS, Prompt, PromptSetError, load_prompts
 from trtspec.validate.report import validation_markdown, validation_to_dict
 from trtspec.validate.systems import Generation
@@ -162,7 +162,7 @@ def test_user_prompt_file_and_errors(tmp_path):
 
 
 def test_common_prefix_len():
-    from trtspec.validate.compare import common_prefix_len
+    from trtspec.core.sequences import common_prefix_len
 
     assert common_prefix_len([5, 6, 7], [5, 6, 9, 1]) == 2
     assert common_prefix_len([5, 6, 7], [5, 6, 7, 8]) == 3

@@ -9,7 +9,7 @@ from test_validate import PlantedMismatch, write_recipe
 from triton_server import running_server
 
 from trtspec.cli import cli
-from trtspec.errors import ServerError
+from trtspec.core.errors import ServerError
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 

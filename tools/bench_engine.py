@@ -7,7 +7,7 @@ On one machine, in one run, batch 1, greedy, the same prompts and new-token budg
   - engine target-only (K = 0) and engine K = 1..8 (trtspec.engines.SpeculativeEngine)
   - engine through the HF-forward fallback (lean=False), target-only and at the best K: the lean forward's gain
 For each engine K it prints tokens/s, acceptance, tokens per round, the measured draft/target cost ratio and
-(K+1)-token verification cost, the analytic bound (trtspec.validate.metrics.analytic_speedup_bound) and the
+(K+1)-token verification cost, the analytic bound (trtspec.core.metrics.analytic_speedup_bound) and the
 achieved fraction of it, and the speedups over engine target-only, HF target-only and the best HF assisted.
 
     .venv/bin/python tools/bench_engine.py                      # the shipped demo pair
@@ -23,10 +23,10 @@ from pathlib import Path
 
 import torch
 
+from trtspec.core.metrics import analytic_speedup_bound, merge_stats
 from trtspec.engines.engine import SpeculativeEngine
 from trtspec.engines.sampling import SamplingParams
 from trtspec.recipe import DEMO_DIR
-from trtspec.validate.metrics import analytic_speedup_bound, merge_stats
 
 PROMPTS = [
     "def read_config(path):\n    ",

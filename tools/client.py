@@ -16,7 +16,7 @@ import argparse
 import socket
 import sys
 
-from trtspec.errors import ServerError, TrtspecError
+from trtspec.core.errors import ServerError, TrtspecError
 from trtspec.validate.endpoint import EndpointResponse, TritonClient
 
 

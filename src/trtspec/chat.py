@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from trtspec.errors import ModelError, RequestError
+from trtspec.core.errors import ModelError, RequestError
 
 Messages = Sequence[dict]  # [{"role": str, "content": str}, ...]
 

@@ -18,7 +18,8 @@ from typing import Any
 import click
 
 from trtspec import __version__
-from trtspec.errors import TrtspecError
+from trtspec.core import layout
+from trtspec.core.errors import TrtspecError
 
 
 @dataclass
@@ -67,10 +68,24 @@ def output_options(func):
             with out.own_stdout():
                 return func(*args, out=out, **kwargs)
         except TrtspecError as err:
-            err.verbose = verbose  # click shows the error after this command's context is gone
-            raise
+            raise CliError(err, verbose) from err
 
     return wrapper
+
+
+class CliError(click.ClickException):
+    """A domain error as Click shows it: ``Error: <message>`` on one line, the error's exit code, and its detail
+    with -v. The domain errors stay free of Click; this is the one place they meet it."""
+
+    def __init__(self, err: TrtspecError, verbose: bool = False):
+        super().__init__(err.message)
+        self.exit_code = err.exit_code
+        self.detail = err.detail if verbose else None
+
+    def show(self, file=None) -> None:
+        super().show(file)
+        if self.detail:
+            click.echo(self.detail, err=True)
 
 
 recipe_argument = click.argument("recipe", envvar="TRTSPEC_RECIPE", default="demo", metavar="RECIPE")
@@ -147,7 +162,7 @@ def check(
         sys.exit(1)
 
 
-# --- convert / quantize (issue 4) ---
+# --- convert / quantize ---
 
 ROLE_CHOICES = click.Choice(["target", "draft", "both"])
 FORMAT_CHOICES = click.Choice(["none", "fp8", "int8_sq", "int4_awq", "w4a8_awq"])
@@ -295,7 +310,7 @@ def quantize(
     _print_checkpoints(summaries, out)
 
 
-# --- build (issue 4) ---
+# --- build ---
 
 
 @cli.command()
@@ -304,7 +319,7 @@ def quantize(
 @click.option(
     "--engines-dir",
     type=click.Path(file_okay=False),
-    default="engines",
+    default=str(layout.ENGINES_DIR),
     help="Where engines/<name>/{target,draft}/{checkpoint,engine} and manifest.json go.",
 )
 @click.option(
@@ -327,7 +342,7 @@ def build(
     from pathlib import Path
 
     from trtspec.builders.build import build as run_build
-    from trtspec.errors import NeedsTensorRTLLM
+    from trtspec.core.errors import NeedsTensorRTLLM
     from trtspec.recipe import load_recipe
 
     spec = load_recipe(recipe, {"triton.runtime": runtime}, check_paths=not engines_only)
@@ -346,7 +361,7 @@ def build(
         out.console().print(f"{what} ready in {result.out_dir} (ran: {', '.join(result.ran) or 'nothing'}).")
 
 
-# --- generate (issue 3) ---
+# --- generate ---
 
 
 @cli.command()
@@ -438,7 +453,7 @@ def generate(
     )
 
 
-# --- deploy / serve (issue 5) ---
+# --- deploy / serve ---
 
 
 @cli.command()
@@ -454,7 +469,7 @@ def generate(
 @click.option(
     "--engines-dir",
     type=click.Path(file_okay=False),
-    default="engines",
+    default=str(layout.ENGINES_DIR),
     help="Where `trtspec build` put engines/<name>/{target,draft}/engine (tensorrtllm runtime) and "
     "quantized models' hf_checkpoint (trtllm-pytorch runtime).",
 )
@@ -514,7 +529,7 @@ def serve(repo: str, host, http_port, grpc_port, metrics_port, timeout_s: float,
     sys.exit(run_server(spec, echo=out.console().print))
 
 
-# --- validate / bench (issue 6) ---
+# --- validate / bench ---
 
 
 def _system_options(func):
@@ -758,6 +773,9 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of ``trtspec`` and ``python -m trtspec``."""
     try:
         cli.main(args=argv, prog_name="trtspec", standalone_mode=True)
+    except TrtspecError as err:  # raised outside a command's body (the commands turn theirs into CliError)
+        CliError(err).show()
+        sys.exit(err.exit_code)
     except OSError as err:  # click's standalone mode handles only a broken pipe
         # A path the system refused (permissions, a file where a folder is needed, a full disk): one line naming
         # it, not a traceback; the commands' own checks catch the errors they expect before any work is done.

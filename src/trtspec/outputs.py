@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from trtspec.errors import OutputError
+from trtspec.core.errors import OutputError
 
 
 def check_output_dir(out: Path, marker: str, what: str, option: str) -> Path:

@@ -24,7 +24,7 @@ from pydantic import (
     model_validator,
 )
 
-from trtspec.errors import RecipeError
+from trtspec.core.errors import RecipeError
 
 DEMO_SCHEME = "demo:"
 ASSETS_DIR = Path(__file__).parent / "assets"

@@ -39,7 +39,8 @@ from typing import Any
 
 from trtspec.builders import support
 from trtspec.builders.plan import ROLES, BuildPlan, make_build_plan, read_checkpoint_config
-from trtspec.errors import CheckFailed, CheckpointError, NeedsTensorRTLLM, RecipeError
+from trtspec.core import layout
+from trtspec.core.errors import CheckFailed, CheckpointError, NeedsTensorRTLLM, RecipeError
 from trtspec.outputs import atomic_dir, replace_dir, temp_sibling, write_file_atomic
 from trtspec.recipe import DEMO_RECIPE, Recipe
 
@@ -206,7 +207,7 @@ def _model_stage(
     summary; skipped when its inputs and outputs are unchanged."""
     spec = recipe.models()[role]
     part = convert_recipe_part(recipe, role)
-    final = out_dir / role / subdir
+    final = layout.stage_dir(out_dir, role, subdir)
 
     def work(tmp: Path) -> dict:
         _say(console, f"[bold]{role}[/]: {what}")
@@ -228,7 +229,7 @@ def convert_stage(recipe: Recipe, role: str, out_dir: Path, console, force: bool
     def export(spec, tmp: Path) -> dict:
         return _export(spec, tmp, recipe, console)
 
-    return _model_stage(recipe, role, out_dir, "checkpoint", what, export, console, force)
+    return _model_stage(recipe, role, out_dir, layout.CHECKPOINT, what, export, console, force)
 
 
 def hf_export_stage(recipe: Recipe, role: str, out_dir: Path, console, force: bool) -> dict[str, Any]:
@@ -242,7 +243,7 @@ def hf_export_stage(recipe: Recipe, role: str, out_dir: Path, console, force: bo
         calibration = recipe.calibration
         return export_hf(spec, tmp, calibration=calibration, device=calibration.device, console=console)
 
-    return _model_stage(recipe, role, out_dir, support.QUANTIZED_HF_SUBDIR, what, export, console, force)
+    return _model_stage(recipe, role, out_dir, layout.QUANTIZED_HF_SUBDIR, what, export, console, force)
 
 
 def _finish(recipe: Recipe, out_dir: Path, plan: BuildPlan | None, stages: dict[str, dict]) -> BuildResult:
@@ -275,7 +276,7 @@ def build_hf(recipe: Recipe, out_dir: Path, console, force: bool) -> BuildResult
 
 def existing_checkpoint(recipe: Recipe, role: str, out_dir: Path) -> dict[str, Any]:
     """For --engines-only: the stamp of a finished checkpoint made from this recipe's model settings."""
-    ckpt = out_dir / role / "checkpoint"
+    ckpt = layout.stage_dir(out_dir, role, layout.CHECKPOINT)
     stamp = read_stamp(ckpt)
     if stamp is None or stamp.get("output_hash") != tree_hash(ckpt):
         raise CheckpointError(
@@ -292,9 +293,11 @@ def plan_for(recipe: Recipe, out_dir: Path) -> BuildPlan:
     """Stage 3: the plan, from the finished checkpoints."""
     checkpoints = {}
     for role in ROLES:
-        ckpt = out_dir / role / "checkpoint"
+        ckpt = layout.stage_dir(out_dir, role, layout.CHECKPOINT)
         checkpoints[role] = (ckpt, read_checkpoint_config(ckpt))
-    return make_build_plan(recipe, checkpoints, {role: out_dir / role / "engine" for role in ROLES})
+    return make_build_plan(
+        recipe, checkpoints, {role: layout.stage_dir(out_dir, role, layout.ENGINE) for role in ROLES}
+    )
 
 
 def recipe_argument_for(recipe: Recipe, from_dir: Path) -> str:
@@ -481,7 +484,7 @@ def _print_finish(console, plan: BuildPlan, out_dir: Path) -> None:
 
 def build(
     recipe: Recipe,
-    engines_dir: Path = Path("engines"),
+    engines_dir: Path = layout.ENGINES_DIR,
     *,
     engines_only: bool = False,
     force: bool = False,
@@ -492,7 +495,7 @@ def build(
     Raises CheckFailed (a check or an engine verification failed), NeedsTensorRTLLM (exit 3: everything up to
     the engines is done and finish_in_ngc.sh is written) or another TrtspecError for bad input.
     """
-    out_dir = Path(engines_dir) / recipe.name
+    out_dir = layout.pair_dir(recipe.name, engines_dir)
     if recipe.triton.runtime == "trtllm-pytorch" and engines_only:
         raise RecipeError(
             recipe.source or recipe.name,

@@ -11,7 +11,7 @@ import random
 import sysconfig
 from pathlib import Path
 
-from trtspec.errors import RecipeError
+from trtspec.core.errors import RecipeError
 
 FIELD = "calibration.dataset"
 BUILTIN_SEED = 0

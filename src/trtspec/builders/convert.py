@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.builders import support
-from trtspec.builders.preflight import count_parameters, load_tokenizer
-from trtspec.errors import CheckFailed, CheckpointError, ModelError, NeedsConversionStack
+from trtspec.core import layout
+from trtspec.core.errors import CheckFailed, CheckpointError, ModelError, NeedsConversionStack
+from trtspec.core.model_dir import count_parameters, load_source_model, load_tokenizer, read_hf_config
 from trtspec.outputs import atomic_dir
 from trtspec.recipe import CalibrationSpec, ModelSpec
 
@@ -44,18 +45,6 @@ def require_conversion_stack() -> None:
 
 
 # ---------------------------------------------------------------- inspecting the HF model
-
-
-def read_hf_config(model_dir: Path) -> dict:
-    path = Path(model_dir) / "config.json"
-    if not path.is_file():
-        raise ModelError(
-            f"{model_dir}: no config.json; point the recipe's model at a Hugging Face checkpoint"
-        )
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ModelError(f"{path}: not valid JSON ({err})") from None
 
 
 def hf_vocab_size(model_dir: Path) -> int:
@@ -146,21 +135,6 @@ def check_memory(model_dir: Path, device: str, verify: bool) -> None:
 
 
 # ---------------------------------------------------------------- loading
-
-
-def load_source_model(
-    model_dir: Path, device: str = "cpu", dtype: str | None = None, trust_remote_code: bool = False
-):
-    """The HF causal LM in eval mode: float32 on CPU (calibration and reference logits), ``dtype`` on CUDA."""
-    from trtspec.engines.models import load_hf_model
-
-    read_hf_config(model_dir)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = load_hf_model(
-            model_dir, "float32" if device == "cpu" or dtype is None else dtype, trust_remote_code
-        )
-    return model.to(device).eval()
 
 
 # ---------------------------------------------------------------- quantize / export
@@ -368,13 +342,13 @@ def _failure_message(spec: ModelSpec, out_dir: Path, v: dict) -> str:
     )
 
 
-__all__ = ["export_checkpoint", "load_source_model"]
+__all__ = ["export_checkpoint"]
 
 
 def checkpoint_dir(recipe_name: str, role: str, out: Path | None = None, several: bool = False) -> Path:
     """engines/<name>/<role>/checkpoint by default; ``out`` itself for one model, ``out``/<role> for both."""
     if out is None:
-        return Path("engines") / recipe_name / role / "checkpoint"
+        return layout.stage_dir(layout.pair_dir(recipe_name), role, layout.CHECKPOINT)
     return Path(out) / role if several else Path(out)
 
 

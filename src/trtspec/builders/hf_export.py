@@ -25,13 +25,11 @@ from trtspec.builders.convert import (
     calibration_batches_for,
     check_memory,
     check_shapes,
-    load_source_model,
     quantize_model,
-    read_hf_config,
     require_conversion_stack,
 )
-from trtspec.builders.preflight import load_tokenizer
-from trtspec.errors import CheckFailed, CheckpointError
+from trtspec.core.errors import CheckFailed, CheckpointError
+from trtspec.core.model_dir import load_source_model, load_tokenizer, read_hf_config
 from trtspec.outputs import atomic_dir
 from trtspec.recipe import CalibrationSpec, ModelSpec
 

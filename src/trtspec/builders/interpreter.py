@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtspec.errors import CheckpointError
+from trtspec.core.errors import CheckpointError
 
 COLUMN_PARALLEL = ("attention.qkv", "mlp.fc", "mlp.gate", "lm_head", "transformer.vocab_embedding")
 ROW_PARALLEL = ("attention.dense", "mlp.proj")
@@ -495,8 +495,7 @@ def verify_checkpoint(checkpoint_dir: Path, hf_dir: Path, *, prompts=None) -> di
 
     Does not raise on a failed comparison (``passed`` is False); raises CheckpointError/ModelError on bad inputs.
     """
-    from trtspec.builders.convert import load_source_model
-    from trtspec.builders.preflight import load_tokenizer
+    from trtspec.core.model_dir import load_source_model, load_tokenizer
 
     tokenizer = load_tokenizer(Path(hf_dir))
     input_ids = tokenize_prompts(tokenizer, prompts or DEFAULT_PROMPTS)

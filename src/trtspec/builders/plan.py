@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.builders import support
-from trtspec.errors import CheckpointError, RecipeError
+from trtspec.core.errors import CheckpointError, RecipeError
 from trtspec.recipe import Recipe
 
 ROLES = ("target", "draft")

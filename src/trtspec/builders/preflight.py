@@ -7,14 +7,13 @@ tokenizers, safetensors headers); every ``check_*`` function is pure over those 
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from trtspec.builders import support
-from trtspec.errors import ModelError
+from trtspec.core.errors import ModelError
+from trtspec.core.model_dir import count_parameters, load_tokenizer
 from trtspec.recipe import ModelSpec, Recipe
 
 Status = Literal["pass", "warn", "fail"]
@@ -89,118 +88,6 @@ class CheckReport:
 
 
 # ---------------------------------------------------------------- I/O: reading a model directory
-
-
-def count_safetensors_parameters(model_dir: Path) -> int | None:
-    """Sum of tensor elements over the model's *.safetensors files, from their headers only (no weights read).
-
-    safetensors validates each file's layout on open, so a truncated or corrupt file is a ModelError here.
-    """
-    from safetensors import safe_open
-
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    if not files:
-        return None
-    total = 0
-    for path in files:
-        try:
-            with safe_open(path, framework="pt") as handle:
-                shapes = [handle.get_slice(name).get_shape() for name in handle.keys()]  # noqa: SIM118
-        except Exception as err:  # noqa: BLE001 - SafetensorError, OSError: one message for a broken file
-            raise ModelError(
-                f"{path}: not a readable safetensors file ({err}); re-download or re-save the model"
-            ) from None
-        total += sum(math.prod(shape) for shape in shapes)
-    return total
-
-
-def _bin_weight_files(model_dir: Path) -> list[Path]:
-    """The PyTorch weight files transformers would load: the shards named by pytorch_model.bin.index.json, else
-    pytorch_model*.bin (not training_args.bin and other pickles beside them)."""
-    index = model_dir / "pytorch_model.bin.index.json"
-    if index.is_file():
-        try:
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (OSError, ValueError, KeyError, AttributeError) as err:
-            raise ModelError(f"{index}: not a readable weight index ({err}); re-download the model") from None
-        return [model_dir / name for name in shards]
-    return sorted(model_dir.glob("pytorch_model*.bin"))
-
-
-def _load_state_dict(path: Path) -> dict:
-    """A .bin state dict, memory-mapped where its format allows (zip, torch >= 1.6), else read."""
-    import torch
-
-    try:
-        try:
-            state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-        except RuntimeError as err:
-            if "mmap" not in str(err):
-                raise
-            state = torch.load(path, map_location="cpu", weights_only=True)  # the legacy (non-zip) format
-    except Exception as err:  # noqa: BLE001 - pickle, zip or OSError: one message for a broken file
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise ModelError(
-            f"{path}: not a readable PyTorch checkpoint ({reason}); re-download or re-save the model"
-        ) from None
-    if not isinstance(state, dict):
-        raise ModelError(f"{path}: holds a {type(state).__name__}, not a state dict; re-save the model")
-    return state
-
-
-def _count_bin_parameters(files: list[Path]) -> int:
-    """Sum of tensor elements over PyTorch ``*.bin`` checkpoints; a tensor stored under two names (tied
-    embeddings) counts once."""
-    import torch
-
-    total, seen = 0, set()
-    for path in files:
-        for tensor in _load_state_dict(path).values():
-            if not torch.is_tensor(tensor):
-                continue
-            key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
-            if key not in seen:
-                seen.add(key)
-                total += tensor.numel()
-    return total
-
-
-def count_parameters(model_dir: Path) -> int | None:
-    """The model's parameter count from its weight files (*.safetensors headers, else the pytorch_model*.bin
-    state dicts); None without weight files. A broken file is a ModelError."""
-    counted = count_safetensors_parameters(model_dir)
-    if counted is not None:
-        return counted
-    bins = _bin_weight_files(Path(model_dir))
-    return _count_bin_parameters(bins) if bins else None
-
-
-def load_tokenizer(model_dir: Path, trust_remote_code: bool = False):
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
-    except Exception as err:  # transformers raises many types for a broken/missing tokenizer
-        raise ModelError(
-            f"{model_dir}: no loadable tokenizer ({type(err).__name__}); the directory needs tokenizer.json "
-            "or the tokenizer files of the Hugging Face checkpoint",
-            detail=str(err),
-        ) from None
-
-
-def end_ids(model_dir: Path | str, tokenizer) -> tuple[int, ...]:
-    """The ids that end generation, as Hugging Face generate takes them: generation_config.json's eos_token_id (an
-    int, or a list as Llama 3 Instruct's [128001, 128008, 128009]), else the tokenizer's eos."""
-    path = Path(model_dir) / "generation_config.json"
-    try:
-        eos = json.loads(path.read_text()).get("eos_token_id") if path.is_file() else None
-    except (OSError, ValueError):
-        eos = None
-    if eos is None and tokenizer is not None:
-        eos = tokenizer.eos_token_id
-    return (
-        tuple(int(i) for i in eos) if isinstance(eos, list | tuple) else (() if eos is None else (int(eos),))
-    )
 
 
 def gather_facts(role: str, spec: ModelSpec) -> ModelFacts:

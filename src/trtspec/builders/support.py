@@ -234,9 +234,6 @@ FP8_KV_CACHE_ENGINE_QUANTIZATIONS = ("fp8", "w4a8_awq")
 # Quantized checkpoints the PyTorch backend runs (_torch/modules/linear.py get_quant_method: FP8, W4A16_AWQ,
 # W4A8_AWQ, NVFP4, ...; no SmoothQuant path, so int8_sq is refused for trtllm-pytorch).
 LLMAPI_QUANT_FORMATS = ("none", "fp8", "int4_awq", "w4a8_awq")
-# Where `trtspec build` writes the ModelOpt HF export of a quantized model for trtllm-pytorch
-# (engines/<name>/<role>/<this>); model.yaml points the LLM at it.
-QUANTIZED_HF_SUBDIR = "hf_checkpoint"
 # The runtime of each engine model per runtime: who needs which TensorRT-LLM.
 RUNTIME_NEEDS = {
     "torch": "no TensorRT-LLM",

@@ -50,7 +50,7 @@ from typing import Any
 
 from trtspec.builders import support
 from trtspec.builders.plan import EnginePlan, engine_mismatches
-from trtspec.errors import CheckFailed, CheckpointError, NeedsTensorRTLLM
+from trtspec.core.errors import CheckFailed, CheckpointError, NeedsTensorRTLLM
 
 # SpeculativeDecodingMode is an IntFlag (auto() from 1): config.json holds these integers.
 SPECULATIVE_MODES = (

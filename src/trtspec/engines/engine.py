@@ -25,11 +25,11 @@ from pathlib import Path
 
 import torch
 
+from trtspec.core.errors import ModelError, RequestError
+from trtspec.core.metrics import AcceptanceStats
 from trtspec.engines.models import load_causal_lm
 from trtspec.engines.sampling import SamplingParams, check_num_draft_tokens
 from trtspec.engines.speculative import Row, speculative_round
-from trtspec.errors import ModelError, RequestError
-from trtspec.validate.metrics import AcceptanceStats
 
 
 @dataclass
@@ -261,18 +261,10 @@ def _generator(params: SamplingParams, device) -> torch.Generator | None:
     return generator
 
 
-# What a Hugging Face checkpoint's tokenizer is saved as (any one of them means the folder has a tokenizer).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
-
-
-def has_tokenizer(model_dir: Path | str) -> bool:
-    return any((Path(model_dir) / name).is_file() for name in TOKENIZER_FILES)
-
-
 def _load_tokenizer(model_dir: Path | str, trust_remote_code: bool):
     """The target's tokenizer, or None when the directory has none (ids-only use still works); a tokenizer that
     is there but does not load is a ModelError."""
-    from trtspec.builders.preflight import load_tokenizer
+    from trtspec.core.model_dir import has_tokenizer, load_tokenizer
 
     return load_tokenizer(Path(model_dir), trust_remote_code) if has_tokenizer(model_dir) else None
 
@@ -281,7 +273,8 @@ def check_same_tokenizer(
     target_tokenizer, target_dir: Path | str, draft_dir: Path | str, trust_remote_code: bool
 ) -> None:
     """ModelError unless the draft's tokenizer is the target's (check's rule); skipped for an ids-only draft."""
-    from trtspec.builders.preflight import check_tokenizers, load_tokenizer
+    from trtspec.builders.preflight import check_tokenizers
+    from trtspec.core.model_dir import has_tokenizer, load_tokenizer
 
     if not has_tokenizer(draft_dir):
         return

@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from trtspec.errors import ModelError, RequestError
+from trtspec.core.errors import ModelError, RequestError
 
 
 @dataclass(frozen=True)
@@ -138,9 +138,8 @@ def run_generate(spec: GenerateSpec, out) -> dict:
 
 
 def _encode(spec: GenerateSpec, models: _Models) -> list[int]:
-    from trtspec.builders.preflight import load_tokenizer
     from trtspec.chat import encode_prompt, user_message
-    from trtspec.engines.engine import has_tokenizer
+    from trtspec.core.model_dir import has_tokenizer, load_tokenizer
 
     if not has_tokenizer(models.target):
         raise ModelError(f"{models.target}: no tokenizer; generate needs one to encode the prompt")

@@ -22,18 +22,17 @@ write to a scratch column past ``max_seq_len`` and their outputs are never read)
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from trtspec.errors import ModelError
+from trtspec.core.errors import ModelError
+from trtspec.core.model_dir import load_hf_model
 
 LEAN_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -319,44 +318,6 @@ def truncate_cache(cache, length: int) -> None:
     excess = cache.get_seq_length() - length
     if excess > 0:
         cache.crop(-excess)
-
-
-@contextlib.contextmanager
-def _no_progress_bars():
-    """transformers 5 draws a progress bar on stderr for every local weight load, which would split trtspec's
-    one-line output and errors; trtspec reports its own stages."""
-    from transformers.utils import logging as hf_logging
-
-    shown = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if shown:
-            hf_logging.enable_progress_bar()
-
-
-def load_hf_model(
-    model_dir: Path | str, dtype: str, trust_remote_code: bool = False, what: str = "the model"
-):
-    """``AutoModelForCausalLM.from_pretrained`` (on CPU) with a one-line ModelError for what a broken or
-    incomplete checkpoint raises (missing or truncated weights, a config transformers cannot read)."""
-    from transformers import AutoModelForCausalLM
-
-    if dtype not in DTYPES:
-        raise ModelError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-    try:
-        with _no_progress_bars():
-            return AutoModelForCausalLM.from_pretrained(
-                model_dir, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code
-            )
-    except Exception as err:  # noqa: BLE001 - transformers/safetensors raise many types for a broken checkpoint
-        first = (str(err).strip().splitlines() or [""])[0][:200]
-        raise ModelError(
-            f"{model_dir}: cannot load {what} ({type(err).__name__}: {first}); check that its weight files "
-            "are complete",
-            detail=repr(err),
-        ) from None
 
 
 def load_causal_lm(

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from trtspec.errors import RequestError
+from trtspec.core.errors import RequestError
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,11 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     """[B, V] logits -> [B] tokens (argmax when greedy)."""
     if params.greedy:
         return logits.argmax(-1)
-    probs = logits_to_probs(logits, params)
+    return sample_probs(logits_to_probs(logits, params), generator)
+
+
+def sample_probs(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """[B, V] probabilities -> [B] sampled tokens."""
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 

@@ -30,7 +30,7 @@ from trtspec.engines.sampling import (
     logits_to_probs,
     match_accept,
     rejection_sample,
-    sample,
+    sample_probs,
     to_vocab,
 )
 
@@ -89,7 +89,7 @@ def propose(
         return torch.zeros(len(rows), 0, dtype=torch.long), None, None
     slots = [row.slot for row in rows]
     proposed: list[list[int]] = [[] for _ in rows]
-    all_logits, all_tokens = [], []
+    all_logits, all_tokens, all_probs = [], [], []
     for step in range(k):
         active = [step < n for n in num_draft]
         seqs = [
@@ -99,7 +99,10 @@ def propose(
         logits = feed(draft, slots, seqs, [row.draft_len for row in rows], [1] * len(rows))[:, 0]  # [B, V]
         if vocab_size is not None:
             logits = to_vocab(logits, vocab_size)
-        tokens = sample(logits, params, generator)  # [B]
+        # Probabilities once per step: sampled from here and kept for verification.
+        probs = None if params.greedy else logits_to_probs(logits, params)  # [B, V]
+        tokens = logits.argmax(-1) if probs is None else sample_probs(probs, generator)  # [B]
+        all_probs.append(probs)
         for row, seq, token, p, on in zip(rows, seqs, tokens.tolist(), proposed, active, strict=True):
             if on:
                 row.draft_len = len(seq)
@@ -107,7 +110,7 @@ def propose(
         all_logits.append(logits)
         all_tokens.append(tokens)
     draft_tokens, draft_logits = torch.stack(all_tokens, 1), torch.stack(all_logits, 1)  # [B, K], [B, K, V]
-    draft_probs = None if params.greedy else logits_to_probs(draft_logits, params)
+    draft_probs = None if params.greedy else torch.stack(all_probs, 1)  # [B, K, V]
     return draft_tokens, draft_logits, draft_probs
 
 

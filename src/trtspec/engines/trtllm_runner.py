@@ -45,11 +45,12 @@ from typing import TYPE_CHECKING, Any
 
 from trtspec.builders import support
 from trtspec.builders import trtllm_adapter as adapter
+from trtspec.core import layout
+from trtspec.core.errors import CheckpointError, ModelError
+from trtspec.core.metrics import AcceptanceStats
+from trtspec.core.sequences import common_prefix_len
 from trtspec.engines.engine import GenerationResult, StopChecker, StreamEvent, StreamingGenerator
 from trtspec.engines.sampling import SamplingParams, check_num_draft_tokens, to_vocab
-from trtspec.errors import CheckpointError, ModelError
-from trtspec.validate.compare import common_prefix_len
-from trtspec.validate.metrics import AcceptanceStats
 
 if TYPE_CHECKING:
     from trtspec.recipe import Recipe
@@ -155,13 +156,13 @@ class TrtllmSpeculativeRunner(StreamingGenerator):
 
     @classmethod
     def from_recipe(
-        cls, recipe: Recipe, engines_dir: str | Path = "engines", max_batch_size: int | None = None
+        cls, recipe: Recipe, engines_dir: str | Path = layout.ENGINES_DIR, max_batch_size: int | None = None
     ) -> TrtllmSpeculativeRunner:
         """The engines ``trtspec build`` wrote for ``recipe`` (engines_dir/<name>/{target,draft}/engine)."""
-        root = Path(engines_dir) / recipe.name
+        root = layout.pair_dir(recipe.name, engines_dir)
         return cls.from_engine_dirs(
-            root / "target" / "engine",
-            root / "draft" / "engine",
+            layout.stage_dir(root, "target", layout.ENGINE),
+            layout.stage_dir(root, "draft", layout.ENGINE),
             tokenizer_dir=recipe.target.model,
             use_draft_logits=recipe.speculative.use_draft_logits,
             target_device_ids=list(recipe.target.devices),
@@ -353,7 +354,7 @@ def _tokenizer_facts(tokenizer_dir, trust_remote_code: bool) -> tuple[Any, tuple
         return None, (), None
     from transformers import AutoTokenizer
 
-    from trtspec.builders.preflight import end_ids
+    from trtspec.core.model_dir import end_ids
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, trust_remote_code=trust_remote_code)

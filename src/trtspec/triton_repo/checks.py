@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from trtspec.errors import CheckFailed
+from trtspec.core.errors import CheckFailed
 from trtspec.triton_repo import interface as names
 
 

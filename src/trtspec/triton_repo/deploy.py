@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtspec.builders import support
-from trtspec.errors import CheckFailed
+from trtspec.core import layout
+from trtspec.core.errors import CheckFailed
 from trtspec.outputs import write_output_dir
 from trtspec.recipe import Recipe
 from trtspec.triton_repo import interface as names
@@ -45,8 +46,8 @@ def default_out_dir(recipe: Recipe) -> Path:
 
 def default_engine_dirs(recipe: Recipe, engines_dir: Path | None = None) -> dict[str, Path]:
     """Where ``trtspec build --engines-dir DIR`` puts the engines: DIR/<name>/{target,draft}/engine."""
-    root = Path(engines_dir or "engines") / recipe.name
-    return {role: (root / role / "engine").resolve() for role in ("target", "draft")}
+    root = layout.pair_dir(recipe.name, engines_dir)
+    return {role: layout.stage_dir(root, role, layout.ENGINE).resolve() for role in ("target", "draft")}
 
 
 def render_models(plans: list[ModelPlan], check=check_repository) -> dict[str, tuple[str, object]]:

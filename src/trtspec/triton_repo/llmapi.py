@@ -30,7 +30,8 @@ import sys
 from pathlib import Path
 
 from trtspec.builders import support
-from trtspec.errors import CheckFailed, ServerError
+from trtspec.core import layout
+from trtspec.core.errors import CheckFailed, ServerError
 from trtspec.recipe import Recipe
 
 MODEL_NAME = "tensorrt_llm"  # upstream's model name: the entry point of this runtime
@@ -100,11 +101,13 @@ TritonPythonModel = load_upstream_model()
 def hf_model_dirs(recipe: Recipe, engines_dir: Path | None = None) -> dict[str, Path]:
     """The checkpoint each role's LLM loads: the recipe's HF model, or for a quantized model the ModelOpt HF
     export at engines/<name>/<role>/hf_checkpoint (the PyTorch backend reads ModelOpt's hf_quant_config.json)."""
-    root = Path(engines_dir or "engines") / recipe.name
+    root = layout.pair_dir(recipe.name, engines_dir)
     dirs = {}
     for role, spec in recipe.models().items():
         dirs[role] = (
-            Path(spec.model) if spec.quantization == "none" else root / role / support.QUANTIZED_HF_SUBDIR
+            Path(spec.model)
+            if spec.quantization == "none"
+            else layout.stage_dir(root, role, layout.QUANTIZED_HF_SUBDIR)
         )
     return {role: path.resolve() for role, path in dirs.items()}
 

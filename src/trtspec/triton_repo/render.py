@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from trtspec.errors import CheckFailed
+from trtspec.core.errors import CheckFailed
 
 TEMPLATES_DIR = Path(__file__).parent / "templates"
 _PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")

@@ -23,7 +23,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trtspec.errors import ServerError
+from trtspec.core.errors import ServerError
 
 NGC_BACKENDS = Path("/opt/tritonserver/backends")
 # tritonserver's own bound on unloading models after SIGINT; python models took ~10 s on a loaded 2-core machine,

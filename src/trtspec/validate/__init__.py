@@ -1,1 +1,1 @@
-"""PyTorch reference, output comparisons, acceptance metrics, reports and benchmarks."""
+"""PyTorch reference, output comparisons, reports and benchmarks (the acceptance metrics are trtspec.core.metrics)."""

@@ -8,7 +8,7 @@ concurrent requests to a server), greedy, and measures from the streamed pieces:
 - inter-token latency (ITL): per streamed piece after the first, the gap since the previous piece divided by
   the piece's tokens, one sample per token, so a speculative round that delivers n tokens at once counts as n
   tokens at gap/n each (p50 / p95 over all tokens of the point).
-- acceptance: AcceptanceStats merged over the point (metrics.py), also per prompt set (raw text, chat
+- acceptance: AcceptanceStats merged over the point (core/metrics.py), also per prompt set (raw text, chat
   template); per-position acceptance: the fraction of rounds whose i-th draft token (1-based) was accepted, from
   the accepted-length histogram.
 
@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from trtspec.validate.metrics import (
+from trtspec.core.metrics import (
     AcceptanceStats,
     analytic_speedup_bound,
     expected_tokens_per_round,

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trtspec.errors import CheckFailed, TrtspecError
+from trtspec.core.errors import CheckFailed, TrtspecError
 from trtspec.outputs import check_output_dir, check_output_file, write_file_atomic, write_output_dir
 from trtspec.validate.validation import Thresholds
 
@@ -222,8 +222,8 @@ def check_requests_fit(prompts, requests, max_tokens: int, limits) -> None:
 def load_requests(recipe, path: Path | None, limit: int | None, chat: bool, max_tokens: int):
     """(prompts, target tokenizer, requests, notes): the prompt set encoded (chats through the target's chat
     template) and checked against the recipe's limits, before any model loads."""
-    from trtspec.builders.preflight import load_tokenizer
     from trtspec.chat import has_chat_template
+    from trtspec.core.model_dir import load_tokenizer
     from trtspec.validate.prompts import load_prompts
     from trtspec.validate.systems import encode_prompts
 

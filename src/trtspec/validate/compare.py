@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
+from trtspec.core.sequences import common_prefix_len
+
 
 def cut_at_stop(tokens: Sequence[int], stop_token_ids: Iterable[int]) -> list[int]:
     """The tokens before the first stop token (the stop token itself excluded)."""
@@ -17,16 +19,6 @@ def cut_at_stop(tokens: Sequence[int], stop_token_ids: Iterable[int]) -> list[in
         if token in stops:
             return list(tokens[:index])
     return list(tokens)
-
-
-def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix: accepted draft tokens, reusable KV-cache positions, agreement."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def first_divergence(reference: Sequence[int], candidate: Sequence[int]) -> int | None:

@@ -26,10 +26,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from trtspec.chat import check_text_input
-from trtspec.errors import RequestError, ServerError
+from trtspec.core.errors import RequestError, ServerError
+from trtspec.core.metrics import AcceptanceStats
 from trtspec.triton_repo import llmapi
 from trtspec.triton_repo.interface import CLIENT_INPUTS, ENTRY_POINT, METRIC_OUTPUTS
-from trtspec.validate.metrics import AcceptanceStats
 from trtspec.validate.systems import Generation, Request
 
 # Request field -> input name, per client interface (the trtspec.json "interface" of a repository); a field an

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from trtspec.chat import user_message
-from trtspec.errors import PromptSetError
+from trtspec.core.errors import PromptSetError
 
 PROMPTS_DIR = Path(__file__).resolve().parents[1] / "assets" / "prompts"
 DEFAULT_PROMPTS = PROMPTS_DIR / "default.jsonl"  # raw code and prose

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trtspec.builders.preflight import load_tokenizer
+from trtspec.core.model_dir import load_tokenizer
 
 
 class HFReference:
@@ -26,7 +26,7 @@ class HFReference:
         dtype: str = "float32",
         trust_remote_code: bool = False,
     ) -> HFReference:
-        from trtspec.engines.models import load_hf_model
+        from trtspec.core.model_dir import load_hf_model
 
         tokenizer = load_tokenizer(model_dir, trust_remote_code)
         model = load_hf_model(model_dir, dtype, trust_remote_code, what="the reference model")

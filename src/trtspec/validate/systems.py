@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from trtspec.validate.metrics import AcceptanceStats
+from trtspec.core.metrics import AcceptanceStats
 
 if TYPE_CHECKING:
     from trtspec.engines.sampling import SamplingParams

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from trtspec.core.metrics import AcceptanceStats, merge_stats
 from trtspec.validate.compare import Comparison, compare, cut_at_stop, exact_match_rate, mean_agreement
-from trtspec.validate.metrics import AcceptanceStats, merge_stats
 from trtspec.validate.prompts import Prompt
 from trtspec.validate.systems import Generation, Request, SystemUnderTest, encode_prompts, generate_all
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from trtspec.validate.compare import common_prefix_len
-from trtspec.validate.metrics import AcceptanceStats
+from trtspec.core.metrics import AcceptanceStats
+from trtspec.core.sequences import common_prefix_len
 
 DraftFn = Callable[[list[int], int, int], tuple[list[int], object]]  # (tokens, k, round) -> (draft, logits)
 TargetFn = Callable[[list[int], list[int], object, int], list[int]]  # (tokens, draft, logits, round) -> new

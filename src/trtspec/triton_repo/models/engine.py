@@ -21,7 +21,7 @@ import os
 
 import numpy as np
 
-from trtspec.errors import RequestError
+from trtspec.core.errors import RequestError
 from trtspec.triton_repo.interface import ENGINE_INPUTS
 from trtspec.triton_repo.models import triton_io as io
 

@@ -26,13 +26,13 @@ from contextlib import contextmanager
 import numpy as np
 
 from trtspec.builders.support import draft_input_ids
-from trtspec.errors import RequestError
+from trtspec.core.errors import RequestError
+from trtspec.core.metrics import AcceptanceStats
 from trtspec.triton_repo import interface as names
 from trtspec.triton_repo.models import triton_io as io
 from trtspec.triton_repo.models.decode import speculate
 from trtspec.triton_repo.models.request import GenerationRequest, Limits, parse_request
 from trtspec.triton_repo.models.text import IncrementalText, TextCodec
-from trtspec.validate.metrics import AcceptanceStats
 
 _SEED_MASK = (1 << 63) - 1
 CANCEL_POLL_S = 0.1  # how often a non-streamed request asks Triton whether its client cancelled (an IPC each)

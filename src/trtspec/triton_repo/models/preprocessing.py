@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from trtspec.errors import RequestError
+from trtspec.core.errors import RequestError
 from trtspec.triton_repo.interface import PREPROCESSING_INPUTS
 from trtspec.triton_repo.models import text as tok
 from trtspec.triton_repo.models import triton_io as io

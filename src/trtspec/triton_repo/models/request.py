@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from trtspec.errors import RequestError
+from trtspec.core.errors import RequestError
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from trtspec.errors import RequestError, ServerError
+from trtspec.core.errors import RequestError, ServerError
 
 
 def _flag(params: dict[str, str], name: str, default: bool) -> bool:
@@ -33,7 +33,7 @@ class TextCodec:
         self.tokenizer = tokenizer
         self.add_special_tokens, self.skip_special_tokens = add_special_tokens, skip_special_tokens
         self.max_input_len = max_input_len
-        # Every id that ends a request (preflight.end_ids: an eos list such as Llama 3's); the engines get one,
+        # Every id that ends a request (model_dir.end_ids: an eos list such as Llama 3's); the engines get one,
         # the tokenizer's when it is among them, as TensorRT-LLM takes a single end_id.
         self.end_ids = end_ids or ((tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ())
         eos = tokenizer.eos_token_id
@@ -47,7 +47,7 @@ class TextCodec:
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> TextCodec:
         """From a model's config.pbtxt parameters (tokenizer_dir and the optional settings)."""
-        from trtspec.builders.preflight import end_ids, load_tokenizer
+        from trtspec.core.model_dir import end_ids, load_tokenizer
 
         if not params.get("tokenizer_dir"):
             raise ServerError(

@@ -1,12 +1,11 @@
 """Domain errors: expected failures print one line (what, where, what to do) and exit non-zero.
 
-Every error a user can cause is one of these. They subclass ``click.ClickException`` so the CLI prints
-``Error: <message>`` without a traceback; ``-v`` adds the underlying cause (``detail``).
+Every error a user can cause is one of these. They are plain exceptions so that every layer (the Triton python
+models included) can raise them without Click; the CLI turns them into Click errors (``Error: <message>``, no
+traceback, ``exit_code``), and ``-v`` adds the underlying cause (``detail``).
 """
 
 from __future__ import annotations
-
-import click
 
 # Exit statuses shared by every command.
 EXIT_OK = 0
@@ -15,21 +14,19 @@ EXIT_USAGE = 2  # bad input: usage, recipe, missing or malformed files
 EXIT_NEEDS_TENSORRT_LLM = 3  # work done up to the point that needs TensorRT-LLM (the NGC image)
 
 
-class TrtspecError(click.ClickException):
-    """Base of all expected errors. ``detail`` is shown only with ``-v``."""
+class TrtspecError(Exception):
+    """Base of all expected errors: a one-line ``message``, the ``exit_code`` of the command that meets it, and
+    ``detail`` (the underlying cause), shown only with ``-v``."""
 
     exit_code = EXIT_USAGE
 
     def __init__(self, message: str, detail: str | None = None):
         super().__init__(message)
+        self.message = message
         self.detail = detail
 
-    verbose = False  # set by the command (-v): show() then adds ``detail``
-
-    def show(self, file=None) -> None:
-        super().show(file)
-        if self.verbose and self.detail:
-            click.echo(self.detail, err=True)
+    def __str__(self) -> str:
+        return self.message
 
 
 class RecipeError(TrtspecError):

@@ -1,0 +1,15 @@
+"""Token-sequence helpers shared by the engines, the Triton python models and validation."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix: accepted draft tokens, reusable KV-cache positions, agreement."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
