@@ -14,7 +14,7 @@ from trtspec.triton_repo.models.decode import speculate
 from trtspec.triton_repo.models.engine import cpu_threads
 from trtspec.triton_repo.models.request import Limits, parse_request
 from trtspec.triton_repo.models.text import (
-    IncrementalText,
+    IncrementalDecoder,
     TextCodec,
     encode_prompt,
     from_word_list,
@@ -493,24 +493,62 @@ def test_stop_words_are_tokenised_without_special_tokens(tokenizer):
     ]
 
 
+def _streamed(decoder: IncrementalDecoder, ids: list[int], step: int = 1) -> list[str]:
+    chunks = [ids[i : i + step] for i in range(0, len(ids), step)]
+    return [decoder.push(chunk, final=i == len(chunks) - 1) for i, chunk in enumerate(chunks)]
+
+
 def test_incremental_text_holds_back_split_multibyte_characters(tokenizer):
     text = "a = '€ü漢'  # ok"
     ids = tokenizer.encode(text, add_special_tokens=False)
     assert len(ids) > len(text.encode("utf-8")) / 2  # byte-level: the characters span several tokens
-    stream, pieces = IncrementalText(), []
-    for n in range(1, len(ids) + 1):
-        full = tokenizer.decode(ids[:n])
-        pieces.append(stream.delta(full, final=n == len(ids)))
+    pieces = _streamed(IncrementalDecoder(tokenizer.decode), ids)
     assert "".join(pieces) == text
     assert not any("\ufffd" in piece for piece in pieces)
-    assert any(piece == "" for piece in pieces)  # at least one partial character was held back
+    assert any(piece == "" for piece in pieces[:-1])  # at least one partial character was held back
+
+
+def test_incremental_text_decodes_a_window_not_the_whole_text(tokenizer):
+    ids = tokenizer.encode("def add(a, b):\n    return a + b\n" * 20, add_special_tokens=False)
+    lengths = []
+
+    def decode(part):
+        lengths.append(len(part))
+        return tokenizer.decode(part)
+
+    pieces = _streamed(IncrementalDecoder(decode), ids, step=3)
+    assert "".join(pieces) == tokenizer.decode(ids)
+    assert max(lengths[:-1]) <= 4 + 3  # context + one round's tokens; only the final check decodes it all
+
+
+def _metaspace_tokenizer():
+    """A SentencePiece-style tokenizer ('▁' for spaces): decoding a suffix drops its leading space."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["▁the", "▁cat", "▁sat", "▁on", "▁mat", "s", "▁", "<unk>"]
+    model = models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>")
+    tok = Tokenizer(model)
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok)
+
+
+def test_incremental_text_keeps_the_spaces_a_suffix_decode_would_drop():
+    tokenizer = _metaspace_tokenizer()
+    ids = [0, 1, 2, 3, 0, 4, 5]  # "the cat sat on the mats"
+    assert tokenizer.decode(ids[1:2]) == "cat"  # the leading space is gone when decoded alone
+    for step in (1, 2, 3):
+        pieces = _streamed(IncrementalDecoder(tokenizer.decode, context=2), ids, step)
+        assert "".join(pieces) == tokenizer.decode(ids) == "the cat sat on the mats"
+        assert sum(1 for p in pieces if p) > 1
 
 
 def test_incremental_text_flushes_a_replacement_character_at_the_end():
-    stream = IncrementalText()
-    assert stream.delta("ab", False) == "ab"
-    assert stream.delta("ab\ufffd", False) == ""
-    assert stream.delta("ab\ufffd", True) == "\ufffd"
+    decoder = IncrementalDecoder(lambda ids: "".join("\ufffd" if i < 0 else chr(i) for i in ids))
+    assert decoder.push([ord("a"), ord("b")]) == "ab"
+    assert decoder.push([-1]) == ""
+    assert decoder.push([], final=True) == "\ufffd"
 
 
 def test_text_codec_names_a_repository_from_an_older_trtspec():

@@ -176,8 +176,8 @@ class TritonSpec(_Strict):
     decoupled: bool = Field(True, description="stream accepted tokens as each round is verified")
     cpu_threads: Annotated[int, Field(ge=1, le=1024)] | Literal["auto"] = Field(
         "auto",
-        description="torch intra-op threads of each torch-runtime engine model on cpu; auto = half the cores "
-        "the server may use (the draft and the target run one after the other), at least 1",
+        description="torch intra-op threads of the torch runtime on cpu (one process runs the draft and the "
+        "target one after the other); auto = every core the server may use",
     )
     draft_ahead: bool = Field(
         True,
