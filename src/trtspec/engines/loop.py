@@ -248,17 +248,18 @@ class GenerationLoop:
         return [RowEvent(r.request_id, [], r.stats, error=message) for r in requests]
 
     def _admit_and_cancel(self) -> list[RowEvent]:
+        """Retire the cancelled requests (queued or active), then fill the free slots from the queue."""
         with self.lock:
             cancelled, self.cancelled = self.cancelled, set()
             queued = [r for r in self.queued if r.request_id in cancelled]
             self.queued = deque(r for r in self.queued if r.request_id not in cancelled)
+            leaving = [r for r in self.active if r.request_id in cancelled]
+            for request in leaving:
+                self._retire(request)
             while self.queued and self.free_slots:
                 request = self.queued.popleft()
                 request.row.slot = self.free_slots.pop(0)
                 self.active.append(request)
-        leaving = [r for r in self.active if r.request_id in cancelled]
-        for request in leaving:
-            self._retire(request)
         return [self._finished(r, "cancelled") for r in queued + leaving]
 
     def _retire(self, request: _Active) -> None:

@@ -240,7 +240,13 @@ def in_process_values(recipe: Recipe) -> dict:
     limits and tokenizer settings (common_values), no engine model names."""
     triton = recipe.triton
     orchestrator = common_values(recipe, "torch", {"target": 0, "draft": 0})[names.ORCHESTRATOR]
-    shared = ("triton_max_batch_size", "decoupled_mode", "max_draft_len", "num_draft_tokens", "use_draft_logits")
+    shared = (
+        "triton_max_batch_size",
+        "decoupled_mode",
+        "max_draft_len",
+        "num_draft_tokens",
+        "use_draft_logits",
+    )
     shared += ("max_seq_len", "tokenizer_dir", "skip_special_tokens", "add_special_tokens", "max_input_len")
     return {k: orchestrator[k] for k in shared} | {
         "target_model_dir": str(recipe.target.model),
@@ -265,7 +271,12 @@ def plan_models(
     if runtime == "torch" and not harness:
         common = common_values(recipe, runtime, {"target": 0, "draft": 0})
         return _text_plans(common) + [
-            ModelPlan(names.ORCHESTRATOR, "tensorrt_llm_bls_torch/config.pbtxt", in_process_values(recipe), "inflight")
+            ModelPlan(
+                names.ORCHESTRATOR,
+                "tensorrt_llm_bls_torch/config.pbtxt",
+                in_process_values(recipe),
+                "inflight",
+            )
         ]
     common = common_values(recipe, runtime, engine_vocab_rows(recipe, runtime, engine_dirs))
     plans = _text_plans(common) + [

@@ -108,7 +108,9 @@ class Outbox:
                 if not event.finished and cancelled():
                     self.cancel(request_id)
             except Exception as err:  # noqa: BLE001 - a client gone mid-stream: stop generating for it
-                io.log_warning(f"request {request_id}: sending failed ({type(err).__name__}: {err}); cancelled")
+                io.log_warning(
+                    f"request {request_id}: sending failed ({type(err).__name__}: {err}); cancelled"
+                )
                 self.cancel(request_id)
 
 
@@ -165,7 +167,9 @@ class TritonPythonModel:
         """Parse, tokenise and queue ``request``; its responses go to ``sender``. RequestError for a bad one."""
         req = parse_request(io.read_inputs(request, names.CLIENT_INPUTS), self.limits)
         if req.stream and not self.decoupled:
-            raise RequestError("stream=true needs a decoupled orchestrator; deploy with triton.decoupled: true")
+            raise RequestError(
+                "stream=true needs a decoupled orchestrator; deploy with triton.decoupled: true"
+            )
         prompt, params, options = to_job(req, self.codec, self.limits)
         request_id, reply = next(self.ids), Reply(req, self.codec.decode)
         cancelled = io.cancel_check(sender if self.decoupled else request)

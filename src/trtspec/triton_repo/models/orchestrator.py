@@ -19,7 +19,6 @@ either way.
 from __future__ import annotations
 
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 

@@ -159,5 +159,9 @@ class IncrementalDecoder:
     def _flush(self) -> str:
         sent, full = "".join(self.sent), self.decode(self.ids)
         piece = full[len(sent) :] if full.startswith(sent) else ""
-        self.sent, self.read, self.prefix = [full if full.startswith(sent) else sent], len(self.ids), len(self.ids)
+        self.sent, self.read, self.prefix = (
+            [full if full.startswith(sent) else sent],
+            len(self.ids),
+            len(self.ids),
+        )
         return piece
