@@ -471,8 +471,9 @@ def test_text_codec_reads_the_model_parameters_and_applies_them(shared_tokenizer
     assert keep.max_input_len is None and tokenizer.eos_token in keep.decode([tokenizer.eos_token_id])
 
 
-def test_cpu_threads_auto_is_half_the_cores_and_at_least_one():
-    assert [cpu_threads("auto", n) for n in (1, 2, 3, 16)] == [1, 1, 1, 8]
+def test_cpu_threads_auto_shares_the_cores_among_the_model_processes_and_is_at_least_one():
+    assert [cpu_threads("auto", n) for n in (1, 2, 3, 16)] == [1, 1, 1, 8]  # the harness: two engine models
+    assert [cpu_threads("auto", n, models=1) for n in (1, 2, 16)] == [1, 2, 16]  # the torch runtime: one
     assert cpu_threads("3", 16) == 3 and cpu_threads(" AUTO ", 4) == 2
     assert cpu_threads("auto") >= 1
 
@@ -793,3 +794,54 @@ def test_a_padded_vocab_drafts_logits_reach_the_target_model_padded(
     unpadded = orchestrator.EngineClient("target", "draft", req, end_id=2, pad_id=3)
     with pytest.raises(RequestError, match="draft_logits has 336 columns; the target has 352 vocab rows"):
         unpadded.target_fn([1, 40, 41], tokens, logits, 0)
+
+
+# ---------------------------------------------------------------- the torch runtime's entry model (inflight.py)
+
+
+def _event(tokens, finished=False):
+    from trtspec.engines.loop import GenerationResult, RowEvent
+
+    stats = AcceptanceStats()
+    return RowEvent("r", list(tokens), stats, GenerationResult([], "stop", stats) if finished else None)
+
+
+def test_a_streamed_reply_sends_each_completed_piece_with_its_ids_then_an_empty_final(tokenizer):
+    from trtspec.triton_repo.models.inflight import Reply
+
+    req = parse_request({"text_input": np.array([b"x"]), "max_tokens": np.array([8]), "stream": np.array([True])}, LIMITS)
+    ids = tokenizer.encode("a = '€ü' + b", add_special_tokens=False)
+    reply, responses = Reply(req, tokenizer.decode), []
+    rounds = [ids[i : i + 2] for i in range(0, len(ids), 2)]
+    for i, tokens in enumerate(rounds):
+        responses += reply.update(_event(tokens, finished=i == len(rounds) - 1))
+    texts = [text for text, _, _ in responses]
+    assert "".join(texts) == tokenizer.decode(ids) and len([t for t in texts if t]) > 1
+    assert sum((list(chunk) for _, chunk, _ in responses), []) == ids
+    assert [final for _, _, final in responses] == [False] * (len(responses) - 1) + [True]
+    assert responses[-1][0] == ""
+
+
+def test_a_reply_that_is_not_streamed_is_one_final_response(tokenizer):
+    from trtspec.triton_repo.models.inflight import Reply
+
+    req = parse_request({"text_input": np.array([b"x"]), "max_tokens": np.array([8])}, LIMITS)
+    ids = tokenizer.encode("def f(x):", add_special_tokens=False)
+    reply = Reply(req, tokenizer.decode)
+    assert reply.update(_event(ids[:2])) == []
+    assert reply.update(_event(ids[2:], finished=True)) == [(tokenizer.decode(ids), ids, True)]
+
+
+def test_a_request_becomes_loop_params_capped_at_max_seq_len_with_its_own_end_id(tokenizer):
+    from trtspec.triton_repo.models.inflight import to_job
+
+    codec = TextCodec(tokenizer, end_ids=(2, 7))
+    fields = {"text_input": np.array([b"def f(x):"]), "max_tokens": np.array([500]), "top_k": np.array([1])}
+    fields |= {"temperature": np.array([0.7]), "num_draft_tokens": np.array([2])}
+    prompt, params, options = to_job(parse_request(fields, LIMITS), codec, LIMITS)
+    assert prompt == codec.encode("def f(x):")
+    assert params.max_new_tokens == LIMITS.max_seq_len - len(prompt) and params.num_draft_tokens == 2
+    assert params.greedy and options["eos_ids"] == {2, 7} and options["keep_end"] is False
+    fields |= {"end_id": np.array([9]), "stop_words": np.array([b"return"])}
+    _, _, options = to_job(parse_request(fields, LIMITS), codec, LIMITS)
+    assert options["eos_ids"] == {9} and options["stop_sequences"] == codec.stop_ids(["return"])

@@ -273,6 +273,7 @@ class GenerationLoop:
         )
         return RowEvent(request.request_id, [], request.stats, result)
 
+    @torch.inference_mode()  # sampling and bookkeeping too, not only the forwards: no autograd dispatch per op
     def _round(self) -> list[RowEvent]:
         groups: dict[tuple, list[_Active]] = {}
         for request in self.active:
@@ -376,8 +377,7 @@ class LoopThread:
                 if self.stopping:
                     return
             try:
-                with torch.inference_mode():
-                    events = self.loop.step()
+                events = self.loop.step()
             except Exception as err:  # noqa: BLE001 - every request gets the one line; the server log the rest
                 message = f"internal error: {type(err).__name__}: {err}"
                 if self.on_error is not None:
