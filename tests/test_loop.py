@@ -155,14 +155,16 @@ def test_requests_joining_mid_run_get_the_tokens_they_get_alone_and_hf_greedy(pa
     assert together[0][1].stats.drafted > 0 and together[1][1].stats.max_draft_len == 2
 
 
-def test_first_token_alone_takes_each_requests_first_token_from_the_prefill(pair):
+def test_first_token_alone_drafts_nothing_in_a_round_no_other_row_drafts_in(pair):
     loop = new_loop(pair, first_token_alone=True)
     loop.add("a", PROMPTS[0], SamplingParams(max_new_tokens=8))
     (first,) = loop.step()
-    assert len(first.new_tokens) == 1 and first.stats.drafted == 0
+    assert len(first.new_tokens) == 1 and first.stats.drafted == 0  # alone: the target's prefill only
     loop.add("b", PROMPTS[1], SamplingParams(max_new_tokens=8))
+    loop.add("c", PROMPTS[2], SamplingParams(max_new_tokens=8, temperature=1.0, seed=3))
     events = {e.request_id: e for e in loop.step()}
-    assert len(events["b"].new_tokens) == 1 and events["a"].stats.drafted == 4
+    assert events["a"].stats.drafted == 4 and events["b"].stats.drafted == 4  # b joins a drafting round
+    assert events["c"].stats.drafted == 0  # a seeded row's draws never depend on the others
 
 
 def test_a_seeded_sampled_request_gives_the_same_tokens_alone_and_beside_others(pair):

@@ -809,7 +809,9 @@ def _event(tokens, finished=False):
 def test_a_streamed_reply_sends_each_completed_piece_with_its_ids_then_an_empty_final(tokenizer):
     from trtspec.triton_repo.models.inflight import Reply
 
-    req = parse_request({"text_input": np.array([b"x"]), "max_tokens": np.array([8]), "stream": np.array([True])}, LIMITS)
+    req = parse_request(
+        {"text_input": np.array([b"x"]), "max_tokens": np.array([8]), "stream": np.array([True])}, LIMITS
+    )
     ids = tokenizer.encode("a = '€ü' + b", add_special_tokens=False)
     reply, responses = Reply(req, tokenizer.decode), []
     rounds = [ids[i : i + 2] for i in range(0, len(ids), 2)]

@@ -190,7 +190,9 @@ def test_eight_concurrent_clients_get_their_own_outputs(server, reference):
 
 def _success_count(server) -> float:
     """The entry model's nv_inference_request_success from Triton's own /metrics."""
-    with urllib.request.urlopen(f"http://{server.ports.host}:{server.ports.metrics}/metrics", timeout=30) as r:
+    with urllib.request.urlopen(
+        f"http://{server.ports.host}:{server.ports.metrics}/metrics", timeout=30
+    ) as r:
         text = r.read().decode()
     lines = [ln for ln in text.splitlines() if ln.startswith("nv_inference_request_success") and MODEL in ln]
     assert lines, "no request counter for the entry model in /metrics"
@@ -208,7 +210,9 @@ def test_eight_streams_joining_one_batch_equal_each_request_sent_alone(server):
 
     def run(r):
         ids = []
-        pieces, _ = grpc_stream(server, r["prompt"], ids, stream=True, **{k: v for k, v in r.items() if k != "prompt"})
+        pieces, _ = grpc_stream(
+            server, r["prompt"], ids, stream=True, **{k: v for k, v in r.items() if k != "prompt"}
+        )
         return "".join(pieces), sum(ids, [])
 
     alone = [run(r) for r in requests]

@@ -206,7 +206,9 @@ def main(argv=None) -> None:
     recipe = load_recipe(args.recipe)
     if args.cpu_threads is not None:
         threads = args.cpu_threads if args.cpu_threads == "auto" else int(args.cpu_threads)
-        recipe = recipe.model_copy(update={"triton": recipe.triton.model_copy(update={"cpu_threads": threads})})
+        recipe = recipe.model_copy(
+            update={"triton": recipe.triton.model_copy(update={"cpu_threads": threads})}
+        )
     k = recipe.speculative.num_draft_tokens if args.num_draft_tokens is None else args.num_draft_tokens
     prompts = PROMPTS[: args.prompts]
     many = [PROMPTS[i % len(PROMPTS)] for i in range(args.concurrency)]

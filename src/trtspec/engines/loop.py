@@ -17,7 +17,8 @@ the others' tokens. ``SpeculativeEngine.generate_stream`` adds its prompts and s
 
 Stops are per request (``StopChecker``): max_new_tokens, EOS ids (kept as the last token, as HF generate, or
 left out, as TensorRT-LLM's end_id), stop token sequences and stop strings. With ``first_token_alone`` a row's
-first round drafts nothing: its first token comes from the target's prefill alone (a streaming client's TTFT).
+first round drafts nothing when no other row drafts in it: its first token comes from the target's prefill alone
+(a streaming client's TTFT); a row joining a running batch gets its first token with that batch's round anyway.
 """
 
 from __future__ import annotations
@@ -279,8 +280,9 @@ class GenerationLoop:
         for request in self.active:
             groups.setdefault(request.group_key(), []).append(request)
         outcome = {}
+        running = any(r.rounds for r in self.active)  # some row drafts this round anyway
         for group in groups.values():
-            num_draft = [self._num_draft(r) for r in group]
+            num_draft = [self._num_draft(r, running) for r in group]
             emitted, num_accepted = speculative_round(
                 self.target,
                 self.draft,
@@ -297,8 +299,12 @@ class GenerationLoop:
             events.append(self._emit(request, *outcome[id(request)], now))
         return events
 
-    def _num_draft(self, request: _Active) -> int:
-        if self.first_token_alone and request.rounds == 0:
+    def _num_draft(self, request: _Active, running: bool) -> int:
+        """The row's K this round. A first round drafts nothing (first_token_alone) where that makes the round
+        shorter: when no other row drafts in it. A seeded sampled row always does, so that its random draws, and
+        so its tokens, do not depend on the other rows."""
+        seeded = request.params.seed is not None and not request.params.greedy
+        if self.first_token_alone and request.rounds == 0 and (seeded or not running):
             return 0
         # Never draft past max_new_tokens: the round's last token comes from the target anyway.
         return min(request.k, request.params.max_new_tokens - len(request.generated) - 1)

@@ -77,6 +77,13 @@ def to_job(req: GenerationRequest, codec: TextCodec, limits: Limits) -> tuple[li
     return prompt, params, options
 
 
+def merge_events(first: RowEvent, second: RowEvent) -> RowEvent:
+    """Two consecutive events of one request as one: both rounds' tokens, the second's state."""
+    return RowEvent(
+        second.request_id, first.new_tokens + second.new_tokens, second.stats, second.result, second.error
+    )
+
+
 class Outbox:
     """One thread that sends every request's responses in order, so the loop's thread never waits on a send;
     after each event it asks Triton (at most every CANCEL_POLL_S per request) whether the client cancelled."""
@@ -94,24 +101,40 @@ class Outbox:
         self.queue.put(None)
         self.thread.join(timeout=10)
 
+    def _next(self) -> list[tuple] | None:
+        """Every item waiting (at least one; None to stop), one per request: a request's rounds that queued up
+        while the previous sends ran go out as one response (fewer sends, so less of the GIL taken from the
+        loop's thread under many streams)."""
+        items = [self.queue.get()]
+        while not self.queue.empty():
+            items.append(self.queue.get_nowait())
+        if None in items:
+            return None
+        merged: dict[Hashable, tuple] = {}
+        for item in items:
+            first = merged.get(item[0])
+            merged[item[0]] = item if first is None else (*item[:4], merge_events(first[4], item[4]))
+        return list(merged.values())
+
     def _run(self) -> None:
+        while (items := self._next()) is not None:
+            for item in items:
+                self._send(*item)
+
+    def _send(self, request_id: Hashable, sender, reply: Reply, cancelled, event: RowEvent) -> None:
         final = io.pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
-        while (item := self.queue.get()) is not None:
-            request_id, sender, reply, cancelled, event = item
-            try:
-                if event.error is not None:
-                    sender.send(io.error_response(event.error, False), flags=final)
-                    continue
-                for text, ids, last in reply.update(event):
-                    response = io.text_response(text, ids, event.stats, reply.req.return_perf_metrics)
-                    sender.send(response, flags=final if last else 0)
-                if not event.finished and cancelled():
-                    self.cancel(request_id)
-            except Exception as err:  # noqa: BLE001 - a client gone mid-stream: stop generating for it
-                io.log_warning(
-                    f"request {request_id}: sending failed ({type(err).__name__}: {err}); cancelled"
-                )
+        try:
+            if event.error is not None:
+                sender.send(io.error_response(event.error, False), flags=final)
+                return
+            for text, ids, last in reply.update(event):
+                response = io.text_response(text, ids, event.stats, reply.req.return_perf_metrics)
+                sender.send(response, flags=final if last else 0)
+            if not event.finished and cancelled():
                 self.cancel(request_id)
+        except Exception as err:  # noqa: BLE001 - a client gone mid-stream: stop generating for it
+            io.log_warning(f"request {request_id}: sending failed ({type(err).__name__}: {err}); cancelled")
+            self.cancel(request_id)
 
 
 def load_loop(params: dict[str, str], num_slots: int) -> LoopThread:
