@@ -169,7 +169,9 @@ class InstanceCounts(_Strict):
 
 class TritonSpec(_Strict):
     runtime: Runtime = "torch"
-    device: Device = Field("cpu", description="device of the torch runtime's engine models")
+    device: Device = Field(
+        "cpu", description="device of the torch runtime (its entry model runs both models)"
+    )
     torch_dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
         "auto", description="dtype of the torch runtime: auto = float32 on cpu, the model's dtype on cuda"
     )
@@ -182,7 +184,8 @@ class TritonSpec(_Strict):
     draft_ahead: bool = Field(
         True,
         description="while the target verifies a round, draft the next one (used when the whole draft and the "
-        "draft's guess of the bonus token are accepted); only while a single request is being served",
+        "draft's guess of the bonus token are accepted); only while a single request is being served; the "
+        "tensorrtllm runtime's orchestrator",
     )
     instances: InstanceCounts = InstanceCounts()
     kv_cache_free_gpu_mem_fraction: PerModel = PerModel()
