@@ -90,9 +90,9 @@ def test_torch_repo_renders_checks_and_writes_atomically(tiny_pair, tmp_path):
     recipe = make_recipe(tiny_pair)
     out = tmp_path / "repo"
     result = deploy(recipe, "torch", out)
-    assert sorted(result.models) == sorted(
-        [names.PREPROCESSING, names.POSTPROCESSING, names.ORCHESTRATOR, names.TARGET_MODEL, names.DRAFT_MODEL]
-    )
+    # The entry model runs the draft and the target in-process: no engine models.
+    assert sorted(result.models) == sorted([names.PREPROCESSING, names.POSTPROCESSING, names.ORCHESTRATOR])
+    assert "models.inflight import" in (out / names.ORCHESTRATOR / "1" / "model.py").read_text()
     info = json.loads((out / MANIFEST).read_text())
     assert info["runtime"] == "torch" and info["recipe_digest"] == recipe.digest()
     for model in result.models:
@@ -108,7 +108,9 @@ def test_torch_repo_renders_checks_and_writes_atomically(tiny_pair, tmp_path):
     for key in text_keys:
         owner = names.POSTPROCESSING if key == "skip_special_tokens" else names.PREPROCESSING
         assert params[names.ORCHESTRATOR][key] == params[owner][key] != ""
-    assert params[names.TARGET_MODEL]["cpu_threads"] == params[names.DRAFT_MODEL]["cpu_threads"] == "auto"
+    entry = params[names.ORCHESTRATOR]
+    assert entry["cpu_threads"] == "auto" and entry["target_dtype"] == entry["draft_dtype"] == "float32"
+    assert (entry["target_model_dir"], entry["draft_model_dir"]) == tuple(map(str, tiny_pair))
     # upstream's preprocessing key names (gpt_model_path holds ${engine_dir} there; unused by draft-target)
     assert {"tokenizer_dir", "add_special_tokens", "gpt_model_path"} <= set(params[names.PREPROCESSING])
     # Redeploying replaces the repository in one rename.
@@ -231,8 +233,9 @@ def test_tensorrtllm_refuses_engines_that_do_not_fit(tiny_pair, tmp_path):
 
 
 def test_cross_model_check_catches_a_dtype_mismatch_and_a_missing_model(tiny_pair):
+    """On the orchestrator's layout (here the test harness: the orchestrator over torch engine models)."""
     recipe = make_recipe(tiny_pair)
-    rendered = render_models(plan_models(recipe, "torch"))
+    rendered = render_models(plan_models(recipe, "torch", harness=True))
     configs = {name: cfg for name, (_, cfg) in rendered.items()}
     text = rendered[names.TARGET_MODEL][0].replace(
         'name: "request_output_len" data_type: TYPE_INT32', 'name: "request_output_len" data_type: TYPE_INT64'
@@ -249,8 +252,9 @@ def test_cross_model_check_catches_a_dtype_mismatch_and_a_missing_model(tiny_pai
 
 
 def test_both_runtimes_give_the_orchestrator_the_same_engine_interface(tiny_pair, engines):
+    """The harness's torch engine models stand in for the TensorRT-LLM backend's: the same tensors."""
     recipe = make_recipe(tiny_pair, speculative={"max_draft_len": 4})
-    torch_cfg = render_models(plan_models(recipe, "torch"))[names.TARGET_MODEL][1]
+    torch_cfg = render_models(plan_models(recipe, "torch", harness=True))[names.TARGET_MODEL][1]
     trt_cfg = render_models(plan_models(recipe, "tensorrtllm", engines))[names.TARGET_MODEL][1]
     for tensor in names.ENGINE_INPUTS:
         a = next(t for t in torch_cfg.input if t.name == tensor)

@@ -15,7 +15,7 @@ from trtspec.triton_repo.models.decode import speculate
 from trtspec.triton_repo.models.engine import cpu_threads
 from trtspec.triton_repo.models.request import Limits, parse_request
 from trtspec.triton_repo.models.text import (
-    IncrementalText,
+    IncrementalDecoder,
     TextCodec,
     encode_prompt,
     from_word_list,
@@ -471,8 +471,9 @@ def test_text_codec_reads_the_model_parameters_and_applies_them(shared_tokenizer
     assert keep.max_input_len is None and tokenizer.eos_token in keep.decode([tokenizer.eos_token_id])
 
 
-def test_cpu_threads_auto_is_half_the_cores_and_at_least_one():
-    assert [cpu_threads("auto", n) for n in (1, 2, 3, 16)] == [1, 1, 1, 8]
+def test_cpu_threads_auto_shares_the_cores_among_the_model_processes_and_is_at_least_one():
+    assert [cpu_threads("auto", n) for n in (1, 2, 3, 16)] == [1, 1, 1, 8]  # the harness: two engine models
+    assert [cpu_threads("auto", n, models=1) for n in (1, 2, 16)] == [1, 2, 16]  # the torch runtime: one
     assert cpu_threads("3", 16) == 3 and cpu_threads(" AUTO ", 4) == 2
     assert cpu_threads("auto") >= 1
 
@@ -493,24 +494,62 @@ def test_stop_words_are_tokenised_without_special_tokens(tokenizer):
     ]
 
 
+def _streamed(decoder: IncrementalDecoder, ids: list[int], step: int = 1) -> list[str]:
+    chunks = [ids[i : i + step] for i in range(0, len(ids), step)]
+    return [decoder.push(chunk, final=i == len(chunks) - 1) for i, chunk in enumerate(chunks)]
+
+
 def test_incremental_text_holds_back_split_multibyte_characters(tokenizer):
     text = "a = '€ü漢'  # ok"
     ids = tokenizer.encode(text, add_special_tokens=False)
     assert len(ids) > len(text.encode("utf-8")) / 2  # byte-level: the characters span several tokens
-    stream, pieces = IncrementalText(), []
-    for n in range(1, len(ids) + 1):
-        full = tokenizer.decode(ids[:n])
-        pieces.append(stream.delta(full, final=n == len(ids)))
+    pieces = _streamed(IncrementalDecoder(tokenizer.decode), ids)
     assert "".join(pieces) == text
     assert not any("\ufffd" in piece for piece in pieces)
-    assert any(piece == "" for piece in pieces)  # at least one partial character was held back
+    assert any(piece == "" for piece in pieces[:-1])  # at least one partial character was held back
+
+
+def test_incremental_text_decodes_a_window_not_the_whole_text(tokenizer):
+    ids = tokenizer.encode("def add(a, b):\n    return a + b\n" * 20, add_special_tokens=False)
+    lengths = []
+
+    def decode(part):
+        lengths.append(len(part))
+        return tokenizer.decode(part)
+
+    pieces = _streamed(IncrementalDecoder(decode), ids, step=3)
+    assert "".join(pieces) == tokenizer.decode(ids)
+    assert max(lengths[:-1]) <= 4 + 3  # context + one round's tokens; only the final check decodes it all
+
+
+def _metaspace_tokenizer():
+    """A SentencePiece-style tokenizer ('▁' for spaces): decoding a suffix drops its leading space."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["▁the", "▁cat", "▁sat", "▁on", "▁mat", "s", "▁", "<unk>"]
+    model = models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>")
+    tok = Tokenizer(model)
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok)
+
+
+def test_incremental_text_keeps_the_spaces_a_suffix_decode_would_drop():
+    tokenizer = _metaspace_tokenizer()
+    ids = [0, 1, 2, 3, 0, 4, 5]  # "the cat sat on the mats"
+    assert tokenizer.decode(ids[1:2]) == "cat"  # the leading space is gone when decoded alone
+    for step in (1, 2, 3):
+        pieces = _streamed(IncrementalDecoder(tokenizer.decode, context=2), ids, step)
+        assert "".join(pieces) == tokenizer.decode(ids) == "the cat sat on the mats"
+        assert sum(1 for p in pieces if p) > 1
 
 
 def test_incremental_text_flushes_a_replacement_character_at_the_end():
-    stream = IncrementalText()
-    assert stream.delta("ab", False) == "ab"
-    assert stream.delta("ab\ufffd", False) == ""
-    assert stream.delta("ab\ufffd", True) == "\ufffd"
+    decoder = IncrementalDecoder(lambda ids: "".join("\ufffd" if i < 0 else chr(i) for i in ids))
+    assert decoder.push([ord("a"), ord("b")]) == "ab"
+    assert decoder.push([-1]) == ""
+    assert decoder.push([], final=True) == "\ufffd"
 
 
 def test_text_codec_names_a_repository_from_an_older_trtspec():
@@ -755,3 +794,56 @@ def test_a_padded_vocab_drafts_logits_reach_the_target_model_padded(
     unpadded = orchestrator.EngineClient("target", "draft", req, end_id=2, pad_id=3)
     with pytest.raises(RequestError, match="draft_logits has 336 columns; the target has 352 vocab rows"):
         unpadded.target_fn([1, 40, 41], tokens, logits, 0)
+
+
+# ---------------------------------------------------------------- the torch runtime's entry model (inflight.py)
+
+
+def _event(tokens, finished=False):
+    from trtspec.engines.loop import GenerationResult, RowEvent
+
+    stats = AcceptanceStats()
+    return RowEvent("r", list(tokens), stats, GenerationResult([], "stop", stats) if finished else None)
+
+
+def test_a_streamed_reply_sends_each_completed_piece_with_its_ids_then_an_empty_final(tokenizer):
+    from trtspec.triton_repo.models.inflight import Reply
+
+    req = parse_request(
+        {"text_input": np.array([b"x"]), "max_tokens": np.array([8]), "stream": np.array([True])}, LIMITS
+    )
+    ids = tokenizer.encode("a = '€ü' + b", add_special_tokens=False)
+    reply, responses = Reply(req, tokenizer.decode), []
+    rounds = [ids[i : i + 2] for i in range(0, len(ids), 2)]
+    for i, tokens in enumerate(rounds):
+        responses += reply.update(_event(tokens, finished=i == len(rounds) - 1))
+    texts = [text for text, _, _ in responses]
+    assert "".join(texts) == tokenizer.decode(ids) and len([t for t in texts if t]) > 1
+    assert sum((list(chunk) for _, chunk, _ in responses), []) == ids
+    assert [final for _, _, final in responses] == [False] * (len(responses) - 1) + [True]
+    assert responses[-1][0] == ""
+
+
+def test_a_reply_that_is_not_streamed_is_one_final_response(tokenizer):
+    from trtspec.triton_repo.models.inflight import Reply
+
+    req = parse_request({"text_input": np.array([b"x"]), "max_tokens": np.array([8])}, LIMITS)
+    ids = tokenizer.encode("def f(x):", add_special_tokens=False)
+    reply = Reply(req, tokenizer.decode)
+    assert reply.update(_event(ids[:2])) == []
+    assert reply.update(_event(ids[2:], finished=True)) == [(tokenizer.decode(ids), ids, True)]
+
+
+def test_a_request_becomes_loop_params_capped_at_max_seq_len_with_its_own_end_id(tokenizer):
+    from trtspec.triton_repo.models.inflight import to_job
+
+    codec = TextCodec(tokenizer, end_ids=(2, 7))
+    fields = {"text_input": np.array([b"def f(x):"]), "max_tokens": np.array([500]), "top_k": np.array([1])}
+    fields |= {"temperature": np.array([0.7]), "num_draft_tokens": np.array([2])}
+    prompt, params, options = to_job(parse_request(fields, LIMITS), codec, LIMITS)
+    assert prompt == codec.encode("def f(x):")
+    assert params.max_new_tokens == LIMITS.max_seq_len - len(prompt) and params.num_draft_tokens == 2
+    assert params.greedy and options["eos_ids"] == {2, 7} and options["keep_end"] is False
+    fields |= {"end_id": np.array([9]), "stop_words": np.array([b"return"])}
+    _, _, options = to_job(parse_request(fields, LIMITS), codec, LIMITS)
+    assert options["eos_ids"] == {9} and options["stop_sequences"] == codec.stop_ids(["return"])

@@ -188,6 +188,42 @@ def test_eight_concurrent_clients_get_their_own_outputs(server, reference):
     assert got == [reference(p, 12) for p in prompts]
 
 
+def _success_count(server) -> float:
+    """The entry model's nv_inference_request_success from Triton's own /metrics."""
+    with urllib.request.urlopen(
+        f"http://{server.ports.host}:{server.ports.metrics}/metrics", timeout=30
+    ) as r:
+        text = r.read().decode()
+    lines = [ln for ln in text.splitlines() if ln.startswith("nv_inference_request_success") and MODEL in ln]
+    assert lines, "no request counter for the entry model in /metrics"
+    return float(lines[0].rsplit(" ", 1)[1])
+
+
+def test_eight_streams_joining_one_batch_equal_each_request_sent_alone(server):
+    """In-flight batching: 8 streams with their own lengths, K and sampling settings join and leave one running
+    batch; each one's text and ids equal the same request sent alone, and Triton counts each request."""
+    requests = [
+        dict(prompt=PROMPTS[i % 4], max_tokens=6 + 3 * i, num_draft_tokens=i % 5)
+        | ({"temperature": 0.8, "top_k": 20, "seed": 7 + i} if i % 3 == 2 else {})
+        for i in range(8)
+    ]
+
+    def run(r):
+        ids = []
+        pieces, _ = grpc_stream(
+            server, r["prompt"], ids, stream=True, **{k: v for k, v in r.items() if k != "prompt"}
+        )
+        return "".join(pieces), sum(ids, [])
+
+    alone = [run(r) for r in requests]
+    before = _success_count(server)
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(run, requests))
+    assert together == alone
+    assert all(text for text, _ in alone) and len({text for text, _ in alone}) > 4
+    assert _success_count(server) == before + 8
+
+
 @pytest.mark.parametrize(
     "body, message",
     [
@@ -227,10 +263,11 @@ def test_wrong_dtype_is_rejected(server):
 def test_draft_ahead_with_a_draft_that_is_always_right_keeps_the_target_greedy_output(
     tiny_pair, reference, tmp_path
 ):
-    """The target as its own draft: every round accepts the whole draft and the bonus guess, so each round after
+    """The orchestrator harness (the tensorrtllm runtime's path over torch engine models); the target as its own
+    draft: every round accepts the whole draft and the bonus guess, so each round after
     the prefill verifies a draft made ahead (K + 1 = max_draft_len + 1 tokens asked of the draft engine model)."""
     target = tiny_pair[0]
-    deploy_tiny_repo((target, target), tmp_path / "repo")
+    deploy_tiny_repo((target, target), tmp_path / "repo", harness=True)
     with running_server(tmp_path / "repo", tmp_path / "server.log") as srv:
         for stream in (True, False):
             pieces, metrics = grpc_stream(

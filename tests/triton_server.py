@@ -24,8 +24,10 @@ def running_server(repo: Path, log_path: Path, timeout_s: float = 180.0):
         server.stop()
 
 
-def deploy_tiny_repo(tiny_pair: tuple[Path, Path], out: Path) -> Path:
-    """The tiny pair (conftest) as a torch-runtime repository at ``out``, K <= 4, prompts <= 64 tokens."""
+def deploy_tiny_repo(tiny_pair: tuple[Path, Path], out: Path, harness: bool = False, **triton) -> Path:
+    """The tiny pair (conftest) as a torch-runtime repository at ``out``, K <= 4, prompts <= 64 tokens;
+    ``harness``: the orchestrator over torch engine models instead (values.plan_models); ``triton``: its
+    triton section."""
     from trtspec.recipe import recipe_from_dict
     from trtspec.triton_repo.deploy import deploy
 
@@ -37,7 +39,8 @@ def deploy_tiny_repo(tiny_pair: tuple[Path, Path], out: Path) -> Path:
             "draft": {"model": str(draft)},
             "speculative": {"max_draft_len": 4},
             "limits": {"max_input_len": 64, "max_seq_len": 128},
+            "triton": triton,
         }
     )
-    deploy(recipe, "torch", out)
+    deploy(recipe, "torch", out, harness=harness)
     return out

@@ -475,8 +475,9 @@ def generate(
 )
 @output_options
 def deploy(recipe: str, runtime: str | None, out_dir: str | None, engines_dir: str, out: Output) -> None:
-    """Write a Triton model repository: preprocessing, postprocessing, target and draft engine models and the
-    speculative orchestrator tensorrt_llm_bls (the entry point), rendered strictly and checked with Triton's schema.
+    """Write a Triton model repository: preprocessing, postprocessing and the entry point tensorrt_llm_bls (torch:
+    the draft and the target in-process, batched in flight; tensorrtllm: the speculative orchestrator over the
+    target and draft engine models), rendered strictly and checked with Triton's schema.
 
     RECIPE is a builders/<pair>.yaml file; 'demo' (the default) is the shipped demo pair.
     """

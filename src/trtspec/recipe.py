@@ -169,20 +169,23 @@ class InstanceCounts(_Strict):
 
 class TritonSpec(_Strict):
     runtime: Runtime = "torch"
-    device: Device = Field("cpu", description="device of the torch runtime's engine models")
+    device: Device = Field(
+        "cpu", description="device of the torch runtime (its entry model runs both models)"
+    )
     torch_dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
         "auto", description="dtype of the torch runtime: auto = float32 on cpu, the model's dtype on cuda"
     )
     decoupled: bool = Field(True, description="stream accepted tokens as each round is verified")
     cpu_threads: Annotated[int, Field(ge=1, le=1024)] | Literal["auto"] = Field(
         "auto",
-        description="torch intra-op threads of each torch-runtime engine model on cpu; auto = half the cores "
-        "the server may use (the draft and the target run one after the other), at least 1",
+        description="torch intra-op threads of the torch runtime on cpu (one process runs the draft and the "
+        "target one after the other); auto = every core the server may use",
     )
     draft_ahead: bool = Field(
         True,
         description="while the target verifies a round, draft the next one (used when the whole draft and the "
-        "draft's guess of the bonus token are accepted); only while a single request is being served",
+        "draft's guess of the bonus token are accepted); only while a single request is being served; the "
+        "tensorrtllm runtime's orchestrator",
     )
     instances: InstanceCounts = InstanceCounts()
     kv_cache_free_gpu_mem_fraction: PerModel = PerModel()

@@ -16,38 +16,26 @@ token that completes one is the last token; ``text`` ends at the stop string). N
 
 from __future__ import annotations
 
-import time
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from trtspec.core.errors import ModelError, RequestError
-from trtspec.core.metrics import AcceptanceStats
+from trtspec.engines.loop import (
+    GenerationLoop,
+    GenerationResult,
+    StopChecker,
+    check_prompt,
+    new_generator,
+)
 from trtspec.engines.models import load_causal_lm
 from trtspec.engines.sampling import SamplingParams, check_num_draft_tokens
-from trtspec.engines.speculative import Row, speculative_round
 
-
-@dataclass
-class GenerationResult:
-    """One sequence's output: generated token ids (prompt excluded), why it stopped, its stats, and text."""
-
-    token_ids: list[int]
-    finish_reason: str  # "length" | "stop"
-    stats: AcceptanceStats
-    text: str | None = None
-
-    def to_dict(self) -> dict:
-        return {
-            "text": self.text,
-            "token_ids": self.token_ids,
-            "finish_reason": self.finish_reason,
-            "stats": self.stats.to_dict(),
-        }
+__all__ = ["GenerationResult", "SpeculativeEngine", "StopChecker", "StreamEvent", "StreamingGenerator"]
 
 
 @dataclass
@@ -57,17 +45,6 @@ class StreamEvent:
     new_tokens: list[list[int]]
     finished: list[bool]
     results: list[GenerationResult] | None = None  # set on the last event
-
-
-@dataclass
-class _Request:
-    """A sequence being generated: its Row plus stop state and stats."""
-
-    row: Row
-    prompt_len: int
-    stats: AcceptanceStats
-    finish_reason: str | None = None
-    generated: list[int] = field(default_factory=list)
 
 
 class StreamingGenerator(ABC):
@@ -88,17 +65,15 @@ class StreamingGenerator(ABC):
             raise RequestError(
                 f"batch of {len(prompts)} prompts; the engine takes 1..{self.max_batch_size} ({self.batch_hint})"
             )
-        vocab = self.input_vocab_size
         for i, prompt in enumerate(prompts):
-            if not prompt:
-                raise RequestError(f"prompt {i} is empty; give at least one token")
-            if len(prompt) + params.max_new_tokens > self.max_seq_len:
-                raise RequestError(
-                    f"prompt {i}: {len(prompt)} tokens + max_new_tokens {params.max_new_tokens} "
-                    f"> max_seq_len {self.max_seq_len}; {self.seq_hint}"
-                )
-            if vocab and (max(prompt) >= vocab or min(prompt) < 0):
-                raise RequestError(f"prompt {i} has token ids outside the vocabulary [0, {vocab})")
+            check_prompt(
+                prompt,
+                params.max_new_tokens,
+                self.max_seq_len,
+                self.input_vocab_size,
+                self.seq_hint,
+                f"prompt {i}",
+            )
         if params.stop_strings and self.tokenizer is None:
             raise RequestError(f"stop_strings need a tokenizer; {self.tokenizer_hint}")
 
@@ -171,40 +146,35 @@ class SpeculativeEngine(StreamingGenerator):
         sizes = [m.vocab_size for m in (self.target, self.draft) if m is not None]
         return min(sizes)
 
-    def generate_stream(self, prompts: list[list[int]], params: SamplingParams) -> Iterator[StreamEvent]:
-        """Yield one StreamEvent per round; the last one carries the GenerationResults."""
-        k = check_num_draft_tokens(params, self.max_draft_len, self.draft is not None)
-        self._check_prompts(prompts, params)
-        stops = StopChecker(params, self._eos_ids(params), self.tokenizer)
-        generator = _generator(params, self.target.device)
-        requests = [
-            _Request(Row(list(p), slot=b), len(p), AcceptanceStats(max_draft_len=k))
-            for b, p in enumerate(prompts)
-        ]
-        start = time.perf_counter()
-        while True:
-            active = [r for r in requests if r.finish_reason is None]
-            if not active:
-                break
-            # Never draft past max_new_tokens: the round's last token comes from the target anyway.
-            num_draft = [min(k, params.max_new_tokens - len(r.generated) - 1) for r in active]
-            emitted, num_accepted = speculative_round(
-                self.target, self.draft, [r.row for r in active], num_draft, params, generator
-            )
-            now = time.perf_counter() - start
-            new_tokens = {id(r): [] for r in requests}
-            for req, tokens, n, kb in zip(active, emitted, num_accepted, num_draft, strict=True):
-                req.stats.record_round(kb, n)
-                new_tokens[id(req)] = self._accept_tokens(req, tokens, stops, now)
-            yield StreamEvent(
-                [new_tokens[id(r)] for r in requests], [r.finish_reason is not None for r in requests]
-            )
-        yield StreamEvent(
-            [[] for _ in requests], [True] * len(requests), [self._result(r, stops) for r in requests]
+    def new_loop(self, *, first_token_alone: bool = False) -> GenerationLoop:
+        """A GenerationLoop over this engine's models and slots (requests join and leave between rounds)."""
+        return GenerationLoop(
+            self.target,
+            self.draft,
+            max_draft_len=self.max_draft_len,
+            max_seq_len=self.max_seq_len,
+            tokenizer=self.tokenizer,
+            first_token_alone=first_token_alone,
+            seq_hint=self.seq_hint,
         )
 
-    def _result(self, req: _Request, stops: StopChecker) -> GenerationResult:
-        return GenerationResult(req.generated, req.finish_reason, req.stats, stops.text(req.generated))
+    def generate_stream(self, prompts: list[list[int]], params: SamplingParams) -> Iterator[StreamEvent]:
+        """Yield one StreamEvent per round; the last one carries the GenerationResults. The batch is one
+        GenerationLoop run: every prompt added at once, stepped until all are done."""
+        check_num_draft_tokens(params, self.max_draft_len, self.draft is not None)
+        self._check_prompts(prompts, params)
+        loop = self.new_loop()
+        generator = new_generator(params, self.target.device)  # one per call: the batch samples together
+        for b, prompt in enumerate(prompts):
+            loop.add(b, prompt, params, eos_ids=self._eos_ids(params), generator=generator)
+        results: list[GenerationResult | None] = [None] * len(prompts)
+        while loop.busy:
+            new_tokens = [[] for _ in prompts]
+            for event in loop.step():
+                new_tokens[event.request_id] = event.new_tokens
+                results[event.request_id] = event.result
+            yield StreamEvent(new_tokens, [r is not None for r in results])
+        yield StreamEvent([[] for _ in prompts], [True] * len(prompts), results)
 
     def _eos_ids(self, params: SamplingParams) -> set[int]:
         if params.ignore_eos:
@@ -215,50 +185,6 @@ class SpeculativeEngine(StreamingGenerator):
         if eos is None and self.tokenizer is not None:
             eos = self.tokenizer.eos_token_id
         return set(eos) if isinstance(eos, list | tuple) else ({eos} if eos is not None else set())
-
-
-class StopChecker:
-    """Cuts a round's new tokens at the first stop (max_new_tokens, stop token, stop string)."""
-
-    def __init__(self, params: SamplingParams, eos_ids: set[int], tokenizer):
-        self.params, self.eos_ids, self.tokenizer = params, eos_ids, tokenizer
-        # Decode only a tail window when looking for stop strings (a token is at least one byte).
-        self.window = max((len(s.encode()) for s in params.stop_strings), default=0) + 4
-
-    def cut(self, generated: list[int], new: list[int]) -> tuple[list[int], str | None]:
-        kept: list[int] = []
-        for token in new:
-            kept.append(token)
-            if token in self.eos_ids or self._stop_string_in(generated + kept):
-                return kept, "stop"
-            if len(generated) + len(kept) >= self.params.max_new_tokens:
-                return kept, "length"
-        return kept, None
-
-    def _stop_string_in(self, tokens: list[int]) -> bool:
-        if not self.params.stop_strings:
-            return False
-        tail = self.tokenizer.decode(tokens[-self.window :])
-        return any(s in tail for s in self.params.stop_strings)
-
-    def text(self, tokens: list[int]) -> str | None:
-        """Decoded text, ending at the end of the first stop string."""
-        if self.tokenizer is None:
-            return None
-        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-        ends = [text.find(s) + len(s) for s in self.params.stop_strings if s in text]
-        return text[: min(ends)] if ends else text
-
-
-def _generator(params: SamplingParams, device) -> torch.Generator | None:
-    if params.greedy:
-        return None
-    generator = torch.Generator(device=device)
-    if params.seed is not None:
-        generator.manual_seed(params.seed)
-    else:
-        generator.seed()
-    return generator
 
 
 def _load_tokenizer(model_dir: Path | str, trust_remote_code: bool):

@@ -88,6 +88,10 @@ def check_repository(configs: Mapping[str, object]) -> None:
     if orch is None:
         raise CheckFailed(f"the repository has no orchestrator model '{names.ORCHESTRATOR}'")
     _check_call("client", names.ORCHESTRATOR, configs, names.CLIENT_INPUTS, names.CLIENT_OUTPUTS)
+    for model, (sent, read) in names.TEXT_MODELS.items():
+        _check_call("client", model, configs, sent, read)
+    if "target_model_dir" in orch.parameters:  # the torch runtime's entry: both models in-process, no BLS
+        return
     targets = _orchestrator_targets(orch)
     expected = {
         "tensorrt_llm_model_name": names.TARGET_MODEL,
@@ -100,5 +104,3 @@ def check_repository(configs: Mapping[str, object]) -> None:
             )
     for callee, (sent, read) in names.ORCHESTRATOR_CALLS.items():
         _check_call(names.ORCHESTRATOR, callee, configs, sent, read)
-    for model, (sent, read) in names.TEXT_MODELS.items():
-        _check_call("client", model, configs, sent, read)

@@ -168,9 +168,15 @@ def _write_tree(tmp: Path, plans: list[ModelPlan], rendered: dict, info: dict) -
 
 
 def plan_and_render(
-    recipe: Recipe, runtime: str, engine_dirs=None, model_dirs=None, engines_dir: Path | None = None
+    recipe: Recipe,
+    runtime: str,
+    engine_dirs=None,
+    model_dirs=None,
+    engines_dir: Path | None = None,
+    harness: bool = False,
 ) -> tuple[list[ModelPlan], dict]:
-    """Check the inputs ``runtime`` needs, then plan, render and check every model of the repository."""
+    """Check the inputs ``runtime`` needs, then plan, render and check every model of the repository
+    (``harness``: values.plan_models' test layout)."""
     if runtime == "tensorrtllm":
         engine_dirs = {k: Path(v).resolve() for k, v in (engine_dirs or default_engine_dirs(recipe)).items()}
         check_engine_dirs(recipe, engine_dirs)
@@ -180,7 +186,7 @@ def plan_and_render(
 
         run_preflight(recipe, skip=ENGINE_ONLY_CHECKS)
     if runtime != "trtllm-pytorch":
-        plans = plan_models(recipe, runtime, engine_dirs)
+        plans = plan_models(recipe, runtime, engine_dirs, harness=harness)
         return plans, render_models(plans)
     dirs = model_dirs or llmapi.hf_model_dirs(recipe, engines_dir)
     dirs = {role: Path(path).resolve() for role, path in dirs.items()}
@@ -197,11 +203,14 @@ def deploy(
     engine_dirs=None,
     model_dirs=None,
     engines_dir: Path | None = None,
+    *,
+    harness: bool = False,
 ) -> DeployResult:
     """Write the repository for ``runtime`` (default: the recipe's triton.runtime) to ``out`` atomically.
 
     ``engine_dirs`` (tensorrtllm) and ``model_dirs`` (trtllm-pytorch) map role -> directory; by default they are
-    found under ``engines_dir`` (``engines/``) as ``trtspec build`` / ``quantize`` leave them.
+    found under ``engines_dir`` (``engines/``) as ``trtspec build`` / ``quantize`` leave them. ``harness`` is for
+    tests only (values.plan_models).
     """
     runtime = runtime or recipe.triton.runtime
     if runtime not in RUNTIMES:
@@ -209,7 +218,7 @@ def deploy(
     out = Path(out) if out else default_out_dir(recipe)
     if engine_dirs is None and engines_dir is not None:
         engine_dirs = default_engine_dirs(recipe, engines_dir)
-    plans, rendered = plan_and_render(recipe, runtime, engine_dirs, model_dirs, engines_dir)
+    plans, rendered = plan_and_render(recipe, runtime, engine_dirs, model_dirs, engines_dir, harness)
     info = manifest(recipe, runtime, [p.name for p in plans])
     write_output_dir(
         out, MANIFEST, "a trtspec repository", "--out", lambda tmp: _write_tree(tmp, plans, rendered, info)

@@ -235,19 +235,51 @@ def common_values(recipe: Recipe, runtime: str, vocab_rows: dict) -> dict[str, d
     }
 
 
-def plan_models(recipe: Recipe, runtime: str, engine_dirs: dict[str, Path] | None = None) -> list[ModelPlan]:
-    """Every model of the repository for ``runtime`` ("torch" or "tensorrtllm")."""
+def in_process_values(recipe: Recipe) -> dict:
+    """Values of the torch runtime's entry model: both checkpoints in one process, the orchestrator's client
+    limits and tokenizer settings (common_values), no engine model names."""
+    triton = recipe.triton
+    orchestrator = common_values(recipe, "torch", {"target": 0, "draft": 0})[names.ORCHESTRATOR]
+    shared = (
+        "triton_max_batch_size",
+        "decoupled_mode",
+        "max_draft_len",
+        "num_draft_tokens",
+        "use_draft_logits",
+    )
+    shared += ("max_seq_len", "tokenizer_dir", "skip_special_tokens", "add_special_tokens", "max_input_len")
+    return {k: orchestrator[k] for k in shared} | {
+        "target_model_dir": str(recipe.target.model),
+        "draft_model_dir": str(recipe.draft.model),
+        "device": triton.device,
+        "target_dtype": torch_runtime_dtype(triton, recipe.target),
+        "draft_dtype": torch_runtime_dtype(triton, recipe.draft),
+        "cpu_threads": triton.cpu_threads,
+        "trust_remote_code": recipe.target.trust_remote_code or recipe.draft.trust_remote_code,
+    }
+
+
+def plan_models(
+    recipe: Recipe, runtime: str, engine_dirs: dict[str, Path] | None = None, *, harness: bool = False
+) -> list[ModelPlan]:
+    """Every model of the repository for ``runtime`` ("torch" or "tensorrtllm").
+
+    ``torch``: the text models and the in-process entry model (models/inflight.py). ``harness`` (tests only):
+    the tensorrtllm runtime's layout - the orchestrator and two engine models behind TensorRT-LLM's tensor
+    interface - with the PyTorch engine in the engine models, so the orchestrator is tested without TensorRT-LLM.
+    """
+    if runtime == "torch" and not harness:
+        common = common_values(recipe, runtime, {"target": 0, "draft": 0})
+        return _text_plans(common) + [
+            ModelPlan(
+                names.ORCHESTRATOR,
+                "tensorrt_llm_bls_torch/config.pbtxt",
+                in_process_values(recipe),
+                "inflight",
+            )
+        ]
     common = common_values(recipe, runtime, engine_vocab_rows(recipe, runtime, engine_dirs))
-    plans = [
-        ModelPlan(
-            names.PREPROCESSING, "preprocessing/config.pbtxt", common[names.PREPROCESSING], "preprocessing"
-        ),
-        ModelPlan(
-            names.POSTPROCESSING,
-            "postprocessing/config.pbtxt",
-            common[names.POSTPROCESSING],
-            "postprocessing",
-        ),
+    plans = _text_plans(common) + [
         ModelPlan(
             names.ORCHESTRATOR, "tensorrt_llm_bls/config.pbtxt", common[names.ORCHESTRATOR], "orchestrator"
         ),
@@ -263,6 +295,21 @@ def plan_models(recipe: Recipe, runtime: str, engine_dirs: dict[str, Path] | Non
                 )
             )
     return plans
+
+
+def _text_plans(common: dict[str, dict]) -> list[ModelPlan]:
+    """Upstream's preprocessing and postprocessing models (clients and ensembles may call them directly)."""
+    return [
+        ModelPlan(
+            names.PREPROCESSING, "preprocessing/config.pbtxt", common[names.PREPROCESSING], "preprocessing"
+        ),
+        ModelPlan(
+            names.POSTPROCESSING,
+            "postprocessing/config.pbtxt",
+            common[names.POSTPROCESSING],
+            "postprocessing",
+        ),
+    ]
 
 
 # Environment of upstream's launch_triton_server.py --multi-model (TensorRT-LLM triton_backend/scripts).

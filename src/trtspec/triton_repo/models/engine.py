@@ -31,14 +31,15 @@ def _scalar(inputs: dict, name: str, default):
     return default if value is None else np.asarray(value).reshape(-1)[0].item()
 
 
-def cpu_threads(value: str, available: int | None = None) -> int:
-    """The cpu_threads parameter as a thread count: a number, or auto = half of ``available`` (default: the
-    cores this process may run on), at least 1."""
+def cpu_threads(value: str, available: int | None = None, models: int = 2) -> int:
+    """The cpu_threads parameter as a thread count: a number, or auto = ``available`` (default: the cores this
+    process may run on) shared by ``models`` processes that run the models (2 here: the draft's and the
+    target's; 1 where one process runs both), at least 1."""
     if value.strip().lower() != "auto":
         return max(int(value), 1)
     if available is None:
         available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(available // 2, 1)
+    return max(available // models, 1)
 
 
 class TorchEngine:

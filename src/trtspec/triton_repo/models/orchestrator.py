@@ -19,7 +19,6 @@ either way.
 from __future__ import annotations
 
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 
@@ -32,10 +31,10 @@ from trtspec.triton_repo import interface as names
 from trtspec.triton_repo.models import triton_io as io
 from trtspec.triton_repo.models.decode import speculate
 from trtspec.triton_repo.models.request import GenerationRequest, Limits, parse_request
-from trtspec.triton_repo.models.text import IncrementalText, TextCodec
+from trtspec.triton_repo.models.text import IncrementalDecoder, TextCodec
+from trtspec.triton_repo.models.triton_io import CANCEL_POLL_S, cancel_check  # noqa: F401 - used and re-exported
 
 _SEED_MASK = (1 << 63) - 1
-CANCEL_POLL_S = 0.1  # how often a non-streamed request asks Triton whether its client cancelled (an IPC each)
 _DRAFT_SEED_SALT = 0x1E3779B97F4A7C15
 
 
@@ -153,32 +152,6 @@ class Outbox:
         self.pool.shutdown(wait=True)
         if self.error is not None and exc[0] is None:
             raise self.error
-
-
-def cancel_check(source, poll_s: float = CANCEL_POLL_S):
-    """() -> whether the client cancelled ``source`` (a request or a response sender), asking Triton at most
-    every ``poll_s`` seconds; never, where the python backend has no ``is_cancelled``."""
-    is_cancelled = getattr(source, "is_cancelled", None)
-    if is_cancelled is None:
-        return lambda: False
-    last = [time.monotonic()]
-
-    def cancelled() -> bool:
-        now = time.monotonic()
-        if now - last[0] < poll_s:
-            return False
-        last[0] = now
-        return bool(is_cancelled())
-
-    return cancelled
-
-
-def _metrics(stats: AcceptanceStats) -> list:
-    return [
-        io.tensor("acceptance_rate", np.array([[stats.acceptance_rate]], dtype=np.float32)),
-        io.tensor("total_accepted_draft_tokens", np.array([[stats.accepted]], dtype=np.int32)),
-        io.tensor("total_draft_tokens", np.array([[stats.drafted]], dtype=np.int32)),
-    ]
 
 
 class TritonPythonModel:
@@ -309,13 +282,7 @@ class TritonPythonModel:
         return text, ids, stats
 
     def _response(self, text: str, ids: list[int], stats: AcceptanceStats | None, with_metrics: bool):
-        tensors = [
-            io.tensor("text_output", np.array([[text.encode()]], dtype=object)),
-            io.tensor("output_ids", np.array([ids], dtype=np.int32).reshape(1, len(ids))),
-        ]
-        if with_metrics and stats is not None:
-            tensors += _metrics(stats)
-        return io.pb().InferenceResponse(output_tensors=tensors)
+        return io.text_response(text, ids, stats, with_metrics)
 
     # ------------------------------------------------------------------ generation
 
@@ -333,7 +300,7 @@ class TritonPythonModel:
         prompt, stop_ids, end_id, pad_id, end_ids = self._preprocess(req)
         engines = EngineClient(self.target, self.draft, req, end_id, pad_id, self.vocab_rows)
         stats = AcceptanceStats(max_draft_len=self.limits.max_draft_len)
-        generated, text = [], IncrementalText()
+        generated, text = [], IncrementalDecoder(self.codec.decode)
         rounds = speculate(
             prompt,
             max_tokens=req.max_tokens,
@@ -352,7 +319,7 @@ class TritonPythonModel:
         for rnd in rounds:
             generated += rnd.tokens
             if incremental and (rnd.tokens or rnd.finished):
-                piece = text.delta(self.codec.decode(generated), rnd.finished)
+                piece = text.push(rnd.tokens, rnd.finished)
                 yield piece, list(rnd.tokens), stats, rnd.finished
             if not incremental and cancelled():
                 break

@@ -7,7 +7,7 @@ through upstream's tensors, and the orchestrator uses it in-process so that a re
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -120,21 +120,48 @@ def stop_words_ids(tokenizer, words: Sequence[str]) -> list[list[int]]:
     return [tokenizer.encode(w, add_special_tokens=False) for w in words if w]
 
 
-class IncrementalText:
-    """Text deltas of a growing token list: decode everything, emit what is new, hold back an unfinished
-    multi-byte character (the decoder shows it as U+FFFD until its last byte arrives)."""
+class IncrementalDecoder:
+    """Text deltas of a growing token list, decoding only a small window per call (not all tokens each round).
 
-    def __init__(self) -> None:
-        self.sent = ""
+    Each ``push`` decodes ``ids[prefix:]`` and ``ids[prefix:read]`` (``read``: where the emitted text ends in
+    tokens; ``prefix``: ``context`` tokens before it) and emits the difference: a tokenizer that decodes a suffix
+    differently from the same tokens in context (a dropped leading space, merged bytes) gives the same difference
+    both times. An unfinished multi-byte character (U+FFFD at the end) is held back until its last byte arrives.
+    The final push emits whatever the whole decode adds to what was sent, so the pieces add up to it.
+    """
 
-    def delta(self, full_text: str, final: bool) -> str:
-        if not final and full_text.endswith("\ufffd"):
-            return ""
-        if not full_text.startswith(self.sent):  # a re-segmented tail: resend from the common prefix
-            common = 0
-            while common < min(len(full_text), len(self.sent)) and full_text[common] == self.sent[common]:
-                common += 1
-            self.sent = self.sent[:common]
-        new = full_text[len(self.sent) :]
-        self.sent = full_text
-        return new
+    def __init__(self, decode: Callable[[Sequence[int]], str], context: int = 4):
+        self.decode, self.context = decode, context
+        self.ids: list[int] = []
+        self.prefix = self.read = 0
+        self.sent: list[str] = []
+
+    def push(self, new_ids: Sequence[int], final: bool = False) -> str:
+        self.ids += new_ids
+        if final:
+            return self._flush()
+        before = self.decode(self.ids[self.prefix : self.read])
+        text = self.decode(self.ids[self.prefix :])
+        if text.endswith("\ufffd"):
+            return ""  # wait for the character's last byte
+        if text.startswith(before):
+            piece = text[len(before) :]
+        else:  # the new tokens changed the window's earlier text: compare the whole text once
+            full, sent = self.decode(self.ids), "".join(self.sent)
+            if not full.startswith(sent):
+                return ""
+            piece, self.sent = full[len(sent) :], [sent]
+        self.read = len(self.ids)
+        self.prefix = max(self.read - self.context, 0)
+        self.sent.append(piece)
+        return piece
+
+    def _flush(self) -> str:
+        sent, full = "".join(self.sent), self.decode(self.ids)
+        piece = full[len(sent) :] if full.startswith(sent) else ""
+        self.sent, self.read, self.prefix = (
+            [full if full.startswith(sent) else sent],
+            len(self.ids),
+            len(self.ids),
+        )
+        return piece

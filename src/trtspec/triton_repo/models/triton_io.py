@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 
@@ -20,6 +21,11 @@ class BlsError(Exception):
 def log_warning(message: str) -> None:
     """A warning in the server log (pb_utils.Logger)."""
     pb().Logger.log_warn(message)
+
+
+def log_info(message: str) -> None:
+    """An info line in the server log (pb_utils.Logger)."""
+    pb().Logger.log_info(message)
 
 
 def model_parameters(args: dict) -> dict[str, str]:
@@ -64,3 +70,44 @@ def bls(model: str, inputs: dict[str, object], outputs: list[str]) -> dict[str, 
         out = utils.get_output_tensor_by_name(response, name)
         result[name] = None if out is None else out.as_numpy()
     return result
+
+
+CANCEL_POLL_S = 0.1  # how often a request asks Triton whether its client cancelled (an IPC each)
+
+
+def cancel_check(source, poll_s: float = CANCEL_POLL_S):
+    """() -> whether the client cancelled ``source`` (a request or a response sender), asking Triton at most
+    every ``poll_s`` seconds; never, where the python backend has no ``is_cancelled``."""
+    is_cancelled = getattr(source, "is_cancelled", None)
+    if is_cancelled is None:
+        return lambda: False
+    last = [time.monotonic()]
+
+    def cancelled() -> bool:
+        now = time.monotonic()
+        if now - last[0] < poll_s:
+            return False
+        last[0] = now
+        return bool(is_cancelled())
+
+    return cancelled
+
+
+def metric_tensors(stats) -> list:
+    """return_perf_metrics' outputs of an AcceptanceStats (validate.metrics: acceptance rate = accepted / drafted)."""
+    return [
+        tensor("acceptance_rate", np.array([[stats.acceptance_rate]], dtype=np.float32)),
+        tensor("total_accepted_draft_tokens", np.array([[stats.accepted]], dtype=np.int32)),
+        tensor("total_draft_tokens", np.array([[stats.drafted]], dtype=np.int32)),
+    ]
+
+
+def text_response(text: str, ids: list[int], stats, with_metrics: bool):
+    """The entry model's response: text_output, output_ids [1, n] and, when asked, the acceptance metrics."""
+    tensors = [
+        tensor("text_output", np.array([[text.encode()]], dtype=object)),
+        tensor("output_ids", np.array([ids], dtype=np.int32).reshape(1, len(ids))),
+    ]
+    if with_metrics and stats is not None:
+        tensors += metric_tensors(stats)
+    return pb().InferenceResponse(output_tensors=tensors)

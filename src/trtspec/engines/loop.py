@@ -1,0 +1,399 @@
+"""In-flight batching: ONE generation loop over a draft/target KV pair that requests join and leave between rounds.
+
+    loop = GenerationLoop(target, draft, max_draft_len=8, max_seq_len=2048, tokenizer=None)
+    loop.add("a", prompt_ids, SamplingParams(max_new_tokens=64, num_draft_tokens=4), eos_ids={2})
+    while loop.busy:
+        for event in loop.step():  # one speculative round for every active request
+            event.request_id, event.new_tokens, event.finished, event.result  # result: once finished
+    loop.cancel("a")  # from any thread: the request leaves before the next round
+
+Each ``step``: 1. admit queued requests into free KV slots (their prompt is prefilled by this round), 2. retire
+cancelled requests, 3. run one speculative round (engines/speculative.py) for all active rows, grouped by what a
+batched sampling step shares (greedy rows together; sampled rows by temperature/top_k/top_p and random generator),
+4. cut each row's new tokens at its stops and emit them, 5. free the slots of finished rows. Rows do not wait for
+each other: every row keeps its own lengths in both caches (speculative.Row), so a joining row changes nothing in
+the others' tokens. ``SpeculativeEngine.generate_stream`` adds its prompts and steps until done; the Triton
+``torch`` runtime's entry model feeds the same loop from a thread (``LoopThread``).
+
+Stops are per request (``StopChecker``): max_new_tokens, EOS ids (kept as the last token, as HF generate, or
+left out, as TensorRT-LLM's end_id), stop token sequences and stop strings. With ``first_token_alone`` a row's
+first round drafts nothing when no other row drafts in it: its first token comes from the target's prefill alone
+(a streaming client's TTFT); a row joining a running batch gets its first token with that batch's round anyway.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from trtspec.core.errors import RequestError
+from trtspec.core.metrics import AcceptanceStats
+from trtspec.engines.sampling import SamplingParams, check_num_draft_tokens
+from trtspec.engines.speculative import Row, speculative_round
+
+
+@dataclass
+class GenerationResult:
+    """One sequence's output: generated token ids (prompt excluded), why it stopped, its stats, and text."""
+
+    token_ids: list[int]
+    finish_reason: str  # "length" | "stop" | "cancelled"
+    stats: AcceptanceStats
+    text: str | None = None
+
+    def to_dict(self) -> dict:
+        return {
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "finish_reason": self.finish_reason,
+            "stats": self.stats.to_dict(),
+        }
+
+
+class StopChecker:
+    """Cuts a round's new tokens at the first stop (max_new_tokens, EOS id, stop token sequence, stop string).
+
+    ``keep_end``: an EOS id is the last emitted token (HF generate) or is left out (TensorRT-LLM's end_id)."""
+
+    def __init__(
+        self,
+        params: SamplingParams,
+        eos_ids: set[int],
+        tokenizer,
+        *,
+        keep_end: bool = True,
+        stop_sequences: Sequence[Sequence[int]] = (),
+    ):
+        self.params, self.eos_ids, self.tokenizer = params, set(eos_ids), tokenizer
+        self.keep_end = keep_end
+        self.stop_sequences = [list(s) for s in stop_sequences if s]
+        # Decode only a tail window when looking for stop strings (a token is at least one byte).
+        self.window = max((len(s.encode()) for s in params.stop_strings), default=0) + 4
+        self.tail = max([self.window] + [len(s) for s in self.stop_sequences])
+
+    def cut(self, generated: list[int], new: list[int]) -> tuple[list[int], str | None]:
+        kept: list[int] = []
+        for token in new:
+            if token in self.eos_ids:
+                return kept + [token] if self.keep_end else kept, "stop"
+            kept.append(token)
+            if self._stopped((generated[-self.tail :] + kept)[-self.tail :]):
+                return kept, "stop"
+            if len(generated) + len(kept) >= self.params.max_new_tokens:
+                return kept, "length"
+        return kept, None
+
+    def _stopped(self, tail: list[int]) -> bool:
+        if any(tail[-len(s) :] == s for s in self.stop_sequences):
+            return True
+        if not self.params.stop_strings:
+            return False
+        text = self.tokenizer.decode(tail[-self.window :])
+        return any(s in text for s in self.params.stop_strings)
+
+    def text(self, tokens: list[int]) -> str | None:
+        """Decoded text, ending at the end of the first stop string."""
+        if self.tokenizer is None:
+            return None
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        ends = [text.find(s) + len(s) for s in self.params.stop_strings if s in text]
+        return text[: min(ends)] if ends else text
+
+
+def check_prompt(
+    prompt: list[int], max_new_tokens: int, max_seq_len: int, vocab: int, seq_hint: str, name: str
+):
+    """RequestError unless ``prompt`` is non-empty, fits max_seq_len with its new tokens and has vocabulary ids."""
+    if not prompt:
+        raise RequestError(f"{name} is empty; give at least one token")
+    if len(prompt) + max_new_tokens > max_seq_len:
+        raise RequestError(
+            f"{name}: {len(prompt)} tokens + max_new_tokens {max_new_tokens} > max_seq_len {max_seq_len}; {seq_hint}"
+        )
+    if vocab and (max(prompt) >= vocab or min(prompt) < 0):
+        raise RequestError(f"{name} has token ids outside the vocabulary [0, {vocab})")
+
+
+def new_generator(params: SamplingParams, device) -> torch.Generator | None:
+    """The random generator of a sampled request (seeded when it has a seed); None when greedy."""
+    if params.greedy:
+        return None
+    generator = torch.Generator(device=device)
+    if params.seed is not None:
+        generator.manual_seed(params.seed)
+    else:
+        generator.seed()
+    return generator
+
+
+@dataclass
+class RowEvent:
+    """What one round gave one request: its new tokens (after stops; may be empty) and, once it is finished,
+    its GenerationResult (finish_reason "error" carries ``error`` instead)."""
+
+    request_id: Hashable
+    new_tokens: list[int]
+    stats: AcceptanceStats
+    result: GenerationResult | None = None
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.result is not None or self.error is not None
+
+
+@dataclass
+class _Active:
+    """A request in the loop: its Row (slot, tokens, cached lengths), settings, stops and stats."""
+
+    request_id: Hashable
+    row: Row
+    params: SamplingParams
+    k: int
+    stops: StopChecker
+    generator: torch.Generator | None
+    start: float
+    stats: AcceptanceStats
+    generated: list[int] = field(default_factory=list)
+    rounds: int = 0
+
+    def group_key(self) -> tuple:
+        """Rows one batched sampling step can serve together."""
+        p = self.params
+        return ("greedy",) if p.greedy else (p.temperature, p.top_k, p.top_p, id(self.generator))
+
+
+class GenerationLoop:
+    """Requests sharing one target/draft pair round by round; see the module docstring. ``add`` and ``cancel``
+    may be called from any thread, ``step`` from one thread at a time."""
+
+    def __init__(
+        self,
+        target,
+        draft=None,
+        *,
+        max_draft_len: int,
+        max_seq_len: int,
+        tokenizer=None,
+        first_token_alone: bool = False,
+        seq_hint: str = "shorten it or raise max_seq_len",
+    ):
+        self.target, self.draft, self.tokenizer = target, draft, tokenizer
+        self.max_draft_len = max_draft_len if draft is not None else 0
+        self.max_seq_len, self.seq_hint = max_seq_len, seq_hint
+        self.first_token_alone = first_token_alone
+        self.vocab = min(m.vocab_size for m in (target, draft) if m is not None)
+        self.free_slots = list(range(target.num_slots))
+        self.queued: deque[_Active] = deque()
+        self.active: list[_Active] = []
+        self.cancelled: set[Hashable] = set()
+        self.lock = threading.Lock()
+        self._shared_generator = new_generator(SamplingParams(temperature=1.0), target.device)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.active or self.queued)
+
+    def add(
+        self,
+        request_id: Hashable,
+        prompt: list[int],
+        params: SamplingParams,
+        *,
+        eos_ids: set[int] = frozenset(),
+        keep_end: bool = True,
+        stop_sequences: Sequence[Sequence[int]] = (),
+        generator: torch.Generator | None = None,
+    ) -> None:
+        """Queue a request; RequestError now for one the loop cannot take. ``generator``: the sampled request's
+        random generator (rows sharing one are sampled together; None = one of its own when it has a seed,
+        else the loop's shared one)."""
+        k = check_num_draft_tokens(params, self.max_draft_len, self.draft is not None)
+        check_prompt(prompt, params.max_new_tokens, self.max_seq_len, self.vocab, self.seq_hint, "the prompt")
+        if params.stop_strings and self.tokenizer is None:
+            raise RequestError("stop_strings need a tokenizer; load the engine from a directory with one")
+        if generator is None and not params.greedy:
+            seeded = params.seed is not None
+            generator = new_generator(params, self.target.device) if seeded else self._shared_generator
+        stops = StopChecker(params, eos_ids, self.tokenizer, keep_end=keep_end, stop_sequences=stop_sequences)
+        stats = AcceptanceStats(max_draft_len=k)
+        request = _Active(
+            request_id, Row(list(prompt), -1), params, k, stops, generator, time.perf_counter(), stats
+        )
+        with self.lock:
+            self.queued.append(request)
+
+    def cancel(self, request_id: Hashable) -> None:
+        """The request leaves before the next round (finish_reason "cancelled"); unknown ids are ignored."""
+        with self.lock:
+            self.cancelled.add(request_id)
+
+    def step(self) -> list[RowEvent]:
+        """Admit, retire the cancelled, run one round for the active rows; the events of this step."""
+        events = self._admit_and_cancel()
+        if self.active:
+            events += self._round()
+        return events
+
+    def fail_all(self, message: str) -> list[RowEvent]:
+        """End every request with ``message`` (after a round failed: the caches' state is unknown)."""
+        with self.lock:
+            requests, self.queued, self.cancelled = [*self.active, *self.queued], deque(), set()
+        self.active = []
+        self.free_slots = list(range(self.target.num_slots))
+        return [RowEvent(r.request_id, [], r.stats, error=message) for r in requests]
+
+    def _admit_and_cancel(self) -> list[RowEvent]:
+        """Retire the cancelled requests (queued or active), then fill the free slots from the queue."""
+        with self.lock:
+            cancelled, self.cancelled = self.cancelled, set()
+            queued = [r for r in self.queued if r.request_id in cancelled]
+            self.queued = deque(r for r in self.queued if r.request_id not in cancelled)
+            leaving = [r for r in self.active if r.request_id in cancelled]
+            for request in leaving:
+                self._retire(request)
+            while self.queued and self.free_slots:
+                request = self.queued.popleft()
+                request.row.slot = self.free_slots.pop(0)
+                self.active.append(request)
+        return [self._finished(r, "cancelled") for r in queued + leaving]
+
+    def _retire(self, request: _Active) -> None:
+        self.active.remove(request)
+        self.free_slots.append(request.row.slot)
+        self.free_slots.sort()  # low slots first: rows that stay contiguous use the cache's cheaper views
+
+    def _finished(self, request: _Active, reason: str) -> RowEvent:
+        result = GenerationResult(
+            request.generated, reason, request.stats, request.stops.text(request.generated)
+        )
+        return RowEvent(request.request_id, [], request.stats, result)
+
+    @torch.inference_mode()  # sampling and bookkeeping too, not only the forwards: no autograd dispatch per op
+    def _round(self) -> list[RowEvent]:
+        groups: dict[tuple, list[_Active]] = {}
+        for request in self.active:
+            groups.setdefault(request.group_key(), []).append(request)
+        outcome = {}
+        running = any(r.rounds for r in self.active)  # some row drafts this round anyway
+        for group in groups.values():
+            num_draft = [self._num_draft(r, running) for r in group]
+            emitted, num_accepted = speculative_round(
+                self.target,
+                self.draft,
+                [r.row for r in group],
+                num_draft,
+                group[0].params,
+                group[0].generator,
+            )
+            for r, tokens, n, kb in zip(group, emitted, num_accepted, num_draft, strict=True):
+                outcome[id(r)] = (tokens, n, kb)
+        now = time.perf_counter()
+        events = []
+        for request in list(self.active):
+            events.append(self._emit(request, *outcome[id(request)], now))
+        return events
+
+    def _num_draft(self, request: _Active, running: bool) -> int:
+        """The row's K this round. A first round drafts nothing (first_token_alone) where that makes the round
+        shorter: when no other row drafts in it. A seeded sampled row always does, so that its random draws, and
+        so its tokens, do not depend on the other rows."""
+        seeded = request.params.seed is not None and not request.params.greedy
+        if self.first_token_alone and request.rounds == 0 and (seeded or not running):
+            return 0
+        # Never draft past max_new_tokens: the round's last token comes from the target anyway.
+        return min(request.k, request.params.max_new_tokens - len(request.generated) - 1)
+
+    def _emit(
+        self, request: _Active, tokens: list[int], num_accepted: int, num_draft: int, now: float
+    ) -> RowEvent:
+        """Record the round, cut its tokens at the request's stops, retire the request if it finished."""
+        request.rounds += 1
+        stats = request.stats
+        stats.record_round(num_draft, num_accepted)
+        kept, reason = request.stops.cut(request.generated, tokens)
+        request.generated += kept
+        stats.generated_tokens = len(request.generated)
+        stats.elapsed_s = now - request.start
+        if stats.time_to_first_token_s is None and kept:
+            stats.time_to_first_token_s = stats.elapsed_s
+        if reason is None:
+            return RowEvent(request.request_id, kept, stats)
+        self._retire(request)
+        event = self._finished(request, reason)
+        event.new_tokens = kept
+        return event
+
+
+Sink = Callable[[RowEvent], None]
+
+
+class LoopThread:
+    """A GenerationLoop stepped by a thread of its own while it has work; each request's events go to its sink
+    (called on that thread, in order; the last one is finished). ``torch_threads`` sets the thread's intra-op
+    threads (torch keeps that setting per thread)."""
+
+    def __init__(
+        self,
+        loop: GenerationLoop,
+        torch_threads: int | None = None,
+        on_error: Callable[[str], None] | None = None,
+    ):
+        self.loop, self.torch_threads, self.on_error = loop, torch_threads, on_error
+        self.sinks: dict[Hashable, Sink] = {}
+        self.wake = threading.Condition()
+        self.stopping = False
+        self.thread = threading.Thread(target=self._run, name="generation-loop", daemon=True)
+        self.thread.start()
+
+    def submit(
+        self, request_id: Hashable, prompt: list[int], params: SamplingParams, sink: Sink, **options
+    ) -> None:
+        """Queue a request (GenerationLoop.add's options); RequestError now if the loop cannot take it."""
+        with self.wake:
+            self.sinks[request_id] = sink
+            try:
+                self.loop.add(request_id, prompt, params, **options)
+            except BaseException:
+                del self.sinks[request_id]
+                raise
+            self.wake.notify()
+
+    def cancel(self, request_id: Hashable) -> None:
+        self.loop.cancel(request_id)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        with self.wake:
+            self.stopping = True
+            self.wake.notify()
+        self.thread.join(timeout_s)
+
+    def _run(self) -> None:
+        if self.torch_threads is not None:
+            torch.set_num_threads(self.torch_threads)
+        while True:
+            with self.wake:
+                while not self.loop.busy and not self.stopping:
+                    self.wake.wait()
+                if self.stopping:
+                    return
+            try:
+                events = self.loop.step()
+            except Exception as err:  # noqa: BLE001 - every request gets the one line; the server log the rest
+                message = f"internal error: {type(err).__name__}: {err}"
+                if self.on_error is not None:
+                    self.on_error(message)
+                events = self.loop.fail_all(message)
+            for event in events:
+                self._deliver(event)
+
+    def _deliver(self, event: RowEvent) -> None:
+        with self.wake:
+            sink = self.sinks.pop(event.request_id) if event.finished else self.sinks.get(event.request_id)
+        if sink is not None:
+            sink(event)

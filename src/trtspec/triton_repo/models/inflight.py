@@ -1,0 +1,242 @@
+"""Triton python model `tensorrt_llm_bls` of the `torch` runtime: the in-process speculative engine with in-flight
+batching, behind the same client interface as the orchestrator (triton_repo/interface.py).
+
+The draft and the target run in this one process (SpeculativeEngine's KV models): no BLS call, no second process
+per round. One GenerationLoop (engines/loop.py) serves every request: ``execute`` parses a request
+(request.parse_request), tokenises it (TextCodec) and queues it; the loop's thread admits queued requests into
+free KV slots between rounds and runs one speculative round for all active ones, so concurrent requests share
+forwards. Each request's events go to one sending thread (``Outbox``), which turns them into responses (``Reply``:
+text decoded incrementally, ids, metrics) and asks Triton whether the client cancelled. A request's first token
+comes from the target's prefill alone (the loop's first_token_alone), streamed or not, so a seeded sampled request
+gives the same text either way; a seeded request samples with a generator of its own, so its text does not
+depend on the other requests in the batch.
+
+Not decoupled (triton.decoupled false): ``execute`` queues its requests and waits for their answers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import queue
+import threading
+from collections.abc import Callable, Hashable
+from pathlib import Path
+
+from trtspec.core.errors import RequestError
+from trtspec.engines.loop import LoopThread, RowEvent
+from trtspec.triton_repo import interface as names
+from trtspec.triton_repo.models import triton_io as io
+from trtspec.triton_repo.models.request import GenerationRequest, Limits, parse_request
+from trtspec.triton_repo.models.text import IncrementalDecoder, TextCodec
+
+
+class Reply:
+    """One request's answer from the loop's events, as (text, ids, final) responses (pure, no Triton calls).
+
+    Streamed: one response per round that completes text (its ids: the tokens since the last response), then an
+    empty final one. Not streamed: one final response with the whole text and every id."""
+
+    def __init__(self, req: GenerationRequest, decode: Callable[[list[int]], str]):
+        self.req, self.decode = req, decode
+        self.decoder = IncrementalDecoder(decode) if req.stream else None
+        self.ids: list[int] = []  # not streamed: every id; streamed: the ids not sent yet
+
+    def update(self, event: RowEvent) -> list[tuple[str, list[int], bool]]:
+        self.ids += event.new_tokens
+        if self.decoder is None:
+            return [(self.decode(self.ids), self.ids, True)] if event.finished else []
+        out = []
+        piece = self.decoder.push(event.new_tokens, event.finished)
+        if piece:
+            out.append((piece, self.ids, False))
+            self.ids = []
+        if event.finished:
+            out.append(("", self.ids, True))
+        return out
+
+
+def to_job(req: GenerationRequest, codec: TextCodec, limits: Limits) -> tuple[list[int], object, dict]:
+    """(prompt ids, SamplingParams, GenerationLoop.add options) of a parsed request; RequestError for a prompt
+    the codec refuses. max_tokens is capped to what max_seq_len leaves after the prompt (as TensorRT-LLM caps
+    maxNewTokens); a request's end_id replaces the repository's EOS ids, and neither is emitted."""
+    from trtspec.engines.sampling import SamplingParams
+
+    prompt = codec.encode(req.text)
+    s = req.sampling
+    params = SamplingParams(
+        max_new_tokens=max(min(req.max_tokens, limits.max_seq_len - len(prompt)), 1),
+        num_draft_tokens=req.num_draft_tokens,
+        temperature=0.0 if s.greedy else s.temperature,
+        top_k=s.top_k,
+        top_p=s.top_p,
+        seed=s.seed,
+    )
+    end_ids = codec.end_ids if req.end_id is None else (req.end_id,)
+    options = {"eos_ids": set(end_ids), "keep_end": False, "stop_sequences": codec.stop_ids(req.stop_words)}
+    return prompt, params, options
+
+
+def merge_events(first: RowEvent, second: RowEvent) -> RowEvent:
+    """Two consecutive events of one request as one: both rounds' tokens, the second's state."""
+    return RowEvent(
+        second.request_id, first.new_tokens + second.new_tokens, second.stats, second.result, second.error
+    )
+
+
+class Outbox:
+    """One thread that sends every request's responses in order, so the loop's thread never waits on a send;
+    after each event it asks Triton (at most every CANCEL_POLL_S per request) whether the client cancelled."""
+
+    def __init__(self, cancel: Callable[[Hashable], None]):
+        self.cancel = cancel
+        self.queue: queue.Queue = queue.Queue()
+        self.thread = threading.Thread(target=self._run, name="send", daemon=True)
+        self.thread.start()
+
+    def put(self, request_id: Hashable, sender, reply: Reply, cancelled, event: RowEvent) -> None:
+        self.queue.put((request_id, sender, reply, cancelled, event))
+
+    def stop(self) -> None:
+        self.queue.put(None)
+        self.thread.join(timeout=10)
+
+    def _next(self) -> list[tuple] | None:
+        """Every item waiting (at least one; None to stop), one per request: a request's rounds that queued up
+        while the previous sends ran go out as one response (fewer sends, so less of the GIL taken from the
+        loop's thread under many streams)."""
+        items = [self.queue.get()]
+        while not self.queue.empty():
+            items.append(self.queue.get_nowait())
+        if None in items:
+            return None
+        merged: dict[Hashable, tuple] = {}
+        for item in items:
+            first = merged.get(item[0])
+            merged[item[0]] = item if first is None else (*item[:4], merge_events(first[4], item[4]))
+        return list(merged.values())
+
+    def _run(self) -> None:
+        while (items := self._next()) is not None:
+            for item in items:
+                self._send(*item)
+
+    def _send(self, request_id: Hashable, sender, reply: Reply, cancelled, event: RowEvent) -> None:
+        final = io.pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        try:
+            if event.error is not None:
+                sender.send(io.error_response(event.error, False), flags=final)
+                return
+            for text, ids, last in reply.update(event):
+                response = io.text_response(text, ids, event.stats, reply.req.return_perf_metrics)
+                sender.send(response, flags=final if last else 0)
+            if not event.finished and cancelled():
+                self.cancel(request_id)
+        except Exception as err:  # noqa: BLE001 - a client gone mid-stream: stop generating for it
+            io.log_warning(f"request {request_id}: sending failed ({type(err).__name__}: {err}); cancelled")
+            self.cancel(request_id)
+
+
+def load_loop(params: dict[str, str], num_slots: int) -> LoopThread:
+    """The engine (both models in this process) and its loop's thread, from the config.pbtxt parameters."""
+    import torch
+
+    from trtspec.engines.engine import SpeculativeEngine
+    from trtspec.engines.models import load_causal_lm
+    from trtspec.triton_repo.models.engine import cpu_threads
+
+    threads = None
+    if params["device"] == "cpu":  # one process runs both models, one after the other: all the cores
+        threads = cpu_threads(params.get("cpu_threads", "auto"), models=1)
+        torch.set_num_threads(threads)
+    max_draft_len = int(params["max_draft_len"])
+    max_seq_len = int(params["max_seq_len"]) + max_draft_len + 1
+    opts = {
+        "device": params["device"],
+        "num_slots": num_slots,
+        "max_seq_len": max_seq_len,
+        "trust_remote_code": params.get("trust_remote_code", "False").lower() == "true",
+    }
+    target = load_causal_lm(params["target_model_dir"], dtype=params["target_dtype"], **opts)
+    draft = load_causal_lm(params["draft_model_dir"], dtype=params["draft_dtype"], **opts)
+    engine = SpeculativeEngine(target, draft, max_draft_len=max_draft_len, max_seq_len=max_seq_len)
+    return LoopThread(engine.new_loop(first_token_alone=True), threads, on_error=io.log_warning)
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        params = io.model_parameters(args)
+        self.limits = Limits(
+            max_draft_len=int(params["max_draft_len"]),
+            num_draft_tokens=int(params["num_draft_tokens"]),
+            max_seq_len=int(params["max_seq_len"]),
+            use_draft_logits=params.get("use_draft_logits", "False").lower() == "true",
+        )
+        self.codec = TextCodec.from_parameters(params)
+        self.decoupled = io.pb().using_decoupled_model_transaction_policy(config)
+        self.loop = load_loop(params, max(int(config.get("max_batch_size") or 1), 1))
+        self.outbox = Outbox(self.loop.cancel)
+        self.ids = itertools.count()
+        import trtspec  # which install the stub imported (an editable one and a checkout can differ)
+
+        io.log_info(f"{names.ORCHESTRATOR}: trtspec from {Path(trtspec.__file__).parent}")
+
+    def finalize(self):
+        self.loop.stop()
+        self.outbox.stop()
+
+    def _submit(self, request, sender) -> GenerationRequest:
+        """Parse, tokenise and queue ``request``; its responses go to ``sender``. RequestError for a bad one."""
+        req = parse_request(io.read_inputs(request, names.CLIENT_INPUTS), self.limits)
+        if req.stream and not self.decoupled:
+            raise RequestError(
+                "stream=true needs a decoupled orchestrator; deploy with triton.decoupled: true"
+            )
+        prompt, params, options = to_job(req, self.codec, self.limits)
+        request_id, reply = next(self.ids), Reply(req, self.codec.decode)
+        cancelled = io.cancel_check(sender if self.decoupled else request)
+
+        def sink(event: RowEvent) -> None:
+            self.outbox.put(request_id, sender, reply, cancelled, event)
+
+        self.loop.submit(request_id, prompt, params, sink, **options)
+        return req
+
+    def execute(self, requests):
+        if not self.decoupled:
+            return self._execute_once(requests)
+        final = io.pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                self._submit(request, sender)
+            except RequestError as err:
+                sender.send(io.error_response(err.message), flags=final)
+        return None
+
+    def _execute_once(self, requests):
+        """Non-decoupled: queue every request of the batch (they share rounds), then wait for each answer."""
+        senders = [_Collector() for _ in requests]
+        for request, sender in zip(requests, senders, strict=True):
+            try:
+                self._submit(request, sender)
+            except RequestError as err:
+                sender.send(io.error_response(err.message))
+        return [sender.wait() for sender in senders]
+
+
+class _Collector:
+    """A response sender for a non-decoupled request: keeps the one final response until ``wait`` takes it."""
+
+    def __init__(self):
+        self.done = threading.Event()
+        self.response = None
+
+    def send(self, response, flags: int = 0) -> None:
+        self.response = response
+        self.done.set()
+
+    def wait(self):
+        self.done.wait()
+        return self.response

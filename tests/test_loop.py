@@ -1,0 +1,210 @@
+"""The in-flight generation loop (engines/loop.py): requests joining and leaving one running batch, stops, cancel,
+per-request K and seeds; scripted rounds for the stop logic, the tiny pair for exact outputs."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from trtspec.core.errors import RequestError
+from trtspec.engines import loop as loop_module
+from trtspec.engines.loop import GenerationLoop, LoopThread
+from trtspec.engines.models import load_causal_lm
+from trtspec.engines.sampling import SamplingParams
+
+PROMPTS = [[1, 40, 41, 42, 43, 44, 45], [1, 7, 8], [1, 100], [1, 5, 6, 7, 8, 9]]
+
+
+def run(loop: GenerationLoop, adds: dict[int, list[tuple]]) -> dict:
+    """Step ``loop`` until idle; ``adds[step]`` = (id, prompt, params, options) to add before that step.
+    Returns id -> (streamed tokens, result)."""
+    streamed, results, step = {}, {}, 0
+    while loop.busy or any(s >= step for s in adds):
+        for request_id, prompt, params, options in adds.get(step, []):
+            loop.add(request_id, prompt, params, **options)
+        for event in loop.step():
+            streamed.setdefault(event.request_id, []).extend(event.new_tokens)
+            if event.finished:
+                results[event.request_id] = event.result
+        step += 1
+    return {i: (streamed.get(i, []), results[i]) for i in results}
+
+
+# ---------------------------------------------------------------- scripted rounds: the stop logic alone
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    """A loop whose round emits each row's next tokens from a script (row b: script[prompt[0]])."""
+    model = SimpleNamespace(num_slots=2, vocab_size=1000, device="cpu")
+    scripts = {1: [[5, 6, 7], [8, 9], [10, 11, 12]], 2: [[20], [21, 22], [23]]}
+
+    def fake_round(target, draft, rows, num_draft, params, generator):
+        emitted = []
+        for row in rows:
+            row.script_round = n = getattr(row, "script_round", -1) + 1
+            emitted.append(scripts[row.tokens[0]][n % 3])
+            row.tokens += emitted[-1]
+        return emitted, [len(e) - 1 for e in emitted]
+
+    monkeypatch.setattr(loop_module, "speculative_round", fake_round)
+    return GenerationLoop(model, model, max_draft_len=4, max_seq_len=64)
+
+
+def test_eos_lists_stop_sequences_and_max_new_tokens_cut_each_request_on_its_own(scripted):
+    long = SamplingParams(max_new_tokens=50)
+    got = run(
+        scripted,
+        {
+            0: [
+                ("eos-kept", [1], long, {"eos_ids": {99, 8}}),
+                ("eos-dropped", [1], long, {"eos_ids": {9, 8}, "keep_end": False}),
+            ],
+            1: [("sequence", [1], long, {"stop_sequences": [[7, 8]]})],
+            2: [("length", [1], SamplingParams(max_new_tokens=4), {})],
+        },
+    )
+    assert got["eos-kept"][1].token_ids == [5, 6, 7, 8] and got["eos-kept"][1].finish_reason == "stop"
+    assert got["eos-dropped"][1].token_ids == [5, 6, 7]
+    assert got["sequence"][1].token_ids == [5, 6, 7, 8]
+    assert got["length"][1].token_ids == [5, 6, 7, 8] and got["length"][1].finish_reason == "length"
+    for streamed, result in got.values():
+        assert streamed == result.token_ids
+
+
+def test_requests_wait_for_a_free_slot_and_a_cancelled_one_frees_it(scripted):
+    params = SamplingParams(max_new_tokens=50)
+    for request_id in ("a", "b", "c"):
+        scripted.add(request_id, [1], params)
+    first = scripted.step()
+    assert {e.request_id for e in first} == {"a", "b"}  # two slots: c waits
+    scripted.cancel("a")
+    scripted.cancel("c-never-added")
+    events = scripted.step()
+    cancelled = [e for e in events if e.request_id == "a"]
+    assert cancelled[0].result.finish_reason == "cancelled" and cancelled[0].result.token_ids == [5, 6, 7]
+    assert {e.request_id for e in events if not e.finished} == {"b", "c"}  # c took a's slot this step
+
+
+def test_a_failed_round_ends_every_request_with_one_line_and_the_thread_keeps_serving(scripted, monkeypatch):
+    real_round, failed = GenerationLoop._round, []
+
+    def fail_once(self):
+        if not failed:
+            failed.append(True)
+            raise RuntimeError("kernel failed")
+        return real_round(self)
+
+    monkeypatch.setattr(GenerationLoop, "_round", fail_once)
+    errors, events, first, done = [], [], threading.Event(), threading.Event()
+    thread = LoopThread(scripted, on_error=errors.append)
+    try:
+        thread.submit("x", [1], SamplingParams(max_new_tokens=3), lambda e: (events.append(e), first.set()))
+        assert first.wait(10)
+        thread.submit(
+            "y",
+            [2],
+            SamplingParams(max_new_tokens=2),
+            lambda e: (events.append(e), e.finished and done.set()),
+        )
+        assert done.wait(10)
+    finally:
+        thread.stop()
+    assert events[0].error == "internal error: RuntimeError: kernel failed" and errors == [events[0].error]
+    assert events[-1].result.token_ids == [20, 21]
+
+
+# ---------------------------------------------------------------- the tiny pair: exact outputs
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_pair):
+    opts = dict(num_slots=4, max_seq_len=128)
+    return load_causal_lm(tiny_pair[0], **opts), load_causal_lm(tiny_pair[1], **opts)
+
+
+def new_loop(pair, **options) -> GenerationLoop:
+    return GenerationLoop(*pair, max_draft_len=4, max_seq_len=128, **options)
+
+
+def hf_greedy(model_dir, prompt: list[int], max_new_tokens: int) -> list[int]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new_tokens)
+    return out[0, len(prompt) :].tolist()
+
+
+def test_requests_joining_mid_run_get_the_tokens_they_get_alone_and_hf_greedy(pair, tiny_pair):
+    ks = [4, 2, 0, 3]
+    requests = [
+        (i, prompt, SamplingParams(max_new_tokens=10 + 4 * i, num_draft_tokens=k), {})
+        for i, (prompt, k) in enumerate(zip(PROMPTS, ks, strict=True))
+    ]
+    alone = {i: run(new_loop(pair), {0: [r]})[i] for i, r in enumerate(requests)}
+    together = run(
+        new_loop(pair, first_token_alone=True), {0: requests[:1], 2: requests[1:3], 5: requests[3:]}
+    )
+    for i, (_, prompt, params, _) in enumerate(requests):
+        assert together[i][0] == alone[i][0] == hf_greedy(tiny_pair[0], prompt, params.max_new_tokens)
+        assert together[i][1].token_ids == together[i][0]
+    assert together[2][1].stats.drafted == 0  # K = 0 for that request only
+    assert together[0][1].stats.drafted > 0 and together[1][1].stats.max_draft_len == 2
+
+
+def test_first_token_alone_drafts_nothing_in_a_round_no_other_row_drafts_in(pair):
+    loop = new_loop(pair, first_token_alone=True)
+    loop.add("a", PROMPTS[0], SamplingParams(max_new_tokens=8))
+    (first,) = loop.step()
+    assert len(first.new_tokens) == 1 and first.stats.drafted == 0  # alone: the target's prefill only
+    loop.add("b", PROMPTS[1], SamplingParams(max_new_tokens=8))
+    loop.add("c", PROMPTS[2], SamplingParams(max_new_tokens=8, temperature=1.0, seed=3))
+    events = {e.request_id: e for e in loop.step()}
+    assert events["a"].stats.drafted == 4 and events["b"].stats.drafted == 4  # b joins a drafting round
+    assert events["c"].stats.drafted == 0  # a seeded row's draws never depend on the others
+
+
+def test_a_seeded_sampled_request_gives_the_same_tokens_alone_and_beside_others(pair):
+    seeded = ("s", PROMPTS[0], SamplingParams(max_new_tokens=16, temperature=1.0, top_k=20, seed=5), {})
+    others = [
+        ("g", PROMPTS[1], SamplingParams(max_new_tokens=16), {}),
+        ("u", PROMPTS[2], SamplingParams(max_new_tokens=16, temperature=1.0, top_k=20), {}),
+    ]
+    alone = run(new_loop(pair), {0: [seeded]})["s"][0]
+    beside = run(new_loop(pair), {0: others, 1: [seeded]})["s"][0]
+    other_seed = run(
+        new_loop(pair),
+        {0: [seeded[:2] + (SamplingParams(max_new_tokens=16, temperature=1.0, top_k=20, seed=6), {})]},
+    )
+    assert beside == alone and other_seed["s"][0] != alone
+
+
+def test_stop_strings_need_and_use_the_tokenizer(pair, tiny_pair):
+    from transformers import AutoTokenizer
+
+    with pytest.raises(RequestError, match="stop_strings need a tokenizer"):
+        new_loop(pair).add("x", PROMPTS[0], SamplingParams(stop_strings=("a",)))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_pair[0])
+    free = run(new_loop(pair), {0: [("x", PROMPTS[0], SamplingParams(max_new_tokens=20), {})]})["x"][0]
+    stop = tokenizer.decode(free[5:7])
+    params = SamplingParams(max_new_tokens=20, stop_strings=(stop,))
+    _, result = run(new_loop(pair, tokenizer=tokenizer), {0: [("x", PROMPTS[0], params, {})]})["x"]
+    assert (
+        result.finish_reason == "stop"
+        and result.text.endswith(stop)
+        and result.token_ids == free[: len(result.token_ids)]
+    )
+
+
+def test_bad_requests_are_refused_when_added(pair):
+    loop = new_loop(pair)
+    with pytest.raises(RequestError, match="max_draft_len=4"):
+        loop.add("x", PROMPTS[0], SamplingParams(num_draft_tokens=5))
+    with pytest.raises(RequestError, match="max_seq_len 128"):
+        loop.add("x", PROMPTS[0], SamplingParams(max_new_tokens=125))
+    with pytest.raises(RequestError, match="empty"):
+        loop.add("x", [], SamplingParams())
+    assert not loop.busy
