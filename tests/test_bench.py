@@ -73,6 +73,7 @@ def test_rows_speedup_bound_and_recommendation():
     assert rows[2]["analytic_bound"] == pytest.approx(bound)
     assert rows[2]["achieved_fraction"] == pytest.approx(2.0 / bound)
     assert rows[2]["per_position_acceptance"] == [1.0, 0.5]
+    assert rows[2]["spec_decode"]["num_accepted_tokens_per_pos"] == [4, 2]  # counts under the metric names
     assert result.recommended_k() == {1: 2}
     no_ratio = BenchResult("s", 10, 1, points)
     assert all(r["analytic_bound"] is None for r in no_ratio.rows() if r["num_draft_tokens"])

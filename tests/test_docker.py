@@ -319,22 +319,78 @@ def parse_volume(short: str) -> tuple[str, str]:
     return match.group(2), "ro" if match.group(3) == "ro" else "rw"
 
 
+def trtspec_services(compose) -> dict:
+    """The services built from this repository (the monitoring ones run upstream images)."""
+    return {name: s for name, s in compose["services"].items() if "build" in s}
+
+
 def test_compose_services_are_safe_and_pinned(compose):
     for name, service in compose["services"].items():
-        context = (COMPOSE.parent / service["build"]["context"]).resolve()
-        assert context == REPO_ROOT and (context / service["build"]["dockerfile"]).is_file()
         image = service["image"]
         assert ":" in image and not image.endswith(":latest"), f"{name}: image {image} is not pinned"
-        assert service["healthcheck"]["test"][-1] == "/opt/trtspec/healthcheck.py"
-        assert service["healthcheck"]["start_period"]
         for port in service["ports"]:
             assert str(port).startswith("127.0.0.1:"), f"{name}: port {port} is published beyond loopback"
+        for key, value in (service.get("environment") or {}).items():
+            assert not (SECRET_NAME.search(key) and value), f"{name}: {key} carries a value"
+    for name, service in trtspec_services(compose).items():
+        context = (COMPOSE.parent / service["build"]["context"]).resolve()
+        assert context == REPO_ROOT and (context / service["build"]["dockerfile"]).is_file()
+        assert service["healthcheck"]["test"][-1] == "/opt/trtspec/healthcheck.py"
+        assert service["healthcheck"]["start_period"]
         mounts = dict(parse_volume(v) for v in service["volumes"])
         assert mounts["/workspace/models"] == "ro", f"{name}: models must be mounted read-only"
         assert mounts["/workspace/triton_repo"] == "rw"
-        for key, value in (service.get("environment") or {}).items():
-            assert not (SECRET_NAME.search(key) and value), f"{name}: {key} carries a value"
     assert "latest" not in COMPOSE.read_text()
+
+
+def bind_mounts(service) -> dict[str, Path]:
+    """{container path: host path} of a service's bind mounts (sources relative to docker/)."""
+    out = {}
+    for volume in service["volumes"]:
+        source, target = volume.split(":")[:2]
+        if source.startswith("."):
+            out[target] = (COMPOSE.parent / source).resolve()
+    return out
+
+
+def test_monitoring_profile_scrapes_the_servers_and_provisions_the_dashboard(compose):
+    """Parsed, not run: Prometheus scrapes every trtspec service's metrics port on the compose network, Grafana's
+    provisioned datasource is that Prometheus, and the dashboard asks only for metrics the entry models export."""
+    from trtspec.triton_repo.models import triton_io
+
+    services = compose["services"]
+    monitoring = {name for name, s in services.items() if s.get("profiles") == ["monitoring"]}
+    assert monitoring == {"prometheus", "grafana"}
+    prometheus, grafana = services["prometheus"], services["grafana"]
+    prom_files = bind_mounts(prometheus)
+    scrape = yaml.safe_load(prom_files["/etc/prometheus/prometheus.yml"].read_text())
+    assert "--config.file=/etc/prometheus/prometheus.yml" in prometheus["command"]
+    targets = {t for job in scrape["scrape_configs"] for c in job["static_configs"] for t in c["targets"]}
+    # the metrics port inside each trtspec container: the third published port, which the entrypoint serves on
+    want = {f"{name}:{s['ports'][2].rsplit(':', 1)[1]}" for name, s in trtspec_services(compose).items()}
+    assert targets == want and all(t.endswith(":8002") for t in targets)
+    assert "TRTSPEC_METRICS_PORT:-8002" in ENTRYPOINT.read_text()
+
+    graf_files = bind_mounts(grafana)
+    provisioning = graf_files["/etc/grafana/provisioning"]
+    (source,) = yaml.safe_load((provisioning / "datasources" / "prometheus.yaml").read_text())["datasources"]
+    prom_port = prometheus["ports"][0].rsplit(":", 1)[1]
+    assert source["url"] == f"http://prometheus:{prom_port}" and source["type"] == "prometheus"
+    (provider,) = yaml.safe_load((provisioning / "dashboards" / "trtspec.yaml").read_text())["providers"]
+    dashboards = graf_files[provider["options"]["path"]]
+    (dashboard_file,) = dashboards.glob("*.json")
+    dashboard = json.loads(dashboard_file.read_text())
+
+    exported = {f"{triton_io.SPEC_DECODE_PREFIX}{f}_total" for f in triton_io.SPEC_DECODE_COUNTERS}
+    exported |= {triton_io.DRAFT_LEN_GAUGE, "nv_inference_request_success"}  # the last one: Triton's own
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    used = {m for e in exprs for m in re.findall(r"\b(trtspec_\w+|nv_\w+)", e)}
+    assert used <= exported, used - exported
+    assert exported - {"nv_inference_request_success"} <= used  # every exported metric is on a panel
+    uids = {p["datasource"]["uid"] for p in dashboard["panels"]} | {
+        t["datasource"]["uid"] for p in dashboard["panels"] for t in p["targets"]
+    }
+    assert uids == {source["uid"]}
 
 
 # ---------------------------------------------------------------- check_pins.py

@@ -32,6 +32,10 @@ def test_generate_json_is_exact_and_carries_stats(runner, tiny_pair):
     assert payload["token_ids"] == hf_greedy(target, payload["prompt_token_ids"], 12)
     assert payload["stats"]["drafted"] > 0 and payload["stats"]["target_forwards"] >= 1
     assert set(payload) >= {"text", "token_ids", "finish_reason", "stats"}
+    # the counters the Triton entry models export, under the same names
+    spec = payload["stats"]["spec_decode"]
+    assert spec["num_draft_tokens"] == payload["stats"]["drafted"]
+    assert spec["num_drafts"] + spec["num_rounds_without_speculation"] == payload["stats"]["target_forwards"]
 
 
 def test_generate_streams_text_then_stats(runner, tiny_pair):

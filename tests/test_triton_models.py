@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from trtspec.core.errors import RequestError
-from trtspec.core.metrics import AcceptanceStats
+from trtspec.core.metrics import AcceptanceStats, SpecDecodeCounts
 from trtspec.triton_repo.models.decode import speculate
 from trtspec.triton_repo.models.engine import cpu_threads
 from trtspec.triton_repo.models.request import Limits, parse_request
@@ -684,6 +684,7 @@ def test_seeded_sampled_requests_are_never_drafted_ahead(monkeypatch, sampling, 
     model.codec, model.limits, model.target, model.draft = _Codec(), LIMITS, "t", "d"
     model.vocab_rows = {}
     model.lock, model.active, model.draft_ahead = threading.Lock(), 1, True
+    model.metrics = _Metrics()
     fields = {"text_input": "def", "max_tokens": 4} | sampling
     model._whole(parse_request(_inputs(**fields), LIMITS))
     assert (seen["draft_ahead"] is not None) == ahead
@@ -710,6 +711,16 @@ def test_draft_and_target_get_different_seeds_in_a_round_and_new_ones_each_round
     assert len({d0, t0, d1, t1}) == 4 and t0 == 7 and t1 == 8
 
 
+class _Metrics:
+    """Stands in for triton_io.SpecDecodeMetrics (pb_utils metrics need a server): what the model added."""
+
+    def __init__(self):
+        self.added = []
+
+    def add(self, counts) -> None:
+        self.added.append(counts)
+
+
 def test_a_cancelled_non_streamed_request_stops_generating(monkeypatch):
     """A client that cancels (or drops) a non-streamed request used to hold its slot until max_tokens; the
     orchestrator now asks Triton between rounds, at most every CANCEL_POLL_S, and stops."""
@@ -731,10 +742,12 @@ def test_a_cancelled_non_streamed_request_stops_generating(monkeypatch):
     model.codec, model.limits, model.target, model.draft = _Codec(), LIMITS, "t", "d"
     model.vocab_rows = {}
     model.lock, model.active, model.draft_ahead = threading.Lock(), 1, False
+    model.metrics = _Metrics()
     req = parse_request(_inputs(text_input="def", max_tokens=4), LIMITS)
     answers = iter([False, False, True])
-    text, ids, _ = model._whole(req, lambda: next(answers))
+    text, ids, stats = model._whole(req, lambda: next(answers))
     assert ids == [7, 7, 7] and text == "xxx" and len(produced) == 3
+    assert model.metrics.added == [SpecDecodeCounts.of(stats)]  # a cancelled request's rounds count, once
 
     class Request:
         asked = 0

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from triton_server import deploy_tiny_repo, running_server
+from triton_server import deploy_tiny_repo, running_server, scrape
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 MODEL = "tensorrt_llm_bls"
@@ -190,13 +190,13 @@ def test_eight_concurrent_clients_get_their_own_outputs(server, reference):
 
 def _success_count(server) -> float:
     """The entry model's nv_inference_request_success from Triton's own /metrics."""
-    with urllib.request.urlopen(
-        f"http://{server.ports.host}:{server.ports.metrics}/metrics", timeout=30
-    ) as r:
-        text = r.read().decode()
-    lines = [ln for ln in text.splitlines() if ln.startswith("nv_inference_request_success") and MODEL in ln]
-    assert lines, "no request counter for the entry model in /metrics"
-    return float(lines[0].rsplit(" ", 1)[1])
+    values = [
+        v
+        for (_, labels), v in scrape(server, "nv_inference_request_success").items()
+        if ("model", MODEL) in labels
+    ]
+    assert values, "no request counter for the entry model in /metrics"
+    return values[0]
 
 
 def test_eight_streams_joining_one_batch_equal_each_request_sent_alone(server):
@@ -260,6 +260,89 @@ def test_wrong_dtype_is_rejected(server):
     assert "FP32" in str(err.value) and "INT32" in str(err.value)
 
 
+SPEC = "trtspec_spec_decode_"
+
+
+def spec_metrics(server) -> dict:
+    """The entry model's trtspec_spec_decode_* values: {field: value}, per_pos: [value by position]."""
+    values = scrape(server, SPEC)
+    out, per_pos = {}, {}
+    for (name, labels), value in values.items():
+        labels = dict(labels)
+        assert labels["model"] == MODEL, labels
+        if "position" in labels:
+            per_pos[int(labels["position"])] = value
+        else:
+            out[name[len(SPEC) :]] = value
+    out["per_pos"] = [per_pos[i] for i in range(len(per_pos))]
+    return out
+
+
+def delta(after: dict, before: dict) -> dict:
+    return {
+        k: [a - b for a, b in zip(v, before[k], strict=True)] if k == "per_pos" else v - before[k]
+        for k, v in after.items()
+        if k != "draft_len"
+    }
+
+
+@pytest.fixture(scope="module")
+def demo_server(tmp_path_factory):
+    """The shipped demo pair (acceptance about 0.6, so some rounds accept part of their draft), torch runtime."""
+    from trtspec.recipe import DEMO_DIR
+
+    root = tmp_path_factory.mktemp("demo-serve")
+    deploy_tiny_repo((DEMO_DIR / "target", DEMO_DIR / "draft"), root / "repo")
+    with running_server(root / "repo", root / "server.log") as srv:
+        yield srv
+
+
+def test_metrics_count_what_the_responses_report(demo_server):
+    """/metrics' counters grow by exactly the return_perf_metrics of the requests sent (streamed, not streamed,
+    sampled); positions add up to the accepted tokens; the K gauge follows the last request."""
+    server = demo_server
+    requests = [
+        dict(prompt=PROMPTS[0], stream=True, num_draft_tokens=3, max_tokens=16),
+        dict(prompt=PROMPTS[1], stream=False, num_draft_tokens=4, max_tokens=12),
+        dict(
+            prompt=PROMPTS[2],
+            stream=True,
+            num_draft_tokens=2,
+            max_tokens=10,
+            temperature=0.9,
+            top_k=20,
+            seed=5,
+        ),
+    ]
+    before = spec_metrics(server)
+    assert len(before["per_pos"]) == 4  # every position up to max_draft_len exists before it counts anything
+    reported = []
+    for r in requests:
+        _, metrics = grpc_stream(server, r.pop("prompt"), return_perf_metrics=True, **r)
+        reported.append(metrics)
+    got = delta(spec_metrics(server), before)
+    assert got["num_draft_tokens_total"] == sum(m["total_draft_tokens"] for m in reported) > 0
+    assert got["num_accepted_tokens_total"] == sum(m["total_accepted_draft_tokens"] for m in reported) > 0
+    per_pos = got["per_pos"]
+    assert sum(per_pos) == got["num_accepted_tokens_total"] and per_pos[0] > per_pos[-1]
+    # a round accepts position i only after accepting 0..i-1, and accepts at most one token per position
+    assert all(a >= b for a, b in zip(per_pos, per_pos[1:], strict=False))
+    assert per_pos[0] <= got["num_drafts_total"] <= got["num_draft_tokens_total"]
+    assert got["num_draft_tokens_total"] <= 4 * got["num_drafts_total"]
+    # each request's first round is the target's prefill alone
+    assert got["num_rounds_without_speculation_total"] >= len(requests)
+    # the gauge: the last request's mean K (K=2, less only where max_tokens left less room)
+    assert 1.0 <= spec_metrics(server)["draft_len"] <= 2.0
+
+    before = spec_metrics(server)
+    ids: list = []
+    _, metrics = grpc_stream(server, PROMPTS[3], ids, stream=False, num_draft_tokens=0, max_tokens=6)
+    got = delta(spec_metrics(server), before)
+    assert got["num_drafts_total"] == got["num_draft_tokens_total"] == 0 and not any(got["per_pos"])
+    # K=0: one target forward per token (and one more for an end_id it does not emit)
+    assert got["num_rounds_without_speculation_total"] in (len(sum(ids, [])), len(sum(ids, [])) + 1)
+
+
 def test_draft_ahead_with_a_draft_that_is_always_right_keeps_the_target_greedy_output(
     tiny_pair, reference, tmp_path
 ):
@@ -269,9 +352,16 @@ def test_draft_ahead_with_a_draft_that_is_always_right_keeps_the_target_greedy_o
     target = tiny_pair[0]
     deploy_tiny_repo((target, target), tmp_path / "repo", harness=True)
     with running_server(tmp_path / "repo", tmp_path / "server.log") as srv:
+        drafted = 0
         for stream in (True, False):
             pieces, metrics = grpc_stream(
                 srv, PROMPTS[1], stream=stream, max_tokens=16, num_draft_tokens=4, return_perf_metrics=True
             )
             assert "".join(pieces) == reference(PROMPTS[1], 16)
             assert metrics["acceptance_rate"] == 1.0 and metrics["total_draft_tokens"] > 0
+            drafted += metrics["total_draft_tokens"]
+        # the tensorrtllm runtime's entry model exports the same metrics: here every draft token is accepted
+        got = spec_metrics(srv)
+        assert got["num_draft_tokens_total"] == got["num_accepted_tokens_total"] == drafted
+        assert got["per_pos"][0] == got["num_drafts_total"] and sum(got["per_pos"]) == drafted
+        assert got["draft_len"] > 0

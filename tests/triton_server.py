@@ -44,3 +44,22 @@ def deploy_tiny_repo(tiny_pair: tuple[Path, Path], out: Path, harness: bool = Fa
     )
     deploy(recipe, "torch", out, harness=harness)
     return out
+
+
+def scrape(server, prefix: str = "") -> dict[tuple[str, frozenset], float]:
+    """Triton's /metrics as {(name, frozenset of (label, value)): value}, only the names starting with ``prefix``."""
+    import re
+    import urllib.request
+
+    with urllib.request.urlopen(
+        f"http://{server.ports.host}:{server.ports.metrics}/metrics", timeout=30
+    ) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        match = re.fullmatch(r"([A-Za-z_:][\w:]*)(?:\{(.*)\})? (\S+)", line)
+        if line.startswith("#") or not match or not match.group(1).startswith(prefix):
+            continue
+        labels = frozenset(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
+        out[(match.group(1), labels)] = float(match.group(3))
+    return out

@@ -14,6 +14,13 @@ Glossary (per request, over all its verification rounds):
   for each request in the batch).
 - tokens/s = generated tokens / wall time; time to first token = seconds from the request to its first token.
 
+The same counters under vLLM's spec-decode metric names (``SpecDecodeCounts``, vLLM v1's
+vllm:spec_decode_num_drafts / _num_draft_tokens / _num_accepted_tokens / _num_accepted_tokens_per_pos), so
+dashboards and PromQL written for vLLM carry over: num_drafts = rounds, num_draft_tokens = drafted,
+num_accepted_tokens = accepted, num_accepted_tokens_per_pos[i] = rounds whose draft token at 0-based position i
+was accepted; trtspec adds num_rounds_without_speculation (target forwards that verified no draft token: a
+request's prefill-only first round, K=0 requests).
+
 The analytic bound (Leviathan et al. 2023, in target-forward units): a round costs
 ``K * draft_cost_ratio + verify_cost_ratio`` target decoding steps (draft_cost_ratio = one draft step / one target
 step, verify_cost_ratio = one (K+1)-token target forward / one target step) and emits ``tokens_per_round`` tokens,
@@ -107,7 +114,47 @@ class AcceptanceStats:
             mean_accepted_length=self.mean_accepted_length,
             tokens_per_round=self.tokens_per_round,
             tokens_per_s=self.tokens_per_s,
+            spec_decode=SpecDecodeCounts.of(self).to_dict(),
         )
+        return data
+
+
+@dataclass(frozen=True)
+class SpecDecodeCounts:
+    """An AcceptanceStats' counters under vLLM's spec-decode names (module docstring): what the Triton entry
+    models add to their ``trtspec_spec_decode_*`` metrics and what ``--json`` reports as ``spec_decode``."""
+
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    # None: not known, for stats built from a server's response totals (drafted and accepted, no rounds).
+    num_drafts: int | None = 0
+    num_accepted_tokens_per_pos: tuple[int, ...] | None = ()
+    num_rounds_without_speculation: int | None = 0
+
+    @classmethod
+    def of(cls, stats: AcceptanceStats) -> SpecDecodeCounts:
+        if stats.drafted and not stats.rounds:  # totals only (validate.endpoint): rounds were not seen
+            return cls(stats.drafted, stats.accepted, None, None, None)
+        hist = stats.accepted_length_histogram
+        # A round that accepted n tokens accepted positions 0..n-1: position i counts the rounds with n > i.
+        per_pos = tuple(sum(hist[i + 1 :]) for i in range(max(len(hist) - 1, 0)))
+        return cls(
+            num_draft_tokens=stats.drafted,
+            num_accepted_tokens=stats.accepted,
+            num_drafts=stats.rounds,
+            num_accepted_tokens_per_pos=per_pos,
+            num_rounds_without_speculation=stats.target_forwards - stats.rounds,
+        )
+
+    @property
+    def mean_draft_len(self) -> float:
+        """Draft tokens per round that drafted (the K a request ran with, averaged over its rounds)."""
+        return self.num_draft_tokens / self.num_drafts if self.num_drafts else 0.0
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        if self.num_accepted_tokens_per_pos is not None:
+            data["num_accepted_tokens_per_pos"] = list(self.num_accepted_tokens_per_pos)
         return data
 
 
@@ -120,10 +167,9 @@ def merge_stats(stats: list[AcceptanceStats]) -> AcceptanceStats:
 
 def per_position_acceptance(stats: AcceptanceStats) -> list[float]:
     """[K] fraction of rounds whose i-th draft token was accepted (accepted length >= i), i = 1..K."""
-    hist = stats.accepted_length_histogram
     if not stats.rounds:
         return []
-    return [sum(hist[n:]) / stats.rounds for n in range(1, len(hist))]
+    return [n / stats.rounds for n in SpecDecodeCounts.of(stats).num_accepted_tokens_per_pos]
 
 
 def expected_tokens_per_round(acceptance_rate: float, num_draft_tokens: int) -> float:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from trtspec.core.metrics import (
     AcceptanceStats,
+    SpecDecodeCounts,
     analytic_speedup_bound,
     expected_tokens_per_round,
     merge_stats,
@@ -104,6 +105,7 @@ class BenchPoint:
             "mean_accepted_length": stats.mean_accepted_length if stats.rounds else None,
             "tokens_per_round": stats.tokens_per_round if stats.target_forwards else None,
             "per_position_acceptance": per_position_acceptance(stats) if self.num_draft_tokens else [],
+            "spec_decode": SpecDecodeCounts.of(stats).to_dict(),
             "acceptance_by_set": {
                 name: {
                     "acceptance_rate": s.acceptance_rate,

@@ -24,6 +24,7 @@ from collections.abc import Callable, Hashable
 from pathlib import Path
 
 from trtspec.core.errors import RequestError
+from trtspec.core.metrics import SpecDecodeCounts
 from trtspec.engines.loop import LoopThread, RowEvent
 from trtspec.triton_repo import interface as names
 from trtspec.triton_repo.models import triton_io as io
@@ -86,10 +87,11 @@ def merge_events(first: RowEvent, second: RowEvent) -> RowEvent:
 
 class Outbox:
     """One thread that sends every request's responses in order, so the loop's thread never waits on a send;
-    after each event it asks Triton (at most every CANCEL_POLL_S per request) whether the client cancelled."""
+    after each event it asks Triton (at most every CANCEL_POLL_S per request) whether the client cancelled, and
+    a finished request's counts go to ``metrics`` (here, not on the loop's thread: each update is an IPC)."""
 
-    def __init__(self, cancel: Callable[[Hashable], None]):
-        self.cancel = cancel
+    def __init__(self, cancel: Callable[[Hashable], None], metrics: io.SpecDecodeMetrics | None = None):
+        self.cancel, self.metrics = cancel, metrics
         self.queue: queue.Queue = queue.Queue()
         self.thread = threading.Thread(target=self._run, name="send", daemon=True)
         self.thread.start()
@@ -123,6 +125,8 @@ class Outbox:
 
     def _send(self, request_id: Hashable, sender, reply: Reply, cancelled, event: RowEvent) -> None:
         final = io.pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        if event.finished and self.metrics is not None:  # cancelled and failed requests ran their rounds too
+            self.metrics.add(SpecDecodeCounts.of(event.stats))
         try:
             if event.error is not None:
                 sender.send(io.error_response(event.error, False), flags=final)
@@ -176,7 +180,9 @@ class TritonPythonModel:
         self.codec = TextCodec.from_parameters(params)
         self.decoupled = io.pb().using_decoupled_model_transaction_policy(config)
         self.loop = load_loop(params, max(int(config.get("max_batch_size") or 1), 1))
-        self.outbox = Outbox(self.loop.cancel)
+        self.outbox = Outbox(
+            self.loop.cancel, io.SpecDecodeMetrics(args["model_name"], self.limits.max_draft_len)
+        )
         self.ids = itertools.count()
         import trtspec  # which install the stub imported (an editable one and a checkout can differ)
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from trtspec.builders.support import draft_input_ids
 from trtspec.core.errors import RequestError
-from trtspec.core.metrics import AcceptanceStats
+from trtspec.core.metrics import AcceptanceStats, SpecDecodeCounts
 from trtspec.triton_repo import interface as names
 from trtspec.triton_repo.models import triton_io as io
 from trtspec.triton_repo.models.decode import speculate
@@ -177,6 +177,7 @@ class TritonPythonModel:
         self.draft_ahead = params.get("draft_ahead", "False").lower() == "true"
         self.vocab_rows = {role: int(params[f"{role}_vocab_rows"]) for role in ("target", "draft")}
         self.pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="draft-ahead")
+        self.metrics = io.SpecDecodeMetrics(args["model_name"], self.limits.max_draft_len)
 
     # ------------------------------------------------------------------ request handling
 
@@ -316,12 +317,15 @@ class TritonPythonModel:
             draft_ahead=None if req.sampling.seed is not None and not req.sampling.greedy else self._alone,
             together=self._together,
         )
-        for rnd in rounds:
-            generated += rnd.tokens
-            if incremental and (rnd.tokens or rnd.finished):
-                piece = text.push(rnd.tokens, rnd.finished)
-                yield piece, list(rnd.tokens), stats, rnd.finished
-            if not incremental and cancelled():
-                break
+        try:
+            for rnd in rounds:
+                generated += rnd.tokens
+                if incremental and (rnd.tokens or rnd.finished):
+                    piece = text.push(rnd.tokens, rnd.finished)
+                    yield piece, list(rnd.tokens), stats, rnd.finished
+                if not incremental and cancelled():
+                    break
+        finally:  # finished, cancelled or failed: the rounds that ran are counted
+            self.metrics.add(SpecDecodeCounts.of(stats))
         if not incremental:
             yield self.codec.decode(generated), generated, stats, True

@@ -111,3 +111,62 @@ def text_response(text: str, ids: list[int], stats, with_metrics: bool):
     if with_metrics and stats is not None:
         tensors += metric_tensors(stats)
     return pb().InferenceResponse(output_tensors=tensors)
+
+
+# Counter families of SpecDecodeCounts' fields (core.metrics), under vLLM's names with a trtspec_ prefix so that
+# PromQL written for vllm:spec_decode_* carries over; Triton's Prometheus exporter does not add "_total" itself.
+SPEC_DECODE_COUNTERS = {
+    "num_drafts": "Speculative rounds that drafted at least one token",
+    "num_draft_tokens": "Draft tokens proposed to the target",
+    "num_accepted_tokens": "Draft tokens the target accepted",
+    "num_accepted_tokens_per_pos": "Rounds whose draft token at 0-based position `position` was accepted",
+    "num_rounds_without_speculation": "Target forwards that verified no draft token (prefill-only round, K=0)",
+}
+SPEC_DECODE_PREFIX = "trtspec_spec_decode_"
+DRAFT_LEN_GAUGE = "trtspec_spec_decode_draft_len"
+
+
+class SpecDecodeMetrics:
+    """The entry model's spec-decode metrics on Triton's /metrics (pb_utils custom metrics), labelled with the
+    model name; ``add`` a finished request's SpecDecodeCounts. Every position up to max_draft_len exists from the
+    start (at 0), so rate() over a position has a series before its first acceptance."""
+
+    def __init__(self, model: str, max_draft_len: int):
+        utils = pb()
+        family = utils.MetricFamily
+        # A MetricFamily must outlive its Metrics: the metrics are attributes before the families, so they are
+        # released first when this object is (attributes go in the order they were set).
+        self.counters, self.per_pos, self.draft_len = {}, [], None
+        self.families = []
+        for field, description in SPEC_DECODE_COUNTERS.items():
+            fam = family(
+                name=f"{SPEC_DECODE_PREFIX}{field}_total", description=description, kind=family.COUNTER
+            )
+            self.families.append(fam)
+            if field == "num_accepted_tokens_per_pos":
+                self.per_pos = [
+                    fam.Metric(labels={"model": model, "position": str(i)}) for i in range(max_draft_len)
+                ]
+            else:
+                self.counters[field] = fam.Metric(labels={"model": model})
+        gauge = family(
+            name=DRAFT_LEN_GAUGE,
+            description="Mean draft tokens per drafting round (K) of the last finished request that drafted",
+            kind=family.GAUGE,
+        )
+        self.families.append(gauge)
+        self.draft_len = gauge.Metric(labels={"model": model})
+
+    def add(self, counts) -> None:
+        """Add one request's counts (core.metrics.SpecDecodeCounts); a failure is logged, never the request's."""
+        try:
+            for field, metric in self.counters.items():
+                if value := getattr(counts, field):
+                    metric.increment(value)
+            for metric, value in zip(self.per_pos, counts.num_accepted_tokens_per_pos or (), strict=False):
+                if value:
+                    metric.increment(value)
+            if counts.num_drafts:
+                self.draft_len.set(counts.mean_draft_len)
+        except Exception as err:  # noqa: BLE001 - metrics must never fail a request
+            log_warning(f"spec-decode metrics not updated: {type(err).__name__}: {err}")
