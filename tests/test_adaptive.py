@@ -40,7 +40,7 @@ def test_high_acceptance_drafts_long_low_acceptance_switches_off_then_probes_bac
     for _ in range(20):
         controller.update(4, 4)
     assert controller.choose(1) >= 7
-    for _ in range(20):
+    for _ in range(40):
         controller.update(controller.choose(1) or 1, 0)
     assert controller.acceptance < 0.05 and controller.choose(1) == 0
     ks = []
@@ -83,7 +83,7 @@ def test_adaptive_default_is_exact_climbs_with_a_perfect_draft_and_drops_a_rando
     (result,) = poor.generate([PROMPTS[0]], params.with_(max_new_tokens=64))
     assert result.token_ids == hf_greedy(target, PROMPTS[0], 64)
     assert result.stats.num_draft_histogram[0] > 30  # switched off after a few rejections
-    assert result.stats.drafted < 16  # its first rounds, then 1-token probes
+    assert result.stats.drafted < 24  # its first rounds, then 1-token probes
     pinned = poor.generate([PROMPTS[0]], params.with_(num_draft_tokens=4))[0].stats
     # K 4 whatever the acceptance, but never past max_new_tokens (24 tokens, one per round: the last 4 rounds).
     assert pinned.num_draft_histogram == [1, 1, 1, 1, 20]

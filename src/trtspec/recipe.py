@@ -121,7 +121,7 @@ class SpeculativeSpec(_Strict):
         None, description="adaptive K's cap by load: in-flight sequences (up to) -> largest K, 0 = off"
     )
     draft_cost_ratio: float = Field(
-        0.3, gt=0, le=10, description="adaptive K's cost of one draft step in target decoding steps"
+        0.2, gt=0, le=10, description="adaptive K's cost of one draft step in target decoding steps"
     )
     use_draft_logits: bool = Field(False, description="accept by draft/target probabilities, not token match")
     allow_unsupported_precision: bool = Field(
