@@ -127,7 +127,9 @@ def test_streaming_yields_rounds_that_add_up_to_the_result(tiny_pair):
     target, draft = tiny_pair
     engine = SpeculativeEngine.from_pretrained(target, target, max_draft_len=4)
     events = list(
-        engine.generate_stream(PROMPTS[:2], SamplingParams(max_new_tokens=MAX_NEW, ignore_eos=True))
+        engine.generate_stream(
+            PROMPTS[:2], SamplingParams(max_new_tokens=MAX_NEW, num_draft_tokens=4, ignore_eos=True)
+        )
     )
     results = events[-1].results
     for b in range(2):

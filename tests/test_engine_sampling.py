@@ -13,6 +13,7 @@ from scipy.stats import chisquare
 from tiny_models import make_model
 
 from trtspec.engines import sampling
+from trtspec.engines.adaptive import KPolicy
 from trtspec.engines.engine import SpeculativeEngine
 from trtspec.engines.sampling import SamplingParams, logits_to_probs, match_accept, rejection_sample
 
@@ -220,3 +221,48 @@ def test_a_tiny_temperature_is_a_near_greedy_distribution_not_nan():
         assert torch.isfinite(probs).all()
         assert probs[0].tolist() == [0.0, 1.0, 0.0, 0.0] and probs[1].tolist() == [0.5, 0.5, 0.0, 0.0]
         assert sample(logits, params, torch.Generator().manual_seed(0))[0].item() == 1
+
+
+def target_joint_n(target_dir, prompt: list[int], params: SamplingParams, n: int) -> torch.Tensor:
+    """[V ** n] exact probability of each n-token continuation under the target (first token most significant)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(target_dir)
+    vocab = model.config.vocab_size
+    joint, prefixes = torch.ones(1), [[]]
+    with torch.no_grad():
+        for _ in range(n):
+            nxt = logits_to_probs(model(torch.tensor([prompt + p for p in prefixes])).logits[:, -1], params)
+            joint = (joint[:, None] * nxt).reshape(-1)  # [len(prefixes) * V]
+            prefixes = [p + [t] for p in prefixes for t in range(vocab)]
+    return joint
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bug", BUGS)
+def test_adaptive_k_samples_follow_the_target_distribution(monkeypatch, small_vocab_pair, bug):
+    """Adaptive K keeps the target's distribution: a K chosen from past draws before a round is drawn changes
+    nothing the round's rejection sampling guarantees. The jumpy policy makes K follow the last outcome (prior 0.9
+    drafts 2, then a rejection gives 1 or 0, an acceptance 2), so K in rounds 2-3 depends on earlier draws."""
+    plant(monkeypatch, bug)
+    target, draft = small_vocab_pair
+    prompt = [1, 2, 3]
+    jumpy = KPolicy(prior=0.9, smoothing=0.5, min_gain=0.0)
+    engine = SpeculativeEngine.from_pretrained(
+        target, draft, max_draft_len=2, max_batch_size=256, max_seq_len=16, k_policy=jumpy
+    )
+    counts, ks = torch.zeros(8**4, dtype=torch.long), set()
+    for seed in range(12):
+        params = SamplingParams(max_new_tokens=4, temperature=0.5, seed=seed, ignore_eos=True)
+        for result in engine.generate([prompt] * 256, params):
+            a, b, c, d = result.token_ids
+            counts[((a * 8 + b) * 8 + c) * 8 + d] += 1
+            ks.update(k for k, n in enumerate(result.stats.num_draft_histogram[1:], 1) if n)
+    assert ks == ({2} if bug == "accept_all" else {1, 2})  # K did move (accept_all never rejects)
+    joint = target_joint_n(target, prompt, SamplingParams(temperature=0.5), 4).reshape(8, 8, 8, 8)
+    counts = counts.reshape(8, 8, 8, 8)
+    # The first two tokens' joint and the last two's: both see every K path.
+    exact = follows(counts.sum((2, 3)).reshape(-1), joint.sum((2, 3)).reshape(-1)) and follows(
+        counts.sum((0, 1)).reshape(-1), joint.sum((0, 1)).reshape(-1)
+    )
+    assert exact == (bug is None)

@@ -157,10 +157,10 @@ def test_requests_joining_mid_run_get_the_tokens_they_get_alone_and_hf_greedy(pa
 
 def test_first_token_alone_drafts_nothing_in_a_round_no_other_row_drafts_in(pair):
     loop = new_loop(pair, first_token_alone=True)
-    loop.add("a", PROMPTS[0], SamplingParams(max_new_tokens=8))
+    loop.add("a", PROMPTS[0], SamplingParams(max_new_tokens=8, num_draft_tokens=4))
     (first,) = loop.step()
     assert len(first.new_tokens) == 1 and first.stats.drafted == 0  # alone: the target's prefill only
-    loop.add("b", PROMPTS[1], SamplingParams(max_new_tokens=8))
+    loop.add("b", PROMPTS[1], SamplingParams(max_new_tokens=8, num_draft_tokens=4))
     loop.add("c", PROMPTS[2], SamplingParams(max_new_tokens=8, temperature=1.0, seed=3))
     events = {e.request_id: e for e in loop.step()}
     assert events["a"].stats.drafted == 4 and events["b"].stats.drafted == 4  # b joins a drafting round

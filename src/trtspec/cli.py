@@ -387,7 +387,7 @@ def build(
     "--num-draft-tokens",
     type=click.IntRange(min=0),
     default=None,
-    help="Draft tokens per round K [default: the recipe's].",
+    help="Draft tokens per round K [default: the recipe's speculative.num_draft_tokens, else adaptive].",
 )
 @click.option(
     "--max-draft-len",

@@ -117,6 +117,12 @@ class SpeculativeSpec(_Strict):
     num_draft_tokens: int | None = Field(
         None, ge=1, description="default per-request K; default max_draft_len"
     )
+    schedule: dict[int, int] | None = Field(
+        None, description="adaptive K's cap by load: in-flight sequences (up to) -> largest K, 0 = off"
+    )
+    draft_cost_ratio: float = Field(
+        0.2, gt=0, le=10, description="adaptive K's cost of one draft step in target decoding steps"
+    )
     use_draft_logits: bool = Field(False, description="accept by draft/target probabilities, not token match")
     allow_unsupported_precision: bool = Field(
         False, description="build outside the draft-target support matrix"
@@ -126,6 +132,15 @@ class SpeculativeSpec(_Strict):
     def _k(self) -> SpeculativeSpec:
         if self.num_draft_tokens is not None and self.num_draft_tokens > self.max_draft_len:
             raise ValueError(f"num_draft_tokens {self.num_draft_tokens} > max_draft_len {self.max_draft_len}")
+        for in_flight, k in sorted((self.schedule or {}).items()):
+            if in_flight < 1 or not 0 <= k <= self.max_draft_len:
+                raise ValueError(
+                    f"schedule {{{in_flight}: {k}}}: in-flight counts must be >= 1 and K in 0..max_draft_len "
+                    f"{self.max_draft_len}"
+                )
+        ks = [k for _, k in sorted((self.schedule or {}).items())]
+        if ks != sorted(ks, reverse=True):
+            raise ValueError(f"schedule K must not grow with the in-flight count (got {self.schedule})")
         return self
 
     @property

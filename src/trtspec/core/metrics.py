@@ -10,6 +10,8 @@ Glossary (per request, over all its verification rounds):
 - mean accepted length = accepted / speculative rounds (draft tokens accepted per round, bonus excluded);
   tokens per round = mean accepted length + 1 in steady state.
 - accepted-length histogram: ``histogram[n]`` = rounds that accepted exactly n draft tokens, n = 0..max_draft_len.
+- K histogram: ``num_draft_histogram[k]`` = target forwards (rounds, target-only ones included) that verified
+  exactly k draft tokens; mean K = drafted / target forwards (adaptive K changes it round by round).
 - target / draft forward passes: forwards of each model that included this request (a batched forward counts once
   for each request in the batch).
 - tokens/s = generated tokens / wall time; time to first token = seconds from the request to its first token.
@@ -46,6 +48,7 @@ class AcceptanceStats:
     draft_forwards: int = 0
     generated_tokens: int = 0
     accepted_length_histogram: list[int] = field(default_factory=list)
+    num_draft_histogram: list[int] = field(default_factory=list)
     elapsed_s: float = 0.0
     time_to_first_token_s: float | None = None
 
@@ -58,19 +61,23 @@ class AcceptanceStats:
         """One verification of ``num_draft`` draft tokens that accepted ``num_accepted`` of them."""
         self.target_forwards += 1
         self.draft_forwards += num_draft
+        _count(self.num_draft_histogram, num_draft)
         if num_draft == 0:
             return
         self.rounds += 1
         self.drafted += num_draft
         self.accepted += num_accepted
         self.bonus_tokens += int(num_accepted == num_draft)
-        if num_accepted >= len(self.accepted_length_histogram):
-            self.accepted_length_histogram += [0] * (num_accepted + 1 - len(self.accepted_length_histogram))
-        self.accepted_length_histogram[num_accepted] += 1
+        _count(self.accepted_length_histogram, num_accepted)
 
     @property
     def acceptance_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_num_draft_tokens(self) -> float:
+        """Mean K per target forward (0 for target-only rounds included)."""
+        return self.drafted / self.target_forwards if self.target_forwards else 0.0
 
     @property
     def mean_accepted_length(self) -> float:
@@ -87,11 +94,6 @@ class AcceptanceStats:
 
     def merge(self, other: AcceptanceStats) -> AcceptanceStats:
         """Sum of two requests' counters (times: the longer elapsed, the earlier first token)."""
-        size = max(len(self.accepted_length_histogram), len(other.accepted_length_histogram))
-        hist = [0] * size
-        for source in (self.accepted_length_histogram, other.accepted_length_histogram):
-            for n, count in enumerate(source):
-                hist[n] += count
         ttfts = [t for t in (self.time_to_first_token_s, other.time_to_first_token_s) if t is not None]
         return AcceptanceStats(
             max_draft_len=max(self.max_draft_len, other.max_draft_len),
@@ -102,7 +104,8 @@ class AcceptanceStats:
             target_forwards=self.target_forwards + other.target_forwards,
             draft_forwards=self.draft_forwards + other.draft_forwards,
             generated_tokens=self.generated_tokens + other.generated_tokens,
-            accepted_length_histogram=hist,
+            accepted_length_histogram=_add(self.accepted_length_histogram, other.accepted_length_histogram),
+            num_draft_histogram=_add(self.num_draft_histogram, other.num_draft_histogram),
             elapsed_s=max(self.elapsed_s, other.elapsed_s),
             time_to_first_token_s=min(ttfts) if ttfts else None,
         )
@@ -112,6 +115,7 @@ class AcceptanceStats:
         data.update(
             acceptance_rate=self.acceptance_rate,
             mean_accepted_length=self.mean_accepted_length,
+            mean_num_draft_tokens=self.mean_num_draft_tokens,
             tokens_per_round=self.tokens_per_round,
             tokens_per_s=self.tokens_per_s,
             spec_decode=SpecDecodeCounts.of(self).to_dict(),
@@ -156,6 +160,18 @@ class SpecDecodeCounts:
         if self.num_accepted_tokens_per_pos is not None:
             data["num_accepted_tokens_per_pos"] = list(self.num_accepted_tokens_per_pos)
         return data
+
+
+def _count(histogram: list[int], n: int) -> None:
+    """histogram[n] += 1, growing the list as needed."""
+    if n >= len(histogram):
+        histogram += [0] * (n + 1 - len(histogram))
+    histogram[n] += 1
+
+
+def _add(a: list[int], b: list[int]) -> list[int]:
+    """Element-wise sum of two histograms of any lengths."""
+    return [x + y for x, y in zip(a + [0] * (len(b) - len(a)), b + [0] * (len(a) - len(b)), strict=True)]
 
 
 def merge_stats(stats: list[AcceptanceStats]) -> AcceptanceStats:

@@ -8,6 +8,7 @@
     for event in engine.generate_stream(prompts, params):  # one event per round
         event.new_tokens[b]  # tokens emitted for sequence b this round (after stops), event.finished[b]
 
+``num_draft_tokens=None`` (the default) is adaptive K (engines/adaptive.py, settings: ``k_policy``), a number pins K.
 ``draft_dir=None`` (or ``num_draft_tokens=0``) is target-only decoding through the same loop, the baseline.
 A request with num_draft_tokens > max_draft_len raises ``RequestError`` (TensorRT-LLM refuses it too).
 Stops: max_new_tokens, EOS / stop_token_ids (the stop token is kept, as HF generate does), stop strings (the
@@ -25,6 +26,7 @@ from pathlib import Path
 import torch
 
 from trtspec.core.errors import ModelError, RequestError
+from trtspec.engines.adaptive import KPolicy
 from trtspec.engines.loop import (
     GenerationLoop,
     GenerationResult,
@@ -103,9 +105,17 @@ class SpeculativeEngine(StreamingGenerator):
     """A target (and optional draft) KV model pair; see the module docstring."""
 
     def __init__(
-        self, target, draft=None, *, tokenizer=None, max_draft_len: int = 8, max_seq_len: int = 2048
+        self,
+        target,
+        draft=None,
+        *,
+        tokenizer=None,
+        max_draft_len: int = 8,
+        max_seq_len: int = 2048,
+        k_policy: KPolicy = KPolicy(),
     ):
         self.target, self.draft, self.tokenizer = target, draft, tokenizer
+        self.k_policy = k_policy
         self.max_draft_len = max_draft_len if draft is not None else 0
         self.max_seq_len = max_seq_len
         self.max_batch_size = target.num_slots
@@ -123,6 +133,7 @@ class SpeculativeEngine(StreamingGenerator):
         max_seq_len: int = 2048,
         trust_remote_code: bool = False,
         lean: bool | None = None,
+        k_policy: KPolicy = KPolicy(),
     ) -> SpeculativeEngine:
         if device == "cuda" and not torch.cuda.is_available():
             raise ModelError("device 'cuda' was asked for but torch sees no GPU; use --device cpu")
@@ -139,7 +150,14 @@ class SpeculativeEngine(StreamingGenerator):
             check_same_tokenizer(tokenizer, target_dir, draft_dir, trust_remote_code)
         target = load_causal_lm(target_dir, **opts)
         draft = load_causal_lm(draft_dir, **opts) if draft_dir is not None else None
-        return cls(target, draft, tokenizer=tokenizer, max_draft_len=max_draft_len, max_seq_len=max_seq_len)
+        return cls(
+            target,
+            draft,
+            tokenizer=tokenizer,
+            max_draft_len=max_draft_len,
+            max_seq_len=max_seq_len,
+            k_policy=k_policy,
+        )
 
     @property
     def input_vocab_size(self) -> int:
@@ -156,6 +174,7 @@ class SpeculativeEngine(StreamingGenerator):
             tokenizer=self.tokenizer,
             first_token_alone=first_token_alone,
             seq_hint=self.seq_hint,
+            k_policy=self.k_policy,
         )
 
     def generate_stream(self, prompts: list[list[int]], params: SamplingParams) -> Iterator[StreamEvent]:

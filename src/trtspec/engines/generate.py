@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trtspec.core.errors import ModelError, RequestError
+from trtspec.engines.adaptive import KPolicy, policy_for
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class _Models:
     max_seq_len: int
     dtype: str
     trust_remote_code: bool
+    k_policy: KPolicy = KPolicy()  # adaptive K's settings (the recipe's, else the defaults)
 
 
 def resolve_models(spec: GenerateSpec) -> _Models:
@@ -75,10 +77,12 @@ def resolve_models(spec: GenerateSpec) -> _Models:
             None if spec.no_draft else recipe.draft.model,
             spec.max_draft_len or recipe.speculative.max_draft_len,
             # Target-only decoding asks for no draft tokens, whatever K the recipe serves with.
-            0 if spec.no_draft else recipe.speculative.default_num_draft_tokens,
+            # No K in the recipe: adaptive (None).
+            0 if spec.no_draft else recipe.speculative.num_draft_tokens,
             recipe.limits.max_seq_len,
             recipe.target.dtype,
             recipe.target.trust_remote_code,
+            policy_for(recipe.speculative),
         )
     dtype = spec.dtype or ("float32" if spec.device == "cpu" else models.dtype)
     models = _Models(
@@ -89,6 +93,7 @@ def resolve_models(spec: GenerateSpec) -> _Models:
         models.max_seq_len,
         dtype,
         models.trust_remote_code,
+        models.k_policy,
     )
     for path in (models.target, models.draft):
         if path is not None and not (Path(path) / "config.json").is_file():
@@ -112,6 +117,7 @@ def run_generate(spec: GenerateSpec, out) -> dict:
         max_batch_size=1,
         max_seq_len=models.max_seq_len,
         trust_remote_code=models.trust_remote_code,
+        k_policy=models.k_policy,
     )
     num_draft = spec.num_draft_tokens if spec.num_draft_tokens is not None else models.num_draft_tokens
     params = SamplingParams(

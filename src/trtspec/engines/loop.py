@@ -15,6 +15,9 @@ each other: every row keeps its own lengths in both caches (speculative.Row), so
 the others' tokens. ``SpeculativeEngine.generate_stream`` adds its prompts and steps until done; the Triton
 ``torch`` runtime's entry model feeds the same loop from a thread (``LoopThread``).
 
+K per round: a request that pins ``num_draft_tokens`` drafts that many; one that gives none is adaptive
+(engines/adaptive.py: its running acceptance, capped by the policy's schedule for the rows in flight).
+
 Stops are per request (``StopChecker``): max_new_tokens, EOS ids (kept as the last token, as HF generate, or
 left out, as TensorRT-LLM's end_id), stop token sequences and stop strings. With ``first_token_alone`` a row's
 first round drafts nothing when no other row drafts in it: its first token comes from the target's prefill alone
@@ -33,6 +36,7 @@ import torch
 
 from trtspec.core.errors import RequestError
 from trtspec.core.metrics import AcceptanceStats
+from trtspec.engines.adaptive import KController, KPolicy
 from trtspec.engines.sampling import SamplingParams, check_num_draft_tokens
 from trtspec.engines.speculative import Row, speculative_round
 
@@ -159,6 +163,7 @@ class _Active:
     generator: torch.Generator | None
     start: float
     stats: AcceptanceStats
+    controller: KController | None = None  # None: K pinned by the request
     generated: list[int] = field(default_factory=list)
     rounds: int = 0
 
@@ -182,8 +187,10 @@ class GenerationLoop:
         tokenizer=None,
         first_token_alone: bool = False,
         seq_hint: str = "shorten it or raise max_seq_len",
+        k_policy: KPolicy = KPolicy(),
     ):
         self.target, self.draft, self.tokenizer = target, draft, tokenizer
+        self.k_policy = k_policy
         self.max_draft_len = max_draft_len if draft is not None else 0
         self.max_seq_len, self.seq_hint = max_seq_len, seq_hint
         self.first_token_alone = first_token_alone
@@ -222,9 +229,10 @@ class GenerationLoop:
             generator = new_generator(params, self.target.device) if seeded else self._shared_generator
         stops = StopChecker(params, eos_ids, self.tokenizer, keep_end=keep_end, stop_sequences=stop_sequences)
         stats = AcceptanceStats(max_draft_len=k)
-        request = _Active(
-            request_id, Row(list(prompt), -1), params, k, stops, generator, time.perf_counter(), stats
-        )
+        adaptive = params.num_draft_tokens is None and k > 0
+        controller = KController(self.k_policy, k) if adaptive else None
+        row, start = Row(list(prompt), -1), time.perf_counter()
+        request = _Active(request_id, row, params, k, stops, generator, start, stats, controller)
         with self.lock:
             self.queued.append(request)
 
@@ -306,8 +314,12 @@ class GenerationLoop:
         seeded = request.params.seed is not None and not request.params.greedy
         if self.first_token_alone and request.rounds == 0 and (seeded or not running):
             return 0
+        k = request.k
+        if request.controller is not None:
+            # A seeded sampled row's K must not follow the load either: its K decides which draws it consumes.
+            k = request.controller.choose(1 if seeded else len(self.active))
         # Never draft past max_new_tokens: the round's last token comes from the target anyway.
-        return min(request.k, request.params.max_new_tokens - len(request.generated) - 1)
+        return min(k, request.params.max_new_tokens - len(request.generated) - 1)
 
     def _emit(
         self, request: _Active, tokens: list[int], num_accepted: int, num_draft: int, now: float
@@ -316,6 +328,8 @@ class GenerationLoop:
         request.rounds += 1
         stats = request.stats
         stats.record_round(num_draft, num_accepted)
+        if request.controller is not None:
+            request.controller.update(num_draft, num_accepted)
         kept, reason = request.stops.cut(request.generated, tokens)
         request.generated += kept
         stats.generated_tokens = len(request.generated)

@@ -28,7 +28,8 @@ from trtspec.core.errors import RequestError
 class SamplingParams:
     """One request's generation settings.
 
-    temperature 0 = greedy. num_draft_tokens None = the engine's max_draft_len; 0 = target-only decoding.
+    temperature 0 = greedy. num_draft_tokens None = adaptive K up to the engine's max_draft_len (engines/adaptive.py);
+    0 = target-only decoding.
     stop_token_ids None = the target's EOS ids (generation_config); ignore_eos drops them.
     stop_strings need a tokenizer (the engine's). seed None = nondeterministic.
     """
@@ -196,7 +197,8 @@ def recovered_probs(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> to
 
 
 def check_num_draft_tokens(params: SamplingParams, max_draft_len: int, has_draft: bool) -> int:
-    """The request's K, or a RequestError naming the engine limit (the TensorRT-LLM contract)."""
+    """The request's K (adaptive requests: the largest), or a RequestError naming the engine limit (the TensorRT-LLM
+    contract)."""
     k = max_draft_len if params.num_draft_tokens is None else params.num_draft_tokens
     if k > max_draft_len:
         raise RequestError(

@@ -92,3 +92,16 @@ CLIENT_OUTPUTS = {
     "output_ids": "TYPE_INT32",
 }
 METRIC_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")
+
+# Adaptive K in the torch runtime's entry-model parameters: num_draft_tokens "adaptive" (no pinned default K);
+# k_schedule "1:8,4:4,16:0" (in-flight sequences -> largest K; "" = none), a form config.pbtxt needs no quoting for.
+ADAPTIVE = "adaptive"
+
+
+def format_schedule(schedule: dict[int, int] | None) -> str:
+    return ",".join(f"{n}:{k}" for n, k in sorted((schedule or {}).items()))
+
+
+def parse_schedule(text: str) -> dict[int, int] | None:
+    pairs = [item.split(":") for item in text.split(",") if item]
+    return {int(n): int(k) for n, k in pairs} or None

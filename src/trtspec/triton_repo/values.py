@@ -256,6 +256,10 @@ def in_process_values(recipe: Recipe) -> dict:
         "draft_dtype": torch_runtime_dtype(triton, recipe.draft),
         "cpu_threads": triton.cpu_threads,
         "trust_remote_code": recipe.target.trust_remote_code or recipe.draft.trust_remote_code,
+        # Adaptive K for requests without one, unless the recipe pins a default K.
+        "num_draft_tokens": recipe.speculative.num_draft_tokens or names.ADAPTIVE,
+        "k_schedule": names.format_schedule(recipe.speculative.schedule),
+        "draft_cost_ratio": recipe.speculative.draft_cost_ratio,
     }
 
 

@@ -145,6 +145,7 @@ def load_loop(params: dict[str, str], num_slots: int) -> LoopThread:
     """The engine (both models in this process) and its loop's thread, from the config.pbtxt parameters."""
     import torch
 
+    from trtspec.engines.adaptive import KPolicy
     from trtspec.engines.engine import SpeculativeEngine
     from trtspec.engines.models import load_causal_lm
     from trtspec.triton_repo.models.engine import cpu_threads
@@ -163,7 +164,13 @@ def load_loop(params: dict[str, str], num_slots: int) -> LoopThread:
     }
     target = load_causal_lm(params["target_model_dir"], dtype=params["target_dtype"], **opts)
     draft = load_causal_lm(params["draft_model_dir"], dtype=params["draft_dtype"], **opts)
-    engine = SpeculativeEngine(target, draft, max_draft_len=max_draft_len, max_seq_len=max_seq_len)
+    policy = KPolicy(
+        draft_cost_ratio=float(params["draft_cost_ratio"]),
+        schedule=names.parse_schedule(params["k_schedule"]),
+    )
+    engine = SpeculativeEngine(
+        target, draft, max_draft_len=max_draft_len, max_seq_len=max_seq_len, k_policy=policy
+    )
     return LoopThread(engine.new_loop(first_token_alone=True), threads, on_error=io.log_warning)
 
 
@@ -171,9 +178,10 @@ class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
         params = io.model_parameters(args)
+        k = params["num_draft_tokens"]  # the default K of requests without one
         self.limits = Limits(
             max_draft_len=int(params["max_draft_len"]),
-            num_draft_tokens=int(params["num_draft_tokens"]),
+            num_draft_tokens=None if k == names.ADAPTIVE else int(k),
             max_seq_len=int(params["max_seq_len"]),
             use_draft_logits=params.get("use_draft_logits", "False").lower() == "true",
         )

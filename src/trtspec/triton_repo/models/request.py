@@ -20,7 +20,7 @@ class Limits:
     """The repository's limits, from the orchestrator's config parameters."""
 
     max_draft_len: int
-    num_draft_tokens: int  # default per-request K
+    num_draft_tokens: int | None  # default per-request K; None = adaptive (torch runtime)
     max_seq_len: int
     use_draft_logits: bool = False
 
@@ -43,7 +43,7 @@ class Sampling:
 class GenerationRequest:
     text: str
     max_tokens: int
-    num_draft_tokens: int
+    num_draft_tokens: int | None  # None = adaptive
     stream: bool
     sampling: Sampling
     use_draft_logits: bool
@@ -107,8 +107,9 @@ def parse_request(inputs: Mapping[str, object], limits: Limits) -> GenerationReq
     max_tokens = int(_scalar(inputs, "max_tokens"))
     if max_tokens <= 0:
         raise RequestError(f"max_tokens must be > 0, got {max_tokens}")
-    k = int(_scalar(inputs, "num_draft_tokens", limits.num_draft_tokens))
-    if not 0 <= k <= limits.max_draft_len:
+    k = _scalar(inputs, "num_draft_tokens", limits.num_draft_tokens)
+    k = None if k is None else int(k)
+    if k is not None and not 0 <= k <= limits.max_draft_len:
         raise RequestError(
             f"num_draft_tokens {k} is out of range: it must be between 0 and max_draft_len {limits.max_draft_len} "
             "(the engine limit)"

@@ -1,0 +1,144 @@
+"""Adaptive K: the controller's literal cases (acceptance -> K, switching off, probing back, schedule caps), the
+loop's use of it (pinned requests keep K, stats say which K ran) and outputs unchanged (HF greedy)."""
+
+from __future__ import annotations
+
+import pytest
+from test_engine import MAX_NEW, PROMPTS, hf_greedy
+
+from trtspec.core.errors import RecipeError
+from trtspec.core.metrics import AcceptanceStats
+from trtspec.engines.adaptive import KController, KPolicy, best_k, policy_for, schedule_cap
+from trtspec.engines.engine import SpeculativeEngine
+from trtspec.engines.sampling import SamplingParams
+from trtspec.recipe import recipe_from_dict
+from trtspec.triton_repo import interface as names
+from trtspec.triton_repo.models.request import Limits, parse_request
+from trtspec.triton_repo.values import in_process_values
+
+
+def test_best_k_grows_with_acceptance_and_is_zero_when_drafting_cannot_pay():
+    policy = KPolicy(draft_cost_ratio=0.3)
+    assert best_k(0.9, 8, policy) == 5  # (1 - 0.9^6) / 0.1 / (5 * 0.3 + 1) = 1.87, the peak
+    assert best_k(0.7, 8, policy) == 2
+    assert best_k(0.99, 8, policy) == 8
+    assert best_k(0.2, 8, policy) == 0 and best_k(0.35, 8, policy) == 0  # 1.35 / 1.3 < 1.05
+    assert best_k(0.9, 3, policy) == 3
+    assert best_k(0.9, 8, KPolicy(draft_cost_ratio=0.05)) == 8  # cheap drafts: draft more
+
+
+def test_the_moving_average_judges_only_positions_the_target_looked_at():
+    controller = KController(KPolicy(prior=0.5, smoothing=0.5), max_k=8)
+    controller.update(num_draft=4, num_accepted=1)  # accepted, rejected; positions 3-4 never judged
+    assert controller.acceptance == pytest.approx(0.375)  # 0.5 -> 0.75 -> 0.375
+    controller.update(num_draft=2, num_accepted=2)  # both accepted, no rejection
+    assert controller.acceptance == pytest.approx(0.84375)
+
+
+def test_high_acceptance_drafts_long_low_acceptance_switches_off_then_probes_back():
+    controller = KController(KPolicy(probe_every=3), max_k=8)
+    for _ in range(20):
+        controller.update(4, 4)
+    assert controller.choose(1) >= 7
+    for _ in range(40):
+        controller.update(controller.choose(1) or 1, 0)
+    assert controller.acceptance < 0.05 and controller.choose(1) == 0
+    ks = []
+    for _ in range(8):  # target-only rounds: every 3rd one after them is a 1-token probe
+        ks.append(controller.choose(1))
+        controller.update(ks[-1], 0)
+    assert ks == [0, 0, 0, 1, 0, 0, 0, 1]
+    for _ in range(4):  # the probes accept again: drafting comes back
+        controller.update(controller.choose(1) or 1, 1)
+    assert controller.choose(1) >= 1
+
+
+def test_the_schedule_caps_k_by_load():
+    schedule = {1: 8, 4: 4, 8: 2, 16: 0}
+    assert [schedule_cap(schedule, n) for n in (1, 2, 4, 5, 8, 9, 16, 40)] == [8, 4, 4, 2, 2, 0, 0, 0]
+    assert schedule_cap(None, 5) is None
+    controller = KController(KPolicy(schedule=schedule, prior=0.99), max_k=6)
+    assert [controller.choose(n) for n in (1, 3, 6, 12)] == [6, 4, 2, 0]  # min(adaptive, schedule, max_k)
+
+
+def test_stats_count_rounds_by_k_and_merge_them():
+    a, b = AcceptanceStats(max_draft_len=4), AcceptanceStats(max_draft_len=4)
+    for k, n in ((4, 4), (2, 1), (0, 0)):
+        a.record_round(k, n)
+    b.record_round(6, 0)
+    assert a.num_draft_histogram == [1, 0, 1, 0, 1] and a.mean_num_draft_tokens == 2.0
+    merged = a.merge(b)
+    assert merged.num_draft_histogram == [1, 0, 1, 0, 1, 0, 1] and merged.mean_num_draft_tokens == 3.0
+    assert a.to_dict()["mean_num_draft_tokens"] == 2.0 and "accepted_length_histogram" in a.to_dict()
+
+
+def test_adaptive_default_is_exact_climbs_with_a_perfect_draft_and_drops_a_random_one(tiny_pair):
+    target, draft = tiny_pair
+    params = SamplingParams(max_new_tokens=MAX_NEW, ignore_eos=True)  # no num_draft_tokens: adaptive
+    same = SpeculativeEngine.from_pretrained(target, target, max_draft_len=4)
+    (perfect,) = same.generate([PROMPTS[0]], params)
+    hist = perfect.stats.num_draft_histogram
+    assert hist[4] >= 3 and perfect.stats.acceptance_rate == 1.0  # from the prior's K 2 up to max_draft_len
+    poor = SpeculativeEngine.from_pretrained(target, draft, max_draft_len=4)
+    (result,) = poor.generate([PROMPTS[0]], params.with_(max_new_tokens=64))
+    assert result.token_ids == hf_greedy(target, PROMPTS[0], 64)
+    assert result.stats.num_draft_histogram[0] > 30  # switched off after a few rejections
+    assert result.stats.drafted < 24  # its first rounds, then 1-token probes
+    pinned = poor.generate([PROMPTS[0]], params.with_(num_draft_tokens=4))[0].stats
+    # K 4 whatever the acceptance, but never past max_new_tokens (24 tokens, one per round: the last 4 rounds).
+    assert pinned.num_draft_histogram == [1, 1, 1, 1, 20]
+
+
+def test_the_engine_schedule_turns_drafting_off_under_load_and_output_stays_exact(tiny_pair):
+    target = tiny_pair[0]
+    engine = SpeculativeEngine.from_pretrained(
+        target, target, max_draft_len=4, k_policy=KPolicy(schedule={1: 4, 2: 0})
+    )
+    params = SamplingParams(max_new_tokens=MAX_NEW)
+    results = engine.generate(PROMPTS[:2], params)
+    for prompt, result in zip(PROMPTS[:2], results, strict=True):
+        assert result.token_ids == hf_greedy(target, prompt, MAX_NEW)
+        assert result.stats.drafted == 0  # two in flight: the schedule says off
+    (alone,) = engine.generate(PROMPTS[:1], params)
+    assert alone.stats.drafted > 0
+
+
+def demo_with(**speculative) -> dict:
+    return {"name": "x", "target": {"model": "demo:target"}, "draft": {"model": "demo:draft"}} | {
+        "speculative": {"max_draft_len": 8} | speculative
+    }
+
+
+def test_the_recipe_schedule_is_validated_with_errors_naming_the_field():
+    recipe = recipe_from_dict(demo_with(schedule={1: 8, 4: 4, 8: 2, 16: 0}, draft_cost_ratio=0.2))
+    assert policy_for(recipe.speculative) == KPolicy(draft_cost_ratio=0.2, schedule={1: 8, 4: 4, 8: 2, 16: 0})
+    assert recipe_from_dict(demo_with()).speculative.schedule is None
+    bad = {
+        "K in 0..max_draft_len 8": {1: 9},
+        "in-flight counts must be >= 1": {0: 2},
+        "must not grow with the in-flight count": {1: 2, 4: 4},
+    }
+    for message, schedule in bad.items():
+        with pytest.raises(RecipeError, match=f"speculative: schedule .*{message}"):
+            recipe_from_dict(demo_with(schedule=schedule))
+    with pytest.raises(RecipeError, match=r"speculative.schedule.*\(got"):
+        recipe_from_dict(demo_with(schedule={1: "4"}))  # strict: no coercion
+    with pytest.raises(RecipeError, match="speculative.draft_cost_ratio"):
+        recipe_from_dict(demo_with(draft_cost_ratio=0))
+
+
+def test_the_torch_repository_passes_adaptive_k_to_its_entry_model():
+    schedule = {1: 8, 4: 4, 16: 0}
+    values = in_process_values(recipe_from_dict(demo_with(schedule=schedule)))
+    assert values["num_draft_tokens"] == names.ADAPTIVE and values["k_schedule"] == "1:8,4:4,16:0"
+    assert names.parse_schedule(values["k_schedule"]) == schedule and names.parse_schedule("") is None
+    pinned = in_process_values(recipe_from_dict(demo_with(num_draft_tokens=3)))
+    assert pinned["num_draft_tokens"] == 3
+    limits = Limits(max_draft_len=8, num_draft_tokens=None, max_seq_len=64)
+    assert parse_request({"text_input": ["hi"], "max_tokens": [4]}, limits).num_draft_tokens is None
+    assert (
+        parse_request(
+            {"text_input": ["hi"], "max_tokens": [4], "num_draft_tokens": [2]}, limits
+        ).num_draft_tokens
+        == 2
+    )
