@@ -138,3 +138,67 @@ def test_an_fp8_kv_cache_is_checked_for_engines_only():
     assert [r.status for r in kv("tensorrtllm", "int4_awq")] == ["fail"]
     assert kv("tensorrtllm", "w4a8_awq") == kv("tensorrtllm", "fp8") == []
     assert kv("trtllm-pytorch", "int4_awq") == []  # the LLM API has no engine build to turn the FMHA off
+
+
+def test_adaptive_k_is_checked_for_the_llmapi_runtime_only():
+    from trtspec.builders.preflight import check_llmapi_adaptive
+
+    assert check_llmapi_adaptive(recipe("torch"), "1.2.1") == []
+    assert check_llmapi_adaptive(recipe("tensorrtllm"), "1.2.1") == []
+    [acceptance] = check_llmapi_adaptive(recipe("trtllm-pytorch"), "1.2.1")
+    assert acceptance.status == "warn"
+    assert acceptance.message.startswith(
+        "adaptive K by acceptance (speculative.num_draft_tokens unset): TensorRT-LLM 1.2.1 has no per-request K"
+    )
+    assert (
+        "stops drafting for good" in acceptance.message and "0.8 draft tokens per round" in acceptance.message
+    )
+    assert acceptance.details["acceptance_length_threshold"] == 0.8
+
+
+def test_a_schedule_says_what_it_is_written_as():
+    from trtspec.builders.preflight import check_llmapi_adaptive
+
+    scheduled = recipe("trtllm-pytorch", speculative={"max_draft_len": 8, "schedule": {2: 4, 8: 2, 16: 0}})
+    _, schedule = check_llmapi_adaptive(scheduled, "1.2.1")
+    assert schedule.status == "pass"
+    assert schedule.message == (
+        "speculative.schedule {2: 4, 8: 2, 16: 0}: written as draft_len_schedule {1: 4, 3: 2, 9: 0} + "
+        "max_concurrency 8 (active requests), max_draft_len 4 (the schedule's K at one request)"
+    )
+    on_off = recipe("trtllm-pytorch", speculative={"max_draft_len": 4, "schedule": {4: 4, 16: 0}})
+    assert (
+        "written as max_concurrency 4 (active requests)" in check_llmapi_adaptive(on_off, "1.2.1")[1].message
+    )
+
+
+def test_a_pinned_k_and_an_unwritten_schedule():
+    from trtspec.builders.preflight import check_llmapi_adaptive
+
+    pinned = recipe("trtllm-pytorch", speculative={"num_draft_tokens": 3, "schedule": {4: 2}})
+    k, schedule = check_llmapi_adaptive(pinned, "1.2.1")
+    assert (k.status, k.details) == ("pass", {"max_draft_len": 3})
+    assert schedule.status == "warn" and schedule.message.startswith("speculative.schedule is not written")
+
+
+def test_a_schedule_that_never_drafts_fails():
+    from trtspec.builders.preflight import check_llmapi_adaptive
+
+    [result] = check_llmapi_adaptive(
+        recipe("trtllm-pytorch", speculative={"schedule": {1: 0, 4: 0}}), "1.2.1"
+    )
+    assert result.status == "fail" and "drafts nothing even with one request in flight" in result.message
+
+
+def test_a_later_tensorrt_llm_is_told_the_fields_are_1_2s(monkeypatch):
+    from trtspec.builders.preflight import check_llmapi_adaptive
+
+    scheduled = recipe("trtllm-pytorch", speculative={"max_draft_len": 4, "schedule": {2: 4, 8: 2}})
+    assert [r.status for r in check_llmapi_adaptive(scheduled, "1.2.0")] == ["warn", "pass"]
+    *_, later = check_llmapi_adaptive(scheduled, "1.3.0rc8")
+    assert later.status == "warn" and later.message.startswith(
+        "TensorRT-LLM 1.3.0rc8: trtspec writes 1.2.1's"
+    )
+    assert "acceptance_rate_threshold" in later.message and "draft_len_schedule" in later.message
+    monkeypatch.setattr("trtspec.builders.preflight.installed_trtllm_version", lambda: "1.4.0")
+    assert check_llmapi_adaptive(scheduled)[-1].message.startswith("TensorRT-LLM 1.4.0")

@@ -77,6 +77,10 @@ def test_deploy_writes_the_llmapi_model(pair, tmp_path):
             "decoding_type": "DraftTarget",
             "max_draft_len": 5,
             "speculative_model_dir": str(pair[1].resolve()),
+            # adaptive K (no num_draft_tokens): the acceptance gate at K 5 x draft_cost_ratio 0.2
+            "max_concurrency": 4,
+            "acceptance_window": support.LLMAPI_ACCEPTANCE_WINDOW,
+            "acceptance_length_threshold": 1.0,
         },
         "triton_config": {"max_batch_size": 0, "decoupled": True},
     }
@@ -113,11 +117,10 @@ def test_model_yaml_uses_only_the_pinned_field_names(pair):
     data = llmapi.model_yaml(make_recipe(pair), {"target": pair[0], "draft": pair[1]})
     llmapi.check_model_yaml(data)
     assert set(data) <= llmapi.LLM_ARGS_KEYS
-    assert set(data["speculative_config"]) == {
-        "decoding_type",
-        "max_draft_len",
-        support.LLMAPI_SPECULATIVE_MODEL_KEY,
-    }
+    assert set(data["speculative_config"]) <= llmapi.SPECULATIVE_KEYS
+    assert {"decoding_type", "max_draft_len", support.LLMAPI_SPECULATIVE_MODEL_KEY} <= set(
+        data["speculative_config"]
+    )
     for broken, fragment in (
         (data | {"speculative_model_dir": "x"}, "unknown key speculative_model_dir"),
         (
@@ -133,6 +136,120 @@ def test_model_yaml_uses_only_the_pinned_field_names(pair):
     ):
         with pytest.raises(CheckFailed, match=fragment):
             llmapi.check_model_yaml(broken)
+
+
+def fake_llm_args():
+    """tests/fake_llmapi/llm_args.py: TensorRT-LLM 1.2.x's DraftTarget config and K rules, written apart from
+    trtspec's support.py."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent / "fake_llmapi" / "llm_args.py"
+    name = "fake_llmapi_llm_args"
+    if name not in sys.modules:  # pydantic resolves the annotations through the module
+        spec = importlib.util.spec_from_file_location(name, path)
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
+def upstream_config(data: dict):
+    fields = {k: v for k, v in data["speculative_config"].items() if k != "decoding_type"}
+    return fake_llm_args().DraftTargetDecodingConfig(**fields)
+
+
+SCHEDULES = [
+    None,
+    {4: 8, 16: 0},  # on up to 4 in flight, then off: max_concurrency alone
+    {2: 8, 8: 4, 16: 2, 32: 0},
+    {1: 8, 4: 4, 8: 2, 16: 0},
+    {3: 4, 9: 4, 12: 1},  # K 4 at one request (< max_draft_len 8), past the last key K 1 holds
+    {8: 8},
+]
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_adaptive_k_is_written_as_tensorrt_llm_reads_it(pair, schedule):
+    """For every number of requests in flight, 1.2.x's rules on the written fields give the K trtspec's schedule
+    caps an adaptive request at (engines.adaptive.schedule_cap), and the written config passes 1.2.x's
+    validation."""
+    from trtspec.engines.adaptive import schedule_cap
+
+    recipe = make_recipe(
+        pair, speculative={"max_draft_len": 8, "schedule": schedule}, limits={"max_batch_size": 40}
+    )
+    data = llmapi.model_yaml(recipe, {"target": pair[0], "draft": pair[1]})
+    llmapi.check_model_yaml(data)
+    config = upstream_config(data)
+    rules = fake_llm_args()
+    for in_flight in range(1, 41):
+        cap = schedule_cap(schedule, in_flight)
+        expected = 8 if cap is None else min(cap, 8)
+        assert rules.iteration_draft_len(config, in_flight, 40) == expected, (schedule, in_flight)
+    assert (config.acceptance_window, config.max_concurrency is not None) == (
+        support.LLMAPI_ACCEPTANCE_WINDOW,
+        True,
+    )
+
+
+def test_the_acceptance_gate_stops_drafting_below_break_even(pair):
+    """The threshold is where core.metrics' analytic speedup is 1 (accepted draft tokens per round = K x
+    draft_cost_ratio): requests just above it keep drafting, a window of requests below it turns drafting off."""
+    from trtspec.core.metrics import analytic_speedup_bound
+
+    recipe = make_recipe(pair, speculative={"max_draft_len": 4, "draft_cost_ratio": 0.3})
+    config = upstream_config(llmapi.model_yaml(recipe, {"target": pair[0], "draft": pair[1]}))
+    threshold = config.acceptance_length_threshold
+    assert analytic_speedup_bound(1 + threshold, 4, 0.3) == pytest.approx(1.0)
+    window, gate_class = config.acceptance_window, fake_llm_args().SpeculationGate
+    paying = gate_class(window, threshold)
+    for _ in range(3 * window):
+        paying.record(1 + threshold + 0.01)  # decoded tokens per iteration = 1 + accepted draft tokens
+    assert not paying.disabled
+    gate = gate_class(window, threshold)
+    for _ in range(window - 1):  # judged only once a window of requests has finished
+        gate.record(1 + threshold - 0.01)
+    assert not gate.disabled
+    gate.record(1 + threshold - 0.01)
+    assert gate.disabled
+    assert fake_llm_args().iteration_draft_len(config, 1, 4, gate.disabled) == 0
+
+
+def test_a_pinned_k_is_every_requests_k(pair):
+    recipe = make_recipe(pair, speculative={"max_draft_len": 6, "num_draft_tokens": 3, "schedule": {4: 2}})
+    data = llmapi.model_yaml(recipe, {"target": pair[0], "draft": pair[1]})
+    assert {k: v for k, v in data["speculative_config"].items() if k != "speculative_model_dir"} == {
+        "decoding_type": "DraftTarget",
+        "max_draft_len": 3,
+    }
+    assert fake_llm_args().iteration_draft_len(upstream_config(data), 4, 4) == 3
+
+
+def test_a_schedule_that_never_drafts_is_refused(pair, tmp_path):
+    recipe = make_recipe(pair, speculative={"schedule": {2: 0}})
+    with pytest.raises(
+        CheckFailed, match=r"schedule \{2: 0\} drafts nothing even with one request in flight"
+    ):
+        deploy(recipe, None, tmp_path / "repo")
+    assert not (tmp_path / "repo").exists()
+
+
+def test_the_stand_in_refuses_what_tensorrt_llm_refuses():
+    """The fake's validation is 1.2.x's, so a field trtspec wrote wrongly fails in these tests as in the image."""
+    from pydantic import ValidationError
+
+    config = fake_llm_args().DraftTargetDecodingConfig
+    good = {"max_draft_len": 4, "speculative_model_dir": "/d"}
+    assert config(**good, draft_len_schedule={4: 2, 1: 4}).draft_len_schedule == {1: 4, 4: 2}
+    for extra in (
+        {"num_draft_tokens": 2},  # not a DecodingBaseConfig field
+        {"draft_len_schedule": {2: 4}},  # must hold batch size 1
+        {"draft_len_schedule": {1: 3}},  # [1] must equal max_draft_len
+        {"acceptance_window": -1},
+        {"acceptance_rate_threshold": 0.5},  # 1.3's name
+    ):
+        with pytest.raises(ValidationError):
+            config(**good, **extra)
 
 
 def test_config_must_agree_with_triton_config(pair, tmp_path):

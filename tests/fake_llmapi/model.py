@@ -2,7 +2,9 @@
 which needs tensorrt_llm and a GPU. It mirrors what trtspec depends on: loaded by trtspec's launcher from
 TRTSPEC_LLMAPI_MODEL_DIR (model.py importing its sibling helpers.py), reads 1/model.yaml like upstream (LLM()
 arguments + triton_config; only triton_config is popped, and unknown keys are refused like LlmArgs'
-extra="forbid"), and answers upstream's tensors: text_input, streaming, sampling_param_* -> text_output (streamed
+extra="forbid"; speculative_config is validated as 1.2.x's DraftTargetDecodingConfig, llm_args.py here), drafts the
+K of each request's iteration by 1.2.x's rules (one request at a time here, so the schedule's batch size is 1) with
+its acceptance gate, and answers upstream's tensors: text_input, streaming, sampling_param_* -> text_output (streamed
 as deltas) and, with sampling_param_return_perf_metrics, acceptance_rate / total_accepted_draft_tokens /
 total_draft_tokens. Generation is trtspec's PyTorch draft-target engine over model.yaml's model and
 speculative_config.speculative_model_dir, standing in for LLM(**args).generate_async.
@@ -17,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 from helpers import scalar, tensor
+from llm_args import DraftTargetDecodingConfig, SpeculationGate, iteration_draft_len
 
 LLM_ARGS = {
     "model", "tokenizer", "backend", "tensor_parallel_size", "pipeline_parallel_size", "dtype",
@@ -37,14 +40,16 @@ class TritonPythonModel:
         unknown = sorted(set(config) - LLM_ARGS)
         if unknown:
             raise ValueError(f"LlmArgs: extra fields not permitted: {unknown}")
-        spec = config["speculative_config"]
+        spec = dict(config["speculative_config"])
         if spec.pop("decoding_type") != "DraftTarget":
             raise ValueError("Invalid decoding type")
+        self.spec = DraftTargetDecodingConfig(**spec)
+        self.gate = SpeculationGate(self.spec.acceptance_window, self.spec.acceptance_length_threshold)
+        self.max_batch_size = config["max_batch_size"]
         self.engine = SpeculativeEngine.from_pretrained(
-            config["model"], spec["speculative_model_dir"], max_draft_len=spec["max_draft_len"],
-            max_seq_len=config["max_seq_len"] + spec["max_draft_len"] + 1,
+            config["model"], str(self.spec.speculative_model), max_draft_len=self.spec.max_draft_len,
+            max_seq_len=config["max_seq_len"] + self.spec.max_draft_len + 1,
         )  # fmt: skip
-        self.k = spec["max_draft_len"]
         self.decoupled = bool(triton["decoupled"])
         model_config = json.loads(args["model_config"])
         assert pb_utils.using_decoupled_model_transaction_policy(model_config) == self.decoupled
@@ -65,7 +70,7 @@ class TritonPythonModel:
         prompt = scalar(request, "text_input")
         params = SamplingParams(
             max_new_tokens=int(scalar(request, "sampling_param_max_tokens", 16)),
-            num_draft_tokens=self.k,
+            num_draft_tokens=iteration_draft_len(self.spec, 1, self.max_batch_size, self.gate.disabled),
             temperature=float(scalar(request, "sampling_param_temperature", 0.0)),
             top_k=int(scalar(request, "sampling_param_top_k", 0)),
             top_p=float(scalar(request, "sampling_param_top_p", 1.0)),
@@ -96,11 +101,12 @@ class TritonPythonModel:
                             )
                         )
                         sent = text
+        stats = result.stats
+        self.gate.record(stats.generated_tokens / max(stats.target_forwards, 1))
         text = (prompt if not exclude else "") + tokenizer.decode(result.token_ids, skip_special_tokens=True)
         last = text[len(sent) :] if sender is not None and streaming else text
         outputs = [tensor("text_output", last.encode(), object)]
         if metrics:
-            stats = result.stats
             outputs += [
                 tensor("acceptance_rate", stats.acceptance_rate, np.float32),
                 tensor("total_accepted_draft_tokens", stats.accepted, np.int32),

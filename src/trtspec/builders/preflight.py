@@ -421,6 +421,82 @@ def check_runtime(recipe: Recipe, trtllm_version: str | None = None) -> CheckRes
     return CheckResult("runtime", "pass", f"{runtime} runs on TensorRT-LLM {version}", details)
 
 
+def check_llmapi_adaptive(recipe: Recipe, trtllm_version: str | None = None) -> list[CheckResult]:
+    """trtllm-pytorch: what of the recipe's K rules TensorRT-LLM's LLM API honours, one line per setting (what
+    model.yaml gets: support.llmapi_speculation); a warning names a setting the pinned release lacks."""
+    if recipe.triton.runtime != "trtllm-pytorch":
+        return []
+    spec, pinned = recipe.speculative, f"TensorRT-LLM {support.TRTLLM_PYTORCH_VERSION}"
+    problem = support.llmapi_speculation_problem(spec)
+    if problem:
+        return [CheckResult("adaptive K", "fail", problem)]
+    rendered = support.llmapi_speculation(spec, recipe.limits.max_batch_size)
+    details = rendered.fields()
+    if spec.num_draft_tokens is not None:
+        results = [
+            CheckResult(
+                "adaptive K",
+                "pass",
+                f"speculative.num_draft_tokens {spec.num_draft_tokens}: every request drafts it ({pinned}'s "
+                "LLM API takes no per-request K)",
+                details,
+            )
+        ]
+        if spec.schedule:
+            message = (
+                f"speculative.schedule is not written: it caps adaptive requests, and num_draft_tokens "
+                f"{spec.num_draft_tokens} pins every request's K"
+            )
+            results.append(CheckResult("adaptive K", "warn", message, details))
+        return results
+    results = [
+        CheckResult(
+            "adaptive K",
+            "warn",
+            f"adaptive K by acceptance (speculative.num_draft_tokens unset): {pinned} has no per-request K; "
+            f"written as its acceptance gate, which stops drafting for good, for every request, once the last "
+            f"{rendered.acceptance_window} finished requests accepted fewer than "
+            f"{rendered.acceptance_length_threshold} draft tokens per round on average (K {rendered.max_draft_len} "
+            f"x speculative.draft_cost_ratio {spec.draft_cost_ratio}, the break-even); no probing afterwards",
+            details,
+        )
+    ]
+    if spec.schedule:
+        written = [f"max_concurrency {rendered.max_concurrency}"] if rendered.max_concurrency else []
+        if rendered.draft_len_schedule:
+            written.insert(0, f"draft_len_schedule {rendered.draft_len_schedule}")
+        message = f"speculative.schedule {spec.schedule}: written as {' + '.join(written)} (active requests)"
+        if rendered.max_draft_len < spec.max_draft_len:
+            message += f", max_draft_len {rendered.max_draft_len} (the schedule's K at one request)"
+        results.append(CheckResult("adaptive K", "pass", message, details))
+    return results + _llmapi_field_version_results(rendered, trtllm_version or installed_trtllm_version())
+
+
+def _llmapi_field_version_results(rendered, version: str | None) -> list[CheckResult]:
+    """The adaptive-K fields are 1.2.x's; a later release renamed or reread them."""
+    try:
+        newer = version is not None and support.parse_version(version)[:2] > (1, 2)
+    except ValueError:
+        newer = False
+    if not newer:
+        return []
+    changed = []
+    if rendered.acceptance_window is not None:
+        changed.append(
+            "acceptance_window/acceptance_length_threshold (1.3: acceptance_rate_window_size/"
+            "acceptance_rate_threshold, a rate)"
+        )
+    if rendered.draft_len_schedule is not None:
+        changed.append("draft_len_schedule (1.3 reads its keys as 'up to')")
+    if not changed:
+        return []
+    message = (
+        f"TensorRT-LLM {version}: trtspec writes {support.TRTLLM_PYTORCH_VERSION}'s {' and '.join(changed)}; "
+        f"use {support.NGC_TRITON_TRTLLM_PYTORCH_IMAGE}"
+    )
+    return [CheckResult("adaptive K", "warn", message)]
+
+
 def check_fast_logits(recipe: Recipe) -> list[CheckResult]:
     """triton.fast_logits on the tensorrtllm runtime: useful only with draft logits to pass on."""
     if not recipe.triton.fast_logits or recipe.triton.runtime != "tensorrtllm":
@@ -499,6 +575,7 @@ def run_checks(
         check_draft_size(target, draft),
         check_memory(memory, gpu_memory_gib),
         check_runtime(recipe, trtllm_version),
+        *check_llmapi_adaptive(recipe, trtllm_version),
         *check_fast_logits(recipe),
         *check_kv_cache(recipe),
         *check_conversion(recipe),

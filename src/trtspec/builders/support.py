@@ -7,6 +7,8 @@ Sources: NVIDIA/TensorRT-LLM 1.2.x examples/draft_target_model/README.md (precis
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
+
 # The engine path is pinned to TensorRT-LLM 1.2.x, the last release line with trtllm-build / TensorRT engines.
 TRTLLM_VERSION = "1.2.1"
 TRTLLM_VERSION_RANGE = (">=1.2.0", "<1.3.0")
@@ -227,6 +229,111 @@ TRTLLM_PYTORCH_MIN_VERSION = "1.2.0"
 NGC_TRITON_TRTLLM_PYTORCH_IMAGE = NGC_TRITON_TRTLLM_IMAGE
 LLMAPI_DRAFT_TARGET_DECODING_TYPE = "DraftTarget"
 LLMAPI_SPECULATIVE_MODEL_KEY = "speculative_model_dir"
+
+# Adaptive K in TensorRT-LLM 1.2.x's LLM API (DecodingBaseConfig in tensorrt_llm/llmapi/llm_args.py, "PyTorch
+# only"; the drafter in _torch/speculative/drafter.py, the gate in _torch/speculative/speculation_gate.py, both
+# driven by _torch/pyexecutor/py_executor.py; release notes 1.2: "Enabled dynamic draft length support"):
+# - no per-request draft length: every request drafts speculative_config's K (the Triton model has no K input);
+# - max_concurrency: speculation is off in an iteration with more active requests than this
+#   (min(active, max_batch_size, max_num_tokens // (1 + K)) > max_concurrency); the target's CUDA graph without
+#   draft tokens is captured only when it is set, so a deployment that can switch speculation off sets it;
+# - draft_len_schedule {batch size: K}: the K of the largest key <= the active requests (bisect_right; a K of 0
+#   turns speculation off); validated: keys >= 1, K >= 0, key 1 present with K == max_draft_len, every K <=
+#   max_draft_len (NVIDIA/TensorRT-LLM PR #8194). 1.3 reads the keys the other way ("up to", 0 past the last key,
+#   PR #10860);
+# - acceptance_window N (>= 0; 0 or unset: off) and acceptance_length_threshold T (>= 0; both needed): once N
+#   requests have finished, speculation turns off for good, for every request, when the mean over the last N of
+#   (a request's decoded tokens per iteration - 1), i.e. its accepted draft tokens per round, is below T (PR #7283).
+#   1.3 renamed them acceptance_rate_window_size / acceptance_rate_threshold, a rate over iterations (PR #12905).
+LLMAPI_SPECULATIVE_FIELDS = (
+    "max_draft_len",
+    LLMAPI_SPECULATIVE_MODEL_KEY,
+    "max_concurrency",
+    "draft_len_schedule",
+    "acceptance_window",
+    "acceptance_length_threshold",
+)
+# Finished requests the acceptance gate averages over: each one is a whole request's mean, and the switch is final,
+# so a window of a few requests would stop drafting for good after a handful of unlucky prompts.
+LLMAPI_ACCEPTANCE_WINDOW = 16
+
+
+@dataclass(frozen=True)
+class LlmapiSpeculation:
+    """speculative_config fields (besides decoding_type and the draft) that render a recipe's K rules for
+    TensorRT-LLM 1.2.x's LLM API; None = not written."""
+
+    max_draft_len: int
+    max_concurrency: int | None = None
+    draft_len_schedule: dict[int, int] | None = None
+    acceptance_window: int | None = None
+    acceptance_length_threshold: float | None = None
+
+    def fields(self) -> dict:
+        return {name: value for name, value in asdict(self).items() if value is not None}
+
+
+def upstream_draft_len_schedule(schedule: dict[int, int], max_k: int) -> dict[int, int]:
+    """trtspec's schedule (in flight up to N -> largest K; past the last key its K holds) as 1.2.x's
+    draft_len_schedule (K of the largest key <= the active requests), each K capped at ``max_k``."""
+    upstream: dict[int, int] = {}
+    start = 1
+    for in_flight, k in sorted(schedule.items()):
+        k = min(k, max_k)
+        if not upstream or list(upstream.values())[-1] != k:
+            upstream[start] = k
+        start = in_flight + 1
+    return upstream
+
+
+def llmapi_speculation_problem(speculative) -> str | None:
+    """Why a recipe's ``speculative`` section cannot be served by trtllm-pytorch at all (None: it can)."""
+    if speculative.num_draft_tokens is None and speculative.schedule:
+        first = speculative.schedule[min(speculative.schedule)]
+        if first == 0:
+            return (
+                f"speculative.schedule {speculative.schedule} drafts nothing even with one request in flight, "
+                f"and TensorRT-LLM {TRTLLM_PYTORCH_VERSION}'s DraftTarget needs max_draft_len > 0 (its "
+                "draft_len_schedule[1] must equal it); give the schedule's first key a K > 0, or serve it with "
+                "runtime torch"
+            )
+    return None
+
+
+def llmapi_speculation(speculative, max_batch_size: int) -> LlmapiSpeculation:
+    """The speculative_config fields of a recipe's K rules (``speculative``: recipe.SpeculativeSpec):
+    - ``num_draft_tokens`` set: every request drafts it (no per-request K upstream), nothing adaptive;
+    - unset (adaptive): ``schedule`` -> max_concurrency where it only turns drafting on and off, else
+      draft_len_schedule (+ max_concurrency where it reaches 0); K by acceptance -> the acceptance gate, whose
+      threshold is the break-even of core.metrics' cost model: K * draft_cost_ratio + 1 target steps per round
+      need K * draft_cost_ratio accepted draft tokens to pay.
+    Raises ValueError for what ``llmapi_speculation_problem`` refuses."""
+    from trtspec.core.metrics import round_cost
+
+    problem = llmapi_speculation_problem(speculative)
+    if problem:
+        raise ValueError(problem)
+    if speculative.num_draft_tokens is not None:
+        return LlmapiSpeculation(max_draft_len=speculative.num_draft_tokens)
+    k, max_concurrency, schedule = speculative.max_draft_len, None, None
+    if speculative.schedule:
+        upstream = upstream_draft_len_schedule(speculative.schedule, k)
+        k = upstream[1]  # the most the schedule ever allows, which 1.2.x requires of draft_len_schedule[1]
+        off = [start for start, n in upstream.items() if n == 0]
+        max_concurrency = off[0] - 1 if off else None
+        if len({n for n in upstream.values() if n > 0}) > 1:
+            schedule = upstream
+    threshold = round(round_cost(k, speculative.draft_cost_ratio) - 1.0, 4)
+    return LlmapiSpeculation(
+        max_draft_len=k,
+        # Set even where it never binds (active requests <= max_batch_size): speculation may switch off.
+        max_concurrency=max_concurrency if max_concurrency is not None else max_batch_size,
+        draft_len_schedule=schedule,
+        acceptance_window=LLMAPI_ACCEPTANCE_WINDOW,
+        acceptance_length_threshold=threshold,
+    )
+
+
 # Formats beside which TensorRT-LLM's engine build keeps the paged context FMHA (which KV-cache reuse needs) with an
 # fp8 KV cache; for the others builder.py's build() turns it off ("FP8 Paged Context FMHA is disabled because FP8
 # context FMHA is disabled"). NVFP4 is the third there; trtspec has no nvfp4 format.

@@ -13,7 +13,10 @@ What trtspec writes (deploy) and why:
   auto_complete_config never copies them over.
 - ``tensorrt_llm/1/model.yaml``: from the recipe, every key checked against the pinned release's field names
   (``trtspec.builders.support``); the ``model`` / ``speculative_model_dir`` are the HF checkpoints (or ModelOpt's
-  quantized HF exports for quantized models).
+  quantized HF exports for quantized models). Adaptive K has no per-request form upstream: the recipe's schedule
+  becomes ``max_concurrency`` / ``draft_len_schedule`` and K by acceptance the server-wide acceptance gate
+  (``acceptance_window`` / ``acceptance_length_threshold``), as ``support.llmapi_speculation`` maps them; a recipe
+  that pins ``num_draft_tokens`` serves that K to every request.
 - ``tensorrt_llm/1/model.py``: a thin launcher, not a copy: upstream's model.py belongs to the TensorRT-LLM release
   in the image and must match it, so it is loaded at server start from the image (``find_upstream_model_dir``).
 
@@ -64,7 +67,7 @@ LLM_ARGS_KEYS = frozenset(
         "triton_config",
     }
 )
-SPECULATIVE_KEYS = frozenset({"decoding_type", "max_draft_len", support.LLMAPI_SPECULATIVE_MODEL_KEY})
+SPECULATIVE_KEYS = frozenset({"decoding_type", *support.LLMAPI_SPECULATIVE_FIELDS})
 KV_CACHE_KEYS = frozenset({"free_gpu_memory_fraction", "enable_block_reuse"})
 TRITON_CONFIG_KEYS = frozenset({"max_batch_size", "decoupled"})
 
@@ -154,12 +157,25 @@ def model_yaml(recipe: Recipe, model_dirs: dict[str, Path]) -> dict:
             "free_gpu_memory_fraction": triton.kv_cache_free_gpu_mem_fraction.target,
             "enable_block_reuse": triton.enable_kv_cache_reuse,
         },
-        "speculative_config": {
-            "decoding_type": support.LLMAPI_DRAFT_TARGET_DECODING_TYPE,
-            "max_draft_len": recipe.speculative.max_draft_len,
-            support.LLMAPI_SPECULATIVE_MODEL_KEY: str(model_dirs["draft"]),
-        },
+        "speculative_config": speculative_config(recipe, model_dirs["draft"]),
         "triton_config": {"max_batch_size": 0, "decoupled": triton.decoupled},
+    }
+
+
+def speculative_config(recipe: Recipe, draft_dir: Path) -> dict:
+    """DraftTarget with the recipe's K rules as the pinned release names them (support.llmapi_speculation:
+    adaptive K becomes max_concurrency / draft_len_schedule and the acceptance gate); CheckFailed for rules it
+    cannot honour."""
+    try:
+        rules = support.llmapi_speculation(recipe.speculative, recipe.limits.max_batch_size)
+    except ValueError as err:
+        raise CheckFailed(f"{recipe.source or recipe.name}: {err}") from None
+    fields = rules.fields()
+    return {
+        "decoding_type": support.LLMAPI_DRAFT_TARGET_DECODING_TYPE,
+        "max_draft_len": fields.pop("max_draft_len"),
+        support.LLMAPI_SPECULATIVE_MODEL_KEY: str(draft_dir),
+        **fields,
     }
 
 
