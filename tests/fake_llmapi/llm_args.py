@@ -21,7 +21,8 @@ class DraftTargetDecodingConfig(BaseModel):
 
     max_draft_len: int | None = None
     max_total_draft_tokens: int | None = None
-    # 1.2.0 names it speculative_model_dir; the rename to speculative_model keeps that as an alias.
+    # 1.2.0 names it speculative_model_dir; the later rename to speculative_model (PR #10099) keeps that as an
+    # alias, and whether 1.2.1 has it was not confirmed: both are accepted.
     speculative_model: str | Path | None = Field(
         None, validation_alias=AliasChoices("speculative_model", "speculative_model_dir")
     )
