@@ -483,11 +483,11 @@ def _llmapi_field_version_results(rendered, version: str | None) -> list[CheckRe
     changed = []
     if rendered.acceptance_window is not None:
         changed.append(
-            "acceptance_window/acceptance_length_threshold (1.3: acceptance_rate_window_size/"
-            "acceptance_rate_threshold, a rate)"
+            "acceptance_window/acceptance_length_threshold (renamed in 1.3, a breaking change: "
+            "acceptance_rate_window_size/acceptance_rate_threshold, a rate)"
         )
     if rendered.draft_len_schedule is not None:
-        changed.append("draft_len_schedule (1.3 reads its keys as 'up to')")
+        changed.append("draft_len_schedule (1.3 reads its keys as 'up to', exclusive of max_concurrency)")
     if not changed:
         return []
     message = (
