@@ -167,9 +167,11 @@ def test_a_schedule_says_what_it_is_written_as():
         "max_concurrency 8 (active requests), max_draft_len 4 (the schedule's K at one request)"
     )
     on_off = recipe("trtllm-pytorch", speculative={"max_draft_len": 4, "schedule": {4: 4, 16: 0}})
-    assert (
-        "written as max_concurrency 4 (active requests)" in check_llmapi_adaptive(on_off, "1.2.1")[1].message
+    assert check_llmapi_adaptive(on_off, "1.2.1")[1].message.endswith(
+        "written as max_concurrency 4 (active requests)"
     )
+    one_k = recipe("trtllm-pytorch", speculative={"max_draft_len": 8, "schedule": {8: 4}})
+    assert check_llmapi_adaptive(one_k, "1.2.1")[1].message.endswith("one K at every load, max_draft_len 4")
 
 
 def test_a_pinned_k_and_an_unwritten_schedule():

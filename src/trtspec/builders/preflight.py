@@ -462,11 +462,14 @@ def check_llmapi_adaptive(recipe: Recipe, trtllm_version: str | None = None) -> 
         )
     ]
     if spec.schedule:
-        written = [f"max_concurrency {rendered.max_concurrency}"] if rendered.max_concurrency else []
-        if rendered.draft_len_schedule:
-            written.insert(0, f"draft_len_schedule {rendered.draft_len_schedule}")
+        upstream = support.upstream_draft_len_schedule(spec.schedule, spec.max_draft_len)
+        written = [f"draft_len_schedule {rendered.draft_len_schedule}"] if rendered.draft_len_schedule else []
+        if 0 in upstream.values():
+            written.append(f"max_concurrency {rendered.max_concurrency}")
         message = f"speculative.schedule {spec.schedule}: written as {' + '.join(written)} (active requests)"
-        if rendered.max_draft_len < spec.max_draft_len:
+        if not written:
+            message = f"speculative.schedule {spec.schedule}: one K at every load, max_draft_len {rendered.max_draft_len}"
+        elif rendered.max_draft_len < spec.max_draft_len:
             message += f", max_draft_len {rendered.max_draft_len} (the schedule's K at one request)"
         results.append(CheckResult("adaptive K", "pass", message, details))
     return results + _llmapi_field_version_results(rendered, trtllm_version or installed_trtllm_version())

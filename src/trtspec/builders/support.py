@@ -326,7 +326,8 @@ def llmapi_speculation(speculative, max_batch_size: int) -> LlmapiSpeculation:
     threshold = round(round_cost(k, speculative.draft_cost_ratio) - 1.0, 4)
     return LlmapiSpeculation(
         max_draft_len=k,
-        # Set even where it never binds (active requests <= max_batch_size): speculation may switch off.
+        # max_batch_size never binds (active requests <= it), but the gate may switch speculation off, and only
+        # with max_concurrency set does TensorRT-LLM capture the target's CUDA graph for rounds without drafts.
         max_concurrency=max_concurrency if max_concurrency is not None else max_batch_size,
         draft_len_schedule=schedule,
         acceptance_window=LLMAPI_ACCEPTANCE_WINDOW,
