@@ -433,15 +433,11 @@ def check_llmapi_adaptive(recipe: Recipe, trtllm_version: str | None = None) -> 
     rendered = support.llmapi_speculation(spec, recipe.limits.max_batch_size)
     details = rendered.fields()
     if spec.num_draft_tokens is not None:
-        results = [
-            CheckResult(
-                "adaptive K",
-                "pass",
-                f"speculative.num_draft_tokens {spec.num_draft_tokens}: every request drafts it ({pinned}'s "
-                "LLM API takes no per-request K)",
-                details,
-            )
-        ]
+        message = (
+            f"speculative.num_draft_tokens {spec.num_draft_tokens}: every request drafts it ({pinned}'s LLM API "
+            "takes no per-request K)"
+        )
+        results = [CheckResult("adaptive K", "pass", message, details)]
         if spec.schedule:
             message = (
                 f"speculative.schedule is not written: it caps adaptive requests, and num_draft_tokens "
@@ -449,30 +445,31 @@ def check_llmapi_adaptive(recipe: Recipe, trtllm_version: str | None = None) -> 
             )
             results.append(CheckResult("adaptive K", "warn", message, details))
         return results
-    results = [
-        CheckResult(
-            "adaptive K",
-            "warn",
-            f"adaptive K by acceptance (speculative.num_draft_tokens unset): {pinned} has no per-request K; "
-            f"written as its acceptance gate, which stops drafting for good, for every request, once the last "
-            f"{rendered.acceptance_window} finished requests accepted fewer than "
-            f"{rendered.acceptance_length_threshold} draft tokens per round on average (K {rendered.max_draft_len} "
-            f"x speculative.draft_cost_ratio {spec.draft_cost_ratio}, the break-even); no probing afterwards",
-            details,
-        )
-    ]
+    message = (
+        f"adaptive K by acceptance (speculative.num_draft_tokens unset): {pinned} has no per-request K; written "
+        f"as its acceptance gate, which stops drafting for good, for every request, once the last "
+        f"{rendered.acceptance_window} finished requests accepted fewer than {rendered.acceptance_length_threshold} "
+        f"draft tokens per round on average (K {rendered.max_draft_len} x speculative.draft_cost_ratio "
+        f"{spec.draft_cost_ratio}, the break-even); no probing afterwards"
+    )
+    results = [CheckResult("adaptive K", "warn", message, details)]
     if spec.schedule:
-        upstream = support.upstream_draft_len_schedule(spec.schedule, spec.max_draft_len)
-        written = [f"draft_len_schedule {rendered.draft_len_schedule}"] if rendered.draft_len_schedule else []
-        if 0 in upstream.values():
-            written.append(f"max_concurrency {rendered.max_concurrency}")
-        message = f"speculative.schedule {spec.schedule}: written as {' + '.join(written)} (active requests)"
-        if not written:
-            message = f"speculative.schedule {spec.schedule}: one K at every load, max_draft_len {rendered.max_draft_len}"
-        elif rendered.max_draft_len < spec.max_draft_len:
-            message += f", max_draft_len {rendered.max_draft_len} (the schedule's K at one request)"
-        results.append(CheckResult("adaptive K", "pass", message, details))
+        results.append(CheckResult("adaptive K", "pass", _llmapi_schedule_message(spec, rendered), details))
     return results + _llmapi_field_version_results(rendered, trtllm_version or installed_trtllm_version())
+
+
+def _llmapi_schedule_message(spec, rendered) -> str:
+    """What speculative.schedule became in speculative_config."""
+    upstream = support.upstream_draft_len_schedule(spec.schedule, spec.max_draft_len)
+    written = [f"draft_len_schedule {rendered.draft_len_schedule}"] if rendered.draft_len_schedule else []
+    if 0 in upstream.values():
+        written.append(f"max_concurrency {rendered.max_concurrency}")
+    if not written:
+        return f"speculative.schedule {spec.schedule}: one K at every load, max_draft_len {rendered.max_draft_len}"
+    message = f"speculative.schedule {spec.schedule}: written as {' + '.join(written)} (active requests)"
+    if rendered.max_draft_len < spec.max_draft_len:
+        message += f", max_draft_len {rendered.max_draft_len} (the schedule's K at one request)"
+    return message
 
 
 def _llmapi_field_version_results(rendered, version: str | None) -> list[CheckResult]:
