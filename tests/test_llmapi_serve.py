@@ -53,7 +53,9 @@ def served(tiny_pair, tmp_path_factory):
                 "name": "pt",
                 "target": {"model": str(target), "dtype": "float32"},
                 "draft": {"model": str(draft), "dtype": "float32"},
-                "speculative": {"max_draft_len": 4},
+                # adaptive K as 1.2.x has it: draft_len_schedule {1: 4, 3: 2} (K 4 at one request, below the
+                # engine limit 6), the acceptance gate and max_concurrency, all validated by the stand-in
+                "speculative": {"max_draft_len": 6, "schedule": {2: 4, 8: 2}},
                 "limits": {"max_batch_size": 4, "max_input_len": 128, "max_seq_len": 256},
                 "triton": {"runtime": "trtllm-pytorch"},
             }

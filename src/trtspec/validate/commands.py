@@ -68,6 +68,7 @@ def open_system(recipe, options: SystemOptions, tokenizer=None):
             model=options.model,
             max_draft_len=recipe.speculative.max_draft_len,
             max_batch_size=options.max_batch_size or recipe.limits.max_batch_size,
+            llmapi_max_draft_len=llmapi_max_draft_len(recipe),
         )
     if kind == "trtllm":
         # Same API as SpeculativeEngine; raises NeedsTensorRTLLM (exit 3) outside the NGC image.
@@ -77,6 +78,16 @@ def open_system(recipe, options: SystemOptions, tokenizer=None):
         runner = TrtllmSpeculativeRunner.from_recipe(recipe, max_batch_size=options.max_batch_size)
         return EngineSystem(runner, name=f"TensorRT-LLM engines (engines/{recipe.name})")
     raise TrtspecError(f"--system {kind!r} is not one of {', '.join(SYSTEMS)}")
+
+
+def llmapi_max_draft_len(recipe) -> int | None:
+    """The K a trtllm-pytorch deployment of ``recipe`` drafts every round (its model.yaml's max_draft_len); None
+    when the recipe cannot be deployed there."""
+    from trtspec.builders import support
+
+    if support.llmapi_speculation_problem(recipe.speculative):
+        return None
+    return support.llmapi_speculation(recipe.speculative, recipe.limits.max_batch_size).max_draft_len
 
 
 def open_reference(recipe, options: SystemOptions):
@@ -115,7 +126,10 @@ def validate(options: ValidateOptions, out) -> dict:
                 reference,
                 prompts,
                 max_new_tokens=options.max_tokens,
-                num_draft_tokens=options.num_draft_tokens or recipe.speculative.default_num_draft_tokens,
+                # a system that sets K itself (upstream's LLM-API model) is measured at its K
+                num_draft_tokens=options.num_draft_tokens
+                or system.fixed_k
+                or recipe.speculative.default_num_draft_tokens,
                 thresholds=options.thresholds,
                 progress=lambda msg: status.update(msg),
             )

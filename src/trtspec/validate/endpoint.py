@@ -338,6 +338,7 @@ class TritonSystem:
         max_draft_len: int = 8,
         max_batch_size: int = 8,
         stream: bool = True,
+        llmapi_max_draft_len: int | None = None,
     ):
         self.client = TritonClient(url, protocol, model)
         self.client.check_ready()
@@ -345,8 +346,10 @@ class TritonSystem:
         self._checked_chats: set[str] = set()  # chat texts that passed check_text_input
         self.max_draft_len, self.max_batch_size = max_draft_len, max_batch_size
         self.name = f"Triton {self.client.model} at {self.client.address} ({self.client.protocol})"
-        # upstream's LLM-API model drafts max_draft_len tokens every round and takes no per-request K
-        self.fixed_k = max_draft_len if self.client.interface == "llmapi" else None
+        # upstream's LLM-API model drafts its model.yaml's max_draft_len (llmapi_max_draft_len: what trtspec wrote
+        # there) and takes no per-request K
+        llmapi_k = llmapi_max_draft_len or max_draft_len
+        self.fixed_k = llmapi_k if self.client.interface == "llmapi" else None
 
     def generate(self, requests: list[Request], params) -> list[Generation]:
         sampling = (
@@ -359,11 +362,12 @@ class TritonSystem:
                 "seed": params.seed,
             }
         )
-        k = self.max_draft_len if params.num_draft_tokens is None else params.num_draft_tokens
-        if self.client.interface == "llmapi" and k != self.max_draft_len:
+        default_k = self.fixed_k if self.fixed_k is not None else self.max_draft_len
+        k = default_k if params.num_draft_tokens is None else params.num_draft_tokens
+        if self.fixed_k is not None and k != self.fixed_k:
             raise RequestError(
-                f"{self.name}: upstream's LLM-API model drafts max_draft_len {self.max_draft_len} tokens per round "
-                f"(model.yaml) and takes no per-request K, so K={k} cannot be measured; use K={self.max_draft_len}"
+                f"{self.name}: upstream's LLM-API model drafts max_draft_len {self.fixed_k} tokens per round "
+                f"(model.yaml) and takes no per-request K, so K={k} cannot be measured; use K={self.fixed_k}"
             )
 
         for request in requests:
