@@ -325,3 +325,23 @@ def test_cli_deploy_trtllm_pytorch(runner, pair, tmp_path):
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
     assert payload["entry_point"] == "tensorrt_llm" and payload["models"] == ["tensorrt_llm"]
+
+
+@pytest.mark.parametrize(
+    ("speculative", "k"),
+    [
+        ({}, 5),
+        ({"num_draft_tokens": 3}, 3),
+        ({"max_draft_len": 8, "schedule": {4: 4, 16: 1}}, 4),
+        ({"schedule": {1: 0}}, None),
+    ],
+)
+def test_validate_measures_the_k_model_yaml_gets(pair, speculative, k):
+    """validate/bench against a trtllm-pytorch endpoint treat its K as fixed: the one written in model.yaml."""
+    from trtspec.validate.commands import llmapi_max_draft_len
+
+    recipe = make_recipe(pair, speculative=speculative)
+    assert llmapi_max_draft_len(recipe) == k
+    if k is not None:
+        data = llmapi.model_yaml(recipe, {"target": pair[0], "draft": pair[1]})
+        assert data["speculative_config"]["max_draft_len"] == k
