@@ -164,7 +164,8 @@ def test_a_schedule_says_what_it_is_written_as():
     assert schedule.status == "pass"
     assert schedule.message == (
         "speculative.schedule {2: 4, 8: 2, 16: 0}: written as draft_len_schedule {1: 4, 3: 2, 9: 0} + "
-        "max_concurrency 8 (active requests), max_draft_len 4 (the schedule's K at one request)"
+        "max_concurrency 8 (active requests), max_draft_len 4 (the schedule's K at one request); TensorRT-LLM "
+        "drafts without its fused draft loop then"
     )
     on_off = recipe("trtllm-pytorch", speculative={"max_draft_len": 4, "schedule": {4: 4, 16: 0}})
     assert check_llmapi_adaptive(on_off, "1.2.1")[1].message.endswith(

@@ -469,6 +469,8 @@ def _llmapi_schedule_message(spec, rendered) -> str:
     message = f"speculative.schedule {spec.schedule}: written as {' + '.join(written)} (active requests)"
     if rendered.max_draft_len < spec.max_draft_len:
         message += f", max_draft_len {rendered.max_draft_len} (the schedule's K at one request)"
+    if rendered.draft_len_schedule:
+        message += "; TensorRT-LLM drafts without its fused draft loop then"
     return message
 
 

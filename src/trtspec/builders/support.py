@@ -239,8 +239,9 @@ LLMAPI_SPECULATIVE_MODEL_KEY = "speculative_model_dir"
 #   draft tokens is captured only when it is set, so a deployment that can switch speculation off sets it;
 # - draft_len_schedule {batch size: K}: the K of the largest key <= the active requests (bisect_right; a K of 0
 #   turns speculation off); validated: keys >= 1, K >= 0, key 1 present with K == max_draft_len, every K <=
-#   max_draft_len (NVIDIA/TensorRT-LLM PR #8194). 1.3 reads the keys the other way ("up to", 0 past the last key,
-#   PR #10860);
+#   max_draft_len (NVIDIA/TensorRT-LLM PR #8194); with a schedule the draft runs without the fused draft loop
+#   (ChainDrafter, "enabled only ... when no schedule is provided"). 1.3 reads the keys the other way ("up to", 0
+#   past the last key, PR #10860);
 # - acceptance_window N (>= 0; 0 or unset: off) and acceptance_length_threshold T (>= 0; both needed): once N
 #   requests have finished, speculation turns off for good, for every request, when the mean over the last N of
 #   (a request's decoded tokens per iteration - 1), i.e. its accepted draft tokens per round, is below T (PR #7283).
