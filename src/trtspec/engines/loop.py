@@ -144,14 +144,16 @@ def new_generator(params: SamplingParams, device) -> torch.Generator | None:
 
 @dataclass
 class RowEvent:
-    """What one round gave one request: its new tokens (after stops; may be empty) and, once it is finished,
-    its GenerationResult (finish_reason "error" carries ``error`` instead)."""
+    """What one round gave one request: its new tokens (after stops; may be empty), the round's draft tokens and
+    accepted count, and, once it is finished, its GenerationResult (a failed round carries ``error`` instead)."""
 
     request_id: Hashable
     new_tokens: list[int]
     stats: AcceptanceStats
     result: GenerationResult | None = None
     error: str | None = None
+    num_draft: int = 0
+    num_accepted: int = 0
 
     @property
     def finished(self) -> bool:
@@ -344,10 +346,12 @@ class GenerationLoop:
                 "stop"  # a runtime that emitted nothing cannot make progress (an engine at its own limit)
             )
         if reason is None:
-            return RowEvent(request.request_id, kept, stats)
+            return RowEvent(
+                request.request_id, kept, stats, num_draft=out.num_draft, num_accepted=out.num_accepted
+            )
         self._retire(request)
         event = self._finished(request, reason)
-        event.new_tokens = kept
+        event.new_tokens, event.num_draft, event.num_accepted = kept, out.num_draft, out.num_accepted
         return event
 
 
