@@ -20,7 +20,7 @@ class Limits:
     """The repository's limits, from the orchestrator's config parameters."""
 
     max_draft_len: int
-    num_draft_tokens: int | None  # default per-request K; None = adaptive (torch runtime)
+    num_draft_tokens: int | None  # default per-request K; None = adaptive (parameter "adaptive")
     max_seq_len: int
     use_draft_logits: bool = False
 
