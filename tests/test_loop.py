@@ -4,16 +4,16 @@ per-request K and seeds; scripted rounds for the stop logic, the tiny pair for e
 from __future__ import annotations
 
 import threading
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from trtspec.core.errors import RequestError
-from trtspec.engines import loop as loop_module
 from trtspec.engines.loop import GenerationLoop, LoopThread
 from trtspec.engines.models import load_causal_lm
+from trtspec.engines.rounds import Outcome
 from trtspec.engines.sampling import SamplingParams
+from trtspec.engines.speculative import TorchRounds
 
 PROMPTS = [[1, 40, 41, 42, 43, 44, 45], [1, 7, 8], [1, 100], [1, 5, 6, 7, 8, 9]]
 
@@ -36,22 +36,32 @@ def run(loop: GenerationLoop, adds: dict[int, list[tuple]]) -> dict:
 # ---------------------------------------------------------------- scripted rounds: the stop logic alone
 
 
-@pytest.fixture
-def scripted(monkeypatch):
-    """A loop whose round emits each row's next tokens from a script (row b: script[prompt[0]])."""
-    model = SimpleNamespace(num_slots=2, vocab_size=1000, device="cpu")
+class ScriptedRounds:
+    """A runtime whose round emits each row's next tokens from a script (row b: script[prompt[0]]): all the loop
+    needs from a runtime (engines/rounds.py)."""
+
+    num_slots, vocab_size, max_draft_len, device = 2, 1000, 4, "cpu"
     scripts = {1: [[5, 6, 7], [8, 9], [10, 11, 12]], 2: [[20], [21, 22], [23]]}
 
-    def fake_round(target, draft, rows, num_draft, params, generator):
-        emitted = []
+    def __init__(self):
+        self.released = []
+
+    def run(self, rows, num_draft, params, generator):
+        outcomes = []
         for row in rows:
             row.script_round = n = getattr(row, "script_round", -1) + 1
-            emitted.append(scripts[row.tokens[0]][n % 3])
-            row.tokens += emitted[-1]
-        return emitted, [len(e) - 1 for e in emitted]
+            tokens = self.scripts[row.tokens[0]][n % 3]
+            row.tokens += tokens
+            outcomes.append(Outcome(tokens, len(tokens) - 1, len(tokens) - 1))
+        return outcomes
 
-    monkeypatch.setattr(loop_module, "speculative_round", fake_round)
-    return GenerationLoop(model, model, max_draft_len=4, max_seq_len=64)
+    def release(self, slot):
+        self.released.append(slot)
+
+
+@pytest.fixture
+def scripted():
+    return GenerationLoop(ScriptedRounds(), max_seq_len=64)
 
 
 def test_eos_lists_stop_sequences_and_max_new_tokens_cut_each_request_on_its_own(scripted):
@@ -87,6 +97,7 @@ def test_requests_wait_for_a_free_slot_and_a_cancelled_one_frees_it(scripted):
     cancelled = [e for e in events if e.request_id == "a"]
     assert cancelled[0].result.finish_reason == "cancelled" and cancelled[0].result.token_ids == [5, 6, 7]
     assert {e.request_id for e in events if not e.finished} == {"b", "c"}  # c took a's slot this step
+    assert scripted.rounds.released == [0]  # the runtime dropped a's state before c took its slot
 
 
 def test_a_failed_round_ends_every_request_with_one_line_and_the_thread_keeps_serving(scripted, monkeypatch):
@@ -127,7 +138,7 @@ def pair(tiny_pair):
 
 
 def new_loop(pair, **options) -> GenerationLoop:
-    return GenerationLoop(*pair, max_draft_len=4, max_seq_len=128, **options)
+    return GenerationLoop(TorchRounds(*pair, max_draft_len=4), max_seq_len=128, **options)
 
 
 def hf_greedy(model_dir, prompt: list[int], max_new_tokens: int) -> list[int]:

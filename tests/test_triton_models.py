@@ -1,5 +1,5 @@
-"""The Triton python models' pure logic without a server: the speculative loop replayed over scripted draft /
-target outputs (tensorrtllm_backend's all_models/tests/test_decode.py style), request validation, stop words and
+"""The Triton python models' pure logic without a server: the orchestrator's rounds (in the one loop) replayed over
+scripted draft / target outputs (tensorrtllm_backend's all_models/tests/test_decode.py style), request validation, stop words and
 incremental detokenization, and the torch engine model's KV-slot choice."""
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ import pytest
 
 from trtspec.core.errors import RequestError
 from trtspec.core.metrics import AcceptanceStats, SpecDecodeCounts
-from trtspec.triton_repo.models.decode import speculate
+from trtspec.engines.adaptive import KPolicy
+from trtspec.engines.sampling import SamplingParams
+from trtspec.triton_repo.models.decode import EngineRounds, one_after_the_other, speculate
 from trtspec.triton_repo.models.engine import cpu_threads
 from trtspec.triton_repo.models.request import Limits, parse_request
 from trtspec.triton_repo.models.text import (
@@ -43,9 +45,35 @@ class Script:
         return self.targets[round_index]
 
 
-def _run(script: Script, prompt=(10, 11), stats=None, **kwargs):
-    options = {"max_tokens": 100, "num_draft_tokens": 3, "max_seq_len": 1000, "end_ids": (END,)} | kwargs
-    return list(speculate(list(prompt), draft=script.draft, target=script.target, stats=stats, **options))
+def _speculate(
+    prompt,
+    draft,
+    target,
+    *,
+    max_tokens=100,
+    num_draft_tokens=3,
+    max_seq_len=1000,
+    end_ids=(END,),
+    stop_ids=(),
+    first_token_alone=False,
+    draft_ahead=None,
+    together=one_after_the_other,
+):
+    """One request through the orchestrator's rounds in the loop, as the orchestrator runs it (request.to_job's
+    terms: max_tokens capped to max_seq_len, end ids left out); its events, one per round."""
+    prompt = list(prompt)
+    params = SamplingParams(
+        max_new_tokens=max(min(max_tokens, max_seq_len - len(prompt)), 1), num_draft_tokens=num_draft_tokens
+    )
+    rounds = EngineRounds(
+        draft, target, max_draft_len=4, max_seq_len=max_seq_len, draft_ahead=draft_ahead, together=together
+    )
+    options = {"eos_ids": set(end_ids), "keep_end": False, "stop_sequences": stop_ids}
+    return list(speculate(prompt, params, rounds, first_token_alone=first_token_alone, **options))
+
+
+def _run(script: Script, prompt=(10, 11), **kwargs):
+    return _speculate(prompt, script.draft, script.target, **kwargs)
 
 
 def test_rounds_emit_accepted_plus_one_and_count_accepted_and_bonus_tokens():
@@ -55,11 +83,12 @@ def test_rounds_emit_accepted_plus_one_and_count_accepted_and_bonus_tokens():
         drafts=[[5, 6, 7], [20, 21, 22], [40, 41, 42]],
         targets=[[5, 6, 9, 99], [20, 21, 22, 8], [30, 99], [50]],
     )
-    stats = AcceptanceStats(max_draft_len=3)
-    rounds = _run(script, stats=stats, max_tokens=9)
-    assert [r.tokens for r in rounds] == [[5, 6, 9], [20, 21, 22, 8], [30], [50]]
+    rounds = _run(script, max_tokens=9)
+    stats = rounds[-1].stats
+    assert [r.new_tokens for r in rounds] == [[5, 6, 9], [20, 21, 22, 8], [30], [50]]
     assert [(r.num_draft, r.num_accepted) for r in rounds] == [(3, 2), (3, 3), (1, 0), (0, 0)]
-    assert [r.finished for r in rounds] == [False, False, False, True] and rounds[-1].reason == "length"
+    assert [r.finished for r in rounds] == [False, False, False, True]
+    assert rounds[-1].result.finish_reason == "length"
     # the target verifies the growing sequence; later rounds draft only what the budget leaves room for
     assert script.target_calls[1] == ([10, 11, 5, 6, 9], [20, 21, 22])
     assert script.draft_calls[2] == ([10, 11, 5, 6, 9, 20, 21, 22, 8], 1)
@@ -73,8 +102,8 @@ def test_rounds_emit_accepted_plus_one_and_count_accepted_and_bonus_tokens():
 def test_end_id_stops_without_emitting_it():
     script = Script(drafts=[[5, 6, 7], [1, 1, 1]], targets=[[5, END, 7, 8], [1, 1, 1, 1]])
     rounds = _run(script)
-    assert [r.tokens for r in rounds] == [[5]]
-    assert rounds[-1].finished and rounds[-1].reason == "end_id"
+    assert [r.new_tokens for r in rounds] == [[5]]
+    assert rounds[-1].finished and rounds[-1].result.finish_reason == "stop"
     assert len(script.target_calls) == 1
 
 
@@ -82,7 +111,7 @@ def test_any_id_of_an_eos_list_stops():
     """Llama 3 Instruct ends at any of [128001, 128008, 128009]; TensorRT-LLM's engines take one end_id."""
     script = Script(drafts=[[5, 6, 7]], targets=[[5, 6, 42, 8]])
     rounds = _run(script, end_ids=(END, 42))
-    assert [r.tokens for r in rounds] == [[5, 6]] and rounds[-1].reason == "end_id"
+    assert [r.new_tokens for r in rounds] == [[5, 6]] and rounds[-1].result.finish_reason == "stop"
 
 
 def test_the_codec_reads_an_eos_list_from_generation_config(tmp_path, shared_tokenizer_dir):
@@ -105,50 +134,50 @@ def test_stop_sequence_across_rounds_is_emitted_and_stops():
     # stop word [6, 9]: its first token ends round 0, the second arrives in round 1
     script = Script(drafts=[[5, 1, 1], [9, 4, 4]], targets=[[5, 6], [9, 4, 4, 4]])
     rounds = _run(script, stop_ids=[[6, 9]])
-    assert [r.tokens for r in rounds] == [[5, 6], [9]]
-    assert rounds[-1].reason == "stop_words"
+    assert [r.new_tokens for r in rounds] == [[5, 6], [9]]
+    assert rounds[-1].result.finish_reason == "stop"
 
 
 def test_max_tokens_truncates_the_last_round_and_leaves_room_for_the_target_token():
     script = Script(drafts=[[5, 6, 7], [8]], targets=[[5, 6, 7, 4], [8, 3]])
     rounds = _run(script, max_tokens=5)
-    assert sum(len(r.tokens) for r in rounds) == 5
-    assert [r.tokens for r in rounds] == [[5, 6, 7, 4], [8]]
+    assert sum(len(r.new_tokens) for r in rounds) == 5
+    assert [r.new_tokens for r in rounds] == [[5, 6, 7, 4], [8]]
     assert len(script.draft_calls) == 1  # budget 1: no draft call at all
     assert script.target_calls[1][1] == []  # a plain target step
-    assert rounds[-1].reason == "length"
+    assert rounds[-1].result.finish_reason == "length"
 
 
 def test_max_seq_len_ends_generation():
     script = Script(drafts=[[5, 6]], targets=[[5, 6, 7]])
     rounds = _run(script, prompt=(1, 1, 1), max_seq_len=6)
-    assert [r.tokens for r in rounds] == [[5, 6, 7], []]
+    assert [r.new_tokens for r in rounds] == [[5, 6, 7]]
     assert script.draft_calls[0][1] == 2  # budget 3 leaves 2 draft tokens + the target's own
-    assert rounds[-1].finished and rounds[-1].reason == "max_seq_len"
+    assert rounds[-1].finished and rounds[-1].result.finish_reason == "length"
 
 
-def test_target_without_new_tokens_ends_with_no_progress():
+def test_target_without_new_tokens_ends_as_it_cannot_progress():
     rounds = _run(Script(drafts=[[5, 6, 7]], targets=[[]]))
-    assert rounds == [rounds[0]] and rounds[0].reason == "no_progress" and rounds[0].tokens == []
+    assert len(rounds) == 1 and rounds[0].result.finish_reason == "stop" and rounds[0].new_tokens == []
 
 
 def test_surplus_draft_and_target_tokens_are_ignored():
     script = Script(drafts=[[5, 6, 7, 8, 9]], targets=[[5, 6, 7, 1, 77, 78]])
     rounds = _run(script, max_tokens=4)
-    assert rounds[0].tokens == [5, 6, 7, 1] and rounds[0].num_draft == 3
+    assert rounds[0].new_tokens == [5, 6, 7, 1] and rounds[0].num_draft == 3
 
 
 def test_k_zero_is_plain_target_decoding():
     script = Script(drafts=[], targets=[[5], [6], [7]])
     rounds = _run(script, num_draft_tokens=0, max_tokens=3)
-    assert [r.tokens for r in rounds] == [[5], [6], [7]] and script.draft_calls == []
+    assert [r.new_tokens for r in rounds] == [[5], [6], [7]] and script.draft_calls == []
 
 
 def test_first_token_alone_takes_round_zero_from_the_target_prefill_then_drafts():
     script = Script(drafts=[[], [6, 7, 8]], targets=[[5], [6, 7, 9, 99]])  # indexed by round
-    stats = AcceptanceStats(max_draft_len=3)
-    rounds = _run(script, stats=stats, max_tokens=4, first_token_alone=True)
-    assert [r.tokens for r in rounds] == [[5], [6, 7, 9]] and rounds[-1].reason == "length"
+    rounds = _run(script, max_tokens=4, first_token_alone=True)
+    stats = rounds[-1].stats
+    assert [r.new_tokens for r in rounds] == [[5], [6, 7, 9]] and rounds[-1].result.finish_reason == "length"
     assert script.target_calls[0] == ([10, 11], []) and script.draft_calls == [([10, 11, 5], 2)]
     # the prefill round counts as a target forward, not as a drafting round
     assert (stats.rounds, stats.target_forwards, stats.drafted, stats.accepted) == (1, 2, 2, 2)
@@ -196,29 +225,27 @@ def _toy_draft(kind: str):
 @pytest.mark.parametrize("first_token_alone", [False, True])
 @pytest.mark.parametrize("draft_kind", ["same_as_target", "every_third_wrong", "always_wrong"])
 def test_output_equals_plain_greedy_whatever_the_draft(draft_kind, first_token_alone, draft_ahead):
-    stats = AcceptanceStats(max_draft_len=4)
     prompt = [4, 9, 12]
-    rounds = list(
-        speculate(
-            prompt,
-            max_tokens=23,
-            num_draft_tokens=4,
-            max_seq_len=1000,
-            draft=_toy_draft(draft_kind),
-            target=_toy_target,
-            stats=stats,
-            first_token_alone=first_token_alone,
-            draft_ahead=(lambda: True) if draft_ahead else None,
-        )
+    rounds = _speculate(
+        prompt,
+        _toy_draft(draft_kind),
+        _toy_target,
+        max_tokens=23,
+        num_draft_tokens=4,
+        first_token_alone=first_token_alone,
+        draft_ahead=(lambda: True) if draft_ahead else None,
     )
-    assert [t for r in rounds for t in r.tokens] == _toy_greedy(prompt, 23)
+    stats = rounds[-1].stats
+    assert [t for r in rounds for t in r.new_tokens] == _toy_greedy(prompt, 23)
     expected_rate = {"same_as_target": 1.0, "always_wrong": 0.0}.get(draft_kind)
     if expected_rate is None:
         assert 0 < stats.acceptance_rate < 1
     else:
         assert stats.acceptance_rate == expected_rate
     if draft_kind == "same_as_target":  # 5 tokens per round, the last round trimmed to the budget
-        assert [len(r.tokens) for r in rounds] == ([1, 5, 5, 5, 5, 2] if first_token_alone else [5] * 4 + [3])
+        assert [len(r.new_tokens) for r in rounds] == (
+            [1, 5, 5, 5, 5, 2] if first_token_alone else [5] * 4 + [3]
+        )
 
 
 class Recorder:
@@ -245,26 +272,17 @@ class Recorder:
 
 def _ahead_run(rec: Recorder, ahead=lambda: True, **kwargs):
     options = dict(max_tokens=12, num_draft_tokens=3, max_seq_len=1000, first_token_alone=True) | kwargs
-    return list(
-        speculate(
-            [4, 9, 12],
-            draft=rec.draft,
-            target=rec.target,
-            draft_ahead=ahead,
-            together=rec.together,
-            **options,
-        )
-    )
+    return _speculate([4, 9, 12], rec.draft, rec.target, draft_ahead=ahead, together=rec.together, **options)
 
 
 def test_draft_ahead_replaces_the_next_draft_call_when_the_draft_and_its_bonus_guess_are_accepted():
     rec = Recorder("same_as_target")
     rounds = _ahead_run(rec)
-    assert [t for r in rounds for t in r.tokens] == _toy_greedy([4, 9, 12], 12)
+    assert [t for r in rounds for t in r.new_tokens] == _toy_greedy([4, 9, 12], 12)
     # round 0 (the prefill) drafts nothing ahead (it would slow the first token); round 1 drafts K = 3 itself and
     # K + 1 = 4 ahead for round 2 (with round 2's seed), whose guess is right, and so on; the last round (budget 3)
     # has no room for a next one and drafts nothing ahead
-    assert [len(r.tokens) for r in rounds] == [1, 4, 4, 3]
+    assert [len(r.new_tokens) for r in rounds] == [1, 4, 4, 3]
     assert rec.draft_calls == [(4, 3, 1), (8 - 1, 4, 2), (12 - 1, 4, 3)]
     assert rec.target_calls == 4 and rec.together_calls == 2
 
@@ -272,7 +290,7 @@ def test_draft_ahead_replaces_the_next_draft_call_when_the_draft_and_its_bonus_g
 def test_draft_ahead_that_misses_falls_back_to_a_fresh_draft_from_the_verified_tokens():
     rec = Recorder("always_wrong")
     rounds = _ahead_run(rec)
-    assert [t for r in rounds for t in r.tokens] == _toy_greedy([4, 9, 12], 12)
+    assert [t for r in rounds for t in r.new_tokens] == _toy_greedy([4, 9, 12], 12)
     ahead = [c for c in rec.draft_calls if c[1] == 4]
     fresh = [c for c in rec.draft_calls if c[1] < 4]
     # every round after the prefill drafts afresh from the verified sequence (one token longer each round)
@@ -285,7 +303,7 @@ def test_draft_ahead_that_misses_falls_back_to_a_fresh_draft_from_the_verified_t
 def test_no_draft_ahead_when_off_or_while_other_requests_run(ahead):
     rec = Recorder("same_as_target")
     rounds = _ahead_run(rec, ahead=ahead)
-    assert [t for r in rounds for t in r.tokens] == _toy_greedy([4, 9, 12], 12)
+    assert [t for r in rounds for t in r.new_tokens] == _toy_greedy([4, 9, 12], 12)
     assert rec.together_calls == 0 and all(k <= 3 for _, k, _ in rec.draft_calls)
 
 
@@ -295,7 +313,8 @@ def test_draft_ahead_stays_within_max_seq_len(max_seq_len, first_token_alone):
     rec = Recorder("same_as_target")
     rounds = _ahead_run(rec, max_seq_len=max_seq_len, max_tokens=100, first_token_alone=first_token_alone)
     assert all(length + k <= max_seq_len for length, k, _ in rec.draft_calls)
-    assert rounds[-1].reason == "max_seq_len" and 3 + sum(len(r.tokens) for r in rounds) == max_seq_len
+    assert rounds[-1].result.finish_reason == "length"
+    assert 3 + sum(len(r.new_tokens) for r in rounds) == max_seq_len
 
 
 def test_no_draft_ahead_without_drafts():
@@ -319,17 +338,14 @@ def test_draft_ahead_passes_the_guess_logits_on_to_the_next_verification():
             verified_logits.append((list(draft_tokens), draft_logits.argmax(-1).tolist()))
         return _toy_target(tokens, draft_tokens, draft_logits, round_index)
 
-    list(
-        speculate(
-            [4, 9, 12],
-            max_tokens=12,
-            num_draft_tokens=3,
-            max_seq_len=100,
-            draft=draft,
-            target=target,
-            first_token_alone=True,
-            draft_ahead=lambda: True,
-        )
+    _speculate(
+        [4, 9, 12],
+        draft,
+        target,
+        max_tokens=12,
+        max_seq_len=100,
+        first_token_alone=True,
+        draft_ahead=lambda: True,
     )
     assert verified_logits and all(ids == rows for ids, rows in verified_logits)
 
@@ -675,8 +691,8 @@ def test_seeded_sampled_requests_are_never_drafted_ahead(monkeypatch, sampling, 
 
     seen = {}
 
-    def fake_speculate(prompt, **kwargs):
-        seen["draft_ahead"] = kwargs["draft_ahead"]
+    def fake_speculate(prompt, params, rounds, **kwargs):
+        seen["draft_ahead"] = rounds.draft_ahead
         return iter(())
 
     monkeypatch.setattr(orchestrator, "speculate", fake_speculate)
@@ -684,7 +700,7 @@ def test_seeded_sampled_requests_are_never_drafted_ahead(monkeypatch, sampling, 
     model.codec, model.limits, model.target, model.draft = _Codec(), LIMITS, "t", "d"
     model.vocab_rows = {}
     model.lock, model.active, model.draft_ahead = threading.Lock(), 1, True
-    model.metrics = _Metrics()
+    model.metrics, model.k_policy = _Metrics(), KPolicy()
     fields = {"text_input": "def", "max_tokens": 4} | sampling
     model._whole(parse_request(_inputs(**fields), LIMITS))
     assert (seen["draft_ahead"] is not None) == ahead
@@ -722,28 +738,30 @@ class _Metrics:
 
 
 def test_a_cancelled_non_streamed_request_stops_generating(monkeypatch):
-    """A client that cancels (or drops) a non-streamed request used to hold its slot until max_tokens; the
-    orchestrator now asks Triton between rounds, at most every CANCEL_POLL_S, and stops."""
+    """A client that cancels (or drops) a non-streamed request stops generating: the orchestrator asks Triton
+    between rounds (at most every CANCEL_POLL_S) and the loop retires the request with what it generated."""
     import threading
 
     from trtspec.triton_repo.models import orchestrator
-    from trtspec.triton_repo.models.decode import Round
     from trtspec.triton_repo.models.orchestrator import TritonPythonModel, cancel_check
 
     produced = []
 
-    def endless(prompt, **kwargs):
-        while True:
+    def bls(model, inputs, outputs):
+        """The draft continues nothing (every round is a plain target step); the target always adds a 7."""
+        ids = np.asarray(inputs["input_ids"])
+        if model == "t":
             produced.append(7)
-            yield Round([7], 0, 0, False)
+            ids = np.concatenate([ids, np.array([[7]], dtype=ids.dtype)], axis=1)
+        return {"output_ids": ids, "sequence_length": np.array([[ids.shape[1]]])}
 
-    monkeypatch.setattr(orchestrator, "speculate", endless)
+    monkeypatch.setattr(orchestrator.io, "bls", bls)
     model = TritonPythonModel.__new__(TritonPythonModel)
     model.codec, model.limits, model.target, model.draft = _Codec(), LIMITS, "t", "d"
     model.vocab_rows = {}
     model.lock, model.active, model.draft_ahead = threading.Lock(), 1, False
-    model.metrics = _Metrics()
-    req = parse_request(_inputs(text_input="def", max_tokens=4), LIMITS)
+    model.metrics, model.k_policy = _Metrics(), KPolicy()
+    req = parse_request(_inputs(text_input="def", max_tokens=20), LIMITS)
     answers = iter([False, False, True])
     text, ids, stats = model._whole(req, lambda: next(answers))
     assert ids == [7, 7, 7] and text == "xxx" and len(produced) == 3
@@ -761,6 +779,50 @@ def test_a_cancelled_non_streamed_request_stops_generating(monkeypatch):
     time.sleep(0.06)
     assert check() and Request.asked == 1
     assert not cancel_check(object())()  # no is_cancelled: never cancelled
+
+
+def test_the_orchestrator_runs_an_adaptive_request_through_the_loop_with_greedy_output_unchanged(monkeypatch):
+    """A repository whose default K is adaptive and a request without num_draft_tokens: the loop's adaptive K
+    (a jumpy policy: a rejection switches drafting off, the next probe on again) picks each round's K, the engine
+    calls draft that many, and the output is still the target's greedy output."""
+    import threading
+
+    from trtspec.triton_repo.models import orchestrator
+    from trtspec.triton_repo.models.orchestrator import TritonPythonModel
+
+    draft_ks = []
+
+    def bls(model, inputs, outputs):
+        """The toy pair behind TensorRT-LLM's tensor interface: the draft continues by request_output_len tokens
+        (wrong every third position), the target verifies draft_input_ids."""
+        tokens = np.asarray(inputs["input_ids"]).reshape(-1).tolist()
+        n = int(np.asarray(inputs["request_output_len"]).reshape(-1)[0])
+        if model == "d":
+            draft_ks.append(n)
+            new, _ = _toy_draft("every_third_wrong")(tokens, n, 0)
+        else:
+            drafts = inputs.get("draft_input_ids")
+            new = _toy_target(
+                tokens, [] if drafts is None else np.asarray(drafts).reshape(-1).tolist(), None, 0
+            )
+        ids = np.array([tokens + new], dtype=np.int32)
+        return {"output_ids": ids, "sequence_length": np.array([[ids.shape[1]]])}
+
+    monkeypatch.setattr(orchestrator.io, "bls", bls)
+    limits = Limits(max_draft_len=4, num_draft_tokens=None, max_seq_len=128)
+    model = TritonPythonModel.__new__(TritonPythonModel)
+    model.codec, model.limits, model.target, model.draft = _Codec(), limits, "t", "d"
+    model.vocab_rows = {}
+    model.lock, model.active, model.draft_ahead = threading.Lock(), 1, False
+    model.metrics = _Metrics()
+    model.k_policy = KPolicy(prior=0.99, smoothing=1.0, min_gain=0.0, probe_every=1)
+    req = parse_request(_inputs(text_input="def", max_tokens=30), limits)
+    assert req.num_draft_tokens is None
+    _, ids, stats = model._whole(req)
+    assert ids == _toy_greedy([5, 6], 30)
+    assert 0 < stats.acceptance_rate < 1 and stats.max_draft_len == 4
+    assert len(set(draft_ks)) >= 2  # K changed from round to round
+    assert len([k for k, n in enumerate(stats.num_draft_histogram) if n]) >= 2
 
 
 def test_a_padded_vocab_drafts_logits_reach_the_target_model_padded(
@@ -848,7 +910,7 @@ def test_a_reply_that_is_not_streamed_is_one_final_response(tokenizer):
 
 
 def test_a_request_becomes_loop_params_capped_at_max_seq_len_with_its_own_end_id(tokenizer):
-    from trtspec.triton_repo.models.inflight import to_job
+    from trtspec.triton_repo.models.request import to_job
 
     codec = TextCodec(tokenizer, end_ids=(2, 7))
     fields = {"text_input": np.array([b"def f(x):"]), "max_tokens": np.array([500]), "top_k": np.array([1])}

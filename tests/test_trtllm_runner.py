@@ -118,6 +118,22 @@ def test_greedy_output_equals_hf_target_greedy_and_stats_add_up(fake_trtllm, eng
     assert all(kw["max_new_tokens"] <= 4 for kw in verify)
 
 
+def test_an_adaptive_request_varies_k_through_the_loop_and_keeps_the_greedy_output(fake_trtllm, engines):
+    """No num_draft_tokens: the loop's adaptive K picks each round's K (a jumpy policy: every rejection switches
+    drafting off, every probe back on), the runner drafts that many, and greedy output is still HF greedy."""
+    from trtspec.engines.adaptive import KPolicy
+
+    jumpy = KPolicy(prior=0.99, smoothing=1.0, min_gain=0.0, probe_every=1)
+    runner = runner_for(engines, k_policy=jumpy)
+    results = runner.generate(PROMPTS, SamplingParams(max_new_tokens=14, ignore_eos=True))
+    for prompt, result in zip(PROMPTS, results, strict=True):
+        assert result.token_ids == hf_greedy(engines["hf_target"], prompt, 14)
+        s = result.stats
+        assert s.max_draft_len == 4 and s.drafted > 0
+        assert len([k for k, n in enumerate(s.num_draft_histogram) if n]) >= 2  # K changed between rounds
+        assert s.generated_tokens == s.accepted + s.target_forwards
+
+
 def test_draft_equal_to_target_accepts_everything(fake_trtllm, engines):
     runner = runner_for(engines, draft="target_as_draft")
     results = runner.generate(PROMPTS, SamplingParams(max_new_tokens=12, num_draft_tokens=3, ignore_eos=True))

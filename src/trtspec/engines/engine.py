@@ -36,6 +36,7 @@ from trtspec.engines.loop import (
 )
 from trtspec.engines.models import load_causal_lm
 from trtspec.engines.sampling import SamplingParams, check_num_draft_tokens
+from trtspec.engines.speculative import TorchRounds
 
 __all__ = ["GenerationResult", "SpeculativeEngine", "StopChecker", "StreamEvent", "StreamingGenerator"]
 
@@ -50,16 +51,21 @@ class StreamEvent:
 
 
 class StreamingGenerator(ABC):
-    """``generate`` for every runtime that yields rounds from ``generate_stream`` (PyTorch engine, TRT-LLM runner)."""
-
-    @abstractmethod
-    def generate_stream(self, prompts: list[list[int]], params: SamplingParams) -> Iterator[StreamEvent]:
-        """Yield one StreamEvent per round; the last one carries the GenerationResults (each runtime's loop)."""
+    """``generate`` / ``generate_stream`` for every runtime that supplies a GenerationLoop (``new_loop``: the PyTorch
+    engine, the TensorRT-LLM runner). A batch is one loop run: every prompt added at once, stepped until done."""
 
     # What a user changes to lift each limit (the engine's arguments here; a rebuild for TensorRT engines).
     batch_hint = "raise max_batch_size"
     seq_hint = "shorten it or raise max_seq_len"
     tokenizer_hint = "load the engine from a directory with one"
+
+    @abstractmethod
+    def new_loop(self, *, first_token_alone: bool = False) -> GenerationLoop:
+        """A GenerationLoop over this runtime's rounds."""
+
+    @abstractmethod
+    def _eos_ids(self, params: SamplingParams) -> set[int]:
+        """The ids that end a request with ``params`` (none with ignore_eos; its stop_token_ids when given)."""
 
     def _check_prompts(self, prompts: list[list[int]], params: SamplingParams) -> None:
         """Refuse a batch the runtime cannot take: size, empty prompts, length, ids outside the vocabulary."""
@@ -84,16 +90,23 @@ class StreamingGenerator(ABC):
         """Ids every model of the runtime can embed (a padded-vocabulary pair's draft may have fewer rows)."""
         return self.target.vocab_size
 
-    def _accept_tokens(self, req, tokens: list[int], stops: StopChecker, now: float) -> list[int]:
-        """Append a round's new tokens up to the first stop; update the request's stats and finish reason."""
-        kept, reason = stops.cut(req.generated, tokens)
-        req.generated += kept
-        req.stats.generated_tokens = len(req.generated)
-        req.stats.elapsed_s = now
-        if req.stats.time_to_first_token_s is None and kept:
-            req.stats.time_to_first_token_s = now
-        req.finish_reason = reason
-        return kept
+    def generate_stream(self, prompts: list[list[int]], params: SamplingParams) -> Iterator[StreamEvent]:
+        """Yield one StreamEvent per round; the last one carries the GenerationResults."""
+        check_num_draft_tokens(params, self.max_draft_len, self.max_draft_len > 0)
+        self._check_prompts(prompts, params)
+        loop = self.new_loop()
+        generator = new_generator(params, loop.rounds.device)  # one per call: the batch samples together
+        eos_ids = self._eos_ids(params)
+        for b, prompt in enumerate(prompts):
+            loop.add(b, prompt, params, eos_ids=eos_ids, generator=generator)
+        results: list[GenerationResult | None] = [None] * len(prompts)
+        while loop.busy:
+            new_tokens = [[] for _ in prompts]
+            for event in loop.step():
+                new_tokens[event.request_id] = event.new_tokens
+                results[event.request_id] = event.result
+            yield StreamEvent(new_tokens, [r is not None for r in results])
+        yield StreamEvent([[] for _ in prompts], [True] * len(prompts), results)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:
         """Generate for a batch of token-id prompts; returns one result per prompt, in order."""
@@ -167,33 +180,13 @@ class SpeculativeEngine(StreamingGenerator):
     def new_loop(self, *, first_token_alone: bool = False) -> GenerationLoop:
         """A GenerationLoop over this engine's models and slots (requests join and leave between rounds)."""
         return GenerationLoop(
-            self.target,
-            self.draft,
-            max_draft_len=self.max_draft_len,
+            TorchRounds(self.target, self.draft, max_draft_len=self.max_draft_len),
             max_seq_len=self.max_seq_len,
             tokenizer=self.tokenizer,
             first_token_alone=first_token_alone,
             seq_hint=self.seq_hint,
             k_policy=self.k_policy,
         )
-
-    def generate_stream(self, prompts: list[list[int]], params: SamplingParams) -> Iterator[StreamEvent]:
-        """Yield one StreamEvent per round; the last one carries the GenerationResults. The batch is one
-        GenerationLoop run: every prompt added at once, stepped until all are done."""
-        check_num_draft_tokens(params, self.max_draft_len, self.draft is not None)
-        self._check_prompts(prompts, params)
-        loop = self.new_loop()
-        generator = new_generator(params, self.target.device)  # one per call: the batch samples together
-        for b, prompt in enumerate(prompts):
-            loop.add(b, prompt, params, eos_ids=self._eos_ids(params), generator=generator)
-        results: list[GenerationResult | None] = [None] * len(prompts)
-        while loop.busy:
-            new_tokens = [[] for _ in prompts]
-            for event in loop.step():
-                new_tokens[event.request_id] = event.new_tokens
-                results[event.request_id] = event.result
-            yield StreamEvent(new_tokens, [r is not None for r in results])
-        yield StreamEvent([[] for _ in prompts], [True] * len(prompts), results)
 
     def _eos_ids(self, params: SamplingParams) -> set[int]:
         if params.ignore_eos:

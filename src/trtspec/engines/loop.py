@@ -1,27 +1,34 @@
-"""In-flight batching: ONE generation loop over a draft/target KV pair that requests join and leave between rounds.
+"""ONE generation loop for every runtime: requests join and leave between rounds; each runtime supplies its round.
 
-    loop = GenerationLoop(target, draft, max_draft_len=8, max_seq_len=2048, tokenizer=None)
+    loop = GenerationLoop(TorchRounds(target, draft, max_draft_len=8), max_seq_len=2048, tokenizer=None)
     loop.add("a", prompt_ids, SamplingParams(max_new_tokens=64, num_draft_tokens=4), eos_ids={2})
     while loop.busy:
         for event in loop.step():  # one speculative round for every active request
             event.request_id, event.new_tokens, event.finished, event.result  # result: once finished
     loop.cancel("a")  # from any thread: the request leaves before the next round
 
-Each ``step``: 1. admit queued requests into free KV slots (their prompt is prefilled by this round), 2. retire
-cancelled requests, 3. run one speculative round (engines/speculative.py) for all active rows, grouped by what a
-batched sampling step shares (greedy rows together; sampled rows by temperature/top_k/top_p and random generator),
-4. cut each row's new tokens at its stops and emit them, 5. free the slots of finished rows. Rows do not wait for
-each other: every row keeps its own lengths in both caches (speculative.Row), so a joining row changes nothing in
-the others' tokens. ``SpeculativeEngine.generate_stream`` adds its prompts and steps until done; the Triton
-``torch`` runtime's entry model feeds the same loop from a thread (``LoopThread``).
+The round (propose + verify) is the runtime's, behind engines/rounds.py ``Rounds``: the torch pair's KV slots
+(speculative.TorchRounds), TensorRT-LLM's ModelRunnerCpp (trtllm_runner.TrtllmRounds) and the Triton orchestrator's
+BLS calls to the engine models (triton_repo/models/decode.EngineRounds). Everything else is here, once.
+
+Each ``step``: 1. admit queued requests into free slots (their prompt is prefilled by this round), 2. retire
+cancelled requests, 3. run one round for all active rows, grouped by what a batched sampling step shares (greedy
+rows together; sampled rows by temperature/top_k/top_p and random generator), 4. record stats and cut each row's
+new tokens at its stops and emit them, 5. release the slots of finished rows. Rows do not wait for each other: a
+row keeps its own state (rounds.Row), so a joining row changes nothing in the others' tokens. The engine's and the
+TensorRT-LLM runner's ``generate_stream`` add their prompts and step until done; the Triton ``torch`` runtime's
+entry model feeds one loop from a thread (``LoopThread``); the ``tensorrtllm`` runtime's orchestrator runs one loop
+per request on that request's thread.
 
 K per round: a request that pins ``num_draft_tokens`` drafts that many; one that gives none is adaptive
 (engines/adaptive.py: its running acceptance, capped by the policy's schedule for the rows in flight).
 
-Stops are per request (``StopChecker``): max_new_tokens, EOS ids (kept as the last token, as HF generate, or
-left out, as TensorRT-LLM's end_id), stop token sequences and stop strings. With ``first_token_alone`` a row's
-first round drafts nothing when no other row drafts in it: its first token comes from the target's prefill alone
-(a streaming client's TTFT); a row joining a running batch gets its first token with that batch's round anyway.
+Stops are per request (``StopChecker``): max_new_tokens, EOS ids, stop token sequences and stop strings, and a
+round that emitted nothing. The EOS convention is ``keep_end``: an EOS id is the last emitted token, as HF
+generate returns it (the in-process engine, the TensorRT-LLM runner: their API is HF's), or is left out, as
+TensorRT-LLM's end_id (the Triton models' client interface). With ``first_token_alone`` a row's first round drafts
+nothing when no other row drafts in it: its first token comes from the target's prefill alone (a streaming
+client's TTFT); a row joining a running batch gets its first token with that batch's round anyway.
 """
 
 from __future__ import annotations
@@ -37,8 +44,8 @@ import torch
 from trtspec.core.errors import RequestError
 from trtspec.core.metrics import AcceptanceStats
 from trtspec.engines.adaptive import KController, KPolicy
+from trtspec.engines.rounds import Outcome, Rounds, Row
 from trtspec.engines.sampling import SamplingParams, check_num_draft_tokens
-from trtspec.engines.speculative import Row, speculative_round
 
 
 @dataclass
@@ -137,14 +144,16 @@ def new_generator(params: SamplingParams, device) -> torch.Generator | None:
 
 @dataclass
 class RowEvent:
-    """What one round gave one request: its new tokens (after stops; may be empty) and, once it is finished,
-    its GenerationResult (finish_reason "error" carries ``error`` instead)."""
+    """What one round gave one request: its new tokens (after stops; may be empty), the round's draft tokens and
+    accepted count, and, once it is finished, its GenerationResult (a failed round carries ``error`` instead)."""
 
     request_id: Hashable
     new_tokens: list[int]
     stats: AcceptanceStats
     result: GenerationResult | None = None
     error: str | None = None
+    num_draft: int = 0
+    num_accepted: int = 0
 
     @property
     def finished(self) -> bool:
@@ -174,33 +183,30 @@ class _Active:
 
 
 class GenerationLoop:
-    """Requests sharing one target/draft pair round by round; see the module docstring. ``add`` and ``cancel``
+    """Requests sharing one runtime's rounds; see the module docstring. ``add`` and ``cancel``
     may be called from any thread, ``step`` from one thread at a time."""
 
     def __init__(
         self,
-        target,
-        draft=None,
+        rounds: Rounds,
         *,
-        max_draft_len: int,
         max_seq_len: int,
         tokenizer=None,
         first_token_alone: bool = False,
         seq_hint: str = "shorten it or raise max_seq_len",
         k_policy: KPolicy = KPolicy(),
     ):
-        self.target, self.draft, self.tokenizer = target, draft, tokenizer
+        self.rounds, self.tokenizer = rounds, tokenizer
         self.k_policy = k_policy
-        self.max_draft_len = max_draft_len if draft is not None else 0
+        self.max_draft_len = rounds.max_draft_len
         self.max_seq_len, self.seq_hint = max_seq_len, seq_hint
         self.first_token_alone = first_token_alone
-        self.vocab = min(m.vocab_size for m in (target, draft) if m is not None)
-        self.free_slots = list(range(target.num_slots))
+        self.free_slots = list(range(rounds.num_slots))
         self.queued: deque[_Active] = deque()
         self.active: list[_Active] = []
         self.cancelled: set[Hashable] = set()
         self.lock = threading.Lock()
-        self._shared_generator = new_generator(SamplingParams(temperature=1.0), target.device)
+        self._shared_generator = new_generator(SamplingParams(temperature=1.0), rounds.device)
 
     @property
     def busy(self) -> bool:
@@ -220,18 +226,20 @@ class GenerationLoop:
         """Queue a request; RequestError now for one the loop cannot take. ``generator``: the sampled request's
         random generator (rows sharing one are sampled together; None = one of its own when it has a seed,
         else the loop's shared one)."""
-        k = check_num_draft_tokens(params, self.max_draft_len, self.draft is not None)
-        check_prompt(prompt, params.max_new_tokens, self.max_seq_len, self.vocab, self.seq_hint, "the prompt")
+        k = check_num_draft_tokens(params, self.max_draft_len, self.max_draft_len > 0)
+        vocab = self.rounds.vocab_size
+        check_prompt(prompt, params.max_new_tokens, self.max_seq_len, vocab, self.seq_hint, "the prompt")
         if params.stop_strings and self.tokenizer is None:
             raise RequestError("stop_strings need a tokenizer; load the engine from a directory with one")
         if generator is None and not params.greedy:
             seeded = params.seed is not None
-            generator = new_generator(params, self.target.device) if seeded else self._shared_generator
+            generator = new_generator(params, self.rounds.device) if seeded else self._shared_generator
         stops = StopChecker(params, eos_ids, self.tokenizer, keep_end=keep_end, stop_sequences=stop_sequences)
         stats = AcceptanceStats(max_draft_len=k)
         adaptive = params.num_draft_tokens is None and k > 0
         controller = KController(self.k_policy, k) if adaptive else None
-        row, start = Row(list(prompt), -1), time.perf_counter()
+        row = Row(list(prompt), -1, max_len=len(prompt) + params.max_new_tokens)
+        start = time.perf_counter()
         request = _Active(request_id, row, params, k, stops, generator, start, stats, controller)
         with self.lock:
             self.queued.append(request)
@@ -252,8 +260,10 @@ class GenerationLoop:
         """End every request with ``message`` (after a round failed: the caches' state is unknown)."""
         with self.lock:
             requests, self.queued, self.cancelled = [*self.active, *self.queued], deque(), set()
+        for request in self.active:
+            self.rounds.release(request.row.slot)
         self.active = []
-        self.free_slots = list(range(self.target.num_slots))
+        self.free_slots = list(range(self.rounds.num_slots))
         return [RowEvent(r.request_id, [], r.stats, error=message) for r in requests]
 
     def _admit_and_cancel(self) -> list[RowEvent]:
@@ -273,6 +283,7 @@ class GenerationLoop:
 
     def _retire(self, request: _Active) -> None:
         self.active.remove(request)
+        self.rounds.release(request.row.slot)
         self.free_slots.append(request.row.slot)
         self.free_slots.sort()  # low slots first: rows that stay contiguous use the cache's cheaper views
 
@@ -291,21 +302,12 @@ class GenerationLoop:
         running = any(r.rounds for r in self.active)  # some row drafts this round anyway
         for group in groups.values():
             num_draft = [self._num_draft(r, running) for r in group]
-            emitted, num_accepted = speculative_round(
-                self.target,
-                self.draft,
-                [r.row for r in group],
-                num_draft,
-                group[0].params,
-                group[0].generator,
-            )
-            for r, tokens, n, kb in zip(group, emitted, num_accepted, num_draft, strict=True):
-                outcome[id(r)] = (tokens, n, kb)
+            rows = [r.row for r in group]
+            outcomes = self.rounds.run(rows, num_draft, group[0].params, group[0].generator)
+            for r, out in zip(group, outcomes, strict=True):
+                outcome[id(r)] = out
         now = time.perf_counter()
-        events = []
-        for request in list(self.active):
-            events.append(self._emit(request, *outcome[id(request)], now))
-        return events
+        return [self._emit(request, outcome[id(request)], now) for request in list(self.active)]
 
     def _num_draft(self, request: _Active, running: bool) -> int:
         """The row's K this round. A first round drafts nothing (first_token_alone) where that makes the round
@@ -321,26 +323,35 @@ class GenerationLoop:
         # Never draft past max_new_tokens: the round's last token comes from the target anyway.
         return min(k, request.params.max_new_tokens - len(request.generated) - 1)
 
-    def _emit(
-        self, request: _Active, tokens: list[int], num_accepted: int, num_draft: int, now: float
-    ) -> RowEvent:
+    def _emit(self, request: _Active, out: Outcome, now: float) -> RowEvent:
         """Record the round, cut its tokens at the request's stops, retire the request if it finished."""
         request.rounds += 1
         stats = request.stats
-        stats.record_round(num_draft, num_accepted)
+        if out.num_draft:
+            stats.record_round(out.num_draft, out.num_accepted)
+        else:  # target-only: one target step per token (a runtime may take several in one call)
+            for _ in range(max(len(out.tokens), 1)):
+                stats.record_round(0, 0)
         if request.controller is not None:
-            request.controller.update(num_draft, num_accepted)
+            request.controller.update(out.num_draft, out.num_accepted)
+        tokens = out.tokens
         kept, reason = request.stops.cut(request.generated, tokens)
         request.generated += kept
         stats.generated_tokens = len(request.generated)
         stats.elapsed_s = now - request.start
         if stats.time_to_first_token_s is None and kept:
             stats.time_to_first_token_s = stats.elapsed_s
+        if reason is None and not tokens:
+            reason = (
+                "stop"  # a runtime that emitted nothing cannot make progress (an engine at its own limit)
+            )
         if reason is None:
-            return RowEvent(request.request_id, kept, stats)
+            return RowEvent(
+                request.request_id, kept, stats, num_draft=out.num_draft, num_accepted=out.num_accepted
+            )
         self._retire(request)
         event = self._finished(request, reason)
-        event.new_tokens = kept
+        event.new_tokens, event.num_draft, event.num_accepted = kept, out.num_draft, out.num_accepted
         return event
 
 

@@ -21,10 +21,9 @@ steps. K = 0 is target-only decoding through the same code (no draft step, a 1-t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from trtspec.engines.rounds import Outcome, Row
 from trtspec.engines.sampling import (
     SamplingParams,
     logits_to_probs,
@@ -33,16 +32,6 @@ from trtspec.engines.sampling import (
     sample_probs,
     to_vocab,
 )
-
-
-@dataclass
-class Row:
-    """One sequence's state in one model pair. ``target_len``/``draft_len``: tokens whose KV each cache holds."""
-
-    tokens: list[int]
-    slot: int
-    target_len: int = 0
-    draft_len: int = 0
 
 
 def feed(
@@ -157,3 +146,22 @@ def speculative_round(
     draft_tokens, _, draft_probs = propose(draft, rows, num_draft, params, generator, target.vocab_size)
     num_accepted, next_token = verify(target, rows, draft_tokens, num_draft, draft_probs, params, generator)
     return commit(rows, draft_tokens, num_accepted, next_token), num_accepted
+
+
+class TorchRounds:
+    """The torch pair's round for the loop (engines/rounds.py ``Rounds``): ``speculative_round`` over the models'
+    KV slots. ``draft`` None: target-only."""
+
+    def __init__(self, target, draft=None, *, max_draft_len: int = 8):
+        self.target, self.draft = target, draft
+        self.num_slots = target.num_slots
+        self.vocab_size = min(m.vocab_size for m in (target, draft) if m is not None)
+        self.max_draft_len = max_draft_len if draft is not None else 0
+        self.device = target.device
+
+    def run(self, rows: list[Row], num_draft: list[int], params: SamplingParams, generator) -> list[Outcome]:
+        emitted, num_accepted = speculative_round(self.target, self.draft, rows, num_draft, params, generator)
+        return [Outcome(*o) for o in zip(emitted, num_draft, num_accepted, strict=True)]
+
+    def release(self, slot: int) -> None:
+        """Nothing to drop: the next row in the slot starts at length 0 and overwrites the cache."""

@@ -35,8 +35,9 @@ import torch
 from trtspec.core.errors import RequestError
 from trtspec.core.sequences import common_prefix_len
 from trtspec.engines.models import load_causal_lm
+from trtspec.engines.rounds import Row
 from trtspec.engines.sampling import SamplingParams, check_num_draft_tokens, logits_to_probs
-from trtspec.engines.speculative import Row, commit, propose, verify
+from trtspec.engines.speculative import commit, propose, verify
 
 
 @dataclass

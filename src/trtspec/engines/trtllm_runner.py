@@ -8,26 +8,27 @@
     for event in runner.generate_stream(prompts, params): ...   # one StreamEvent per round, as SpeculativeEngine
 
 The same API as the PyTorch ``SpeculativeEngine`` (``GenerationResult`` / ``StreamEvent``, ``max_draft_len``,
-``max_batch_size``), so ``validate.systems.EngineSystem(runner, name=...)`` drives it unchanged.
+``max_batch_size``), so ``validate.systems.EngineSystem(runner, name=...)`` drives it unchanged; like it, a batch is
+one run of the one generation loop (engines/loop.py: stops, stats, adaptive K for requests that pin no
+num_draft_tokens), and this module supplies the round only (``TrtllmRounds``).
 
-The loop mirrors upstream's draft-target runner, ``run_dtm_pld`` in NVIDIA/TensorRT-LLM
+The round mirrors upstream's draft-target runner, ``run_dtm_pld`` in NVIDIA/TensorRT-LLM
 examples/prompt_lookup/run_dtm_pld.py (what ``examples/run.py --draft_target_model_config`` calls), over
-``ModelRunnerCpp.generate`` (tensorrt_llm/runtime/model_runner_cpp.py; see builders/trtllm_adapter.py): each round
+``ModelRunnerCpp.generate`` (tensorrt_llm/runtime/model_runner_cpp.py; see builders/trtllm_adapter.py):
 
-1. the draft engine generates num_draft_tokens tokens for every unfinished request (its generation logits too
-   when use_draft_logits);
+1. the draft engine generates the loop's K tokens for every row that drafts (its generation logits too when
+   use_draft_logits);
 2. the target engine verifies them: ``generate(prefix, draft_tokens_list=..., [draft_logits_list=...],
-   max_new_tokens=K+1)`` returns the accepted draft tokens plus one target token (recovered or bonus);
-3. the emitted tokens are appended; a request stops on max_new_tokens, an end / stop token, a stop string, or
-   when the target emitted nothing (no progress).
+   max_new_tokens=K+1)`` returns the accepted draft tokens plus one target token (recovered or bonus).
 
-Differences from upstream, each for a reason: a request with no room left for a draft token (its last token) or
-whose draft ended at once gets a plain target step instead of a placeholder draft token (upstream sends
-``[end_id]``, which would count as drafted); the draft never drafts past max_new_tokens; sampling seeds differ per
-round and between draft and target (upstream reuses one seed every call, which correlates the rounds' draws).
-Accepted counts are the leading run of draft tokens equal to the target's emitted tokens, exact under both
-acceptance rules (a recovered token never equals the rejected draft token). ``num_draft_tokens=0`` or no draft
-engine is target-only decoding: one plain target ``generate`` per batch (the speed baseline).
+Differences from upstream, each for a reason: a row with no room left for a draft token (its last token), whose
+draft ended at once or whose adaptive K is 0 gets a plain target step instead of a placeholder draft token
+(upstream sends ``[end_id]``, which would count as drafted); sampling seeds differ per round and between draft and
+target (upstream reuses one seed every call, which correlates the rounds' draws). Accepted counts are the leading
+run of draft tokens equal to the target's emitted tokens, exact under both acceptance rules (a recovered token
+never equals the rejected draft token). ``num_draft_tokens=0`` or no draft engine is target-only decoding: one
+plain target ``generate`` per batch (the speed baseline). The end token is kept as the last token (the HF
+convention of this API; engines/loop.py StopChecker).
 
 Not verified on a GPU: whether the executor keeps the end token in its output (trtspec keeps it when present and
 stops either way) and whether it ends a verification request after one step (the stats count one target forward
@@ -36,21 +37,21 @@ per verification call).
 
 from __future__ import annotations
 
-import random
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import torch
 
 from trtspec.builders import support
 from trtspec.builders import trtllm_adapter as adapter
 from trtspec.core import layout
 from trtspec.core.errors import CheckpointError, ModelError
-from trtspec.core.metrics import AcceptanceStats
 from trtspec.core.sequences import common_prefix_len
-from trtspec.engines.engine import GenerationResult, StopChecker, StreamEvent, StreamingGenerator
-from trtspec.engines.sampling import SamplingParams, check_num_draft_tokens, to_vocab
+from trtspec.engines.adaptive import KPolicy, policy_for
+from trtspec.engines.engine import StreamingGenerator
+from trtspec.engines.loop import GenerationLoop
+from trtspec.engines.rounds import Outcome, Row
+from trtspec.engines.sampling import SamplingParams, to_vocab
 
 if TYPE_CHECKING:
     from trtspec.recipe import Recipe
@@ -58,30 +59,6 @@ if TYPE_CHECKING:
 # KV-cache share of free GPU memory for each executor when draft and target share a GPU (the runtime's default,
 # 0.9, would leave nothing for the second one).
 SHARED_GPU_KV_FRACTION = 0.4
-
-
-@dataclass
-class _Request:
-    prompt: list[int]
-    stats: AcceptanceStats
-    generated: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
-
-    @property
-    def tokens(self) -> list[int]:
-        return self.prompt + self.generated
-
-
-@dataclass
-class _Emitted:
-    """One request's round: the tokens the target emitted, and the draft tokens it was given."""
-
-    tokens: list[int]
-    draft_tokens: list[int]
-
-    @property
-    def num_accepted(self) -> int:
-        return common_prefix_len(self.draft_tokens, self.tokens)
 
 
 class TrtllmSpeculativeRunner(StreamingGenerator):
@@ -100,6 +77,7 @@ class TrtllmSpeculativeRunner(StreamingGenerator):
         tokenizer=None,
         eos_ids: tuple[int, ...] = (),
         pad_id: int | None = None,
+        k_policy: KPolicy = KPolicy(),
     ):
         check_pair(target.engine_dir, target.facts, draft.facts if draft else None, use_draft_logits)
         self.target, self.draft, self.tokenizer = target, draft, tokenizer
@@ -111,6 +89,7 @@ class TrtllmSpeculativeRunner(StreamingGenerator):
         if draft is not None:
             self.max_seq_len = min(self.max_seq_len, draft.max_seq_len)
         self.eos_ids, self.pad_id = tuple(eos_ids), pad_id
+        self.k_policy = k_policy
 
     @classmethod
     def from_engine_dirs(
@@ -124,6 +103,7 @@ class TrtllmSpeculativeRunner(StreamingGenerator):
         draft_device_ids: list[int] | None = None,
         max_batch_size: int | None = None,
         trust_remote_code: bool = False,
+        k_policy: KPolicy = KPolicy(),
     ) -> TrtllmSpeculativeRunner:
         """Load the engines (configs are checked first, so a bad pair fails before any GPU work).
 
@@ -152,6 +132,7 @@ class TrtllmSpeculativeRunner(StreamingGenerator):
             tokenizer=tokenizer,
             eos_ids=eos_ids,
             pad_id=pad_id,
+            k_policy=k_policy,
         )
 
     @classmethod
@@ -169,6 +150,7 @@ class TrtllmSpeculativeRunner(StreamingGenerator):
             draft_device_ids=list(recipe.draft.devices),
             max_batch_size=max_batch_size,
             trust_remote_code=recipe.target.trust_remote_code,
+            k_policy=policy_for(recipe.speculative),
         )
 
     def close(self) -> None:
@@ -180,121 +162,103 @@ class TrtllmSpeculativeRunner(StreamingGenerator):
 
     # ------------------------------------------------------------ generation
 
-    def generate_stream(self, prompts: list[list[int]], params: SamplingParams) -> Iterator[StreamEvent]:
-        """Yield one StreamEvent per round; the last one carries the GenerationResults."""
-        k = check_num_draft_tokens(params, self.max_draft_len, self.draft is not None)
-        self._check_prompts(prompts, params)
-        eos = self._eos_ids(params)
-        stops = StopChecker(params, set(eos), self.tokenizer)
-        call = self._call_options(params, eos)
-        requests = [_Request(list(p), AcceptanceStats(max_draft_len=k)) for p in prompts]
-        base_seed = params.seed if params.seed is not None else random.getrandbits(31)
-        start, round_index = time.perf_counter(), 0
-        while active := [r for r in requests if r.finish_reason is None]:
-            # Distinct seeds per round and per model, so no two calls replay the same random draws.
-            seeds = (base_seed + 2 * round_index, base_seed + 2 * round_index + 1)
-            emitted = self._round(active, k, params, call, seeds)
-            now = time.perf_counter() - start
-            new_tokens = {id(r): [] for r in requests}
-            for req, out in zip(active, emitted, strict=True):
-                _record(req.stats, out)
-                new_tokens[id(req)] = self._accept_tokens(req, out.tokens, stops, now)
-            round_index += 1
-            yield StreamEvent(
-                [new_tokens[id(r)] for r in requests], [r.finish_reason is not None for r in requests]
-            )
-        results = [
-            GenerationResult(r.generated, r.finish_reason, r.stats, stops.text(r.generated)) for r in requests
-        ]
-        yield StreamEvent([[] for _ in requests], [True] * len(requests), results)
-
-    def _round(self, active: list[_Request], k: int, params, call: dict, seeds) -> list[_Emitted]:
-        """One round for every active request: draft (k > 0), then verify; plain target steps where no draft."""
-        budgets = [params.max_new_tokens - len(r.generated) for r in active]
-        if k == 0:  # target-only: the whole budget in one plain call, as native TensorRT-LLM decoding
-            outs = self._plain(active, max(budgets), params, call, seeds[0])
-            return [_Emitted(o, []) for o in outs]
-        # Never draft past max_new_tokens: the round's last token comes from the target anyway.
-        drafts = self._propose(active, [min(k, b - 1) for b in budgets], params, call, seeds[1])
-        emitted = [_Emitted([], d.token_ids) for d in drafts]
-        verify = [i for i, d in enumerate(drafts) if d.token_ids]
-        plain = [i for i, d in enumerate(drafts) if not d.token_ids]
-        if verify:
-            outs = self.target.generate(
-                [active[i].tokens for i in verify],
-                max_new_tokens=max(len(drafts[i].token_ids) for i in verify) + 1,
-                sampling=_sampling(params, seeds[0]),
-                draft_tokens=[drafts[i].token_ids for i in verify],
-                draft_logits=self._draft_logits([drafts[i] for i in verify]),
-                **call,
-            )
-            for i, out in zip(verify, outs, strict=True):
-                emitted[i].tokens = out.token_ids
-        if plain:
-            outs = self._plain([active[i] for i in plain], 1, params, call, seeds[0])
-            for i, tokens in zip(plain, outs, strict=True):
-                emitted[i].tokens = tokens
-        return emitted
-
-    def _draft_logits(self, drafts: list[adapter.RunnerOutput]) -> list | None:
-        """Each draft's logits [n, target rows]: a padded-vocabulary draft's rows are padded with -inf, as the
-        target's draft-logits buffer has the target's rows (support.vocab_pair_problem)."""
-        if not self.use_draft_logits:
-            return None
-        rows = vocab_rows(self.target.facts)
-        return [to_vocab(d.logits, rows) for d in drafts]
+    def new_loop(self, *, first_token_alone: bool = False) -> GenerationLoop:
+        """A GenerationLoop over these engines (max_batch_size requests in flight)."""
+        rounds = TrtllmRounds(
+            self.target,
+            self.draft,
+            use_draft_logits=self.use_draft_logits,
+            num_slots=self.max_batch_size,
+            vocab_size=self.input_vocab_size,
+            eos_ids=self.eos_ids,
+            pad_id=self.pad_id,
+        )
+        return GenerationLoop(
+            rounds,
+            max_seq_len=self.max_seq_len,
+            tokenizer=self.tokenizer,
+            first_token_alone=first_token_alone,
+            seq_hint=self.seq_hint,
+            k_policy=self.k_policy,
+        )
 
     @property
     def input_vocab_size(self) -> int:
         return min(r.vocab_size for r in (self.target, self.draft) if r is not None)
 
-    def _propose(
-        self, active, num_draft: list[int], params, call: dict, seed: int
-    ) -> list[adapter.RunnerOutput]:
-        """Draft tokens per request ([] where num_draft is 0); their logits [n, V] when use_draft_logits."""
-        drafts = [adapter.RunnerOutput([]) for _ in active]
-        rows = [i for i, n in enumerate(num_draft) if n > 0]
-        if not rows:
-            return drafts
-        prefixes = [support.draft_input_ids(active[i].tokens, self.draft.vocab_size) for i in rows]
-        # One max_new_tokens for the batch: capped so the longest prefix still fits the draft engine.
-        steps = min(max(num_draft[i] for i in rows), self.draft.max_seq_len - max(map(len, prefixes)))
-        if steps <= 0:
-            return drafts
-        outs = self.draft.generate(
-            prefixes,
-            max_new_tokens=steps,
-            sampling=_sampling(params, seed),
-            return_logits=self.use_draft_logits,
-            **call,
-        )
-        for i, out in zip(rows, outs, strict=True):
-            n = min(num_draft[i], len(out.token_ids))
-            drafts[i] = adapter.RunnerOutput(
-                out.token_ids[:n], out.logits[:n] if out.logits is not None else None
+    def _eos_ids(self, params: SamplingParams) -> set[int]:
+        return set(eos_ids_for(params, self.eos_ids))
+
+
+def eos_ids_for(params: SamplingParams, default: tuple[int, ...]) -> tuple[int, ...]:
+    """A request's stop ids: none with ignore_eos, its stop_token_ids when given, else the tokenizer's EOS ids."""
+    if params.ignore_eos:
+        return ()
+    return tuple(params.stop_token_ids) if params.stop_token_ids is not None else default
+
+
+class TrtllmRounds:
+    """The round over two ``adapter.EngineRunner`` (engines/rounds.py ``Rounds``); see the module docstring. The
+    engines keep no per-row state (each call resubmits the prefix; KV-cache block reuse keeps that cheap)."""
+
+    device = "cpu"  # sampled requests' generators only draw the calls' seeds
+
+    def __init__(
+        self,
+        target: adapter.EngineRunner,
+        draft: adapter.EngineRunner | None,
+        *,
+        use_draft_logits: bool,
+        num_slots: int,
+        vocab_size: int,
+        eos_ids: tuple[int, ...] = (),
+        pad_id: int | None = None,
+    ):
+        self.target, self.draft, self.use_draft_logits = target, draft, use_draft_logits
+        self.num_slots, self.vocab_size = num_slots, vocab_size
+        self.max_draft_len = target.max_draft_len if draft is not None else 0
+        self.eos_ids, self.pad_id = eos_ids, pad_id
+
+    def release(self, slot: int) -> None:
+        """Nothing to drop: the engines hold no state of a row between calls."""
+
+    def run(self, rows: list[Row], num_draft: list[int], params: SamplingParams, generator) -> list[Outcome]:
+        """Draft (where num_draft > 0), then verify; plain target steps where there is no draft. A request pinned
+        to target-only decoding gets its whole budget in one plain call, as native TensorRT-LLM decoding (the
+        speed baseline). Rows of one call share its sampling settings, end_id and stop words (``params``)."""
+        target_seed, draft_seed = _seeds(params, generator)
+        call = self._call_options(eos_ids_for(params, self.eos_ids))
+        if self.draft is None or params.num_draft_tokens == 0:
+            budgets = [row.max_len - len(row.tokens) for row in rows]
+            outs = self._plain(rows, max(budgets), params, call, target_seed)
+            return [
+                _commit(row, tokens[:b], [], 0) for row, tokens, b in zip(rows, outs, budgets, strict=True)
+            ]
+        drafts = self._propose(rows, num_draft, params, call, draft_seed)
+        verify = [i for i, d in enumerate(drafts) if d.token_ids]
+        plain = [i for i, d in enumerate(drafts) if not d.token_ids]
+        emitted: list[list[int]] = [[] for _ in rows]
+        if verify:
+            outs = self.target.generate(
+                [rows[i].tokens for i in verify],
+                max_new_tokens=max(len(drafts[i].token_ids) for i in verify) + 1,
+                sampling=_sampling(params, target_seed),
+                draft_tokens=[drafts[i].token_ids for i in verify],
+                draft_logits=self._draft_logits([drafts[i] for i in verify]),
+                **call,
             )
-        return drafts
+            for i, out in zip(verify, outs, strict=True):
+                emitted[i] = out.token_ids
+        if plain:
+            outs = self._plain([rows[i] for i in plain], 1, params, call, target_seed)
+            for i, tokens in zip(plain, outs, strict=True):
+                emitted[i] = tokens
+        return [
+            _commit(row, tokens, d.token_ids, common_prefix_len(d.token_ids, tokens))
+            for row, tokens, d in zip(rows, emitted, drafts, strict=True)
+        ]
 
-    def _plain(self, requests, max_new_tokens: int, params, call: dict, seed: int) -> list[list[int]]:
-        prefixes = [r.tokens for r in requests]
-        steps = min(max_new_tokens, self.target.max_seq_len - max(map(len, prefixes)))
-        outs = self.target.generate(prefixes, max_new_tokens=steps, sampling=_sampling(params, seed), **call)
-        return [o.token_ids for o in outs]
-
-    def _accept_tokens(self, req: _Request, tokens: list[int], stops: StopChecker, now: float) -> list[int]:
-        kept = super()._accept_tokens(req, tokens, stops, now)
-        if not tokens and req.finish_reason is None:
-            req.finish_reason = "stop"  # no tokens at all: no progress (upstream's "no change" stop)
-        return kept
-
-    # ------------------------------------------------------------ requests and stops
-
-    def _eos_ids(self, params: SamplingParams) -> tuple[int, ...]:
-        if params.ignore_eos:
-            return ()
-        return tuple(params.stop_token_ids) if params.stop_token_ids is not None else self.eos_ids
-
-    def _call_options(self, params: SamplingParams, eos: tuple[int, ...]) -> dict:
+    def _call_options(self, eos: tuple[int, ...]) -> dict:
         """end_id / pad_id / stop words of every generate call: the first stop id ends, the others are stop words.
 
         end_id -1 (no stop token) never matches a token.
@@ -304,20 +268,68 @@ class TrtllmSpeculativeRunner(StreamingGenerator):
         stop_words = [[t] for t in eos[1:]] or None
         return {"end_id": end_id, "pad_id": pad_id, "stop_words": stop_words}
 
+    def _draft_logits(self, drafts: list[adapter.RunnerOutput]) -> list | None:
+        """Each draft's logits [n, target rows]: a padded-vocabulary draft's rows are padded with -inf, as the
+        target's draft-logits buffer has the target's rows (support.vocab_pair_problem)."""
+        if not self.use_draft_logits:
+            return None
+        rows = vocab_rows(self.target.facts)
+        return [to_vocab(d.logits, rows) for d in drafts]
 
-def _sampling(params: SamplingParams, seed: int) -> dict:
-    return adapter.sampling_kwargs(
-        params.temperature, params.top_k, params.top_p, None if params.greedy else seed
-    )
+    def _propose(
+        self, rows: list[Row], num_draft: list[int], params, call: dict, seed: int | None
+    ) -> list[adapter.RunnerOutput]:
+        """Draft tokens per row ([] where num_draft is 0); their logits [n, V] when use_draft_logits."""
+        drafts = [adapter.RunnerOutput([]) for _ in rows]
+        asked = [i for i, n in enumerate(num_draft) if n > 0]
+        if not asked:
+            return drafts
+        prefixes = [support.draft_input_ids(rows[i].tokens, self.draft.vocab_size) for i in asked]
+        # One max_new_tokens for the batch: capped so the longest prefix still fits the draft engine.
+        steps = min(max(num_draft[i] for i in asked), self.draft.max_seq_len - max(map(len, prefixes)))
+        if steps <= 0:
+            return drafts
+        outs = self.draft.generate(
+            prefixes,
+            max_new_tokens=steps,
+            sampling=_sampling(params, seed),
+            return_logits=self.use_draft_logits,
+            **call,
+        )
+        for i, out in zip(asked, outs, strict=True):
+            n = min(num_draft[i], len(out.token_ids))
+            drafts[i] = adapter.RunnerOutput(
+                out.token_ids[:n], out.logits[:n] if out.logits is not None else None
+            )
+        return drafts
+
+    def _plain(self, rows: list[Row], max_new_tokens: int, params, call: dict, seed) -> list[list[int]]:
+        prefixes = [row.tokens for row in rows]
+        steps = min(max_new_tokens, self.target.max_seq_len - max(map(len, prefixes)))
+        outs = self.target.generate(prefixes, max_new_tokens=steps, sampling=_sampling(params, seed), **call)
+        return [o.token_ids for o in outs]
 
 
-def _record(stats: AcceptanceStats, out: _Emitted) -> None:
-    """A verification call is one target forward; a plain call is one per emitted token."""
-    if out.draft_tokens:
-        stats.record_round(len(out.draft_tokens), out.num_accepted)
-    else:
-        for _ in range(max(len(out.tokens), 1)):
-            stats.record_round(0, 0)
+def _commit(row: Row, tokens: list[int], draft_tokens: list[int], num_accepted: int) -> Outcome:
+    """The row's round: only the accepted draft tokens and the one target token after them are verified output
+    (anything a verification call returns beyond that is not part of this round)."""
+    if draft_tokens:
+        tokens = tokens[: num_accepted + 1]
+    row.tokens += tokens
+    return Outcome(tokens, len(draft_tokens), num_accepted)
+
+
+def _seeds(params: SamplingParams, generator) -> tuple[int | None, int | None]:
+    """(target, draft) seeds of one round, drawn from the request's generator: distinct per round and per model,
+    so no two calls replay the same random draws, and reproducible for a seeded request. None when greedy."""
+    if params.greedy or generator is None:
+        return None, None
+    target, draft = torch.randint(0, 2**31 - 1, (2,), generator=generator).tolist()
+    return target, draft
+
+
+def _sampling(params: SamplingParams, seed: int | None) -> dict:
+    return adapter.sampling_kwargs(params.temperature, params.top_k, params.top_p, seed)
 
 
 def vocab_rows(facts: dict) -> int:

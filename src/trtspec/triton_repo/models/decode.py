@@ -1,34 +1,35 @@
-"""The orchestrator's speculative loop as pure logic over two engine calls (tensorrtllm_backend's decode.py
-split: Triton I/O lives in orchestrator.py, this module replays scripted draft/target outputs in tests).
+"""The orchestrator's round over two engine calls (tensorrtllm_backend's decode.py split: Triton I/O lives in
+orchestrator.py; tests replay scripted draft/target outputs). The loop around it is engines/loop.py's, the one
+every runtime runs: stops, stats, adaptive K, cancellation and first_token_alone are there.
 
-One round:
-1. draft: ``draft(tokens, k)`` continues ``tokens`` by up to k tokens -> (draft_tokens, draft_logits [k, V] or None).
-2. verify: ``target(tokens, draft_tokens, draft_logits)`` -> the target's new tokens: the accepted prefix of
+One round (``EngineRounds.run``, one request: the orchestrator serves each request on a thread of its own):
+1. draft: ``draft(tokens, k, round)`` continues ``tokens`` by up to k tokens -> (draft_tokens, draft_logits [k, V]
+   or None).
+2. verify: ``target(tokens, draft_tokens, draft_logits, round)`` -> the target's new tokens: the accepted prefix of
    the draft tokens followed by one recovered (first mismatch) or bonus (all accepted) token. This is what the
-   TensorRT-LLM backend returns for a request with draft_input_ids and request_output_len = k + 1.
-3. emit the new tokens, cut at end_id / a stop sequence / max_tokens / max_seq_len.
+   TensorRT-LLM backend returns for a request with draft_input_ids and request_output_len = k + 1. K = 0 (or a
+   draft that returned nothing) is a plain target step through the same call.
 
-K = 0 (or one token left) is a plain target continuation through the same call. With ``first_token_alone``
-(the orchestrator's choice), round 0 is such a K = 0 round: the first token comes from the target's prefill alone, so it reaches
-the client after one target forward instead of after a whole draft + verify round.
-
-Draft-ahead (``draft_ahead()`` true for the round): while the target verifies ``tokens + draft`` (k > 0), the
-draft continues ``tokens + draft`` by K + 1 tokens in parallel (``together``). If the target then accepts every draft
-token and its bonus token equals the first of those (the draft's guess), the other K are the next round's draft,
-which then skips its draft call; otherwise they are dropped. The target still decides every emitted token, so the
-output is the same as without it for greedy requests, and has the same distribution for sampled ones (but a
-seeded request draws other random numbers: the orchestrator does not draft ahead for those).
+Draft-ahead (``draft_ahead()`` true for the round): while the target verifies ``tokens + draft`` (k > 0), the draft
+continues ``tokens + draft`` by K + 1 tokens in parallel (``together``; K: the request's pinned K, else this round's).
+If the target then accepts every draft token and its bonus token equals the first of those (the draft's guess), the
+other K are the next round's draft (up to the K the loop asks for then), which then skips its draft call; otherwise
+they are dropped. The target still decides every emitted token, so the output is the same as without it for greedy
+requests, and has the same distribution for sampled ones (but a seeded request draws other random numbers: the
+orchestrator does not draft ahead for those).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
 
-from trtspec.core.metrics import AcceptanceStats
 from trtspec.core.sequences import common_prefix_len
+from trtspec.engines.adaptive import KPolicy
+from trtspec.engines.loop import GenerationLoop, RowEvent
+from trtspec.engines.rounds import Outcome, Row
+from trtspec.engines.sampling import SamplingParams
 
 DraftFn = Callable[[list[int], int, int], tuple[list[int], object]]  # (tokens, k, round) -> (draft, logits)
 TargetFn = Callable[[list[int], list[int], object, int], list[int]]  # (tokens, draft, logits, round) -> new
@@ -41,107 +42,95 @@ def one_after_the_other(first, second):
     return first(), second()
 
 
-@dataclass(frozen=True)
-class Round:
-    """What one verified round emits. ``tokens``: new output token ids (after cuts); ``finished``: last round."""
+class EngineRounds:
+    """One request's rounds through the draft and target engine calls (engines/rounds.py ``Rounds``, one slot);
+    see the module docstring. ``max_seq_len``: the engines' limit, which a drafted-ahead guess must fit too."""
 
-    tokens: list[int]
-    num_draft: int
-    num_accepted: int
-    finished: bool
-    reason: str | None = (
-        None  # "length", "end_id", "stop_words", "max_seq_len" or "no_progress" when finished
-    )
+    num_slots = 1
+    vocab_size = 0  # prompts come from the repository's tokenizer; the engines check ids themselves
+    device = "cpu"  # no torch sampling here: the engines sample
 
+    def __init__(
+        self,
+        draft: DraftFn,
+        target: TargetFn,
+        *,
+        max_draft_len: int,
+        max_seq_len: int,
+        draft_ahead: Callable[[], bool] | None = None,
+        together: Together = one_after_the_other,
+    ):
+        self.draft, self.target = draft, target
+        self.max_draft_len, self.max_seq_len = max_draft_len, max_seq_len
+        self.draft_ahead, self.together = draft_ahead, together
+        self.release(0)
 
-def _cut(generated: list[int], new: list[int], end_ids: Collection[int], stop_ids: Sequence[Sequence[int]]):
-    """``new`` cut at the first end id (excluded) or after the first stop sequence (included)."""
-    for i, token in enumerate(new):
-        if token in end_ids:
-            return new[:i], "end_id"
-        tail = generated + new[: i + 1]
-        for stop in stop_ids:
-            if stop and tail[-len(stop) :] == list(stop):
-                return new[: i + 1], "stop_words"
-    return new, None
+    def release(self, slot: int) -> None:
+        self.round_index = 0  # the engines' seeds follow it
+        self.ready: tuple[list[int], Any] | None = None  # the next round's draft, drafted ahead and confirmed
+
+    def run(self, rows: list[Row], num_draft: list[int], params: SamplingParams, generator) -> list[Outcome]:
+        ((row,), (k,)) = rows, num_draft
+        tokens, round_index = row.tokens, self.round_index
+        if k == 0:
+            draft_tokens, draft_logits = [], None
+        elif self.ready is not None:
+            draft_tokens, draft_logits = self.ready
+        else:
+            draft_tokens, draft_logits = self.draft(tokens, k, round_index)
+        draft_tokens, self.ready = list(draft_tokens)[:k], None
+        if draft_logits is not None:
+            draft_logits = draft_logits[: len(draft_tokens)]
+        k = len(draft_tokens)
+        ahead_k = (k if params.num_draft_tokens is None else params.num_draft_tokens) + 1
+        verify = partial(self.target, tokens, draft_tokens, draft_logits, round_index)
+        if self._ahead(row, k, ahead_k):
+            draft_next = partial(self.draft, tokens + draft_tokens, ahead_k, round_index + 1)
+            new, (guess, guess_logits) = self.together(verify, draft_next)
+        else:
+            new, guess, guess_logits = verify(), [], None
+        accepted = common_prefix_len(draft_tokens, list(new))
+        # Only the accepted prefix and the one recovered/bonus token after it are verified output; anything an
+        # engine returns beyond that is not part of this round (every round emits accepted + 1 tokens).
+        new = list(new)[: accepted + 1]
+        guess = list(guess)[:ahead_k]
+        if guess[1:] and new == draft_tokens + guess[:1]:
+            self.ready = (guess[1:], None if guess_logits is None else guess_logits[1:ahead_k])
+        row.tokens += new
+        self.round_index += 1
+        return [Outcome(new, k, accepted)]
+
+    def _ahead(self, row: Row, k: int, ahead_k: int) -> bool:
+        """Draft ahead only beside a verification of drafts (never beside the prefill round: it would slow the
+        first token) and only if a next round can draft: room for this round's k + 1 tokens and K + 1 more."""
+        budget = row.max_len - len(row.tokens)
+        return (
+            self.draft_ahead is not None
+            and k > 0
+            and budget >= k + 3
+            and len(row.tokens) + k + ahead_k <= self.max_seq_len
+            and self.draft_ahead()
+        )
 
 
 def speculate(
     prompt: list[int],
+    params: SamplingParams,
+    rounds: EngineRounds,
     *,
-    max_tokens: int,
-    num_draft_tokens: int,
-    max_seq_len: int,
-    draft: DraftFn,
-    target: TargetFn,
-    end_ids: Collection[int] = (),
-    stop_ids: Sequence[Sequence[int]] = (),
-    stats: AcceptanceStats | None = None,
     first_token_alone: bool = False,
-    draft_ahead: Callable[[], bool] | None = None,
-    together: Together = one_after_the_other,
-) -> Iterator[Round]:
-    """Yield one Round per target verification until max_tokens, an end id (any of ``end_ids``), a stop sequence
-    or max_seq_len."""
-    tokens, generated = list(prompt), []
-    round_index = 0
-    ready = None  # the next round's draft (tokens, logits or None), drafted ahead and confirmed
-    while True:
-        budget = min(max_tokens - len(generated), max_seq_len - len(tokens))
-        if budget <= 0:
-            reason = "length" if len(generated) >= max_tokens else "max_seq_len"
-            yield Round([], 0, 0, True, reason)
-            return
-        k = min(num_draft_tokens, budget - 1)  # the target always adds one token: keep room for it
-        if first_token_alone and round_index == 0:
-            k = 0
-        if k == 0:
-            draft_tokens, draft_logits = [], None
-        elif ready is not None:  # K tokens, at least k
-            draft_tokens, draft_logits = ready
-        else:
-            draft_tokens, draft_logits = draft(tokens, k, round_index)
-        draft_tokens, ready = list(draft_tokens)[:k], None
-        if draft_logits is not None:
-            draft_logits = draft_logits[:k]
-        # Draft ahead only beside a verification of drafts (never beside the prefill round: it would slow the first
-        # token) and only if a next round can draft: room for this round's k + 1 tokens and K + 1 more.
-        ahead_k = num_draft_tokens + 1
-        ahead = (
-            draft_ahead is not None
-            and k > 0
-            and budget >= k + 3
-            and len(tokens) + k + ahead_k <= max_seq_len
-            and draft_ahead()
-        )
-        verify = partial(target, tokens, draft_tokens, draft_logits, round_index)
-        if ahead:
-            new, (guess, guess_logits) = together(
-                verify, partial(draft, tokens + draft_tokens, ahead_k, round_index + 1)
-            )
-        else:
-            new = verify()
-        new = list(new)
-        accepted = common_prefix_len(draft_tokens, new)
-        # Only the accepted prefix and the one recovered/bonus token after it are verified output; anything an
-        # engine returns beyond that is not part of this round (every round emits accepted + 1 tokens).
-        new = new[: accepted + 1]
-        if stats is not None:
-            stats.record_round(len(draft_tokens), accepted)
-        if not new:
-            yield Round([], len(draft_tokens), accepted, True, "no_progress")
-            return
-        new, reason = _cut(generated, new[:budget], end_ids, stop_ids)
-        generated += new
-        tokens += new
-        if stats is not None:
-            stats.generated_tokens += len(new)
-        round_index += 1
-        if reason is None and len(generated) >= max_tokens:
-            reason = "length"
-        guess = list(guess)[:ahead_k] if ahead else []
-        if reason is None and guess[1:] and new == draft_tokens + guess[:1]:
-            ready = (guess[1:], None if guess_logits is None else guess_logits[1:ahead_k])
-        yield Round(new, len(draft_tokens), accepted, reason is not None, reason)
-        if reason is not None:
-            return
+    k_policy: KPolicy = KPolicy(),
+    cancelled: Callable[[], bool] = lambda: False,
+    **options,
+) -> Iterator[RowEvent]:
+    """One request's generation: the one loop over its EngineRounds, one event per round (the last one finished).
+    ``options``: GenerationLoop.add's (request.to_job gives them: end ids left out, as TensorRT-LLM's end_id);
+    ``cancelled()`` is asked after each round. RequestError for a prompt the loop cannot take."""
+    loop = GenerationLoop(
+        rounds, max_seq_len=rounds.max_seq_len, first_token_alone=first_token_alone, k_policy=k_policy
+    )
+    loop.add(0, prompt, params, **options)
+    while loop.busy:
+        yield from loop.step()
+        if loop.busy and cancelled():
+            loop.cancel(0)

@@ -28,7 +28,7 @@ from trtspec.core.metrics import SpecDecodeCounts
 from trtspec.engines.loop import LoopThread, RowEvent
 from trtspec.triton_repo import interface as names
 from trtspec.triton_repo.models import triton_io as io
-from trtspec.triton_repo.models.request import GenerationRequest, Limits, parse_request
+from trtspec.triton_repo.models.request import GenerationRequest, Limits, parse_request, to_job
 from trtspec.triton_repo.models.text import IncrementalDecoder, TextCodec
 
 
@@ -55,27 +55,6 @@ class Reply:
         if event.finished:
             out.append(("", self.ids, True))
         return out
-
-
-def to_job(req: GenerationRequest, codec: TextCodec, limits: Limits) -> tuple[list[int], object, dict]:
-    """(prompt ids, SamplingParams, GenerationLoop.add options) of a parsed request; RequestError for a prompt
-    the codec refuses. max_tokens is capped to what max_seq_len leaves after the prompt (as TensorRT-LLM caps
-    maxNewTokens); a request's end_id replaces the repository's EOS ids, and neither is emitted."""
-    from trtspec.engines.sampling import SamplingParams
-
-    prompt = codec.encode(req.text)
-    s = req.sampling
-    params = SamplingParams(
-        max_new_tokens=max(min(req.max_tokens, limits.max_seq_len - len(prompt)), 1),
-        num_draft_tokens=req.num_draft_tokens,
-        temperature=0.0 if s.greedy else s.temperature,
-        top_k=s.top_k,
-        top_p=s.top_p,
-        seed=s.seed,
-    )
-    end_ids = codec.end_ids if req.end_id is None else (req.end_id,)
-    options = {"eos_ids": set(end_ids), "keep_end": False, "stop_sequences": codec.stop_ids(req.stop_words)}
-    return prompt, params, options
 
 
 def merge_events(first: RowEvent, second: RowEvent) -> RowEvent:

@@ -1,19 +1,19 @@
 """Triton python model `tensorrt_llm_bls`: the speculative orchestrator and the client-facing entry point.
 
-Per request: prompt -> ids, rounds of draft (K tokens) + one target verification through the engine models'
-TensorRT-LLM tensor interface (decode.speculate), ids -> text. Beyond upstream's BLS: decoupled streaming of
-each verified round, concurrent requests (one thread each, bounded), per-request num_draft_tokens, sampling,
-stop words and return_perf_metrics.
+Per request: prompt -> ids, the one generation loop (engines/loop.py, one loop per request on the request's own
+thread) whose rounds are a draft call (K tokens) and one target verification through the engine models'
+TensorRT-LLM tensor interface (decode.EngineRounds), ids -> text. Beyond upstream's BLS: decoupled streaming of
+each verified round, concurrent requests (one thread each, bounded), per-request num_draft_tokens (adaptive K for
+requests without one where the repository's default is "adaptive"), sampling, stop words and return_perf_metrics.
 
 Speed: a round costs two BLS calls (draft, target) and nothing else. With draft_ahead (the default), a request
-served alone also drafts the next round while the target verifies this one (decode.speculate): when the target
+served alone also drafts the next round while the target verifies this one (decode.EngineRounds): when the target
 accepts the whole draft and the draft guessed its bonus token, the next round skips its draft call. Under
 concurrent requests the other requests keep the engines busy, so draft-ahead is off and nothing is drafted twice.
 A streamed round's response is sent by a thread of its own (Outbox), so the next round's calls do not wait
 for it. Text goes through the same TextCodec as the preprocessing and postprocessing models, in-process (no
 BLS hop per request or per streamed round), and a request's first token comes from the target's prefill alone
-(decode.speculate's first_token_alone), streamed or not, so that a seeded sampled request gives the same text
-either way.
+(the loop's first_token_alone), streamed or not, so that a seeded sampled request gives the same text either way.
 """
 
 from __future__ import annotations
@@ -27,10 +27,11 @@ import numpy as np
 from trtspec.builders.support import draft_input_ids
 from trtspec.core.errors import RequestError
 from trtspec.core.metrics import AcceptanceStats, SpecDecodeCounts
+from trtspec.engines.adaptive import KPolicy
 from trtspec.triton_repo import interface as names
 from trtspec.triton_repo.models import triton_io as io
-from trtspec.triton_repo.models.decode import speculate
-from trtspec.triton_repo.models.request import GenerationRequest, Limits, parse_request
+from trtspec.triton_repo.models.decode import EngineRounds, speculate
+from trtspec.triton_repo.models.request import GenerationRequest, Limits, parse_request, to_job
 from trtspec.triton_repo.models.text import IncrementalDecoder, TextCodec
 from trtspec.triton_repo.models.triton_io import CANCEL_POLL_S, cancel_check  # noqa: F401 - used and re-exported
 
@@ -159,9 +160,10 @@ class TritonPythonModel:
         import json
 
         params = io.model_parameters(args)
+        k = params["num_draft_tokens"]  # the default K of requests without one
         self.limits = Limits(
             max_draft_len=int(params["max_draft_len"]),
-            num_draft_tokens=int(params["num_draft_tokens"]),
+            num_draft_tokens=None if k == names.ADAPTIVE else int(k),
             max_seq_len=int(params["max_seq_len"]),
             use_draft_logits=params.get("use_draft_logits", "False").lower() == "true",
         )
@@ -178,6 +180,11 @@ class TritonPythonModel:
         self.vocab_rows = {role: int(params[f"{role}_vocab_rows"]) for role in ("target", "draft")}
         self.pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="draft-ahead")
         self.metrics = io.SpecDecodeMetrics(args["model_name"], self.limits.max_draft_len)
+        # Adaptive K's settings (the torch runtime's parameter names; defaults where the repository has none).
+        self.k_policy = KPolicy(
+            draft_cost_ratio=float(params.get("draft_cost_ratio") or KPolicy.draft_cost_ratio),
+            schedule=names.parse_schedule(params.get("k_schedule", "")),
+        )
 
     # ------------------------------------------------------------------ request handling
 
@@ -287,45 +294,45 @@ class TritonPythonModel:
 
     # ------------------------------------------------------------------ generation
 
-    def _preprocess(self, req: GenerationRequest):
-        """(prompt ids, stop sequences, end_id, pad_id, end ids): the preprocessing model's answer, computed
-        in-process. A request's own end_id replaces the model's eos ids."""
+    def _engine_ids(self, req: GenerationRequest) -> tuple[int, int]:
+        """(end_id, pad_id) the engine models get: the request's own, else the repository's."""
         end_id = self.codec.end_id if req.end_id is None else req.end_id
-        end_ids = self.codec.end_ids if req.end_id is None else (req.end_id,)
         pad_id = self.codec.pad_id if req.pad_id is None else req.pad_id
-        return self.codec.encode(req.text), self.codec.stop_ids(req.stop_words), end_id, pad_id, end_ids
+        return end_id, pad_id
 
     def _generate(self, req: GenerationRequest, incremental: bool, cancelled=lambda: False):
         """Yield (text piece, the round's token ids, stats so far, finished) per verified round; not incremental:
         one (text, all ids, stats, True) at the end (early if ``cancelled()``)."""
-        prompt, stop_ids, end_id, pad_id, end_ids = self._preprocess(req)
-        engines = EngineClient(self.target, self.draft, req, end_id, pad_id, self.vocab_rows)
-        stats = AcceptanceStats(max_draft_len=self.limits.max_draft_len)
-        generated, text = [], IncrementalDecoder(self.codec.decode)
-        rounds = speculate(
-            prompt,
-            max_tokens=req.max_tokens,
-            num_draft_tokens=req.num_draft_tokens,
+        prompt, params, options = to_job(req, self.codec, self.limits)
+        engines = EngineClient(self.target, self.draft, req, *self._engine_ids(req), self.vocab_rows)
+        rounds = EngineRounds(
+            engines.draft_fn,
+            engines.target_fn,
+            max_draft_len=self.limits.max_draft_len,
             max_seq_len=self.limits.max_seq_len,
-            draft=engines.draft_fn,
-            target=engines.target_fn,
-            end_ids=end_ids,
-            stop_ids=stop_ids,
-            stats=stats,
-            first_token_alone=True,
             # A seeded sampled request must give the same text whatever else the server is doing: no draft-ahead.
             draft_ahead=None if req.sampling.seed is not None and not req.sampling.greedy else self._alone,
             together=self._together,
         )
+        events = speculate(
+            prompt,
+            params,
+            rounds,
+            first_token_alone=True,
+            k_policy=self.k_policy,
+            cancelled=(lambda: False) if incremental else cancelled,
+            **options,
+        )
+        stats, generated, text = None, [], IncrementalDecoder(self.codec.decode)
         try:
-            for rnd in rounds:
-                generated += rnd.tokens
-                if incremental and (rnd.tokens or rnd.finished):
-                    piece = text.push(rnd.tokens, rnd.finished)
-                    yield piece, list(rnd.tokens), stats, rnd.finished
-                if not incremental and cancelled():
-                    break
+            for event in events:
+                stats = event.stats
+                generated += event.new_tokens
+                if incremental and (event.new_tokens or event.finished):
+                    piece = text.push(event.new_tokens, event.finished)
+                    yield piece, list(event.new_tokens), stats, event.finished
         finally:  # finished, cancelled or failed: the rounds that ran are counted
-            self.metrics.add(SpecDecodeCounts.of(stats))
+            if stats is not None:
+                self.metrics.add(SpecDecodeCounts.of(stats))
         if not incremental:
             yield self.codec.decode(generated), generated, stats, True

@@ -20,7 +20,7 @@ class Limits:
     """The repository's limits, from the orchestrator's config parameters."""
 
     max_draft_len: int
-    num_draft_tokens: int | None  # default per-request K; None = adaptive (torch runtime)
+    num_draft_tokens: int | None  # default per-request K; None = adaptive (parameter "adaptive")
     max_seq_len: int
     use_draft_logits: bool = False
 
@@ -133,3 +133,25 @@ def parse_request(inputs: Mapping[str, object], limits: Limits) -> GenerationReq
         pad_id=None if pad_id is None else int(pad_id),
         stop_words=_strings(inputs, "stop_words"),
     )
+
+
+def to_job(req: GenerationRequest, codec, limits: Limits) -> tuple[list[int], object, dict]:
+    """(prompt ids, SamplingParams, GenerationLoop.add options) of a parsed request, the one place both runtimes'
+    entry models turn a request into the loop's terms; ``codec``: a text.TextCodec. RequestError for a prompt
+    the codec refuses. max_tokens is capped to what max_seq_len leaves after the prompt (as TensorRT-LLM caps
+    maxNewTokens); a request's end_id replaces the repository's EOS ids, and neither is emitted."""
+    from trtspec.engines.sampling import SamplingParams  # here: this module stays numpy-only to import
+
+    prompt = codec.encode(req.text)
+    s = req.sampling
+    params = SamplingParams(
+        max_new_tokens=max(min(req.max_tokens, limits.max_seq_len - len(prompt)), 1),
+        num_draft_tokens=req.num_draft_tokens,
+        temperature=0.0 if s.greedy else s.temperature,
+        top_k=s.top_k,
+        top_p=s.top_p,
+        seed=s.seed,
+    )
+    end_ids = codec.end_ids if req.end_id is None else (req.end_id,)
+    options = {"eos_ids": set(end_ids), "keep_end": False, "stop_sequences": codec.stop_ids(req.stop_words)}
+    return prompt, params, options

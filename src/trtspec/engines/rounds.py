@@ -1,0 +1,61 @@
+"""What a runtime supplies to the one generation loop (engines/loop.py): its round, behind ``Rounds``.
+
+    class MyRounds:                       # one per runtime: the torch pair (speculative.TorchRounds), TensorRT-LLM's
+        num_slots = 4                     # runner (trtllm_runner.TrtllmRounds), the Triton orchestrator's engine
+        vocab_size = 32000                # models (triton_repo/models/decode.EngineRounds)
+        max_draft_len = 8
+        device = "cpu"
+        def run(self, rows, num_draft, params, generator) -> list[Outcome]: ...
+        def release(self, slot): ...
+
+A round is propose + verify for a group of rows that one batched sampling step can serve (the loop groups them):
+row b drafts up to ``num_draft[b]`` tokens, the target verifies them, and the round appends what it emitted to
+``rows[b].tokens``. Everything around the round (admission into slots, stops and the EOS convention, stats,
+streaming events, cancellation, adaptive K) is the loop's and exists once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+@dataclass
+class Row:
+    """One sequence's state in one runtime. ``tokens``: prompt + emitted tokens (a round appends its own);
+    ``slot``: where its state lives (a KV slot of the torch pair); ``target_len``/``draft_len``: tokens whose KV
+    each cache holds (runtimes with caches of their own ignore them); ``max_len``: the length the loop lets it
+    reach (prompt + max_new_tokens), so a round can tell how many tokens are left."""
+
+    tokens: list[int]
+    slot: int
+    target_len: int = 0
+    draft_len: int = 0
+    max_len: int = 0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One row's round: the tokens it emitted (accepted draft tokens + one target token; a target-only round may
+    emit several, one target step each), the draft tokens the target judged, and how many it accepted."""
+
+    tokens: list[int]
+    num_draft: int
+    num_accepted: int
+
+
+class Rounds(Protocol):
+    """A runtime's round; see the module docstring."""
+
+    num_slots: int  # rows in flight at most
+    vocab_size: int  # ids every model of the runtime can embed (0: the runtime checks them itself)
+    max_draft_len: int  # the most draft tokens a row may ask for (0: no draft, target-only)
+    device: Any  # where a sampled request's torch.Generator lives
+
+    def run(self, rows: list[Row], num_draft: list[int], params, generator) -> list[Outcome]:
+        """One round for ``rows`` (same sampling settings and generator); one Outcome per row, in order."""
+        ...
+
+    def release(self, slot: int) -> None:
+        """The row in ``slot`` left the loop (finished, cancelled or failed): drop what the runtime keeps for it."""
+        ...
