@@ -16,6 +16,7 @@ import yaml
 from conftest import FAKE_TRTLLM_DIR
 
 from trtspec.builders import build as B
+from trtspec.builders import environment
 from trtspec.builders import trtllm_adapter as A
 from trtspec.cli import cli
 from trtspec.core.errors import CheckFailed, CheckpointError, NeedsTensorRTLLM
@@ -200,11 +201,11 @@ def test_engines_rebuild_for_another_tensorrt_llm_or_gpu(fake_trtllm, workdir, m
     recipe_path, engines = workdir / "recipes" / "tiny.yaml", workdir / "engines"
     B.build(load_recipe(recipe_path), engines)
     assert B.build(load_recipe(recipe_path), engines).ran == ["check"]
-    monkeypatch.setattr(B, "gpu_identity", lambda: ["NVIDIA H100 80GB HBM3, 9.0"])
+    monkeypatch.setattr(environment, "gpu_identity", lambda: ["NVIDIA H100 80GB HBM3, 9.0"])
     assert B.build(load_recipe(recipe_path), engines).ran == ["check", "target.engine", "draft.engine"]
     assert B.build(load_recipe(recipe_path), engines).ran == ["check"]
-    versions = B.package_versions()
-    monkeypatch.setattr(B, "package_versions", lambda *a: versions | {"tensorrt_llm": "1.2.1"})
+    versions = environment.package_versions()
+    monkeypatch.setattr(environment, "package_versions", lambda *a: versions | {"tensorrt_llm": "1.2.1"})
     assert B.build(load_recipe(recipe_path), engines).ran == ["check", "target.engine", "draft.engine"]
 
 

@@ -24,20 +24,18 @@ size and modification time, so that checking a 100 GB model stays cheap.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import shlex
 import shutil
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtspec.builders import support
+from trtspec.builders import environment, support
 from trtspec.builders.plan import ROLES, BuildPlan, make_build_plan, read_checkpoint_config
 from trtspec.core import layout
 from trtspec.core.errors import CheckFailed, CheckpointError, NeedsTensorRTLLM, RecipeError
@@ -192,7 +190,7 @@ def model_stage_fingerprint(recipe: Recipe, role: str, kind: str) -> str:
     return digest(
         {
             "trtspec": __version__,
-            "modelopt": package_versions()["nvidia-modelopt"],
+            "modelopt": environment.package_versions()["nvidia-modelopt"],
             "recipe": convert_recipe_part(recipe, role),
             "input": tree_hash(spec.model),
             "as": kind,
@@ -252,15 +250,6 @@ def _finish(recipe: Recipe, out_dir: Path, plan: BuildPlan | None, stages: dict[
     write_json_atomic(out_dir / MANIFEST, manifest)
     ran = [name for name, s in stages.items() if not s.get("skipped")]
     return BuildResult(out_dir, plan, manifest, ran=ran, skipped=manifest["skipped"])
-
-
-def conversion_roles(recipe: Recipe) -> list[str]:
-    """The models ``build`` runs through ModelOpt: both for engines, only the quantized ones for trtllm-pytorch
-    (an unquantized model is served from its own folder)."""
-    models = recipe.models()
-    if recipe.triton.runtime == "trtllm-pytorch":
-        return [role for role, spec in models.items() if spec.quantization != "none"]
-    return list(models)
 
 
 def build_hf(recipe: Recipe, out_dir: Path, console, force: bool) -> BuildResult:
@@ -342,29 +331,11 @@ def write_plan_files(recipe: Recipe, plan: BuildPlan, out_dir: Path) -> None:
     write_json_atomic(out_dir / FINISH_SCRIPT, finish_script(recipe, plan, out_dir), mode=0o755)
 
 
-def gpu_identity() -> list[str] | None:
-    """Name and compute capability of each visible GPU (nvidia-smi), or None where there is none."""
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return None
-    query = [exe, "--query-gpu=name,compute_cap", "--format=csv,noheader"]
-    try:
-        out = subprocess.run(query, capture_output=True, text=True, timeout=30, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return sorted({line.strip() for line in out.splitlines() if line.strip()})
-
-
-def engine_environment() -> dict[str, Any]:
-    """What an engine is tied to besides its inputs: the TensorRT-LLM version and the GPU architecture."""
-    return {"tensorrt_llm": package_versions()["tensorrt_llm"], "gpus": gpu_identity()}
-
-
-def engine_fingerprint(engine, checkpoint_stamp: dict, environment: dict[str, Any]) -> str:
+def engine_fingerprint(engine, checkpoint_stamp: dict, engine_env: dict[str, Any]) -> str:
     # Paths are left out on purpose: the same folder mounted elsewhere (the NGC container) is still up to date.
     # The environment is in: a new TensorRT-LLM or another GPU model makes every engine stale.
     payload = {"build_config": engine.build_config, "checkpoint": checkpoint_stamp.get("output_hash")}
-    return digest(payload | {"environment": environment})
+    return digest(payload | {"environment": engine_env})
 
 
 def engine_stages(
@@ -374,9 +345,9 @@ def engine_stages(
     from trtspec.builders.trtllm_adapter import build_engines, require_tensorrt_llm
 
     stamps, pending = {}, {}
-    environment = engine_environment()
+    engine_env = environment.engine_environment()
     for engine in plan.engines():
-        fingerprint = engine_fingerprint(engine, checkpoints[engine.role], environment)
+        fingerprint = engine_fingerprint(engine, checkpoints[engine.role], engine_env)
         stamp = None if force else up_to_date(engine.engine_dir, fingerprint)
         if stamp is not None:
             stamps[engine.role] = stamp | {"skipped": True}
@@ -418,26 +389,6 @@ def engine_stages(
 # ---------------------------------------------------------------- manifest and orchestration
 
 
-def package_versions(tensorrt_llm_version: str | None = None) -> dict[str, str | None]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    from trtspec import __version__
-
-    def installed(*names: str) -> str | None:
-        for name in names:
-            with contextlib.suppress(PackageNotFoundError):
-                return version(name)
-        return None
-
-    return {
-        "trtspec": __version__,
-        "nvidia-modelopt": installed("nvidia-modelopt"),
-        "torch": installed("torch"),
-        "transformers": installed("transformers"),
-        "tensorrt_llm": tensorrt_llm_version or installed("tensorrt_llm", "tensorrt-llm"),
-    }
-
-
 def make_manifest(
     recipe: Recipe, plan: BuildPlan | None, stages: dict[str, dict], status: str
 ) -> dict[str, Any]:
@@ -454,7 +405,7 @@ def make_manifest(
             "hash": recipe.digest(),
             "content": recipe.model_dump(mode="json"),
         },
-        "versions": package_versions(trtllm),
+        "versions": environment.package_versions(trtllm),
         "ngc_image": support.NGC_TRITON_TRTLLM_IMAGE,
         "inputs": {
             f"{role}.model": s["info"].get("input_hash")
@@ -502,10 +453,8 @@ def build(
             "triton.runtime",
             "trtllm-pytorch has no engines; drop --engines-only",
         )
-    if not engines_only and conversion_roles(recipe):
-        from trtspec.builders.convert import require_conversion_stack
-
-        require_conversion_stack()
+    if not engines_only and environment.conversion_roles(recipe):
+        environment.require_conversion_stack()
     out_dir.mkdir(parents=True, exist_ok=True)
     clean_stale(out_dir)
     if recipe.triton.runtime == "trtllm-pytorch":

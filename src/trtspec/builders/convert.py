@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.builders import support
+from trtspec.builders.environment import require_conversion_stack
 from trtspec.core import layout
-from trtspec.core.errors import CheckFailed, CheckpointError, ModelError, NeedsConversionStack
+from trtspec.core.errors import CheckFailed, CheckpointError, ModelError
 from trtspec.core.model_dir import count_parameters, load_source_model, load_tokenizer, read_hf_config
 from trtspec.outputs import atomic_dir
 from trtspec.recipe import CalibrationSpec, ModelSpec
@@ -32,16 +33,6 @@ KV_CACHE_CFG = "FP8_KV_CFG"
 # Qwen2/3 are Llama-shaped (+ qkv bias / qk-norm), so they go through its "llama" path.
 MODELOPT_DECODER = {"qwen": "llama"}
 AWQ_FORMATS = ("int4_awq", "w4a8_awq")
-
-
-def require_conversion_stack() -> None:
-    """NeedsConversionStack, one line naming what to install, unless the installed nvidia-modelopt and transformers
-    are the conversion path's (support.CONVERSION_STACK). Called before any work, so nothing is half done."""
-    from trtspec.builders.build import package_versions
-
-    problem = support.conversion_stack_problem(package_versions())
-    if problem:
-        raise NeedsConversionStack(problem)
 
 
 # ---------------------------------------------------------------- inspecting the HF model

@@ -26,8 +26,8 @@ from trtspec.builders.convert import (
     check_memory,
     check_shapes,
     quantize_model,
-    require_conversion_stack,
 )
+from trtspec.builders.environment import require_conversion_stack
 from trtspec.core.errors import CheckFailed, CheckpointError
 from trtspec.core.model_dir import load_source_model, load_tokenizer, read_hf_config
 from trtspec.outputs import atomic_dir

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from trtspec.builders import support
+from trtspec.builders import environment, support
 from trtspec.core.errors import ModelError
 from trtspec.core.model_dir import count_parameters, load_tokenizer
 from trtspec.recipe import ModelSpec, Recipe
@@ -356,18 +356,6 @@ def check_memory(report_memory: list[MemoryRow], gpu_memory_gib: float | None) -
     return CheckResult("memory", "pass", msg)
 
 
-def installed_trtllm_version() -> str | None:
-    """The tensorrt_llm version installed here (the NGC image), or None (development machines)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    for name in ("tensorrt_llm", "tensorrt-llm"):
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            continue
-    return None
-
-
 def _llmapi_layout_problem(recipe: Recipe) -> str | None:
     """The LLM API runs the draft inside the target's executor: same parallel mapping, same GPUs."""
     target, draft = recipe.target, recipe.draft
@@ -382,7 +370,7 @@ def _llmapi_layout_problem(recipe: Recipe) -> str | None:
 def check_runtime(recipe: Recipe, trtllm_version: str | None = None) -> CheckResult:
     """Whether ``triton.runtime`` can run with TensorRT-LLM ``trtllm_version`` (None: the installed one, if any)."""
     runtime = recipe.triton.runtime
-    version = trtllm_version or installed_trtllm_version()
+    version = trtllm_version or environment.installed_trtllm_version()
     needs = support.RUNTIME_NEEDS[runtime]
     details = {"runtime": runtime, "trtllm_version": version, "needs": needs}
     if runtime == "torch":
@@ -459,11 +447,9 @@ def check_kv_cache(recipe: Recipe) -> list[CheckResult]:
 def check_conversion(recipe: Recipe, versions: dict[str, str | None] | None = None) -> list[CheckResult]:
     """Whether ``versions`` (default: the installed packages) run the ModelOpt conversion ``build`` does for this
     recipe. A warning, like a missing TensorRT-LLM: the conversion may run elsewhere (the NGC image)."""
-    from trtspec.builders.build import conversion_roles, package_versions
-
-    if recipe.triton.runtime == "torch" or not conversion_roles(recipe):
+    if recipe.triton.runtime == "torch" or not environment.conversion_roles(recipe):
         return []  # the torch runtime and unquantized trtllm-pytorch models load the HF checkpoints themselves
-    versions = package_versions() if versions is None else versions
+    versions = environment.package_versions() if versions is None else versions
     problem = support.conversion_stack_problem(versions)
     if problem:
         return [CheckResult("conversion", "warn", problem)]
