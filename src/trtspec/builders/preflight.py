@@ -346,7 +346,9 @@ def per_gpu_gib(memory: list[MemoryRow]) -> dict[int, float]:
     return totals
 
 
-def check_memory(report_memory: list[MemoryRow], gpu_memory_gib: float | None) -> CheckResult:
+def check_serving_memory(report_memory: list[MemoryRow], gpu_memory_gib: float | None) -> CheckResult:
+    """The estimated serving footprint of the busiest GPU (weights + KV cache of every rank placed on it) against
+    ``gpu_memory_gib`` (None: unknown, the estimate is only reported)."""
     worst_gpu, worst = max(per_gpu_gib(report_memory).items(), key=lambda kv: kv[1])
     msg = f"peak estimate {format_gib(worst)} on GPU {worst_gpu} (weights + KV cache; activations and workspace extra)"
     if gpu_memory_gib is not None and worst > gpu_memory_gib:
@@ -483,7 +485,7 @@ def run_checks(
         check_precision(recipe),
         *check_limits(recipe, target, draft),
         check_draft_size(target, draft),
-        check_memory(memory, gpu_memory_gib),
+        check_serving_memory(memory, gpu_memory_gib),
         check_runtime(recipe, trtllm_version),
         *check_fast_logits(recipe),
         *check_kv_cache(recipe),
