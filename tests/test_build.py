@@ -16,7 +16,7 @@ import yaml
 from conftest import FAKE_TRTLLM_DIR
 
 from trtspec.builders import build as B
-from trtspec.builders import environment
+from trtspec.builders import environment, stage_cache
 from trtspec.builders import trtllm_adapter as A
 from trtspec.cli import cli
 from trtspec.core.errors import CheckFailed, CheckpointError, NeedsTensorRTLLM
@@ -162,7 +162,9 @@ def test_engines_only_from_the_cli_and_its_manifest(runner, fake_trtllm, workdir
     assert target_plan["build_config"]["speculative_decoding_mode"] == "draft_tokens_external"
     assert target_plan["build_config"]["max_draft_len"] == 3
     for role in ("target", "draft"):
-        assert B.tree_hash(engines / "tiny" / role / "engine") == manifest["outputs"][f"{role}.engine"]
+        assert (
+            stage_cache.tree_hash(engines / "tiny" / role / "engine") == manifest["outputs"][f"{role}.engine"]
+        )
 
 
 def test_engines_only_without_checkpoints_says_what_to_do(runner, fake_trtllm, pair, tmp_path):
