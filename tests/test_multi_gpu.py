@@ -12,7 +12,8 @@ import json
 import pytest
 from test_deploy import fake_engine
 
-from trtspec.builders.preflight import ModelFacts, check_serving_memory, estimate_memory
+from trtspec.builders.model_facts import ModelFacts
+from trtspec.builders.preflight import check_serving_memory, estimate_memory
 from trtspec.recipe import recipe_from_dict
 from trtspec.triton_repo import interface as names
 from trtspec.triton_repo.deploy import MANIFEST, deploy
