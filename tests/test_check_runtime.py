@@ -203,5 +203,5 @@ def test_a_later_tensorrt_llm_is_told_the_fields_are_1_2s(monkeypatch):
         "TensorRT-LLM 1.3.0rc8: trtspec writes 1.2.1's"
     )
     assert "acceptance_rate_threshold" in later.message and "draft_len_schedule" in later.message
-    monkeypatch.setattr("trtspec.builders.preflight.installed_trtllm_version", lambda: "1.4.0")
+    monkeypatch.setattr("trtspec.builders.environment.installed_trtllm_version", lambda: "1.4.0")
     assert check_llmapi_adaptive(scheduled)[-1].message.startswith("TensorRT-LLM 1.4.0")

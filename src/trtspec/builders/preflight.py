@@ -326,7 +326,9 @@ def check_llmapi_adaptive(recipe: Recipe, trtllm_version: str | None = None) -> 
     results = [CheckResult("adaptive K", "warn", message, details)]
     if spec.schedule:
         results.append(CheckResult("adaptive K", "pass", _llmapi_schedule_message(spec, rendered), details))
-    return results + _llmapi_field_version_results(rendered, trtllm_version or installed_trtllm_version())
+    return results + _llmapi_field_version_results(
+        rendered, trtllm_version or environment.installed_trtllm_version()
+    )
 
 
 def _llmapi_schedule_message(spec, rendered) -> str:
