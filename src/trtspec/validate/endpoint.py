@@ -347,6 +347,8 @@ class TritonSystem:
         self.name = f"Triton {self.client.model} at {self.client.address} ({self.client.protocol})"
         # upstream's LLM-API model drafts max_draft_len tokens every round and takes no per-request K
         self.fixed_k = max_draft_len if self.client.interface == "llmapi" else None
+        # A request without K gets the repository's default, which may be a fixed K: not measured as adaptive.
+        self.adaptive = False
 
     def generate(self, requests: list[Request], params) -> list[Generation]:
         sampling = (
