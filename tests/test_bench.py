@@ -249,6 +249,7 @@ def test_bench_write_recipe_saves_a_loadable_copy_with_the_schedule(runner, tiny
     )
     copy = tmp_path / "elsewhere" / "tuned.yaml"
     args = ["bench", str(recipe), "--limit", "2", "--max-tokens", "6", "--out", str(tmp_path / "bench")]
+    args += ["--repeats", "2"]
     result = runner.invoke(cli, [*args, "--write-recipe", str(copy), "--json"])
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
@@ -257,6 +258,7 @@ def test_bench_write_recipe_saves_a_loadable_copy_with_the_schedule(runner, tiny
     grid = {(p["num_draft_tokens"], p["concurrency"]) for p in payload["points"]}
     assert grid == {(k, c) for k in (0, 1, 2, 3, None) for c in (1, 2)}
     assert any("limits.max_batch_size 2" in note for note in payload["notes"])
+    assert {p["requests"] for p in payload["points"]} == {4}  # 2 prompts (a group of 2) x 2 passes, pooled
     written = load_recipe(copy)
     schedule = {int(c): k for c, k in payload["recommended_schedule"].items()}
     assert written.speculative.schedule == schedule

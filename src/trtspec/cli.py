@@ -720,6 +720,13 @@ def _int_list(ctx, param, value: str | None) -> tuple[int, ...] | None:
     help="Folder for bench.json, bench.md and the plots [default: bench/<name>].",
 )
 @click.option(
+    "--repeats",
+    type=click.IntRange(min=1),
+    default=1,
+    help="Passes over each concurrency's points, one after another; each point pools its passes (steadier "
+    "ratios on a shared machine).",
+)
+@click.option(
     "--write-recipe",
     type=click.Path(dir_okay=False),
     default=None,
@@ -737,6 +744,7 @@ def bench(
     concurrency,
     draft_cost_ratio,
     out_dir,
+    repeats,
     write_recipe,
     system,
     url,
@@ -770,6 +778,7 @@ def bench(
             _system_spec(system, url, protocol, triton_model, device, dtype),
             chat=chat,
             write_recipe=Path(write_recipe) if write_recipe else None,
+            repeats=repeats,
         ),
         out,
     )

@@ -88,6 +88,17 @@ class BenchPoint:
                 by_set.setdefault(name, []).append(g.stats)
         return {name: merge_stats(stats) for name, stats in by_set.items()}
 
+    def pooled(self, other: BenchPoint) -> BenchPoint:
+        """This point and another pass of it as one point: every generation, the walls added."""
+        return BenchPoint(
+            self.num_draft_tokens,
+            self.concurrency,
+            self.generations + other.generations,
+            self.wall_s + other.wall_s,
+            self.role,
+            self.prompt_sets + other.prompt_sets,
+        )
+
     @property
     def speculative(self) -> bool:
         """Drafts (a static K or adaptive K), so acceptance applies."""
@@ -299,11 +310,14 @@ def run_sweep(
     concurrency: Sequence[int],
     max_new_tokens: int,
     adaptive: bool = False,
+    repeats: int = 1,
     draft_system=None,
     advance: Callable[[str], None] | None = None,
 ) -> list[BenchPoint]:
     """Every (K, concurrency) point, K = 0 first, then ``ks``, then adaptive K (``adaptive``: requests that give
-    no K); ``draft_system`` (the draft alone, target-only) adds draft points."""
+    no K); ``draft_system`` (the draft alone, target-only) adds draft points. ``repeats`` passes over a
+    concurrency's points one after another, each point pooled over its passes, so a slow spell of a shared
+    machine falls on every point of a pass rather than on one point."""
     from trtspec.engines.sampling import SamplingParams
 
     params = SamplingParams(max_new_tokens=max_new_tokens)
@@ -314,10 +328,16 @@ def run_sweep(
     points = []
     for c in concurrency:
         batch = make_requests(requests, c)
-        for k in [0, *ks] + ([None] if adaptive else []):
-            step(f"K={k_label(k)} concurrency={c}")
-            points.append(run_point(system, batch, params.with_(num_draft_tokens=k), c))
-        if draft_system is not None:
-            step(f"draft alone, concurrency={c}")
-            points.append(run_point(draft_system, batch, params.with_(num_draft_tokens=0), c, role="draft"))
+        pooled: dict[tuple[str, int | None], BenchPoint] = {}
+        for n in range(repeats):
+            runs = [("pair", k) for k in [0, *ks] + ([None] if adaptive else [])]
+            runs += [("draft", 0)] if draft_system is not None else []
+            for role, k in runs:
+                label = f"K={k_label(k)}" if role == "pair" else "draft alone"
+                step(f"{label} concurrency={c}" + (f" pass {n + 1}/{repeats}" if repeats > 1 else ""))
+                runner = system if role == "pair" else draft_system
+                point = run_point(runner, batch, params.with_(num_draft_tokens=k), c, role=role)
+                key = (role, k)
+                pooled[key] = pooled[key].pooled(point) if key in pooled else point
+        points += pooled.values()
     return points

@@ -167,6 +167,7 @@ class BenchOptions:
     system: SystemOptions = field(default_factory=SystemOptions)
     chat: bool = False  # raw prompts as single user messages through the chat template
     write_recipe: Path | None = None  # a copy of the recipe with the recommended speculative.schedule
+    repeats: int = 1  # passes over each concurrency's points, pooled
 
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16)
@@ -297,8 +298,12 @@ def bench(options: BenchOptions, out) -> dict:
         )
     measure_draft = options.system.kind == "engine" and options.draft_cost_ratio is None
     draft = _draft_alone(recipe, options.system, biggest) if measure_draft else None
+    if options.repeats > 1:
+        notes.append(
+            f"Each point pools {options.repeats} passes over its concurrency's points, run one after another."
+        )
     per_concurrency = len(options.num_draft_tokens) + 1 + adaptive + (draft is not None)
-    total = len(options.concurrency) * per_concurrency
+    total = len(options.concurrency) * per_concurrency * options.repeats
     console = out.console()
     try:
         with Progress(console=console, transient=True) as progress:
@@ -317,6 +322,7 @@ def bench(options: BenchOptions, out) -> dict:
                 concurrency=options.concurrency,
                 max_new_tokens=options.max_tokens,
                 adaptive=adaptive,
+                repeats=options.repeats,
                 draft_system=draft,
                 advance=advance,
             )
