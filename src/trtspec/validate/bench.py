@@ -314,8 +314,10 @@ def run_sweep(
     draft_system=None,
     advance: Callable[[str], None] | None = None,
 ) -> list[BenchPoint]:
-    """Every (K, concurrency) point, K = 0 first, then ``ks``, then adaptive K (``adaptive``: requests that give
-    no K); ``draft_system`` (the draft alone, target-only) adds draft points. ``repeats`` passes over a
+    """Every (K, concurrency) point: adaptive K first (``adaptive``: requests that give no K), then K = 0, then
+    ``ks``; ``draft_system`` (the draft alone, target-only) adds draft points. Adaptive K runs first at each
+    concurrency so that what it measures of the round costs at that batch size comes from its own rounds, not
+    from the static points' (engines/adaptive.py RoundCosts lives as long as the engine). ``repeats`` passes over a
     concurrency's points one after another, each point pooled over its passes, so a slow spell of a shared
     machine falls on every point of a pass rather than on one point."""
     from trtspec.engines.sampling import SamplingParams
@@ -330,7 +332,7 @@ def run_sweep(
         batch = make_requests(requests, c)
         pooled: dict[tuple[str, int | None], BenchPoint] = {}
         for n in range(repeats):
-            runs = [("pair", k) for k in [0, *ks] + ([None] if adaptive else [])]
+            runs = [("pair", k) for k in ([None] if adaptive else []) + [0, *ks]]
             runs += [("draft", 0)] if draft_system is not None else []
             for role, k in runs:
                 label = f"K={k_label(k)}" if role == "pair" else "draft alone"
@@ -339,5 +341,9 @@ def run_sweep(
                 point = run_point(runner, batch, params.with_(num_draft_tokens=k), c, role=role)
                 key = (role, k)
                 pooled[key] = pooled[key].pooled(point) if key in pooled else point
-        points += pooled.values()
+        # Reported in K order, adaptive last, whatever order they ran in.
+        points += sorted(
+            pooled.values(),
+            key=lambda p: (p.role != "pair", p.num_draft_tokens is None, p.num_draft_tokens or 0),
+        )
     return points
