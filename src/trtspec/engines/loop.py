@@ -313,8 +313,9 @@ class GenerationLoop:
     def _num_drafts(self, group: list[_Active], running: bool) -> list[int]:
         """Each row's K this round for one batched group: adaptive rows share one K (adaptive.group_k: the batch
         runs as many draft steps as its largest K anyway), from the measured round costs of this batch size. A
-        seeded sampled row (alone in its group) uses neither the load nor measured times: its K decides which
-        random draws it consumes, so its tokens must not depend on them."""
+        seeded sampled group (one seeded request, or one engine call's batch sharing its generator) uses neither
+        the load nor measured times: its K decides which random draws it consumes, so its tokens must not depend
+        on them."""
         adaptive = [r.controller for r in group if r.controller is not None]
         shared = 0
         if adaptive:
