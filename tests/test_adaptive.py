@@ -8,7 +8,15 @@ from test_engine import MAX_NEW, PROMPTS, hf_greedy
 
 from trtspec.core.errors import RecipeError
 from trtspec.core.metrics import AcceptanceStats
-from trtspec.engines.adaptive import KController, KPolicy, best_k, policy_for, schedule_cap
+from trtspec.engines.adaptive import (
+    KController,
+    KPolicy,
+    RoundCosts,
+    best_k,
+    group_k,
+    policy_for,
+    schedule_cap,
+)
 from trtspec.engines.engine import SpeculativeEngine
 from trtspec.engines.sampling import SamplingParams
 from trtspec.recipe import recipe_from_dict
@@ -59,6 +67,55 @@ def test_the_schedule_caps_k_by_load():
     assert schedule_cap(None, 5) is None
     controller = KController(KPolicy(schedule=schedule, prior=0.99), max_k=6)
     assert [controller.choose(n) for n in (1, 3, 6, 12)] == [6, 4, 2, 0]  # min(adaptive, schedule, max_k)
+
+
+def test_a_batch_shares_the_k_best_for_its_rows_together():
+    policy = KPolicy(draft_cost_ratio=0.3)
+    high, low = KController(policy, max_k=8), KController(policy, max_k=8)
+    high.acceptance, low.acceptance = 0.9, 0.2
+    assert best_k(0.9, 8, policy) == 5 and best_k(0.2, 8, policy) == 0
+    # Mean expected tokens per round over the round's cost: K 1 (1.9 + 1.2) / 2 / 1.3 = 1.19, K 2
+    # (2.71 + 1.24) / 2 / 1.6 = 1.234, K 3 (3.439 + 1.248) / 2 / 1.9 = 1.233, then less: the batch drafts 2,
+    # not 5 for one row and 0 for the other.
+    assert group_k([high, low], in_flight=2) == 2
+    assert best_k([0.9, 0.2], 8, policy) == 2
+    assert group_k([high, low], in_flight=2, draft_cost_ratio=0.05) == 8  # cheap drafts: the longest
+    assert group_k([high, low], in_flight=2, draft_cost_ratio=3.0) == 0  # dear drafts: target-only
+    capped = KController(policy, max_k=1)
+    assert group_k([high, capped], in_flight=2) == 1  # every row's max_k caps the shared K
+    low.rounds_off = policy.probe_every
+    assert group_k([low], in_flight=1) == 1  # off long enough: probe
+
+
+def test_round_costs_fit_seconds_per_draft_token_per_batch_size():
+    clock = iter([])
+    costs = RoundCosts(fallback=0.2, decay=0.0, clock=lambda: next(clock))
+    assert costs.ratio(1) == 0.2
+    for _ in range(3):  # batch 1: 10 ms + 1 ms per draft token
+        costs.record(1, 4, 0.014)
+    assert costs.ratio(1) == 0.2  # one K only: no slope yet
+    for k in (0, 2, 8):
+        costs.record(1, k, 0.010 + 0.001 * k)
+    assert costs.ratio(1) == pytest.approx(0.1)
+    for k in (0, 4):  # batches of 4-7: 20 ms + 6 ms per draft token (the verification grows with the batch)
+        costs.record(5, k, 0.020 + 0.006 * k)
+    assert costs.ratio(4) == pytest.approx(0.3) and costs.ratio(1) == pytest.approx(0.1)
+    assert costs.ratio(16) == 0.2  # not measured
+    noisy = RoundCosts(fallback=0.2, decay=0.0)
+    noisy.record(2, 0, 0.02)
+    noisy.record(2, 4, 0.01)  # more draft tokens, less time: noise, not a cost
+    assert noisy.ratio(2) == 0.2
+    clock = iter(
+        [1.0, 1.5, 2.0, 2.1, 3.0, 3.2]
+    )  # start/stop pairs: 0.5 s at K 0, 0.1 s... then a mixed round
+    costs = RoundCosts(fallback=0.2, decay=0.0, clock=lambda: next(clock))
+    costs.start(1, 0)
+    costs.stop()
+    costs.stop()  # a second stop in the same round records nothing
+    costs.start(1, 2)
+    costs.start(3, 1)  # a second batch in the same round: left out
+    costs.stop()
+    assert costs.sums[1][0] == 1.0 and 2 not in costs.sums
 
 
 def test_stats_count_rounds_by_k_and_merge_them():

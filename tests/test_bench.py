@@ -1,10 +1,12 @@
-"""trtspec bench: pure measurement functions (literal cases) and a small sweep on the in-process engine."""
+"""trtspec bench: pure measurement functions (literal cases: rows, the adaptive summary, the recommended schedule)
+and a small sweep on the in-process engine (target-only, static K and adaptive K; --write-recipe)."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+import yaml
 from test_validate import write_recipe
 
 from trtspec.cli import cli
@@ -20,6 +22,7 @@ from trtspec.validate.bench import (
     itl_samples,
     make_requests,
     percentile,
+    recommend_schedule,
 )
 from trtspec.validate.systems import Generation, Request
 
@@ -46,7 +49,7 @@ def test_per_position_acceptance_from_histogram():
 
 def _point(k, c, tokens_per_request, wall, accepted=0, drafted=0, hist=None):
     stats = AcceptanceStats(
-        max_draft_len=k,
+        max_draft_len=k if k is not None else max(len(hist or []) - 1, 0),  # None: adaptive
         accepted=accepted,
         drafted=drafted,
         rounds=sum(hist or []),
@@ -115,22 +118,46 @@ def test_bench_cli_small_sweep_writes_json_markdown_and_pngs(runner, tiny_pair, 
     saved = json.loads((out_dir / "bench.json").read_text())
     assert saved["points"] == payload["points"]
     grid = {(p["num_draft_tokens"], p["concurrency"]) for p in saved["points"]}
-    assert grid == {(k, c) for k in (0, 1, 3) for c in (1, 2)}
+    assert grid == {(k, c) for k in (0, 1, 3, None) for c in (1, 2)}  # None: adaptive K
     assert set(saved["draft_cost_ratio"]) == {"1", "2"} and saved["recommended_num_draft_tokens"]["1"] in (
         0,
         1,
         3,
     )
     for point in saved["points"]:
+        k = point["num_draft_tokens"]
         assert point["tokens_per_s"] > 0 and point["ttft_p50_s"] > 0
-        assert (point["acceptance_rate"] is None) == (point["num_draft_tokens"] == 0)
-        assert len(point["per_position_acceptance"]) == point["num_draft_tokens"]
-        if point["num_draft_tokens"]:
+        assert (point["acceptance_rate"] is None) == (k == 0)
+        if k is None:  # adaptive: K per round up to max_draft_len, which the histogram records
+            assert point["k"] == "adaptive" and point["analytic_bound"] is None
+            assert len(point["num_draft_histogram"]) <= 5 and sum(point["num_draft_histogram"]) > 0
+            assert 0 <= point["mean_num_draft_tokens"] <= 4
+            continue
+        assert point["k"] == str(k) and len(point["per_position_acceptance"]) == k
+        assert point["mean_num_draft_tokens"] <= k  # first rounds and the last tokens draft less
+        if k:
             assert point["analytic_bound"] > 0
+    summary = {row["concurrency"]: row for row in saved["adaptive_sweep"]}
+    assert set(summary) == {1, 2}
+    for c, row in summary.items():
+        measured = {
+            (p["num_draft_tokens"]): p["tokens_per_s"] for p in saved["points"] if p["concurrency"] == c
+        }
+        assert row["best_tokens_per_s"] == max(v for k, v in measured.items() if k is not None)
+        assert row["adaptive_vs_best"] == pytest.approx(measured[None] / row["best_tokens_per_s"])
+        assert row["adaptive_vs_target_only"] == pytest.approx(measured[None] / measured[0])
+    schedule = {int(c): k for c, k in saved["recommended_schedule"].items()}
+    assert set(schedule) == {1, 2} and schedule[2] <= schedule[1] and set(schedule.values()) <= {0, 1, 3}
     markdown = (out_dir / "bench.md").read_text()
     table = [line for line in markdown.splitlines() if line.startswith("| ")]
-    assert table[0].startswith("| K | conc | tok/s") and len({line.count("|") for line in table[:7]}) == 1
-    assert len(table[:7]) == 7  # header + 6 points
+    assert (
+        table[0].startswith("| K | mean K | conc | tok/s")
+        and len({line.count("|") for line in table[:9]}) == 1
+    )
+    assert [line.split(" | ")[0] for line in table[1:9]].count("| adaptive") == 2  # header + 8 points
+    sweep = markdown.split("## Adaptive K against target-only and every static K")[1].split("\n## ")[0]
+    assert sweep.count("\n| 1 | ") == 1 and sweep.count("\n| 2 | ") == 1
+    assert "Recommended speculative.schedule: {1: " in markdown
     for name in ("speedup_acceptance.png", "latency_concurrency.png"):
         with Image.open(out_dir / name) as image:
             assert image.format == "PNG" and image.size[0] > 500
@@ -168,6 +195,103 @@ def test_bench_refuses_an_out_folder_that_is_not_a_bench_report_before_running(
     result = runner.invoke(cli, ["bench", str(recipe), "--out", "."])
     assert result.exit_code == 2 and "is the current folder" in result.output
     assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+
+
+def test_recommend_schedule_takes_the_largest_k_worth_running_and_never_grows_with_load():
+    table = {
+        1: {0: 100.0, 1: 150.0, 2: 190.0, 4: 200.0, 8: 196.0, None: 195.0},  # K 8 is within 5% of K 4: cap 8
+        4: {0: 300.0, 1: 390.0, 2: 400.0, 4: 330.0, 8: 250.0},  # K 4 is 17% off the best: cap 2
+        8: {0: 500.0, 1: 505.0, 2: 480.0, 4: 400.0, 8: 300.0},  # K 2 is within 5% but slower than target-only
+        16: {0: 600.0, 1: 560.0, 2: 500.0, 4: 420.0, 8: 310.0},  # target-only is best by more than 5%
+    }
+    assert recommend_schedule(table) == {1: 8, 4: 2, 8: 1, 16: 0}
+    assert recommend_schedule(table, tolerance=0.0) == {1: 4, 4: 2, 8: 1, 16: 0}
+    # A concurrency that measured a larger K than a lower one (noise) is cut to the lower one's K: the recipe
+    # refuses a schedule whose K grows with the in-flight count.
+    assert recommend_schedule({1: {0: 10.0, 2: 20.0}, 2: {0: 10.0, 2: 15.0, 4: 30.0}}) == {1: 2, 2: 2}
+    assert recommend_schedule({1: {0: 10.0, None: 50.0}}) == {1: 0}  # adaptive is not a K to recommend
+
+
+def test_sweep_summary_sets_adaptive_against_the_best_point_and_target_only():
+    adaptive = _point(None, 1, 10, 0.55, accepted=6, drafted=8, hist=[0, 2, 2])
+    adaptive.generations[0].stats.target_forwards = 5
+    points = [_point(0, 1, 10, 1.0), _point(2, 1, 10, 0.5, accepted=6, drafted=8, hist=[0, 2, 2]), adaptive]
+    points += [_point(0, 2, 10, 0.5), _point(2, 2, 10, 0.6)]  # no adaptive point at concurrency 2: no row
+    result = BenchResult("s", 10, 1, points, draft_cost_ratio={1: 0.1})
+    (row,) = result.sweep_summary()
+    assert row["concurrency"] == 1 and row["best_num_draft_tokens"] == 2
+    assert row["best_tokens_per_s"] == pytest.approx(20.0) and row["adaptive_tokens_per_s"] == pytest.approx(
+        10 / 0.55
+    )
+    assert row["adaptive_vs_best"] == pytest.approx(0.5 / 0.55)
+    assert row["adaptive_vs_target_only"] == pytest.approx(1.0 / 0.55)
+    assert row["adaptive_mean_num_draft_tokens"] == pytest.approx(8 / 5)
+    assert result.recommended_k() == {1: 2, 2: 0}  # adaptive is never the recommended K
+    rows = {r["k"]: r for r in result.rows() if r["concurrency"] == 1}
+    assert rows["adaptive"]["analytic_bound"] is None and rows["adaptive"]["acceptance_rate"] == 0.75
+    assert rows["0"]["analytic_bound"] == 1.0
+
+
+@pytest.mark.slow
+def test_bench_write_recipe_saves_a_loadable_copy_with_the_schedule(runner, tiny_pair, tmp_path):
+    from trtspec.recipe import load_recipe
+
+    target, draft = tiny_pair
+    folder = tmp_path / "recipes"
+    folder.mkdir()
+    (folder / "target").symlink_to(target)  # relative model paths: the copy elsewhere must still find them
+    (folder / "draft").symlink_to(draft)
+    recipe = folder / "tiny.yaml"
+    recipe.write_text(
+        "name: tiny\ntarget: {model: target, dtype: float32}\ndraft: {model: draft, dtype: float32}\n"
+        "speculative: {max_draft_len: 3, num_draft_tokens: 2}\n"
+        "limits: {max_batch_size: 2, max_input_len: 128, max_seq_len: 256}\n"
+    )
+    copy = tmp_path / "elsewhere" / "tuned.yaml"
+    args = ["bench", str(recipe), "--limit", "2", "--max-tokens", "6", "--out", str(tmp_path / "bench")]
+    args += ["--repeats", "2"]
+    result = runner.invoke(cli, [*args, "--write-recipe", str(copy), "--json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["recipe_written"] == str(copy)
+    # Defaults: K 1..max_draft_len, concurrency 1, 2, 4, 8, 16 up to limits.max_batch_size (noted).
+    grid = {(p["num_draft_tokens"], p["concurrency"]) for p in payload["points"]}
+    assert grid == {(k, c) for k in (0, 1, 2, 3, None) for c in (1, 2)}
+    assert any("limits.max_batch_size 2" in note for note in payload["notes"])
+    assert {p["requests"] for p in payload["points"]} == {4}  # 2 prompts (a group of 2) x 2 passes, pooled
+    written = load_recipe(copy)
+    schedule = {int(c): k for c, k in payload["recommended_schedule"].items()}
+    assert written.speculative.schedule == schedule
+    assert written.speculative.num_draft_tokens is None  # adaptive K is the copy's default
+    assert written.speculative.draft_cost_ratio == pytest.approx(payload["draft_cost_ratio"]["1"], abs=1e-3)
+    assert written.target.model == target.resolve() and written.draft.model == draft.resolve()
+    assert yaml.safe_load(copy.read_text())["limits"] == {
+        "max_batch_size": 2,
+        "max_input_len": 128,
+        "max_seq_len": 256,
+    }
+    assert copy.read_text().startswith("# Written by trtspec bench from ")
+    assert sorted(p.name for p in copy.parent.iterdir()) == ["tuned.yaml"]  # no temp file left
+
+
+def test_bench_refuses_a_write_recipe_path_it_cannot_write_before_running(
+    runner, tiny_pair, tmp_path, monkeypatch
+):
+    import trtspec.validate.bench as bench_module
+
+    def no_sweep(*args, **kwargs):
+        raise AssertionError("the sweep ran before --write-recipe was checked")
+
+    monkeypatch.setattr(bench_module, "run_sweep", no_sweep)
+    target, draft = tiny_pair
+    recipe = write_recipe(tmp_path / "tiny.yaml", target, draft)
+    (tmp_path / "notes.txt").write_text("keep me")
+    result = runner.invoke(
+        cli, ["bench", str(recipe), "--write-recipe", str(tmp_path / "notes.txt" / "x.yaml")]
+    )
+    assert result.exit_code == 2, result.output
+    assert "--write-recipe" in result.output and "is a file, not a folder" in result.output
+    assert (tmp_path / "notes.txt").read_text() == "keep me"
 
 
 def test_bound_uses_measured_tokens_per_round_where_rounds_are_counted():

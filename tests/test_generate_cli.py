@@ -36,6 +36,9 @@ def test_generate_json_is_exact_and_carries_stats(runner, tiny_pair):
     spec = payload["stats"]["spec_decode"]
     assert spec["num_draft_tokens"] == payload["stats"]["drafted"]
     assert spec["num_drafts"] + spec["num_rounds_without_speculation"] == payload["stats"]["target_forwards"]
+    # which K each round ran with: pinned 3, less only where max_new_tokens leaves fewer
+    hist = payload["stats"]["num_draft_histogram"]
+    assert sum(hist) == payload["stats"]["target_forwards"] and len(hist) == 4 and hist[3] >= 1
 
 
 def test_generate_streams_text_then_stats(runner, tiny_pair):
@@ -54,6 +57,7 @@ def test_generate_streams_text_then_stats(runner, tiny_pair):
     result = runner.invoke(cli, args)
     assert result.exit_code == 0, result.output
     assert "acceptance rate" in result.output and "tokens/s" in result.output
+    assert "K per round (target forwards that verified 0, 1, .. draft tokens): [" in result.output
     as_json = json.loads(runner.invoke(cli, [*args, "--json"]).stdout)
     assert result.output.startswith(as_json["text"])
 

@@ -668,7 +668,9 @@ def validate(
     )
 
 
-def _int_list(ctx, param, value: str) -> tuple[int, ...]:
+def _int_list(ctx, param, value: str | None) -> tuple[int, ...] | None:
+    if value is None:
+        return None
     try:
         values = tuple(int(v) for v in str(value).split(",") if v.strip())
     except ValueError:
@@ -693,12 +695,17 @@ def _int_list(ctx, param, value: str) -> tuple[int, ...]:
 @click.option(
     "--num-draft-tokens",
     "ks",
-    default="1,2,4",
+    default=None,
     callback=_int_list,
-    help="K values to sweep (comma-separated); K=0 (target-only) always runs too.",
+    help="Static K values to sweep (comma-separated) [default: 1..max_draft_len]; target-only (K=0) and "
+    "adaptive K (requests that give no K) always run too.",
 )
 @click.option(
-    "--concurrency", default="1", callback=_int_list, help="Concurrent requests to sweep (comma-separated)."
+    "--concurrency",
+    default=None,
+    callback=_int_list,
+    help="Concurrent requests to sweep (comma-separated) [default: 1,2,4,8,16, in-process up to the recipe's "
+    "limits.max_batch_size].",
 )
 @click.option(
     "--draft-cost-ratio",
@@ -713,6 +720,19 @@ def _int_list(ctx, param, value: str) -> tuple[int, ...]:
     default=None,
     help="Folder for bench.json, bench.md and the plots [default: bench/<name>].",
 )
+@click.option(
+    "--repeats",
+    type=click.IntRange(min=1),
+    default=1,
+    help="Passes over each concurrency's points, one after another; each point pools its passes (steadier "
+    "ratios on a shared machine).",
+)
+@click.option(
+    "--write-recipe",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write a copy of the recipe here with the recommended speculative.schedule (adaptive K by default).",
+)
 @_system_options
 @output_options
 def bench(
@@ -725,6 +745,8 @@ def bench(
     concurrency,
     draft_cost_ratio,
     out_dir,
+    repeats,
+    write_recipe,
     system,
     url,
     protocol,
@@ -733,8 +755,9 @@ def bench(
     dtype,
     out: Output,
 ) -> None:
-    """Sweep num_draft_tokens and concurrency against target-only on the same system: tokens/s, TTFT, ITL,
-    acceptance, the analytic bound and a recommended K; writes JSON, Markdown and PNG plots.
+    """Sweep target-only, each static K and adaptive K over concurrency on the same system, side by side: tokens/s,
+    TTFT, ITL, acceptance, the analytic bound, adaptive K against the best point, a recommended K and
+    speculative.schedule; writes JSON, Markdown and PNG plots (and, with --write-recipe, a recipe copy).
 
     RECIPE is a builders/<pair>.yaml file; 'demo' (the default) is the shipped demo pair.
     """
@@ -755,6 +778,8 @@ def bench(
             Path(out_dir) if out_dir else None,
             _system_spec(system, url, protocol, triton_model, device, dtype),
             chat=chat,
+            write_recipe=Path(write_recipe) if write_recipe else None,
+            repeats=repeats,
         ),
         out,
     )

@@ -349,13 +349,10 @@ def resolve_recipe_path(path: str | Path) -> Path:
     return DEMO_RECIPE if str(path) == "demo" else Path(path)
 
 
-def load_recipe(
-    path: str | Path, overrides: dict[str, Any] | None = None, *, check_paths: bool = True
-) -> Recipe:
-    """Read, override and validate a recipe file. ``overrides`` maps dotted field paths to values (None = unset)."""
+def _read_yaml(path: Path) -> dict:
+    """The recipe file's raw mapping (RecipeError naming the file for unreadable text, bad YAML, a non-mapping)."""
     import yaml
 
-    path = resolve_recipe_path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
@@ -374,8 +371,49 @@ def load_recipe(
         raise RecipeError(path, where, f"not valid YAML: {getattr(err, 'problem', err)}") from None
     if not isinstance(data, dict):
         raise RecipeError(path, None, "a recipe must be a YAML mapping (see builders/README.md)")
+    return data
+
+
+def load_recipe(
+    path: str | Path, overrides: dict[str, Any] | None = None, *, check_paths: bool = True
+) -> Recipe:
+    """Read, override and validate a recipe file. ``overrides`` maps dotted field paths to values (None = unset)."""
+    path = resolve_recipe_path(path)
+    data = _read_yaml(path)
     for dotted, value in (overrides or {}).items():
         if value is not None:
             _set_dotted(data, dotted, value)
     real = path.resolve()
     return recipe_from_dict(data, source=path, base_dir=real.parent, check_paths=check_paths)
+
+
+# Fields holding paths that resolve against the recipe's folder (besides the demo: scheme and 'builtin').
+_PATH_FIELDS = (("target", "model"), ("draft", "model"), ("calibration", "dataset"))
+
+
+def recipe_copy(path: str | Path, changes: dict[str, Any], dest: Path, header: str = "") -> str:
+    """The YAML text of a copy of recipe ``path`` with ``changes`` (dotted field -> value; None removes the field),
+    to be saved at ``dest``: relative paths are made absolute so they still name the same files from there, and
+    the copy is validated as a recipe (RecipeError naming ``dest`` otherwise). Comments are not kept; ``header``
+    (comment lines) goes first."""
+    import yaml
+
+    path = resolve_recipe_path(path)
+    data = _read_yaml(path)
+    base = path.resolve().parent
+    for section, key in _PATH_FIELDS:
+        value = (data.get(section) or {}).get(key) if isinstance(data.get(section), dict) else None
+        if isinstance(value, str) and not value.startswith(DEMO_SCHEME) and value != "builtin":
+            data[section][key] = str(resolve_model_path(value, base))
+    for dotted, value in changes.items():
+        if value is None:
+            *parents, leaf = dotted.split(".")
+            node = data
+            for key in parents:
+                node = node.get(key) if isinstance(node, dict) else None
+            if isinstance(node, dict):
+                node.pop(leaf, None)
+        else:
+            _set_dotted(data, dotted, value)
+    recipe_from_dict(data, source=dest, base_dir=Path(dest).absolute().parent)
+    return header + yaml.safe_dump(data, sort_keys=False, default_flow_style=None)

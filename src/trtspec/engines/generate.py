@@ -190,5 +190,9 @@ def _print_stats(console, result, speculative: bool) -> None:
             f"bonus tokens {stats.bonus_tokens}, mean accepted length {stats.mean_accepted_length:.2f}"
         )
         lines.append(f"accepted-length histogram (0..K): {stats.accepted_length_histogram}")
+        lines.append(
+            f"K per round (target forwards that verified 0, 1, .. draft tokens): {stats.num_draft_histogram}, "
+            f"mean K {stats.mean_num_draft_tokens:.2f}"
+        )
     for line in lines:
         console.print(line, highlight=False, markup=False)

@@ -43,7 +43,7 @@ import torch
 
 from trtspec.core.errors import RequestError
 from trtspec.core.metrics import AcceptanceStats
-from trtspec.engines.adaptive import KController, KPolicy
+from trtspec.engines.adaptive import KController, KPolicy, RoundCosts, group_k
 from trtspec.engines.rounds import Outcome, Rounds, Row
 from trtspec.engines.sampling import SamplingParams, check_num_draft_tokens
 
@@ -195,9 +195,12 @@ class GenerationLoop:
         first_token_alone: bool = False,
         seq_hint: str = "shorten it or raise max_seq_len",
         k_policy: KPolicy = KPolicy(),
+        round_costs: RoundCosts | None = None,
     ):
         self.rounds, self.tokenizer = rounds, tokenizer
         self.k_policy = k_policy
+        # Adaptive K's measured costs; an engine passes its own so they outlive one generate call.
+        self.round_costs = round_costs or RoundCosts(k_policy.draft_cost_ratio)
         self.max_draft_len = rounds.max_draft_len
         self.max_seq_len, self.seq_hint = max_seq_len, seq_hint
         self.first_token_alone = first_token_alone
@@ -301,7 +304,7 @@ class GenerationLoop:
         outcome = {}
         running = any(r.rounds for r in self.active)  # some row drafts this round anyway
         for group in groups.values():
-            num_draft = [self._num_draft(r, running) for r in group]
+            num_draft = self._num_drafts(group, running)
             rows = [r.row for r in group]
             outcomes = self.rounds.run(rows, num_draft, group[0].params, group[0].generator)
             for r, out in zip(group, outcomes, strict=True):
@@ -309,22 +312,37 @@ class GenerationLoop:
         now = time.perf_counter()
         return [self._emit(request, outcome[id(request)], now) for request in list(self.active)]
 
-    def _num_draft(self, request: _Active, running: bool) -> int:
-        """The row's K this round. A first round drafts nothing (first_token_alone) where that makes the round
-        shorter: when no other row drafts in it. A seeded sampled row always does, so that its random draws, and
-        so its tokens, do not depend on the other rows."""
+    def _num_drafts(self, group: list[_Active], running: bool) -> list[int]:
+        """Each row's K this round for one batched group: adaptive rows share one K (adaptive.group_k: the batch
+        runs as many draft steps as its largest K anyway), from the measured round costs of this batch size. A
+        seeded sampled group (one seeded request, or one engine call's batch sharing its generator) uses neither
+        the load nor measured times: its K decides which random draws it consumes, so its tokens must not depend
+        on them."""
+        adaptive = [r.controller for r in group if r.controller is not None]
+        shared = 0
+        if adaptive:
+            seeded = group[0].params.seed is not None and not group[0].params.greedy
+            ratio = None if seeded else self.round_costs.ratio(len(group))
+            shared = group_k(adaptive, 1 if seeded else len(self.active), ratio)
+        num_draft = [self._num_draft(r, running, shared) for r in group]
+        if all(r.rounds for r in group):  # a prefill round's time is the prompt's, not the K's
+            self.round_costs.start(len(group), max(num_draft))
+        return num_draft
+
+    def _num_draft(self, request: _Active, running: bool, shared: int) -> int:
+        """The row's K this round (``shared``: the adaptive rows' K). A first round drafts nothing
+        (first_token_alone) where that makes the round shorter: when no other row drafts in it. A seeded sampled
+        row always does, so that its random draws, and so its tokens, do not depend on the other rows."""
         seeded = request.params.seed is not None and not request.params.greedy
         if self.first_token_alone and request.rounds == 0 and (seeded or not running):
             return 0
-        k = request.k
-        if request.controller is not None:
-            # A seeded sampled row's K must not follow the load either: its K decides which draws it consumes.
-            k = request.controller.choose(1 if seeded else len(self.active))
+        k = shared if request.controller is not None else request.k
         # Never draft past max_new_tokens: the round's last token comes from the target anyway.
         return min(k, request.params.max_new_tokens - len(request.generated) - 1)
 
     def _emit(self, request: _Active, out: Outcome, now: float) -> RowEvent:
         """Record the round, cut its tokens at the request's stops, retire the request if it finished."""
+        self.round_costs.stop()  # the round ended (once per round: later calls find nothing started)
         request.rounds += 1
         stats = request.stats
         if out.num_draft:

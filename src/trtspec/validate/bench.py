@@ -1,4 +1,5 @@
-"""``trtspec bench``: sweep num_draft_tokens (K) and concurrency on one system, target-only (K = 0) included.
+"""``trtspec bench``: sweep num_draft_tokens (K) and concurrency on one system, target-only (K = 0) and adaptive K
+included, side by side in one run.
 
 Each point runs the prompt set in groups of ``concurrency`` requests issued together (one batch in-process,
 concurrent requests to a server), greedy, and measures from the streamed pieces:
@@ -15,6 +16,11 @@ concurrent requests to a server), greedy, and measures from the streamed pieces:
 The analytic bound (metrics.analytic_speedup_bound) uses the measured tokens per round (the i.i.d. formula from the
 acceptance rate where a system reports no rounds, e.g. Triton) and a draft/target cost ratio: measured in-process as the target-only time per token of the draft over that of the target (same
 system, same prompts, same concurrency), or given with --draft-cost-ratio (servers).
+
+Adaptive K (``num_draft_tokens`` None: requests that pin no K, engines/adaptive.py) runs as one more point per
+concurrency where the system adapts K itself. ``sweep_summary`` sets it against target-only and the best measured
+point (target-only or a static K); ``recommend_schedule`` turns the measured table into a ``speculative.schedule``:
+per concurrency the largest K worth running.
 """
 
 from __future__ import annotations
@@ -54,11 +60,19 @@ def itl_samples(chunks: Sequence[tuple[float, int]]) -> list[float]:
     return samples
 
 
+ADAPTIVE = "adaptive"  # the K label of adaptive points (num_draft_tokens None)
+
+
+def k_label(num_draft_tokens: int | None) -> str:
+    """'adaptive' for an adaptive point, else its K."""
+    return ADAPTIVE if num_draft_tokens is None else str(num_draft_tokens)
+
+
 @dataclass
 class BenchPoint:
-    """One (K, concurrency) measurement. K = 0 is target-only decoding on the same system."""
+    """One (K, concurrency) measurement. K = 0 is target-only decoding on the same system, K = None adaptive K."""
 
-    num_draft_tokens: int
+    num_draft_tokens: int | None
     concurrency: int
     generations: list[Generation]
     wall_s: float
@@ -73,6 +87,22 @@ class BenchPoint:
             if g.stats is not None:
                 by_set.setdefault(name, []).append(g.stats)
         return {name: merge_stats(stats) for name, stats in by_set.items()}
+
+    def pooled(self, other: BenchPoint) -> BenchPoint:
+        """This point and another pass of it as one point: every generation, the walls added."""
+        return BenchPoint(
+            self.num_draft_tokens,
+            self.concurrency,
+            self.generations + other.generations,
+            self.wall_s + other.wall_s,
+            self.role,
+            self.prompt_sets + other.prompt_sets,
+        )
+
+    @property
+    def speculative(self) -> bool:
+        """Drafts (a static K or adaptive K), so acceptance applies."""
+        return self.num_draft_tokens != 0
 
     @property
     def tokens(self) -> int:
@@ -89,9 +119,10 @@ class BenchPoint:
     def summary(self) -> dict:
         ttft = [g.time_to_first_token_s for g in self.generations if g.time_to_first_token_s is not None]
         itl = [s for g in self.generations for s in itl_samples(g.chunks)]
-        stats = self.stats
+        stats, speculative = self.stats, self.speculative
         return {
             "num_draft_tokens": self.num_draft_tokens,
+            "k": k_label(self.num_draft_tokens),
             "concurrency": self.concurrency,
             "requests": len(self.generations),
             "generated_tokens": self.tokens,
@@ -101,10 +132,13 @@ class BenchPoint:
             "ttft_p95_s": percentile(ttft, 95),
             "itl_p50_s": percentile(itl, 50),
             "itl_p95_s": percentile(itl, 95),
-            "acceptance_rate": stats.acceptance_rate if self.num_draft_tokens else None,
+            "acceptance_rate": stats.acceptance_rate if speculative else None,
             "mean_accepted_length": stats.mean_accepted_length if stats.rounds else None,
             "tokens_per_round": stats.tokens_per_round if stats.target_forwards else None,
-            "per_position_acceptance": per_position_acceptance(stats) if self.num_draft_tokens else [],
+            # Which K the requests ran with: K per target forward (rounds that drafted nothing count 0).
+            "mean_num_draft_tokens": stats.mean_num_draft_tokens if stats.target_forwards else None,
+            "num_draft_histogram": list(stats.num_draft_histogram),
+            "per_position_acceptance": per_position_acceptance(stats) if speculative else [],
             "spec_decode": SpecDecodeCounts.of(stats).to_dict(),
             "acceptance_by_set": {
                 name: {
@@ -113,9 +147,44 @@ class BenchPoint:
                 }
                 for name, s in self.stats_by_set().items()
             }
-            if self.num_draft_tokens
+            if speculative
             else {},
         }
+
+
+SCHEDULE_TOLERANCE = 0.05  # a K within 5% of the best point counts as worth running (this much is noise here)
+
+
+def best_static(by_k: dict[int | None, float]) -> tuple[int, float]:
+    """(K, tokens/s) of the fastest static point (target-only = K 0 included, adaptive left out); ties: smaller K."""
+    static = sorted((k, tps) for k, tps in by_k.items() if k is not None)
+    return max(static, key=lambda item: item[1])
+
+
+def recommend_schedule(
+    table: dict[int, dict[int | None, float]], tolerance: float = SCHEDULE_TOLERANCE
+) -> dict[int, int]:
+    """A ``speculative.schedule`` (in-flight sequences -> largest K) from measured tokens/s per concurrency and K.
+
+    Per concurrency the largest static K worth running: at least target-only's tokens/s and within ``tolerance``
+    of the best point's (0 where none is). The cap is the largest such K, not the fastest one, so adaptive K
+    can still choose below it. Then K must not grow with the in-flight count (the recipe's rule): a K larger
+    than a lower concurrency's is cut to it (noise, or a table that measured fewer K there).
+    """
+    schedule: dict[int, int] = {}
+    previous = None
+    for c, by_k in sorted(table.items()):
+        static = {k: tps for k, tps in by_k.items() if k is not None}
+        if not static:
+            continue
+        best = max(static.values())
+        floor = static.get(0, 0.0)
+        worth = [k for k, tps in static.items() if k and tps >= floor and tps >= (1 - tolerance) * best]
+        k = max(worth, default=0)
+        if previous is not None:
+            k = min(k, previous)
+        schedule[c] = previous = k
+    return schedule
 
 
 @dataclass
@@ -140,26 +209,59 @@ class BenchResult:
                 point.tokens_per_s / base[point.concurrency] if base.get(point.concurrency) else None
             )
             bound = None
+            # Adaptive K changes round by round: no single K for the bound.
             if k and ratio is not None:
                 # Measured tokens per round where the system counts rounds: acceptance is bursty, so the
                 # i.i.d. formula from the acceptance rate alone underestimates long accepted runs at large K.
                 per_round = row["tokens_per_round"] or expected_tokens_per_round(row["acceptance_rate"], k)
                 bound = analytic_speedup_bound(per_round, k, ratio)
-            row["analytic_bound"] = bound if k else 1.0
+            row["analytic_bound"] = 1.0 if k == 0 else bound
             row["achieved_fraction"] = (
                 row["speedup"] / row["analytic_bound"] if row["speedup"] and row["analytic_bound"] else None
             )
             rows.append(row)
         return rows
 
+    def table(self) -> dict[int, dict[int | None, float]]:
+        """Per concurrency: tokens/s per K (0 target-only, None adaptive), in the order measured."""
+        out: dict[int, dict[int | None, float]] = {}
+        for point in (p for p in self.points if p.role == "pair"):
+            out.setdefault(point.concurrency, {})[point.num_draft_tokens] = point.tokens_per_s
+        return out
+
     def recommended_k(self) -> dict[int, int]:
-        """Per concurrency, the K (0 = do not speculate) with the highest measured tokens/s."""
-        best: dict[int, tuple[float, int]] = {}
-        for row in self.rows():
-            c = row["concurrency"]
-            if c not in best or row["tokens_per_s"] > best[c][0]:
-                best[c] = (row["tokens_per_s"], row["num_draft_tokens"])
-        return {c: k for c, (_, k) in sorted(best.items())}
+        """Per concurrency, the static K (0 = do not speculate) with the highest measured tokens/s."""
+        return {c: best_static(by_k)[0] for c, by_k in sorted(self.table().items())}
+
+    def recommended_schedule(self, tolerance: float = SCHEDULE_TOLERANCE) -> dict[int, int]:
+        return recommend_schedule(self.table(), tolerance)
+
+    def sweep_summary(self) -> list[dict]:
+        """Per concurrency with an adaptive point: target-only, the best point, adaptive and their ratios."""
+        rows = []
+        mean_k = {
+            p.concurrency: p.stats.mean_num_draft_tokens
+            for p in self.points
+            if p.role == "pair" and p.num_draft_tokens is None
+        }
+        for c, by_k in sorted(self.table().items()):
+            if None not in by_k:
+                continue
+            best_k, best = best_static(by_k)
+            adaptive, target_only = by_k[None], by_k.get(0)
+            rows.append(
+                {
+                    "concurrency": c,
+                    "target_only_tokens_per_s": target_only,
+                    "best_num_draft_tokens": best_k,
+                    "best_tokens_per_s": best,
+                    "adaptive_tokens_per_s": adaptive,
+                    "adaptive_mean_num_draft_tokens": mean_k.get(c),
+                    "adaptive_vs_best": adaptive / best if best else None,
+                    "adaptive_vs_target_only": adaptive / target_only if target_only else None,
+                }
+            )
+        return rows
 
 
 def make_requests(requests: Sequence[Request], concurrency: int) -> list[Request]:
@@ -178,8 +280,9 @@ def run_point(
     for first in range(0, len(requests), concurrency):
         generations += system.generate(list(requests[first : first + concurrency]), params)
     wall_s = time.perf_counter() - start
-    k = params.num_draft_tokens or 0
-    return BenchPoint(k, concurrency, generations, wall_s, role, [r.prompt_set for r in requests])
+    return BenchPoint(
+        params.num_draft_tokens, concurrency, generations, wall_s, role, [r.prompt_set for r in requests]
+    )
 
 
 def cost_ratios(points: Sequence[BenchPoint]) -> dict[int, float]:
@@ -206,10 +309,17 @@ def run_sweep(
     ks: Sequence[int],
     concurrency: Sequence[int],
     max_new_tokens: int,
+    adaptive: bool = False,
+    repeats: int = 1,
     draft_system=None,
     advance: Callable[[str], None] | None = None,
 ) -> list[BenchPoint]:
-    """Every (K, concurrency) point, K = 0 first; ``draft_system`` (the draft alone, target-only) adds draft points."""
+    """Every (K, concurrency) point: adaptive K first (``adaptive``: requests that give no K), then K = 0, then
+    ``ks``; ``draft_system`` (the draft alone, target-only) adds draft points. Adaptive K runs first at each
+    concurrency so that what it measures of the round costs at that batch size comes from its own rounds, not
+    from the static points' (engines/adaptive.py RoundCosts lives as long as the engine). ``repeats`` passes over a
+    concurrency's points one after another, each point pooled over its passes, so a slow spell of a shared
+    machine falls on every point of a pass rather than on one point."""
     from trtspec.engines.sampling import SamplingParams
 
     params = SamplingParams(max_new_tokens=max_new_tokens)
@@ -220,10 +330,20 @@ def run_sweep(
     points = []
     for c in concurrency:
         batch = make_requests(requests, c)
-        for k in [0, *ks]:
-            step(f"K={k} concurrency={c}")
-            points.append(run_point(system, batch, params.with_(num_draft_tokens=k), c))
-        if draft_system is not None:
-            step(f"draft alone, concurrency={c}")
-            points.append(run_point(draft_system, batch, params.with_(num_draft_tokens=0), c, role="draft"))
+        pooled: dict[tuple[str, int | None], BenchPoint] = {}
+        for n in range(repeats):
+            runs = [("pair", k) for k in ([None] if adaptive else []) + [0, *ks]]
+            runs += [("draft", 0)] if draft_system is not None else []
+            for role, k in runs:
+                label = f"K={k_label(k)}" if role == "pair" else "draft alone"
+                step(f"{label} concurrency={c}" + (f" pass {n + 1}/{repeats}" if repeats > 1 else ""))
+                runner = system if role == "pair" else draft_system
+                point = run_point(runner, batch, params.with_(num_draft_tokens=k), c, role=role)
+                key = (role, k)
+                pooled[key] = pooled[key].pooled(point) if key in pooled else point
+        # Reported in K order, adaptive last, whatever order they ran in.
+        points += sorted(
+            pooled.values(),
+            key=lambda p: (p.role != "pair", p.num_draft_tokens is None, p.num_draft_tokens or 0),
+        )
     return points

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trtspec.validate.bench import BenchResult
+from trtspec.validate.bench import SCHEDULE_TOLERANCE, BenchResult
 from trtspec.validate.report import markdown_table
 
 COLUMNS = [
     "K",
+    "mean K",
     "conc",
     "tok/s",
     "speedup",
@@ -32,6 +33,8 @@ def bench_to_dict(result: BenchResult) -> dict:
         "prompts": result.prompts,
         "draft_cost_ratio": {str(c): r for c, r in result.draft_cost_ratio.items()},
         "recommended_num_draft_tokens": {str(c): k for c, k in result.recommended_k().items()},
+        "recommended_schedule": {str(c): k for c, k in result.recommended_schedule().items()},
+        "adaptive_sweep": result.sweep_summary(),
         "points": result.rows(),
         "notes": result.notes,
     }
@@ -47,7 +50,8 @@ def _ms(value) -> str:
 
 def row_cells(row: dict) -> list[str]:
     return [
-        str(row["num_draft_tokens"]),
+        row["k"],
+        _f(row["mean_num_draft_tokens"], ".2f"),
         str(row["concurrency"]),
         _f(row["tokens_per_s"], ".1f"),
         _f(row["speedup"], ".2f"),
@@ -70,10 +74,49 @@ def _recommendation(result: BenchResult) -> str:
     return "Recommended num_draft_tokens (highest measured tokens/s): " + "; ".join(parts) + "."
 
 
+SWEEP_COLUMNS = [
+    "conc",
+    "target-only tok/s",
+    "best",
+    "best tok/s",
+    "adaptive tok/s",
+    "adaptive mean K",
+    "adaptive / best",
+    "adaptive / target-only",
+]
+
+
+def sweep_cells(row: dict) -> list[str]:
+    best = row["best_num_draft_tokens"]
+    return [
+        str(row["concurrency"]),
+        _f(row["target_only_tokens_per_s"], ".1f"),
+        "target-only" if best == 0 else f"K={best}",
+        _f(row["best_tokens_per_s"], ".1f"),
+        _f(row["adaptive_tokens_per_s"], ".1f"),
+        _f(row["adaptive_mean_num_draft_tokens"], ".2f"),
+        _f(row["adaptive_vs_best"], ".2f"),
+        _f(row["adaptive_vs_target_only"], ".2f"),
+    ]
+
+
+def schedule_text(schedule: dict[int, int]) -> str:
+    """The schedule as it reads in a recipe: ``{1: 8, 4: 4, 16: 0}``."""
+    return "{" + ", ".join(f"{c}: {k}" for c, k in sorted(schedule.items())) + "}"
+
+
+def _schedule_line(result: BenchResult) -> str:
+    return (
+        f"Recommended speculative.schedule: {schedule_text(result.recommended_schedule())} (per concurrency the "
+        f"largest K not slower than target-only and within {SCHEDULE_TOLERANCE:.0%} of the best point; "
+        "`--write-recipe` writes it)."
+    )
+
+
 def _per_position_rows(rows: list[dict]) -> list[list[str]]:
     return [
         [
-            str(r["num_draft_tokens"]),
+            r["k"],
             str(r["concurrency"]),
             " ".join(f"{a:.2f}" for a in r["per_position_acceptance"]),
         ]
@@ -92,7 +135,7 @@ def set_acceptance(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     for r in (r for r in rows if r["acceptance_by_set"]):
         by_set = r["acceptance_by_set"]
         cells.append(
-            [str(r["num_draft_tokens"]), str(r["concurrency"])]
+            [r["k"], str(r["concurrency"])]
             + [
                 _f(by_set.get(name, {}).get(key), spec)
                 for name in names
@@ -122,6 +165,19 @@ def bench_markdown(result: BenchResult, plots: list[str] | None = None) -> str:
         "",
         _recommendation(result),
     ]
+    sweep = result.sweep_summary()
+    if sweep:
+        parts += [
+            "",
+            "## Adaptive K against target-only and every static K",
+            "",
+            "best: the fastest point measured at that concurrency (target-only or a static K); adaptive mean K: "
+            "draft tokens per target forward of the adaptive requests.",
+            "",
+            markdown_table(SWEEP_COLUMNS, [sweep_cells(r) for r in sweep]),
+            "",
+            _schedule_line(result),
+        ]
     set_header, set_rows = set_acceptance(rows)
     if set_rows:
         parts += [
@@ -150,24 +206,29 @@ def bench_markdown(result: BenchResult, plots: list[str] | None = None) -> str:
 
 
 def bench_tables(result: BenchResult) -> list:
-    """The sweep as a rich Table, then acceptance per prompt set where chat prompts ran."""
+    """The sweep as a rich Table, adaptive K against the best point per concurrency, then acceptance per prompt
+    set where chat prompts ran."""
+    rows = result.rows()
+    tables = [_rich_table(f"bench: {result.system}", COLUMNS, [row_cells(r) for r in rows])]
+    sweep = result.sweep_summary()
+    if sweep:
+        title = "adaptive K vs target-only and the best point"
+        tables.append(_rich_table(title, SWEEP_COLUMNS, [sweep_cells(r) for r in sweep]))
+    set_header, set_rows = set_acceptance(rows)
+    if set_rows:
+        tables.append(_rich_table("acceptance per prompt set", set_header, set_rows))
+    return tables
+
+
+def _rich_table(title: str, columns: list[str], cells: list[list[str]]):
     from rich.table import Table
 
-    rows = result.rows()
-    table = Table(title=f"bench: {result.system}")
-    for column in COLUMNS:
+    table = Table(title=title)
+    for column in columns:
         table.add_column(column, justify="right")
-    for row in rows:
-        table.add_row(*row_cells(row))
-    set_header, set_rows = set_acceptance(rows)
-    if not set_rows:
-        return [table]
-    per_set = Table(title="acceptance per prompt set")
-    for column in set_header:
-        per_set.add_column(column, justify="right")
-    for cells in set_rows:
-        per_set.add_row(*cells)
-    return [table, per_set]
+    for row in cells:
+        table.add_row(*row)
+    return table
 
 
 def write_plots(result: BenchResult, out_dir: Path) -> list[Path]:
@@ -178,9 +239,12 @@ def write_plots(result: BenchResult, out_dir: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = result.rows()
+    every = result.rows()
+    rows = [r for r in every if r["num_draft_tokens"] is not None]  # adaptive has no K for the x axis
     conc = sorted({r["concurrency"] for r in rows})
-    ks = sorted({r["num_draft_tokens"] for r in rows})
+    ks = sorted({r["num_draft_tokens"] for r in rows}) + [None] * any(
+        r["num_draft_tokens"] is None for r in every
+    )
     fig, (ax_speed, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
     for c in conc:
         sel = [r for r in rows if r["concurrency"] == c]
@@ -207,8 +271,8 @@ def write_plots(result: BenchResult, out_dir: Path) -> list[Path]:
     paths = [_save(fig, out_dir / "speedup_acceptance.png")]
     fig, (ax_ttft, ax_itl) = plt.subplots(1, 2, figsize=(10, 4))
     for k in ks:
-        sel = sorted((r for r in rows if r["num_draft_tokens"] == k), key=lambda r: r["concurrency"])
-        label = "target-only" if k == 0 else f"K={k}"
+        sel = sorted((r for r in every if r["num_draft_tokens"] == k), key=lambda r: r["concurrency"])
+        label = "target-only" if k == 0 else "adaptive K" if k is None else f"K={k}"
         ax_ttft.plot(
             [r["concurrency"] for r in sel], [(r["ttft_p50_s"] or 0) * 1000 for r in sel], "o-", label=label
         )

@@ -7,7 +7,7 @@ The Click commands in cli.py only gather options into a ``ValidateOptions`` / ``
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from trtspec.core.errors import CheckFailed, TrtspecError
@@ -174,12 +174,17 @@ class BenchOptions:
     prompts: Path | None = None
     limit: int | None = None
     max_tokens: int = 64
-    num_draft_tokens: tuple[int, ...] = (1, 2, 4)
-    concurrency: tuple[int, ...] = (1,)
+    num_draft_tokens: tuple[int, ...] | None = None  # None: 1..max_draft_len
+    concurrency: tuple[int, ...] | None = None  # None: DEFAULT_CONCURRENCY up to what the system takes
     draft_cost_ratio: float | None = None
     out_dir: Path | None = None
     system: SystemOptions = field(default_factory=SystemOptions)
     chat: bool = False  # raw prompts as single user messages through the chat template
+    write_recipe: Path | None = None  # a copy of the recipe with the recommended speculative.schedule
+    repeats: int = 1  # passes over each concurrency's points, pooled
+
+
+DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16)
 
 
 def _draft_alone(recipe, options: SystemOptions, max_batch_size: int):
@@ -197,6 +202,22 @@ def _draft_alone(recipe, options: SystemOptions, max_batch_size: int):
         trust_remote_code=recipe.draft.trust_remote_code,
     )
     return EngineSystem(engine, name="draft alone")
+
+
+def _sweep_grid(options: BenchOptions, recipe, notes: list[str]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(K values, concurrencies) to sweep: the options', else 1..max_draft_len and DEFAULT_CONCURRENCY up to
+    limits.max_batch_size for the in-process systems (noted); the given ones are checked by _check_sweep."""
+    ks = options.num_draft_tokens or tuple(range(1, recipe.speculative.max_draft_len + 1))
+    concurrency = options.concurrency
+    if concurrency is None:
+        limit = recipe.limits.max_batch_size if options.system.kind != "triton" else max(DEFAULT_CONCURRENCY)
+        concurrency = tuple(c for c in DEFAULT_CONCURRENCY if c <= limit) or (limit,)
+        if concurrency != DEFAULT_CONCURRENCY:
+            notes.append(
+                f"Concurrency swept up to the recipe's limits.max_batch_size {limit} (the in-process system runs "
+                "concurrent requests as one batch)."
+            )
+    return ks, concurrency
 
 
 def _check_sweep(options: BenchOptions, recipe) -> None:
@@ -261,12 +282,18 @@ def bench(options: BenchOptions, out) -> dict:
     from trtspec.validate.bench import BenchResult, cost_ratios, run_sweep
 
     recipe = load_recipe(options.recipe)
+    notes: list[str] = []
+    ks, concurrency = _sweep_grid(options, recipe, notes)
+    options = replace(options, num_draft_tokens=ks, concurrency=concurrency)
     _check_sweep(options, recipe)
     out_dir = options.out_dir or Path("bench") / recipe.name
     check_output_dir(out_dir, *BENCH_OUTPUT)  # before the sweep, not after
-    prompts, tokenizer, requests, notes = load_requests(
+    if options.write_recipe:
+        check_output_file(options.write_recipe, "--write-recipe")
+    prompts, tokenizer, requests, more_notes = load_requests(
         recipe, options.prompts, options.limit, options.chat, options.max_tokens
     )
+    notes += more_notes
     biggest = max(options.concurrency)
     options.system.max_batch_size = max(options.system.max_batch_size or 0, biggest)
     system = open_system(recipe, options.system, tokenizer)
@@ -277,9 +304,20 @@ def bench(options: BenchOptions, out) -> dict:
             "target-only mode, so bench cannot sweep K or measure a speedup; use `trtspec validate --url` for "
             "its outputs, acceptance and tokens/s"
         )
+    adaptive = system.adaptive
+    if not adaptive:
+        notes.append(
+            f"{system.name}: a request without K gets the deployment's default, not necessarily adaptive K, so "
+            "adaptive K was not measured."
+        )
     measure_draft = options.system.kind == "engine" and options.draft_cost_ratio is None
     draft = _draft_alone(recipe, options.system, biggest) if measure_draft else None
-    total = len(options.concurrency) * (len(options.num_draft_tokens) + 1 + (draft is not None))
+    if options.repeats > 1:
+        notes.append(
+            f"Each point pools {options.repeats} passes over its concurrency's points, run one after another."
+        )
+    per_concurrency = len(options.num_draft_tokens) + 1 + adaptive + (draft is not None)
+    total = len(options.concurrency) * per_concurrency * options.repeats
     console = out.console()
     try:
         with Progress(console=console, transient=True) as progress:
@@ -297,6 +335,8 @@ def bench(options: BenchOptions, out) -> dict:
                 ks=options.num_draft_tokens,
                 concurrency=options.concurrency,
                 max_new_tokens=options.max_tokens,
+                adaptive=adaptive,
+                repeats=options.repeats,
                 draft_system=draft,
                 advance=advance,
             )
@@ -311,7 +351,29 @@ def bench(options: BenchOptions, out) -> dict:
             "No draft/target cost ratio (only measured in-process): pass --draft-cost-ratio for the bound."
         )
     result = BenchResult(system.name, options.max_tokens, len(prompts), points, ratios, notes)
-    return report_bench(result, out_dir, out)
+    recipe_copy = None
+    if options.write_recipe:  # built (and validated) before anything is written
+        recipe_copy = options.write_recipe, recipe_with_schedule(options.recipe, result, options.write_recipe)
+    return report_bench(result, out_dir, out, recipe_copy)
+
+
+def recipe_with_schedule(recipe_path: str, result, dest: Path) -> str:
+    """The recipe copy ``--write-recipe`` saves: the recommended speculative.schedule, no pinned
+    num_draft_tokens (a pinned K would override adaptive K and so the schedule), and the draft/target cost ratio
+    measured at the lowest concurrency as speculative.draft_cost_ratio."""
+    from trtspec.recipe import recipe_copy
+    from trtspec.validate.bench_report import schedule_text
+
+    schedule = result.recommended_schedule()
+    changes = {"speculative.schedule": schedule, "speculative.num_draft_tokens": None}
+    if result.draft_cost_ratio:
+        lowest = min(result.draft_cost_ratio)
+        changes["speculative.draft_cost_ratio"] = round(result.draft_cost_ratio[lowest], 3)
+    header = (
+        f"# Written by trtspec bench from {recipe_path}: speculative.schedule {schedule_text(schedule)} from its "
+        f"measured table ({result.system}, concurrency {', '.join(str(c) for c in sorted(schedule))}).\n"
+    )
+    return recipe_copy(recipe_path, changes, dest, header)
 
 
 BENCH_MARKER = "bench.json"  # the file that makes a folder an earlier bench report (which --out may replace)
@@ -319,9 +381,16 @@ BENCH_MARKER = "bench.json"  # the file that makes a folder an earlier bench rep
 BENCH_OUTPUT = (BENCH_MARKER, "a trtspec bench report", "--out")
 
 
-def report_bench(result, out_dir: Path, out) -> dict:
-    """Write bench.json, bench.md and the PNG plots into ``out_dir`` (a temp dir renamed into place)."""
-    from trtspec.validate.bench_report import bench_markdown, bench_tables, bench_to_dict, write_plots
+def report_bench(result, out_dir: Path, out, recipe_copy: tuple[Path, str] | None = None) -> dict:
+    """Write bench.json, bench.md and the PNG plots into ``out_dir`` (a temp dir renamed into place), and
+    ``recipe_copy`` (path, text) atomically."""
+    from trtspec.validate.bench_report import (
+        bench_markdown,
+        bench_tables,
+        bench_to_dict,
+        schedule_text,
+        write_plots,
+    )
 
     payload = bench_to_dict(result)
 
@@ -332,6 +401,9 @@ def report_bench(result, out_dir: Path, out) -> dict:
 
     write_output_dir(out_dir, *BENCH_OUTPUT, fill)
     payload["out_dir"] = str(out_dir)
+    if recipe_copy is not None:
+        write_file_atomic(*recipe_copy)
+        payload["recipe_written"] = str(recipe_copy[0])
     if out.json:
         out.emit_json(payload)
     console = out.console()
@@ -339,5 +411,11 @@ def report_bench(result, out_dir: Path, out) -> dict:
         console.print(table)
     recommended = ", ".join(f"concurrency {c}: K={k}" for c, k in result.recommended_k().items())
     console.print(f"recommended num_draft_tokens: {recommended}")
+    console.print(f"recommended speculative.schedule: {schedule_text(result.recommended_schedule())}")
     console.print(f"wrote {out_dir}/bench.json, bench.md, speedup_acceptance.png, latency_concurrency.png")
+    if recipe_copy is not None:
+        console.print(
+            f"wrote {recipe_copy[0]}: speculative.schedule {schedule_text(result.recommended_schedule())}, "
+            "no pinned num_draft_tokens (adaptive K is its default)"
+        )
     return payload

@@ -350,6 +350,8 @@ class TritonSystem:
         # there) and takes no per-request K
         llmapi_k = llmapi_max_draft_len or max_draft_len
         self.fixed_k = llmapi_k if self.client.interface == "llmapi" else None
+        # A request without K gets the repository's default, which may be a fixed K: not measured as adaptive.
+        self.adaptive = False
 
     def generate(self, requests: list[Request], params) -> list[Generation]:
         sampling = (

@@ -62,6 +62,7 @@ class SystemUnderTest(Protocol):
     max_draft_len: int  # the most draft tokens a request may ask for (0: target-only system)
     max_batch_size: int  # the most requests generate() takes at once
     fixed_k: int | None  # K the system sets itself (no per-request K, no target-only mode); None: any K
+    adaptive: bool  # a request that gives no K gets adaptive K (engines/adaptive.py)
 
     def generate(self, requests: list[Request], params: SamplingParams) -> list[Generation]: ...
 
@@ -82,16 +83,18 @@ def generate_all(
 class EngineSystem:
     """The in-process PyTorch ``SpeculativeEngine`` (streamed, so every round's arrival time is recorded)."""
 
-    def __init__(self, engine, name: str = "engine"):
+    def __init__(self, engine, name: str = "engine", adaptive: bool = False):
         self.engine, self.name = engine, name
         self.max_draft_len = engine.max_draft_len
         self.max_batch_size = engine.max_batch_size
         self.fixed_k = None
+        self.adaptive = adaptive and engine.max_draft_len > 0
 
     @classmethod
     def from_recipe(
         cls, recipe: Recipe, device: str = "cpu", dtype: str = "auto", max_batch_size: int | None = None
     ):
+        from trtspec.engines.adaptive import policy_for
         from trtspec.engines.engine import SpeculativeEngine
 
         dtype = runtime_dtype(recipe, device, dtype)
@@ -104,8 +107,9 @@ class EngineSystem:
             max_batch_size=max_batch_size or recipe.limits.max_batch_size,
             max_seq_len=recipe.limits.max_seq_len,
             trust_remote_code=recipe.target.trust_remote_code,
+            k_policy=policy_for(recipe.speculative),
         )
-        return cls(engine, name=f"in-process engine ({device}, {dtype})")
+        return cls(engine, name=f"in-process engine ({device}, {dtype})", adaptive=True)
 
     def generate(self, requests: list[Request], params: SamplingParams) -> list[Generation]:
         chunks: list[list[tuple[float, int]]] = [[] for _ in requests]
