@@ -94,9 +94,14 @@ def aligned(tmp_path_factory, misaligned):
     from click.testing import CliRunner
 
     args = ["align", str(recipe), "--prompts", str(prompts), "--out", str(tmp / "out"), "--work-dir",
-            str(tmp / "work"), "--budget", "10", "--max-new-tokens", "16", "--epochs", "4", "--lr", "3e-3",
+            str(tmp / "work"), "--budget", "10", "--max-new-tokens", "16", "--epochs", "30", "--lr", "3e-3",
             "--held-out", "0.2", "--json"]  # fmt: skip
-    result = CliRunner().invoke(cli, args)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # two threads stall whenever another process takes a core of a shared machine
+    try:
+        result = CliRunner().invoke(cli, args)
+    finally:
+        torch.set_num_threads(threads)
     assert result.exit_code == 0, result.output
     return {"tmp": tmp, "out": tmp / "out", "record": json.loads(result.stdout), "source": source,
             "misaligned": misaligned}  # fmt: skip
