@@ -282,3 +282,27 @@ def test_refusals_are_one_line_and_write_nothing(runner, tmp_path, monkeypatch):
 def test_held_out_split_streams_every_nth_prompt():
     assert [i for i in range(20) if align_data.is_held_out(i, 0.25)] == [3, 7, 11, 15, 19]
     assert not any(align_data.is_held_out(i, 0.0) for i in range(10))
+
+
+def test_distillation_losses_on_whole_rows_and_top_k():
+    gen = torch.Generator().manual_seed(0)
+    draft_logits, target_logits = torch.randn(6, 5000, generator=gen), torch.randn(6, 5000, generator=gen)
+    target_probs, draft_probs = target_logits.softmax(-1), draft_logits.softmax(-1)
+    kl = (target_probs * (target_probs.log() - draft_probs.log())).sum(-1).mean()
+    tv = 0.5 * (target_probs - draft_probs).abs().sum(-1).mean()
+    assert torch.allclose(align.distill_loss(draft_logits, target_logits, None, "kl"), kl, atol=1e-5)
+    assert torch.allclose(align.distill_loss(draft_logits, target_logits, None, "tv"), tv, atol=1e-5)
+    # every id kept as "top-k" is the whole row again
+    every = torch.arange(5000).expand(6, -1)
+    assert torch.allclose(align.distill_loss(draft_logits, target_logits, every, "kl"), kl, atol=1e-5)
+    assert torch.allclose(align.distill_loss(draft_logits, target_logits, every, "tv"), tv, atol=1e-5)
+    # a large vocabulary keeps the top 64 per position; a draft equal to the target loses nothing on KL
+    kept = align_data.keep_logits(target_logits, 64)
+    assert kept["values"].shape == (6, 64) and kept["indices"].shape == (6, 64)
+    assert torch.equal(kept["indices"][:, 0].long(), target_logits.argmax(-1))
+    same = align.distill_loss(target_logits, kept["values"], kept["indices"], "kl")
+    # the draft's mass outside the kept ids is what remains: KL to the renormalised top-k = -log(kept mass)
+    kept_mass = target_probs.gather(-1, kept["indices"].long()).sum(-1)
+    assert torch.allclose(same, -kept_mass.log().mean(), atol=1e-2)
+    small = align_data.keep_logits(target_logits[:, :1000], 64)
+    assert small["indices"] is None and small["values"].shape == (6, 1000)

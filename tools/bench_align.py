@@ -139,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_align-"))
+    work.mkdir(parents=True, exist_ok=True)
     log(f"work folder {work}, {args.threads} torch threads")
     prompts = code_prompts(work / "prompts.jsonl", args.prompts)
     misaligned = misaligned_draft(work / "misaligned", args.prose_steps)
