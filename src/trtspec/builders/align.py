@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from trtspec.builders import align_data, align_report
 from trtspec.builders.align_data import DataSpec
-from trtspec.core.errors import CheckFailed, ModelError, OutputError, RecipeError
+from trtspec.core.errors import CheckFailed, ModelError, OutputError, TrtspecError
 from trtspec.core.model_dir import count_parameters, load_hf_model, load_tokenizer
 from trtspec.outputs import atomic_dir, check_output_dir, write_file_atomic
 from trtspec.recipe import DEMO_SCHEME, Recipe, load_recipe
@@ -142,11 +142,9 @@ def refuse_small_budget(spec: AlignSpec, target, draft, example_len: int) -> Non
     step_s, train_s = _timed(decode_step), _timed(train_step)
     needed = spec.data.max_new_tokens * step_s * 2 + MIN_STEPS * train_s
     if spec.budget_min * 60 < needed:
-        raise RecipeError(
-            "--budget",
-            None,
-            f"{spec.budget_min:g} minutes is too small: one prompt's data and {MIN_STEPS} training steps take "
-            f"about {needed:.0f} s here; give at least {math.ceil(needed / 60 * 10) / 10:g} minutes",
+        raise TrtspecError(
+            f"--budget {spec.budget_min:g}: too small; one prompt's data and {MIN_STEPS} training steps take about "
+            f"{needed:.0f} s here; give at least {math.ceil(needed / 60 * 10) / 10:g} minutes"
         )
 
 
