@@ -806,7 +806,7 @@ def bench(
     default="kl",
     help="Forward KL(target || draft) or total variation, per token.",
 )
-@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=5e-4, help="AdamW learning rate.")
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=1e-4, help="AdamW learning rate.")
 @click.option(
     "--max-new-tokens", type=click.IntRange(min=2), default=64, help="Target tokens per continuation."
 )
