@@ -1,4 +1,6 @@
 """Prompts to token ids: raw text as the target tokenizer encodes it, chat messages through its own chat template.
+Also the one reader of prompt files (``read_prompt_file``: JSONL lines of ``prompt`` or ``messages``, or plain text
+lines), which validate, bench and align share.
 
 The one owner of prompt encoding for ``generate``, ``validate``, ``bench`` and the Triton client. A chat prompt is
 a list of ``{"role", "content"}`` messages rendered with ``tokenizer.apply_chat_template(messages, tokenize=False,
@@ -12,9 +14,12 @@ without the leading special-token text that the tokenizer adds again, so the ser
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
 
-from trtspec.core.errors import ModelError, RequestError
+from trtspec.core.errors import ModelError, PromptSetError, RequestError
 
 Messages = Sequence[dict]  # [{"role": str, "content": str}, ...]
 
@@ -65,3 +70,91 @@ def check_text_input(tokenizer, text_input: str, token_ids: list[int], what: str
             "encoded with the tokenizer's special tokens, which adds tokens the template does not write); "
             "validate this prompt in-process instead of with --url"
         )
+
+
+# ---------------------------------------------------------------- prompt files
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """``text``: the raw prompt, or for a chat the last message's content (a label; ``messages`` is what runs)."""
+
+    id: str
+    text: str
+    category: str = "prompt"
+    messages: tuple[dict, ...] | None = None
+
+    @property
+    def prompt_set(self) -> str:
+        """'chat' (rendered with the chat template) or 'raw': reports keep the two apart."""
+        return "raw" if self.messages is None else "chat"
+
+    def as_chat(self) -> Prompt:
+        """A raw prompt as a single user message (``--chat``); a chat stays as it is."""
+        return self if self.messages is not None else replace(self, messages=user_message(self.text))
+
+
+def parse_prompt_line(line: str, where: str, index: int) -> Prompt:
+    """One JSONL line -> Prompt; ``where`` names file:line for the error."""
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise PromptSetError(f"{where}: not valid JSON ({err.msg}); write one JSON object per line") from None
+    if not isinstance(data, dict):
+        raise PromptSetError(
+            f'{where}: expected a JSON object like {{"prompt": "..."}}, got {type(data).__name__}'
+        )
+    messages = _parse_messages(data, where) if "messages" in data else None
+    text = messages[-1]["content"] if messages else data.get("prompt", data.get("text"))
+    if messages is None and (not isinstance(text, str) or not text):
+        raise PromptSetError(f'{where}: field "prompt" must be a non-empty string (got {text!r})')
+    return Prompt(
+        id=str(data.get("id", f"p{index}")),
+        text=text,
+        category=str(data.get("category", "prompt")),
+        messages=messages,
+    )
+
+
+def _parse_messages(data: dict, where: str) -> tuple[dict, ...]:
+    if "prompt" in data or "text" in data:
+        raise PromptSetError(f'{where}: give "messages" (a chat) or "prompt" (raw text), not both')
+    messages = data["messages"]
+    valid = (
+        isinstance(messages, list)
+        and messages
+        and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages
+        )
+    )
+    if not valid:
+        raise PromptSetError(
+            f'{where}: "messages" must be a non-empty list of {{"role": "...", "content": "..."}} objects '
+            f"(got {messages!r})"
+        )
+    return tuple({"role": m["role"], "content": m["content"]} for m in messages)
+
+
+def read_prompt_file(path: Path, text_lines: bool = False) -> Iterator[Prompt]:
+    """The prompts of a file, one line at a time (a large file is never held whole): JSONL lines (blank lines
+    and ``#`` lines skipped), or with ``text_lines`` one raw prompt per non-blank line. Read errors name the file."""
+    try:
+        with open(path, encoding="utf-8") as lines:
+            index = 0
+            for number, line in enumerate(lines, start=1):
+                if not line.strip() or (not text_lines and line.lstrip().startswith("#")):
+                    continue
+                if text_lines:
+                    yield Prompt(id=f"p{index}", text=line.rstrip("\n"))
+                else:
+                    yield parse_prompt_line(line, f"{path}:{number}", index)
+                index += 1
+    except OSError as err:
+        raise PromptSetError(
+            f"{path}: cannot read the prompt file ({err.strerror}); pass a JSONL file"
+        ) from None
+    except UnicodeDecodeError as err:
+        raise PromptSetError(
+            f"{path}: not UTF-8 text (byte {err.start}); save the prompt file as UTF-8 JSONL"
+        ) from None

@@ -106,6 +106,7 @@ def cli() -> None:
     \b
     Main job:  trtspec check RECIPE -> build RECIPE -> deploy RECIPE -> serve triton_repo/<name>
     Proof:     trtspec validate RECIPE, trtspec bench RECIPE
+    Tuning:    trtspec align RECIPE --prompts FILE (distil the draft toward the target)
     RECIPE is a builders/<pair>.yaml file; 'demo' is the shipped demo pair.
     """
 
@@ -783,6 +784,108 @@ def bench(
         ),
         out,
     )
+
+
+# --- align ---
+
+
+@cli.command()
+@recipe_argument
+@click.option(
+    "--prompts",
+    type=click.Path(dir_okay=False, exists=True),
+    required=True,
+    help='Your prompts: JSONL (.jsonl: {"prompt": ...} or {"messages": [...]} per line) or text, one per line.',
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="The aligned draft folder [default: align/<name>/draft].",
+)
+@click.option(
+    "--work-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Data and checkpoints; a re-run resumes from it [default: align/<name>/work].",
+)
+@click.option(
+    "--budget",
+    "budget_min",
+    type=click.FloatRange(min=0, min_open=True),
+    default=15.0,
+    metavar="MINUTES",
+    help="Wall time for data and training together (across resumed runs).",
+)
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", help="Where both models run.")
+@click.option(
+    "--held-out",
+    type=click.FloatRange(0, 1, min_open=True, max_open=True),
+    default=0.1,
+    metavar="FRACTION",
+    help="Share of the prompts (every 1/FRACTION-th) kept out of training for the report.",
+)
+@click.option(
+    "--loss",
+    type=click.Choice(["kl", "tv"]),
+    default="kl",
+    help="Forward KL(target || draft) or total variation, per token.",
+)
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=1e-4, help="AdamW learning rate.")
+@click.option(
+    "--max-new-tokens", type=click.IntRange(min=2), default=64, help="Target tokens per continuation."
+)
+@click.option(
+    "--samples",
+    type=click.IntRange(min=0),
+    default=1,
+    help="Sampled target continuations per prompt (beside greedy).",
+)
+@click.option(
+    "--no-on-policy", is_flag=True, help="Leave out the draft's own continuations scored by the target."
+)
+@click.option(
+    "--epochs", type=click.IntRange(min=1), default=8, help="At most this many passes over the data."
+)
+@output_options
+def align(
+    recipe, prompts, out_dir, work_dir, budget_min, device, held_out, loss, lr, max_new_tokens, samples,
+    no_on_policy, epochs, out: Output,
+) -> None:  # fmt: skip
+    """Distil the draft toward the target on your prompts: a new draft folder (the source is only read), a recipe
+    copy pointing at it, and before/after acceptance on held-out prompts. Interrupted runs resume.
+
+    RECIPE is a builders/<pair>.yaml file; 'demo' (the default) is the shipped demo pair.
+    """
+    from pathlib import Path
+
+    from trtspec.builders.align import AlignSpec, run_align
+    from trtspec.builders.align_data import DataSpec
+    from trtspec.builders.align_report import report_table
+
+    spec = AlignSpec(
+        recipe,
+        Path(prompts),
+        Path(out_dir) if out_dir else None,
+        Path(work_dir) if work_dir else None,
+        budget_min,
+        device,
+        loss,
+        lr,
+        max_epochs=epochs,
+        data=DataSpec(
+            max_new_tokens=max_new_tokens, samples=samples, on_policy=not no_on_policy, held_out=held_out
+        ),
+    )
+    result = run_align(spec, console=None if out.quiet else out.console())
+    if out.json:
+        out.emit_json({"out": str(result.out), **result.record})
+        return
+    console = out.console()
+    console.print(report_table(result.report))
+    console.print(f"wrote {result.out} (align.json, report.md, acceptance.png, recipe.yaml)")
+    console.print(f"use it with: trtspec validate {result.out / 'recipe.yaml'}")
 
 
 def _show_envvars(group: click.Group) -> None:

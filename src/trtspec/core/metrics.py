@@ -205,3 +205,25 @@ def analytic_speedup_bound(
 ) -> float:
     """Best speedup over target-only decoding: tokens per round / round cost (both per target step)."""
     return tokens_per_round / round_cost(num_draft_tokens, draft_cost_ratio, verify_cost_ratio)
+
+
+def greedy_rounds(matches: list[bool], num_draft_tokens: int) -> AcceptanceStats:
+    """The counters greedy draft-target decoding with K = ``num_draft_tokens`` records along one continuation.
+
+    ``matches[i]``: the draft's greedy token after the prompt and the target's first i continuation tokens equals
+    the target's (i-th, 0-based) token. Each round drafts min(K, tokens left - 1) tokens (the engine never drafts
+    past max_new_tokens), accepts the leading run of matches and the target adds one token, so a round covers
+    accepted + 1 positions. Greedy verification accepts exactly these runs: an accepted draft token is the
+    target's, so the draft's next guess sees the same prefix it sees here.
+    """
+    stats = AcceptanceStats(max_draft_len=num_draft_tokens)
+    position, total = 0, len(matches)
+    while position < total:
+        num_draft = min(num_draft_tokens, total - position - 1)
+        accepted = 0
+        while accepted < num_draft and matches[position + accepted]:
+            accepted += 1
+        stats.record_round(num_draft, accepted)
+        position += accepted + 1
+    stats.generated_tokens = total
+    return stats

@@ -8,77 +8,16 @@ and lines starting with ``#`` are skipped. Reports keep the two prompt sets apar
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, replace
 from pathlib import Path
 
-from trtspec.chat import user_message
+from trtspec.chat import Prompt, parse_prompt_line, read_prompt_file
 from trtspec.core.errors import PromptSetError
+
+__all__ = ["CHAT_PROMPTS", "DEFAULT_PROMPTS", "Prompt", "PromptSetError", "load_prompts", "parse_prompt_line"]
 
 PROMPTS_DIR = Path(__file__).resolve().parents[1] / "assets" / "prompts"
 DEFAULT_PROMPTS = PROMPTS_DIR / "default.jsonl"  # raw code and prose
 CHAT_PROMPTS = PROMPTS_DIR / "chat.jsonl"  # chat messages, shipped beside the raw set
-
-
-@dataclass(frozen=True)
-class Prompt:
-    """``text``: the raw prompt, or for a chat the last message's content (a label; ``messages`` is what runs)."""
-
-    id: str
-    text: str
-    category: str = "prompt"
-    messages: tuple[dict, ...] | None = None
-
-    @property
-    def prompt_set(self) -> str:
-        """'chat' (rendered with the chat template) or 'raw': reports keep the two apart."""
-        return "raw" if self.messages is None else "chat"
-
-    def as_chat(self) -> Prompt:
-        """A raw prompt as a single user message (``--chat``); a chat stays as it is."""
-        return self if self.messages is not None else replace(self, messages=user_message(self.text))
-
-
-def parse_prompt_line(line: str, where: str, index: int) -> Prompt:
-    """One JSONL line -> Prompt; ``where`` names file:line for the error."""
-    try:
-        data = json.loads(line)
-    except json.JSONDecodeError as err:
-        raise PromptSetError(f"{where}: not valid JSON ({err.msg}); write one JSON object per line") from None
-    if not isinstance(data, dict):
-        raise PromptSetError(
-            f'{where}: expected a JSON object like {{"prompt": "..."}}, got {type(data).__name__}'
-        )
-    messages = _parse_messages(data, where) if "messages" in data else None
-    text = messages[-1]["content"] if messages else data.get("prompt", data.get("text"))
-    if messages is None and (not isinstance(text, str) or not text):
-        raise PromptSetError(f'{where}: field "prompt" must be a non-empty string (got {text!r})')
-    return Prompt(
-        id=str(data.get("id", f"p{index}")),
-        text=text,
-        category=str(data.get("category", "prompt")),
-        messages=messages,
-    )
-
-
-def _parse_messages(data: dict, where: str) -> tuple[dict, ...]:
-    if "prompt" in data or "text" in data:
-        raise PromptSetError(f'{where}: give "messages" (a chat) or "prompt" (raw text), not both')
-    messages = data["messages"]
-    valid = (
-        isinstance(messages, list)
-        and messages
-        and all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            for m in messages
-        )
-    )
-    if not valid:
-        raise PromptSetError(
-            f'{where}: "messages" must be a non-empty list of {{"role": "...", "content": "..."}} objects '
-            f"(got {messages!r})"
-        )
-    return tuple({"role": m["role"], "content": m["content"]} for m in messages)
 
 
 def load_prompts(
@@ -96,20 +35,7 @@ def load_prompts(
 
 
 def _read_prompt_file(path: Path) -> list[Prompt]:
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as err:
-        raise PromptSetError(
-            f"{path}: cannot read the prompt file ({err.strerror}); pass a JSONL file"
-        ) from None
-    except UnicodeDecodeError as err:
-        raise PromptSetError(
-            f"{path}: not UTF-8 text (byte {err.start}); save the prompt file as UTF-8 JSONL"
-        ) from None
-    prompts = []
-    for number, line in enumerate(lines, start=1):
-        if line.strip() and not line.lstrip().startswith("#"):
-            prompts.append(parse_prompt_line(line, f"{path}:{number}", len(prompts)))
+    prompts = list(read_prompt_file(path))
     if not prompts:
         raise PromptSetError(f'{path}: no prompts; add lines like {{"prompt": "def add(a, b):"}}')
     ids = [p.id for p in prompts]

@@ -1,0 +1,168 @@
+"""Distillation data for ``trtspec align``: the target's continuations of the user's prompts, with its logits.
+
+Per training prompt, one batch of rows continues the same prompt (so no padding): the target's greedy
+continuation, ``samples`` continuations sampled from the target at ``temperature``, and with ``on_policy`` one
+continuation sampled from the draft (the sequences speculative decoding shows the target, as DistillSpec
+recommends). One target forward then scores every row; each row's continuation positions keep the target's logits:
+whole rows for vocabularies up to FULL_ROWS_MAX, else the top ``top_k_logits`` entries (values and ids).
+Held-out prompts (every ``1/held_out``-th prompt of the file, so the split needs no second pass) get only the
+target's greedy continuation of exactly ``max_new_tokens`` tokens (EOS ignored): the acceptance report's data.
+
+Prompts stream from the file into shards of ``SHARD_SIZE`` examples saved in the work folder; ``DataState``
+(``state.json``) records how many prompts the saved shards cover, so an interrupted run resumes after them.
+
+Shapes: ``ids`` [T] int64 (prompt + continuation), ``start`` = prompt length; ``values`` [T - start, k] float16 are
+the target's logits at positions start-1 .. T-2 (each predicting the next token), ``indices`` [T - start, k] int32
+their vocabulary ids (None for whole rows, k = vocab).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from trtspec.chat import Prompt, encode_prompt, read_prompt_file
+from trtspec.core.errors import PromptSetError
+from trtspec.outputs import write_file_atomic
+
+FULL_ROWS_MAX = 4096  # larger vocabularies keep top-k logits per position
+SHARD_SIZE = 64
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    max_new_tokens: int = 64
+    samples: int = 1  # target-sampled continuations per prompt, beside the greedy one
+    temperature: float = 1.0
+    on_policy: bool = True  # a draft-sampled continuation per prompt, scored by the target
+    top_k_logits: int = 64
+    held_out: float = 0.1
+    max_prompt_tokens: int = 384  # longer prompts keep their last tokens
+    seed: int = 0
+
+
+def prompt_format(path: Path) -> bool:
+    """True for plain text (one prompt per line), False for JSONL (``.jsonl`` / ``.json``)."""
+    return Path(path).suffix.lower() not in (".jsonl", ".json")
+
+
+def iter_prompts(path: Path) -> Iterator[Prompt]:
+    return read_prompt_file(Path(path), text_lines=prompt_format(path))
+
+
+def is_held_out(index: int, fraction: float) -> bool:
+    """Every 1/fraction-th prompt (by position in the file): a split that streams and repeats exactly."""
+    return fraction > 0 and math.floor((index + 1) * fraction) > math.floor(index * fraction)
+
+
+def count_prompts(path: Path, fraction: float) -> tuple[int, int]:
+    """(training, held-out) prompt counts; reading every line first also refuses a malformed one before any work."""
+    total = sum(1 for _ in iter_prompts(path))
+    held = sum(is_held_out(i, fraction) for i in range(total))
+    where = f"{path}"
+    if total == 0:
+        raise PromptSetError(f'{where}: no prompts; write one prompt per line (or JSONL with "prompt" lines)')
+    if held == 0 and fraction > 0:
+        raise PromptSetError(
+            f"{where}: {total} prompts give no held-out prompt at --held-out {fraction}; add prompts or raise "
+            f"--held-out to at least {1 / total:.2f}"
+        )
+    if total - held == 0:
+        raise PromptSetError(f"{where}: every prompt is held out at --held-out {fraction}; lower --held-out")
+    return total - held, held
+
+
+def prompt_ids(tokenizer, prompt: Prompt, spec: DataSpec) -> list[int]:
+    """Token ids of a prompt (chat messages through the chat template), keeping its last max_prompt_tokens."""
+    _, ids = encode_prompt(tokenizer, prompt.text, prompt.messages)
+    return ids[-spec.max_prompt_tokens :]
+
+
+@torch.no_grad()
+def continue_rows(model, prompt: list[int], greedy: list[bool], steps: int, temperature: float, generator):
+    """Continue ``prompt`` in len(greedy) rows for ``steps`` tokens with a KV cache: row r greedy or sampled at
+    ``temperature``. Returns [R, steps] int64 (EOS is not a stop here; callers cut rows)."""
+    device = next(model.parameters()).device
+    rows = len(greedy)
+    ids = torch.tensor([prompt] * rows, device=device)
+    greedy_mask = torch.tensor(greedy, device=device)
+    out = model(input_ids=ids, use_cache=True)
+    past, logits = out.past_key_values, out.logits[:, -1].float()
+    tokens = []
+    for step in range(steps):
+        chosen = logits.argmax(-1)
+        if not all(greedy):
+            probs = torch.softmax(logits / temperature, -1)
+            sampled = torch.multinomial(probs.cpu(), 1, generator=generator)[:, 0].to(device)
+            chosen = torch.where(greedy_mask, chosen, sampled)
+        tokens.append(chosen)
+        if step + 1 < steps:
+            out = model(input_ids=chosen[:, None], past_key_values=past, use_cache=True)
+            past, logits = out.past_key_values, out.logits[:, -1].float()
+    return torch.stack(tokens, 1)
+
+
+def cut_at_eos(row: list[int], eos_ids: set[int]) -> list[int]:
+    """The row up to and including its first EOS token."""
+    for i, token in enumerate(row):
+        if token in eos_ids:
+            return row[: i + 1]
+    return row
+
+
+@torch.no_grad()
+def score(target, prompt: list[int], continuations: list[list[int]], top_k: int) -> list[dict]:
+    """One target forward over prompt + each continuation (rows padded to the longest, right side, which the
+    causal mask keeps from the kept positions); the examples with their kept logits."""
+    device = next(target.parameters()).device
+    start = len(prompt)
+    longest = max(len(c) for c in continuations)
+    batch = torch.tensor([prompt + c + [0] * (longest - len(c)) for c in continuations], device=device)
+    logits = target(input_ids=batch[:, :-1]).logits.float()  # [R, start + longest - 1, V]
+    examples = []
+    for row, cont in enumerate(continuations):
+        kept = logits[row, start - 1 : start - 1 + len(cont)]  # [n, V]
+        ids = torch.tensor(prompt + cont)
+        examples.append({"ids": ids, "start": start, **keep_logits(kept.cpu(), top_k)})
+    return examples
+
+
+def keep_logits(logits: torch.Tensor, top_k: int) -> dict:
+    """Whole rows of [n, V] logits for small vocabularies, else the top_k values and ids (float16 / int32)."""
+    if logits.shape[-1] <= FULL_ROWS_MAX:
+        return {"values": logits.half(), "indices": None}
+    values, indices = logits.topk(top_k, dim=-1)
+    return {"values": values.half(), "indices": indices.int()}
+
+
+def training_examples(target, draft, prompt: list[int], spec: DataSpec, eos_ids: set[int], generator) -> list:
+    """Greedy + sampled target rows and the on-policy draft row for one prompt, scored by the target."""
+    greedy = [True] + [False] * spec.samples
+    rows = continue_rows(target, prompt, greedy, spec.max_new_tokens, spec.temperature, generator).tolist()
+    if spec.on_policy:
+        rows += continue_rows(
+            draft, prompt, [False], spec.max_new_tokens, spec.temperature, generator
+        ).tolist()
+    rows = [cut_at_eos(r, eos_ids) for r in rows]
+    return score(target, prompt, rows, spec.top_k_logits)
+
+
+def held_out_example(target, prompt: list[int], spec: DataSpec) -> dict:
+    """The target's greedy continuation of exactly max_new_tokens tokens (no logits: the report compares argmaxes)."""
+    row = continue_rows(target, prompt, [True], spec.max_new_tokens, 1.0, None)[0].tolist()
+    return {"ids": torch.tensor(prompt + row), "start": len(prompt)}
+
+
+def save_shard(path: Path, examples: list[dict]) -> None:
+    buffer = io.BytesIO()
+    torch.save(examples, buffer)
+    write_file_atomic(path, buffer.getvalue())
+
+
+def load_shard(path: Path) -> list[dict]:
+    return torch.load(path, weights_only=True)

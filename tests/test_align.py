@@ -1,0 +1,314 @@
+"""`trtspec align` on the demo target: a draft trained on other text gains acceptance, exactness is untouched, the
+replayed greedy rounds are the engine's own counts, an interrupted run resumes, and bad input is refused."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sysconfig
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from trtspec.builders import align, align_data
+from trtspec.builders.align import AlignSpec, run_align
+from trtspec.builders.align_data import DataSpec
+from trtspec.builders.align_report import draft_matches
+from trtspec.cli import cli
+from trtspec.core.metrics import greedy_rounds
+from trtspec.recipe import DEMO_DIR, DEMO_RECIPE
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+CODE_FILES = ("argparse.py", "dataclasses.py", "functools.py", "pathlib.py", "shutil.py", "textwrap.py")
+
+
+def code_prompts(count: int, length: int = 120) -> list[str]:
+    """Windows of standard-library code: the demo target's kind of text."""
+    text = "\n".join(
+        (STDLIB / name).read_text(encoding="utf-8") for name in CODE_FILES if (STDLIB / name).is_file()
+    )
+    step = len(text) // (count + 1)
+    return [text[i * step : i * step + length] for i in range(1, count + 1)]
+
+
+def write_prompts(path: Path, count: int) -> Path:
+    lines = [json.dumps({"prompt": p}) for p in code_prompts(count)]
+    lines[1] = json.dumps({"messages": [{"role": "user", "content": "sort a list of numbers"}]})
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def misaligned(tmp_path_factory) -> Path:
+    """The demo draft's shape, trained from nothing for a few seconds on English prose (pydoc's topic texts), not
+    on the code the demo target continues: a draft for the right tokenizer that the target rarely agrees with."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path_factory.mktemp("misaligned")
+    for path in (DEMO_DIR / "draft").iterdir():
+        if not path.name.endswith(".safetensors"):
+            shutil.copy2(path, out / path.name)
+    tokenizer = AutoTokenizer.from_pretrained(DEMO_DIR / "target")
+    prose = (STDLIB / "pydoc_data" / "topics.py").read_text(encoding="utf-8")[:200_000]
+    stream = torch.tensor(tokenizer(prose).input_ids)
+    torch.manual_seed(0)
+    draft = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(out)).float()  # the config says fp16
+    optimizer = torch.optim.AdamW(draft.parameters(), lr=3e-3)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(60):
+        starts = torch.randint(0, len(stream) - 65, (8,), generator=gen).tolist()
+        batch = torch.stack([stream[s : s + 65] for s in starts])
+        loss = draft(input_ids=batch[:, :-1], labels=batch[:, :-1]).loss
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        optimizer.step()
+    assert all(torch.isfinite(p).all() for p in draft.parameters())
+    draft.half().save_pretrained(out, safe_serialization=True)
+    return out
+
+
+def write_recipe(path: Path, draft: Path) -> Path:
+    data = yaml.safe_load(DEMO_RECIPE.read_text())
+    data["name"] = "misaligned"
+    data["draft"]["model"] = str(draft)
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def digest(folder: Path) -> dict[str, str]:
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()
+    }
+
+
+@pytest.fixture(scope="module")
+def aligned(tmp_path_factory, misaligned):
+    tmp = tmp_path_factory.mktemp("align")
+    recipe = write_recipe(tmp / "misaligned.yaml", misaligned)
+    prompts = write_prompts(tmp / "prompts.jsonl", 30)
+    source = digest(misaligned)
+    from click.testing import CliRunner
+
+    args = ["align", str(recipe), "--prompts", str(prompts), "--out", str(tmp / "out"), "--work-dir",
+            str(tmp / "work"), "--budget", "10", "--max-new-tokens", "16", "--epochs", "30", "--lr", "3e-3",
+            "--held-out", "0.2", "--json"]  # fmt: skip
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # two threads stall whenever another process takes a core of a shared machine
+    try:
+        result = CliRunner().invoke(cli, args)
+    finally:
+        torch.set_num_threads(threads)
+    assert result.exit_code == 0, result.output
+    return {"tmp": tmp, "out": tmp / "out", "record": json.loads(result.stdout), "source": source,
+            "misaligned": misaligned}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_misaligned_draft_gains_acceptance_on_held_out_prompts(aligned):
+    report = aligned["record"]["report"]
+    assert report["held_out_prompts"] == 6
+    k4 = report["per_k"]["4"]
+    gain = k4["after"]["acceptance_rate"] - k4["before"]["acceptance_rate"]
+    assert gain > 0.05, k4
+    assert k4["after"]["mean_accepted_length"] > k4["before"]["mean_accepted_length"]
+    assert aligned["record"]["steps"] > 0 and aligned["record"]["prompts_used"]["training"] == 24
+    # the source draft was only read, and the work folder is gone after success
+    assert digest(aligned["misaligned"]) == aligned["source"]
+    assert not (aligned["tmp"] / "work").exists()
+
+
+@pytest.mark.slow
+def test_output_is_a_draft_folder_with_its_record_and_a_recipe(aligned):
+    from trtspec.recipe import load_recipe
+
+    out, source = aligned["out"], aligned["source"]
+    written = digest(out)
+    for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+        assert written[name] == source[name], name
+    assert {"model.safetensors", "align.json", "recipe.yaml", "report.md", "acceptance.png"} <= set(written)
+    assert written["model.safetensors"] != source["model.safetensors"]
+    recipe = load_recipe(out / "recipe.yaml")
+    assert recipe.draft.model == out.resolve() and recipe.target.model == DEMO_DIR / "target"
+    record = json.loads((out / "align.json").read_text())
+    assert record["settings"]["loss"] == "kl" and record["source_draft"] == str(aligned["misaligned"])
+    assert "| acceptance at position 1 |" in (out / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_validate_on_the_aligned_pair_is_still_exact(aligned, runner):
+    args = ["validate", str(aligned["out"] / "recipe.yaml"), "--prompts",
+            str(DEMO_DIR.parent / "prompts" / "default.jsonl"), "--limit", "3", "--max-tokens", "24", "--json"]  # fmt: skip
+    result = runner.invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["overall"]["exact_match_rate"] == 1.0 and payload["passed"] is True
+
+
+def test_greedy_rounds_literals():
+    stats = greedy_rounds([True, True, False, True, True, True, True], 2)
+    # rounds at positions 0 (accepts 2), 3 (accepts 2), 6 (the last token: nothing left to draft)
+    assert (stats.rounds, stats.drafted, stats.accepted, stats.target_forwards) == (2, 4, 4, 3)
+    assert stats.accepted_length_histogram == [0, 0, 2] and stats.bonus_tokens == 2
+    stats = greedy_rounds([False, True, True], 4)
+    # K is cut to the tokens left - 1, as the engine never drafts past max_new_tokens
+    assert (stats.rounds, stats.drafted, stats.accepted, stats.target_forwards) == (2, 3, 1, 2)
+    assert stats.num_draft_histogram == [0, 1, 1]
+
+
+@pytest.mark.slow
+def test_replayed_rounds_are_the_engines_counts(misaligned):
+    """The report's exact measure against SpeculativeEngine's own greedy stats, on two drafts of the demo target."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trtspec.engines.engine import SpeculativeEngine
+    from trtspec.engines.sampling import SamplingParams
+
+    tokenizer = AutoTokenizer.from_pretrained(DEMO_DIR / "target")
+    prompts = [tokenizer(p).input_ids for p in code_prompts(4, 80)]
+    for draft_dir in (DEMO_DIR / "draft", misaligned):
+        engine = SpeculativeEngine.from_pretrained(
+            DEMO_DIR / "target", draft_dir, max_draft_len=4, max_seq_len=256
+        )
+        draft = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval()
+        for k in (1, 3, 4):
+            params = SamplingParams(max_new_tokens=24, num_draft_tokens=k, ignore_eos=True)
+            for prompt, result in zip(prompts, engine.generate(prompts, params), strict=True):
+                example = {"ids": torch.tensor(prompt + result.token_ids), "start": len(prompt)}
+                replayed = greedy_rounds(draft_matches(draft, [example])[0], k)
+                counted = result.stats
+                assert (replayed.drafted, replayed.accepted, replayed.rounds, replayed.target_forwards) == (
+                    counted.drafted,
+                    counted.accepted,
+                    counted.rounds,
+                    counted.target_forwards,
+                ), (k, draft_dir)
+                assert replayed.accepted_length_histogram == counted.accepted_length_histogram
+
+
+def small_spec(tmp: Path, recipe: Path, **changes) -> AlignSpec:
+    spec = AlignSpec(
+        recipe=str(recipe),
+        prompts=write_prompts(tmp / "prompts.jsonl", 8),
+        out=tmp / "out",
+        work_dir=tmp / "work",
+        budget_min=10,
+        lr=1e-3,
+        batch_size=2,
+        max_epochs=2,
+        data=DataSpec(max_new_tokens=8, samples=0, held_out=0.25),
+    )
+    return AlignSpec(**{**spec.__dict__, **changes})
+
+
+@pytest.mark.slow
+def test_an_interrupted_run_leaves_no_output_and_resumes(tmp_path, misaligned, monkeypatch):
+    spec = small_spec(tmp_path, write_recipe(tmp_path / "r.yaml", misaligned))
+    real_loss, calls = align.batch_loss, []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real_loss(*args, **kwargs)
+
+    monkeypatch.setattr(align, "batch_loss", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_align(spec)
+    assert not spec.out.exists() and not list(tmp_path.glob(".out*"))
+    checkpoint = torch.load(spec.work_dir / "checkpoint.pt", weights_only=False)
+    assert checkpoint["position"]["step"] == 2
+    state = json.loads((spec.work_dir / "state.json").read_text())
+    assert state["data_done"] and state["seconds"] > 0
+
+    # The resumed run reuses the data (generating any would fail here) and continues from step 2.
+    monkeypatch.setattr(align, "batch_loss", real_loss)
+    monkeypatch.setattr(align_data, "training_examples", lambda *a, **k: pytest.fail("data generated again"))
+    result = run_align(spec)
+    examples = state["shards"][0]["examples"]
+    assert result.record["steps"] == 2 * -(-examples // 2)  # every batch of both epochs, counted once
+    assert (spec.out / "align.json").is_file() and not spec.work_dir.exists()
+
+
+@pytest.mark.slow
+def test_a_work_folder_of_other_settings_is_refused(tmp_path, misaligned, monkeypatch):
+    spec = small_spec(tmp_path, write_recipe(tmp_path / "r.yaml", misaligned))
+    spec.work_dir.mkdir()
+    (spec.work_dir / "state.json").write_text(json.dumps({"key": "other"}))
+    with pytest.raises(align.OutputError, match="other inputs or settings"):
+        run_align(spec)
+
+
+def test_refusals_are_one_line_and_write_nothing(runner, tmp_path, monkeypatch):
+    recipe = write_recipe(tmp_path / "r.yaml", DEMO_DIR / "draft")
+    prompts = write_prompts(tmp_path / "p.jsonl", 12)
+    outcomes = []
+
+    def invoke(*args):
+        outcomes.append(runner.invoke(*args))
+        return outcomes[-1]
+
+    base = ["align", str(recipe), "--out", str(tmp_path / "out"), "--work-dir", str(tmp_path / "work")]
+
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n  \n")
+    result = invoke(cli, [*base, "--prompts", str(empty)])
+    assert result.exit_code == 2 and "empty.txt: no prompts" in result.output
+
+    few = tmp_path / "few.txt"
+    few.write_text("def a():\ndef b():\n")
+    result = invoke(cli, [*base, "--prompts", str(few), "--held-out", "0.1"])
+    assert result.exit_code == 2 and "no held-out prompt" in result.output
+
+    result = invoke(cli, [*base, "--prompts", str(prompts), "--budget", "0.0001"])
+    assert result.exit_code == 2 and "--budget 0.0001: too small" in result.output
+
+    monkeypatch.setattr(align, "available_memory_bytes", lambda device: 1_000_000)
+    result = invoke(cli, [*base, "--prompts", str(prompts)])
+    assert result.exit_code == 2 and "GiB of cpu memory is free" in result.output
+    monkeypatch.undo()
+
+    # a pair check refuses: the draft's embedding is smaller than the shared tokenizer
+    bad_draft = tmp_path / "bad_draft"
+    shutil.copytree(DEMO_DIR / "draft", bad_draft)
+    config = json.loads((bad_draft / "config.json").read_text())
+    (bad_draft / "config.json").write_text(json.dumps({**config, "vocab_size": 512}))
+    result = invoke(cli, [*base[:1], str(write_recipe(tmp_path / "bad.yaml", bad_draft)), *base[2:],
+                                 "--prompts", str(prompts)])  # fmt: skip
+    assert result.exit_code == 1 and "check refuses the pair" in result.output
+
+    for outcome in outcomes:
+        assert len(outcome.output.strip().splitlines()) == 1 and "Traceback" not in outcome.output
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
+
+
+def test_held_out_split_streams_every_nth_prompt():
+    assert [i for i in range(20) if align_data.is_held_out(i, 0.25)] == [3, 7, 11, 15, 19]
+    assert not any(align_data.is_held_out(i, 0.0) for i in range(10))
+
+
+def test_distillation_losses_on_whole_rows_and_top_k():
+    gen = torch.Generator().manual_seed(0)
+    draft_logits, target_logits = torch.randn(6, 5000, generator=gen), torch.randn(6, 5000, generator=gen)
+    target_probs, draft_probs = target_logits.softmax(-1), draft_logits.softmax(-1)
+    kl = (target_probs * (target_probs.log() - draft_probs.log())).sum(-1).mean()
+    tv = 0.5 * (target_probs - draft_probs).abs().sum(-1).mean()
+    assert torch.allclose(align.distill_loss(draft_logits, target_logits, None, "kl"), kl, atol=1e-5)
+    assert torch.allclose(align.distill_loss(draft_logits, target_logits, None, "tv"), tv, atol=1e-5)
+    # every id kept as "top-k" is the whole row again
+    every = torch.arange(5000).expand(6, -1)
+    assert torch.allclose(align.distill_loss(draft_logits, target_logits, every, "kl"), kl, atol=1e-5)
+    assert torch.allclose(align.distill_loss(draft_logits, target_logits, every, "tv"), tv, atol=1e-5)
+    # a large vocabulary keeps the top 64 per position; a draft equal to the target loses nothing on KL
+    kept = align_data.keep_logits(target_logits, 64)
+    assert kept["values"].shape == (6, 64) and kept["indices"].shape == (6, 64)
+    assert torch.equal(kept["indices"][:, 0].long(), target_logits.argmax(-1))
+    same = align.distill_loss(target_logits, kept["values"], kept["indices"], "kl")
+    # the draft's mass outside the kept ids is what remains: KL to the renormalised top-k = -log(kept mass)
+    kept_mass = target_probs.gather(-1, kept["indices"].long()).sum(-1)
+    assert torch.allclose(same, -kept_mass.log().mean(), atol=1e-2)
+    small = align_data.keep_logits(target_logits[:, :1000], 64)
+    assert small["indices"] is None and small["values"].shape == (6, 1000)
