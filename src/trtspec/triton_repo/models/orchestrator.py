@@ -58,7 +58,7 @@ class EngineClient:
         self.vocab_rows = vocab_rows or {}
 
     def _common(self, tokens: list[int], output_len: int, round_index: int, salt: int = 0) -> dict:
-        s = self.req.sampling
+        s = self.req.params
         inputs = {
             "input_ids": np.array([tokens], dtype=np.int32),
             "input_lengths": np.array([[len(tokens)]], dtype=np.int32),
@@ -311,7 +311,7 @@ class TritonPythonModel:
             max_draft_len=self.limits.max_draft_len,
             max_seq_len=self.limits.max_seq_len,
             # A seeded sampled request must give the same text whatever else the server is doing: no draft-ahead.
-            draft_ahead=None if req.sampling.seed is not None and not req.sampling.greedy else self._alone,
+            draft_ahead=None if req.params.seed is not None and not req.params.greedy else self._alone,
             together=self._together,
         )
         events = speculate(
