@@ -15,17 +15,38 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trtspec.core.errors import RequestError
+from trtspec.engines.adaptive import KPolicy
 from trtspec.engines.sampling import SamplingParams
+from trtspec.triton_repo import interface as names
 
 
 @dataclass(frozen=True)
 class Limits:
-    """The repository's limits, from the orchestrator's config parameters."""
+    """The repository's limits on a request."""
 
     max_draft_len: int
     num_draft_tokens: int | None  # default per-request K; None = adaptive (parameter "adaptive")
     max_seq_len: int
     use_draft_logits: bool = False
+
+    @classmethod
+    def from_parameters(cls, params: Mapping[str, str]) -> Limits:
+        """An entry model's limits from its config.pbtxt parameters (either runtime's: values.common_values)."""
+        k = params["num_draft_tokens"]  # the default K of requests without one
+        return cls(
+            max_draft_len=int(params["max_draft_len"]),
+            num_draft_tokens=None if k == names.ADAPTIVE else int(k),
+            max_seq_len=int(params["max_seq_len"]),
+            use_draft_logits=params.get("use_draft_logits", "False").lower() == "true",
+        )
+
+
+def k_policy_from_parameters(params: Mapping[str, str]) -> KPolicy:
+    """Adaptive K's settings from an entry model's config.pbtxt parameters (either runtime's: values.k_values)."""
+    return KPolicy(
+        draft_cost_ratio=float(params["draft_cost_ratio"]),
+        schedule=names.parse_schedule(params["k_schedule"]),
+    )
 
 
 @dataclass(frozen=True)
