@@ -10,7 +10,7 @@ VENV_LATEST ?= .venv-latest
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: venv venv-latest test test-pinned test-latest lint demo clean-outputs
+.PHONY: venv venv-latest test test-fast test-pinned test-latest lint demo clean-outputs
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,12 @@ test-latest: venv-latest
 	$(VENV_LATEST)/bin/python -m pytest -q -ra -p no:cacheprovider
 
 test: lint test-pinned test-latest
+
+# The edit-and-rerun loop: the pinned stack without the tests that start a tritonserver or take long (`server`,
+# `slow` markers); `make test` still runs everything on both stacks.
+test-fast: venv
+	@echo "== fast tests on the pinned stack ($(VENV)): no tritonserver, nothing marked slow"
+	$(BIN)/python -m pytest -q -ra -m "not server and not slow"
 
 demo: venv
 	PATH="$(abspath $(BIN)):$$PATH" bash tools/demo.sh

@@ -16,7 +16,7 @@ FAKE_TRTLLM_DIR = Path(__file__).parent / "fake_tensorrt_llm"  # the tensorrt_ll
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``conversion`` run ModelOpt, which needs the pinned conversion stack: elsewhere (the newest
     releases: transformers 5, no nvidia-modelopt) they are skipped with the reason naming that stack."""
-    from trtspec.builders.build import package_versions
+    from trtspec.builders.environment import package_versions
     from trtspec.builders.support import conversion_stack_problem
 
     problem = conversion_stack_problem(package_versions())

@@ -16,6 +16,7 @@ import yaml
 from conftest import FAKE_TRTLLM_DIR
 
 from trtspec.builders import build as B
+from trtspec.builders import environment, stage_cache
 from trtspec.builders import trtllm_adapter as A
 from trtspec.cli import cli
 from trtspec.core.errors import CheckFailed, CheckpointError, NeedsTensorRTLLM
@@ -161,7 +162,9 @@ def test_engines_only_from_the_cli_and_its_manifest(runner, fake_trtllm, workdir
     assert target_plan["build_config"]["speculative_decoding_mode"] == "draft_tokens_external"
     assert target_plan["build_config"]["max_draft_len"] == 3
     for role in ("target", "draft"):
-        assert B.tree_hash(engines / "tiny" / role / "engine") == manifest["outputs"][f"{role}.engine"]
+        assert (
+            stage_cache.tree_hash(engines / "tiny" / role / "engine") == manifest["outputs"][f"{role}.engine"]
+        )
 
 
 def test_engines_only_without_checkpoints_says_what_to_do(runner, fake_trtllm, pair, tmp_path):
@@ -200,11 +203,11 @@ def test_engines_rebuild_for_another_tensorrt_llm_or_gpu(fake_trtllm, workdir, m
     recipe_path, engines = workdir / "recipes" / "tiny.yaml", workdir / "engines"
     B.build(load_recipe(recipe_path), engines)
     assert B.build(load_recipe(recipe_path), engines).ran == ["check"]
-    monkeypatch.setattr(B, "gpu_identity", lambda: ["NVIDIA H100 80GB HBM3, 9.0"])
+    monkeypatch.setattr(environment, "gpu_identity", lambda: ["NVIDIA H100 80GB HBM3, 9.0"])
     assert B.build(load_recipe(recipe_path), engines).ran == ["check", "target.engine", "draft.engine"]
     assert B.build(load_recipe(recipe_path), engines).ran == ["check"]
-    versions = B.package_versions()
-    monkeypatch.setattr(B, "package_versions", lambda *a: versions | {"tensorrt_llm": "1.2.1"})
+    versions = environment.package_versions()
+    monkeypatch.setattr(environment, "package_versions", lambda *a: versions | {"tensorrt_llm": "1.2.1"})
     assert B.build(load_recipe(recipe_path), engines).ran == ["check", "target.engine", "draft.engine"]
 
 

@@ -1,4 +1,4 @@
-"""Chat prompts (issue #15): rendered with the target tokenizer's own chat template, one BOS, reported per set.
+"""Chat prompts: rendered with the target tokenizer's own chat template, one BOS, reported per set.
 
 A tiny pair whose tokenizer adds BOS itself (as Llama tokenizers do) and whose template writes ``{{ bos_token }}``
 too: encoding the rendered text with the tokenizer's defaults would give two BOS, which is what these tests catch.

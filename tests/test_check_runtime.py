@@ -68,7 +68,7 @@ def test_runtime_against_versions(runtime, version, status, fragment):
 
 
 def test_without_tensorrt_llm_installed_says_what_is_needed(monkeypatch):
-    monkeypatch.setattr("trtspec.builders.preflight.installed_trtllm_version", lambda: None)
+    monkeypatch.setattr("trtspec.builders.environment.installed_trtllm_version", lambda: None)
     engine = check_runtime(recipe("tensorrtllm"))
     assert engine.status == "warn" and "removed after TensorRT-LLM 1.3.0rc20" in engine.message
     assert support.NGC_TRITON_TRTLLM_IMAGE in engine.message
@@ -77,7 +77,7 @@ def test_without_tensorrt_llm_installed_says_what_is_needed(monkeypatch):
 
 
 def test_installed_version_is_used_when_none_given(monkeypatch):
-    monkeypatch.setattr("trtspec.builders.preflight.installed_trtllm_version", lambda: "1.4.0")
+    monkeypatch.setattr("trtspec.builders.environment.installed_trtllm_version", lambda: "1.4.0")
     assert check_runtime(recipe("tensorrtllm")).status == "fail"
 
 
@@ -203,5 +203,5 @@ def test_a_later_tensorrt_llm_is_told_the_fields_are_1_2s(monkeypatch):
         "TensorRT-LLM 1.3.0rc8: trtspec writes 1.2.1's"
     )
     assert "acceptance_rate_threshold" in later.message and "draft_len_schedule" in later.message
-    monkeypatch.setattr("trtspec.builders.preflight.installed_trtllm_version", lambda: "1.4.0")
+    monkeypatch.setattr("trtspec.builders.environment.installed_trtllm_version", lambda: "1.4.0")
     assert check_llmapi_adaptive(scheduled)[-1].message.startswith("TensorRT-LLM 1.4.0")

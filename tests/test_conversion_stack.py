@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trtspec.builders import build as build_module
-from trtspec.builders import support
+from trtspec.builders import environment, support
 from trtspec.builders.preflight import check_conversion
 from trtspec.cli import cli
 from trtspec.recipe import recipe_from_dict
@@ -65,10 +64,10 @@ def test_the_convert_extra_installs_the_stack_the_gate_accepts():
 def without_conversion_stack(monkeypatch):
     """A stack without the pinned conversion libraries: the real one on the newest-releases run, else
     transformers 5 without nvidia-modelopt patched in where trtspec reads the installed versions."""
-    if support.conversion_stack_problem(build_module.package_versions()) is None:
-        real = build_module.package_versions
-        monkeypatch.setattr(build_module, "package_versions", lambda *a: real(*a) | NEWEST)
-    assert support.conversion_stack_problem(build_module.package_versions()) is not None
+    if support.conversion_stack_problem(environment.package_versions()) is None:
+        real = environment.package_versions
+        monkeypatch.setattr(environment, "package_versions", lambda *a: real(*a) | NEWEST)
+    assert support.conversion_stack_problem(environment.package_versions()) is not None
 
 
 def _recipe(tiny_pair, runtime="tensorrtllm", quantization="none") -> dict:
@@ -107,10 +106,10 @@ def test_conversion_commands_refuse_in_one_line_before_any_work(
 
 
 def test_engines_only_and_unquantized_trtllm_pytorch_builds_need_no_conversion(tiny_pair):
-    assert build_module.conversion_roles(recipe_from_dict(_recipe(tiny_pair, "trtllm-pytorch"))) == []
+    assert environment.conversion_roles(recipe_from_dict(_recipe(tiny_pair, "trtllm-pytorch"))) == []
     quantized = recipe_from_dict(_recipe(tiny_pair, "trtllm-pytorch", "fp8"))
-    assert build_module.conversion_roles(quantized) == ["target"]
-    assert build_module.conversion_roles(recipe_from_dict(_recipe(tiny_pair))) == ["target", "draft"]
+    assert environment.conversion_roles(quantized) == ["target"]
+    assert environment.conversion_roles(recipe_from_dict(_recipe(tiny_pair))) == ["target", "draft"]
 
 
 def test_check_reports_the_conversion_stack_where_the_runtime_converts(tiny_pair):

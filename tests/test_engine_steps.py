@@ -217,7 +217,7 @@ def test_copy_prefix_gives_the_logits_of_a_fresh_computation(tiny_pair, lean):
 
 def test_a_failed_prefix_copy_leaves_no_slot_the_pool_trusts(tiny_pair, monkeypatch):
     """If copy_prefix raises (out of memory on a GPU), the pool must not believe the slot holds the prefix: a later
-    request with that prefix would reuse another sequence's KV and get a wrong token (found in review)."""
+    request with that prefix would reuse another sequence's KV and get a wrong token."""
     from trtspec.engines.models import load_causal_lm
 
     model = StepModel(load_causal_lm(tiny_pair[0], num_slots=2, max_seq_len=128), max_draft_len=4)

@@ -13,8 +13,9 @@ from safetensors.torch import load_file, save_file
 from tiny_models import CORPUS, make_model
 
 from trtspec.builders import support
-from trtspec.builders.build import MANIFEST, build
+from trtspec.builders.build import build
 from trtspec.builders.hf_export import HF_QUANT_CONFIG, check_export, export_hf
+from trtspec.builders.manifest import MANIFEST
 from trtspec.cli import cli
 from trtspec.core import layout
 from trtspec.core.errors import CheckFailed

@@ -12,7 +12,8 @@ import json
 import pytest
 from test_deploy import fake_engine
 
-from trtspec.builders.preflight import ModelFacts, check_memory, estimate_memory
+from trtspec.builders.model_facts import ModelFacts
+from trtspec.builders.preflight import check_serving_memory, estimate_memory
 from trtspec.recipe import recipe_from_dict
 from trtspec.triton_repo import interface as names
 from trtspec.triton_repo.deploy import MANIFEST, deploy
@@ -153,7 +154,7 @@ def test_memory_is_estimated_per_rank_and_summed_per_gpu():
     assert draft.weights_gib == pytest.approx(1e9 * 2 / 2**30)
     kv_per_token = 2 * 32 * 8 * 128 * 2
     assert target.kv_cache_gib == pytest.approx(kv_per_token * 8 * 1024 / 2 / 2**30)
-    result = check_memory(rows, gpu_memory_gib=None)
+    result = check_serving_memory(rows, gpu_memory_gib=None)
     assert "on GPU 0" in result.message or "on GPU 1" in result.message  # the target's ranks are the peak
 
 

@@ -231,9 +231,9 @@ def test_an_mpi_launch_is_served_like_a_single_one(repo, tmp_path):
 
 
 def test_ctrl_c_while_the_models_load_stops_cleanly(repo, tmp_path):
-    """A stop the user asks for before the server is ready is still a clean stop: exit 0, nothing left running
-    (it used to escape as click's 'Aborted!' with exit 1 and could race a health check that saw the models ready
-    before serve did)."""
+    """A stop the user asks for before the server is ready is still a clean stop: exit 0, nothing left running,
+    not click's 'Aborted!' with exit 1 (a stop while loading can also meet a health check that sees the models
+    ready before serve does)."""
     http, grpc, metrics = free_ports(3)
     log = tmp_path / "serve.log"
     cmd = [sys.executable, "-m", "trtspec", "serve", str(repo)]

@@ -251,8 +251,8 @@ def test_a_prompt_file_that_is_not_utf8_is_a_one_line_error(tmp_path):
 
 
 def test_validate_and_bench_refuse_a_pair_that_check_refuses(runner, tiny_pair, tmp_path):
-    """The in-process engine checks the pair's tokenizers as check does (validate used to pass such a pair), and a
-    draft tokenizer that does not load is one line, not a traceback (bench loads the draft alone too)."""
+    """The in-process engine checks the pair's tokenizers as check does (a pair check refuses must not validate),
+    and a draft tokenizer that does not load is one line, not a traceback (bench loads the draft alone too)."""
     import shutil
 
     from tiny_models import make_model, make_tokenizer

@@ -7,7 +7,10 @@ with running_server(repo, tmp_path / "server.log") as server:
 from __future__ import annotations
 
 import contextlib
+import queue
 from pathlib import Path
+
+import numpy as np
 
 from trtspec.triton_repo.server import Ports, TritonServer, free_ports
 
@@ -63,3 +66,131 @@ def scrape(server, prefix: str = "") -> dict[tuple[str, frozenset], float]:
         labels = frozenset(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
         out[(match.group(1), labels)] = float(match.group(3))
     return out
+
+
+# ---------------------------------------------------------------- asking the server (gRPC) and the reference
+
+MODEL = "tensorrt_llm_bls"  # the entry model of a trtspec repository
+PROMPTS = ["def add(a, b):", "for i in range(10):", "class Point:", "import os\nimport sys\n"]
+
+
+def hf_greedy(model_dir: Path):
+    """``run(prompt, max_tokens, with_ids=False)``: HF greedy text (and ids) of the model at ``model_dir``, the
+    PyTorch reference a served greedy answer must equal."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+
+    def run(prompt: str, max_tokens: int, with_ids: bool = False):
+        ids = tok(prompt, return_tensors="pt").input_ids
+        with torch.no_grad():
+            out = model.generate(
+                ids, max_new_tokens=max_tokens, do_sample=False, pad_token_id=tok.pad_token_id
+            )
+        new = out[0, ids.shape[1] :].tolist()
+        if tok.eos_token_id in new:  # the server stops at end_id without emitting it
+            new = new[: new.index(tok.eos_token_id)]
+        text = tok.decode(new, skip_special_tokens=True)
+        return (text, new) if with_ids else text
+
+    return run
+
+
+def _inputs(client_mod, prompt, max_tokens=12, **extra):
+    fields = {
+        "text_input": np.array([[prompt.encode()]], dtype=object),
+        "max_tokens": np.array([[max_tokens]], dtype=np.int32),
+    }
+    dtypes = {
+        "num_draft_tokens": np.int32,
+        "top_k": np.int32,
+        "temperature": np.float32,
+        "top_p": np.float32,
+        "stream": bool,
+        "return_perf_metrics": bool,
+        "seed": np.uint64,
+    }
+    for key, value in extra.items():
+        fields[key] = np.array([[value]], dtype=dtypes.get(key, type(value)))
+    tensors = []
+    for name, arr in fields.items():
+        t = client_mod.InferInput(
+            name,
+            arr.shape,
+            "BYTES"
+            if arr.dtype == object
+            else {
+                np.dtype(np.int32): "INT32",
+                np.dtype(np.float32): "FP32",
+                np.dtype(bool): "BOOL",
+                np.dtype(np.uint64): "UINT64",
+            }[arr.dtype],
+        )
+        t.set_data_from_numpy(arr)
+        tensors.append(t)
+    return tensors
+
+
+def grpc_stream(server, prompt, chunk_ids: list | None = None, **extra) -> tuple[list[str], dict]:
+    """Text pieces and metrics of one gRPC stream; ``chunk_ids`` collects each response's output_ids."""
+    import tritonclient.grpc as grpcclient
+
+    results: queue.Queue = queue.Queue()
+    pieces, metrics = [], {}
+    with grpcclient.InferenceServerClient(server.ports.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        client.async_stream_infer(
+            MODEL, _inputs(grpcclient, prompt, **extra), enable_empty_final_response=True
+        )
+        while True:
+            result, error = results.get(timeout=60)
+            if error is not None:
+                client.stop_stream()
+                raise error
+            response = result.get_response()
+            out = result.as_numpy("text_output")
+            if out is not None:
+                pieces.append(out.reshape(-1)[0].decode())
+            ids = result.as_numpy("output_ids")
+            if chunk_ids is not None and ids is not None:
+                chunk_ids.append(ids.reshape(-1).tolist())
+            if result.as_numpy("acceptance_rate") is not None:
+                metrics = {
+                    k: result.as_numpy(k).reshape(-1)[0].item()
+                    for k in ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")
+                }
+            if (
+                response.parameters.get("triton_final_response")
+                and response.parameters["triton_final_response"].bool_param
+            ):
+                break
+        client.stop_stream()
+    return pieces, metrics
+
+
+SPEC = "trtspec_spec_decode_"
+
+
+def spec_metrics(server) -> dict:
+    """The entry model's trtspec_spec_decode_* values: {field: value}, per_pos: [value by position]."""
+    values = scrape(server, SPEC)
+    out, per_pos = {}, {}
+    for (name, labels), value in values.items():
+        labels = dict(labels)
+        assert labels["model"] == MODEL, labels
+        if "position" in labels:
+            per_pos[int(labels["position"])] = value
+        else:
+            out[name[len(SPEC) :]] = value
+    out["per_pos"] = [per_pos[i] for i in range(len(per_pos))]
+    return out
+
+
+def delta(after: dict, before: dict) -> dict:
+    return {
+        k: [a - b for a, b in zip(v, before[k], strict=True)] if k == "per_pos" else v - before[k]
+        for k, v in after.items()
+        if k != "draft_len"
+    }

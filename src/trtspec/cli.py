@@ -149,7 +149,8 @@ def check(
 
     RECIPE is a builders/<pair>.yaml file; 'demo' (the default) is the shipped demo pair.
     """
-    from trtspec.builders.preflight import print_check_report, run_checks
+    from trtspec.builders.check_report import print_check_report
+    from trtspec.builders.preflight import run_checks
     from trtspec.recipe import load_recipe
 
     spec = load_recipe(

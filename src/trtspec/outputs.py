@@ -68,7 +68,7 @@ def replace_dir(tmp: Path, final: Path) -> None:
 
 def temp_sibling(final: Path) -> Path:
     """A hidden, unique path beside ``final`` (``.NAME.tmp-PID-XXXXXXXX``; a killed build's are swept by
-    ``builders.build.clean_stale``)."""
+    ``builders.stage_cache.clean_stale``)."""
     return final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 

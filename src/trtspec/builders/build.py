@@ -14,41 +14,36 @@ For ``triton.runtime: trtllm-pytorch`` there are no engines: TensorRT-LLM's PyTo
 checkpoints. The build is then 1. the checks and 2. for each quantized model, one stage writing its ModelOpt HF
 export to ``<role>/hf_checkpoint`` (``hf_export.export_hf``); an unquantized model is served from its own folder.
 
-Every stage writes into a hidden temporary sibling directory and is renamed into place on success, with a stamp
-file (``.trtspec-stage.json``: fingerprint of its inputs, hash of its outputs, timing). A stage is skipped when
-its stamp's fingerprint equals the current one and its outputs still hash to the stamp's value. An interrupted
-build leaves no half-written stage; a killed one leaves only hidden ``.*.tmp-*`` directories, removed by the next
-run. Hashes: files up to ``CONTENT_HASH_LIMIT`` are hashed by content, larger ones (weights, engines) by name,
-size and modification time, so that checking a 100 GB model stays cheap.
+Every stage is skipped when up to date and never left half-written (``stage_cache``); the manifest, plan.json
+and finish_in_ngc.sh are ``manifest``'s. This module is the orchestration: which stages run, in which order.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
-import os
 import shlex
 import shutil
-import subprocess
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtspec.builders import support
+from trtspec.builders import environment, support
+from trtspec.builders.manifest import FINISH_SCRIPT, MANIFEST, make_manifest, write_plan_files
 from trtspec.builders.plan import ROLES, BuildPlan, make_build_plan, read_checkpoint_config
+from trtspec.builders.stage_cache import (
+    clean_stale,
+    digest,
+    read_stamp,
+    run_stage,
+    tree_hash,
+    up_to_date,
+    write_json_atomic,
+    write_stamp,
+)
 from trtspec.core import layout
 from trtspec.core.errors import CheckFailed, CheckpointError, NeedsTensorRTLLM, RecipeError
-from trtspec.outputs import atomic_dir, replace_dir, temp_sibling, write_file_atomic
-from trtspec.recipe import DEMO_RECIPE, Recipe
-
-STAMP = ".trtspec-stage.json"
-MANIFEST = "manifest.json"
-FINISH_SCRIPT = "finish_in_ngc.sh"
-CONTENT_HASH_LIMIT = 64 * 1024 * 1024  # bytes
-MANIFEST_VERSION = 1
+from trtspec.outputs import replace_dir, temp_sibling
+from trtspec.recipe import Recipe
 
 
 @dataclass
@@ -60,83 +55,6 @@ class BuildResult:
     manifest: dict[str, Any] = field(default_factory=dict)
     ran: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
-
-
-# ---------------------------------------------------------------- hashing and stamps (pure-ish helpers)
-
-
-def digest(payload: Any) -> str:
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def tree_hash(root: Path) -> str:
-    """Hash of a directory's files (names, and content or size+mtime for large files); the stamp is excluded."""
-    h = hashlib.sha256()
-    root = Path(root)
-    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.name != STAMP):
-        stat = path.stat()
-        h.update(f"{path.relative_to(root).as_posix()}\0{stat.st_size}\0".encode())
-        if stat.st_size <= CONTENT_HASH_LIMIT:
-            with open(path, "rb") as f:
-                for chunk in iter(lambda f=f: f.read(1 << 20), b""):
-                    h.update(chunk)
-        else:
-            h.update(str(stat.st_mtime_ns).encode())
-    return h.hexdigest()[:16]
-
-
-def read_stamp(stage_dir: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads((Path(stage_dir) / STAMP).read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
-def up_to_date(stage_dir: Path, fingerprint: str) -> dict[str, Any] | None:
-    """The stage's stamp if it was made from ``fingerprint`` and its outputs are unchanged, else None."""
-    stamp = read_stamp(stage_dir)
-    if stamp and stamp.get("fingerprint") == fingerprint and stamp.get("output_hash") == tree_hash(stage_dir):
-        return stamp
-    return None
-
-
-def write_json_atomic(path: Path, payload: Any, mode: int | None = None) -> None:
-    text = payload if isinstance(payload, str) else json.dumps(payload, indent=2, default=str) + "\n"
-    write_file_atomic(path, text, mode)
-
-
-def clean_stale(out_dir: Path) -> list[Path]:
-    """Remove hidden temporaries left by a killed build (``.X.tmp-*`` / ``.X.old-*``)."""
-    removed = []
-    for pattern in (".*.tmp-*", "*/.*.tmp-*", ".*.old-*", "*/.*.old-*"):
-        for path in out_dir.glob(pattern):
-            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
-            removed.append(path)
-    return removed
-
-
-def run_stage(
-    name: str, final: Path, fingerprint: str, work: Callable[[Path], dict], force: bool = False
-) -> dict[str, Any]:
-    """Run ``work(tmp_dir) -> info`` unless ``final`` is up to date; returns the stamp (+ ``skipped``)."""
-    stamp = None if force else up_to_date(final, fingerprint)
-    if stamp is not None:
-        return stamp | {"skipped": True}
-    with atomic_dir(final, create=False) as tmp:
-        start = time.perf_counter()
-        info = work(tmp)
-        if not tmp.is_dir():
-            raise CheckpointError(f"stage {name} produced no output directory {tmp}")
-        stamp = {
-            "stage": name,
-            "fingerprint": fingerprint,
-            "output_hash": tree_hash(tmp),
-            "seconds": round(time.perf_counter() - start, 3),
-            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "info": info,
-        }
-        write_json_atomic(tmp / STAMP, stamp)
-    return stamp | {"skipped": False}
 
 
 # ---------------------------------------------------------------- stages
@@ -192,7 +110,7 @@ def model_stage_fingerprint(recipe: Recipe, role: str, kind: str) -> str:
     return digest(
         {
             "trtspec": __version__,
-            "modelopt": package_versions()["nvidia-modelopt"],
+            "modelopt": environment.package_versions()["nvidia-modelopt"],
             "recipe": convert_recipe_part(recipe, role),
             "input": tree_hash(spec.model),
             "as": kind,
@@ -254,15 +172,6 @@ def _finish(recipe: Recipe, out_dir: Path, plan: BuildPlan | None, stages: dict[
     return BuildResult(out_dir, plan, manifest, ran=ran, skipped=manifest["skipped"])
 
 
-def conversion_roles(recipe: Recipe) -> list[str]:
-    """The models ``build`` runs through ModelOpt: both for engines, only the quantized ones for trtllm-pytorch
-    (an unquantized model is served from its own folder)."""
-    models = recipe.models()
-    if recipe.triton.runtime == "trtllm-pytorch":
-        return [role for role, spec in models.items() if spec.quantization != "none"]
-    return list(models)
-
-
 def build_hf(recipe: Recipe, out_dir: Path, console, force: bool) -> BuildResult:
     """The trtllm-pytorch build: checks, then a ModelOpt HF export of each quantized model; no engines."""
     stages: dict[str, dict] = {"check": run_preflight(recipe)}
@@ -300,71 +209,11 @@ def plan_for(recipe: Recipe, out_dir: Path) -> BuildPlan:
     )
 
 
-def recipe_argument_for(recipe: Recipe, from_dir: Path) -> str:
-    """How the finish script names the recipe: 'demo', or its path relative to the script's folder."""
-    if recipe.source is None or Path(recipe.source).resolve() == DEMO_RECIPE.resolve():
-        return "demo"
-    return os.path.relpath(Path(recipe.source).resolve(), from_dir.resolve())
-
-
-def finish_script(recipe: Recipe, plan: BuildPlan, out_dir: Path) -> str:
-    """A bash script that finishes the engines inside the NGC image (paths relative to the script's folder)."""
-    rel = {p.role: p.command(f"{p.role}/checkpoint", f"{p.role}/engine") for p in plan.engines()}
-    trtspec_cmd = [
-        "trtspec",
-        "build",
-        recipe_argument_for(recipe, out_dir),
-        "--engines-only",
-        "--engines-dir",
-        "..",
-    ]
-    lines = [
-        "#!/usr/bin/env bash",
-        f"# Written by `trtspec build` for recipe {recipe.name!r}: builds the TensorRT engines from the checkpoints",
-        f"# beside this script. Run it inside {support.NGC_TRITON_TRTLLM_IMAGE}",
-        f"# (TensorRT-LLM {support.TRTLLM_VERSION}) with this folder mounted, e.g.",
-        f'#   docker run --gpus all --rm -v "$PWD":"$PWD" -w "$PWD" {support.NGC_TRITON_TRTLLM_IMAGE} \\',
-        f"#     bash {shlex.quote(str(out_dir / FINISH_SCRIPT))}",
-        "set -euo pipefail",
-        'cd "$(dirname "$0")"',
-        "if command -v trtspec >/dev/null 2>&1; then",
-        f"  exec {shlex.join(trtspec_cmd)}",
-        "fi",
-        "# trtspec is not installed in the image: the same engines with trtllm-build (no manifest, no verification).",
-        *(shlex.join(rel[role]) for role in ROLES),
-        "",
-    ]
-    return "\n".join(lines)
-
-
-def write_plan_files(recipe: Recipe, plan: BuildPlan, out_dir: Path) -> None:
-    write_json_atomic(out_dir / "plan.json", plan.to_dict())
-    write_json_atomic(out_dir / FINISH_SCRIPT, finish_script(recipe, plan, out_dir), mode=0o755)
-
-
-def gpu_identity() -> list[str] | None:
-    """Name and compute capability of each visible GPU (nvidia-smi), or None where there is none."""
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return None
-    query = [exe, "--query-gpu=name,compute_cap", "--format=csv,noheader"]
-    try:
-        out = subprocess.run(query, capture_output=True, text=True, timeout=30, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return sorted({line.strip() for line in out.splitlines() if line.strip()})
-
-
-def engine_environment() -> dict[str, Any]:
-    """What an engine is tied to besides its inputs: the TensorRT-LLM version and the GPU architecture."""
-    return {"tensorrt_llm": package_versions()["tensorrt_llm"], "gpus": gpu_identity()}
-
-
-def engine_fingerprint(engine, checkpoint_stamp: dict, environment: dict[str, Any]) -> str:
+def engine_fingerprint(engine, checkpoint_stamp: dict, engine_env: dict[str, Any]) -> str:
     # Paths are left out on purpose: the same folder mounted elsewhere (the NGC container) is still up to date.
     # The environment is in: a new TensorRT-LLM or another GPU model makes every engine stale.
     payload = {"build_config": engine.build_config, "checkpoint": checkpoint_stamp.get("output_hash")}
-    return digest(payload | {"environment": environment})
+    return digest(payload | {"environment": engine_env})
 
 
 def engine_stages(
@@ -374,9 +223,9 @@ def engine_stages(
     from trtspec.builders.trtllm_adapter import build_engines, require_tensorrt_llm
 
     stamps, pending = {}, {}
-    environment = engine_environment()
+    engine_env = environment.engine_environment()
     for engine in plan.engines():
-        fingerprint = engine_fingerprint(engine, checkpoints[engine.role], environment)
+        fingerprint = engine_fingerprint(engine, checkpoints[engine.role], engine_env)
         stamp = None if force else up_to_date(engine.engine_dir, fingerprint)
         if stamp is not None:
             stamps[engine.role] = stamp | {"skipped": True}
@@ -396,16 +245,8 @@ def engine_stages(
         )
         for role, (_, fingerprint, tmp) in pending.items():
             info = result["engines"][role] | {"tensorrt_llm_version": result["tensorrt_llm_version"]}
-            stamp = {
-                "stage": f"{role}.engine",
-                "fingerprint": fingerprint,
-                "output_hash": tree_hash(tmp),
-                "seconds": info.get("seconds", round(time.perf_counter() - start, 3)),
-                "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "info": info,
-            }
-            write_json_atomic(tmp / STAMP, stamp)
-            stamps[role] = stamp | {"skipped": False}
+            seconds = info.get("seconds", round(time.perf_counter() - start, 3))
+            stamps[role] = write_stamp(tmp, f"{role}.engine", fingerprint, seconds, info) | {"skipped": False}
     except BaseException:
         for _, _, tmp in pending.values():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -415,60 +256,7 @@ def engine_stages(
     return stamps
 
 
-# ---------------------------------------------------------------- manifest and orchestration
-
-
-def package_versions(tensorrt_llm_version: str | None = None) -> dict[str, str | None]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    from trtspec import __version__
-
-    def installed(*names: str) -> str | None:
-        for name in names:
-            with contextlib.suppress(PackageNotFoundError):
-                return version(name)
-        return None
-
-    return {
-        "trtspec": __version__,
-        "nvidia-modelopt": installed("nvidia-modelopt"),
-        "torch": installed("torch"),
-        "transformers": installed("transformers"),
-        "tensorrt_llm": tensorrt_llm_version or installed("tensorrt_llm", "tensorrt-llm"),
-    }
-
-
-def make_manifest(
-    recipe: Recipe, plan: BuildPlan | None, stages: dict[str, dict], status: str
-) -> dict[str, Any]:
-    """manifest.json: recipe hash, versions, input/output hashes, timings and the plan."""
-    trtllm = next(
-        (s["info"].get("tensorrt_llm_version") for k, s in stages.items() if k.endswith(".engine")), None
-    )
-    return {
-        "manifest_version": MANIFEST_VERSION,
-        "status": status,
-        "recipe": {
-            "name": recipe.name,
-            "source": str(recipe.source) if recipe.source else None,
-            "hash": recipe.digest(),
-            "content": recipe.model_dump(mode="json"),
-        },
-        "versions": package_versions(trtllm),
-        "ngc_image": support.NGC_TRITON_TRTLLM_IMAGE,
-        "inputs": {
-            f"{role}.model": s["info"].get("input_hash")
-            for role in ROLES
-            if (s := stages.get(f"{role}.checkpoint") or stages.get(f"{role}.hf_checkpoint"))
-        },
-        "outputs": {name: s.get("output_hash") for name, s in stages.items() if "output_hash" in s},
-        "timings": {name: s.get("seconds") for name, s in stages.items()},
-        "skipped": sorted(name for name, s in stages.items() if s.get("skipped")),
-        "stages": stages,
-        "plan": plan.to_dict() if plan else None,
-        "finish_script": FINISH_SCRIPT if plan else None,
-        "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
+# ---------------------------------------------------------------- orchestration
 
 
 def _print_finish(console, plan: BuildPlan, out_dir: Path) -> None:
@@ -502,10 +290,8 @@ def build(
             "triton.runtime",
             "trtllm-pytorch has no engines; drop --engines-only",
         )
-    if not engines_only and conversion_roles(recipe):
-        from trtspec.builders.convert import require_conversion_stack
-
-        require_conversion_stack()
+    if not engines_only and environment.conversion_roles(recipe):
+        environment.require_conversion_stack()
     out_dir.mkdir(parents=True, exist_ok=True)
     clean_stale(out_dir)
     if recipe.triton.runtime == "trtllm-pytorch":

@@ -1,6 +1,7 @@
 """Hugging Face -> TensorRT-LLM checkpoint, fp16/bf16 or quantized, through nvidia-modelopt 0.37.
 
-``export_checkpoint`` runs four stages (load, calibrate, export, verify), each reported on a rich console:
+``export_checkpoint`` runs the four stages of ``export_pipeline.run_export`` (load, calibrate, export, verify),
+each reported on a rich console:
 1. inspect the HF directory (config, architecture, AWQ shapes) and refuse a model that will not fit in memory;
 2. load it and, when verifying, compute reference logits of the unquantized model on a few prompts;
 3. quantize with ``modelopt.torch.quantization.quantize`` (calibration forward loop) for fp8 / int8_sq / int4_awq /
@@ -11,37 +12,28 @@
 from __future__ import annotations
 
 import contextlib
-import copy
-import gc
 import json
 import os
-import time
 import warnings
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from trtspec.builders import support
+from trtspec.builders.environment import require_conversion_stack
+from trtspec.builders.export_pipeline import (
+    ExportSteps,
+    check_shapes,
+    require_conversion_memory,
+    run_export,
+)
 from trtspec.core import layout
-from trtspec.core.errors import CheckFailed, CheckpointError, ModelError, NeedsConversionStack
-from trtspec.core.model_dir import count_parameters, load_source_model, load_tokenizer, read_hf_config
-from trtspec.outputs import atomic_dir
+from trtspec.core.errors import CheckFailed, CheckpointError, ModelError
+from trtspec.core.model_dir import read_hf_config
 from trtspec.recipe import CalibrationSpec, ModelSpec
 
-KV_CACHE_CFG = "FP8_KV_CFG"
 # modelopt 0.37's TensorRT-LLM export has no "qwen" decoder (tensorrt_llm_utils raises NotImplementedError);
 # Qwen2/3 are Llama-shaped (+ qkv bias / qk-norm), so they go through its "llama" path.
 MODELOPT_DECODER = {"qwen": "llama"}
-AWQ_FORMATS = ("int4_awq", "w4a8_awq")
-
-
-def require_conversion_stack() -> None:
-    """NeedsConversionStack, one line naming what to install, unless the installed nvidia-modelopt and transformers
-    are the conversion path's (support.CONVERSION_STACK). Called before any work, so nothing is half done."""
-    from trtspec.builders.build import package_versions
-
-    problem = support.conversion_stack_problem(package_versions())
-    if problem:
-        raise NeedsConversionStack(problem)
 
 
 # ---------------------------------------------------------------- inspecting the HF model
@@ -58,114 +50,6 @@ def decoder_type(hf_config: dict, model_dir: Path) -> str:
     if problem:
         raise ModelError(f"{model_dir}/config.json: {problem}")
     return support.SUPPORTED_ARCHITECTURES[hf_config["architectures"][0]]
-
-
-def awq_shape_problems(hf_config: dict, tp_size: int, group: int = support.AWQ_GROUP_SIZE) -> list[str]:
-    """Input dimensions each rank's AWQ GEMMs see must be multiples of the group size (modelopt/TRT-LLM kernels)."""
-    heads = hf_config["num_attention_heads"]
-    head_dim = hf_config.get("head_dim") or hf_config["hidden_size"] // heads
-    dims = {
-        "hidden_size": hf_config["hidden_size"],
-        "num_attention_heads*head_dim/tp_size": heads * head_dim // tp_size,
-        "intermediate_size/tp_size": hf_config["intermediate_size"] // tp_size,
-    }
-    return [f"{name}={value}" for name, value in dims.items() if value % group]
-
-
-def check_shapes(spec: ModelSpec, hf_config: dict) -> None:
-    if spec.quantization in AWQ_FORMATS:
-        problems = awq_shape_problems(hf_config, spec.tp_size)
-        if problems:
-            raise ModelError(
-                f"{spec.model}: {spec.quantization} needs layer input sizes divisible by {support.AWQ_GROUP_SIZE} "
-                f"per rank, but {', '.join(problems)}; use fp8 or int8_sq, or a smaller tp_size"
-            )
-    heads = hf_config["num_attention_heads"]
-    if heads % spec.tp_size or hf_config["intermediate_size"] % spec.tp_size:
-        raise ModelError(
-            f"{spec.model}: tp_size={spec.tp_size} must divide num_attention_heads={heads} and "
-            f"intermediate_size={hf_config['intermediate_size']}"
-        )
-    if hf_config["num_hidden_layers"] % spec.pp_size:
-        raise ModelError(
-            f"{spec.model}: pp_size={spec.pp_size} must divide num_hidden_layers={hf_config['num_hidden_layers']}"
-        )
-
-
-# ---------------------------------------------------------------- memory
-
-
-def estimate_peak_bytes(num_parameters: int, device: str, verify: bool) -> dict[str, int]:
-    """Peak memory per place, in bytes: the loaded model (fp32 on CPU, 16-bit on GPU) + its exported 16-bit copy,
-    then (after the model is freed) the verifier's float32 module + the checkpoint's tensors, both on CPU."""
-    load = num_parameters * (4 if device == "cpu" else 2)
-    export = num_parameters * 2
-    verify_bytes = num_parameters * (4 + 2) if verify else 0
-    if device == "cpu":
-        return {"cpu": max(load + export, verify_bytes)}
-    return {"cuda": load, "cpu": max(export, verify_bytes)}
-
-
-def available_bytes(place: str) -> int | None:
-    """MemAvailable on CPU (Linux), free memory of the current CUDA device; None when unknown."""
-    if place == "cuda":
-        import torch
-
-        return torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def check_memory(model_dir: Path, device: str, verify: bool) -> None:
-    """CheckFailed if converting ``model_dir`` on ``device`` would not fit the memory available now. Without
-    weight files nothing is counted: the load fails later with its own one-line error."""
-    need = estimate_peak_bytes(count_parameters(model_dir) or 0, device, verify)
-    for place, bytes_needed in need.items():
-        free = available_bytes(place)
-        if free is not None and bytes_needed > free:
-            raise CheckFailed(
-                f"{model_dir}: converting needs about {bytes_needed / 2**30:.1f} GiB of {place} memory at peak, "
-                f"{free / 2**30:.1f} GiB is available; use --device cuda, a bigger machine, or --no-verify"
-            )
-
-
-# ---------------------------------------------------------------- loading
-
-
-# ---------------------------------------------------------------- quantize / export
-
-
-def quant_config(quantization: str, kv_cache_dtype: str) -> dict:
-    """The modelopt quantization config of a recipe format (support.QUANT_FORMATS), plus the fp8 KV cache."""
-    import modelopt.torch.quantization as mtq
-
-    name = support.QUANT_FORMATS[quantization][0]
-    cfg = copy.deepcopy(getattr(mtq, name))
-    if kv_cache_dtype == "fp8":
-        cfg["quant_cfg"].update(copy.deepcopy(getattr(mtq, KV_CACHE_CFG)["quant_cfg"]))
-        cfg["quant_cfg"].pop("default", None)
-        cfg["quant_cfg"]["default"] = {"enable": False}
-    return cfg
-
-
-def quantize_model(model, spec: ModelSpec, batches: list) -> Any:
-    """Post-training quantization of ``model`` in place, calibrated on ``batches`` ([1, seq] token tensors)."""
-    import modelopt.torch.quantization as mtq
-    import torch
-
-    device = next(model.parameters()).device
-
-    def forward_loop(m) -> None:
-        with torch.no_grad():
-            for ids in batches:
-                m(input_ids=ids.to(device))
-
-    return mtq.quantize(model, quant_config(spec.quantization, spec.kv_cache_dtype), forward_loop)
 
 
 def export_model(model, decoder: str, spec: ModelSpec, export_dir: Path, hf_config: dict) -> None:
@@ -210,25 +94,6 @@ def _mark_qwen(export_dir: Path, hf_config: dict) -> None:
 # ---------------------------------------------------------------- orchestration
 
 
-class Stages:
-    """Prints each stage (load, calibrate, export, verify) with a spinner and records its duration in seconds."""
-
-    def __init__(self, console, label: str):
-        self.console, self.label, self.timings = console, label, {}
-
-    @contextlib.contextmanager
-    def __call__(self, name: str, what: str):
-        start = time.perf_counter()
-        if self.console is None:
-            yield
-        else:
-            with self.console.status(f"[bold]{self.label}[/] {name}: {what}"):
-                yield
-        self.timings[name] = round(time.perf_counter() - start, 3)
-        if self.console is not None:
-            self.console.print(f"[green]✓[/] {self.label} {name} ({self.timings[name]:.1f} s) {what}")
-
-
 def _warn_unsupported(spec: ModelSpec, console) -> str | None:
     precision = support.effective_precision(spec.dtype, spec.quantization)
     if precision in support.DTM_SUPPORTED_PRECISIONS:
@@ -258,48 +123,25 @@ def export_checkpoint(
     Returns a JSON-able summary: model, format, dtype, tp/pp, files, verification metrics (or None), timings (s).
     Raises ModelError (bad input), CheckpointError (export failed), CheckFailed (memory, or verification failed).
     """
-    from trtspec.builders import interpreter
-
     require_conversion_stack()
     out_dir = Path(out_dir)
     hf_config = read_hf_config(spec.model)
     decoder = decoder_type(hf_config, spec.model)
     check_shapes(spec, hf_config)
     warning = _warn_unsupported(spec, console)
-    check_memory(spec.model, device, verify)
-    stages = Stages(console, label or out_dir.parent.name or str(out_dir))
-    with atomic_dir(out_dir) as tmp:
-        with stages("load", f"{spec.model} on {device}"):
-            tokenizer = load_tokenizer(spec.model, spec.trust_remote_code)
-            model = load_source_model(spec.model, device, spec.dtype, spec.trust_remote_code)
-            prompts = interpreter.tokenize_prompts(tokenizer, interpreter.DEFAULT_PROMPTS) if verify else []
-            window = support.sliding_window(hf_config)
-            # The checkpoint has no window (the runtime applies it: check's engine rule): verify inside it.
-            if window:
-                prompts = [p[:, :window] for p in prompts]
-            reference = [
-                r.cpu() for r in interpreter.reference_logits_for(model, [p.to(device) for p in prompts])
-            ]
-        if spec.quantization != "none":
-            batches = calibration_batches_for(tokenizer, calibration)
-            with stages("calibrate", f"{spec.quantization} on {len(batches)} x {batches[0].shape[1]} tokens"):
-                model = quantize_model(model, spec, batches)
-        with stages(
-            "export",
-            f"{spec.quantization if spec.quantization != 'none' else spec.dtype} "
-            f"tp={spec.tp_size} pp={spec.pp_size}",
-        ):
-            export_model(model, decoder, spec, tmp, hf_config)
-        del model
-        gc.collect()
-        verification = None
-        if verify:
-            with stages("verify", "checkpoint interpreter vs the HF model"):
-                verification = interpreter.verify_against(tmp, prompts, reference)
-            _report_verification(console, verification)
-            if not verification["passed"]:
-                raise CheckFailed(_failure_message(spec, out_dir, verification))
-        files = sorted(p.name for p in tmp.iterdir())
+    require_conversion_memory(spec.model, device, verify)
+
+    def export(model, tokenizer, tmp: Path) -> None:
+        export_model(model, decoder, spec, tmp, hf_config)
+
+    what = spec.quantization if spec.quantization != "none" else spec.dtype
+    steps = ExportSteps(f"{what} tp={spec.tp_size} pp={spec.pp_size}", export)
+    if verify:
+        steps = _with_verification(steps, spec, out_dir, hf_config, device, console)
+    label = label or out_dir.parent.name or str(out_dir)
+    run = run_export(
+        spec, out_dir, steps, calibration=calibration, device=device, console=console, label=label
+    )
     return {
         "model": str(spec.model),
         "checkpoint": str(out_dir),
@@ -308,17 +150,45 @@ def export_checkpoint(
         "kv_cache_dtype": spec.kv_cache_dtype,
         "tp_size": spec.tp_size,
         "pp_size": spec.pp_size,
-        "files": files,
-        "verification": verification,
+        "files": run.files,
+        "verification": run.checked,
         "warning": warning,
-        "timings": stages.timings,
+        "timings": run.timings,
     }
 
 
-def calibration_batches_for(tokenizer, calibration: CalibrationSpec) -> list:
-    from trtspec.builders.calibration import calibration_batches
+def _with_verification(
+    steps: ExportSteps, spec: ModelSpec, out_dir: Path, hf_config: dict, device: str, console
+) -> ExportSteps:
+    """``steps`` plus the verify stage: the checkpoint interpreter's logits against the HF model's, taken on a few
+    prompts right after loading (before calibration changes the model)."""
+    from trtspec.builders import interpreter
 
-    return calibration_batches(tokenizer, calibration.dataset, calibration.size, calibration.seq_len)
+    def reference(model, tokenizer) -> tuple[list, list]:
+        prompts = interpreter.tokenize_prompts(tokenizer, interpreter.DEFAULT_PROMPTS)
+        window = support.sliding_window(hf_config)
+        # The checkpoint has no window (the runtime applies it: check's engine rule): verify inside it.
+        if window:
+            prompts = [p[:, :window] for p in prompts]
+        logits = interpreter.reference_logits_for(model, [p.to(device) for p in prompts])
+        return prompts, [r.cpu() for r in logits]
+
+    def verify(tmp: Path, loaded: tuple[list, list]) -> dict:
+        prompts, reference_logits = loaded
+        return interpreter.verify_against(tmp, prompts, reference_logits)
+
+    def accept(verification: dict) -> None:
+        _report_verification(console, verification)
+        if not verification["passed"]:
+            raise CheckFailed(_failure_message(spec, out_dir, verification))
+
+    return replace(
+        steps,
+        check_stage=("verify", "checkpoint interpreter vs the HF model"),
+        check=verify,
+        on_load=reference,
+        accept=accept,
+    )
 
 
 def _report_verification(console, v: dict) -> None:

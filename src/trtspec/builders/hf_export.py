@@ -2,9 +2,10 @@
 
 TensorRT-LLM's PyTorch backend loads quantized models from ModelOpt's unified HF export (``hf_quant_config.json``
 + a ``quantization_config`` in config.json + quantized safetensors), not from TensorRT-LLM checkpoints. ``export_hf``
-runs four stages, each reported like ``convert.export_checkpoint``'s: load, calibrate (modelopt ``mtq.quantize``
-with the recipe's calibration data), export (``modelopt.torch.export.export_hf_checkpoint`` + the tokenizer, so the
-directory is self-contained), and check (``check_export``), all in a temp dir renamed into place on success.
+runs the four stages of ``export_pipeline.run_export``, as ``convert.export_checkpoint`` does: load, calibrate
+(modelopt ``mtq.quantize`` with the recipe's calibration data), export (``modelopt.torch.export.export_hf_checkpoint``
++ the tokenizer, so the directory is self-contained), and check (``check_export``), all in a temp dir renamed into
+place on success.
 
 ``check_export`` reads the files back without TensorRT-LLM, one tensor at a time: the quant_algo /
 kv_cache_quant_algo TensorRT-LLM keys on, every decoder linear layer quantized with the storage dtype and shapes of
@@ -15,22 +16,19 @@ those the PyTorch backend runs (``support.LLMAPI_QUANT_FORMATS``).
 
 from __future__ import annotations
 
-import gc
 import json
 from pathlib import Path
 
 from trtspec.builders import support
-from trtspec.builders.convert import (
-    Stages,
-    calibration_batches_for,
-    check_memory,
+from trtspec.builders.environment import require_conversion_stack
+from trtspec.builders.export_pipeline import (
+    ExportSteps,
     check_shapes,
-    quantize_model,
-    require_conversion_stack,
+    require_conversion_memory,
+    run_export,
 )
 from trtspec.core.errors import CheckFailed, CheckpointError
-from trtspec.core.model_dir import load_source_model, load_tokenizer, read_hf_config
-from trtspec.outputs import atomic_dir
+from trtspec.core.model_dir import read_hf_config
 from trtspec.recipe import CalibrationSpec, ModelSpec
 
 HF_QUANT_CONFIG = "hf_quant_config.json"
@@ -70,23 +68,26 @@ def export_hf(
         )
     hf_config = read_hf_config(spec.model)
     check_shapes(spec, hf_config)
-    check_memory(spec.model, device, verify=False)
-    stages = Stages(console, out_dir.parent.name or str(out_dir))
-    with atomic_dir(out_dir) as tmp:
-        with stages("load", f"{spec.model} on {device}"):
-            tokenizer = load_tokenizer(spec.model, spec.trust_remote_code)
-            model = load_source_model(spec.model, device, spec.dtype, spec.trust_remote_code)
-        batches = calibration_batches_for(tokenizer, calibration)
-        with stages("calibrate", f"{spec.quantization} on {len(batches)} x {batches[0].shape[1]} tokens"):
-            model = quantize_model(model, spec, batches)
-        with stages("export", f"{spec.quantization} ModelOpt HF checkpoint"):
-            _export(model, spec, tmp)
-            tokenizer.save_pretrained(tmp)
-        del model
-        gc.collect()
-        with stages("check", "quantization config, layers and scales"):
-            checked = check_export(tmp, spec, Path(spec.model))
-        files = sorted(p.name for p in tmp.iterdir())
+    require_conversion_memory(spec.model, device, verify=False)
+
+    def export(model, tokenizer, tmp: Path) -> None:
+        _export(model, spec, tmp)
+        tokenizer.save_pretrained(tmp)
+
+    def check(tmp: Path, loaded) -> dict:
+        return check_export(tmp, spec, Path(spec.model))
+
+    steps = ExportSteps(
+        f"{spec.quantization} ModelOpt HF checkpoint",
+        export,
+        check_stage=("check", "quantization config, layers and scales"),
+        check=check,
+    )
+    run = run_export(
+        spec, out_dir, steps, calibration=calibration, device=device, console=console,
+        label=out_dir.parent.name or str(out_dir),
+    )  # fmt: skip
+    checked = run.checked
     if console is not None:
         console.print(
             f"[green]check:[/] {checked['quant_algo']} on {checked['quantized_layers']} layers"
@@ -102,9 +103,9 @@ def export_hf(
         "format": spec.quantization,
         "dtype": spec.dtype,
         "kv_cache_dtype": spec.kv_cache_dtype,
-        "files": files,
+        "files": run.files,
         "check": checked,
-        "timings": stages.timings,
+        "timings": run.timings,
     }
 
 

@@ -1,131 +1,21 @@
 """Pre-flight checks of a draft/target pair (``trtspec check``), no GPU needed.
 
 Each check catches, before any build, a failure users otherwise meet at run time (see
-shared/reference/trtllm-engine-flow.md, "Known user pain points"). ``gather_facts`` is the only I/O (configs,
-tokenizers, safetensors headers); every ``check_*`` function is pure over those facts and returns CheckResults.
+shared/reference/trtllm-engine-flow.md, "Known user pain points"). ``model_facts.gather_facts`` is the only I/O
+(configs, tokenizers, safetensors headers); every ``check_*`` function here is pure over those facts and returns
+CheckResults, which ``run_checks`` gathers into a ``check_report.CheckReport``.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any, Literal
-
-from trtspec.builders import support
-from trtspec.core.errors import ModelError
-from trtspec.core.model_dir import count_parameters, load_tokenizer
+from trtspec.builders import environment, support
+from trtspec.builders.check_report import CheckReport, CheckResult, MemoryRow, format_gib, per_gpu_gib
+from trtspec.builders.model_facts import ModelFacts, gather_facts
 from trtspec.recipe import ModelSpec, Recipe
 
-Status = Literal["pass", "warn", "fail"]
 SPECIAL_ROLES = ("bos_token", "eos_token", "pad_token", "unk_token")
 MAX_DRAFT_LEN_WARN = 10
 DRAFT_RATIO_WARN = 0.2  # draft/target parameters above this rarely pay for the draft's own cost
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    name: str
-    status: Status
-    message: str
-    details: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class ModelFacts:
-    """What the checks need of one model, read once from its directory."""
-
-    role: str
-    path: Path
-    architecture: str
-    vocab_size: int
-    max_position_embeddings: int
-    num_hidden_layers: int
-    num_key_value_heads: int
-    head_dim: int
-    num_parameters: int
-    tokenizer: Any = field(repr=False)
-    # the (text) config.json, for family rules
-    config: dict[str, Any] = field(default_factory=dict, repr=False)
-
-
-@dataclass(frozen=True)
-class MemoryRow:
-    """Estimated GPU memory of one model on each of its ranks (GiB)."""
-
-    role: str
-    precision: str
-    gpus: tuple[int, ...]
-    weights_gib: float
-    kv_cache_gib: float
-    min_compute_capability: str
-
-    @property
-    def total_gib(self) -> float:
-        return self.weights_gib + self.kv_cache_gib
-
-
-@dataclass(frozen=True)
-class CheckReport:
-    recipe: str
-    results: list[CheckResult]
-    memory: list[MemoryRow]
-
-    @property
-    def ok(self) -> bool:
-        return all(r.status != "fail" for r in self.results)
-
-    def per_gpu_gib(self) -> dict[int, float]:
-        return per_gpu_gib(self.memory)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "recipe": self.recipe,
-            "ok": self.ok,
-            "checks": [asdict(r) for r in self.results],
-            "memory": [asdict(m) | {"total_gib": round(m.total_gib, 3)} for m in self.memory],
-            "per_gpu_gib": {str(k): round(v, 3) for k, v in self.per_gpu_gib().items()},
-        }
-
-
-# ---------------------------------------------------------------- I/O: reading a model directory
-
-
-def gather_facts(role: str, spec: ModelSpec) -> ModelFacts:
-    """Read config.json, the tokenizer and the safetensors headers of one model directory."""
-    from transformers import AutoConfig
-
-    path = Path(spec.model)
-    if not (path / "config.json").is_file():
-        raise ModelError(
-            f"{path}: {role} model has no config.json; point {role}.model at a Hugging Face checkpoint"
-        )
-    try:
-        cfg = AutoConfig.from_pretrained(path, trust_remote_code=spec.trust_remote_code)
-    except Exception as err:
-        raise ModelError(
-            f"{path}/config.json: cannot be read as a model config ({err})", detail=repr(err)
-        ) from None
-    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-    counted = count_parameters(path)
-    if counted is None:
-        raise ModelError(
-            f"{path}: {role} model has no weights (*.safetensors or pytorch_model*.bin); point {role}.model at "
-            "a whole Hugging Face checkpoint"
-        )
-    heads = cfg.num_attention_heads
-    return ModelFacts(
-        role=role,
-        path=path,
-        architecture=(getattr(cfg, "architectures", None) or [type(cfg).__name__])[0],
-        vocab_size=cfg.vocab_size,
-        max_position_embeddings=getattr(cfg, "max_position_embeddings", 0) or 0,
-        num_hidden_layers=cfg.num_hidden_layers,
-        num_key_value_heads=getattr(cfg, "num_key_value_heads", None) or heads,
-        head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
-        num_parameters=counted,
-        tokenizer=load_tokenizer(path, spec.trust_remote_code),
-        config=cfg.to_dict(),
-    )
 
 
 # ---------------------------------------------------------------- pure checks
@@ -337,16 +227,9 @@ def estimate_memory(facts: ModelFacts, spec: ModelSpec, recipe: Recipe) -> Memor
     return MemoryRow(facts.role, precision, spec.devices, weights / 2**30, kv / 2**30, f"{cc[0]}.{cc[1]}")
 
 
-def per_gpu_gib(memory: list[MemoryRow]) -> dict[int, float]:
-    """GiB per GPU id: every model rank placed on it (draft and target may share a GPU)."""
-    totals: dict[int, float] = {}
-    for row in memory:
-        for gpu in row.gpus:
-            totals[gpu] = totals.get(gpu, 0.0) + row.total_gib
-    return totals
-
-
-def check_memory(report_memory: list[MemoryRow], gpu_memory_gib: float | None) -> CheckResult:
+def check_serving_memory(report_memory: list[MemoryRow], gpu_memory_gib: float | None) -> CheckResult:
+    """The estimated serving footprint of the busiest GPU (weights + KV cache of every rank placed on it) against
+    ``gpu_memory_gib`` (None: unknown, the estimate is only reported)."""
     worst_gpu, worst = max(per_gpu_gib(report_memory).items(), key=lambda kv: kv[1])
     msg = f"peak estimate {format_gib(worst)} on GPU {worst_gpu} (weights + KV cache; activations and workspace extra)"
     if gpu_memory_gib is not None and worst > gpu_memory_gib:
@@ -354,18 +237,6 @@ def check_memory(report_memory: list[MemoryRow], gpu_memory_gib: float | None) -
             "memory", "fail", f"{msg} > {gpu_memory_gib} GiB available; lower limits or quantize"
         )
     return CheckResult("memory", "pass", msg)
-
-
-def installed_trtllm_version() -> str | None:
-    """The tensorrt_llm version installed here (the NGC image), or None (development machines)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    for name in ("tensorrt_llm", "tensorrt-llm"):
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            continue
-    return None
 
 
 def _llmapi_layout_problem(recipe: Recipe) -> str | None:
@@ -382,7 +253,7 @@ def _llmapi_layout_problem(recipe: Recipe) -> str | None:
 def check_runtime(recipe: Recipe, trtllm_version: str | None = None) -> CheckResult:
     """Whether ``triton.runtime`` can run with TensorRT-LLM ``trtllm_version`` (None: the installed one, if any)."""
     runtime = recipe.triton.runtime
-    version = trtllm_version or installed_trtllm_version()
+    version = trtllm_version or environment.installed_trtllm_version()
     needs = support.RUNTIME_NEEDS[runtime]
     details = {"runtime": runtime, "trtllm_version": version, "needs": needs}
     if runtime == "torch":
@@ -455,7 +326,9 @@ def check_llmapi_adaptive(recipe: Recipe, trtllm_version: str | None = None) -> 
     results = [CheckResult("adaptive K", "warn", message, details)]
     if spec.schedule:
         results.append(CheckResult("adaptive K", "pass", _llmapi_schedule_message(spec, rendered), details))
-    return results + _llmapi_field_version_results(rendered, trtllm_version or installed_trtllm_version())
+    return results + _llmapi_field_version_results(
+        rendered, trtllm_version or environment.installed_trtllm_version()
+    )
 
 
 def _llmapi_schedule_message(spec, rendered) -> str:
@@ -537,11 +410,9 @@ def check_kv_cache(recipe: Recipe) -> list[CheckResult]:
 def check_conversion(recipe: Recipe, versions: dict[str, str | None] | None = None) -> list[CheckResult]:
     """Whether ``versions`` (default: the installed packages) run the ModelOpt conversion ``build`` does for this
     recipe. A warning, like a missing TensorRT-LLM: the conversion may run elsewhere (the NGC image)."""
-    from trtspec.builders.build import conversion_roles, package_versions
-
-    if recipe.triton.runtime == "torch" or not conversion_roles(recipe):
+    if recipe.triton.runtime == "torch" or not environment.conversion_roles(recipe):
         return []  # the torch runtime and unquantized trtllm-pytorch models load the HF checkpoints themselves
-    versions = package_versions() if versions is None else versions
+    versions = environment.package_versions() if versions is None else versions
     problem = support.conversion_stack_problem(versions)
     if problem:
         return [CheckResult("conversion", "warn", problem)]
@@ -575,7 +446,7 @@ def run_checks(
         check_precision(recipe),
         *check_limits(recipe, target, draft),
         check_draft_size(target, draft),
-        check_memory(memory, gpu_memory_gib),
+        check_serving_memory(memory, gpu_memory_gib),
         check_runtime(recipe, trtllm_version),
         *check_llmapi_adaptive(recipe, trtllm_version),
         *check_fast_logits(recipe),
@@ -583,41 +454,3 @@ def run_checks(
         *check_conversion(recipe),
     ]
     return CheckReport(recipe.name, results, memory)
-
-
-# ---------------------------------------------------------------- output
-
-
-def format_gib(gib: float) -> str:
-    return f"{gib:.2f} GiB" if gib >= 1 else f"{gib * 1024:.1f} MiB"
-
-
-STATUS_STYLE = {"pass": "[green]pass[/]", "warn": "[yellow]warn[/]", "fail": "[bold red]FAIL[/]"}
-
-
-def print_check_report(report: CheckReport, out) -> None:
-    """A rich table of checks and the memory estimate, or the JSON document with --json."""
-    if out.json:
-        out.emit_json(report.to_json())
-        return
-    from rich.table import Table
-
-    console = out.console()
-    table = Table(title=f"trtspec check: {report.recipe}", show_lines=False)
-    for col in ("check", "status", "details"):
-        table.add_column(col, overflow="fold")
-    for r in report.results:
-        table.add_row(r.name, STATUS_STYLE[r.status], r.message)
-    console.print(table)
-    mem = Table(title="Estimated GPU memory per rank")
-    for col in ("model", "precision", "GPUs", "weights", "KV cache", "total", "min compute capability"):
-        mem.add_column(col, justify="right" if col in ("weights", "KV cache", "total") else "left")
-    for m in report.memory:
-        gpus = ",".join(map(str, m.gpus))
-        sizes = (format_gib(m.weights_gib), format_gib(m.kv_cache_gib), format_gib(m.total_gib))
-        mem.add_row(m.role, m.precision, gpus, *sizes, m.min_compute_capability)
-    console.print(mem)
-    failed = sum(r.status == "fail" for r in report.results)
-    warned = sum(r.status == "warn" for r in report.results)
-    verdict = "[bold red]failed[/]" if failed else "[green]passed[/]"
-    console.print(f"{verdict}: {len(report.results) - failed - warned} pass, {warned} warn, {failed} fail")

@@ -1,0 +1,228 @@
+"""The skeleton both ModelOpt exports run: load -> calibrate -> export -> check, in a temp dir renamed into place.
+
+``convert.export_checkpoint`` (a TensorRT-LLM checkpoint, checked by the checkpoint interpreter against the HF
+model's logits) and ``hf_export.export_hf`` (a ModelOpt HF checkpoint for trtllm-pytorch, checked by reading its
+tensors back) differ only in what they export and how they check it: ``ExportSteps``. Everything else is here
+once: the input checks both run before any work (layer shapes, memory for the conversion), post-training
+quantization with the recipe's calibration data, and the progress lines of each stage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import gc
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trtspec.builders import support
+from trtspec.core.errors import CheckFailed, ModelError
+from trtspec.core.model_dir import count_parameters, load_source_model, load_tokenizer
+from trtspec.outputs import atomic_dir
+from trtspec.recipe import CalibrationSpec, ModelSpec
+
+KV_CACHE_CFG = "FP8_KV_CFG"
+AWQ_FORMATS = ("int4_awq", "w4a8_awq")
+
+
+# ---------------------------------------------------------------- input checks (before any work)
+
+
+def awq_shape_problems(hf_config: dict, tp_size: int, group: int = support.AWQ_GROUP_SIZE) -> list[str]:
+    """Input dimensions each rank's AWQ GEMMs see must be multiples of the group size (modelopt/TRT-LLM kernels)."""
+    heads = hf_config["num_attention_heads"]
+    head_dim = hf_config.get("head_dim") or hf_config["hidden_size"] // heads
+    dims = {
+        "hidden_size": hf_config["hidden_size"],
+        "num_attention_heads*head_dim/tp_size": heads * head_dim // tp_size,
+        "intermediate_size/tp_size": hf_config["intermediate_size"] // tp_size,
+    }
+    return [f"{name}={value}" for name, value in dims.items() if value % group]
+
+
+def check_shapes(spec: ModelSpec, hf_config: dict) -> None:
+    """ModelError unless the format's kernels and the tp/pp split take the model's layer sizes."""
+    if spec.quantization in AWQ_FORMATS:
+        problems = awq_shape_problems(hf_config, spec.tp_size)
+        if problems:
+            raise ModelError(
+                f"{spec.model}: {spec.quantization} needs layer input sizes divisible by {support.AWQ_GROUP_SIZE} "
+                f"per rank, but {', '.join(problems)}; use fp8 or int8_sq, or a smaller tp_size"
+            )
+    heads = hf_config["num_attention_heads"]
+    if heads % spec.tp_size or hf_config["intermediate_size"] % spec.tp_size:
+        raise ModelError(
+            f"{spec.model}: tp_size={spec.tp_size} must divide num_attention_heads={heads} and "
+            f"intermediate_size={hf_config['intermediate_size']}"
+        )
+    if hf_config["num_hidden_layers"] % spec.pp_size:
+        raise ModelError(
+            f"{spec.model}: pp_size={spec.pp_size} must divide num_hidden_layers={hf_config['num_hidden_layers']}"
+        )
+
+
+def conversion_peak_bytes(num_parameters: int, device: str, verify: bool) -> dict[str, int]:
+    """Peak memory per place, in bytes: the loaded model (fp32 on CPU, 16-bit on GPU) + its exported 16-bit copy,
+    then (after the model is freed) the verifier's float32 module + the checkpoint's tensors, both on CPU."""
+    load = num_parameters * (4 if device == "cpu" else 2)
+    export = num_parameters * 2
+    verify_bytes = num_parameters * (4 + 2) if verify else 0
+    if device == "cpu":
+        return {"cpu": max(load + export, verify_bytes)}
+    return {"cuda": load, "cpu": max(export, verify_bytes)}
+
+
+def available_bytes(place: str) -> int | None:
+    """MemAvailable on CPU (Linux), free memory of the current CUDA device; None when unknown."""
+    if place == "cuda":
+        import torch
+
+        return torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def require_conversion_memory(model_dir: Path, device: str, verify: bool) -> None:
+    """CheckFailed if converting ``model_dir`` on ``device`` would not fit the host / CUDA memory free at this
+    moment. Without weight files nothing is counted: the load fails later with its own one-line error."""
+    need = conversion_peak_bytes(count_parameters(model_dir) or 0, device, verify)
+    for place, bytes_needed in need.items():
+        free = available_bytes(place)
+        if free is not None and bytes_needed > free:
+            raise CheckFailed(
+                f"{model_dir}: converting needs about {bytes_needed / 2**30:.1f} GiB of {place} memory at peak, "
+                f"{free / 2**30:.1f} GiB is available; use --device cuda, a bigger machine, or --no-verify"
+            )
+
+
+# ---------------------------------------------------------------- quantization
+
+
+def quant_config(quantization: str, kv_cache_dtype: str) -> dict:
+    """The modelopt quantization config of a recipe format (support.QUANT_FORMATS), plus the fp8 KV cache."""
+    import modelopt.torch.quantization as mtq
+
+    name = support.QUANT_FORMATS[quantization][0]
+    cfg = copy.deepcopy(getattr(mtq, name))
+    if kv_cache_dtype == "fp8":
+        cfg["quant_cfg"].update(copy.deepcopy(getattr(mtq, KV_CACHE_CFG)["quant_cfg"]))
+        cfg["quant_cfg"].pop("default", None)
+        cfg["quant_cfg"]["default"] = {"enable": False}
+    return cfg
+
+
+def quantize_model(model, spec: ModelSpec, batches: list) -> Any:
+    """Post-training quantization of ``model`` in place, calibrated on ``batches`` ([1, seq] token tensors)."""
+    import modelopt.torch.quantization as mtq
+    import torch
+
+    device = next(model.parameters()).device
+
+    def forward_loop(m) -> None:
+        with torch.no_grad():
+            for ids in batches:
+                m(input_ids=ids.to(device))
+
+    return mtq.quantize(model, quant_config(spec.quantization, spec.kv_cache_dtype), forward_loop)
+
+
+def calibration_batches_for(tokenizer, calibration: CalibrationSpec) -> list:
+    from trtspec.builders.calibration import calibration_batches
+
+    return calibration_batches(tokenizer, calibration.dataset, calibration.size, calibration.seq_len)
+
+
+# ---------------------------------------------------------------- the skeleton
+
+
+class Stages:
+    """Prints each stage (load, calibrate, export, verify) with a spinner and records its duration in seconds."""
+
+    def __init__(self, console, label: str):
+        self.console, self.label, self.timings = console, label, {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str, what: str):
+        start = time.perf_counter()
+        if self.console is None:
+            yield
+        else:
+            with self.console.status(f"[bold]{self.label}[/] {name}: {what}"):
+                yield
+        self.timings[name] = round(time.perf_counter() - start, 3)
+        if self.console is not None:
+            self.console.print(f"[green]✓[/] {self.label} {name} ({self.timings[name]:.1f} s) {what}")
+
+
+def _nothing(*args) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class ExportSteps:
+    """What one export adds to the skeleton.
+
+    ``export(model, tokenizer, tmp)`` writes the output (``export_what`` is its progress line). ``on_load(model,
+    tokenizer)`` runs in the load stage, before calibration changes the model; its result goes to ``check``.
+    ``check(tmp, loaded)`` runs in its own stage (``check_stage``: name, progress line) and returns what it found;
+    ``accept(found)`` then reports it and raises to keep nothing. No ``check``: no check stage.
+    """
+
+    export_what: str
+    export: Callable[[Any, Any, Path], None]
+    check_stage: tuple[str, str] = ("check", "")
+    check: Callable[[Path, Any], Any] | None = None
+    on_load: Callable[[Any, Any], Any] = _nothing
+    accept: Callable[[Any], None] = _nothing
+
+
+@dataclass
+class ExportRun:
+    """What ``run_export`` wrote: the output's file names, the check's result (None without one), stage timings."""
+
+    files: list[str]
+    checked: Any
+    timings: dict[str, float]
+
+
+def run_export(
+    spec: ModelSpec,
+    out_dir: Path,
+    steps: ExportSteps,
+    *,
+    calibration: CalibrationSpec,
+    device: str,
+    console,
+    label: str,
+) -> ExportRun:
+    """Load ``spec``'s HF model on ``device``, calibrate and quantize it unless its quantization is none, export
+    and check it, all into a temp dir renamed to ``out_dir`` only when nothing raised."""
+    stages = Stages(console, label)
+    with atomic_dir(out_dir) as tmp:
+        with stages("load", f"{spec.model} on {device}"):
+            tokenizer = load_tokenizer(spec.model, spec.trust_remote_code)
+            model = load_source_model(spec.model, device, spec.dtype, spec.trust_remote_code)
+            loaded = steps.on_load(model, tokenizer)
+        if spec.quantization != "none":
+            batches = calibration_batches_for(tokenizer, calibration)
+            with stages("calibrate", f"{spec.quantization} on {len(batches)} x {batches[0].shape[1]} tokens"):
+                model = quantize_model(model, spec, batches)
+        with stages("export", steps.export_what):
+            steps.export(model, tokenizer, tmp)
+        del model
+        gc.collect()
+        checked = None
+        if steps.check is not None:
+            with stages(*steps.check_stage):
+                checked = steps.check(tmp, loaded)
+            steps.accept(checked)
+        files = sorted(p.name for p in tmp.iterdir())
+    return ExportRun(files, checked, stages.timings)

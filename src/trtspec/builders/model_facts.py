@@ -1,0 +1,68 @@
+"""What the pre-flight checks need of one model, read once from its directory: config.json, the tokenizer and
+the parameter count from the safetensors headers. The only I/O of ``trtspec check``; the checks are pure over it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trtspec.core.errors import ModelError
+from trtspec.core.model_dir import count_parameters, load_tokenizer
+from trtspec.recipe import ModelSpec
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the checks need of one model, read once from its directory."""
+
+    role: str
+    path: Path
+    architecture: str
+    vocab_size: int
+    max_position_embeddings: int
+    num_hidden_layers: int
+    num_key_value_heads: int
+    head_dim: int
+    num_parameters: int
+    tokenizer: Any = field(repr=False)
+    # the (text) config.json, for family rules
+    config: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+def gather_facts(role: str, spec: ModelSpec) -> ModelFacts:
+    """Read config.json, the tokenizer and the safetensors headers of one model directory."""
+    from transformers import AutoConfig
+
+    path = Path(spec.model)
+    if not (path / "config.json").is_file():
+        raise ModelError(
+            f"{path}: {role} model has no config.json; point {role}.model at a Hugging Face checkpoint"
+        )
+    try:
+        cfg = AutoConfig.from_pretrained(path, trust_remote_code=spec.trust_remote_code)
+    except Exception as err:
+        raise ModelError(
+            f"{path}/config.json: cannot be read as a model config ({err})", detail=repr(err)
+        ) from None
+    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    counted = count_parameters(path)
+    if counted is None:
+        raise ModelError(
+            f"{path}: {role} model has no weights (*.safetensors or pytorch_model*.bin); point {role}.model at "
+            "a whole Hugging Face checkpoint"
+        )
+    heads = cfg.num_attention_heads
+    return ModelFacts(
+        role=role,
+        path=path,
+        architecture=(getattr(cfg, "architectures", None) or [type(cfg).__name__])[0],
+        vocab_size=cfg.vocab_size,
+        max_position_embeddings=getattr(cfg, "max_position_embeddings", 0) or 0,
+        num_hidden_layers=cfg.num_hidden_layers,
+        num_key_value_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+        head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+        num_parameters=counted,
+        tokenizer=load_tokenizer(path, spec.trust_remote_code),
+        config=cfg.to_dict(),
+    )

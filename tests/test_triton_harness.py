@@ -1,0 +1,38 @@
+"""The orchestrator harness (the tensorrtllm runtime's entry model over torch engine models) on a real
+tritonserver, one for the module."""
+
+from __future__ import annotations
+
+import pytest
+from triton_server import PROMPTS, deploy_tiny_repo, grpc_stream, hf_greedy, running_server, spec_metrics
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_pair):
+    return hf_greedy(tiny_pair[0])
+
+
+def test_draft_ahead_with_a_draft_that_is_always_right_keeps_the_target_greedy_output(
+    tiny_pair, reference, tmp_path
+):
+    """The orchestrator harness (the tensorrtllm runtime's path over torch engine models); the target as its own
+    draft: every round accepts the whole draft and the bonus guess, so each round after
+    the prefill verifies a draft made ahead (K + 1 = max_draft_len + 1 tokens asked of the draft engine model)."""
+    target = tiny_pair[0]
+    deploy_tiny_repo((target, target), tmp_path / "repo", harness=True)
+    with running_server(tmp_path / "repo", tmp_path / "server.log") as srv:
+        drafted = 0
+        for stream in (True, False):
+            pieces, metrics = grpc_stream(
+                srv, PROMPTS[1], stream=stream, max_tokens=16, num_draft_tokens=4, return_perf_metrics=True
+            )
+            assert "".join(pieces) == reference(PROMPTS[1], 16)
+            assert metrics["acceptance_rate"] == 1.0 and metrics["total_draft_tokens"] > 0
+            drafted += metrics["total_draft_tokens"]
+        # the tensorrtllm runtime's entry model exports the same metrics: here every draft token is accepted
+        got = spec_metrics(srv)
+        assert got["num_draft_tokens_total"] == got["num_accepted_tokens_total"] == drafted
+        assert got["per_pos"][0] == got["num_drafts_total"] and sum(got["per_pos"]) == drafted
+        assert got["draft_len"] > 0

@@ -1,0 +1,66 @@
+"""Triton's /metrics on a real tritonserver serving the shipped demo pair (torch runtime), one for the module: the
+spec-decode counters grow by exactly what the responses report."""
+
+from __future__ import annotations
+
+import pytest
+from triton_server import PROMPTS, delta, deploy_tiny_repo, grpc_stream, running_server, spec_metrics
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def demo_server(tmp_path_factory):
+    """The shipped demo pair (acceptance about 0.6, so some rounds accept part of their draft), torch runtime."""
+    from trtspec.recipe import DEMO_DIR
+
+    root = tmp_path_factory.mktemp("demo-serve")
+    deploy_tiny_repo((DEMO_DIR / "target", DEMO_DIR / "draft"), root / "repo")
+    with running_server(root / "repo", root / "server.log") as srv:
+        yield srv
+
+
+def test_metrics_count_what_the_responses_report(demo_server):
+    """/metrics' counters grow by exactly the return_perf_metrics of the requests sent (streamed, not streamed,
+    sampled); positions add up to the accepted tokens; the K gauge follows the last request."""
+    server = demo_server
+    requests = [
+        dict(prompt=PROMPTS[0], stream=True, num_draft_tokens=3, max_tokens=16),
+        dict(prompt=PROMPTS[1], stream=False, num_draft_tokens=4, max_tokens=12),
+        dict(
+            prompt=PROMPTS[2],
+            stream=True,
+            num_draft_tokens=2,
+            max_tokens=10,
+            temperature=0.9,
+            top_k=20,
+            seed=5,
+        ),
+    ]
+    before = spec_metrics(server)
+    assert len(before["per_pos"]) == 4  # every position up to max_draft_len exists before it counts anything
+    reported = []
+    for r in requests:
+        _, metrics = grpc_stream(server, r.pop("prompt"), return_perf_metrics=True, **r)
+        reported.append(metrics)
+    got = delta(spec_metrics(server), before)
+    assert got["num_draft_tokens_total"] == sum(m["total_draft_tokens"] for m in reported) > 0
+    assert got["num_accepted_tokens_total"] == sum(m["total_accepted_draft_tokens"] for m in reported) > 0
+    per_pos = got["per_pos"]
+    assert sum(per_pos) == got["num_accepted_tokens_total"] and per_pos[0] > per_pos[-1]
+    # a round accepts position i only after accepting 0..i-1, and accepts at most one token per position
+    assert all(a >= b for a, b in zip(per_pos, per_pos[1:], strict=False))
+    assert per_pos[0] <= got["num_drafts_total"] <= got["num_draft_tokens_total"]
+    assert got["num_draft_tokens_total"] <= 4 * got["num_drafts_total"]
+    # each request's first round is the target's prefill alone
+    assert got["num_rounds_without_speculation_total"] >= len(requests)
+    # the gauge: the last request's mean K (K=2, less only where max_tokens left less room)
+    assert 1.0 <= spec_metrics(server)["draft_len"] <= 2.0
+
+    before = spec_metrics(server)
+    ids: list = []
+    _, metrics = grpc_stream(server, PROMPTS[3], ids, stream=False, num_draft_tokens=0, max_tokens=6)
+    got = delta(spec_metrics(server), before)
+    assert got["num_drafts_total"] == got["num_draft_tokens_total"] == 0 and not any(got["per_pos"])
+    # K=0: one target forward per token (and one more for an end_id it does not emit)
+    assert got["num_rounds_without_speculation_total"] in (len(sum(ids, [])), len(sum(ids, [])) + 1)
