@@ -192,10 +192,6 @@ def test_the_torch_repository_passes_adaptive_k_to_its_entry_model():
     pinned = in_process_values(recipe_from_dict(demo_with(num_draft_tokens=3)))
     assert pinned["num_draft_tokens"] == 3
     limits = Limits(max_draft_len=8, num_draft_tokens=None, max_seq_len=64)
-    assert parse_request({"text_input": ["hi"], "max_tokens": [4]}, limits).num_draft_tokens is None
-    assert (
-        parse_request(
-            {"text_input": ["hi"], "max_tokens": [4], "num_draft_tokens": [2]}, limits
-        ).num_draft_tokens
-        == 2
-    )
+    assert parse_request({"text_input": ["hi"], "max_tokens": [4]}, limits).params.num_draft_tokens is None
+    pinned_request = {"text_input": ["hi"], "max_tokens": [4], "num_draft_tokens": [2]}
+    assert parse_request(pinned_request, limits).params.num_draft_tokens == 2

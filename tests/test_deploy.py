@@ -181,6 +181,35 @@ def test_tensorrtllm_repo_has_the_draft_target_values(tiny_pair, tmp_path, engin
     assert _params(bls)["accumulate_tokens"] == "False"
 
 
+@pytest.mark.parametrize(
+    "speculative, default_k",
+    [
+        ({"max_draft_len": 4, "schedule": {1: 4, 4: 2, 16: 0}, "draft_cost_ratio": 0.3}, None),
+        ({"max_draft_len": 4, "num_draft_tokens": 3}, 3),
+    ],
+)
+def test_both_entry_models_get_adaptive_k_unless_the_recipe_pins_a_k(
+    tiny_pair, engines, speculative, default_k
+):
+    """The tensorrtllm orchestrator's K parameters are the torch runtime's: "adaptive" with the recipe's schedule
+    and draft cost for requests without a num_draft_tokens, unless speculative.num_draft_tokens pins one; and
+    each entry model reads them back as the recipe says."""
+    from trtspec.engines.adaptive import policy_for
+    from trtspec.triton_repo.models.request import Limits, k_policy_from_parameters
+
+    recipe = make_recipe(tiny_pair, speculative=speculative)
+    entry = {}
+    for runtime in ("torch", "tensorrtllm"):
+        configs = render_models(plan_models(recipe, runtime, engines if runtime == "tensorrtllm" else None))
+        entry[runtime] = _params(configs[names.ORCHESTRATOR][1])
+    keys = ("num_draft_tokens", "k_schedule", "draft_cost_ratio")
+    assert {k: entry["tensorrtllm"][k] for k in keys} == {k: entry["torch"][k] for k in keys}
+    params = entry["tensorrtllm"]
+    assert params["num_draft_tokens"] == (names.ADAPTIVE if default_k is None else str(default_k))
+    assert Limits.from_parameters(params).num_draft_tokens == default_k
+    assert k_policy_from_parameters(params) == policy_for(recipe.speculative)
+
+
 def test_fast_logits_sets_participant_ids(tiny_pair, tmp_path, engines):
     recipe = make_recipe(tiny_pair, speculative={"max_draft_len": 4}, triton={"fast_logits": True})
     deploy(recipe, "tensorrtllm", tmp_path / "r", engine_dirs=engines)

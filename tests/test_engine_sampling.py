@@ -12,6 +12,7 @@ import torch
 from scipy.stats import chisquare
 from tiny_models import make_model
 
+from trtspec.core.errors import RequestError
 from trtspec.engines import sampling
 from trtspec.engines.adaptive import KPolicy
 from trtspec.engines.engine import SpeculativeEngine
@@ -89,6 +90,31 @@ def test_top_k_and_top_p_keep_the_hf_warper_sets():
     probs = logits.softmax(-1)[0]  # [0.64, 0.24, 0.09, 0.03, 0.01]
     kept = logits_to_probs(logits, SamplingParams(temperature=1.0, top_p=0.85)) > 0
     assert kept.tolist() == [[True, True, False, False, False]] and probs[:2].sum() > 0.85
+
+
+def test_top_k_1_is_greedy_whatever_the_temperature():
+    """One definition of greedy for every entry point: top_k 1 keeps only the argmax, so it is greedy (no draws)."""
+    logits = torch.tensor([[0.5, 3.0, 2.9, -1.0]])
+    params = SamplingParams(temperature=5.0, top_k=1)
+    assert params.greedy and not SamplingParams(temperature=5.0, top_k=2).greedy
+    warped = (logits / params.temperature).topk(1).indices  # what the top-k warper would keep
+    assert logits_to_probs(logits, params).argmax(-1).tolist() == warped.reshape(-1).tolist() == [1]
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"temperature": float("inf")}, "temperature must be >= 0 (0 = greedy), got inf"),
+        ({"temperature": -1.0}, "temperature must be >= 0 (0 = greedy), got -1.0"),
+        ({"top_k": -2}, "top_k must be >= 0 (0 = off), got -2"),
+        ({"top_p": 0.0}, "top_p must be in (0, 1], got 0.0"),
+        ({"max_new_tokens": 0}, "max_new_tokens must be >= 1, got 0"),
+    ],
+)
+def test_bad_sampling_params_raise_one_line_naming_the_field_and_value(fields, message):
+    with pytest.raises(RequestError) as err:
+        SamplingParams(**fields)
+    assert err.value.message == message
 
 
 @pytest.fixture(scope="module")

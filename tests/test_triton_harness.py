@@ -19,14 +19,16 @@ def test_draft_ahead_with_a_draft_that_is_always_right_keeps_the_target_greedy_o
 ):
     """The orchestrator harness (the tensorrtllm runtime's path over torch engine models); the target as its own
     draft: every round accepts the whole draft and the bonus guess, so each round after
-    the prefill verifies a draft made ahead (K + 1 = max_draft_len + 1 tokens asked of the draft engine model)."""
+    the prefill verifies a draft made ahead (K + 1 = max_draft_len + 1 tokens asked of the draft engine model). A
+    request without K gets the repository's default, adaptive K (deploy writes it for the recipe's unpinned K)."""
     target = tiny_pair[0]
     deploy_tiny_repo((target, target), tmp_path / "repo", harness=True)
     with running_server(tmp_path / "repo", tmp_path / "server.log") as srv:
         drafted = 0
-        for stream in (True, False):
+        for stream, k in ((True, 4), (False, 4), (True, None)):
+            pinned = {} if k is None else {"num_draft_tokens": k}
             pieces, metrics = grpc_stream(
-                srv, PROMPTS[1], stream=stream, max_tokens=16, num_draft_tokens=4, return_perf_metrics=True
+                srv, PROMPTS[1], stream=stream, max_tokens=16, return_perf_metrics=True, **pinned
             )
             assert "".join(pieces) == reference(PROMPTS[1], 16)
             assert metrics["acceptance_rate"] == 1.0 and metrics["total_draft_tokens"] > 0

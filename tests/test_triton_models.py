@@ -364,12 +364,20 @@ def _inputs(**fields):
 
 def test_a_good_request_gets_the_repository_defaults():
     req = parse_request(_inputs(text_input="def f():", max_tokens=8), LIMITS)
-    assert (req.text, req.max_tokens, req.num_draft_tokens, req.stream) == ("def f():", 8, 3, False)
-    assert req.sampling.greedy and req.sampling.seed is None and req.stop_words == ()
+    assert (req.text, req.params.max_new_tokens, req.params.num_draft_tokens, req.stream) == (
+        "def f():",
+        8,
+        3,
+        False,
+    )
+    assert req.params.greedy and req.params.seed is None and req.stop_words == ()
     req = parse_request(
         _inputs(text_input="x", max_tokens=2, num_draft_tokens=0, temperature=0.7, top_k=5, seed=3), LIMITS
     )
-    assert req.num_draft_tokens == 0 and not req.sampling.greedy and req.sampling.seed == 3
+    assert req.params == SamplingParams(
+        max_new_tokens=2, num_draft_tokens=0, temperature=0.7, top_k=5, seed=3
+    )
+    assert not req.params.greedy
 
 
 def test_stop_words_are_read_as_strings_and_empty_ones_dropped():
@@ -389,6 +397,7 @@ def test_stop_words_are_read_as_strings_and_empty_ones_dropped():
         ({"text_input": "x", "max_tokens": 4, "num_draft_tokens": -1}, "max_draft_len 4"),
         ({"text_input": "x", "max_tokens": 4, "temperature": -0.5}, "temperature must be >= 0"),
         ({"text_input": "x", "max_tokens": 4, "temperature": float("nan")}, "temperature must be >= 0"),
+        ({"text_input": "x", "max_tokens": 4, "temperature": float("inf")}, "temperature must be >= 0"),
         ({"text_input": "x", "max_tokens": 4, "top_k": -1}, "top_k must be >= 0"),
         ({"text_input": "x", "max_tokens": 4, "top_p": 0.0}, "top_p must be in (0, 1], got 0.0"),
         ({"text_input": "x", "max_tokens": 4, "top_p": 1.5}, "top_p must be in (0, 1], got 1.5"),
@@ -817,7 +826,7 @@ def test_the_orchestrator_runs_an_adaptive_request_through_the_loop_with_greedy_
     model.metrics = _Metrics()
     model.k_policy = KPolicy(prior=0.99, smoothing=1.0, min_gain=0.0, probe_every=1)
     req = parse_request(_inputs(text_input="def", max_tokens=30), limits)
-    assert req.num_draft_tokens is None
+    assert req.params.num_draft_tokens is None
     _, ids, stats = model._whole(req)
     assert ids == _toy_greedy([5, 6], 30)
     assert 0 < stats.acceptance_rate < 1 and stats.max_draft_len == 4

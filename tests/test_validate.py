@@ -64,16 +64,64 @@ class PlantedMismatch:
         pass
 
 
+class AskedK(PlantedMismatch):
+    """Wraps a system and records the K each generate call asked for (alters nothing)."""
+
+    def __init__(self, inner):
+        super().__init__(inner, prompt_text="", position=0)
+        self.asked: list[int | None] = []
+
+    def generate(self, requests, params):
+        self.asked.append(params.num_draft_tokens)
+        return self.inner.generate(requests, params)
+
+
 def test_engine_matches_reference_and_control(engine_and_reference):
     from trtspec.validate.validation import run_validation
 
     system, reference = engine_and_reference
-    result = run_validation(system, reference, load_prompts(limit=3), max_new_tokens=12)
-    assert result.num_draft_tokens == 4
-    assert [o.vs_reference.exact_match for o in result.outcomes] == [True, True, True]
-    assert result.control_match_rate == 1.0 and result.failures() == []
-    assert result.stats.drafted > 0 and all(len(o.reference) > 0 for o in result.outcomes)
-    assert result.tokens_per_s > 0 and result.target_only_tokens_per_s > 0
+    prompts, recording = load_prompts(limit=3), AskedK(system)
+    for k in (4, None):  # a pinned K, and no K: adaptive K
+        recording.asked.clear()
+        result = run_validation(recording, reference, prompts, max_new_tokens=12, num_draft_tokens=k)
+        # speculative at k (None: the system's adaptive K), and target-only
+        assert set(recording.asked) == {k, 0}
+        assert result.num_draft_tokens == k
+        assert [o.vs_reference.exact_match for o in result.outcomes] == [True, True, True]
+        assert result.control_match_rate == 1.0 and result.failures() == []
+        assert result.stats.drafted > 0 and all(len(o.reference) > 0 for o in result.outcomes)
+        assert result.tokens_per_s > 0 and result.target_only_tokens_per_s > 0
+
+
+def test_validate_defaults_to_adaptive_k_unless_the_recipe_pins_one(runner, tiny_pair, tmp_path, monkeypatch):
+    """As deploy writes it: no speculative.num_draft_tokens, no --num-draft-tokens -> None (adaptive K)."""
+    import trtspec.validate.commands as commands
+    import trtspec.validate.validation as validation
+
+    seen = []
+
+    def fake_run_validation(system, reference, prompts, *, num_draft_tokens, **kwargs):
+        seen.append(num_draft_tokens)
+        raise CheckFailed("stop here")
+
+    class System:
+        fixed_k = None
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(validation, "run_validation", fake_run_validation)
+    monkeypatch.setattr(commands, "open_system", lambda *args, **kwargs: System())
+    monkeypatch.setattr(commands, "open_reference", lambda *args, **kwargs: None)
+    target, draft = tiny_pair
+    adaptive = write_recipe(tmp_path / "adaptive.yaml", target, draft)
+    pinned = tmp_path / "pinned.yaml"
+    pinned.write_text(
+        adaptive.read_text().replace("{max_draft_len: 4}", "{max_draft_len: 4, num_draft_tokens: 3}")
+    )
+    for recipe, extra in ((adaptive, []), (pinned, []), (adaptive, ["--num-draft-tokens", "2"])):
+        runner.invoke(cli, ["validate", str(recipe), "--limit", "1", *extra])
+    assert seen == [None, 3, 2]
 
 
 def test_planted_mismatch_fails_with_first_divergence(engine_and_reference, tmp_path):

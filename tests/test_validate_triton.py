@@ -55,6 +55,8 @@ def test_validate_over_grpc_and_http(runner, served, tmp_path):
             payload["overall"]["exact_match_rate"] == 1.0 and payload["overall"]["control_match_rate"] == 1.0
         )
         assert ("grpc" if "http" not in url else "http") in payload["system"]
+        # the recipe pins no K: validate sends none, and the repository deploy wrote serves adaptive K
+        assert payload["num_draft_tokens"] == "adaptive"
         assert payload["stats"]["drafted"] > 0 and payload["prompts"][0]["mean_accepted_length"] is None
         # trtspec repositories return output_ids: compared exactly, so no note on re-tokenising text_output.
         assert "text_output" not in report.read_text()

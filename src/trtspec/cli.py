@@ -600,7 +600,9 @@ def _system_spec(system, url, protocol, triton_model, device, dtype):
     "--num-draft-tokens",
     type=click.IntRange(min=1),
     default=None,
-    help="Draft tokens per round (K) [default: the recipe's speculative.num_draft_tokens, else max_draft_len].",
+    help="Draft tokens per round (K) [default: the recipe's speculative.num_draft_tokens, else adaptive K; "
+    "against a server, none is sent: its repository's default, which deploy makes adaptive unless the recipe "
+    "pins a K].",
 )
 @click.option(
     "--min-exact-match",

@@ -115,7 +115,7 @@ class ModelSpec(_Strict):
 class SpeculativeSpec(_Strict):
     max_draft_len: int = Field(4, ge=1, le=64, description="engine limit K: the most draft tokens per round")
     num_draft_tokens: int | None = Field(
-        None, ge=1, description="default per-request K; default max_draft_len"
+        None, ge=1, description="default per-request K; unset: adaptive K up to max_draft_len"
     )
     schedule: dict[int, int] | None = Field(
         None, description="adaptive K's cap by load: in-flight sequences (up to) -> largest K, 0 = off"
@@ -145,6 +145,7 @@ class SpeculativeSpec(_Strict):
 
     @property
     def default_num_draft_tokens(self) -> int:
+        """The pinned K, else max_draft_len: the most a request without a K drafts (unpinned, adaptive K's cap)."""
         return self.num_draft_tokens or self.max_draft_len
 
 

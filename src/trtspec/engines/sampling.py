@@ -17,6 +17,7 @@ Two verification rules, both exact (outputs follow the target's distribution):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -26,9 +27,10 @@ from trtspec.core.errors import RequestError
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """One request's generation settings.
+    """One request's generation settings, the one type every entry point builds (the CLI, validate, and the Triton
+    models' request parsing); its checks are the only range checks of these settings.
 
-    temperature 0 = greedy. num_draft_tokens None = adaptive K up to the engine's max_draft_len (engines/adaptive.py);
+    temperature 0 or top_k 1 = greedy (TensorRT-LLM's greedy is top_k 1). num_draft_tokens None = adaptive K up to the engine's max_draft_len (engines/adaptive.py);
     0 = target-only decoding.
     stop_token_ids None = the target's EOS ids (generation_config); ignore_eos drops them.
     stop_strings need a tokenizer (the engine's). seed None = nondeterministic.
@@ -53,17 +55,23 @@ class SamplingParams:
                 self.num_draft_tokens,
                 "must be >= 0",
             ),
-            (self.temperature >= 0, "temperature", self.temperature, "must be >= 0 (0 = greedy)"),
+            (
+                math.isfinite(self.temperature) and self.temperature >= 0,
+                "temperature",
+                self.temperature,
+                "must be >= 0 (0 = greedy)",
+            ),
             (self.top_k >= 0, "top_k", self.top_k, "must be >= 0 (0 = off)"),
             (0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]"),
         ]
         for ok, name, value, rule in checks:
             if not ok:
-                raise RequestError(f"sampling parameter {name}={value!r} {rule}")
+                raise RequestError(f"{name} {rule}, got {value!r}")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        # top_k 1 keeps only the argmax whatever the temperature: the same tokens as greedy, with no draws
+        return self.temperature == 0 or self.top_k == 1
 
     def with_(self, **changes) -> SamplingParams:
         return replace(self, **changes)

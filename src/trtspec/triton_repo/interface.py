@@ -93,7 +93,7 @@ CLIENT_OUTPUTS = {
 }
 METRIC_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")
 
-# Adaptive K in the torch runtime's entry-model parameters: num_draft_tokens "adaptive" (no pinned default K);
+# Adaptive K in either runtime's entry-model parameters: num_draft_tokens "adaptive" (no pinned default K);
 # k_schedule "1:8,4:4,16:0" (in-flight sequences -> largest K; "" = none), a form config.pbtxt needs no quoting for.
 ADAPTIVE = "adaptive"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from trtspec.recipe import Recipe, torch_runtime_dtype
+from trtspec.recipe import Recipe, SpeculativeSpec, torch_runtime_dtype
 from trtspec.triton_repo import interface as names
 from trtspec.triton_repo import llmapi
 
@@ -183,6 +183,16 @@ def engine_vocab_rows(recipe: Recipe, runtime: str, engine_dirs: dict[str, Path]
     return rows
 
 
+def k_values(spec: SpeculativeSpec) -> dict:
+    """The K parameters of either runtime's entry model: adaptive K (engines/adaptive.py, with the recipe's
+    schedule and draft cost) for requests without a num_draft_tokens, unless the recipe pins a default K."""
+    return {
+        "num_draft_tokens": spec.num_draft_tokens or names.ADAPTIVE,
+        "k_schedule": names.format_schedule(spec.schedule),
+        "draft_cost_ratio": spec.draft_cost_ratio,
+    }
+
+
 def common_values(recipe: Recipe, runtime: str, vocab_rows: dict) -> dict[str, dict]:
     """Values of preprocessing, postprocessing and the orchestrator (``runtime``: "torch" or "tensorrtllm");
     ``vocab_rows``: engine_vocab_rows."""
@@ -222,7 +232,7 @@ def common_values(recipe: Recipe, runtime: str, vocab_rows: dict) -> dict[str, d
             "logits_datatype": "TYPE_FP32",
             "multimodal_encoders_name": UNSET,
             "max_draft_len": spec.max_draft_len,
-            "num_draft_tokens": spec.default_num_draft_tokens,
+            **k_values(spec),
             "use_draft_logits": spec.use_draft_logits,
             "target_vocab_rows": vocab_rows["target"],
             "draft_vocab_rows": vocab_rows["draft"],
@@ -240,14 +250,9 @@ def in_process_values(recipe: Recipe) -> dict:
     limits and tokenizer settings (common_values), no engine model names."""
     triton = recipe.triton
     orchestrator = common_values(recipe, "torch", {"target": 0, "draft": 0})[names.ORCHESTRATOR]
-    shared = (
-        "triton_max_batch_size",
-        "decoupled_mode",
-        "max_draft_len",
-        "num_draft_tokens",
-        "use_draft_logits",
-    )
-    shared += ("max_seq_len", "tokenizer_dir", "skip_special_tokens", "add_special_tokens", "max_input_len")
+    shared = ["triton_max_batch_size", "decoupled_mode", "max_draft_len", *k_values(recipe.speculative)]
+    shared += ["use_draft_logits", "max_seq_len", "max_input_len"]
+    shared += ["tokenizer_dir", "skip_special_tokens", "add_special_tokens"]
     return {k: orchestrator[k] for k in shared} | {
         "target_model_dir": str(recipe.target.model),
         "draft_model_dir": str(recipe.draft.model),
@@ -256,10 +261,6 @@ def in_process_values(recipe: Recipe) -> dict:
         "draft_dtype": torch_runtime_dtype(triton, recipe.draft),
         "cpu_threads": triton.cpu_threads,
         "trust_remote_code": recipe.target.trust_remote_code or recipe.draft.trust_remote_code,
-        # Adaptive K for requests without one, unless the recipe pins a default K.
-        "num_draft_tokens": recipe.speculative.num_draft_tokens or names.ADAPTIVE,
-        "k_schedule": names.format_schedule(recipe.speculative.schedule),
-        "draft_cost_ratio": recipe.speculative.draft_cost_ratio,
     }
 
 

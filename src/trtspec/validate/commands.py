@@ -126,10 +126,11 @@ def validate(options: ValidateOptions, out) -> dict:
                 reference,
                 prompts,
                 max_new_tokens=options.max_tokens,
-                # a system that sets K itself (upstream's LLM-API model) is measured at its K
+                # a system that sets K itself (upstream's LLM-API model) is measured at its K; else, as deploy writes
+                # it, the recipe's pinned K or None: adaptive K
                 num_draft_tokens=options.num_draft_tokens
                 or system.fixed_k
-                or recipe.speculative.default_num_draft_tokens,
+                or recipe.speculative.num_draft_tokens,
                 thresholds=options.thresholds,
                 progress=lambda msg: status.update(msg),
             )

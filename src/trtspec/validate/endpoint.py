@@ -364,8 +364,9 @@ class TritonSystem:
                 "seed": params.seed,
             }
         )
-        default_k = self.fixed_k if self.fixed_k is not None else self.max_draft_len
-        k = default_k if params.num_draft_tokens is None else params.num_draft_tokens
+        # no K: upstream's LLM-API model's own; else none is sent, so the repository's default applies (adaptive
+        # K where deploy wrote "adaptive")
+        k = self.fixed_k if params.num_draft_tokens is None else params.num_draft_tokens
         if self.fixed_k is not None and k != self.fixed_k:
             raise RequestError(
                 f"{self.name}: upstream's LLM-API model drafts max_draft_len {self.fixed_k} tokens per round "
@@ -385,7 +386,7 @@ class TritonSystem:
         with ThreadPoolExecutor(max_workers=len(requests)) as pool:
             return list(pool.map(one, requests))
 
-    def _generation(self, response: EndpointResponse, k: int) -> Generation:
+    def _generation(self, response: EndpointResponse, k: int | None) -> Generation:
         # Exact ids when the entry model returns output_ids (trtspec repositories do); else tokenise the text.
         from_text = response.token_ids is None
         ids = (
@@ -394,7 +395,7 @@ class TritonSystem:
             else response.token_ids
         )
         stats = AcceptanceStats(
-            max_draft_len=k,
+            max_draft_len=self.max_draft_len if k is None else k,
             drafted=int(response.metrics.get("total_draft_tokens", 0)),
             accepted=int(response.metrics.get("total_accepted_draft_tokens", 0)),
             generated_tokens=len(ids),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from trtspec.validate.validation import PromptOutcome, ValidationResult
+from trtspec.validate.validation import PromptOutcome, ValidationResult, k_label
 
 
 def _mean_accepted_length(stats) -> float | None:
@@ -58,7 +58,7 @@ def validation_to_dict(result: ValidationResult) -> dict:
     t = result.thresholds
     return {
         "system": result.system,
-        "num_draft_tokens": result.num_draft_tokens,
+        "num_draft_tokens": k_label(None) if result.num_draft_tokens is None else result.num_draft_tokens,
         "max_new_tokens": result.max_new_tokens,
         "overall": {
             "prompts": len(result.outcomes),
@@ -164,7 +164,7 @@ def validation_markdown(result: ValidationResult) -> str:
         f"# trtspec validate: {result.system}",
         "",
         f"{len(result.outcomes)} prompts, greedy, max_new_tokens={result.max_new_tokens}, "
-        f"num_draft_tokens={result.num_draft_tokens}. Result: **{verdict}**",
+        f"num_draft_tokens={k_label(result.num_draft_tokens)}. Result: **{verdict}**",
         "",
         "## Overall",
         "",
@@ -198,7 +198,9 @@ def validation_tables(result: ValidationResult):
     """(per-prompt table, [per-set table,] overall table) as rich Tables."""
     from rich.table import Table
 
-    per_prompt = Table(title=f"validate: {result.system}, num_draft_tokens={result.num_draft_tokens}")
+    per_prompt = Table(
+        title=f"validate: {result.system}, num_draft_tokens={k_label(result.num_draft_tokens)}"
+    )
     for column in PROMPT_COLUMNS:
         per_prompt.add_column(column, justify="left" if column == "prompt" else "right")
     for o in result.outcomes:

@@ -1,9 +1,9 @@
 """``trtspec validate``: a prompt set through the HF reference and a system under test, compared token by token.
 
 Three outputs per prompt, all greedy: the reference (HF ``generate(do_sample=False)`` on the target alone), the
-system's speculative output (num_draft_tokens K) and the same system's target-only output (K = 0). Two
-comparisons: speculative vs reference (may drift under reduced precision: a different kernel path is a
-different rounding) and the control, speculative vs target-only on the same system, which must match exactly:
+system's speculative output (num_draft_tokens K; None: adaptive K) and the same system's target-only output
+(K = 0). Two comparisons: speculative vs reference (may drift under reduced precision: a different kernel path is
+a different rounding) and the control, speculative vs target-only on the same system, which must match exactly:
 greedy draft-target decoding emits exactly the target's greedy tokens whatever the draft proposes. A system with
 a fixed K (``fixed_k``: upstream's LLM-API model, whose model.yaml sets it) has no target-only mode: the control
 is then not run (None) and a note says so.
@@ -46,7 +46,7 @@ class Thresholds:
 @dataclass
 class ValidationResult:
     system: str
-    num_draft_tokens: int
+    num_draft_tokens: int | None  # None: adaptive K (each request's own, up to max_draft_len)
     max_new_tokens: int
     outcomes: list[PromptOutcome]
     speculative_wall_s: float
@@ -105,6 +105,11 @@ class ValidationResult:
         return out
 
 
+def k_label(num_draft_tokens: int | None) -> str:
+    """A run's K as reports name it: the number, or "adaptive" for None (each request's own K)."""
+    return "adaptive" if num_draft_tokens is None else str(num_draft_tokens)
+
+
 def _rate(tokens: int, seconds: float) -> float:
     return tokens / seconds if seconds > 0 else 0.0
 
@@ -157,11 +162,10 @@ def run_validation(
     say = progress or (lambda _msg: None)
     say(f"HF reference on {len(prompts)} prompts")
     ref_ids = [reference.generate(r.token_ids, max_new_tokens) for r in requests]
-    k = system.max_draft_len if num_draft_tokens is None else num_draft_tokens
-    params = SamplingParams(max_new_tokens=max_new_tokens, num_draft_tokens=k)
+    params = SamplingParams(max_new_tokens=max_new_tokens, num_draft_tokens=num_draft_tokens)
     fixed_k = system.fixed_k
     warm_up(system, requests[0], params, target_only=fixed_k is None)
-    say(f"{system.name}: speculative, num_draft_tokens={k}")
+    say(f"{system.name}: speculative, num_draft_tokens={k_label(num_draft_tokens)}")
     speculative, spec_wall = generate_all(system, requests, params)
     notes = []
     if fixed_k is None:
@@ -186,5 +190,12 @@ def run_validation(
             "tokenizer, and the reference is detokenised and retokenised the same way before comparing."
         )
     return ValidationResult(
-        system.name, k, max_new_tokens, outcomes, spec_wall, base_wall, thresholds or Thresholds(), notes
+        system.name,
+        num_draft_tokens,
+        max_new_tokens,
+        outcomes,
+        spec_wall,
+        base_wall,
+        thresholds or Thresholds(),
+        notes,
     )

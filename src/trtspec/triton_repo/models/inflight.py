@@ -28,7 +28,13 @@ from trtspec.core.metrics import SpecDecodeCounts
 from trtspec.engines.loop import LoopThread, RowEvent
 from trtspec.triton_repo import interface as names
 from trtspec.triton_repo.models import triton_io as io
-from trtspec.triton_repo.models.request import GenerationRequest, Limits, parse_request, to_job
+from trtspec.triton_repo.models.request import (
+    GenerationRequest,
+    Limits,
+    k_policy_from_parameters,
+    parse_request,
+    to_job,
+)
 from trtspec.triton_repo.models.text import IncrementalDecoder, TextCodec
 
 
@@ -124,7 +130,6 @@ def load_loop(params: dict[str, str], num_slots: int) -> LoopThread:
     """The engine (both models in this process) and its loop's thread, from the config.pbtxt parameters."""
     import torch
 
-    from trtspec.engines.adaptive import KPolicy
     from trtspec.engines.engine import SpeculativeEngine
     from trtspec.engines.models import load_causal_lm
     from trtspec.triton_repo.models.engine import cpu_threads
@@ -143,12 +148,12 @@ def load_loop(params: dict[str, str], num_slots: int) -> LoopThread:
     }
     target = load_causal_lm(params["target_model_dir"], dtype=params["target_dtype"], **opts)
     draft = load_causal_lm(params["draft_model_dir"], dtype=params["draft_dtype"], **opts)
-    policy = KPolicy(
-        draft_cost_ratio=float(params["draft_cost_ratio"]),
-        schedule=names.parse_schedule(params["k_schedule"]),
-    )
     engine = SpeculativeEngine(
-        target, draft, max_draft_len=max_draft_len, max_seq_len=max_seq_len, k_policy=policy
+        target,
+        draft,
+        max_draft_len=max_draft_len,
+        max_seq_len=max_seq_len,
+        k_policy=k_policy_from_parameters(params),
     )
     return LoopThread(engine.new_loop(first_token_alone=True), threads, on_error=io.log_warning)
 
@@ -157,13 +162,7 @@ class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
         params = io.model_parameters(args)
-        k = params["num_draft_tokens"]  # the default K of requests without one
-        self.limits = Limits(
-            max_draft_len=int(params["max_draft_len"]),
-            num_draft_tokens=None if k == names.ADAPTIVE else int(k),
-            max_seq_len=int(params["max_seq_len"]),
-            use_draft_logits=params.get("use_draft_logits", "False").lower() == "true",
-        )
+        self.limits = Limits.from_parameters(params)
         self.codec = TextCodec.from_parameters(params)
         self.decoupled = io.pb().using_decoupled_model_transaction_policy(config)
         self.loop = load_loop(params, max(int(config.get("max_batch_size") or 1), 1))

@@ -27,11 +27,16 @@ import numpy as np
 from trtspec.builders.support import draft_input_ids
 from trtspec.core.errors import RequestError
 from trtspec.core.metrics import AcceptanceStats, SpecDecodeCounts
-from trtspec.engines.adaptive import KPolicy
 from trtspec.triton_repo import interface as names
 from trtspec.triton_repo.models import triton_io as io
 from trtspec.triton_repo.models.decode import EngineRounds, speculate
-from trtspec.triton_repo.models.request import GenerationRequest, Limits, parse_request, to_job
+from trtspec.triton_repo.models.request import (
+    GenerationRequest,
+    Limits,
+    k_policy_from_parameters,
+    parse_request,
+    to_job,
+)
 from trtspec.triton_repo.models.text import IncrementalDecoder, TextCodec
 from trtspec.triton_repo.models.triton_io import CANCEL_POLL_S, cancel_check  # noqa: F401 - used and re-exported
 
@@ -58,7 +63,7 @@ class EngineClient:
         self.vocab_rows = vocab_rows or {}
 
     def _common(self, tokens: list[int], output_len: int, round_index: int, salt: int = 0) -> dict:
-        s = self.req.sampling
+        s = self.req.params
         inputs = {
             "input_ids": np.array([tokens], dtype=np.int32),
             "input_lengths": np.array([[len(tokens)]], dtype=np.int32),
@@ -160,13 +165,7 @@ class TritonPythonModel:
         import json
 
         params = io.model_parameters(args)
-        k = params["num_draft_tokens"]  # the default K of requests without one
-        self.limits = Limits(
-            max_draft_len=int(params["max_draft_len"]),
-            num_draft_tokens=None if k == names.ADAPTIVE else int(k),
-            max_seq_len=int(params["max_seq_len"]),
-            use_draft_logits=params.get("use_draft_logits", "False").lower() == "true",
-        )
+        self.limits = Limits.from_parameters(params)
         self.codec = TextCodec.from_parameters(params)
         self.target = params["tensorrt_llm_model_name"]
         self.draft = params["tensorrt_llm_draft_model_name"]
@@ -180,11 +179,7 @@ class TritonPythonModel:
         self.vocab_rows = {role: int(params[f"{role}_vocab_rows"]) for role in ("target", "draft")}
         self.pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="draft-ahead")
         self.metrics = io.SpecDecodeMetrics(args["model_name"], self.limits.max_draft_len)
-        # Adaptive K's settings (the torch runtime's parameter names; defaults where the repository has none).
-        self.k_policy = KPolicy(
-            draft_cost_ratio=float(params.get("draft_cost_ratio") or KPolicy.draft_cost_ratio),
-            schedule=names.parse_schedule(params.get("k_schedule", "")),
-        )
+        self.k_policy = k_policy_from_parameters(params)
 
     # ------------------------------------------------------------------ request handling
 
@@ -311,7 +306,7 @@ class TritonPythonModel:
             max_draft_len=self.limits.max_draft_len,
             max_seq_len=self.limits.max_seq_len,
             # A seeded sampled request must give the same text whatever else the server is doing: no draft-ahead.
-            draft_ahead=None if req.sampling.seed is not None and not req.sampling.greedy else self._alone,
+            draft_ahead=None if req.params.seed is not None and not req.params.greedy else self._alone,
             together=self._together,
         )
         events = speculate(

@@ -1,51 +1,59 @@
-"""Client requests to the orchestrator: upstream tensor names -> a validated GenerationRequest.
+"""Client requests to the entry models: upstream tensor names -> a validated GenerationRequest.
 
-Pure (numpy only). Every expected mistake raises RequestError with one line naming the input, its value and
-the limit, which the orchestrator returns to the client as an INVALID_ARG error (no traceback).
+Pure. The generation settings are parsed into the engines' one SamplingParams, whose own checks are the range
+checks of temperature, top_k and top_p; this module checks what only a request has (the inputs' presence and shape,
+max_tokens, K against the repository's max_draft_len, use_draft_logits against the deployment). Every expected
+mistake raises RequestError with one line naming the input, its value and the limit, which the entry model returns
+to the client as an INVALID_ARG error (no traceback).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from trtspec.core.errors import RequestError
+from trtspec.engines.adaptive import KPolicy
+from trtspec.engines.sampling import SamplingParams
+from trtspec.triton_repo import interface as names
 
 
 @dataclass(frozen=True)
 class Limits:
-    """The repository's limits, from the orchestrator's config parameters."""
+    """The repository's limits on a request."""
 
     max_draft_len: int
     num_draft_tokens: int | None  # default per-request K; None = adaptive (parameter "adaptive")
     max_seq_len: int
     use_draft_logits: bool = False
 
+    @classmethod
+    def from_parameters(cls, params: Mapping[str, str]) -> Limits:
+        """An entry model's limits from its config.pbtxt parameters (either runtime's: values.common_values)."""
+        k = params["num_draft_tokens"]  # the default K of requests without one
+        return cls(
+            max_draft_len=int(params["max_draft_len"]),
+            num_draft_tokens=None if k == names.ADAPTIVE else int(k),
+            max_seq_len=int(params["max_seq_len"]),
+            use_draft_logits=params.get("use_draft_logits", "False").lower() == "true",
+        )
 
-@dataclass(frozen=True)
-class Sampling:
-    """Engine sampling parameters (TensorRT-LLM names: temperature, runtime_top_k, runtime_top_p, seed)."""
 
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+def k_policy_from_parameters(params: Mapping[str, str]) -> KPolicy:
+    """Adaptive K's settings from an entry model's config.pbtxt parameters (either runtime's: values.k_values)."""
+    return KPolicy(
+        draft_cost_ratio=float(params["draft_cost_ratio"]),
+        schedule=names.parse_schedule(params["k_schedule"]),
+    )
 
 
 @dataclass(frozen=True)
 class GenerationRequest:
     text: str
-    max_tokens: int
-    num_draft_tokens: int | None  # None = adaptive
+    params: SamplingParams  # max_new_tokens: the client's max_tokens (to_job caps it); num_draft_tokens None = adaptive
     stream: bool
-    sampling: Sampling
     use_draft_logits: bool
     return_perf_metrics: bool
     end_id: int | None = None
@@ -81,18 +89,16 @@ def _strings(inputs: Mapping, name: str) -> tuple[str, ...]:
     return tuple(s for s in items if s)
 
 
-def _sampling(inputs: Mapping) -> Sampling:
-    temperature = float(_scalar(inputs, "temperature", 0.0))
-    top_k = int(_scalar(inputs, "top_k", 0))
-    top_p = float(_scalar(inputs, "top_p", 1.0))
+def _params(inputs: Mapping, max_tokens: int, num_draft_tokens: int | None) -> SamplingParams:
     seed = _scalar(inputs, "seed")
-    if not math.isfinite(temperature) or temperature < 0:
-        raise RequestError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
-    if top_k < 0:
-        raise RequestError(f"top_k must be >= 0 (0 = off), got {top_k}")
-    if not math.isfinite(top_p) or not 0.0 < top_p <= 1.0:
-        raise RequestError(f"top_p must be in (0, 1], got {top_p}")
-    return Sampling(temperature, top_k, top_p, None if seed is None else int(seed))
+    return SamplingParams(
+        max_new_tokens=max_tokens,
+        num_draft_tokens=num_draft_tokens,
+        temperature=float(_scalar(inputs, "temperature", 0.0)),
+        top_k=int(_scalar(inputs, "top_k", 0)),
+        top_p=float(_scalar(inputs, "top_p", 1.0)),
+        seed=None if seed is None else int(seed),
+    )
 
 
 def parse_request(inputs: Mapping[str, object], limits: Limits) -> GenerationRequest:
@@ -123,10 +129,8 @@ def parse_request(inputs: Mapping[str, object], limits: Limits) -> GenerationReq
     end_id, pad_id = _scalar(inputs, "end_id"), _scalar(inputs, "pad_id")
     return GenerationRequest(
         text=str(text),
-        max_tokens=max_tokens,
-        num_draft_tokens=k,
+        params=_params(inputs, max_tokens, k),
         stream=bool(_scalar(inputs, "stream", False)),
-        sampling=_sampling(inputs),
         use_draft_logits=use_draft_logits,
         return_perf_metrics=bool(_scalar(inputs, "return_perf_metrics", False)),
         end_id=None if end_id is None else int(end_id),
@@ -135,23 +139,14 @@ def parse_request(inputs: Mapping[str, object], limits: Limits) -> GenerationReq
     )
 
 
-def to_job(req: GenerationRequest, codec, limits: Limits) -> tuple[list[int], object, dict]:
+def to_job(req: GenerationRequest, codec, limits: Limits) -> tuple[list[int], SamplingParams, dict]:
     """(prompt ids, SamplingParams, GenerationLoop.add options) of a parsed request, the one place both runtimes'
     entry models turn a request into the loop's terms; ``codec``: a text.TextCodec. RequestError for a prompt
     the codec refuses. max_tokens is capped to what max_seq_len leaves after the prompt (as TensorRT-LLM caps
     maxNewTokens); a request's end_id replaces the repository's EOS ids, and neither is emitted."""
-    from trtspec.engines.sampling import SamplingParams  # here: this module stays numpy-only to import
-
     prompt = codec.encode(req.text)
-    s = req.sampling
-    params = SamplingParams(
-        max_new_tokens=max(min(req.max_tokens, limits.max_seq_len - len(prompt)), 1),
-        num_draft_tokens=req.num_draft_tokens,
-        temperature=0.0 if s.greedy else s.temperature,
-        top_k=s.top_k,
-        top_p=s.top_p,
-        seed=s.seed,
-    )
+    room = max(limits.max_seq_len - len(prompt), 1)
+    params = req.params.with_(max_new_tokens=min(req.params.max_new_tokens, room))
     end_ids = codec.end_ids if req.end_id is None else (req.end_id,)
     options = {"eos_ids": set(end_ids), "keep_end": False, "stop_sequences": codec.stop_ids(req.stop_words)}
     return prompt, params, options
