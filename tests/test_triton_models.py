@@ -585,14 +585,10 @@ def test_text_codec_names_a_repository_from_an_older_trtspec():
 
 
 def test_orchestrator_runs_draft_ahead_beside_verification_and_only_for_a_lone_request(monkeypatch):
-    import threading
-    from concurrent.futures import ThreadPoolExecutor
 
     from trtspec.triton_repo.models import orchestrator
-    from trtspec.triton_repo.models.orchestrator import TritonPythonModel
 
-    model = TritonPythonModel.__new__(TritonPythonModel)  # the parts draft-ahead uses, without a server
-    model.pool, model.lock, model.active, model.draft_ahead = ThreadPoolExecutor(2), threading.Lock(), 0, True
+    model = _orchestrator(draft_ahead=True)
     assert model._together(lambda: 1, lambda: 2) == (1, 2)
     done = []
 
@@ -692,27 +688,31 @@ class _Codec:
 )
 def test_seeded_sampled_requests_are_never_drafted_ahead(monkeypatch, sampling, ahead):
     """A seeded sampled request must give the same text whatever else the server does; draft-ahead would change
-    its random draws depending on load."""
-    import threading
-
+    its random draws depending on load. A lone request's draft-ahead shows as a draft call for K + 1 tokens."""
     from trtspec.triton_repo.models import orchestrator
-    from trtspec.triton_repo.models.orchestrator import TritonPythonModel
 
-    seen = {}
+    draft_lens = []
 
-    def fake_speculate(prompt, params, rounds, **kwargs):
-        seen["draft_ahead"] = rounds.draft_ahead
-        return iter(())
+    def bls(model, inputs, outputs):
+        """A draft that repeats the last token and a target that accepts whatever it is sent, plus one 7."""
+        tokens = np.asarray(inputs["input_ids"]).reshape(-1).tolist()
+        n = int(np.asarray(inputs["request_output_len"]).reshape(-1)[0])
+        if model == "d":
+            draft_lens.append(n)
+            new = [tokens[-1]] * n
+        else:
+            drafts = inputs.get("draft_input_ids")
+            new = ([] if drafts is None else np.asarray(drafts).reshape(-1).tolist()) + [7]
+        ids = np.array([tokens + new], dtype=np.int32)
+        return {"output_ids": ids, "sequence_length": np.array([[ids.shape[1]]])}
 
-    monkeypatch.setattr(orchestrator, "speculate", fake_speculate)
-    model = TritonPythonModel.__new__(TritonPythonModel)
-    model.codec, model.limits, model.target, model.draft = _Codec(), LIMITS, "t", "d"
-    model.vocab_rows = {}
-    model.lock, model.active, model.draft_ahead = threading.Lock(), 1, True
-    model.metrics, model.k_policy = _Metrics(), KPolicy()
-    fields = {"text_input": "def", "max_tokens": 4} | sampling
-    model._whole(parse_request(_inputs(**fields), LIMITS))
-    assert (seen["draft_ahead"] is not None) == ahead
+    monkeypatch.setattr(orchestrator.io, "bls", bls)
+    model = _orchestrator(draft_ahead=True)
+    fields = {"text_input": "def", "max_tokens": 12, "num_draft_tokens": 2} | sampling
+    with model._counted():  # served alone
+        model._whole(parse_request(_inputs(**fields), LIMITS))
+    assert draft_lens and max(draft_lens) <= 3  # K = 2, or K + 1 ahead (the last round drafts what is left)
+    assert (3 in draft_lens) == ahead
 
 
 def test_draft_and_target_get_different_seeds_in_a_round_and_new_ones_each_round(monkeypatch):
@@ -736,6 +736,22 @@ def test_draft_and_target_get_different_seeds_in_a_round_and_new_ones_each_round
     assert len({d0, t0, d1, t1}) == 4 and t0 == 7 and t1 == 8
 
 
+def _orchestrator(**settings):
+    """The orchestrator's request handling over engine models "t" and "d" (BLS faked by each test)."""
+    from trtspec.triton_repo.models.orchestrator import Orchestrator
+
+    defaults = dict(
+        limits=LIMITS,
+        codec=_Codec(),
+        target="t",
+        draft="d",
+        vocab_rows={},
+        metrics=_Metrics(),
+        k_policy=KPolicy(),
+    )
+    return Orchestrator(**(defaults | settings))
+
+
 class _Metrics:
     """Stands in for triton_io.SpecDecodeMetrics (pb_utils metrics need a server): what the model added."""
 
@@ -749,10 +765,9 @@ class _Metrics:
 def test_a_cancelled_non_streamed_request_stops_generating(monkeypatch):
     """A client that cancels (or drops) a non-streamed request stops generating: the orchestrator asks Triton
     between rounds (at most every CANCEL_POLL_S) and the loop retires the request with what it generated."""
-    import threading
 
     from trtspec.triton_repo.models import orchestrator
-    from trtspec.triton_repo.models.orchestrator import TritonPythonModel, cancel_check
+    from trtspec.triton_repo.models.orchestrator import cancel_check
 
     produced = []
 
@@ -765,11 +780,7 @@ def test_a_cancelled_non_streamed_request_stops_generating(monkeypatch):
         return {"output_ids": ids, "sequence_length": np.array([[ids.shape[1]]])}
 
     monkeypatch.setattr(orchestrator.io, "bls", bls)
-    model = TritonPythonModel.__new__(TritonPythonModel)
-    model.codec, model.limits, model.target, model.draft = _Codec(), LIMITS, "t", "d"
-    model.vocab_rows = {}
-    model.lock, model.active, model.draft_ahead = threading.Lock(), 1, False
-    model.metrics, model.k_policy = _Metrics(), KPolicy()
+    model = _orchestrator()
     req = parse_request(_inputs(text_input="def", max_tokens=20), LIMITS)
     answers = iter([False, False, True])
     text, ids, stats = model._whole(req, lambda: next(answers))
@@ -794,10 +805,8 @@ def test_the_orchestrator_runs_an_adaptive_request_through_the_loop_with_greedy_
     """A repository whose default K is adaptive and a request without num_draft_tokens: the loop's adaptive K
     (a jumpy policy: a rejection switches drafting off, the next probe on again) picks each round's K, the engine
     calls draft that many, and the output is still the target's greedy output."""
-    import threading
 
     from trtspec.triton_repo.models import orchestrator
-    from trtspec.triton_repo.models.orchestrator import TritonPythonModel
 
     draft_ks = []
 
@@ -819,12 +828,9 @@ def test_the_orchestrator_runs_an_adaptive_request_through_the_loop_with_greedy_
 
     monkeypatch.setattr(orchestrator.io, "bls", bls)
     limits = Limits(max_draft_len=4, num_draft_tokens=None, max_seq_len=128)
-    model = TritonPythonModel.__new__(TritonPythonModel)
-    model.codec, model.limits, model.target, model.draft = _Codec(), limits, "t", "d"
-    model.vocab_rows = {}
-    model.lock, model.active, model.draft_ahead = threading.Lock(), 1, False
-    model.metrics = _Metrics()
-    model.k_policy = KPolicy(prior=0.99, smoothing=1.0, min_gain=0.0, probe_every=1)
+    model = _orchestrator(
+        limits=limits, k_policy=KPolicy(prior=0.99, smoothing=1.0, min_gain=0.0, probe_every=1)
+    )
     req = parse_request(_inputs(text_input="def", max_tokens=30), limits)
     assert req.params.num_draft_tokens is None
     _, ids, stats = model._whole(req)

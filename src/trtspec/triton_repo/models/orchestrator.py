@@ -27,6 +27,7 @@ import numpy as np
 from trtspec.builders.support import draft_input_ids
 from trtspec.core.errors import RequestError
 from trtspec.core.metrics import AcceptanceStats, SpecDecodeCounts
+from trtspec.engines.adaptive import KPolicy
 from trtspec.triton_repo import interface as names
 from trtspec.triton_repo.models import triton_io as io
 from trtspec.triton_repo.models.decode import EngineRounds, speculate
@@ -161,25 +162,65 @@ class Outbox:
 
 
 class TritonPythonModel:
-    def initialize(self, args):
-        import json
+    """What Triton loads: an Orchestrator built from the model's parameters."""
 
-        params = io.model_parameters(args)
-        self.limits = Limits.from_parameters(params)
-        self.codec = TextCodec.from_parameters(params)
-        self.target = params["tensorrt_llm_model_name"]
-        self.draft = params["tensorrt_llm_draft_model_name"]
-        self.decoupled = io.pb().using_decoupled_model_transaction_policy(json.loads(args["model_config"]))
-        max_concurrency = int(params.get("max_concurrency") or 8)
+    def initialize(self, args):
+        self.orchestrator = Orchestrator.from_args(args)
+
+    def execute(self, requests):
+        return self.orchestrator.execute(requests)
+
+    def finalize(self):
+        self.orchestrator.finalize()
+
+
+class Orchestrator:
+    """The entry model's request handling. ``target``/``draft``: the engine models' names; ``vocab_rows``: their
+    logits' rows by role (draft logits are padded to the target's); ``metrics``: where finished requests' counts
+    go (triton_io.SpecDecodeMetrics); ``max_concurrency``: requests generated at once (decoupled)."""
+
+    def __init__(
+        self,
+        *,
+        limits: Limits,
+        codec: TextCodec,
+        target: str,
+        draft: str,
+        vocab_rows: dict[str, int],
+        metrics,
+        k_policy: KPolicy,
+        draft_ahead: bool = False,
+        max_concurrency: int = 8,
+        decoupled: bool = True,
+    ):
+        self.limits, self.codec, self.target, self.draft = limits, codec, target, draft
+        self.vocab_rows, self.metrics, self.k_policy = vocab_rows, metrics, k_policy
+        self.draft_ahead, self.decoupled = draft_ahead, decoupled
         self.slots = threading.BoundedSemaphore(max_concurrency)
         self.threads: set[threading.Thread] = set()
         self.lock = threading.Lock()
         self.active = 0  # requests being generated
-        self.draft_ahead = params.get("draft_ahead", "False").lower() == "true"
-        self.vocab_rows = {role: int(params[f"{role}_vocab_rows"]) for role in ("target", "draft")}
         self.pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="draft-ahead")
-        self.metrics = io.SpecDecodeMetrics(args["model_name"], self.limits.max_draft_len)
-        self.k_policy = k_policy_from_parameters(params)
+
+    @classmethod
+    def from_args(cls, args: dict) -> Orchestrator:
+        """From Triton's ``initialize`` args: the rendered parameters and the model config."""
+        import json
+
+        params = io.model_parameters(args)
+        limits = Limits.from_parameters(params)
+        return cls(
+            limits=limits,
+            codec=TextCodec.from_parameters(params),
+            target=params["tensorrt_llm_model_name"],
+            draft=params["tensorrt_llm_draft_model_name"],
+            vocab_rows={role: int(params[f"{role}_vocab_rows"]) for role in ("target", "draft")},
+            metrics=io.SpecDecodeMetrics(args["model_name"], limits.max_draft_len),
+            k_policy=k_policy_from_parameters(params),
+            draft_ahead=params.get("draft_ahead", "False").lower() == "true",
+            max_concurrency=int(params.get("max_concurrency") or 8),
+            decoupled=io.pb().using_decoupled_model_transaction_policy(json.loads(args["model_config"])),
+        )
 
     # ------------------------------------------------------------------ request handling
 
