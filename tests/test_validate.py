@@ -89,7 +89,10 @@ def test_engine_matches_reference_and_control(engine_and_reference):
         assert result.num_draft_tokens == k
         assert [o.vs_reference.exact_match for o in result.outcomes] == [True, True, True]
         assert result.control_match_rate == 1.0 and result.failures() == []
-        assert result.stats.drafted > 0 and all(len(o.reference) > 0 for o in result.outcomes)
+        assert all(len(o.reference) > 0 for o in result.outcomes)
+        # adaptive K may judge this random tiny pair not worth drafting (the engine measured its round costs at
+        # K=4 first): exact either way
+        assert result.stats.drafted > 0 or k is None
         assert result.tokens_per_s > 0 and result.target_only_tokens_per_s > 0
 
 
