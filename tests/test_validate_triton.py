@@ -151,7 +151,9 @@ def test_validate_chat_prompts_over_grpc(runner, served, tiny_pair, tmp_path):
     prompts = tmp_path / "chats.jsonl"
     prompts.write_text(json.dumps(CHAT_LINE) + "\n")
     args = ["validate", str(recipe), "--url", server.ports.grpc_url, "--prompts", str(prompts), "--chat"]
-    result = runner.invoke(cli, [*args, "--max-tokens", "8", "--json", "--min-exact-match", "1"])
+    # a pinned K: adaptive K may judge the tiny pair (draft about as costly as the target) not worth drafting
+    options = ["--max-tokens", "8", "--num-draft-tokens", "4", "--json", "--min-exact-match", "1"]
+    result = runner.invoke(cli, [*args, *options])
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
     assert payload["sets"]["chat"]["exact_match_rate"] == 1.0 and payload["stats"]["drafted"] > 0
