@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from trtspec.builders import align, align_data
+from trtspec.builders import align, align_data, environment
 from trtspec.builders.align import AlignSpec, run_align
 from trtspec.builders.align_data import DataSpec
 from trtspec.builders.align_report import draft_matches
@@ -266,7 +266,7 @@ def test_refusals_are_one_line_and_write_nothing(runner, tmp_path, monkeypatch):
     result = invoke(cli, [*base, "--prompts", str(prompts), "--budget", "0.0001"])
     assert result.exit_code == 2 and "--budget 0.0001: too small" in result.output
 
-    monkeypatch.setattr(align, "available_memory_bytes", lambda device: 1_000_000)
+    monkeypatch.setattr(environment, "available_bytes", lambda place: 1_000_000)
     result = invoke(cli, [*base, "--prompts", str(prompts)])
     assert result.exit_code == 2 and "GiB of cpu memory is free" in result.output
     monkeypatch.undo()

@@ -210,8 +210,8 @@ def test_rerun_replaces_existing_checkpoint(llama_dir, tmp_path):
 
 
 def test_memory_check_refuses_before_loading(llama_dir, tmp_path, monkeypatch):
-    from trtspec.builders import export_pipeline
+    from trtspec.builders import environment
 
-    monkeypatch.setattr(export_pipeline, "available_bytes", lambda place: 1024)
+    monkeypatch.setattr(environment, "available_bytes", lambda place: 1024)
     with pytest.raises(CheckFailed, match=r"needs about .* GiB of cpu memory at peak"):
         export_checkpoint(ModelSpec(model=llama_dir), tmp_path / "out", calibration=CALIB)

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from trtspec.builders import align_data, align_report
+from trtspec.builders import align_data, align_report, environment
 from trtspec.builders.align_data import DataSpec
 from trtspec.core.errors import CheckFailed, ModelError, OutputError, TrtspecError
 from trtspec.core.model_dir import count_parameters, load_hf_model, load_tokenizer
@@ -96,18 +96,6 @@ def refuse_failed_check(recipe: Recipe) -> None:
         )
 
 
-def available_memory_bytes(device: str) -> int | None:
-    if device == "cuda":
-        return torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 def training_memory_bytes(recipe: Recipe) -> tuple[int, int]:
     """(needed, draft parameters): the draft in float32 with gradients and AdamW's two moments (16 bytes per
     parameter) beside the target's float32 weights; activations of a small batch are left out."""
@@ -118,7 +106,7 @@ def training_memory_bytes(recipe: Recipe) -> tuple[int, int]:
 
 def refuse_no_memory(recipe: Recipe, device: str) -> None:
     needed, draft = training_memory_bytes(recipe)
-    free = available_memory_bytes(device)
+    free = environment.available_bytes(device)
     if free is not None and needed > 0.9 * free:
         raise ModelError(
             f"{recipe.draft.model}: training the draft ({draft / 1e6:.1f} M parameters, AdamW) beside the target "

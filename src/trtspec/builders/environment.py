@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import subprocess
+from pathlib import Path
 from typing import Any
 
 from trtspec.builders import support
@@ -82,3 +83,18 @@ def require_conversion_stack() -> None:
     problem = support.conversion_stack_problem(package_versions())
     if problem:
         raise NeedsConversionStack(problem)
+
+
+def available_bytes(place: str) -> int | None:
+    """MemAvailable on CPU (Linux), free memory of the current CUDA device; None when unknown."""
+    if place == "cuda":
+        import torch
+
+        return torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtspec.builders import support
+from trtspec.builders import environment, support
 from trtspec.core.errors import CheckFailed, ModelError
 from trtspec.core.model_dir import count_parameters, load_source_model, load_tokenizer
 from trtspec.outputs import atomic_dir
@@ -75,27 +75,12 @@ def conversion_peak_bytes(num_parameters: int, device: str, verify: bool) -> dic
     return {"cuda": load, "cpu": max(export, verify_bytes)}
 
 
-def available_bytes(place: str) -> int | None:
-    """MemAvailable on CPU (Linux), free memory of the current CUDA device; None when unknown."""
-    if place == "cuda":
-        import torch
-
-        return torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 def require_conversion_memory(model_dir: Path, device: str, verify: bool) -> None:
     """CheckFailed if converting ``model_dir`` on ``device`` would not fit the host / CUDA memory free at this
     moment. Without weight files nothing is counted: the load fails later with its own one-line error."""
     need = conversion_peak_bytes(count_parameters(model_dir) or 0, device, verify)
     for place, bytes_needed in need.items():
-        free = available_bytes(place)
+        free = environment.available_bytes(place)
         if free is not None and bytes_needed > free:
             raise CheckFailed(
                 f"{model_dir}: converting needs about {bytes_needed / 2**30:.1f} GiB of {place} memory at peak, "
