@@ -937,3 +937,12 @@ def test_a_request_becomes_loop_params_capped_at_max_seq_len_with_its_own_end_id
     fields |= {"end_id": np.array([9]), "stop_words": np.array([b"return"])}
     _, _, options = to_job(parse_request(fields, LIMITS), codec, LIMITS)
     assert options["eos_ids"] == {9} and options["stop_sequences"] == codec.stop_ids(["return"])
+
+
+def test_a_repository_without_adaptive_k_parameters_gets_the_policy_defaults():
+    """Entry models rendered before adaptive K's parameters existed still load, with KPolicy's defaults."""
+    from trtspec.triton_repo.models.request import k_policy_from_parameters
+
+    assert k_policy_from_parameters({}) == KPolicy()
+    rendered = k_policy_from_parameters({"draft_cost_ratio": "0.35", "k_schedule": "1:4,8:0"})
+    assert rendered.draft_cost_ratio == 0.35 and rendered != KPolicy()

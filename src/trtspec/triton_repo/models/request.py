@@ -42,10 +42,11 @@ class Limits:
 
 
 def k_policy_from_parameters(params: Mapping[str, str]) -> KPolicy:
-    """Adaptive K's settings from an entry model's config.pbtxt parameters (either runtime's: values.k_values)."""
+    """Adaptive K's settings from an entry model's config.pbtxt parameters (either runtime's: values.k_values);
+    KPolicy's defaults where a repository rendered without them has none, so it still loads."""
     return KPolicy(
-        draft_cost_ratio=float(params["draft_cost_ratio"]),
-        schedule=names.parse_schedule(params["k_schedule"]),
+        draft_cost_ratio=float(params.get("draft_cost_ratio") or KPolicy.draft_cost_ratio),
+        schedule=names.parse_schedule(params.get("k_schedule", "")),
     )
 
 
