@@ -392,11 +392,14 @@ def load_recipe(
 _PATH_FIELDS = (("target", "model"), ("draft", "model"), ("calibration", "dataset"))
 
 
-def recipe_copy(path: str | Path, changes: dict[str, Any], dest: Path, header: str = "") -> str:
+def recipe_copy(
+    path: str | Path, changes: dict[str, Any], dest: Path, header: str = "", *, check_paths: bool = True
+) -> str:
     """The YAML text of a copy of recipe ``path`` with ``changes`` (dotted field -> value; None removes the field),
     to be saved at ``dest``: relative paths are made absolute so they still name the same files from there, and
     the copy is validated as a recipe (RecipeError naming ``dest`` otherwise). Comments are not kept; ``header``
-    (comment lines) goes first."""
+    (comment lines) goes first. ``check_paths`` False: a model folder that does not exist yet (written beside the
+    copy) is not an error."""
     import yaml
 
     path = resolve_recipe_path(path)
@@ -416,5 +419,5 @@ def recipe_copy(path: str | Path, changes: dict[str, Any], dest: Path, header: s
                 node.pop(leaf, None)
         else:
             _set_dotted(data, dotted, value)
-    recipe_from_dict(data, source=dest, base_dir=Path(dest).absolute().parent)
+    recipe_from_dict(data, source=dest, base_dir=Path(dest).absolute().parent, check_paths=check_paths)
     return header + yaml.safe_dump(data, sort_keys=False, default_flow_style=None)

@@ -38,7 +38,7 @@ from trtspec.builders.align_data import DataSpec
 from trtspec.core.errors import CheckFailed, ModelError, OutputError, TrtspecError
 from trtspec.core.model_dir import count_parameters, load_hf_model, load_tokenizer
 from trtspec.outputs import atomic_dir, check_output_dir, write_file_atomic
-from trtspec.recipe import DEMO_SCHEME, Recipe, load_recipe
+from trtspec.recipe import Recipe, load_recipe, recipe_copy
 
 MARKER = "align.json"
 MIN_STEPS = 20  # a budget must leave at least this many training steps after one prompt's data
@@ -396,23 +396,6 @@ def write_draft(draft, source: Path, tmp: Path) -> None:
             shutil.copy2(path, tmp / path.name)
 
 
-def recipe_copy(recipe: Recipe, out: Path) -> str:
-    """The recipe's YAML with draft.model pointing at ``out`` (and a relative target made absolute)."""
-    import yaml
-
-    data = yaml.safe_load(Path(recipe.source).read_text(encoding="utf-8")) if recipe.source else {}
-    data = data or recipe.model_dump(mode="json", exclude_none=True)
-    target_model = str(data["target"]["model"])
-    if not target_model.startswith(DEMO_SCHEME):
-        data["target"]["model"] = str(recipe.target.model)
-    data["draft"]["model"] = str(out.resolve())
-    data["name"] = f"{recipe.name}-aligned"[:64]
-    header = (
-        f"# {recipe.source or recipe.name} with the draft trained by trtspec align (align.json says how).\n"
-    )
-    return header + yaml.safe_dump(data, sort_keys=False)
-
-
 def library_versions() -> dict:
     import transformers
 
@@ -528,7 +511,10 @@ def write_output(recipe: Recipe, draft, out: Path, record: dict, report: dict) -
                 raise ModelError(
                     f"{recipe.draft.model}: the draft folder holds {name}, which align writes; rename it"
                 )
-        (tmp / "recipe.yaml").write_text(recipe_copy(recipe, out), encoding="utf-8")
+        changes = {"draft.model": str(out.resolve()), "name": f"{recipe.name}-aligned"[:64]}
+        header = f"# {recipe.source} with the draft trained by trtspec align (align.json says how).\n"
+        text = recipe_copy(recipe.source, changes, out / "recipe.yaml", header, check_paths=False)
+        (tmp / "recipe.yaml").write_text(text, encoding="utf-8")
         align_report.write_plot(report, tmp / "acceptance.png")
         (tmp / "report.md").write_text(
             align_report.report_markdown(report, "acceptance.png"), encoding="utf-8"
