@@ -396,14 +396,6 @@ def write_draft(draft, source: Path, tmp: Path) -> None:
             shutil.copy2(path, tmp / path.name)
 
 
-def library_versions() -> dict:
-    import transformers
-
-    from trtspec import __version__
-
-    return {"trtspec": __version__, "torch": torch.__version__, "transformers": transformers.__version__}
-
-
 # ---------------------------------------------------------------- the run
 
 
@@ -489,7 +481,7 @@ def run_align(spec: AlignSpec, console=None) -> AlignResult:
         "epochs": round(position["epoch"] + (position["shard_pos"] / max(len(work.state["shards"]), 1)), 2),
         "final_loss": position["loss"],
         "seconds": {"budgeted": clock.spent(), "this_process": time.perf_counter() - began},
-        "versions": library_versions(),
+        "versions": environment.package_versions(),
         "report": report,
     }
     write_output(recipe, draft, out, record, report)
