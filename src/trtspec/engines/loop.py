@@ -309,6 +309,7 @@ class GenerationLoop:
             outcomes = self.rounds.run(rows, num_draft, group[0].params, group[0].generator)
             for r, out in zip(group, outcomes, strict=True):
                 outcome[id(r)] = out
+        self.round_costs.stop()  # the round's forwards are done
         now = time.perf_counter()
         return [self._emit(request, outcome[id(request)], now) for request in list(self.active)]
 
@@ -342,7 +343,6 @@ class GenerationLoop:
 
     def _emit(self, request: _Active, out: Outcome, now: float) -> RowEvent:
         """Record the round, cut its tokens at the request's stops, retire the request if it finished."""
-        self.round_costs.stop()  # the round ended (once per round: later calls find nothing started)
         request.rounds += 1
         stats = request.stats
         if out.num_draft:
