@@ -89,7 +89,7 @@ def digest(folder: Path) -> dict[str, str]:
 def aligned(tmp_path_factory, misaligned):
     tmp = tmp_path_factory.mktemp("align")
     recipe = write_recipe(tmp / "misaligned.yaml", misaligned)
-    prompts = write_prompts(tmp / "prompts.jsonl", 30)
+    prompts = write_prompts(tmp / "prompts.jsonl", 36)
     source = digest(misaligned)
     from click.testing import CliRunner
 
@@ -110,12 +110,16 @@ def aligned(tmp_path_factory, misaligned):
 @pytest.mark.slow
 def test_misaligned_draft_gains_acceptance_on_held_out_prompts(aligned):
     report = aligned["record"]["report"]
-    assert report["held_out_prompts"] == 6
+    assert report["held_out_prompts"] == 7
     k4 = report["per_k"]["4"]
     gain = k4["after"]["acceptance_rate"] - k4["before"]["acceptance_rate"]
     assert gain > 0.05, k4
     assert k4["after"]["mean_accepted_length"] > k4["before"]["mean_accepted_length"]
-    assert aligned["record"]["steps"] > 0 and aligned["record"]["prompts_used"]["training"] == 24
+    assert aligned["record"]["steps"] > 0 and aligned["record"]["prompts_used"]["training"] == 26
+    # three validation prompts picked a trained step's weights, better there than the source draft's
+    selection = report["selection"]
+    assert selection["validation_prompts"] == 3 and selection["selected_step"] > 0
+    assert selection["validation_acceptance"]["selected"] > selection["validation_acceptance"]["source"]
     # the source draft was only read, and the work folder is gone after success
     assert digest(aligned["misaligned"]) == aligned["source"]
     assert not (aligned["tmp"] / "work").exists()
@@ -262,6 +266,8 @@ def test_refusals_are_one_line_and_write_nothing(runner, tmp_path, monkeypatch):
     few.write_text("def a():\ndef b():\n")
     result = invoke(cli, [*base, "--prompts", str(few), "--held-out", "0.1"])
     assert result.exit_code == 2 and "no held-out prompt" in result.output
+    result = invoke(cli, [*base, "--prompts", str(few), "--held-out", "0.5"])
+    assert result.exit_code == 2 and "no validation prompt at --validation 0.1" in result.output
 
     result = invoke(cli, [*base, "--prompts", str(prompts), "--budget", "0.0001"])
     assert result.exit_code == 2 and "--budget 0.0001: too small" in result.output
@@ -288,6 +294,62 @@ def test_refusals_are_one_line_and_write_nothing(runner, tmp_path, monkeypatch):
 def test_held_out_split_streams_every_nth_prompt():
     assert [i for i in range(20) if align_data.is_held_out(i, 0.25)] == [3, 7, 11, 15, 19]
     assert not any(align_data.is_held_out(i, 0.0) for i in range(10))
+    # validation: every 10th of the prompts not held out, by rank among them (so never a held-out one)
+    splits = [align_data.prompt_split(i, 0.2, 0.1) for i in range(30)]
+    assert [i for i, s in enumerate(splits) if s == "held_out"] == [4, 9, 14, 19, 24, 29]
+    assert [i for i, s in enumerate(splits) if s == "validation"] == [5, 17]
+    assert all(align_data.prompt_split(i, 0.2, 0.0) != "validation" for i in range(30))
+
+
+def scripted_validation(monkeypatch, values: list[float]) -> list[dict]:
+    """validation_acceptance returns ``values`` in turn (the source draft's first) and keeps the weights each
+    call saw; every step is evaluated."""
+    seen = []
+
+    def fake(draft, examples, k):
+        assert examples, "no validation examples"
+        seen.append({name: t.detach().clone() for name, t in draft.state_dict().items()})
+        return values[min(len(seen), len(values)) - 1]
+
+    monkeypatch.setattr(align, "validation_acceptance", fake)
+    monkeypatch.setattr(align, "ESTIMATE_S", -1.0)
+    return seen
+
+
+def written_weights(folder: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(folder / "model.safetensors")
+
+
+@pytest.mark.slow
+def test_the_weights_written_are_the_best_validation_steps(tmp_path, misaligned, monkeypatch):
+    # source 0.40; steps 1.. give 0.30, 0.55 (the best), 0.50, then 0.20 to the end
+    seen = scripted_validation(monkeypatch, [0.40, 0.30, 0.55, 0.50, 0.20])
+    spec = small_spec(tmp_path, write_recipe(tmp_path / "r.yaml", misaligned))
+    result = run_align(spec)
+    selection = result.report["selection"]
+    assert selection["selected_step"] == 2 and selection["steps"] > 4
+    assert selection["validation_acceptance"] == {"source": 0.40, "last": 0.20, "selected": 0.55}
+    written = written_weights(spec.out)
+    step2 = seen[2]  # calls: the source, step 1, step 2
+    assert all(torch.equal(written[name], step2[name].half()) for name in written)
+    assert any(not torch.equal(written[name], seen[-1][name].half()) for name in written)
+    assert "Weights of training step 2 of" in (spec.out / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_a_draft_training_does_not_improve_is_written_unchanged(tmp_path, monkeypatch):
+    scripted_validation(monkeypatch, [0.60, 0.55, 0.60, 0.50])  # never above the source's (ties keep it)
+    spec = small_spec(tmp_path, write_recipe(tmp_path / "r.yaml", DEMO_DIR / "draft"))
+    result = run_align(spec)
+    assert result.report["selection"]["selected_step"] == 0 and result.record["steps"] > 0
+    source = written_weights(DEMO_DIR / "draft")
+    written = written_weights(spec.out)
+    assert written.keys() == source.keys() and all(torch.equal(written[n], source[n]) for n in source)
+    for k in result.report["per_k"].values():  # the held-out report: the same draft before and after
+        assert k["before"] == k["after"]
+    assert "the source draft's weights are written unchanged" in (spec.out / "report.md").read_text()
 
 
 def test_distillation_losses_on_whole_rows_and_top_k():

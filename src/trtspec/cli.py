@@ -829,6 +829,13 @@ def bench(
     help="Share of the prompts (every 1/FRACTION-th) kept out of training for the report.",
 )
 @click.option(
+    "--validation",
+    type=click.FloatRange(0, 1, max_open=True),
+    default=0.1,
+    metavar="FRACTION",
+    help="Share of the other prompts kept out of training to pick the best step's weights (0: the last step's).",
+)
+@click.option(
     "--loss",
     type=click.Choice(["kl", "tv"]),
     default="kl",
@@ -852,8 +859,8 @@ def bench(
 )
 @output_options
 def align(
-    recipe, prompts, out_dir, work_dir, budget_min, device, held_out, loss, lr, max_new_tokens, samples,
-    no_on_policy, epochs, out: Output,
+    recipe, prompts, out_dir, work_dir, budget_min, device, held_out, validation, loss, lr, max_new_tokens,
+    samples, no_on_policy, epochs, out: Output,
 ) -> None:  # fmt: skip
     """Distil the draft toward the target on your prompts: a new draft folder (the source is only read), a recipe
     copy pointing at it, and before/after acceptance on held-out prompts. Interrupted runs resume.
@@ -864,7 +871,7 @@ def align(
 
     from trtspec.builders.align import AlignSpec, run_align
     from trtspec.builders.align_data import DataSpec
-    from trtspec.builders.align_report import report_table
+    from trtspec.builders.align_report import report_table, selection_line
 
     spec = AlignSpec(
         recipe,
@@ -877,7 +884,11 @@ def align(
         lr,
         max_epochs=epochs,
         data=DataSpec(
-            max_new_tokens=max_new_tokens, samples=samples, on_policy=not no_on_policy, held_out=held_out
+            max_new_tokens=max_new_tokens,
+            samples=samples,
+            on_policy=not no_on_policy,
+            held_out=held_out,
+            validation=validation,
         ),
     )
     result = run_align(spec, console=None if out.quiet else out.console())
@@ -886,6 +897,7 @@ def align(
         return
     console = out.console()
     console.print(report_table(result.report))
+    console.print(selection_line(result.report))
     console.print(f"wrote {result.out} (align.json, report.md, acceptance.png, recipe.yaml)")
     console.print(f"use it with: trtspec validate {result.out / 'recipe.yaml'}")
 

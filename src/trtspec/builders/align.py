@@ -11,6 +11,9 @@
    nvidia-modelopt's distillation API, which runs the teacher online each step (here the target's logits are
    computed once and reused every epoch) and exists only on the pinned stack. Bounded by the budget (data and
    training together, across interruptions); a checkpoint every CHECKPOINT_S seconds and on Ctrl-C.
+   Every ESTIMATE_S seconds and at the end, greedy acceptance at K on the validation prompts; the weights written
+   are those of the best evaluation, the source draft's own included (step 0), so a draft that training does not
+   improve there is written unchanged rather than worse (the choice is in align.json and report.md).
 4. Output, written whole (outputs.atomic_dir): the draft's weights (safetensors, its dtype), its config and
    tokenizer files copied unchanged, ``align.json`` (how it was made, the report), ``recipe.yaml`` (the recipe
    with draft.model pointing here), ``report.md`` and ``acceptance.png``. The source draft is only read. The work
@@ -43,7 +46,7 @@ from trtspec.recipe import Recipe, load_recipe, recipe_copy
 MARKER = "align.json"
 MIN_STEPS = 20  # a budget must leave at least this many training steps after one prompt's data
 CHECKPOINT_S = 30.0
-ESTIMATE_S = 20.0  # the running acceptance estimate is refreshed this often
+ESTIMATE_S = 20.0  # validation acceptance is measured this often (the weights written are the best's)
 DATA_SHARE = 0.5  # training prompts stop being generated past this share of the budget
 
 
@@ -97,11 +100,12 @@ def refuse_failed_check(recipe: Recipe) -> None:
 
 
 def training_memory_bytes(recipe: Recipe) -> tuple[int, int]:
-    """(needed, draft parameters): the draft in float32 with gradients and AdamW's two moments (16 bytes per
-    parameter) beside the target's float32 weights; activations of a small batch are left out."""
+    """(needed, draft parameters): the draft in float32 with gradients, AdamW's two moments and a copy of the best
+    weights (20 bytes per parameter) beside the target's float32 weights; activations of a small batch are left
+    out."""
     draft = count_parameters(recipe.draft.model) or 0
     target = count_parameters(recipe.target.model) or 0
-    return 16 * draft + 4 * target, draft
+    return 20 * draft + 4 * target, draft
 
 
 def refuse_no_memory(recipe: Recipe, device: str) -> None:
@@ -150,7 +154,8 @@ def _timed(call) -> float:
 
 
 class WorkDir:
-    """state.json (what is done), data/shard-*.pt (training examples), held_out.pt, checkpoint.pt."""
+    """state.json (what is done), data/shard-*.pt (training examples), held_out.pt, validation.pt,
+    checkpoint.pt."""
 
     def __init__(self, path: Path, key: str):
         self.path, self.key = Path(path), key
@@ -209,38 +214,44 @@ class Clock:
 def generate_data(
     spec: AlignSpec, work: WorkDir, clock: Clock, target, draft, tokenizer, eos, progress
 ) -> None:
-    """Stream the prompts into training shards and the held-out set, resuming after the saved shards."""
+    """Stream the prompts into training shards, the held-out and the validation sets, resuming after the saved
+    shards."""
     state = work.state
-    held = work.load_torch("held_out.pt") or []
+    kept = {name: work.load_torch(f"{name}.pt") or [] for name in ("held_out", "validation")}
     pending: list[dict] = []
     task = progress.add_task("data", total=state["total_prompts"], completed=state["prompts_done"])
     for index, prompt in enumerate(align_data.iter_prompts(spec.prompts)):
         if index < state["prompts_done"]:
             continue
         ids = align_data.prompt_ids(tokenizer, prompt, spec.data)
-        if align_data.is_held_out(index, spec.data.held_out):
-            held.append(align_data.held_out_example(target, ids, spec.data))
+        split = align_data.prompt_split(index, spec.data.held_out, spec.data.validation)
+        if split != "train":
+            kept[split].append(align_data.held_out_example(target, ids, spec.data))
         elif clock.spent() < DATA_SHARE * clock.budget_s:
             generator = torch.Generator().manual_seed(spec.data.seed * 1_000_003 + index)
             pending += align_data.training_examples(target, draft, ids, spec.data, eos, generator)
             state["training_prompts"] = state.get("training_prompts", 0) + 1
         progress.update(task, completed=index + 1, description=f"data: {len(pending)} pending examples")
         if len(pending) >= align_data.SHARD_SIZE:
-            flush(work, clock, pending, held, index + 1)
+            flush(work, clock, pending, kept, index + 1)
             pending = []
-    flush(work, clock, pending, held, state["total_prompts"])
+    flush(work, clock, pending, kept, state["total_prompts"])
     state["data_done"] = True
     work.save_state()
 
 
-def flush(work: WorkDir, clock: Clock, pending: list[dict], held: list[dict], prompts_done: int) -> None:
-    """Save a shard and the held-out set, then the state that counts them (so a crash between never loses data)."""
+def flush(
+    work: WorkDir, clock: Clock, pending: list[dict], kept: dict[str, list[dict]], prompts_done: int
+) -> None:
+    """Save a shard, the held-out and validation sets, then the state that counts them (so a crash between never
+    loses data)."""
     state = work.state
     if pending:
         name = f"data/shard-{len(state['shards']):05d}.pt"
         align_data.save_shard(work.path / name, pending)
         state["shards"].append({"name": name, "examples": len(pending)})
-    work.save_torch("held_out.pt", held)
+    for split, examples in kept.items():
+        work.save_torch(f"{split}.pt", examples)
     state["prompts_done"] = prompts_done
     clock.record()
     work.save_state()
@@ -293,76 +304,105 @@ def epoch_batches(work: WorkDir, epoch: int, batch_size: int, seed: int):
             yield shard_pos, batch_pos, examples[first : first + batch_size]
 
 
-def running_acceptance(draft, held: list[dict], k: int) -> float:
-    """Greedy acceptance at K on (up to 32 of) the held-out continuations: the progress line's estimate."""
+def remaining_batches(work: WorkDir, spec: AlignSpec, position: dict):
+    """(epoch, shard position, batch position, batch) after ``position``, to the end of max_epochs."""
+    done = (position["epoch"], position["shard_pos"], position["batch_pos"])
+    for epoch in range(position["epoch"], spec.max_epochs):
+        for shard_pos, batch_pos, batch in epoch_batches(work, epoch, spec.batch_size, spec.data.seed):
+            if (epoch, shard_pos, batch_pos) > done:
+                yield epoch, shard_pos, batch_pos, batch
+
+
+def validation_acceptance(draft, examples: list[dict], k: int) -> float | None:
+    """Greedy acceptance at K on the validation continuations (None without any)."""
+    if not examples:
+        return None
     draft.eval()
-    matches = align_report.draft_matches(draft, held[:32])
+    matches = align_report.draft_matches(draft, examples)
     draft.train()
     return align_report.side(matches, k, 1.0)["acceptance_rate"]
 
 
+@dataclass
+class Best:
+    """The evaluation with the highest validation acceptance so far (the first of equals): its step and a copy of
+    its weights; step 0 is the source draft (``weights`` None: reload it)."""
+
+    step: int
+    acceptance: float | None
+    weights: dict | None = None
+
+    def consider(self, draft, step: int, acceptance: float | None) -> None:
+        if acceptance is not None and self.acceptance is not None and acceptance > self.acceptance:
+            self.step, self.acceptance = step, acceptance
+            self.weights = {name: t.detach().to("cpu", copy=True) for name, t in draft.state_dict().items()}
+
+
 def train(
-    spec: AlignSpec, work: WorkDir, clock: Clock, draft, held: list[dict], k: int, pad_id: int, progress
-):
-    """AdamW on the shards until the budget or max_epochs ends; resumes from checkpoint.pt."""
+    spec: AlignSpec, work: WorkDir, clock: Clock, draft, validation: list[dict], k: int, pad_id: int, progress
+) -> tuple[dict, Best, float | None]:
+    """AdamW on the shards until the budget or max_epochs ends, resuming from checkpoint.pt; the validation
+    acceptance measured every ESTIMATE_S seconds and after the last step. Returns the last position, the best
+    evaluation (the source draft's at step 0) and the last step's validation acceptance."""
     optimizer = torch.optim.AdamW(draft.parameters(), lr=spec.lr, betas=(0.9, 0.95), weight_decay=0.0)
     ckpt = work.load_torch("checkpoint.pt")
     position = {"epoch": 0, "shard_pos": 0, "batch_pos": -1, "step": 0, "loss": None}
     if ckpt is not None:
         draft.load_state_dict(ckpt["draft"])
         optimizer.load_state_dict(ckpt["optimizer"])
-        position = ckpt["position"]
+        position, best = ckpt["position"], Best(**ckpt["best"])
+    else:
+        best = Best(0, validation_acceptance(draft, validation, k))
+    work.state.setdefault("source_validation_acceptance", best.acceptance if best.step == 0 else None)
     draft.train()
-    accept = running_acceptance(draft, held, k)
+    shown = "" if best.acceptance is None else f" validation accept@{k}: best {best.acceptance:.3f}"
     task = progress.add_task(
         "train", total=max(clock.budget_s, 1.0), completed=min(clock.spent(), clock.budget_s)
     )
     last_ckpt = last_estimate = time.perf_counter()
     loss_avg = position["loss"]
     try:
-        for epoch in range(position["epoch"], spec.max_epochs):
-            for shard_pos, batch_pos, batch in epoch_batches(work, epoch, spec.batch_size, spec.data.seed):
-                if (epoch, shard_pos, batch_pos) <= (
-                    position["epoch"],
-                    position["shard_pos"],
-                    position["batch_pos"],
-                ):
-                    continue
-                if clock.left() <= 0:
-                    return position
-                warmup = min(1.0, (position["step"] + 1) / 20)
-                for group in optimizer.param_groups:
-                    group["lr"] = spec.lr * warmup
-                loss = batch_loss(draft, batch, spec.loss, pad_id)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
-                optimizer.step()
-                loss_avg = loss.item() if loss_avg is None else 0.9 * loss_avg + 0.1 * loss.item()
-                position = {"epoch": epoch, "shard_pos": shard_pos, "batch_pos": batch_pos,
-                            "step": position["step"] + 1, "loss": loss_avg}  # fmt: skip
-                now = time.perf_counter()
-                if now - last_estimate > ESTIMATE_S:
-                    accept, last_estimate = running_acceptance(draft, held, k), now
-                if now - last_ckpt > CHECKPOINT_S:
-                    save_checkpoint(work, clock, draft, optimizer, position)
-                    last_ckpt = now
-                progress.update(
-                    task,
-                    completed=min(clock.spent(), clock.budget_s),
-                    description=f"train: epoch {epoch + 1} step {position['step']} {spec.loss} loss "
-                    f"{loss_avg:.4f} accept@{k} {accept:.3f}",
-                )
-            position = {**position, "epoch": epoch + 1, "shard_pos": 0, "batch_pos": -1}
-        return position
+        for epoch, shard_pos, batch_pos, batch in remaining_batches(work, spec, position):
+            if clock.left() <= 0:
+                break
+            warmup = min(1.0, (position["step"] + 1) / 20)
+            for group in optimizer.param_groups:
+                group["lr"] = spec.lr * warmup
+            loss = batch_loss(draft, batch, spec.loss, pad_id)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+            optimizer.step()
+            loss_avg = loss.item() if loss_avg is None else 0.9 * loss_avg + 0.1 * loss.item()
+            position = {"epoch": epoch, "shard_pos": shard_pos, "batch_pos": batch_pos,
+                        "step": position["step"] + 1, "loss": loss_avg}  # fmt: skip
+            now = time.perf_counter()
+            if now - last_estimate > ESTIMATE_S and validation:
+                accept, last_estimate = validation_acceptance(draft, validation, k), now
+                best.consider(draft, position["step"], accept)
+                shown = f" validation accept@{k} {accept:.3f} (best {best.acceptance:.3f})"
+            if now - last_ckpt > CHECKPOINT_S:
+                save_checkpoint(work, clock, draft, optimizer, position, best)
+                last_ckpt = now
+            progress.update(
+                task,
+                completed=min(clock.spent(), clock.budget_s),
+                description=f"train: epoch {epoch + 1} step {position['step']} {spec.loss} loss "
+                f"{loss_avg:.4f}{shown}",
+            )
+        else:
+            position = {**position, "epoch": spec.max_epochs, "shard_pos": 0, "batch_pos": -1}
     except KeyboardInterrupt:
-        save_checkpoint(work, clock, draft, optimizer, position)
+        save_checkpoint(work, clock, draft, optimizer, position, best)
         raise
+    last = validation_acceptance(draft, validation, k)
+    best.consider(draft, position["step"], last)
+    return position, best, last
 
 
-def save_checkpoint(work: WorkDir, clock: Clock, draft, optimizer, position: dict) -> None:
+def save_checkpoint(work: WorkDir, clock: Clock, draft, optimizer, position: dict, best: Best) -> None:
     work.save_torch("checkpoint.pt", {"draft": draft.state_dict(), "optimizer": optimizer.state_dict(),
-                                      "position": position})  # fmt: skip
+                                      "position": position, "best": vars(best)})  # fmt: skip
     clock.record()
     work.save_state()
 
@@ -417,10 +457,10 @@ def run_align(spec: AlignSpec, console=None) -> AlignResult:
     if spec.device == "cuda" and not torch.cuda.is_available():
         raise ModelError("--device cuda was asked for but torch sees no GPU; use --device cpu")
     refuse_failed_check(recipe)
-    train_count, held_count = align_data.count_prompts(spec.prompts, spec.data.held_out)
+    counts = align_data.count_prompts(spec.prompts, spec.data.held_out, spec.data.validation)
     refuse_no_memory(recipe, spec.device)
     work = WorkDir(work_path, run_key(spec, recipe))
-    work.state.setdefault("total_prompts", train_count + held_count)
+    work.state.setdefault("total_prompts", sum(counts.values()))
     began = time.perf_counter()
 
     tokenizer = load_tokenizer(recipe.target.model, recipe.target.trust_remote_code)
@@ -452,19 +492,32 @@ def run_align(spec: AlignSpec, console=None) -> AlignResult:
             work.save_state()
         if not work.state["shards"]:
             raise OutputError(f"{spec.prompts}: the budget ended before any training data was generated")
-        position = train(spec, work, clock, draft, held, k_show, pad_id, progress)
+        validation = work.load_torch("validation.pt") or []
+        position, best, last = train(spec, work, clock, draft, validation, k_show, pad_id, progress)
     if position["step"] == 0:
         raise CheckFailed(
             f"--budget {spec.budget_min:g}: the budget ended before the first training step (data for "
             f"{work.state.get('training_prompts', 0)} prompts is kept in {work.path}); run again with a larger "
             "--budget to resume"
         )
+    if validation and best.step == 0:  # training never beat the source draft there: written unchanged
+        draft = load_hf_model(recipe.draft.model, "float32", recipe.draft.trust_remote_code, "the draft")
+    elif validation and best.step != position["step"]:
+        draft.load_state_dict(best.weights)
     draft.eval()
     clock.record()
     after = align_report.draft_matches(draft, held)
     report = align_report.acceptance_report(
         work.state["before"], after, recipe.speculative.max_draft_len, recipe.speculative.draft_cost_ratio
     )
+    report["selection"] = {
+        "num_draft_tokens": k_show,
+        "validation_prompts": len(validation),
+        "steps": position["step"],
+        "selected_step": best.step if validation else position["step"],
+        "validation_acceptance": {"source": work.state["source_validation_acceptance"], "last": last,
+                                  "selected": best.acceptance},
+    }  # fmt: skip
     record = {
         "source_draft": str(recipe.draft.model),
         "target": str(recipe.target.model),
@@ -472,8 +525,9 @@ def run_align(spec: AlignSpec, console=None) -> AlignResult:
         "prompts": str(spec.prompts),
         "prompts_used": {
             "training": work.state.get("training_prompts", 0),
-            "training_in_file": train_count,
-            "held_out": held_count,
+            "training_in_file": counts["train"],
+            "held_out": counts["held_out"],
+            "validation": counts["validation"],
         },
         "training_examples": sum(s["examples"] for s in work.state["shards"]),
         "settings": {k: v for k, v in asdict(spec).items() if k not in ("out", "work_dir")},

@@ -7,6 +7,8 @@ recommends). One target forward then scores every row; each row's continuation p
 whole rows for vocabularies up to FULL_ROWS_MAX, else the top ``top_k_logits`` entries (values and ids).
 Held-out prompts (every ``1/held_out``-th prompt of the file, so the split needs no second pass) get only the
 target's greedy continuation of exactly ``max_new_tokens`` tokens (EOS ignored): the acceptance report's data.
+Validation prompts (every ``1/validation``-th of the others, half a period later) get the same: the data that picks
+which training step's weights are written, kept apart from the report's so the report is not the selection's.
 
 Prompts stream from the file into shards of ``SHARD_SIZE`` examples saved in the work folder; ``DataState``
 (``state.json``) records how many prompts the saved shards cover, so an interrupted run resumes after them.
@@ -42,6 +44,7 @@ class DataSpec:
     on_policy: bool = True  # a draft-sampled continuation per prompt, scored by the target
     top_k_logits: int = 64
     held_out: float = 0.1
+    validation: float = 0.1  # 0: no selection, the last step's weights are written
     max_prompt_tokens: int = 384  # longer prompts keep their last tokens
     seed: int = 0
 
@@ -60,21 +63,42 @@ def is_held_out(index: int, fraction: float) -> bool:
     return fraction > 0 and math.floor((index + 1) * fraction) > math.floor(index * fraction)
 
 
-def count_prompts(path: Path, fraction: float) -> tuple[int, int]:
-    """(training, held-out) prompt counts; reading every line first also refuses a malformed one before any work."""
+def prompt_split(index: int, held_out: float, validation: float) -> str:
+    """The split of the prompt at ``index``: "held_out" (``is_held_out``), "validation" (of the other prompts,
+    every 1/validation-th by its rank among them, half a period early) or "train"."""
+    if is_held_out(index, held_out):
+        return "held_out"
+    rank = index - math.floor(index * held_out)  # floor(index * held_out) held-out prompts come before it
+    if validation > 0 and is_held_out(rank + max(1, round(0.5 / validation)), validation):
+        return "validation"
+    return "train"
+
+
+def count_prompts(path: Path, held_out: float, validation: float = 0.0) -> dict[str, int]:
+    """Prompts per split ({"train", "held_out", "validation"}); reading every line first also refuses a malformed
+    one before any work."""
     total = sum(1 for _ in iter_prompts(path))
-    held = sum(is_held_out(i, fraction) for i in range(total))
-    where = f"{path}"
+    counts = {"train": 0, "held_out": 0, "validation": 0}
+    for i in range(total):
+        counts[prompt_split(i, held_out, validation)] += 1
     if total == 0:
-        raise PromptSetError(f'{where}: no prompts; write one prompt per line (or JSONL with "prompt" lines)')
-    if held == 0 and fraction > 0:
+        raise PromptSetError(f'{path}: no prompts; write one prompt per line (or JSONL with "prompt" lines)')
+    if counts["held_out"] == 0 and held_out > 0:
         raise PromptSetError(
-            f"{where}: {total} prompts give no held-out prompt at --held-out {fraction}; add prompts or raise "
+            f"{path}: {total} prompts give no held-out prompt at --held-out {held_out}; add prompts or raise "
             f"--held-out to at least {1 / total:.2f}"
         )
-    if total - held == 0:
-        raise PromptSetError(f"{where}: every prompt is held out at --held-out {fraction}; lower --held-out")
-    return total - held, held
+    if counts["validation"] == 0 and validation > 0:
+        raise PromptSetError(
+            f"{path}: {total} prompts give no validation prompt at --validation {validation}; add prompts, raise "
+            "--validation, or pass --validation 0 to write the last training step's weights"
+        )
+    if counts["train"] == 0:
+        raise PromptSetError(
+            f"{path}: every prompt is held out or validation at --held-out {held_out} --validation {validation}; "
+            "lower them or add prompts"
+        )
+    return counts
 
 
 def prompt_ids(tokenizer, prompt: Prompt, spec: DataSpec) -> list[int]:

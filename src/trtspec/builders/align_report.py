@@ -83,6 +83,27 @@ def report_title(report: dict) -> str:
     )
 
 
+def selection_line(report: dict) -> str | None:
+    """Which weights were written and why (``report["selection"]``, set by align), or None."""
+    sel = report.get("selection")
+    if sel is None:
+        return None
+    k, steps, step = sel["num_draft_tokens"], sel["steps"], sel["selected_step"]
+    if not sel["validation_prompts"]:
+        return f"Weights of the last training step ({steps}); no validation prompts chose among steps."
+    acc = sel["validation_acceptance"]
+    where = f"greedy acceptance at K={k} on {sel['validation_prompts']} validation prompts"
+    if step == 0:
+        return (
+            f"Training did not raise the {where} (source {acc['source']:.3f}, last step {acc['last']:.3f}): the "
+            "source draft's weights are written unchanged."
+        )
+    return (
+        f"Weights of training step {step} of {steps}, the best {where} (source {acc['source']:.3f}, selected "
+        f"{acc['selected']:.3f}, last step {acc['last']:.3f})."
+    )
+
+
 def report_markdown(report: dict, plot: str | None = None) -> str:
     lines = [
         f"# trtspec align: {report_title(report)}",
@@ -91,6 +112,8 @@ def report_markdown(report: dict, plot: str | None = None) -> str:
         "|---|---|---|---|",
     ]
     lines += [f"| {name} | {b} | {a} | {c} |" for name, b, a, c in table_rows(report)]
+    if (line := selection_line(report)) is not None:
+        lines += ["", line]
     lines += [
         "",
         "Acceptance rate and speedup bound at every K:",
