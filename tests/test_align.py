@@ -303,7 +303,7 @@ def test_held_out_split_streams_every_nth_prompt():
 
 def scripted_validation(monkeypatch, values: list[float]) -> list[dict]:
     """validation_acceptance returns ``values`` in turn (the source draft's first) and keeps the weights each
-    call saw; every step is evaluated."""
+    call saw; every step is evaluated; a trained step must beat the source by 0.1."""
     seen = []
 
     def fake(draft, examples, k):
@@ -312,6 +312,7 @@ def scripted_validation(monkeypatch, values: list[float]) -> list[dict]:
         return values[min(len(seen), len(values)) - 1]
 
     monkeypatch.setattr(align, "validation_acceptance", fake)
+    monkeypatch.setattr(align, "noise_margin", lambda acceptance, examples, k: 0.1)
     monkeypatch.setattr(align, "ESTIMATE_S", -1.0)
     return seen
 
@@ -324,8 +325,8 @@ def written_weights(folder: Path) -> dict:
 
 @pytest.mark.slow
 def test_the_weights_written_are_the_best_validation_steps(tmp_path, misaligned, monkeypatch):
-    # source 0.40; steps 1.. give 0.30, 0.55 (the best), 0.50, then 0.20 to the end
-    seen = scripted_validation(monkeypatch, [0.40, 0.30, 0.55, 0.50, 0.20])
+    # source 0.40; steps 1.. give 0.45 (within the margin: not kept), 0.55 (the best), 0.50, then 0.20 to the end
+    seen = scripted_validation(monkeypatch, [0.40, 0.45, 0.55, 0.50, 0.20])
     spec = small_spec(tmp_path, write_recipe(tmp_path / "r.yaml", misaligned))
     result = run_align(spec)
     selection = result.report["selection"]
@@ -340,7 +341,7 @@ def test_the_weights_written_are_the_best_validation_steps(tmp_path, misaligned,
 
 @pytest.mark.slow
 def test_a_draft_training_does_not_improve_is_written_unchanged(tmp_path, monkeypatch):
-    scripted_validation(monkeypatch, [0.60, 0.55, 0.60, 0.50])  # never above the source's (ties keep it)
+    scripted_validation(monkeypatch, [0.60, 0.65, 0.55, 0.69, 0.50])  # never 0.1 above the source's
     spec = small_spec(tmp_path, write_recipe(tmp_path / "r.yaml", DEMO_DIR / "draft"))
     result = run_align(spec)
     assert result.report["selection"]["selected_step"] == 0 and result.record["steps"] > 0
@@ -350,6 +351,13 @@ def test_a_draft_training_does_not_improve_is_written_unchanged(tmp_path, monkey
     for k in result.report["per_k"].values():  # the held-out report: the same draft before and after
         assert k["before"] == k["after"]
     assert "the source draft's weights are written unchanged" in (spec.out / "report.md").read_text()
+    assert result.report["selection"]["validation_acceptance"]["selected"] == 0.60
+
+
+def test_the_noise_margin_is_two_standard_errors_of_the_validation_acceptance():
+    examples = [{"ids": torch.zeros(40, dtype=torch.long), "start": 15}] * 4  # 100 tokens: 80 drafted at K=4
+    assert align.noise_margin(0.5, examples, 4) == pytest.approx(2 * (0.25 / 80) ** 0.5)
+    assert align.noise_margin(None, [], 4) == 0.0
 
 
 def test_distillation_losses_on_whole_rows_and_top_k():

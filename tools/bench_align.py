@@ -34,6 +34,7 @@ import yaml
 
 from trtspec.builders.align import AlignSpec, run_align
 from trtspec.builders.align_data import DataSpec, is_held_out
+from trtspec.builders.align_report import selection_line
 from trtspec.recipe import DEMO_DIR, DEMO_RECIPE
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -127,7 +128,9 @@ def end_to_end(prompts: list[list[int]], drafts: dict[str, Path | None], repeats
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--budget", type=float, default=15.0, help="minutes for the misaligned draft")
+    parser.add_argument(
+        "--budget", type=float, default=15.0, help="minutes for the misaligned draft (0: skip)"
+    )
     parser.add_argument(
         "--demo-budget", type=float, default=5.0, help="minutes for the shipped demo draft (0: skip)"
     )
@@ -142,8 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     log(f"work folder {work}, {args.threads} torch threads")
     prompts = code_prompts(work / "prompts.jsonl", args.prompts)
-    misaligned = misaligned_draft(work / "misaligned", args.prose_steps)
-    runs = {"misaligned": (misaligned, args.budget)}
+    runs = {}
+    if args.budget > 0:
+        runs["misaligned"] = (misaligned_draft(work / "misaligned", args.prose_steps), args.budget)
     if args.demo_budget > 0:
         runs["demo"] = (DEMO_DIR / "draft", args.demo_budget)
     results = {}
@@ -194,7 +198,10 @@ def main(argv: list[str] | None = None) -> int:
         f"\ntarget only {base:.1f} tokens/s; "
         + ", ".join(f"{n} {v / base:.2f}x" for n, v in speed.items() if v != base)
     )
-    print(f"held-out prompts in the report: {results['misaligned'][1].report['held_out_prompts']}")
+    for name, (_, result, _) in results.items():
+        print(
+            f"{name}: {result.report['held_out_prompts']} held-out prompts; {selection_line(result.report)}"
+        )
     return 0
 
 

@@ -12,8 +12,10 @@
    computed once and reused every epoch) and exists only on the pinned stack. Bounded by the budget (data and
    training together, across interruptions); a checkpoint every CHECKPOINT_S seconds and on Ctrl-C.
    Every ESTIMATE_S seconds and at the end, greedy acceptance at K on the validation prompts; the weights written
-   are those of the best evaluation, the source draft's own included (step 0), so a draft that training does not
-   improve there is written unchanged rather than worse (the choice is in align.json and report.md).
+   are those of the best evaluation, the source draft's own included (step 0), which a trained step must beat by
+   more than two standard errors of its acceptance there (a gain within the noise of a few validation prompts is
+   as likely a loss on other prompts), so a draft that training does not clearly improve is written unchanged
+   rather than worse (the choice is in align.json and report.md).
 4. Output, written whole (outputs.atomic_dir): the draft's weights (safetensors, its dtype), its config and
    tokenizer files copied unchanged, ``align.json`` (how it was made, the report), ``recipe.yaml`` (the recipe
    with draft.model pointing here), ``report.md`` and ``acceptance.png``. The source draft is only read. The work
@@ -323,17 +325,30 @@ def validation_acceptance(draft, examples: list[dict], k: int) -> float | None:
     return align_report.side(matches, k, 1.0)["acceptance_rate"]
 
 
+def noise_margin(acceptance: float | None, examples: list[dict], k: int) -> float:
+    """Two standard errors of an acceptance rate over the validation continuations' draft positions at K (about
+    len * K / (K + 1) of them drafted): what a trained step must gain over the source draft to be kept."""
+    if acceptance is None:
+        return 0.0
+    drafted = max(1.0, sum(len(ex["ids"]) - ex["start"] for ex in examples) * k / (k + 1))
+    return 2.0 * math.sqrt(acceptance * (1.0 - acceptance) / drafted)
+
+
 @dataclass
 class Best:
     """The evaluation with the highest validation acceptance so far (the first of equals): its step and a copy of
-    its weights; step 0 is the source draft (``weights`` None: reload it)."""
+    its weights; step 0 is the source draft (``weights`` None: reload it), which a trained step must beat by
+    ``margin``."""
 
     step: int
     acceptance: float | None
     weights: dict | None = None
+    margin: float = 0.0
 
     def consider(self, draft, step: int, acceptance: float | None) -> None:
-        if acceptance is not None and self.acceptance is not None and acceptance > self.acceptance:
+        if acceptance is None or self.acceptance is None:
+            return
+        if acceptance > self.acceptance + (self.margin if self.step == 0 else 0.0):
             self.step, self.acceptance = step, acceptance
             self.weights = {name: t.detach().to("cpu", copy=True) for name, t in draft.state_dict().items()}
 
@@ -352,7 +367,8 @@ def train(
         optimizer.load_state_dict(ckpt["optimizer"])
         position, best = ckpt["position"], Best(**ckpt["best"])
     else:
-        best = Best(0, validation_acceptance(draft, validation, k))
+        source = validation_acceptance(draft, validation, k)
+        best = Best(0, source, margin=noise_margin(source, validation, k))
     work.state.setdefault("source_validation_acceptance", best.acceptance if best.step == 0 else None)
     draft.train()
     shown = "" if best.acceptance is None else f" validation accept@{k}: best {best.acceptance:.3f}"
@@ -515,6 +531,7 @@ def run_align(spec: AlignSpec, console=None) -> AlignResult:
         "validation_prompts": len(validation),
         "steps": position["step"],
         "selected_step": best.step if validation else position["step"],
+        "margin": best.margin,
         "validation_acceptance": {"source": work.state["source_validation_acceptance"], "last": last,
                                   "selected": best.acceptance},
     }  # fmt: skip

@@ -95,8 +95,8 @@ def selection_line(report: dict) -> str | None:
     where = f"greedy acceptance at K={k} on {sel['validation_prompts']} validation prompts"
     if step == 0:
         return (
-            f"Training did not raise the {where} (source {acc['source']:.3f}, last step {acc['last']:.3f}): the "
-            "source draft's weights are written unchanged."
+            f"Training did not raise the {where} by more than its noise ({sel['margin']:.3f}; source "
+            f"{acc['source']:.3f}, last step {acc['last']:.3f}): the source draft's weights are written unchanged."
         )
     return (
         f"Weights of training step {step} of {steps}, the best {where} (source {acc['source']:.3f}, selected "
