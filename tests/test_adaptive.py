@@ -14,6 +14,7 @@ from trtspec.engines.adaptive import (
     RoundCosts,
     best_k,
     group_k,
+    linear_costs,
     policy_for,
     schedule_cap,
 )
@@ -35,12 +36,45 @@ def test_best_k_grows_with_acceptance_and_is_zero_when_drafting_cannot_pay():
     assert best_k(0.9, 8, KPolicy(draft_cost_ratio=0.05)) == 8  # cheap drafts: draft more
 
 
-def test_the_moving_average_judges_only_positions_the_target_looked_at():
-    controller = KController(KPolicy(prior=0.5, smoothing=0.5), max_k=8)
+def test_acceptance_is_accepted_over_judged_positions_from_the_pooled_prior():
+    no_forgetting = KPolicy(prior=0.5, prior_weight=2.0, smoothing=0.0)
+    controller = KController(no_forgetting, max_k=8)
+    assert controller.acceptance == 0.5  # the prior's 2 pseudo-positions
     controller.update(num_draft=4, num_accepted=1)  # accepted, rejected; positions 3-4 never judged
-    assert controller.acceptance == pytest.approx(0.375)  # 0.5 -> 0.75 -> 0.375
+    assert controller.acceptance == pytest.approx((1 + 1) / (2 + 2))
     controller.update(num_draft=2, num_accepted=2)  # both accepted, no rejection
-    assert controller.acceptance == pytest.approx(0.84375)
+    assert controller.acceptance == pytest.approx((2 + 2) / (4 + 2))
+    controller.update(num_draft=0, num_accepted=0)  # a target-only round judges nothing
+    assert controller.acceptance == pytest.approx(4 / 6) and controller.rounds_off == 1
+    # forgetting: each judged position keeps (1 - smoothing) of what came before
+    forgetting = KController(KPolicy(prior=0.5, prior_weight=2.0, smoothing=0.5), max_k=8)
+    forgetting.update(num_draft=2, num_accepted=2)
+    assert forgetting.acceptance == pytest.approx((0.25 * 1 + 2) / (0.25 * 2 + 2))
+    # a new request starts from the loop's pooled acceptance, with the prior's weight
+    started = KController(no_forgetting, max_k=8, prior=0.9)
+    assert started.acceptance == pytest.approx(0.9)
+    started.update(num_draft=4, num_accepted=0)
+    assert started.acceptance == pytest.approx(1.8 / 3)
+
+
+def test_the_unbiased_estimate_drafts_what_the_true_acceptance_says():
+    """A simulated i.i.d. draft: the estimate centres on the true per-token acceptance, so the Ks chosen centre on
+    the best K for it (an in-order moving average of outcomes ran about 0.05 low here)."""
+    import random
+
+    policy = KPolicy(draft_cost_ratio=0.1)
+    rng = random.Random(0)
+    for true in (0.7, 0.82):
+        controller = KController(policy, max_k=8)
+        estimates = []
+        for _ in range(5000):
+            k = controller.choose(1)
+            accepted = 0
+            while accepted < k and rng.random() < true:
+                accepted += 1
+            controller.update(k, accepted)
+            estimates.append(controller.acceptance)
+        assert abs(sum(estimates) / len(estimates) - true) < 0.015, true
 
 
 def test_high_acceptance_drafts_long_low_acceptance_switches_off_then_probes_back():
@@ -48,7 +82,7 @@ def test_high_acceptance_drafts_long_low_acceptance_switches_off_then_probes_bac
     for _ in range(20):
         controller.update(4, 4)
     assert controller.choose(1) >= 7
-    for _ in range(40):
+    for _ in range(80):
         controller.update(controller.choose(1) or 1, 0)
     assert controller.acceptance < 0.05 and controller.choose(1) == 0
     ks = []
@@ -56,7 +90,7 @@ def test_high_acceptance_drafts_long_low_acceptance_switches_off_then_probes_bac
         ks.append(controller.choose(1))
         controller.update(ks[-1], 0)
     assert ks == [0, 0, 0, 1, 0, 0, 0, 1]
-    for _ in range(4):  # the probes accept again: drafting comes back
+    for _ in range(12):  # the probes accept again: drafting comes back
         controller.update(controller.choose(1) or 1, 1)
     assert controller.choose(1) >= 1
 
@@ -71,51 +105,65 @@ def test_the_schedule_caps_k_by_load():
 
 def test_a_batch_shares_the_k_best_for_its_rows_together():
     policy = KPolicy(draft_cost_ratio=0.3)
-    high, low = KController(policy, max_k=8), KController(policy, max_k=8)
-    high.acceptance, low.acceptance = 0.9, 0.2
+    high, low = KController(policy, max_k=8, prior=0.9), KController(policy, max_k=8, prior=0.2)
     assert best_k(0.9, 8, policy) == 5 and best_k(0.2, 8, policy) == 0
     # Mean expected tokens per round over the round's cost: K 1 (1.9 + 1.2) / 2 / 1.3 = 1.19, K 2
     # (2.71 + 1.24) / 2 / 1.6 = 1.234, K 3 (3.439 + 1.248) / 2 / 1.9 = 1.233, then less: the batch drafts 2,
     # not 5 for one row and 0 for the other.
     assert group_k([high, low], in_flight=2) == 2
     assert best_k([0.9, 0.2], 8, policy) == 2
-    assert group_k([high, low], in_flight=2, draft_cost_ratio=0.05) == 8  # cheap drafts: the longest
-    assert group_k([high, low], in_flight=2, draft_cost_ratio=3.0) == 0  # dear drafts: target-only
+    assert (
+        group_k([high, low], in_flight=2, costs=linear_costs(0.05, 1.0, 8)) == 8
+    )  # cheap drafts: the longest
+    assert group_k([high, low], in_flight=2, costs=linear_costs(3.0, 1.0, 8)) == 0  # dear drafts: target-only
+    # a speculative round costing 1.2 target-only steps before its drafts: acceptance 0.5 no longer pays (K 1:
+    # 1.5 / (0.3 + 1.2) = 1.0)
+    assert best_k(0.9, 8, policy, linear_costs(0.3, 1.0, 8)) == 5
+    assert best_k(0.5, 8, policy, linear_costs(0.3, 1.2, 8)) == 0
     capped = KController(policy, max_k=1)
     assert group_k([high, capped], in_flight=2) == 1  # every row's max_k caps the shared K
     low.rounds_off = policy.probe_every
     assert group_k([low], in_flight=1) == 1  # off long enough: probe
 
 
-def test_round_costs_fit_seconds_per_draft_token_per_batch_size():
-    clock = iter([])
-    costs = RoundCosts(fallback=0.2, decay=0.0, clock=lambda: next(clock))
-    assert costs.ratio(1) == 0.2
-    for _ in range(3):  # batch 1: 10 ms + 1 ms per draft token
-        costs.record(1, 4, 0.014)
-    assert costs.ratio(1) == 0.2  # one K only: no slope yet
-    for k in (0, 2, 8):
-        costs.record(1, k, 0.010 + 0.001 * k)
-    assert costs.ratio(1) == pytest.approx(0.1)
-    for k in (0, 4):  # batches of 4-7: 20 ms + 6 ms per draft token (the verification grows with the batch)
-        costs.record(5, k, 0.020 + 0.006 * k)
-    assert costs.ratio(4) == pytest.approx(0.3) and costs.ratio(1) == pytest.approx(0.1)
-    assert costs.ratio(16) == 0.2  # not measured
-    noisy = RoundCosts(fallback=0.2, decay=0.0)
-    noisy.record(2, 0, 0.02)
+def test_round_costs_per_k_in_target_only_rounds():
+    policy = KPolicy(draft_cost_ratio=0.2, verify_cost_ratio=1.0)
+    costs = RoundCosts(policy, decay=0.0, min_rounds=2)
+    assert costs.costs(1, 8) is None  # nothing measured: the policy's ratios apply
+    assert best_k(0.9, 8, policy) == best_k(0.9, 8, policy, linear_costs(0.2, 1.0, 8))
+    for _ in range(3):  # batch 1: speculative rounds 12 ms + 1 ms per draft token
+        costs.record(1, 4, 0.016)
+    assert costs.costs(1, 8) is None  # one K only: no line yet
+    costs.record(1, 2, 0.014)
+    costs.record(1, 8, 0.020)
+    # no target-only round yet: the unit is a1 / the policy's verify_cost_ratio (12 ms); K 2 and 8 ran once
+    # (under min_rounds: the line), K 4 three times (its own average, on the line here)
+    assert costs.costs(1, 8) == pytest.approx([1.0] + [(12 + k) / 12 for k in range(1, 9)])
+    costs.record(1, 0, 0.010)
+    costs.record(1, 0, 0.010)  # target-only rounds: 10 ms, the unit from now on
+    for _ in range(2):
+        costs.record(1, 7, 0.015)  # K 7 ran faster than the line (19 ms) says: its own average wins
+    per_k = costs.costs(1, 8)
+    a1, b = costs.fitted[1]
+    assert per_k[7] == pytest.approx(1.5) and per_k[4] == pytest.approx(1.6)
+    assert per_k[5] == pytest.approx((a1 + 5 * b) / 0.010) and per_k[0] == 1.0
+    for k in (0, 0, 1, 4):  # batches of 4-7 are another bucket: 20 ms target-only; 24 ms + 6 ms per token
+        costs.record(5, k, 0.020 if k == 0 else 0.024 + 0.006 * k)
+    assert costs.costs(4, 2) == pytest.approx([1.0, 1.5, 1.8])
+    assert costs.costs(16, 8) is None  # not measured
+    noisy = RoundCosts(policy, decay=0.0)
+    noisy.record(2, 1, 0.02)
     noisy.record(2, 4, 0.01)  # more draft tokens, less time: noise, not a cost
-    assert noisy.ratio(2) == 0.2
-    clock = iter(
-        [1.0, 1.5, 2.0, 2.1, 3.0, 3.2]
-    )  # start/stop pairs: 0.5 s at K 0, 0.1 s... then a mixed round
-    costs = RoundCosts(fallback=0.2, decay=0.0, clock=lambda: next(clock))
+    assert noisy.costs(2, 8) is None
+    clock = iter([1.0, 1.5, 2.0, 2.1, 3.0, 3.2])  # start/stop pairs: 0.5 s at K 0, then a mixed round
+    costs = RoundCosts(policy, decay=0.0, clock=lambda: next(clock))
     costs.start(1, 0)
     costs.stop()
     costs.stop()  # a second stop in the same round records nothing
     costs.start(1, 2)
     costs.start(3, 1)  # a second batch in the same round: left out
     costs.stop()
-    assert costs.sums[1][0] == 1.0 and 2 not in costs.sums
+    assert costs.by_k == {1: {0: [1.0, 0.5]}} and not costs.sums
 
 
 def test_stats_count_rounds_by_k_and_merge_them():

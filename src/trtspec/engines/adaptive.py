@@ -5,12 +5,17 @@
     k = controller.choose(in_flight=3)        # this round's K (0 = target-only)
     controller.update(num_draft=k, num_accepted=2)  # after the round
 
-By acceptance: ``acceptance`` is an exponential moving average of per-position outcomes (each draft token the
-target looked at: accepted 1, the first rejected one 0; positions after a rejection were never judged), starting
-from ``prior``. ``choose`` takes the K in 0..cap that maximises core.metrics' analytic speedup bound for that
-acceptance and the policy's cost ratios; K = 0 (target-only, speedup 1) wins unless some K beats it by
-``min_gain``, so a draft that cannot pay is switched off. A request that switched off learns nothing more, so
-after ``probe_every`` rounds without drafting it drafts one token (a probe) to measure again.
+By acceptance: ``acceptance`` is accepted / judged draft positions (each draft token the target looked at:
+accepted, or the first rejected one; positions after a rejection were never judged), both counts decayed by
+(1 - smoothing) per judged position, so the last ~1/smoothing positions count: the maximum-likelihood per-token
+acceptance of the recent rounds (an average of per-position outcomes in order would weigh each round's last,
+rejected, position most and run low). A request starts from ``prior_weight`` pseudo-positions at the loop's
+pooled acceptance (``AcceptancePool``: every adaptive request's rounds, decayed slowly; ``prior`` before any), so
+its first rounds draft what its neighbours' acceptance says. ``choose`` takes the K in 0..cap that maximises
+core.metrics' analytic speedup bound for that acceptance and the cost ratios; K = 0 (target-only, speedup 1) wins
+unless some K beats it by ``min_gain``, so a draft that cannot pay is switched off. A request that switched off
+learns nothing more, so after ``probe_every`` rounds without drafting it drafts one token (a probe) to measure
+again.
 
 By load: ``schedule`` maps in-flight sequences to the largest K (``{4: 4, 16: 0}``: up to 4 in flight at most
 4, up to 16 none; past the largest key its K holds). Speculation pays less as the batch grows: the target's
@@ -20,10 +25,15 @@ By batch: rows batched in one round share its forwards, which run as many draft 
 them and verify that many tokens for every row, so ``group_k`` gives every adaptive row of a batch the one K that
 maximises the batch's speedup (the mean of its rows' expected tokens per round over the round's cost).
 
-By measured cost: ``RoundCosts`` fits each batch size's round seconds as a + b * K from the rounds the loop ran
-(an exponentially weighted least-squares line), so the cost of one more draft token in target-only rounds, b / a,
-is measured where it applies: it includes the draft step and the longer verification, both of which grow with
-the batch. ``draft_cost_ratio`` is its value until a batch size has rounds of two different K.
+By measured cost: ``RoundCosts`` gives each K's round cost in target-only rounds of the same batch size,
+measured from the rounds the loop ran. A K that ran at least ``min_rounds`` recent rounds costs its own average
+seconds: round time is not linear in K (a speculative round pays the draft's catch-up, the longer verification
+and the bookkeeping beyond its draft steps, and a (K+1)-token verification whose length suits the CPU's matrix
+kernels costs less than its neighbours: on the demo pair K=7, 8 tokens, ran faster than the line through K=1..8
+says). Other K cost a1 + b * K, a least-squares line through the speculative rounds (K >= 1, exponentially
+weighted): b includes the draft step and the longer verification, both of which grow with the batch. The unit,
+a0, is the target-only rounds' average (a1 / policy.verify_cost_ratio before one ran). The policy's ratios hold
+until a batch size has speculative rounds of two different K.
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from trtspec.core.metrics import analytic_speedup_bound, expected_tokens_per_round
+from trtspec.core.metrics import expected_tokens_per_round, round_cost
 
 
 @dataclass(frozen=True)
@@ -43,9 +53,12 @@ class KPolicy:
     draft_cost_ratio: float = (
         0.2  # until rounds are measured (RoundCosts); the demo pair's is ~0.1 at batch 1
     )
-    verify_cost_ratio: float = 1.0
-    prior: float = 0.7  # optimistic: a new request drafts from its first rounds and measures
-    smoothing: float = 0.1  # weight of each judged position (~ the last 10-20): acceptance comes in bursts
+    verify_cost_ratio: float = 1.0  # until target-only rounds are measured (RoundCosts)
+    prior: float = 0.7  # optimistic: the first requests draft from their first rounds and measure
+    prior_weight: float = 4.0  # pseudo-positions of the pooled acceptance in a new request's estimate
+    smoothing: float = (
+        0.05  # forgetting per judged position (~ the last 20 count): acceptance comes in bursts
+    )
     min_gain: float = 0.05  # a K must beat target-only by 5% (hysteresis against noise near break-even)
     probe_every: int = 16  # target-only rounds between probes
     schedule: Mapping[int, int] | None = field(default=None)
@@ -65,30 +78,67 @@ def schedule_cap(schedule: Mapping[int, int] | None, in_flight: int) -> int | No
     return schedule[next((n for n in keys if n >= in_flight), keys[-1])]
 
 
-def best_k(
-    acceptance: float | Sequence[float], cap: int, policy: KPolicy, draft_cost_ratio: float | None = None
-) -> int:
-    """The K in 0..cap with the best analytic speedup for rows batched together at these acceptances (their mean
-    expected tokens per round over one round's cost); 0 unless one beats 1 + min_gain. ``draft_cost_ratio``:
-    measured (RoundCosts), else the policy's."""
+Costs = Sequence[float]  # a round's cost per K (index K) in target-only rounds: costs[0] == 1
+
+
+def linear_costs(draft_cost_ratio: float, verify_cost_ratio: float, max_k: int) -> list[float]:
+    """K draft steps plus one (K+1)-token verification per K (core.metrics.round_cost), target-only 1."""
+    return [1.0] + [round_cost(k, draft_cost_ratio, verify_cost_ratio) for k in range(1, max_k + 1)]
+
+
+def best_k(acceptance: float | Sequence[float], cap: int, policy: KPolicy, costs: Costs | None = None) -> int:
+    """The K in 0..cap with the best expected speedup for rows batched together at these acceptances (their mean
+    expected tokens per round over the round's cost); 0 unless one beats 1 + min_gain. ``costs``: measured
+    (RoundCosts: at least cap + 1 entries), else the policy's ratios."""
     rows = [acceptance] if isinstance(acceptance, int | float) else list(acceptance)
-    ratio = policy.draft_cost_ratio if draft_cost_ratio is None else draft_cost_ratio
+    costs = costs or linear_costs(policy.draft_cost_ratio, policy.verify_cost_ratio, cap)
     best, best_speedup = 0, 1.0 + policy.min_gain
     for k in range(1, cap + 1):
         tokens = sum(expected_tokens_per_round(a, k) for a in rows) / len(rows)
-        speedup = analytic_speedup_bound(tokens, k, ratio, policy.verify_cost_ratio)
+        speedup = tokens / costs[k]
         if speedup > best_speedup:
             best, best_speedup = k, speedup
     return best
 
 
-class KController:
-    """One request's K: ``update`` after each round, ``choose`` before the next (see the module docstring)."""
+class Acceptance:
+    """Accepted / judged draft positions, both decayed by (1 - decay) per judged position, from ``weight``
+    pseudo-positions at ``prior``."""
 
-    def __init__(self, policy: KPolicy, max_k: int):
+    def __init__(self, prior: float, weight: float, decay: float):
+        self.accepted, self.judged, self.decay = prior * weight, weight, decay
+
+    @property
+    def value(self) -> float:
+        return self.accepted / self.judged
+
+    def update(self, num_draft: int, num_accepted: int) -> None:
+        judged = min(num_accepted + 1, num_draft)  # the target stops judging at the first rejection
+        keep = (1.0 - self.decay) ** judged
+        self.accepted = keep * self.accepted + num_accepted
+        self.judged = keep * self.judged + judged
+
+
+class AcceptancePool(Acceptance):
+    """Every adaptive request's rounds in a loop (or an engine's loops), decayed slowly: a new request's prior."""
+
+    def __init__(self, policy: KPolicy, decay: float = 0.005):
+        super().__init__(policy.prior, policy.prior_weight, decay)
+
+
+class KController:
+    """One request's K: ``update`` after each round, ``choose`` before the next (see the module docstring).
+    ``prior``: the pooled acceptance of the loop's requests (the policy's prior without one)."""
+
+    def __init__(self, policy: KPolicy, max_k: int, prior: float | None = None):
         self.policy, self.max_k = policy, max_k
-        self.acceptance = policy.prior
+        start = policy.prior if prior is None else prior
+        self.estimate = Acceptance(start, policy.prior_weight, policy.smoothing)
         self.rounds_off = 0  # consecutive rounds that drafted nothing
+
+    @property
+    def acceptance(self) -> float:
+        return self.estimate.value
 
     def update(self, num_draft: int, num_accepted: int) -> None:
         """Fold one round in: ``num_accepted`` of ``num_draft`` draft tokens were accepted."""
@@ -96,18 +146,15 @@ class KController:
             self.rounds_off += 1
             return
         self.rounds_off = 0
-        w = self.policy.smoothing
-        judged = min(num_accepted + 1, num_draft)  # the target stops judging at the first rejection
-        for position in range(judged):
-            self.acceptance += w * (float(position < num_accepted) - self.acceptance)
+        self.estimate.update(num_draft, num_accepted)
 
-    def choose(self, in_flight: int, draft_cost_ratio: float | None = None) -> int:
+    def choose(self, in_flight: int, costs: Costs | None = None) -> int:
         """This round's K for a loop with ``in_flight`` sequences: min(best for the acceptance, schedule, max_k),
         or a 1-token probe after probe_every rounds off."""
-        return group_k([self], in_flight, draft_cost_ratio)
+        return group_k([self], in_flight, costs)
 
 
-def group_k(controllers: Sequence[KController], in_flight: int, draft_cost_ratio: float | None = None) -> int:
+def group_k(controllers: Sequence[KController], in_flight: int, costs: Costs | None = None) -> int:
     """One K for adaptive rows batched in one round: the best for their acceptances together, capped by the
     schedule for ``in_flight`` and every row's max_k; a 1-token probe once a row has been off probe_every
     rounds. The controllers share one policy (the loop's)."""
@@ -116,24 +163,29 @@ def group_k(controllers: Sequence[KController], in_flight: int, draft_cost_ratio
     scheduled = schedule_cap(policy.schedule, in_flight)
     if scheduled is not None:
         cap = min(cap, scheduled)
-    k = best_k([c.acceptance for c in controllers], cap, policy, draft_cost_ratio)
+    k = best_k([c.acceptance for c in controllers], cap, policy, costs)
     if k == 0 and cap > 0 and any(c.rounds_off >= policy.probe_every for c in controllers):
         return 1
     return k
 
 
 class RoundCosts:
-    """Measured round cost per batch size: ``start(batch, k)`` before a round, ``stop()`` after it; ``ratio(batch)``
-    is the fitted seconds of one more draft token over those of a target-only round (see the module docstring).
+    """Measured round cost per batch size: ``start(batch, k)`` before a round, ``stop()`` after it;
+    ``costs(batch, max_k)`` gives each K's cost in target-only rounds (see the module docstring), or None while a
+    batch size has no fit (then the policy's ratios apply).
 
     Batch sizes are bucketed by powers of two (1, 2-3, 4-7, ...); ``decay`` weighs the rounds (~1/decay last
-    ones count). A round that ran several batches (rows in different sampling groups) is left out: its time is
-    not one batch's."""
+    ones count; each K's own average forgets only when that K runs again). A round that ran several batches (rows
+    in different sampling groups) is left out: its time is not one batch's."""
 
-    def __init__(self, fallback: float, decay: float = 0.05, clock=time.perf_counter):
-        self.fallback, self.decay, self.clock = fallback, decay, clock
-        self.sums: dict[int, list[float]] = {}  # bucket -> weighted [n, k, k^2, t, k*t]
-        self.fitted: dict[int, float] = {}  # bucket -> the last ratio a fit gave
+    def __init__(
+        self, policy: KPolicy, decay: float = 0.05, min_rounds: float = 4.0, clock=time.perf_counter
+    ):
+        self.verify_cost_ratio = policy.verify_cost_ratio
+        self.decay, self.min_rounds, self.clock = decay, min_rounds, clock
+        self.sums: dict[int, list[float]] = {}  # bucket -> weighted [n, k, k^2, t, k*t] of rounds with K >= 1
+        self.by_k: dict[int, dict[int, list[float]]] = {}  # bucket -> K -> weighted [n, t]
+        self.fitted: dict[int, tuple[float, float]] = {}  # bucket -> the last (a1, b) a fit gave
         self._pending: tuple[int, int, float] | None = None
         self._mixed = False
 
@@ -148,22 +200,49 @@ class RoundCosts:
         self._pending, self._mixed = None, False
 
     def record(self, batch: int, k: int, seconds: float) -> None:
-        sums = self.sums.setdefault(batch.bit_length(), [0.0] * 5)
-        for i, value in enumerate((1.0, k, k * k, seconds, k * seconds)):
-            sums[i] = (1 - self.decay) * sums[i] + value
-
-    def ratio(self, batch: int) -> float:
-        """b / a of the fitted line a + b * K for this batch size. While the recent rounds ran (nearly) one K, or
-        the fit is not a cost (a or b not positive: noise), the last fitted ratio holds (``fallback`` before one)."""
         bucket = batch.bit_length()
+        cell = self.by_k.setdefault(bucket, {}).setdefault(k, [0.0, 0.0])
+        cell[0], cell[1] = (1 - self.decay) * cell[0] + 1.0, (1 - self.decay) * cell[1] + seconds
+        if k:
+            sums = self.sums.setdefault(bucket, [0.0] * 5)
+            for i, value in enumerate((1.0, k, k * k, seconds, k * seconds)):
+                sums[i] = (1 - self.decay) * sums[i] + value
+
+    def line(self, bucket: int) -> tuple[float, float] | None:
+        """(a1, b) of the speculative rounds' line. While the recent ones ran (nearly) one K, or the fit is not a
+        cost (a1 or b not positive: noise), the last fitted line holds (None before one)."""
         sums = self.sums.get(bucket)
-        if sums is None:
-            return self.fallback
-        n, k, kk, t, kt = sums
-        spread = kk / n - (k / n) ** 2  # variance of K: a slope needs rounds of different K
-        if spread >= 0.5:
-            slope = (kt / n - (k / n) * (t / n)) / spread
-            intercept = t / n - slope * k / n
-            if slope > 0 and intercept > 0:
-                self.fitted[bucket] = slope / intercept
-        return self.fitted.get(bucket, self.fallback)
+        if sums is not None:
+            n, k, kk, t, kt = sums
+            spread = kk / n - (k / n) ** 2  # variance of K: a slope needs rounds of different K
+            if spread >= 0.5:
+                slope = (kt / n - (k / n) * (t / n)) / spread
+                intercept = t / n - slope * k / n
+                if slope > 0 and intercept > 0:
+                    self.fitted[bucket] = (intercept, slope)
+        return self.fitted.get(bucket)
+
+    def costs(self, batch: int, max_k: int) -> list[float] | None:
+        """Round cost per K in 0..max_k in target-only rounds of this batch size (None: no line yet)."""
+        bucket = batch.bit_length()
+        line = self.line(bucket)
+        if line is None:
+            return None
+        a1, b = line
+        cells = self.by_k.get(bucket, {})
+
+        def seconds(k: int) -> float | None:
+            n, t = cells.get(k, (0.0, 0.0))
+            return t / n if n >= self.min_rounds else None
+
+        a0 = seconds(0) or a1 / self.verify_cost_ratio
+        return [1.0] + [(seconds(k) or a1 + b * k) / a0 for k in range(1, max_k + 1)]
+
+
+class AdaptiveState:
+    """What adaptive K learns that outlives one request: the round costs and the pooled acceptance. An engine
+    keeps one across its generate calls; a long-running loop (the Triton model's) owns its own."""
+
+    def __init__(self, policy: KPolicy, clock=time.perf_counter):
+        self.costs = RoundCosts(policy, clock=clock)
+        self.pool = AcceptancePool(policy)

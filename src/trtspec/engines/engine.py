@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from trtspec.core.errors import ModelError, RequestError
-from trtspec.engines.adaptive import KPolicy, RoundCosts
+from trtspec.engines.adaptive import AdaptiveState, KPolicy
 from trtspec.engines.loop import (
     GenerationLoop,
     GenerationResult,
@@ -129,7 +129,7 @@ class SpeculativeEngine(StreamingGenerator):
     ):
         self.target, self.draft, self.tokenizer = target, draft, tokenizer
         self.k_policy = k_policy
-        self.round_costs = RoundCosts(k_policy.draft_cost_ratio)  # measured over every call's rounds
+        self.adaptive = AdaptiveState(k_policy)  # measured over every call's rounds
         self.max_draft_len = max_draft_len if draft is not None else 0
         self.max_seq_len = max_seq_len
         self.max_batch_size = target.num_slots
@@ -187,7 +187,7 @@ class SpeculativeEngine(StreamingGenerator):
             first_token_alone=first_token_alone,
             seq_hint=self.seq_hint,
             k_policy=self.k_policy,
-            round_costs=self.round_costs,
+            adaptive=self.adaptive,
         )
 
     def _eos_ids(self, params: SamplingParams) -> set[int]:

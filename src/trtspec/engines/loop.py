@@ -43,7 +43,7 @@ import torch
 
 from trtspec.core.errors import RequestError
 from trtspec.core.metrics import AcceptanceStats
-from trtspec.engines.adaptive import KController, KPolicy, RoundCosts, group_k
+from trtspec.engines.adaptive import AdaptiveState, KController, KPolicy, group_k
 from trtspec.engines.rounds import Outcome, Rounds, Row
 from trtspec.engines.sampling import SamplingParams, check_num_draft_tokens
 
@@ -195,12 +195,12 @@ class GenerationLoop:
         first_token_alone: bool = False,
         seq_hint: str = "shorten it or raise max_seq_len",
         k_policy: KPolicy = KPolicy(),
-        round_costs: RoundCosts | None = None,
+        adaptive: AdaptiveState | None = None,
     ):
         self.rounds, self.tokenizer = rounds, tokenizer
         self.k_policy = k_policy
-        # Adaptive K's measured costs; an engine passes its own so they outlive one generate call.
-        self.round_costs = round_costs or RoundCosts(k_policy.draft_cost_ratio)
+        # Adaptive K's measured costs and pooled acceptance; an engine passes its own so they outlive one call.
+        self.adaptive = adaptive or AdaptiveState(k_policy)
         self.max_draft_len = rounds.max_draft_len
         self.max_seq_len, self.seq_hint = max_seq_len, seq_hint
         self.first_token_alone = first_token_alone
@@ -239,8 +239,12 @@ class GenerationLoop:
             generator = new_generator(params, self.rounds.device) if seeded else self._shared_generator
         stops = StopChecker(params, eos_ids, self.tokenizer, keep_end=keep_end, stop_sequences=stop_sequences)
         stats = AcceptanceStats(max_draft_len=k)
-        adaptive = params.num_draft_tokens is None and k > 0
-        controller = KController(self.k_policy, k) if adaptive else None
+        controller = None
+        if params.num_draft_tokens is None and k > 0:
+            # A seeded sampled request's K must not depend on other requests (it decides its random draws).
+            seeded = params.seed is not None and not params.greedy
+            prior = None if seeded else self.adaptive.pool.value
+            controller = KController(self.k_policy, k, prior)
         row = Row(list(prompt), -1, max_len=len(prompt) + params.max_new_tokens)
         start = time.perf_counter()
         request = _Active(request_id, row, params, k, stops, generator, start, stats, controller)
@@ -309,7 +313,7 @@ class GenerationLoop:
             outcomes = self.rounds.run(rows, num_draft, group[0].params, group[0].generator)
             for r, out in zip(group, outcomes, strict=True):
                 outcome[id(r)] = out
-        self.round_costs.stop()  # the round's forwards are done
+        self.adaptive.costs.stop()  # the round's forwards are done
         now = time.perf_counter()
         return [self._emit(request, outcome[id(request)], now) for request in list(self.active)]
 
@@ -323,11 +327,11 @@ class GenerationLoop:
         shared = 0
         if adaptive:
             seeded = group[0].params.seed is not None and not group[0].params.greedy
-            ratio = None if seeded else self.round_costs.ratio(len(group))
-            shared = group_k(adaptive, 1 if seeded else len(self.active), ratio)
+            costs = None if seeded else self.adaptive.costs.costs(len(group), self.max_draft_len)
+            shared = group_k(adaptive, 1 if seeded else len(self.active), costs)
         num_draft = [self._num_draft(r, running, shared) for r in group]
         if all(r.rounds for r in group):  # a prefill round's time is the prompt's, not the K's
-            self.round_costs.start(len(group), max(num_draft))
+            self.adaptive.costs.start(len(group), max(num_draft))
         return num_draft
 
     def _num_draft(self, request: _Active, running: bool, shared: int) -> int:
@@ -352,6 +356,8 @@ class GenerationLoop:
                 stats.record_round(0, 0)
         if request.controller is not None:
             request.controller.update(out.num_draft, out.num_accepted)
+            if out.num_draft:
+                self.adaptive.pool.update(out.num_draft, out.num_accepted)
         tokens = out.tokens
         kept, reason = request.stops.cut(request.generated, tokens)
         request.generated += kept
