@@ -82,6 +82,23 @@ def test_rows_speedup_bound_and_recommendation():
     assert all(r["analytic_bound"] is None for r in no_ratio.rows() if r["num_draft_tokens"])
 
 
+def test_sweep_order_adaptive_warms_up_untimed_then_leads_each_pass():
+    from trtspec.validate.bench import run_sweep
+
+    calls = []
+
+    class Recorder:  # a system that answers at once and records each call's (batch size, K, max tokens)
+        def generate(self, requests, params):
+            calls.append((len(requests), params.num_draft_tokens, params.max_new_tokens))
+            return [Generation([5] * params.max_new_tokens, None, None, 0.001) for _ in requests]
+
+    reqs = [Request("a", [1]), Request("b", [2])]
+    points = run_sweep(Recorder(), reqs, ks=[2], concurrency=[2], max_new_tokens=3, adaptive=True, repeats=2)
+    assert calls == [(1, 0, 4)] + [(2, None, 3)] + [(2, None, 3), (2, 0, 3), (2, 2, 3)] * 2
+    # the warm-up pass is not a point: adaptive pools its two timed passes only
+    assert [(p.num_draft_tokens, len(p.generations)) for p in points] == [(0, 4), (2, 4), (None, 4)]
+
+
 def test_make_requests_fills_whole_groups():
     reqs = [Request("a", [1]), Request("b", [2]), Request("c", [3])]
     assert [r.text for r in make_requests(reqs, 2)] == ["a", "b", "c", "a"]

@@ -185,3 +185,17 @@ def test_endpoint_response_collects_output_ids_per_piece():
     response.add_ids(0.4, None)
     assert response.token_ids == [5, 6, 7, 8]
     assert response.id_pieces == [(0.1, [5, 6]), (0.3, [7]), (0.35, [8])]
+
+
+def test_a_triton_system_is_adaptive_where_the_entry_model_says_so(monkeypatch):
+    """bench measures adaptive K over Triton when a request without K gets it: the entry model's num_draft_tokens
+    parameter is "adaptive" (deploy writes that unless the recipe pins a K)."""
+    from trtspec.validate.endpoint import TritonClient, TritonSystem
+
+    monkeypatch.setattr(TritonClient, "check_ready", lambda self: None)
+    monkeypatch.setattr(TritonClient, "resolve", lambda self: None)
+    for value, adaptive in (("adaptive", True), ("4", False), (None, False)):
+        params = {} if value is None else {"num_draft_tokens": value, "k_schedule": ""}
+        monkeypatch.setattr(TritonClient, "model_parameters", lambda self, p=params: p)
+        system = TritonSystem("127.0.0.1:1", tokenizer=None, model="tensorrt_llm_bls")
+        assert system.adaptive is adaptive and system.fixed_k is None, value

@@ -122,12 +122,16 @@ def test_bench_over_grpc_small_sweep(runner, served, tmp_path):
     )
     assert result.exit_code == 0, result.output
     saved = json.loads((out_dir / "bench.json").read_text())
+    # the entry model's num_draft_tokens parameter is "adaptive" (the recipe pins no K): adaptive points too
     assert {(p["num_draft_tokens"], p["concurrency"]) for p in saved["points"]} == {
         (0, 1),
         (2, 1),
+        (None, 1),
         (0, 2),
         (2, 2),
+        (None, 2),
     }
+    assert [row["concurrency"] for row in saved["adaptive_sweep"]] == [1, 2]
     for point in saved["points"]:
         assert point["tokens_per_s"] > 0 and point["ttft_p50_s"] is not None
     assert all(p["analytic_bound"] > 0 for p in saved["points"] if p["num_draft_tokens"])

@@ -315,11 +315,12 @@ def run_sweep(
     advance: Callable[[str], None] | None = None,
 ) -> list[BenchPoint]:
     """Every (K, concurrency) point: adaptive K first (``adaptive``: requests that give no K), then K = 0, then
-    ``ks``; ``draft_system`` (the draft alone, target-only) adds draft points. Adaptive K runs first at each
-    concurrency so that what it measures of the round costs at that batch size comes from its own rounds, not
-    from the static points' (engines/adaptive.py RoundCosts lives as long as the engine). ``repeats`` passes over a
-    concurrency's points one after another, each point pooled over its passes, so a slow spell of a shared
-    machine falls on every point of a pass rather than on one point."""
+    ``ks``; ``draft_system`` (the draft alone, target-only) adds draft points. Adaptive K is measured in steady
+    state: at each concurrency one untimed adaptive pass runs first, so it has measured that batch size's round
+    costs (engines/adaptive.py: what a server learns in its first seconds and keeps for its lifetime; an engine
+    keeps them across calls). It then runs first in each pass, so in the first pass what it knows comes from its
+    own rounds. ``repeats`` passes over a concurrency's points one after another, each point pooled over its
+    passes, so a slow spell of a shared machine falls on every point of a pass rather than on one point."""
     from trtspec.engines.sampling import SamplingParams
 
     params = SamplingParams(max_new_tokens=max_new_tokens)
@@ -331,6 +332,9 @@ def run_sweep(
     for c in concurrency:
         batch = make_requests(requests, c)
         pooled: dict[tuple[str, int | None], BenchPoint] = {}
+        if adaptive:
+            step(f"K={k_label(None)} concurrency={c} warm-up (untimed)")
+            run_point(system, batch, params.with_(num_draft_tokens=None), c)
         for n in range(repeats):
             runs = [("pair", k) for k in ([None] if adaptive else []) + [0, *ks]]
             runs += [("draft", 0)] if draft_system is not None else []

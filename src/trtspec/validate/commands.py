@@ -308,8 +308,8 @@ def bench(options: BenchOptions, out) -> dict:
     adaptive = system.adaptive
     if not adaptive:
         notes.append(
-            f"{system.name}: a request without K gets the deployment's default, not necessarily adaptive K, so "
-            "adaptive K was not measured."
+            f"{system.name}: a request without K gets the deployment's default, which is not adaptive K (the "
+            "entry model's num_draft_tokens parameter), so adaptive K was not measured."
         )
     measure_draft = options.system.kind == "engine" and options.draft_cost_ratio is None
     draft = _draft_alone(recipe, options.system, biggest) if measure_draft else None
@@ -318,7 +318,12 @@ def bench(options: BenchOptions, out) -> dict:
             f"Each point pools {options.repeats} passes over its concurrency's points, run one after another."
         )
     per_concurrency = len(options.num_draft_tokens) + 1 + adaptive + (draft is not None)
-    total = len(options.concurrency) * per_concurrency * options.repeats
+    if adaptive:
+        notes.append(
+            "Adaptive K is measured in steady state: one untimed adaptive pass runs first at each concurrency, "
+            "so it has measured that batch size's round costs, as a server does in its first seconds."
+        )
+    total = len(options.concurrency) * (per_concurrency * options.repeats + adaptive)
     console = out.console()
     try:
         with Progress(console=console, transient=True) as progress:

@@ -29,7 +29,7 @@ from trtspec.chat import check_text_input
 from trtspec.core.errors import RequestError, ServerError
 from trtspec.core.metrics import AcceptanceStats
 from trtspec.triton_repo import llmapi
-from trtspec.triton_repo.interface import CLIENT_INPUTS, ENTRY_POINT, METRIC_OUTPUTS
+from trtspec.triton_repo.interface import ADAPTIVE, CLIENT_INPUTS, ENTRY_POINT, METRIC_OUTPUTS
 from trtspec.validate.systems import Generation, Request
 
 # Request field -> input name, per client interface (the trtspec.json "interface" of a repository); a field an
@@ -166,6 +166,23 @@ class TritonClient:
                 return {i["name"] for i in json.loads(response.read()).get("inputs", [])}
         except Exception:  # noqa: BLE001 - unknown model, or unreachable (check_ready says which)
             return None
+
+    def model_parameters(self) -> dict[str, str]:
+        """The entry model's config.pbtxt parameters (string values; {} when the server does not say)."""
+        self.resolve()
+        try:
+            if self.protocol == "grpc":
+                import tritonclient.grpc as grpcclient
+
+                with grpcclient.InferenceServerClient(self.address) as client:
+                    config = client.get_model_config(self.model, as_json=True)["config"]
+            else:
+                url = f"http://{self.address}/v2/models/{self.model}/config"
+                with urllib.request.urlopen(url, timeout=10) as response:
+                    config = json.loads(response.read())
+        except Exception:  # noqa: BLE001 - a server that hides its configs: nothing known
+            return {}
+        return {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
 
     def resolve(self) -> None:
         """Fix the entry model and the interface (see the class docstring); ServerError when neither is served."""
@@ -350,8 +367,9 @@ class TritonSystem:
         # there) and takes no per-request K
         llmapi_k = llmapi_max_draft_len or max_draft_len
         self.fixed_k = llmapi_k if self.client.interface == "llmapi" else None
-        # A request without K gets the repository's default, which may be a fixed K: not measured as adaptive.
-        self.adaptive = False
+        # A request without K gets the repository's default: adaptive K where the entry model says so.
+        default_k = self.client.model_parameters().get("num_draft_tokens") if not self.fixed_k else None
+        self.adaptive = default_k == ADAPTIVE
 
     def generate(self, requests: list[Request], params) -> list[Generation]:
         sampling = (
