@@ -128,7 +128,7 @@ def test_a_batch_shares_the_k_best_for_its_rows_together():
 
 def test_round_costs_per_k_in_target_only_rounds():
     policy = KPolicy(draft_cost_ratio=0.2, verify_cost_ratio=1.0)
-    costs = RoundCosts(policy, decay=0.0, min_rounds=2)
+    costs = RoundCosts(policy, decay=0.0, prior_rounds=2)
     assert costs.costs(1, 8) is None  # nothing measured: the policy's ratios apply
     assert best_k(0.9, 8, policy) == best_k(0.9, 8, policy, linear_costs(0.2, 1.0, 8))
     for _ in range(3):  # batch 1: speculative rounds 12 ms + 1 ms per draft token
@@ -136,17 +136,19 @@ def test_round_costs_per_k_in_target_only_rounds():
     assert costs.costs(1, 8) is None  # one K only: no line yet
     costs.record(1, 2, 0.014)
     costs.record(1, 8, 0.020)
-    # no target-only round yet: the unit is a1 / the policy's verify_cost_ratio (12 ms); K 2 and 8 ran once
-    # (under min_rounds: the line), K 4 three times (its own average, on the line here)
+    # every round on the line 12 ms + 1 ms * K; no target-only round yet: the unit is a1 / verify_cost_ratio
     assert costs.costs(1, 8) == pytest.approx([1.0] + [(12 + k) / 12 for k in range(1, 9)])
-    costs.record(1, 0, 0.010)
-    costs.record(1, 0, 0.010)  # target-only rounds: 10 ms, the unit from now on
     for _ in range(2):
-        costs.record(1, 7, 0.015)  # K 7 ran faster than the line (19 ms) says: its own average wins
+        costs.record(1, 0, 0.010)  # target-only rounds: 10 ms, the unit from now on
+    for _ in range(6):
+        costs.record(1, 7, 0.015)  # K 7 runs faster than the line says (19 ms)
     per_k = costs.costs(1, 8)
-    a1, b = costs.fitted[1]
-    assert per_k[7] == pytest.approx(1.5) and per_k[4] == pytest.approx(1.6)
-    assert per_k[5] == pytest.approx((a1 + 5 * b) / 0.010) and per_k[0] == 1.0
+    a1, b = costs.fitted[1]  # the line refitted through K 7's rounds too
+    # each K: its own rounds' total plus prior_rounds (2) rounds on the line, per round, in 10 ms units
+    assert per_k[7] == pytest.approx((6 * 0.015 + 2 * (a1 + 7 * b)) / 8 / 0.010)
+    assert per_k[4] == pytest.approx((3 * 0.016 + 2 * (a1 + 4 * b)) / 5 / 0.010)
+    assert per_k[5] == pytest.approx((a1 + 5 * b) / 0.010) and per_k[0] == 1.0  # K 5 never ran: the line
+    assert per_k[7] < (a1 + 7 * b) / 0.010 and per_k[7] < per_k[6]  # pulled toward what K 7 costs
     for k in (0, 0, 1, 4):  # batches of 4-7 are another bucket: 20 ms target-only; 24 ms + 6 ms per token
         costs.record(5, k, 0.020 if k == 0 else 0.024 + 0.006 * k)
     assert costs.costs(4, 2) == pytest.approx([1.0, 1.5, 1.8])

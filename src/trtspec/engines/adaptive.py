@@ -26,14 +26,16 @@ them and verify that many tokens for every row, so ``group_k`` gives every adapt
 maximises the batch's speedup (the mean of its rows' expected tokens per round over the round's cost).
 
 By measured cost: ``RoundCosts`` gives each K's round cost in target-only rounds of the same batch size,
-measured from the rounds the loop ran. A K that ran at least ``min_rounds`` recent rounds costs its own average
-seconds: round time is not linear in K (a speculative round pays the draft's catch-up, the longer verification
-and the bookkeeping beyond its draft steps, and a (K+1)-token verification whose length suits the CPU's matrix
-kernels costs less than its neighbours: on the demo pair K=7, 8 tokens, ran faster than the line through K=1..8
-says). Other K cost a1 + b * K, a least-squares line through the speculative rounds (K >= 1, exponentially
-weighted): b includes the draft step and the longer verification, both of which grow with the batch. The unit,
-a0, is the target-only rounds' average (a1 / policy.verify_cost_ratio before one ran). The policy's ratios hold
-until a batch size has speculative rounds of two different K.
+measured from the rounds the loop ran. The line a1 + b * K, a least-squares fit through the speculative rounds
+(K >= 1, exponentially weighted), carries it: b includes the draft step and the longer verification, both of
+which grow with the batch, and a1 what a speculative round pays beyond its draft steps (the draft's catch-up, the
+verification, the bookkeeping), which a target-only round does not. Round time is not quite linear in K (a
+(K+1)-token verification whose length suits the CPU's matrix kernels costs less than its neighbours: on the demo
+pair K=7, 8 tokens, ran faster than the line through K=1..8 says), so each K's own recent rounds pull its cost
+from the line toward their average, weighted n / (n + prior_rounds): a K measured cheap or dear by a few noisy
+rounds moves little, one measured often moves to what it costs. The unit, a0, is the target-only rounds' average
+(a1 / policy.verify_cost_ratio before one ran). The policy's ratios hold until a batch size has speculative
+rounds of two different K.
 """
 
 from __future__ import annotations
@@ -179,10 +181,10 @@ class RoundCosts:
     in different sampling groups) is left out: its time is not one batch's."""
 
     def __init__(
-        self, policy: KPolicy, decay: float = 0.05, min_rounds: float = 4.0, clock=time.perf_counter
+        self, policy: KPolicy, decay: float = 0.05, prior_rounds: float = 8.0, clock=time.perf_counter
     ):
         self.verify_cost_ratio = policy.verify_cost_ratio
-        self.decay, self.min_rounds, self.clock = decay, min_rounds, clock
+        self.decay, self.prior_rounds, self.clock = decay, prior_rounds, clock
         self.sums: dict[int, list[float]] = {}  # bucket -> weighted [n, k, k^2, t, k*t] of rounds with K >= 1
         self.by_k: dict[int, dict[int, list[float]]] = {}  # bucket -> K -> weighted [n, t]
         self.fitted: dict[int, tuple[float, float]] = {}  # bucket -> the last (a1, b) a fit gave
@@ -231,12 +233,13 @@ class RoundCosts:
         a1, b = line
         cells = self.by_k.get(bucket, {})
 
-        def seconds(k: int) -> float | None:
+        def seconds(k: int) -> float:  # K's own rounds' total, pulled toward the line by prior_rounds of it
             n, t = cells.get(k, (0.0, 0.0))
-            return t / n if n >= self.min_rounds else None
+            return (t + self.prior_rounds * (a1 + b * k)) / (n + self.prior_rounds)
 
-        a0 = seconds(0) or a1 / self.verify_cost_ratio
-        return [1.0] + [(seconds(k) or a1 + b * k) / a0 for k in range(1, max_k + 1)]
+        n0, t0 = cells.get(0, (0.0, 0.0))
+        a0 = t0 / n0 if n0 else a1 / self.verify_cost_ratio
+        return [1.0] + [seconds(k) / a0 for k in range(1, max_k + 1)]
 
 
 class AdaptiveState:
