@@ -132,6 +132,8 @@ def test_bench_over_grpc_small_sweep(runner, served, tmp_path):
         (None, 2),
     }
     assert [row["concurrency"] for row in saved["adaptive_sweep"]] == [1, 2]
+    # a server reports draft totals, not target forwards: its mean K is unknown, not 0
+    assert all(row["adaptive_mean_num_draft_tokens"] is None for row in saved["adaptive_sweep"])
     for point in saved["points"]:
         assert point["tokens_per_s"] > 0 and point["ttft_p50_s"] is not None
     assert all(p["analytic_bound"] > 0 for p in saved["points"] if p["num_draft_tokens"])

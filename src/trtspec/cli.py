@@ -701,7 +701,8 @@ def _int_list(ctx, param, value: str | None) -> tuple[int, ...] | None:
     default=None,
     callback=_int_list,
     help="Static K values to sweep (comma-separated) [default: 1..max_draft_len]; target-only (K=0) and "
-    "adaptive K (requests that give no K) always run too.",
+    "adaptive K (requests that give no K; against a server, where its entry model's default is adaptive) always "
+    "run too.",
 )
 @click.option(
     "--concurrency",

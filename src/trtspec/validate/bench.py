@@ -239,8 +239,8 @@ class BenchResult:
     def sweep_summary(self) -> list[dict]:
         """Per concurrency with an adaptive point: target-only, the best point, adaptive and their ratios."""
         rows = []
-        mean_k = {
-            p.concurrency: p.stats.mean_num_draft_tokens
+        mean_k = {  # unknown (None) where the system reports no target forwards (a server's totals only)
+            p.concurrency: p.stats.mean_num_draft_tokens if p.stats.target_forwards else None
             for p in self.points
             if p.role == "pair" and p.num_draft_tokens is None
         }
