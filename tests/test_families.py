@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from test_engine import hf_greedy
 from tiny_models import FAMILIES, make_family_pair
 
 from trtspec.builders import support
@@ -88,15 +89,6 @@ def write_recipe(path: Path, target: Path, draft: Path, *, runtime: str = "torch
     }
     path.write_text(yaml.safe_dump(data))
     return path
-
-
-def hf_greedy(model_dir: Path, prompt: list[int], max_new_tokens: int = MAX_NEW) -> list[int]:
-    """The oracle: HF generate(do_sample=False) on the target alone (its generation_config's eos ids stop it)."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new_tokens)
-    return out[0, len(prompt) :].tolist()
 
 
 # ---------------------------------------------------------------- check
@@ -211,7 +203,7 @@ def test_generate_equals_hf_greedy(pairs, family):
     assert isinstance(engine.draft, LeanCausalLM) == (family in LEAN)
     results = engine.generate(PROMPTS, SamplingParams(max_new_tokens=MAX_NEW, num_draft_tokens=4))
     for prompt, result in zip(PROMPTS, results, strict=True):
-        assert result.token_ids == hf_greedy(target, prompt)
+        assert result.token_ids == hf_greedy(target, prompt, MAX_NEW)
         assert result.stats.drafted > 0
 
 
@@ -243,7 +235,7 @@ def test_generation_stops_at_a_later_id_of_the_eos_list(pairs, tmp_path, family)
     target, draft = pairs(family)
     last_eos = AutoTokenizer.from_pretrained(target).convert_tokens_to_ids(FAMILIES[family]["eos"][-1])
     steered = steer_to_eos(target, tmp_path / "target", last_eos, PROMPTS[0])
-    reference = hf_greedy(steered, PROMPTS[0])
+    reference = hf_greedy(steered, PROMPTS[0], MAX_NEW)  # its generation_config's eos ids stop it
     assert reference[-1] == last_eos and len(reference) < MAX_NEW  # HF stops there too
     engine = SpeculativeEngine.from_pretrained(steered, draft, max_draft_len=4, max_seq_len=MAX_SEQ_LEN)
     (result,) = engine.generate([PROMPTS[0]], SamplingParams(max_new_tokens=MAX_NEW, num_draft_tokens=4))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-import torch
+from test_engine import hf_greedy
 
 from trtspec.core.errors import RequestError
 from trtspec.engines.loop import GenerationLoop, LoopThread
@@ -139,14 +139,6 @@ def pair(tiny_pair):
 
 def new_loop(pair, **options) -> GenerationLoop:
     return GenerationLoop(TorchRounds(*pair, max_draft_len=4), max_seq_len=128, **options)
-
-
-def hf_greedy(model_dir, prompt: list[int], max_new_tokens: int) -> list[int]:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new_tokens)
-    return out[0, len(prompt) :].tolist()
 
 
 def test_requests_joining_mid_run_get_the_tokens_they_get_alone_and_hf_greedy(pair, tiny_pair):
