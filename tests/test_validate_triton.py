@@ -175,3 +175,13 @@ def test_validate_chat_prompts_over_grpc(runner, served, tiny_pair, tmp_path):
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
     assert payload["sets"]["chat"]["exact_match_rate"] == 1.0 and payload["stats"]["drafted"] > 0
+
+
+def test_the_entry_models_parameters_over_grpc_and_http(served):
+    """What bench reads to know a request without K gets adaptive K (deploy wrote the recipe's unpinned K)."""
+    from trtspec.validate.endpoint import TritonClient
+
+    _, server = served
+    for url in (server.ports.grpc_url, f"http://{server.ports.http_url}"):
+        params = TritonClient(url).model_parameters()
+        assert params["num_draft_tokens"] == "adaptive" and params["max_draft_len"].isdigit(), url

@@ -12,8 +12,9 @@ acceptance of the recent rounds (an average of per-position outcomes in order wo
 rejected, position most and run low). A request starts from ``prior_weight`` pseudo-positions at the loop's
 pooled acceptance (``AcceptancePool``: every adaptive request's rounds, decayed slowly; ``prior`` before any), so
 its first rounds draft what its neighbours' acceptance says. ``choose`` takes the K in 0..cap that maximises
-core.metrics' analytic speedup bound for that acceptance and the cost ratios; K = 0 (target-only, speedup 1) wins
-unless some K beats it by ``min_gain``, so a draft that cannot pay is switched off. A request that switched off
+the expected speedup for that acceptance (core.metrics' expected tokens per round over the round's cost, below);
+K = 0 (target-only, speedup 1) wins unless some K beats it by ``min_gain``, so a draft that cannot pay is
+switched off. A request that switched off
 learns nothing more, so after ``probe_every`` rounds without drafting it drafts one token (a probe) to measure
 again.
 
