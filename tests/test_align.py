@@ -235,6 +235,8 @@ def test_an_interrupted_run_leaves_no_output_and_resumes(tmp_path, misaligned, m
     examples = state["shards"][0]["examples"]
     assert result.record["steps"] == 2 * -(-examples // 2)  # every batch of both epochs, counted once
     assert (spec.out / "align.json").is_file() and not spec.work_dir.exists()
+    # the source draft's validation acceptance came back with the checkpoint (it is measured before step 1 only)
+    assert result.report["selection"]["validation_acceptance"]["source"] is not None
 
 
 @pytest.mark.slow
@@ -314,6 +316,7 @@ def scripted_validation(monkeypatch, values: list[float]) -> list[dict]:
     monkeypatch.setattr(align, "validation_acceptance", fake)
     monkeypatch.setattr(align, "noise_margin", lambda acceptance, examples, k: 0.1)
     monkeypatch.setattr(align, "ESTIMATE_S", -1.0)
+    monkeypatch.setattr(align, "ESTIMATE_SHARE", 1e9)  # no pacing by how long a measurement takes
     return seen
 
 

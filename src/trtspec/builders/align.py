@@ -11,7 +11,8 @@
    nvidia-modelopt's distillation API, which runs the teacher online each step (here the target's logits are
    computed once and reused every epoch) and exists only on the pinned stack. Bounded by the budget (data and
    training together, across interruptions); a checkpoint every CHECKPOINT_S seconds and on Ctrl-C.
-   Every ESTIMATE_S seconds and at the end, greedy acceptance at K on the validation prompts; the weights written
+   Every ESTIMATE_S seconds (less often where measuring would take more than ESTIMATE_SHARE of the time) and at
+   the end, greedy acceptance at K on (up to VALIDATION_MAX) validation prompts; the weights written
    are those of the best evaluation, the source draft's own included (step 0), which a trained step must beat by
    more than two standard errors of its acceptance there (a gain within the noise of a few validation prompts is
    as likely a loss on other prompts), so a draft that training does not clearly improve is written unchanged
@@ -48,7 +49,9 @@ from trtspec.recipe import Recipe, load_recipe, recipe_copy
 MARKER = "align.json"
 MIN_STEPS = 20  # a budget must leave at least this many training steps after one prompt's data
 CHECKPOINT_S = 30.0
-ESTIMATE_S = 20.0  # validation acceptance is measured this often (the weights written are the best's)
+ESTIMATE_S = 20.0  # validation acceptance is measured this often (the weights written are the best's) ...
+ESTIMATE_SHARE = 0.2  # ... or less often, so that measuring takes at most this share of the training time
+VALIDATION_MAX = 64  # validation prompts measured (the first ones; more add time, not much precision)
 DATA_SHARE = 0.5  # training prompts stop being generated past this share of the budget
 
 
@@ -344,6 +347,7 @@ class Best:
     acceptance: float | None
     weights: dict | None = None
     margin: float = 0.0
+    source: float | None = None  # the source draft's validation acceptance (checkpointed with the rest)
 
     def consider(self, draft, step: int, acceptance: float | None) -> None:
         if acceptance is None or self.acceptance is None:
@@ -357,7 +361,8 @@ def train(
     spec: AlignSpec, work: WorkDir, clock: Clock, draft, validation: list[dict], k: int, pad_id: int, progress
 ) -> tuple[dict, Best, float | None]:
     """AdamW on the shards until the budget or max_epochs ends, resuming from checkpoint.pt; the validation
-    acceptance measured every ESTIMATE_S seconds and after the last step. Returns the last position, the best
+    acceptance measured every ESTIMATE_S seconds (at most ESTIMATE_SHARE of the time) and after the last step.
+    Returns the last position, the best
     evaluation (the source draft's at step 0) and the last step's validation acceptance."""
     optimizer = torch.optim.AdamW(draft.parameters(), lr=spec.lr, betas=(0.9, 0.95), weight_decay=0.0)
     ckpt = work.load_torch("checkpoint.pt")
@@ -368,14 +373,14 @@ def train(
         position, best = ckpt["position"], Best(**ckpt["best"])
     else:
         source = validation_acceptance(draft, validation, k)
-        best = Best(0, source, margin=noise_margin(source, validation, k))
-    work.state.setdefault("source_validation_acceptance", best.acceptance if best.step == 0 else None)
+        best = Best(0, source, margin=noise_margin(source, validation, k), source=source)
     draft.train()
     shown = "" if best.acceptance is None else f" validation accept@{k}: best {best.acceptance:.3f}"
     task = progress.add_task(
         "train", total=max(clock.budget_s, 1.0), completed=min(clock.spent(), clock.budget_s)
     )
-    last_ckpt = last_estimate = time.perf_counter()
+    last_ckpt = time.perf_counter()
+    next_estimate = last_ckpt + ESTIMATE_S
     loss_avg = position["loss"]
     try:
         for epoch, shard_pos, batch_pos, batch in remaining_batches(work, spec, position):
@@ -393,8 +398,10 @@ def train(
             position = {"epoch": epoch, "shard_pos": shard_pos, "batch_pos": batch_pos,
                         "step": position["step"] + 1, "loss": loss_avg}  # fmt: skip
             now = time.perf_counter()
-            if now - last_estimate > ESTIMATE_S and validation:
-                accept, last_estimate = validation_acceptance(draft, validation, k), now
+            if now > next_estimate and validation:
+                accept = validation_acceptance(draft, validation, k)
+                took = time.perf_counter() - now
+                next_estimate = time.perf_counter() + max(ESTIMATE_S, took / ESTIMATE_SHARE)
                 best.consider(draft, position["step"], accept)
                 shown = f" validation accept@{k} {accept:.3f} (best {best.acceptance:.3f})"
             if now - last_ckpt > CHECKPOINT_S:
@@ -508,7 +515,7 @@ def run_align(spec: AlignSpec, console=None) -> AlignResult:
             work.save_state()
         if not work.state["shards"]:
             raise OutputError(f"{spec.prompts}: the budget ended before any training data was generated")
-        validation = work.load_torch("validation.pt") or []
+        validation = (work.load_torch("validation.pt") or [])[:VALIDATION_MAX]
         position, best, last = train(spec, work, clock, draft, validation, k_show, pad_id, progress)
     if position["step"] == 0:
         raise CheckFailed(
@@ -518,6 +525,7 @@ def run_align(spec: AlignSpec, console=None) -> AlignResult:
         )
     if validation and best.step == 0:  # training never beat the source draft there: written unchanged
         draft = load_hf_model(recipe.draft.model, "float32", recipe.draft.trust_remote_code, "the draft")
+        draft = draft.to(spec.device)
     elif validation and best.step != position["step"]:
         draft.load_state_dict(best.weights)
     draft.eval()
@@ -532,7 +540,7 @@ def run_align(spec: AlignSpec, console=None) -> AlignResult:
         "steps": position["step"],
         "selected_step": best.step if validation else position["step"],
         "margin": best.margin,
-        "validation_acceptance": {"source": work.state["source_validation_acceptance"], "last": last,
+        "validation_acceptance": {"source": best.source, "last": last,
                                   "selected": best.acceptance},
     }  # fmt: skip
     record = {

@@ -109,17 +109,20 @@ class Acceptance:
     pseudo-positions at ``prior``."""
 
     def __init__(self, prior: float, weight: float, decay: float):
-        self.accepted, self.judged, self.decay = prior * weight, weight, decay
+        # (accepted, judged) in one attribute: a pool is read by request threads while the loop's thread
+        # updates it, and one assignment is never seen half done
+        self.counts, self.decay = (prior * weight, weight), decay
 
     @property
     def value(self) -> float:
-        return self.accepted / self.judged
+        accepted, judged = self.counts
+        return accepted / judged
 
     def update(self, num_draft: int, num_accepted: int) -> None:
         judged = min(num_accepted + 1, num_draft)  # the target stops judging at the first rejection
         keep = (1.0 - self.decay) ** judged
-        self.accepted = keep * self.accepted + num_accepted
-        self.judged = keep * self.judged + judged
+        accepted, seen = self.counts
+        self.counts = (keep * accepted + num_accepted, keep * seen + judged)
 
 
 class AcceptancePool(Acceptance):

@@ -47,7 +47,7 @@ from trtspec.builders import trtllm_adapter as adapter
 from trtspec.core import layout
 from trtspec.core.errors import CheckpointError, ModelError
 from trtspec.core.sequences import common_prefix_len
-from trtspec.engines.adaptive import KPolicy, policy_for
+from trtspec.engines.adaptive import AdaptiveState, KPolicy, policy_for
 from trtspec.engines.engine import StreamingGenerator
 from trtspec.engines.loop import GenerationLoop
 from trtspec.engines.rounds import Outcome, Row
@@ -90,6 +90,7 @@ class TrtllmSpeculativeRunner(StreamingGenerator):
             self.max_seq_len = min(self.max_seq_len, draft.max_seq_len)
         self.eos_ids, self.pad_id = tuple(eos_ids), pad_id
         self.k_policy = k_policy
+        self.adaptive = AdaptiveState(k_policy)  # adaptive K's measurements, kept across calls
 
     @classmethod
     def from_engine_dirs(
@@ -180,6 +181,7 @@ class TrtllmSpeculativeRunner(StreamingGenerator):
             first_token_alone=first_token_alone,
             seq_hint=self.seq_hint,
             k_policy=self.k_policy,
+            adaptive=self.adaptive,
         )
 
     @property
