@@ -242,8 +242,7 @@ class GenerationLoop:
         controller = None
         if params.num_draft_tokens is None and k > 0:
             # A seeded sampled request's K must not depend on other requests (it decides its random draws).
-            seeded = params.seed is not None and not params.greedy
-            prior = None if seeded else self.adaptive.pool.value
+            prior = None if params.seeded else self.adaptive.pool.value
             controller = KController(self.k_policy, k, prior)
         row = Row(list(prompt), -1, max_len=len(prompt) + params.max_new_tokens)
         start = time.perf_counter()
@@ -326,7 +325,7 @@ class GenerationLoop:
         adaptive = [r.controller for r in group if r.controller is not None]
         shared = 0
         if adaptive:
-            seeded = group[0].params.seed is not None and not group[0].params.greedy
+            seeded = group[0].params.seeded
             costs = None if seeded else self.adaptive.costs.costs(len(group), self.max_draft_len)
             shared = group_k(adaptive, 1 if seeded else len(self.active), costs)
         num_draft = [self._num_draft(r, running, shared) for r in group]
@@ -338,8 +337,7 @@ class GenerationLoop:
         """The row's K this round (``shared``: the adaptive rows' K). A first round drafts nothing
         (first_token_alone) where that makes the round shorter: when no other row drafts in it. A seeded sampled
         row always does, so that its random draws, and so its tokens, do not depend on the other rows."""
-        seeded = request.params.seed is not None and not request.params.greedy
-        if self.first_token_alone and request.rounds == 0 and (seeded or not running):
+        if self.first_token_alone and request.rounds == 0 and (request.params.seeded or not running):
             return 0
         k = shared if request.controller is not None else request.k
         # Never draft past max_new_tokens: the round's last token comes from the target anyway.

@@ -73,6 +73,12 @@ class SamplingParams:
         # top_k 1 keeps only the argmax whatever the temperature: the same tokens as greedy, with no draws
         return self.temperature == 0 or self.top_k == 1
 
+    @property
+    def seeded(self) -> bool:
+        """Sampled with a seed: its tokens must not depend on other requests (nor on timing), so neither may the
+        random draws it consumes."""
+        return self.seed is not None and not self.greedy
+
     def with_(self, **changes) -> SamplingParams:
         return replace(self, **changes)
 

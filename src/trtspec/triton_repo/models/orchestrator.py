@@ -347,7 +347,7 @@ class Orchestrator:
             max_draft_len=self.limits.max_draft_len,
             max_seq_len=self.limits.max_seq_len,
             # A seeded sampled request must give the same text whatever else the server is doing: no draft-ahead.
-            draft_ahead=None if req.params.seed is not None and not req.params.greedy else self._alone,
+            draft_ahead=None if req.params.seeded else self._alone,
             together=self._together,
         )
         events = speculate(
