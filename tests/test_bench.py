@@ -190,15 +190,20 @@ def test_bench_refuses_k_above_max_draft_len(runner, tiny_pair, tmp_path):
     assert result.exit_code == 2 and "comma-separated" in result.output
 
 
-def test_bench_refuses_an_out_folder_that_is_not_a_bench_report_before_running(
-    runner, tiny_pair, tmp_path, monkeypatch
-):
+def forbid_sweep(monkeypatch, option: str) -> None:
+    """bench's sweep fails the test if it starts: ``option`` must be refused before any measuring."""
     import trtspec.validate.bench as bench_module
 
     def no_sweep(*args, **kwargs):
-        raise AssertionError("the sweep ran before --out was checked")
+        raise AssertionError(f"the sweep ran before {option} was checked")
 
     monkeypatch.setattr(bench_module, "run_sweep", no_sweep)
+
+
+def test_bench_refuses_an_out_folder_that_is_not_a_bench_report_before_running(
+    runner, tiny_pair, tmp_path, monkeypatch
+):
+    forbid_sweep(monkeypatch, "--out")
     target, draft = tiny_pair
     recipe = write_recipe(tmp_path / "tiny.yaml", target, draft)
     mine = tmp_path / "mine"
@@ -294,12 +299,7 @@ def test_bench_write_recipe_saves_a_loadable_copy_with_the_schedule(runner, tiny
 def test_bench_refuses_a_write_recipe_path_it_cannot_write_before_running(
     runner, tiny_pair, tmp_path, monkeypatch
 ):
-    import trtspec.validate.bench as bench_module
-
-    def no_sweep(*args, **kwargs):
-        raise AssertionError("the sweep ran before --write-recipe was checked")
-
-    monkeypatch.setattr(bench_module, "run_sweep", no_sweep)
+    forbid_sweep(monkeypatch, "--write-recipe")
     target, draft = tiny_pair
     recipe = write_recipe(tmp_path / "tiny.yaml", target, draft)
     (tmp_path / "notes.txt").write_text("keep me")
