@@ -362,8 +362,8 @@ def train(
 ) -> tuple[dict, Best, float | None]:
     """AdamW on the shards until the budget or max_epochs ends, resuming from checkpoint.pt; the validation
     acceptance measured every ESTIMATE_S seconds (at most ESTIMATE_SHARE of the time) and after the last step.
-    Returns the last position, the best
-    evaluation (the source draft's at step 0) and the last step's validation acceptance."""
+    Returns the last position, the best evaluation (the source draft's at step 0) and the last step's validation
+    acceptance."""
     optimizer = torch.optim.AdamW(draft.parameters(), lr=spec.lr, betas=(0.9, 0.95), weight_decay=0.0)
     ckpt = work.load_torch("checkpoint.pt")
     position = {"epoch": 0, "shard_pos": 0, "batch_pos": -1, "step": 0, "loss": None}
