@@ -9,6 +9,7 @@ from test_engine import MAX_NEW, PROMPTS, hf_greedy
 from trtspec.core.errors import RecipeError
 from trtspec.core.metrics import AcceptanceStats
 from trtspec.engines.adaptive import (
+    AcceptancePool,
     KController,
     KPolicy,
     RoundCosts,
@@ -36,7 +37,7 @@ def test_best_k_grows_with_acceptance_and_is_zero_when_drafting_cannot_pay():
     assert best_k(0.9, 8, KPolicy(draft_cost_ratio=0.05)) == 8  # cheap drafts: draft more
 
 
-def test_acceptance_is_accepted_over_judged_positions_from_the_pooled_prior():
+def test_acceptance_is_accepted_over_judged_positions_with_a_lasting_pooled_prior():
     no_forgetting = KPolicy(prior=0.5, prior_weight=2.0, smoothing=0.0)
     controller = KController(no_forgetting, max_k=8)
     assert controller.acceptance == 0.5  # the prior's 2 pseudo-positions
@@ -46,52 +47,84 @@ def test_acceptance_is_accepted_over_judged_positions_from_the_pooled_prior():
     assert controller.acceptance == pytest.approx((2 + 2) / (4 + 2))
     controller.update(num_draft=0, num_accepted=0)  # a target-only round judges nothing
     assert controller.acceptance == pytest.approx(4 / 6) and controller.rounds_off == 1
-    # forgetting: each judged position keeps (1 - smoothing) of what came before
+    # forgetting: each judged position keeps (1 - smoothing) of the request's own counts; the prior's
+    # pseudo-positions are never forgotten
     forgetting = KController(KPolicy(prior=0.5, prior_weight=2.0, smoothing=0.5), max_k=8)
-    forgetting.update(num_draft=2, num_accepted=2)
-    assert forgetting.acceptance == pytest.approx((0.25 * 1 + 2) / (0.25 * 2 + 2))
-    # a new request starts from the loop's pooled acceptance, with the prior's weight
+    forgetting.update(num_draft=2, num_accepted=2)  # own: (0.25 * 0 + 2, 0.25 * 0 + 2)
+    assert forgetting.acceptance == pytest.approx((2 + 1) / (2 + 2))
+    forgetting.update(num_draft=3, num_accepted=0)  # one judged position, rejected: (1, 1 + 1)
+    assert forgetting.acceptance == pytest.approx((1 + 1) / (2 + 2))
+    # a round without drafting ages the own counts as one judged position would: back toward the prior
+    forgetting.update(num_draft=0, num_accepted=0)
+    assert forgetting.acceptance == pytest.approx((0.5 + 1) / (1 + 2))
+    # a new request's prior is the loop's pooled acceptance, with the prior's weight
     started = KController(no_forgetting, max_k=8, prior=0.9)
     assert started.acceptance == pytest.approx(0.9)
     started.update(num_draft=4, num_accepted=0)
     assert started.acceptance == pytest.approx(1.8 / 3)
 
 
+def test_a_short_unlucky_stretch_does_not_switch_a_request_off():
+    """With the pooled acceptance at 0.83 (the demo pair's), three rounds that each reject the first draft token
+    leave drafting on; a request that keeps failing is switched off (demo-like costs: a round drafting K costs
+    1.3 + 0.15 K target-only rounds)."""
+    costs = linear_costs(0.15, 1.3, 8)
+    request = KController(KPolicy(), max_k=8, prior=0.83)
+    assert request.choose(1, costs) >= 5
+    for _ in range(3):
+        request.update(request.choose(1, costs), 0)
+    assert request.choose(1, costs) >= 1
+    for _ in range(30):
+        request.update(request.choose(1, costs) or 1, 0)
+    assert request.choose(1, costs) == 0
+
+
 def test_the_unbiased_estimate_drafts_what_the_true_acceptance_says():
-    """A simulated i.i.d. draft: the estimate centres on the true per-token acceptance, so the Ks chosen centre on
+    """Simulated i.i.d. drafts, requests of 16 rounds one after another, each starting from the pooled acceptance
+    (as the loop runs them): the estimates centre on the true per-token acceptance, so the Ks chosen centre on
     the best K for it (an in-order moving average of outcomes ran about 0.05 low here)."""
     import random
 
     policy = KPolicy(draft_cost_ratio=0.1)
     rng = random.Random(0)
     for true in (0.7, 0.82):
-        controller = KController(policy, max_k=8)
-        estimates = []
-        for _ in range(5000):
-            k = controller.choose(1)
-            accepted = 0
-            while accepted < k and rng.random() < true:
-                accepted += 1
-            controller.update(k, accepted)
-            estimates.append(controller.acceptance)
+        pool, estimates = AcceptancePool(policy), []
+        for _ in range(300):
+            controller = KController(policy, max_k=8, prior=pool.value)
+            for _ in range(16):
+                k = controller.choose(1)
+                accepted = 0
+                while accepted < k and rng.random() < true:
+                    accepted += 1
+                controller.update(k, accepted)
+                pool.update(k, accepted)
+                estimates.append(controller.acceptance)
         assert abs(sum(estimates) / len(estimates) - true) < 0.015, true
 
 
 def test_high_acceptance_drafts_long_low_acceptance_switches_off_then_probes_back():
-    controller = KController(KPolicy(probe_every=3), max_k=8)
+    policy = KPolicy(probe_every=3)
+    pool = AcceptancePool(policy)
+    controller = KController(policy, max_k=8, prior=pool)
+
+    def run(k: int, accepted: int) -> None:  # the loop folds every adaptive round into both
+        controller.update(k, accepted)
+        pool.update(k, accepted)
+
     for _ in range(20):
-        controller.update(4, 4)
+        run(4, 4)
     assert controller.choose(1) >= 7
     for _ in range(80):
-        controller.update(controller.choose(1) or 1, 0)
-    assert controller.acceptance < 0.05 and controller.choose(1) == 0
+        run(controller.choose(1) or 1, 0)
+    # the request's own rounds say 0; the pool, which forgets more slowly, still says about 0.43
+    assert controller.acceptance < 0.2 and controller.choose(1) == 0
     ks = []
     for _ in range(8):  # target-only rounds: every 3rd one after them is a 1-token probe
         ks.append(controller.choose(1))
-        controller.update(ks[-1], 0)
+        run(ks[-1], 0)
     assert ks == [0, 0, 0, 1, 0, 0, 0, 1]
     for _ in range(12):  # the probes accept again: drafting comes back
-        controller.update(controller.choose(1) or 1, 1)
+        run(controller.choose(1) or 1, 1)
     assert controller.choose(1) >= 1
 
 

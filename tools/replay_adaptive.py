@@ -73,7 +73,7 @@ def replay(matches: list[list[bool]], costs: list[float], concurrency: int, choo
         tokens = cost = rounds = ks = off = 0
         while queue or active:
             while queue and len(active) < concurrency:
-                active.append([matches[queue.pop(0)], 0, KController(policy, max_k, pool.value)])
+                active.append([matches[queue.pop(0)], 0, KController(policy, max_k, pool)])
             k = choose([row[2] for row in active], len(active), costs)
             for row in active:
                 trace, position, controller = row

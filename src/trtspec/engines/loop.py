@@ -242,7 +242,7 @@ class GenerationLoop:
         controller = None
         if params.num_draft_tokens is None and k > 0:
             # A seeded sampled request's K must not depend on other requests (it decides its random draws).
-            prior = None if params.seeded else self.adaptive.pool.value
+            prior = None if params.seeded else self.adaptive.pool
             controller = KController(self.k_policy, k, prior)
         row = Row(list(prompt), -1, max_len=len(prompt) + params.max_new_tokens)
         start = time.perf_counter()
