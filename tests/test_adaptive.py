@@ -10,6 +10,7 @@ from trtspec.core.errors import RecipeError
 from trtspec.core.metrics import AcceptanceStats
 from trtspec.engines.adaptive import (
     AcceptancePool,
+    AdaptiveState,
     KController,
     KPolicy,
     RoundCosts,
@@ -278,3 +279,23 @@ def test_the_torch_repository_passes_adaptive_k_to_its_entry_model():
     assert parse_request({"text_input": ["hi"], "max_tokens": [4]}, limits).params.num_draft_tokens is None
     pinned_request = {"text_input": ["hi"], "max_tokens": [4], "num_draft_tokens": [2]}
     assert parse_request(pinned_request, limits).params.num_draft_tokens == 2
+
+
+def test_a_loop_whose_requests_all_draft_measures_target_only_rounds_now_and_then():
+    """The unit of the round costs (a target-only round) is measured, not assumed: every unit_every-th speculative
+    round of a batch size runs target-only until unit_rounds of them are measured, then every refresh_every."""
+    costs = RoundCosts(KPolicy(), decay=0.0)
+    every = RoundCosts.unit_every
+    due = [costs.unit_due(4, 3) for _ in range(3 * every)]
+    assert [i for i, d in enumerate(due) if d] == [every - 1, 2 * every - 1, 3 * every - 1]
+    assert not costs.unit_due(4, 0)  # a round that drafts nothing measures the unit anyway
+    assert not costs.unit_due(1, 3)  # each batch size counts its own rounds
+    for _ in range(int(RoundCosts.unit_rounds)):
+        costs.record(4, 0, 0.010)
+    due = [costs.unit_due(4, 3) for _ in range(RoundCosts.refresh_every)]
+    assert due.count(True) == 1 and due[-1]
+    # the engine's state: the chosen K, or 0 on such a round
+    state = AdaptiveState(KPolicy())
+    controller = KController(KPolicy(), max_k=8, prior=0.9)
+    ks = [state.choose([controller], 1, 1, 8) for _ in range(every)]
+    assert ks[:-1] == [ks[0]] * (every - 1) and ks[0] > 0 and ks[-1] == 0

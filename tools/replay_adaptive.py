@@ -3,35 +3,43 @@
 
     python tools/replay_adaptive.py                      # the demo pair, the shipped prompts, 64 new tokens
     python tools/replay_adaptive.py builders/demo.yaml --costs 1.3:0.15,1.1:0.12 --concurrency 1,2,4
+    python tools/replay_adaptive.py --bench bench/demo/bench.json --noise 0.1   # a bench run's measured costs
 
 Greedy draft-target decoding is deterministic: at each position of the target's greedy continuation the draft's
 greedy guess matches it or not, and a round with K drafts accepts the leading run of matches (as
 core.metrics.greedy_rounds replays it). So the target generates each prompt's continuation once, the draft reads
 it once (teacher-forced, as ``trtspec align`` measures acceptance), and every policy replays on those matches.
-Round costs come from lines instead of clocks: a target-only round costs 1, a round drafting K tokens
-``a1 + b * K`` (``--costs a1:b,...``; on the 2-core CPU machine ``trtspec bench`` measured about 1.3 + 0.15 K at
-batch 1). What the benchmark cannot separate from its 15-25% noise between neighbouring points, this shows
-exactly: how close the loop's controller (engines/adaptive.py: KController, group_k, AcceptancePool, with
-exact costs) gets to the best static K.
+Round costs come from tables instead of clocks, in target-only rounds: lines (``--costs a1:b,...``: a round
+drafting K tokens costs ``a1 + b * K``; on the 2-core CPU machine ``trtspec bench`` measured about 1.3 + 0.15 K
+at batch 1), or what a ``trtspec bench`` run measured per K and concurrency (``--bench``: there the cost is a
+staircase, not a line: a (K+1)-token verification costs about what the next longer one costs). What the
+benchmark cannot separate from its 15-25% noise between neighbouring points, this shows exactly: how close the
+loop's controller (engines/adaptive.py: KController, group_k, AcceptancePool, RoundCosts) gets to the best
+static K, given the exact costs or learning them from its own rounds as the loop does (each round timed at its
+cost, off by a log-normal factor of sigma ``--noise``).
 
 At concurrency N, N requests run as one batch: each round drafts the K that group_k picks for the batch
 (static: that K), every row advances by its own accepted tokens + 1, and a finished request's slot takes the next
-prompt; the round costs the line's cost of its K. Prompts run twice (a warm-up pass for the pooled acceptance,
+prompt; the round costs its K's cost. Prompts run twice (a warm-up pass for the pooled acceptance and the costs,
 then the measured pass, as ``trtspec bench`` measures adaptive in steady state).
 
-Prints, per cost line and concurrency: the best static K and its tokens per target-only round, adaptive's, their
-ratio, adaptive's mean K and its share of rounds without drafting.
+Prints, per cost table and concurrency: the best static K and its tokens per target-only round, and adaptive's
+ratio to it with exact and with learned costs (its mean K and share of rounds without drafting).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import random
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 
 from trtspec.builders.align_report import draft_matches
-from trtspec.engines.adaptive import AcceptancePool, KController, KPolicy, group_k, policy_for
+from trtspec.engines.adaptive import AdaptiveState, KController, KPolicy, group_k, policy_for
 from trtspec.recipe import DEMO_RECIPE, load_recipe
 from trtspec.validate.commands import load_requests
 
@@ -63,9 +71,20 @@ Chooser = Callable[
 ]  # (the batch's controllers, size, costs) -> K
 
 
-def replay(matches: list[list[bool]], costs: list[float], concurrency: int, choose: Chooser, policy: KPolicy):
-    """(tokens per target-only round, mean K, share of rounds at K=0) of the measured (second) pass."""
-    pool = AcceptancePool(policy)
+def replay(
+    matches: list[list[bool]],
+    costs: list[float],
+    concurrency: int,
+    choose: Chooser,
+    policy: KPolicy,
+    learn: bool = False,
+    noise: float = 0.0,
+):
+    """(tokens per target-only round, mean K, share of rounds at K=0) of the measured (second) pass. ``learn``:
+    K comes from AdaptiveState.choose, as in the loop (costs learned from the rounds run, each timed at its
+    cost), instead of ``choose`` with ``costs``; ``noise``: each timing off by a log-normal factor of that sigma."""
+    state = AdaptiveState(policy)
+    rng = random.Random(0)
     max_k = len(costs) - 1
     for _ in range(2):
         queue = list(range(len(matches)))
@@ -73,8 +92,12 @@ def replay(matches: list[list[bool]], costs: list[float], concurrency: int, choo
         tokens = cost = rounds = ks = off = 0
         while queue or active:
             while queue and len(active) < concurrency:
-                active.append([matches[queue.pop(0)], 0, KController(policy, max_k, pool)])
-            k = choose([row[2] for row in active], len(active), costs)
+                active.append([matches[queue.pop(0)], 0, KController(policy, max_k, state.pool)])
+            rows = [row[2] for row in active]
+            if learn:
+                k = state.choose(rows, len(active), len(active), max_k)
+            else:
+                k = choose(rows, len(active), costs)
             for row in active:
                 trace, position, controller = row
                 num_draft = min(k, len(trace) - position - 1)
@@ -83,12 +106,25 @@ def replay(matches: list[list[bool]], costs: list[float], concurrency: int, choo
                     accepted += 1
                 controller.update(num_draft, accepted)
                 if num_draft:
-                    pool.update(num_draft, accepted)
+                    state.pool.update(num_draft, accepted)
                 row[1] += accepted + 1
                 tokens += accepted + 1
+            state.costs.record(len(active), k, costs[k] * math.exp(rng.gauss(0.0, noise)))
             cost, rounds, ks, off = cost + costs[k], rounds + 1, ks + k, off + (k == 0)
             active = [row for row in active if row[1] < len(row[0])]
     return tokens / cost, ks / rounds, off / rounds
+
+
+def bench_costs(path: Path) -> dict[int, list[float]]:
+    """Per concurrency, each K's round cost in target-only rounds as a ``trtspec bench`` run measured it: a
+    point's batch round seconds are its tokens per round x concurrency / tokens per second."""
+    points = json.loads(path.read_text())["points"]
+    seconds: dict[int, dict[int, float]] = {}
+    for p in points:
+        if p["num_draft_tokens"] is not None:
+            per_round = (p["tokens_per_round"] or 1.0) * p["concurrency"] / p["tokens_per_s"]
+            seconds.setdefault(p["concurrency"], {})[p["num_draft_tokens"]] = per_round
+    return {c: [by_k[k] / by_k[0] for k in sorted(by_k)] for c, by_k in seconds.items()}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -97,6 +133,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--costs", default="1.3:0.15,1.3:0.19,1.1:0.12,1.5:0.25,1.2:0.10,1.4:0.20")
     parser.add_argument("--concurrency", default="1,2,4")
+    parser.add_argument(
+        "--bench",
+        type=Path,
+        help="a trtspec bench.json: replay its measured round costs per K instead of --costs",
+    )
+    parser.add_argument(
+        "--noise", type=float, default=0.0, help="sigma of the learned costs' log-normal timing noise"
+    )
     args = parser.parse_args(argv)
     recipe = load_recipe(args.recipe)
     matches = traces(recipe, args.max_tokens)
@@ -107,26 +151,38 @@ def main(argv: list[str] | None = None) -> None:
     )
     max_k = recipe.speculative.max_draft_len
     policy = policy_for(recipe.speculative)
-    ratios = []
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    if args.bench:
+        measured = bench_costs(args.bench)
+        cases = [(f"{args.bench.name} c{c}", c, measured[c]) for c in concurrencies if c in measured]
+    else:
+        cases = []
+        for line in args.costs.split(","):
+            a1, b = (float(v) for v in line.split(":"))
+            costs = [1.0] + [a1 + b * k for k in range(1, max_k + 1)]
+            cases += [(f"{a1:.2f} + {b:.2f} K", c, costs) for c in concurrencies]
+    ratios: dict[str, list[float]] = {"exact": [], "learned": []}
     print(
-        f"{'a1':>5} {'b':>5} {'conc':>4}  {'best':>5} {'tok/rnd':>7}  {'adaptive':>8} {'ratio':>6} {'mean K':>6} {'K=0':>5}"
+        f"{'costs':>18} {'conc':>4}  {'best':>5} {'tok/rnd':>7}  adaptive: exact costs / learned (mean K, K=0)"
     )
-    for line in args.costs.split(","):
-        a1, b = (float(v) for v in line.split(":"))
-        costs = [1.0] + [a1 + b * k for k in range(1, max_k + 1)]
-        for concurrency in (int(c) for c in args.concurrency.split(",")):
-            static = {
-                k: replay(matches, costs, concurrency, lambda _rows, _n, _costs, k=k: k, policy)[0]
-                for k in range(max_k + 1)
-            }
-            best = max(static, key=static.get)
-            adaptive, mean_k, off = replay(matches, costs, concurrency, group_k, policy)
-            ratios.append(adaptive / static[best])
-            print(
-                f"{a1:5.2f} {b:5.2f} {concurrency:4d}  K={best:<3d} {static[best]:7.3f}  {adaptive:8.3f} "
-                f"{adaptive / static[best]:6.3f} {mean_k:6.2f} {off:5.1%}"
+    for name, concurrency, costs in cases:
+        static = {
+            k: replay(matches, costs, concurrency, lambda _rows, _n, _costs, k=k: k, policy)[0]
+            for k in range(len(costs))
+        }
+        best = max(static, key=static.get)
+        line = f"{name:>18} {concurrency:4d}  K={best:<3d} {static[best]:7.3f} "
+        for mode in ratios:
+            adaptive, mean_k, off = replay(
+                matches, costs, concurrency, group_k, policy, mode == "learned", args.noise
             )
-    print(f"adaptive / best static K: min {min(ratios):.3f}, mean {sum(ratios) / len(ratios):.3f}")
+            ratios[mode].append(adaptive / static[best])
+            line += f" {adaptive / static[best]:6.3f} ({mean_k:4.2f}, {off:4.1%})"
+        print(line)
+    for mode, values in ratios.items():
+        print(
+            f"adaptive ({mode} costs) / best static K: min {min(values):.3f}, mean {sum(values) / len(values):.3f}"
+        )
 
 
 if __name__ == "__main__":

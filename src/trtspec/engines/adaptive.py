@@ -38,9 +38,11 @@ verification, the bookkeeping), which a target-only round does not. Round time i
 (K+1)-token verification whose length suits the CPU's matrix kernels costs less than its neighbours: on the demo
 pair K=7, 8 tokens, ran faster than the line through K=1..8 says), so each K's own recent rounds pull its cost
 from the line toward their average, weighted n / (n + prior_rounds): a K measured cheap or dear by a few noisy
-rounds moves little, one measured often moves to what it costs. The unit, a0, is the target-only rounds' average
-(a1 / policy.verify_cost_ratio before one ran). The policy's ratios hold until a batch size has speculative
-rounds of two different K.
+rounds moves little, one measured often moves to what it costs. The unit, a0, is the target-only rounds'
+average (a1 / policy.verify_cost_ratio before one ran); a loop whose requests all draft runs one target-only
+round every few speculative rounds until it has measured a few (``RoundCosts.unit_due``): a speculative round
+costs well over a target-only one beyond its draft steps, and a0 = a1 made speculation look cheap where it does
+not pay. The policy's ratios hold until a batch size has speculative rounds of two different K.
 """
 
 from __future__ import annotations
@@ -198,6 +200,8 @@ class RoundCosts:
     ones count; each K's own average forgets only when that K runs again). A round that ran several batches (rows
     in different sampling groups) is left out: its time is not one batch's."""
 
+    unit_every, unit_rounds, refresh_every = 8, 3.0, 256
+
     def __init__(
         self, policy: KPolicy, decay: float = 0.05, prior_rounds: float = 8.0, clock=time.perf_counter
     ):
@@ -206,8 +210,24 @@ class RoundCosts:
         self.sums: dict[int, list[float]] = {}  # bucket -> weighted [n, k, k^2, t, k*t] of rounds with K >= 1
         self.by_k: dict[int, dict[int, list[float]]] = {}  # bucket -> K -> weighted [n, t]
         self.fitted: dict[int, tuple[float, float]] = {}  # bucket -> the last (a1, b) a fit gave
+        self.since_unit: dict[int, int] = {}  # bucket -> speculative rounds since its last target-only one
         self._pending: tuple[int, int, float] | None = None
         self._mixed = False
+
+    def unit_due(self, batch: int, k: int) -> bool:
+        """Should this batch size's round, about to draft ``k`` (>= 1), run target-only instead, to measure the
+        unit (a0)? Every ``unit_every`` speculative rounds while fewer than ``unit_rounds`` target-only rounds
+        were measured (a speculative round costs well over a target-only one beyond its draft steps, ~1.3-1.6x
+        on the 2-core CPU machine, so assuming a0 = a1 made speculation look cheap where it did not pay), then
+        every ``refresh_every`` to follow drift. A loop whose requests all draft never runs one otherwise."""
+        if k == 0:
+            return False
+        bucket = batch.bit_length()
+        measured = self.by_k.get(bucket, {}).get(0, (0.0, 0.0))[0]
+        since = self.since_unit.get(bucket, 0) + 1
+        due = since >= (self.unit_every if measured < self.unit_rounds else self.refresh_every)
+        self.since_unit[bucket] = 0 if due else since
+        return due
 
     def start(self, batch: int, k: int) -> None:
         self._mixed = self._pending is not None
@@ -267,3 +287,9 @@ class AdaptiveState:
     def __init__(self, policy: KPolicy, clock=time.perf_counter):
         self.costs = RoundCosts(policy, clock=clock)
         self.pool = AcceptancePool(policy)
+
+    def choose(self, controllers: Sequence[KController], in_flight: int, batch: int, max_k: int) -> int:
+        """The K of a batch of ``batch`` adaptive rows (group_k with this batch size's measured costs), or 0 for
+        a round that measures the target-only unit (RoundCosts.unit_due)."""
+        k = group_k(controllers, in_flight, self.costs.costs(batch, max_k))
+        return 0 if self.costs.unit_due(batch, k) else k

@@ -324,10 +324,10 @@ class GenerationLoop:
         on them."""
         adaptive = [r.controller for r in group if r.controller is not None]
         shared = 0
-        if adaptive:
-            seeded = group[0].params.seeded
-            costs = None if seeded else self.adaptive.costs.costs(len(group), self.max_draft_len)
-            shared = group_k(adaptive, 1 if seeded else len(self.active), costs)
+        if adaptive and group[0].params.seeded:
+            shared = group_k(adaptive, 1)
+        elif adaptive:
+            shared = self.adaptive.choose(adaptive, len(self.active), len(group), self.max_draft_len)
         num_draft = [self._num_draft(r, running, shared) for r in group]
         if all(r.rounds for r in group):  # a prefill round's time is the prompt's, not the K's
             self.adaptive.costs.start(len(group), max(num_draft))
