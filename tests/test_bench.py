@@ -82,21 +82,39 @@ def test_rows_speedup_bound_and_recommendation():
     assert all(r["analytic_bound"] is None for r in no_ratio.rows() if r["num_draft_tokens"])
 
 
-def test_sweep_order_adaptive_warms_up_untimed_then_leads_each_pass():
-    from trtspec.validate.bench import run_sweep
+def test_sweep_warms_adaptive_up_untimed_then_interleaves_every_point_group_by_group():
+    from trtspec.validate.bench import run_sweep, sweep_steps
 
-    calls = []
+    calls, steps = [], []
 
-    class Recorder:  # a system that answers at once and records each call's (batch size, K, max tokens)
+    class Recorder:  # a system that answers at once and records each call's (prompts, K, max tokens)
         def generate(self, requests, params):
-            calls.append((len(requests), params.num_draft_tokens, params.max_new_tokens))
+            calls.append(("".join(r.text for r in requests), params.num_draft_tokens, params.max_new_tokens))
             return [Generation([5] * params.max_new_tokens, None, None, 0.001) for _ in requests]
 
-    reqs = [Request("a", [1]), Request("b", [2])]
-    points = run_sweep(Recorder(), reqs, ks=[2], concurrency=[2], max_new_tokens=3, adaptive=True, repeats=2)
-    assert calls == [(1, 0, 4)] + [(2, None, 3)] + [(2, None, 3), (2, 0, 3), (2, 2, 3)] * 2
-    # the warm-up pass is not a point: adaptive pools its two timed passes only
-    assert [(p.num_draft_tokens, len(p.generations)) for p in points] == [(0, 4), (2, 4), (None, 4)]
+    reqs = [Request("a", [1]), Request("b", [2]), Request("c", [3]), Request("d", [4])]
+    points = run_sweep(
+        Recorder(),
+        reqs,
+        ks=[2],
+        concurrency=[2],
+        max_new_tokens=3,
+        adaptive=True,
+        repeats=2,
+        advance=steps.append,
+    )
+    warm = [("a", 0, 4), ("ab", None, 3), ("cd", None, 3)]
+    # each group of 2 runs under every point back to back, the first point rotating: adaptive, 0, 2
+    interleaved = [
+        ("ab", None, 3), ("ab", 0, 3), ("ab", 2, 3),  # pass 1, group 1
+        ("cd", 0, 3), ("cd", 2, 3), ("cd", None, 3),  # pass 1, group 2
+        ("ab", 2, 3), ("ab", None, 3), ("ab", 0, 3),  # pass 2, group 1
+        ("cd", None, 3), ("cd", 0, 3), ("cd", 2, 3),  # pass 2, group 2
+    ]  # fmt: skip
+    assert calls == warm + interleaved
+    # the warm-up pass is not a point: each point pools its two groups of two passes
+    assert [(p.num_draft_tokens, len(p.generations)) for p in points] == [(0, 8), (2, 8), (None, 8)]
+    assert len(steps) == sweep_steps(len(reqs), [2], 2, True) == 5
 
 
 def test_make_requests_fills_whole_groups():

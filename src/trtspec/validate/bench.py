@@ -302,6 +302,16 @@ def cost_ratios(points: Sequence[BenchPoint]) -> dict[int, float]:
     return out
 
 
+def sweep_groups(num_requests: int, concurrency: int) -> int:
+    """How many groups of ``concurrency`` requests a point runs (make_requests' whole groups)."""
+    return len(make_requests(range(num_requests), concurrency)) // concurrency
+
+
+def sweep_steps(num_requests: int, concurrency: Sequence[int], repeats: int, adaptive: bool) -> int:
+    """How many times run_sweep calls ``advance``: per concurrency, its warm-up and each pass's groups."""
+    return sum(adaptive + repeats * sweep_groups(num_requests, c) for c in concurrency)
+
+
 def run_sweep(
     system,
     requests: Sequence[Request],
@@ -314,13 +324,16 @@ def run_sweep(
     draft_system=None,
     advance: Callable[[str], None] | None = None,
 ) -> list[BenchPoint]:
-    """Every (K, concurrency) point: adaptive K first (``adaptive``: requests that give no K), then K = 0, then
-    ``ks``; ``draft_system`` (the draft alone, target-only) adds draft points. Adaptive K is measured in steady
-    state: at each concurrency one untimed adaptive pass runs first, so it has measured that batch size's round
-    costs (engines/adaptive.py: what a server learns in its first seconds and keeps for its lifetime; an engine
-    keeps them across calls). It then runs first in each pass, so in the first pass what it knows comes from its
-    own rounds. ``repeats`` passes over a concurrency's points one after another, each point pooled over its
-    passes, so a slow spell of a shared machine falls on every point of a pass rather than on one point."""
+    """Every (K, concurrency) point: adaptive K (``adaptive``: requests that give no K), K = 0 and ``ks``;
+    ``draft_system`` (the draft alone, target-only) adds draft points. Adaptive K is measured in steady state: at
+    each concurrency one untimed adaptive pass runs first, so it has measured that batch size's round costs
+    (engines/adaptive.py: what a server learns in its first seconds and keeps for its lifetime; an engine keeps
+    them across calls).
+
+    The points are interleaved group by group: each group of ``concurrency`` requests runs under every point back
+    to back, the first point rotating from group to group, and ``repeats`` passes do that again; each point pools
+    its groups and passes. Neighbouring points measured one after another over minutes differed by 15-25% on a
+    shared machine (its speed drifts); interleaved within seconds, a slow spell falls on every point alike."""
     from trtspec.engines.sampling import SamplingParams
 
     params = SamplingParams(max_new_tokens=max_new_tokens)
@@ -328,23 +341,26 @@ def run_sweep(
     for warm in (system, draft_system):  # first calls pay one-off costs (allocations, lazy inits)
         if warm is not None:
             warm.generate([requests[0]], params.with_(max_new_tokens=4, num_draft_tokens=0))
+    runs = [("pair", k) for k in ([None] if adaptive else []) + [0, *ks]]
+    runs += [("draft", 0)] if draft_system is not None else []
     points = []
     for c in concurrency:
         batch = make_requests(requests, c)
+        groups = [batch[i : i + c] for i in range(0, len(batch), c)]
         pooled: dict[tuple[str, int | None], BenchPoint] = {}
         if adaptive:
             step(f"K={k_label(None)} concurrency={c} warm-up (untimed)")
             run_point(system, batch, params.with_(num_draft_tokens=None), c)
         for n in range(repeats):
-            runs = [("pair", k) for k in ([None] if adaptive else []) + [0, *ks]]
-            runs += [("draft", 0)] if draft_system is not None else []
-            for role, k in runs:
-                label = f"K={k_label(k)}" if role == "pair" else "draft alone"
-                step(f"{label} concurrency={c}" + (f" pass {n + 1}/{repeats}" if repeats > 1 else ""))
-                runner = system if role == "pair" else draft_system
-                point = run_point(runner, batch, params.with_(num_draft_tokens=k), c, role=role)
-                key = (role, k)
-                pooled[key] = pooled[key].pooled(point) if key in pooled else point
+            for g, group in enumerate(groups):
+                passes = f" pass {n + 1}/{repeats}" if repeats > 1 else ""
+                step(f"concurrency={c}{passes} group {g + 1}/{len(groups)}: every point")
+                first = (n * len(groups) + g) % len(runs)
+                for role, k in runs[first:] + runs[:first]:
+                    runner = system if role == "pair" else draft_system
+                    point = run_point(runner, group, params.with_(num_draft_tokens=k), c, role=role)
+                    key = (role, k)
+                    pooled[key] = pooled[key].pooled(point) if key in pooled else point
         # Reported in K order, adaptive last, whatever order they ran in.
         points += sorted(
             pooled.values(),

@@ -280,7 +280,7 @@ def bench(options: BenchOptions, out) -> dict:
     from rich.progress import Progress
 
     from trtspec.recipe import load_recipe
-    from trtspec.validate.bench import BenchResult, cost_ratios, run_sweep
+    from trtspec.validate.bench import BenchResult, cost_ratios, run_sweep, sweep_steps
 
     recipe = load_recipe(options.recipe)
     notes: list[str] = []
@@ -313,17 +313,16 @@ def bench(options: BenchOptions, out) -> dict:
         )
     measure_draft = options.system.kind == "engine" and options.draft_cost_ratio is None
     draft = _draft_alone(recipe, options.system, biggest) if measure_draft else None
-    if options.repeats > 1:
-        notes.append(
-            f"Each point pools {options.repeats} passes over its concurrency's points, run one after another."
-        )
-    per_concurrency = len(options.num_draft_tokens) + 1 + adaptive + (draft is not None)
+    notes.append(
+        "Points are interleaved: each group of `concurrency` requests runs under every point back to back (the "
+        f"first point rotating), in {options.repeats} pass(es); each point pools its groups and passes."
+    )
     if adaptive:
         notes.append(
             "Adaptive K is measured in steady state: one untimed adaptive pass runs first at each concurrency, "
             "so it has measured that batch size's round costs, as a server does in its first seconds."
         )
-    total = len(options.concurrency) * (per_concurrency * options.repeats + adaptive)
+    total = sweep_steps(len(requests), options.concurrency, options.repeats, adaptive)
     console = out.console()
     try:
         with Progress(console=console, transient=True) as progress:
