@@ -299,3 +299,6 @@ def test_a_loop_whose_requests_all_draft_measures_target_only_rounds_now_and_the
     controller = KController(KPolicy(), max_k=8, prior=0.9)
     ks = [state.choose([controller], 1, 1, 8) for _ in range(every)]
     assert ks[:-1] == [ks[0]] * (every - 1) and ks[0] > 0 and ks[-1] == 0
+    # a batch with a pinned row drafts anyway: no unit round for its adaptive rows
+    pinned_too = [state.choose([controller], 1, 2, 8) for _ in range(2 * every)]
+    assert 0 not in pinned_too

@@ -289,7 +289,8 @@ class AdaptiveState:
         self.pool = AcceptancePool(policy)
 
     def choose(self, controllers: Sequence[KController], in_flight: int, batch: int, max_k: int) -> int:
-        """The K of a batch of ``batch`` adaptive rows (group_k with this batch size's measured costs), or 0 for
-        a round that measures the target-only unit (RoundCosts.unit_due)."""
+        """The K of the adaptive rows of a batch of ``batch`` rows (group_k with this batch size's measured
+        costs), or 0 for a round that measures the target-only unit (RoundCosts.unit_due): only where every row
+        is adaptive, as a row with a pinned K drafts anyway."""
         k = group_k(controllers, in_flight, self.costs.costs(batch, max_k))
-        return 0 if self.costs.unit_due(batch, k) else k
+        return 0 if len(controllers) == batch and self.costs.unit_due(batch, k) else k
