@@ -91,7 +91,7 @@ def test_the_unbiased_estimate_drafts_what_the_true_acceptance_says():
     for true in (0.7, 0.82):
         pool, estimates = AcceptancePool(policy), []
         for _ in range(300):
-            controller = KController(policy, max_k=8, prior=pool.value)
+            controller = KController(policy, max_k=8, prior=pool)
             for _ in range(16):
                 k = controller.choose(1)
                 accepted = 0
@@ -289,16 +289,22 @@ def test_a_loop_whose_requests_all_draft_measures_target_only_rounds_now_and_the
     due = [costs.unit_due(4, 3) for _ in range(3 * every)]
     assert [i for i, d in enumerate(due) if d] == [every - 1, 2 * every - 1, 3 * every - 1]
     assert not costs.unit_due(4, 0)  # a round that drafts nothing measures the unit anyway
-    assert not costs.unit_due(1, 3)  # each batch size counts its own rounds
-    for _ in range(int(RoundCosts.unit_rounds)):
+    for _ in range(every - 1):  # batch 4 one round short of due: batch 1 counts its own rounds
+        costs.unit_due(4, 3)
+    assert [costs.unit_due(1, 3) for _ in range(every)].index(True) == every - 1
+    assert costs.unit_due(4, 3)
+    # the default decay: unit_rounds target-only rounds recorded, whatever their decayed weight, end the search
+    costs = RoundCosts(KPolicy())
+    for _ in range(RoundCosts.unit_rounds - 1):
         costs.record(4, 0, 0.010)
+    assert [costs.unit_due(4, 3) for _ in range(every)][-1]
+    costs.record(4, 0, 0.010)
     due = [costs.unit_due(4, 3) for _ in range(RoundCosts.refresh_every)]
     assert due.count(True) == 1 and due[-1]
-    # the engine's state: the chosen K, or 0 on such a round
+    # the engine's state: the chosen K, or 0 on such a round, where the round is timed (one batch, all adaptive)
     state = AdaptiveState(KPolicy())
     controller = KController(KPolicy(), max_k=8, prior=0.9)
     ks = [state.choose([controller], 1, 1, 8) for _ in range(every)]
     assert ks[:-1] == [ks[0]] * (every - 1) and ks[0] > 0 and ks[-1] == 0
-    # a batch with a pinned row drafts anyway: no unit round for its adaptive rows
-    pinned_too = [state.choose([controller], 1, 2, 8) for _ in range(2 * every)]
-    assert 0 not in pinned_too
+    untimed = [state.choose([controller], 1, 2, 8, timed=False) for _ in range(2 * every)]
+    assert 0 not in untimed

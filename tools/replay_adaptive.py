@@ -117,14 +117,24 @@ def replay(
 
 def bench_costs(path: Path) -> dict[int, list[float]]:
     """Per concurrency, each K's round cost in target-only rounds as a ``trtspec bench`` run measured it: a
-    point's batch round seconds are its tokens per round x concurrency / tokens per second."""
-    points = json.loads(path.read_text())["points"]
+    point's batch round seconds are its tokens per round x concurrency / tokens per second. K = 0..the largest
+    K swept, each one measured (a server's points without round counts, or a sweep that skipped a K, cannot be
+    replayed)."""
     seconds: dict[int, dict[int, float]] = {}
-    for p in points:
-        if p["num_draft_tokens"] is not None:
-            per_round = (p["tokens_per_round"] or 1.0) * p["concurrency"] / p["tokens_per_s"]
-            seconds.setdefault(p["concurrency"], {})[p["num_draft_tokens"]] = per_round
-    return {c: [by_k[k] / by_k[0] for k in sorted(by_k)] for c, by_k in seconds.items()}
+    for p in json.loads(path.read_text())["points"]:
+        if p["num_draft_tokens"] is None:
+            continue
+        if not p["tokens_per_round"]:
+            raise SystemExit(f"{path}: K={p['num_draft_tokens']} has no tokens_per_round (a server's totals)")
+        per_round = p["tokens_per_round"] * p["concurrency"] / p["tokens_per_s"]
+        seconds.setdefault(p["concurrency"], {})[p["num_draft_tokens"]] = per_round
+    costs = {}
+    for concurrency, by_k in seconds.items():
+        missing = sorted(set(range(max(by_k) + 1)) - set(by_k))
+        if missing:
+            raise SystemExit(f"{path}: concurrency {concurrency} has no point at K={missing}; sweep every K")
+        costs[concurrency] = [by_k[k] / by_k[0] for k in range(max(by_k) + 1)]
+    return costs
 
 
 def main(argv: list[str] | None = None) -> None:

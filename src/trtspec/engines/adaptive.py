@@ -10,17 +10,19 @@ accepted, or the first rejected one; positions after a rejection were never judg
 decayed by (1 - smoothing) per judged position, so its last ~1/smoothing positions count: the maximum-likelihood
 per-token acceptance of the recent rounds (an average of per-position outcomes in order would weigh each round's
 last, rejected, position most and run low). To them always add ``prior_weight`` pseudo-positions at the loop's
-pooled acceptance (``AcceptancePool``: every adaptive request's rounds, decayed slowly; ``prior`` before any): the estimate shrinks toward what the loop's requests accept, so a request's first rounds
-draft what its neighbours say, and a short unlucky stretch (a few rejections in ~20 positions) does not switch a
-request off for ``probe_every`` rounds while a request that keeps failing still does. (Replayed on the demo pair's
-greedy acceptance traces with exact round costs, a prior that decayed with the request's own positions drafted
-nothing in 15% of the rounds and reached 0.86-0.99x the best static K; the lasting prior 0.97-1.01x.)
-``choose`` takes the K in 0..cap that maximises the expected speedup for that acceptance (core.metrics' expected
-tokens per round over the round's cost, below); K = 0 (target-only, speedup 1) wins unless some K beats it by
-``min_gain``, so a draft that cannot pay is switched off. A request that switched off judges nothing, so its own
-counts age by one position's forgetting per round without drafting: its estimate returns toward the pooled one and
-it drafts again once that pays; while the pool says no, after ``probe_every`` rounds without drafting it drafts
-one token (a probe) to measure again.
+pooled acceptance (``AcceptancePool``: every adaptive request's rounds, decayed slowly; ``prior`` before any; a
+seeded sampled request keeps ``prior``): the estimate shrinks toward what the loop's requests accept, so a
+request's first rounds draft what its neighbours say, and a short unlucky stretch (a few rejections in ~20
+positions) does not switch a request off for ``probe_every`` rounds while a request that keeps failing still does.
+(tools/replay_adaptive.py, the demo pair's greedy acceptance with exact round costs: a prior that decayed with the
+request's own positions left up to 59% of the rounds at concurrency 1 without drafting and reached 0.87-1.02x of
+the best static K; the lasting prior 0.95-1.01x.) ``choose`` takes the K in 0..cap that maximises the expected
+speedup for that acceptance (core.metrics' expected tokens per round over the round's cost, below); K = 0
+(target-only, speedup 1) wins unless some K beats it by ``min_gain``, so a draft that cannot pay is switched off. A
+request that switched off judges nothing, so its own counts age by one position's forgetting per round without
+drafting (as in a round that measures the target-only unit, below): its estimate returns toward the pooled one and
+it drafts again once that pays; while the pool says no, after ``probe_every`` rounds without drafting it drafts one
+token (a probe) to measure again.
 
 By load: ``schedule`` maps in-flight sequences to the largest K (``{4: 4, 16: 0}``: up to 4 in flight at most
 4, up to 16 none; past the largest key its K holds). Speculation pays less as the batch grows: the target's
@@ -116,8 +118,8 @@ class Acceptance:
 
     def __init__(self, prior: float | Acceptance, weight: float, decay: float):
         self.prior, self.weight, self.decay = prior, weight, decay
-        # (accepted, judged) in one attribute: a pool is read by request threads while the loop's thread
-        # updates it, and one assignment is never seen half done
+        # (accepted, judged) in one attribute, so a reader never sees half an update (an engine's pool serves
+        # every loop the engine runs)
         self.counts = (0.0, 0.0)
 
     @property
@@ -200,7 +202,7 @@ class RoundCosts:
     ones count; each K's own average forgets only when that K runs again). A round that ran several batches (rows
     in different sampling groups) is left out: its time is not one batch's."""
 
-    unit_every, unit_rounds, refresh_every = 8, 3.0, 256
+    unit_every, unit_rounds, refresh_every = 8, 3, 256
 
     def __init__(
         self, policy: KPolicy, decay: float = 0.05, prior_rounds: float = 8.0, clock=time.perf_counter
@@ -211,6 +213,7 @@ class RoundCosts:
         self.by_k: dict[int, dict[int, list[float]]] = {}  # bucket -> K -> weighted [n, t]
         self.fitted: dict[int, tuple[float, float]] = {}  # bucket -> the last (a1, b) a fit gave
         self.since_unit: dict[int, int] = {}  # bucket -> speculative rounds since its last target-only one
+        self.units: dict[int, int] = {}  # bucket -> target-only rounds recorded
         self._pending: tuple[int, int, float] | None = None
         self._mixed = False
 
@@ -223,9 +226,10 @@ class RoundCosts:
         if k == 0:
             return False
         bucket = batch.bit_length()
-        measured = self.by_k.get(bucket, {}).get(0, (0.0, 0.0))[0]
         since = self.since_unit.get(bucket, 0) + 1
-        due = since >= (self.unit_every if measured < self.unit_rounds else self.refresh_every)
+        due = since >= (
+            self.unit_every if self.units.get(bucket, 0) < self.unit_rounds else self.refresh_every
+        )
         self.since_unit[bucket] = 0 if due else since
         return due
 
@@ -241,6 +245,8 @@ class RoundCosts:
 
     def record(self, batch: int, k: int, seconds: float) -> None:
         bucket = batch.bit_length()
+        if k == 0:
+            self.units[bucket] = self.units.get(bucket, 0) + 1
         cell = self.by_k.setdefault(bucket, {}).setdefault(k, [0.0, 0.0])
         cell[0], cell[1] = (1 - self.decay) * cell[0] + 1.0, (1 - self.decay) * cell[1] + seconds
         if k:
@@ -288,9 +294,12 @@ class AdaptiveState:
         self.costs = RoundCosts(policy, clock=clock)
         self.pool = AcceptancePool(policy)
 
-    def choose(self, controllers: Sequence[KController], in_flight: int, batch: int, max_k: int) -> int:
+    def choose(
+        self, controllers: Sequence[KController], in_flight: int, batch: int, max_k: int, timed: bool = True
+    ) -> int:
         """The K of the adaptive rows of a batch of ``batch`` rows (group_k with this batch size's measured
-        costs), or 0 for a round that measures the target-only unit (RoundCosts.unit_due): only where every row
-        is adaptive, as a row with a pinned K drafts anyway."""
+        costs), or 0 for a round that measures the target-only unit (RoundCosts.unit_due). ``timed``: the round
+        will be timed as one batch of these rows, all adaptive (a pinned row drafts anyway; a round of several
+        batches or with a prompt's prefill is not timed), so a target-only round would measure the unit."""
         k = group_k(controllers, in_flight, self.costs.costs(batch, max_k))
-        return 0 if len(controllers) == batch and self.costs.unit_due(batch, k) else k
+        return 0 if timed and self.costs.unit_due(batch, k) else k
