@@ -307,7 +307,7 @@ class GenerationLoop:
         outcome = {}
         running = any(r.rounds for r in self.active)  # some row drafts this round anyway
         for group in groups.values():
-            num_draft = self._num_drafts(group, running, timed=len(groups) == 1)
+            num_draft = self._num_drafts(group, running, only_group=len(groups) == 1)
             rows = [r.row for r in group]
             outcomes = self.rounds.run(rows, num_draft, group[0].params, group[0].generator)
             for r, out in zip(group, outcomes, strict=True):
@@ -316,22 +316,23 @@ class GenerationLoop:
         now = time.perf_counter()
         return [self._emit(request, outcome[id(request)], now) for request in list(self.active)]
 
-    def _num_drafts(self, group: list[_Active], running: bool, timed: bool) -> list[int]:
+    def _num_drafts(self, group: list[_Active], running: bool, only_group: bool) -> list[int]:
         """Each row's K this round for one batched group: adaptive rows share one K (adaptive.group_k: the batch
         runs as many draft steps as its largest K anyway), from the measured round costs of this batch size. A
         seeded sampled group (one seeded request, or one engine call's batch sharing its generator) uses neither
         the load nor measured times: its K decides which random draws it consumes, so its tokens must not depend
         on them."""
         adaptive = [r.controller for r in group if r.controller is not None]
+        no_prefill = all(r.rounds for r in group)  # a prefill round's time is the prompt's, not the K's
         shared = 0
         if adaptive and group[0].params.seeded:
             shared = group_k(adaptive, 1)
         elif adaptive:
-            # timed: one batch, no prefill, every row adaptive (RoundCosts.start below), so a unit round measures
-            unit = timed and len(adaptive) == len(group) and all(r.rounds for r in group)
+            # a unit round measures only where the round is timed as one batch and every row is adaptive
+            unit = only_group and no_prefill and len(adaptive) == len(group)
             shared = self.adaptive.choose(adaptive, len(self.active), len(group), self.max_draft_len, unit)
         num_draft = [self._num_draft(r, running, shared) for r in group]
-        if all(r.rounds for r in group):  # a prefill round's time is the prompt's, not the K's
+        if no_prefill:
             self.adaptive.costs.start(len(group), max(num_draft))
         return num_draft
 
