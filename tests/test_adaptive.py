@@ -141,14 +141,14 @@ def test_a_batch_shares_the_k_best_for_its_rows_together():
     policy = KPolicy(draft_cost_ratio=0.3)
     high, low = KController(policy, max_k=8, prior=0.9), KController(policy, max_k=8, prior=0.2)
     assert best_k(0.9, 8, policy) == 5 and best_k(0.2, 8, policy) == 0
-    # Mean expected tokens per round over the round's cost: K 1 (1.9 + 1.2) / 2 / 1.3 = 1.19, K 2
-    # (2.71 + 1.24) / 2 / 1.6 = 1.234, K 3 (3.439 + 1.248) / 2 / 1.9 = 1.233, then less: the batch drafts 2,
-    # not 5 for one row and 0 for the other.
-    assert group_k([high, low], in_flight=2) == 2
-    assert best_k([0.9, 0.2], 8, policy) == 2
-    assert (
-        group_k([high, low], in_flight=2, costs=linear_costs(0.05, 1.0, 8)) == 8
-    )  # cheap drafts: the longest
+    # Judged at the rows' mean acceptance 0.55: K 1 1.55 / 1.3 = 1.19, K 2 1.8525 / 1.6 = 1.16, then less: the
+    # batch drafts 1, not 5 for one row and 0 for the other. (The mean of the rows' own expected tokens would
+    # say K 2: (2.71 + 1.24) / 2 / 1.6 = 1.234 against K 1's 1.19, rating K by the high row's long runs.)
+    assert group_k([high, low], in_flight=2) == 1
+    assert best_k([0.9, 0.2], 8, policy) == 1 == best_k(0.55, 8, policy)
+    assert best_k([0.9, 0.9], 8, policy) == 5  # rows alike: each one's best
+    # cheap drafts: longer (at 0.55, K 4 2.110 / 1.2 = 1.759 against K 3 1.755 and K 5 1.729)
+    assert group_k([high, low], in_flight=2, costs=linear_costs(0.05, 1.0, 8)) == 4
     assert group_k([high, low], in_flight=2, costs=linear_costs(3.0, 1.0, 8)) == 0  # dear drafts: target-only
     # a speculative round costing 1.2 target-only steps before its drafts: acceptance 0.5 no longer pays (K 1:
     # 1.5 / (0.3 + 1.2) = 1.0)
