@@ -177,7 +177,7 @@ def test_round_costs_per_k_in_target_only_rounds():
     for _ in range(6):
         costs.record(1, 7, 0.015)  # K 7 runs faster than the line says (19 ms)
     per_k = costs.costs(1, 8)
-    a1, b = costs.fitted[1]  # the line refitted through K 7's rounds too
+    a1, b = costs.by_batch[1].fitted  # the line refitted through K 7's rounds too
     # each K: its own rounds' total plus prior_rounds (2) rounds on the line, per round, in 10 ms units
     assert per_k[7] == pytest.approx((6 * 0.015 + 2 * (a1 + 7 * b)) / 8 / 0.010)
     assert per_k[4] == pytest.approx((3 * 0.016 + 2 * (a1 + 4 * b)) / 5 / 0.010)
@@ -185,8 +185,17 @@ def test_round_costs_per_k_in_target_only_rounds():
     assert per_k[7] < (a1 + 7 * b) / 0.010 and per_k[7] < per_k[6]  # pulled toward what K 7 costs
     for k in (0, 0, 1, 4):  # batches of 4-7 are another bucket: 20 ms target-only; 24 ms + 6 ms per token
         costs.record(5, k, 0.020 if k == 0 else 0.024 + 0.006 * k)
-    assert costs.costs(4, 2) == pytest.approx([1.0, 1.5, 1.8])
+    assert costs.costs(5, 2) == pytest.approx([1.0, 1.5, 1.8])
+    assert costs.costs(4, 2) == pytest.approx([1.0, 1.5, 1.8])  # batch 4 not measured: its bucket's
     assert costs.costs(16, 8) is None  # not measured
+    # batch 7's own rounds, once they fit a line and include target-only ones: 40 ms; 48 ms + 24 ms per token
+    for k in (1, 4):
+        costs.record(7, k, 0.048 + 0.024 * k)
+    assert costs.costs(7, 2) == costs.costs(4, 2)  # no target-only round of its own yet: the bucket's
+    costs.record(7, 0, 0.040)
+    assert costs.costs(7, 2) == pytest.approx([1.0, 1.8, 2.4])  # its own
+    assert costs.costs(5, 2) == pytest.approx([1.0, 1.5, 1.8])  # batch 5 keeps its own
+    assert costs.costs(6, 2) != costs.costs(5, 2)  # not measured: the bucket's, both sizes' rounds
     noisy = RoundCosts(policy, decay=0.0)
     noisy.record(2, 1, 0.02)
     noisy.record(2, 4, 0.01)  # more draft tokens, less time: noise, not a cost
@@ -199,7 +208,7 @@ def test_round_costs_per_k_in_target_only_rounds():
     costs.start(1, 2)
     costs.start(3, 1)  # a second batch in the same round: left out
     costs.stop()
-    assert costs.by_k == {1: {0: [1.0, 0.5]}} and not costs.sums
+    assert list(costs.by_batch) == [1] and costs.by_batch[1].by_k == {0: [1.0, 0.5]}
 
 
 def test_stats_count_rounds_by_k_and_merge_them():

@@ -198,14 +198,63 @@ def group_k(controllers: Sequence[KController], in_flight: int, costs: Costs | N
     return k
 
 
+class _CostTable:
+    """The measured rounds of one batch size, or of one power-of-two bucket of them (RoundCosts)."""
+
+    def __init__(self, decay: float):
+        self.decay = decay
+        self.sums = [0.0] * 5  # weighted [n, k, k^2, t, k*t] of rounds with K >= 1
+        self.by_k: dict[int, list[float]] = {}  # K -> weighted [n, t]
+        self.fitted: tuple[float, float] | None = None  # the last (a1, b) a fit gave
+        self.units = 0  # target-only rounds recorded
+
+    def record(self, k: int, seconds: float) -> None:
+        self.units += k == 0
+        cell = self.by_k.setdefault(k, [0.0, 0.0])
+        cell[0], cell[1] = (1 - self.decay) * cell[0] + 1.0, (1 - self.decay) * cell[1] + seconds
+        if k:
+            for i, value in enumerate((1.0, k, k * k, seconds, k * seconds)):
+                self.sums[i] = (1 - self.decay) * self.sums[i] + value
+
+    def line(self) -> tuple[float, float] | None:
+        """(a1, b) of the speculative rounds' line. While the recent ones ran (nearly) one K, or the fit is not a
+        cost (a1 or b not positive: noise), the last fitted line holds (None before one)."""
+        n, k, kk, t, kt = self.sums
+        spread = kk / n - (k / n) ** 2 if n else 0.0  # variance of K: a slope needs rounds of different K
+        if spread >= 0.5:
+            slope = (kt / n - (k / n) * (t / n)) / spread
+            intercept = t / n - slope * k / n
+            if slope > 0 and intercept > 0:
+                self.fitted = (intercept, slope)
+        return self.fitted
+
+    def costs(self, max_k: int, prior_rounds: float, verify_cost_ratio: float) -> list[float] | None:
+        line = self.line()
+        if line is None:
+            return None
+        a1, b = line
+
+        def seconds(k: int) -> float:  # K's own rounds' total, pulled toward the line by prior_rounds of it
+            n, t = self.by_k.get(k, (0.0, 0.0))
+            return (t + prior_rounds * (a1 + b * k)) / (n + prior_rounds)
+
+        n0, t0 = self.by_k.get(0, (0.0, 0.0))
+        a0 = t0 / n0 if n0 else a1 / verify_cost_ratio
+        return [1.0] + [seconds(k) / a0 for k in range(1, max_k + 1)]
+
+
 class RoundCosts:
     """Measured round cost per batch size: ``start(batch, k)`` before a round, ``stop()`` after it;
     ``costs(batch, max_k)`` gives each K's cost in target-only rounds (see the module docstring), or None while a
     batch size has no fit (then the policy's ratios apply).
 
-    Batch sizes are bucketed by powers of two (1, 2-3, 4-7, ...); ``decay`` weighs the rounds (~1/decay last
-    ones count; each K's own average forgets only when that K runs again). A round that ran several batches (rows
-    in different sampling groups) is left out: its time is not one batch's."""
+    Each batch size keeps its own rounds, and so does its power-of-two bucket (1, 2-3, 4-7, ...): a batch size's
+    costs come from its own rounds once they fit a line and include target-only ones, from its bucket's until
+    then. (On the 2-core CPU machine a K=3 round took 18 ms at batch 4 and 22 ms at batch 7; with the bucket
+    alone, a K looked cheap or dear by the batch size that had last run it, as a batch of 8 drained.) ``decay``
+    weighs the rounds (~1/decay last ones count; each K's own average forgets only when that K runs again). A
+    round that ran several batches (rows in different sampling groups) is left out: its time is not one
+    batch's."""
 
     unit_every, unit_rounds, refresh_every = 8, 3, 256
 
@@ -214,11 +263,11 @@ class RoundCosts:
     ):
         self.verify_cost_ratio = policy.verify_cost_ratio
         self.decay, self.prior_rounds, self.clock = decay, prior_rounds, clock
-        self.sums: dict[int, list[float]] = {}  # bucket -> weighted [n, k, k^2, t, k*t] of rounds with K >= 1
-        self.by_k: dict[int, dict[int, list[float]]] = {}  # bucket -> K -> weighted [n, t]
-        self.fitted: dict[int, tuple[float, float]] = {}  # bucket -> the last (a1, b) a fit gave
-        self.since_unit: dict[int, int] = {}  # bucket -> speculative rounds since its last target-only one
-        self.units: dict[int, int] = {}  # bucket -> target-only rounds recorded
+        self.by_batch: dict[int, _CostTable] = {}  # batch size -> its rounds
+        self.by_bucket: dict[int, _CostTable] = {}  # batch.bit_length() -> its batch sizes' rounds
+        self.since_unit: dict[
+            int, int
+        ] = {}  # batch size -> speculative rounds since its last target-only one
         self._pending: tuple[int, int, float] | None = None
         self._mixed = False
 
@@ -230,12 +279,11 @@ class RoundCosts:
         every ``refresh_every`` to follow drift. A loop whose requests all draft never runs one otherwise."""
         if k == 0:
             return False
-        bucket = batch.bit_length()
-        since = self.since_unit.get(bucket, 0) + 1
-        due = since >= (
-            self.unit_every if self.units.get(bucket, 0) < self.unit_rounds else self.refresh_every
-        )
-        self.since_unit[bucket] = 0 if due else since
+        table = self.by_batch.get(batch)
+        since = self.since_unit.get(batch, 0) + 1
+        measured = table is not None and table.units >= self.unit_rounds
+        due = since >= (self.refresh_every if measured else self.unit_every)
+        self.since_unit[batch] = 0 if due else since
         return due
 
     def start(self, batch: int, k: int) -> None:
@@ -249,46 +297,16 @@ class RoundCosts:
         self._pending, self._mixed = None, False
 
     def record(self, batch: int, k: int, seconds: float) -> None:
-        bucket = batch.bit_length()
-        if k == 0:
-            self.units[bucket] = self.units.get(bucket, 0) + 1
-        cell = self.by_k.setdefault(bucket, {}).setdefault(k, [0.0, 0.0])
-        cell[0], cell[1] = (1 - self.decay) * cell[0] + 1.0, (1 - self.decay) * cell[1] + seconds
-        if k:
-            sums = self.sums.setdefault(bucket, [0.0] * 5)
-            for i, value in enumerate((1.0, k, k * k, seconds, k * seconds)):
-                sums[i] = (1 - self.decay) * sums[i] + value
-
-    def line(self, bucket: int) -> tuple[float, float] | None:
-        """(a1, b) of the speculative rounds' line. While the recent ones ran (nearly) one K, or the fit is not a
-        cost (a1 or b not positive: noise), the last fitted line holds (None before one)."""
-        sums = self.sums.get(bucket)
-        if sums is not None:
-            n, k, kk, t, kt = sums
-            spread = kk / n - (k / n) ** 2  # variance of K: a slope needs rounds of different K
-            if spread >= 0.5:
-                slope = (kt / n - (k / n) * (t / n)) / spread
-                intercept = t / n - slope * k / n
-                if slope > 0 and intercept > 0:
-                    self.fitted[bucket] = (intercept, slope)
-        return self.fitted.get(bucket)
+        for tables, key in ((self.by_batch, batch), (self.by_bucket, batch.bit_length())):
+            tables.setdefault(key, _CostTable(self.decay)).record(k, seconds)
 
     def costs(self, batch: int, max_k: int) -> list[float] | None:
         """Round cost per K in 0..max_k in target-only rounds of this batch size (None: no line yet)."""
-        bucket = batch.bit_length()
-        line = self.line(bucket)
-        if line is None:
-            return None
-        a1, b = line
-        cells = self.by_k.get(bucket, {})
-
-        def seconds(k: int) -> float:  # K's own rounds' total, pulled toward the line by prior_rounds of it
-            n, t = cells.get(k, (0.0, 0.0))
-            return (t + self.prior_rounds * (a1 + b * k)) / (n + self.prior_rounds)
-
-        n0, t0 = cells.get(0, (0.0, 0.0))
-        a0 = t0 / n0 if n0 else a1 / self.verify_cost_ratio
-        return [1.0] + [seconds(k) / a0 for k in range(1, max_k + 1)]
+        own = self.by_batch.get(batch)
+        if own is not None and own.units and own.line() is not None:
+            return own.costs(max_k, self.prior_rounds, self.verify_cost_ratio)
+        bucket = self.by_bucket.get(batch.bit_length())
+        return None if bucket is None else bucket.costs(max_k, self.prior_rounds, self.verify_cost_ratio)
 
 
 class AdaptiveState:
