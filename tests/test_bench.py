@@ -117,6 +117,27 @@ def test_sweep_warms_adaptive_up_untimed_then_interleaves_every_point_group_by_g
     assert len(steps) == sweep_steps(len(reqs), [2], 2, True) == 5
 
 
+def test_min_groups_adds_passes_where_a_pass_has_few_groups():
+    from trtspec.validate.bench import run_sweep, sweep_passes, sweep_steps
+
+    calls, steps = [], []
+
+    class Recorder:
+        def generate(self, requests, params):
+            calls.append((len(requests), params.num_draft_tokens))
+            return [Generation([5] * params.max_new_tokens, None, None, 0.001) for _ in requests]
+
+    reqs = [Request(t, [i]) for i, t in enumerate("abcd")]
+    points = run_sweep(
+        Recorder(), reqs, ks=[], concurrency=[1, 2, 4], max_new_tokens=2, min_groups=4, advance=steps.append
+    )
+    # 4 groups per pass at concurrency 1: one pass; 2 at concurrency 2: two; 1 at concurrency 4: four
+    assert [sweep_passes(4, c, 1, 4) for c in (1, 2, 4)] == [1, 2, 4]
+    assert [(p.concurrency, len(p.generations)) for p in points] == [(1, 4), (2, 8), (4, 16)]
+    assert calls.count((4, 0)) == 4 and len(steps) == sweep_steps(4, [1, 2, 4], 1, False, 4) == 12
+    assert sweep_passes(4, 4, 3, 2) == 3  # repeats is the least
+
+
 def test_make_requests_fills_whole_groups():
     reqs = [Request("a", [1]), Request("b", [2]), Request("c", [3])]
     assert [r.text for r in make_requests(reqs, 2)] == ["a", "b", "c", "a"]
@@ -289,7 +310,7 @@ def test_bench_write_recipe_saves_a_loadable_copy_with_the_schedule(runner, tiny
     )
     copy = tmp_path / "elsewhere" / "tuned.yaml"
     args = ["bench", str(recipe), "--limit", "2", "--max-tokens", "6", "--out", str(tmp_path / "bench")]
-    args += ["--repeats", "2"]
+    args += ["--repeats", "2", "--min-groups", "3"]
     result = runner.invoke(cli, [*args, "--write-recipe", str(copy), "--json"])
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
@@ -298,7 +319,9 @@ def test_bench_write_recipe_saves_a_loadable_copy_with_the_schedule(runner, tiny
     grid = {(p["num_draft_tokens"], p["concurrency"]) for p in payload["points"]}
     assert grid == {(k, c) for k in (0, 1, 2, 3, None) for c in (1, 2)}
     assert any("limits.max_batch_size 2" in note for note in payload["notes"])
-    assert {p["requests"] for p in payload["points"]} == {4}  # 2 prompts (a group of 2) x 2 passes, pooled
+    # 2 prompts: at concurrency 1 two groups x 2 passes; at 2 one group x 3 passes (--min-groups), pooled
+    assert {(p["concurrency"], p["requests"]) for p in payload["points"]} == {(1, 4), (2, 6)}
+    assert any("passes (2 at concurrency 1, 3 at concurrency 2)" in note for note in payload["notes"])
     written = load_recipe(copy)
     schedule = {int(c): k for c, k in payload["recommended_schedule"].items()}
     assert written.speculative.schedule == schedule

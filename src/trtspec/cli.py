@@ -732,6 +732,13 @@ def _int_list(ctx, param, value: str | None) -> tuple[int, ...] | None:
     "ratios on a shared machine).",
 )
 @click.option(
+    "--min-groups",
+    type=click.IntRange(min=1),
+    default=1,
+    help="At least this many groups of `concurrency` requests per point: more passes where one pass has fewer "
+    "(16 prompts at concurrency 16 make one group, one timing sample).",
+)
+@click.option(
     "--write-recipe",
     type=click.Path(dir_okay=False),
     default=None,
@@ -750,6 +757,7 @@ def bench(
     draft_cost_ratio,
     out_dir,
     repeats,
+    min_groups,
     write_recipe,
     system,
     url,
@@ -784,6 +792,7 @@ def bench(
             chat=chat,
             write_recipe=Path(write_recipe) if write_recipe else None,
             repeats=repeats,
+            min_groups=min_groups,
         ),
         out,
     )

@@ -307,9 +307,19 @@ def sweep_groups(num_requests: int, concurrency: int) -> int:
     return len(make_requests(range(num_requests), concurrency)) // concurrency
 
 
-def sweep_steps(num_requests: int, concurrency: Sequence[int], repeats: int, adaptive: bool) -> int:
+def sweep_passes(num_requests: int, concurrency: int, repeats: int, min_groups: int = 1) -> int:
+    """Passes at one concurrency: ``repeats``, or more until each point pools ``min_groups`` groups."""
+    return max(repeats, math.ceil(min_groups / sweep_groups(num_requests, concurrency)))
+
+
+def sweep_steps(
+    num_requests: int, concurrency: Sequence[int], repeats: int, adaptive: bool, min_groups: int = 1
+) -> int:
     """How many times run_sweep calls ``advance``: per concurrency, its warm-up and each pass's groups."""
-    return sum(adaptive + repeats * sweep_groups(num_requests, c) for c in concurrency)
+    return sum(
+        adaptive + sweep_passes(num_requests, c, repeats, min_groups) * sweep_groups(num_requests, c)
+        for c in concurrency
+    )
 
 
 def run_sweep(
@@ -321,6 +331,7 @@ def run_sweep(
     max_new_tokens: int,
     adaptive: bool = False,
     repeats: int = 1,
+    min_groups: int = 1,
     draft_system=None,
     advance: Callable[[str], None] | None = None,
 ) -> list[BenchPoint]:
@@ -331,9 +342,11 @@ def run_sweep(
     them across calls).
 
     The points are interleaved group by group: each group of ``concurrency`` requests runs under every point back
-    to back, the first point rotating from group to group, and ``repeats`` passes do that again; each point pools
-    its groups and passes. Neighbouring points measured one after another over minutes differed by 15-25% on a
-    shared machine (its speed drifts); interleaved within seconds, a slow spell falls on every point alike."""
+    to back, the first point rotating from group to group, and ``repeats`` passes do that again (more where a pass
+    has fewer than ``min_groups`` groups); each point pools its groups and passes. Neighbouring points measured
+    one after another over minutes differed by 15-25% on a shared machine (its speed drifts); interleaved within
+    seconds, a slow spell falls on every point alike. A group is one timing sample of a point, and at high
+    concurrency a pass has few (16 prompts at concurrency 16: one), so ``min_groups`` evens out the precision."""
     from trtspec.engines.sampling import SamplingParams
 
     params = SamplingParams(max_new_tokens=max_new_tokens)
@@ -351,9 +364,10 @@ def run_sweep(
         if adaptive:
             step(f"K={k_label(None)} concurrency={c} warm-up (untimed)")
             run_point(system, batch, params.with_(num_draft_tokens=None), c)
-        for n in range(repeats):
+        num_passes = sweep_passes(len(requests), c, repeats, min_groups)
+        for n in range(num_passes):
             for g, group in enumerate(groups):
-                passes = f" pass {n + 1}/{repeats}" if repeats > 1 else ""
+                passes = f" pass {n + 1}/{num_passes}" if num_passes > 1 else ""
                 step(f"concurrency={c}{passes} group {g + 1}/{len(groups)}: every point")
                 first = (n * len(groups) + g) % len(runs)
                 for role, k in runs[first:] + runs[:first]:

@@ -183,6 +183,7 @@ class BenchOptions:
     chat: bool = False  # raw prompts as single user messages through the chat template
     write_recipe: Path | None = None  # a copy of the recipe with the recommended speculative.schedule
     repeats: int = 1  # passes over each concurrency's points, pooled
+    min_groups: int = 1  # more passes where a pass has fewer groups of `concurrency` requests
 
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16)
@@ -280,7 +281,13 @@ def bench(options: BenchOptions, out) -> dict:
     from rich.progress import Progress
 
     from trtspec.recipe import load_recipe
-    from trtspec.validate.bench import BenchResult, cost_ratios, run_sweep, sweep_steps
+    from trtspec.validate.bench import (
+        BenchResult,
+        cost_ratios,
+        run_sweep,
+        sweep_passes,
+        sweep_steps,
+    )
 
     recipe = load_recipe(options.recipe)
     notes: list[str] = []
@@ -313,16 +320,20 @@ def bench(options: BenchOptions, out) -> dict:
         )
     measure_draft = options.system.kind == "engine" and options.draft_cost_ratio is None
     draft = _draft_alone(recipe, options.system, biggest) if measure_draft else None
+    passes = ", ".join(
+        f"{sweep_passes(len(requests), c, options.repeats, options.min_groups)} at concurrency {c}"
+        for c in options.concurrency
+    )
     notes.append(
         "Points are interleaved: each group of `concurrency` requests runs under every point back to back (the "
-        f"first point rotating), in {options.repeats} pass(es); each point pools its groups and passes."
+        f"first point rotating), in passes ({passes}); each point pools its groups and passes."
     )
     if adaptive:
         notes.append(
             "Adaptive K is measured in steady state: one untimed adaptive pass runs first at each concurrency, "
             "so it has measured that batch size's round costs, as a server does in its first seconds."
         )
-    total = sweep_steps(len(requests), options.concurrency, options.repeats, adaptive)
+    total = sweep_steps(len(requests), options.concurrency, options.repeats, adaptive, options.min_groups)
     console = out.console()
     try:
         with Progress(console=console, transient=True) as progress:
@@ -342,6 +353,7 @@ def bench(options: BenchOptions, out) -> dict:
                 max_new_tokens=options.max_tokens,
                 adaptive=adaptive,
                 repeats=options.repeats,
+                min_groups=options.min_groups,
                 draft_system=draft,
                 advance=advance,
             )
