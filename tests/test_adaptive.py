@@ -177,25 +177,31 @@ def test_round_costs_per_k_in_target_only_rounds():
     for _ in range(6):
         costs.record(1, 7, 0.015)  # K 7 runs faster than the line says (19 ms)
     per_k = costs.costs(1, 8)
-    a1, b = costs.by_batch[1].fitted  # the line refitted through K 7's rounds too
+    a1, b = costs.by_batch[1].line()  # the line refitted through K 7's rounds too
     # each K: its own rounds' total plus prior_rounds (2) rounds on the line, per round, in 10 ms units
     assert per_k[7] == pytest.approx((6 * 0.015 + 2 * (a1 + 7 * b)) / 8 / 0.010)
     assert per_k[4] == pytest.approx((3 * 0.016 + 2 * (a1 + 4 * b)) / 5 / 0.010)
     assert per_k[5] == pytest.approx((a1 + 5 * b) / 0.010) and per_k[0] == 1.0  # K 5 never ran: the line
     assert per_k[7] < (a1 + 7 * b) / 0.010 and per_k[7] < per_k[6]  # pulled toward what K 7 costs
-    for k in (0, 0, 1, 4):  # batches of 4-7 are another bucket: 20 ms target-only; 24 ms + 6 ms per token
+    for k in (0, 0, 0, 1, 4):  # batches of 4-7 are another bucket: 20 ms target-only; 24 ms + 6 ms per token
         costs.record(5, k, 0.020 if k == 0 else 0.024 + 0.006 * k)
     assert costs.costs(5, 2) == pytest.approx([1.0, 1.5, 1.8])
     assert costs.costs(4, 2) == pytest.approx([1.0, 1.5, 1.8])  # batch 4 not measured: its bucket's
     assert costs.costs(16, 8) is None  # not measured
-    # batch 7's own rounds, once they fit a line and include target-only ones: 40 ms; 48 ms + 24 ms per token
-    for k in (1, 4):
-        costs.record(7, k, 0.048 + 0.024 * k)
-    assert costs.costs(7, 2) == costs.costs(4, 2)  # no target-only round of its own yet: the bucket's
+    # batch 7's own rounds count once they fit a line and include unit_rounds (3) target-only ones: 40 ms; 48 ms
+    # + 24 ms per token
+    for k in (1, 4, 0, 0):
+        costs.record(7, k, 0.040 if k == 0 else 0.048 + 0.024 * k)
+    # Until then the bucket's: a0 (3 x 20 + 2 x 40) / 5 = 28 ms; the line through (1, 30) (4, 48) (1, 72)
+    # (4, 144) ms is 36 + 15 K; K 1's rounds (30 + 72) / 2 pulled by 2 rounds of the line's 51: 51; K 2: 66
+    bucket = pytest.approx([1.0, 51 / 28, 66 / 28])
+    assert costs.costs(7, 2) == bucket and costs.costs(6, 2) == bucket
     costs.record(7, 0, 0.040)
     assert costs.costs(7, 2) == pytest.approx([1.0, 1.8, 2.4])  # its own
     assert costs.costs(5, 2) == pytest.approx([1.0, 1.5, 1.8])  # batch 5 keeps its own
-    assert costs.costs(6, 2) != costs.costs(5, 2)  # not measured: the bucket's, both sizes' rounds
+    for k in (0, 0, 0, 2):  # target-only rounds but a single K: no line of its own, so still the bucket's
+        costs.record(6, k, 0.030 if k == 0 else 0.050)
+    assert costs.costs(6, 2) == costs.costs(4, 2) != costs.costs(5, 2)
     noisy = RoundCosts(policy, decay=0.0)
     noisy.record(2, 1, 0.02)
     noisy.record(2, 4, 0.01)  # more draft tokens, less time: noise, not a cost
@@ -298,10 +304,14 @@ def test_a_loop_whose_requests_all_draft_measures_target_only_rounds_now_and_the
     due = [costs.unit_due(4, 3) for _ in range(3 * every)]
     assert [i for i, d in enumerate(due) if d] == [every - 1, 2 * every - 1, 3 * every - 1]
     assert not costs.unit_due(4, 0)  # a round that drafts nothing measures the unit anyway
-    for _ in range(every - 1):  # batch 4 one round short of due: batch 1 counts its own rounds
+    for _ in range(every - 1):  # batch 4 one round short of due: batch 5 (same bucket) counts its own rounds
         costs.unit_due(4, 3)
-    assert [costs.unit_due(1, 3) for _ in range(every)].index(True) == every - 1
+    assert [costs.unit_due(5, 3) for _ in range(every)].index(True) == every - 1
     assert costs.unit_due(4, 3)
+    for _ in range(RoundCosts.unit_rounds):  # batch 5's target-only rounds do not end batch 4's search
+        costs.record(5, 0, 0.010)
+    assert [costs.unit_due(4, 3) for _ in range(every)][-1]
+    assert not any(costs.unit_due(5, 3) for _ in range(every))
     # the default decay: unit_rounds target-only rounds recorded, whatever their decayed weight, end the search
     costs = RoundCosts(KPolicy())
     for _ in range(RoundCosts.unit_rounds - 1):

@@ -16,7 +16,8 @@ staircase, not a line: a (K+1)-token verification costs about what the next long
 benchmark cannot separate from its 15-25% noise between neighbouring points, this shows exactly: how close the
 loop's controller (engines/adaptive.py: KController, group_k, AcceptancePool, RoundCosts) gets to the best
 static K, given the exact costs or learning them from its own rounds as the loop does (each round timed at its
-cost, off by a log-normal factor of sigma ``--noise``).
+cost, off by a log-normal factor of sigma ``--noise``). One cost table serves every batch size, so what depends
+on the batch size (RoundCosts keeps each size's rounds apart) is not replayed: benchmark that side by side.
 
 At concurrency N, N requests run as one batch: each round drafts the K that group_k picks for the batch
 (static: that K), every row advances by its own accepted tokens + 1, and a finished request's slot takes the next

@@ -728,8 +728,8 @@ def _int_list(ctx, param, value: str | None) -> tuple[int, ...] | None:
     "--repeats",
     type=click.IntRange(min=1),
     default=1,
-    help="Passes over each concurrency's points, one after another; each point pools its passes (steadier "
-    "ratios on a shared machine).",
+    help="Passes over each concurrency's points, one after another (at least; see --min-groups); each point "
+    "pools its passes (steadier ratios on a shared machine).",
 )
 @click.option(
     "--min-groups",

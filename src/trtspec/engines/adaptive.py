@@ -49,7 +49,8 @@ rounds moves little, one measured often moves to what it costs. The unit, a0, is
 average (a1 / policy.verify_cost_ratio before one ran); a loop whose requests all draft runs one target-only
 round every few speculative rounds until it has measured a few (``RoundCosts.unit_due``): a speculative round
 costs well over a target-only one beyond its draft steps, and a0 = a1 made speculation look cheap where it does
-not pay. The policy's ratios hold until a batch size has speculative rounds of two different K.
+not pay. Each batch size has its own measurements, its power-of-two bucket's until they suffice (RoundCosts);
+the policy's ratios hold until the bucket's recent speculative rounds spread over K enough to fit a line.
 """
 
 from __future__ import annotations
@@ -249,8 +250,8 @@ class RoundCosts:
     batch size has no fit (then the policy's ratios apply).
 
     Each batch size keeps its own rounds, and so does its power-of-two bucket (1, 2-3, 4-7, ...): a batch size's
-    costs come from its own rounds once they fit a line and include target-only ones, from its bucket's until
-    then. (On the 2-core CPU machine a K=3 round took 18 ms at batch 4 and 22 ms at batch 7; with the bucket
+    costs come from its own rounds once they fit a line and include ``unit_rounds`` target-only ones (one noisy
+    unit would scale every K), from its bucket's until then. (On the 2-core CPU machine a K=3 round took 18 ms at batch 4 and 22 ms at batch 7; with the bucket
     alone, a K looked cheap or dear by the batch size that had last run it, as a batch of 8 drained.) ``decay``
     weighs the rounds (~1/decay last ones count; each K's own average forgets only when that K runs again). A
     round that ran several batches (rows in different sampling groups) is left out: its time is not one
@@ -265,9 +266,8 @@ class RoundCosts:
         self.decay, self.prior_rounds, self.clock = decay, prior_rounds, clock
         self.by_batch: dict[int, _CostTable] = {}  # batch size -> its rounds
         self.by_bucket: dict[int, _CostTable] = {}  # batch.bit_length() -> its batch sizes' rounds
-        self.since_unit: dict[
-            int, int
-        ] = {}  # batch size -> speculative rounds since its last target-only one
+        # batch size -> speculative rounds since its last target-only one
+        self.since_unit: dict[int, int] = {}
         self._pending: tuple[int, int, float] | None = None
         self._mixed = False
 
@@ -303,7 +303,7 @@ class RoundCosts:
     def costs(self, batch: int, max_k: int) -> list[float] | None:
         """Round cost per K in 0..max_k in target-only rounds of this batch size (None: no line yet)."""
         own = self.by_batch.get(batch)
-        if own is not None and own.units and own.line() is not None:
+        if own is not None and own.units >= self.unit_rounds and own.line() is not None:
             return own.costs(max_k, self.prior_rounds, self.verify_cost_ratio)
         bucket = self.by_bucket.get(batch.bit_length())
         return None if bucket is None else bucket.costs(max_k, self.prior_rounds, self.verify_cost_ratio)
