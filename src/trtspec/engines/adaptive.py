@@ -230,6 +230,7 @@ class _CostTable:
         return self.fitted
 
     def costs(self, max_k: int, prior_rounds: float, verify_cost_ratio: float) -> list[float] | None:
+        """Each K's cost in target-only rounds (RoundCosts.costs), or None without a line."""
         line = self.line()
         if line is None:
             return None
@@ -251,11 +252,11 @@ class RoundCosts:
 
     Each batch size keeps its own rounds, and so does its power-of-two bucket (1, 2-3, 4-7, ...): a batch size's
     costs come from its own rounds once they fit a line and include ``unit_rounds`` target-only ones (one noisy
-    unit would scale every K), from its bucket's until then. (On the 2-core CPU machine a K=3 round took 18 ms at batch 4 and 22 ms at batch 7; with the bucket
-    alone, a K looked cheap or dear by the batch size that had last run it, as a batch of 8 drained.) ``decay``
-    weighs the rounds (~1/decay last ones count; each K's own average forgets only when that K runs again). A
-    round that ran several batches (rows in different sampling groups) is left out: its time is not one
-    batch's."""
+    unit would scale every K), from its bucket's until then. (On the 2-core CPU machine a K=3 round took 18 ms at
+    batch 4 and 22 ms at batch 7; with the bucket alone, a K looked cheap or dear by the batch size that had last
+    run it, as a batch of 8 drained.) ``decay`` weighs the rounds (~1/decay last ones count; each K's own average
+    forgets only when that K runs again). A round that ran several batches (rows in different sampling groups)
+    is left out: its time is not one batch's."""
 
     unit_every, unit_rounds, refresh_every = 8, 3, 256
 
@@ -303,8 +304,10 @@ class RoundCosts:
     def costs(self, batch: int, max_k: int) -> list[float] | None:
         """Round cost per K in 0..max_k in target-only rounds of this batch size (None: no line yet)."""
         own = self.by_batch.get(batch)
-        if own is not None and own.units >= self.unit_rounds and own.line() is not None:
-            return own.costs(max_k, self.prior_rounds, self.verify_cost_ratio)
+        if own is not None and own.units >= self.unit_rounds:
+            costs = own.costs(max_k, self.prior_rounds, self.verify_cost_ratio)
+            if costs is not None:  # None: no line of its own yet
+                return costs
         bucket = self.by_bucket.get(batch.bit_length())
         return None if bucket is None else bucket.costs(max_k, self.prior_rounds, self.verify_cost_ratio)
 
