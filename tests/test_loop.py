@@ -13,7 +13,7 @@ from trtspec.engines.loop import GenerationLoop, LoopThread
 from trtspec.engines.models import load_causal_lm
 from trtspec.engines.rounds import Outcome
 from trtspec.engines.sampling import SamplingParams
-from trtspec.engines.speculative import TorchRounds
+from trtspec.engines.speculative import TorchRounds, width_groups
 
 PROMPTS = [[1, 40, 41, 42, 43, 44, 45], [1, 7, 8], [1, 100], [1, 5, 6, 7, 8, 9]]
 
@@ -156,6 +156,40 @@ def test_requests_joining_mid_run_get_the_tokens_they_get_alone_and_hf_greedy(pa
         assert together[i][1].token_ids == together[i][0]
     assert together[2][1].stats.drafted == 0  # K = 0 for that request only
     assert together[0][1].stats.drafted > 0 and together[1][1].stats.max_draft_len == 2
+
+
+def test_a_long_prompt_joining_running_rows_is_prefilled_in_a_forward_of_its_own(
+    pair, tiny_pair, monkeypatch
+):
+    target = pair[0]
+    shapes = []
+    forward = target.forward
+
+    def spy(tokens, *args):
+        shapes.append(tuple(tokens.shape))
+        return forward(tokens, *args)
+
+    monkeypatch.setattr(target, "forward", spy)
+    long_prompt = [1] + [(7 * i) % 200 + 10 for i in range(59)]  # no <pad> (3): HF generate would mask it
+    eos = {"eos_ids": {2}}  # </s>: where HF generate stops
+    short = [
+        (i, p, SamplingParams(max_new_tokens=12, num_draft_tokens=3), eos) for i, p in enumerate(PROMPTS[1:])
+    ]
+    joining = ("long", long_prompt, SamplingParams(max_new_tokens=8, num_draft_tokens=3), eos)
+    results = run(new_loop(pair), {0: short, 2: [joining]})
+    for request_id, prompt, params, _ in [*short, joining]:
+        assert results[request_id][0] == hf_greedy(tiny_pair[0], prompt, params.max_new_tokens), request_id
+    # the round it joins: its prompt + 3 drafts alone, the 3 running rows' 4-5 tokens in a forward of their own
+    assert (1, len(long_prompt) + 3) in shapes
+    assert not any(batch > 1 and width >= len(long_prompt) for batch, width in shapes)
+
+
+def test_rows_run_as_two_forwards_only_where_that_halves_the_padded_positions():
+    assert width_groups([5, 5, 5, 40, 5]) == [[0, 1, 2, 4], [3]]  # 4 x 5 + 40 = 60 <= 5 x 40 / 2
+    assert width_groups([10, 16, 32, 11, 19, 10, 16, 32]) == [list(range(8))]  # prompts of similar lengths
+    assert width_groups([1, 37]) == [[0, 1]]  # 38 of 74: not half
+    assert width_groups([0, 0, 0, 1]) == [[0, 1, 2, 3]]  # a row that feeds nothing still takes one position
+    assert width_groups([2, 2, 500, 3, 490]) == [[0, 1, 3], [2, 4]]
 
 
 def test_first_token_alone_drafts_nothing_in_a_round_no_other_row_drafts_in(pair):

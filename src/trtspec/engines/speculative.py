@@ -15,7 +15,8 @@ One round for a batch of sequences (gpt-fast ``speculative_decode``, batched):
 Batch > 1: every row keeps its own token list and its own cached lengths in each model, so rows accept different
 numbers of tokens per round and simply continue from different positions next round. A batched forward pads
 rows at the end (models.py gives each row its own positions, attention span and cache writes), so no row ever
-waits for, recomputes or re-pads another. A row that finished or drafts fewer tokens feeds nothing in those
+waits for, recomputes or re-pads another; a prompt joining rows that feed a few tokens each runs in a forward of
+its own (``width_groups``), so the others are not padded to its length. A row that finished or drafts fewer tokens feeds nothing in those
 steps. K = 0 is target-only decoding through the same code (no draft step, a 1-token verification).
 """
 
@@ -40,11 +41,52 @@ def feed(
     """Run ``model`` on each row's uncached tail ``rows[b][cached[b]:]``.
 
     Returns logits [B, J, V] float32 of each row's last ``num_logits[b]`` tokens (J = max; rows with fewer
-    are padded with repeats). After the call the model caches all of ``rows[b]``.
+    are padded with repeats). After the call the model caches all of ``rows[b]``. Rows of very different widths
+    (a joining row's prompt among rows that feed a few tokens) run as two forwards (``width_groups``).
     """
     new = [row[start:] for row, start in zip(rows, cached, strict=True)]
+    num_out = max(max(num_logits), 1)
+    groups = width_groups([len(n) for n in new])
+    if len(groups) == 1:
+        return _forward(model, slots, new, cached, num_logits, num_out)
+    out = None
+    for group in groups:
+        logits = _forward(
+            model,
+            [slots[i] for i in group],
+            [new[i] for i in group],
+            [cached[i] for i in group],
+            [num_logits[i] for i in group],
+            num_out,
+        )
+        if out is None:
+            out = logits.new_empty(len(rows), *logits.shape[1:])
+        out[group] = logits
+    return out
+
+
+def width_groups(counts: list[int]) -> list[list[int]]:
+    """Row indices per forward: one batch, or two where that at least halves the padded positions (a batch pads
+    every row to its widest one). A prompt of 500 tokens joining 7 rows that feed 5 each: 8 x 500 positions in
+    one forward, 7 x 5 + 500 in two; rows of similar widths stay one forward (each forward has a fixed cost)."""
+    order = sorted(range(len(counts)), key=counts.__getitem__)
+    widths = [max(counts[i], 1) for i in order]
+    padded = len(widths) * widths[-1]
+    best, cut = padded, 0
+    for i in range(1, len(widths)):
+        if widths[i] != widths[i - 1]:
+            area = i * widths[i - 1] + (len(widths) - i) * widths[-1]
+            if area < best:
+                best, cut = area, i
+    if cut == 0 or 2 * best > padded:
+        return [list(range(len(counts)))]
+    return [sorted(order[:cut]), sorted(order[cut:])]
+
+
+def _forward(model, slots, new: list[list[int]], cached, num_logits, num_out: int) -> torch.Tensor:
+    """One padded forward of rows' new tokens; logits [B, num_out, V] (see ``feed``)."""
     counts = [len(n) for n in new]
-    width, num_out = max(max(counts), 1), max(max(num_logits), 1)
+    width = max(max(counts), 1)
     padded = [n + [0] * (width - len(n)) for n in new]
     index = [
         [min(max(c - k + j, 0), width - 1) for j in range(num_out)]
@@ -56,7 +98,7 @@ def feed(
     # it sees its own last row instead (builders.support.draft_input_ids; the target decides every token).
     tokens.clamp_(max=model.vocab_size - 1)
     logit_index = torch.tensor(index, dtype=torch.long, device=device)  # [B, J]
-    return model.forward(tokens, slots, list(cached), counts, logit_index)
+    return model.forward(tokens, list(slots), list(cached), counts, logit_index)
 
 
 def propose(
