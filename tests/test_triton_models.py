@@ -924,6 +924,65 @@ def test_a_reply_that_is_not_streamed_is_one_final_response(tokenizer):
     assert reply.update(_event(ids[2:], finished=True)) == [(tokenizer.decode(ids), ids, True)]
 
 
+class _PbUtils:
+    """The part of triton_python_backend_utils that build_responses uses (it exists only inside the stub)."""
+
+    TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+
+    class TritonError:
+        INVALID_ARG, INTERNAL = "INVALID_ARG", "INTERNAL"
+
+        def __init__(self, message, code=None):
+            self.message, self.code = message, code
+
+    class Tensor:
+        def __init__(self, name, array):
+            self.name, self.array = name, array
+
+    class InferenceResponse:
+        def __init__(self, output_tensors, error=None):
+            self.tensors = {t.name: t.array for t in output_tensors}
+            self.error = error
+
+    class Logger:
+        lines: list[str] = []
+
+        @classmethod
+        def log_warn(cls, message):
+            cls.lines.append(message)
+
+
+def test_responses_are_built_per_event_and_one_that_cannot_be_built_ends_only_its_request(
+    tokenizer, monkeypatch
+):
+    from trtspec.triton_repo.models import triton_io
+    from trtspec.triton_repo.models.inflight import Reply, build_responses
+
+    monkeypatch.setattr(triton_io, "pb", lambda: _PbUtils)
+    fields = {"text_input": np.array([b"x"]), "max_tokens": np.array([8]), "stream": np.array([True])}
+    req = parse_request(fields, LIMITS)
+    ids = tokenizer.encode("def f(x):", add_special_tokens=False)
+    cancelled = []
+    ok = build_responses("a", Reply(req, tokenizer.decode), _event(ids), cancelled.append)
+    ((response, flags),) = ok
+    assert response.tensors["text_output"][0, 0].decode() == tokenizer.decode(ids) and flags == 0
+    assert response.tensors["output_ids"].tolist() == [ids] and response.error is None
+
+    def broken(_ids):
+        raise ValueError("no such id")
+
+    reply = Reply(req, broken)
+    ((response, flags),) = build_responses("b", reply, _event(ids), cancelled.append)
+    assert (
+        response.error.message == "internal error: ValueError: no such id"
+        and response.error.code == "INTERNAL"
+    )
+    assert (
+        flags == 1 and cancelled == ["b"] and reply.closed
+    )  # the stream ends here, the loop drops the request
+    assert build_responses("b", reply, _event([], finished=True), cancelled.append) == []  # its cancelled end
+
+
 def test_a_request_becomes_loop_params_capped_at_max_seq_len_with_its_own_end_id(tokenizer):
     from trtspec.triton_repo.models.request import to_job
 
