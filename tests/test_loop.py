@@ -128,6 +128,18 @@ def test_a_failed_round_ends_every_request_with_one_line_and_the_thread_keeps_se
     assert events[-1].result.token_ids == [20, 21]
 
 
+def test_the_thread_runs_on_step_once_after_each_steps_events(scripted):
+    log, done = [], threading.Event()
+    thread = LoopThread(scripted, on_step=lambda: log.append("step"))
+    try:
+        sink = lambda e: (log.append(e.new_tokens), e.finished and done.set())  # noqa: E731
+        thread.submit("x", [1], SamplingParams(max_new_tokens=6), sink)
+        assert done.wait(10)
+    finally:
+        thread.stop()
+    assert log == [[5, 6, 7], "step", [8, 9], "step", [10], "step"]
+
+
 # ---------------------------------------------------------------- the tiny pair: exact outputs
 
 

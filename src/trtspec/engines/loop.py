@@ -385,16 +385,19 @@ Sink = Callable[[RowEvent], None]
 
 class LoopThread:
     """A GenerationLoop stepped by a thread of its own while it has work; each request's events go to its sink
-    (called on that thread, in order; the last one is finished). ``torch_threads`` sets the thread's intra-op
-    threads (torch keeps that setting per thread)."""
+    (called on that thread, in order; the last one is finished), then ``on_step`` runs once for the step (a
+    consumer that batches a step's work hands it on there). ``torch_threads`` sets the thread's intra-op threads
+    (torch keeps that setting per thread)."""
 
     def __init__(
         self,
         loop: GenerationLoop,
         torch_threads: int | None = None,
         on_error: Callable[[str], None] | None = None,
+        on_step: Callable[[], None] | None = None,
     ):
         self.loop, self.torch_threads, self.on_error = loop, torch_threads, on_error
+        self.on_step = on_step
         self.sinks: dict[Hashable, Sink] = {}
         self.wake = threading.Condition()
         self.stopping = False
@@ -441,6 +444,8 @@ class LoopThread:
                 events = self.loop.fail_all(message)
             for event in events:
                 self._deliver(event)
+            if events and self.on_step is not None:
+                self.on_step()
 
     def _deliver(self, event: RowEvent) -> None:
         with self.wake:

@@ -96,27 +96,36 @@ class Outbox:
     after each event it asks Triton (at most every CANCEL_POLL_S per request) whether the client cancelled, and
     a finished request's counts go to ``metrics`` (here, not on the loop's thread: each update is an IPC).
 
-    The responses come built (``build_responses``, on the loop's thread right after its round): built
-    here, their decoding and tensors took the GIL from the loop's thread in many small slices, and a round of 8
-    streams waited ~1.8 ms of its ~26 ms for it (~0.4 ms built there). Sending releases the GIL for the IPC."""
+    The responses come built (``build_responses``, on the loop's thread right after its round), a whole step at
+    once (``put`` each, then ``flush``): built here, or sent while the loop still built the step's others, their
+    Python took the GIL from the loop's thread in many small slices, and a round of 8 streams waited ~1.8 ms of
+    its ~26 ms for it (~0.4 ms built there). Sending releases the GIL for the IPC."""
 
     def __init__(self, cancel: Callable[[Hashable], None], metrics: io.SpecDecodeMetrics | None = None):
         self.cancel, self.metrics = cancel, metrics
         self.queue: queue.Queue = queue.Queue()
+        self.pending: list[tuple] = []  # this step's, until flush (the loop's thread only)
         self.thread = threading.Thread(target=self._run, name="send", daemon=True)
         self.thread.start()
 
     def put(self, request_id: Hashable, sender, responses: list[tuple], cancelled, event: RowEvent) -> None:
-        """Queue ``responses`` ((response, send flags) pairs) of ``event`` for ``sender``."""
-        self.queue.put((request_id, sender, responses, cancelled, event))
+        """Add ``responses`` ((response, send flags) pairs) of ``event`` for ``sender`` to this step's."""
+        self.pending.append((request_id, sender, responses, cancelled, event))
+
+    def flush(self) -> None:
+        """Hand this step's responses to the sending thread."""
+        if self.pending:
+            self.queue.put(self.pending)
+            self.pending = []
 
     def stop(self) -> None:
         self.queue.put(None)
         self.thread.join(timeout=10)
 
     def _run(self) -> None:
-        while (item := self.queue.get()) is not None:
-            self._send(*item)
+        while (step := self.queue.get()) is not None:
+            for item in step:
+                self._send(*item)
 
     def _send(self, request_id: Hashable, sender, responses: list[tuple], cancelled, event: RowEvent) -> None:
         if event.finished and self.metrics is not None:  # cancelled and failed requests ran their rounds too
@@ -131,8 +140,9 @@ class Outbox:
             self.cancel(request_id)
 
 
-def load_loop(params: dict[str, str], num_slots: int) -> LoopThread:
-    """The engine (both models in this process) and its loop's thread, from the config.pbtxt parameters."""
+def load_loop(params: dict[str, str], num_slots: int, on_step: Callable[[], None]) -> LoopThread:
+    """The engine (both models in this process) and its loop's thread, from the config.pbtxt parameters;
+    ``on_step``: LoopThread's."""
     import torch
 
     from trtspec.engines.engine import SpeculativeEngine
@@ -160,7 +170,7 @@ def load_loop(params: dict[str, str], num_slots: int) -> LoopThread:
         max_seq_len=max_seq_len,
         k_policy=k_policy_from_parameters(params),
     )
-    return LoopThread(engine.new_loop(first_token_alone=True), threads, on_error=io.log_warning)
+    return LoopThread(engine.new_loop(first_token_alone=True), threads, io.log_warning, on_step)
 
 
 class TritonPythonModel:
@@ -170,10 +180,9 @@ class TritonPythonModel:
         self.limits = Limits.from_parameters(params)
         self.codec = TextCodec.from_parameters(params)
         self.decoupled = io.pb().using_decoupled_model_transaction_policy(config)
-        self.loop = load_loop(params, max(int(config.get("max_batch_size") or 1), 1))
-        self.outbox = Outbox(
-            self.loop.cancel, io.SpecDecodeMetrics(args["model_name"], self.limits.max_draft_len)
-        )
+        metrics = io.SpecDecodeMetrics(args["model_name"], self.limits.max_draft_len)
+        self.outbox = Outbox(lambda request_id: self.loop.cancel(request_id), metrics)
+        self.loop = load_loop(params, max(int(config.get("max_batch_size") or 1), 1), self.outbox.flush)
         self.ids = itertools.count()
         import trtspec  # which install the stub imported (an editable one and a checkout can differ)
 
