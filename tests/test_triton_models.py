@@ -18,6 +18,7 @@ from trtspec.triton_repo.models.engine import cpu_threads
 from trtspec.triton_repo.models.request import Limits, parse_request
 from trtspec.triton_repo.models.text import (
     IncrementalDecoder,
+    StreamDecoder,
     TextCodec,
     encode_prompt,
     from_word_list,
@@ -577,6 +578,34 @@ def test_incremental_text_flushes_a_replacement_character_at_the_end():
     assert decoder.push([], final=True) == "\ufffd"
 
 
+@pytest.mark.parametrize("step", [1, 2, 3, 5])
+def test_a_fast_tokenizers_stream_is_decodestream_and_adds_up_to_the_whole_decode(tokenizer, step):
+    codec = TextCodec(tokenizer)
+    assert isinstance(codec.stream_decoder(), StreamDecoder)
+    text = "a = '€ü漢'  # ok\ndef add(a, b):\n    return a + b\n"
+    ids = tokenizer.encode(text, add_special_tokens=True) + [tokenizer.eos_token_id]
+    pieces = _streamed(codec.stream_decoder(), ids, step)
+    assert (
+        "".join(pieces) == codec.decode(ids) == text
+    )  # special tokens skipped, as the whole decode skips them
+    assert not any("\ufffd" in piece for piece in pieces) and sum(1 for p in pieces if p) > 1
+    cut = tokenizer.encode("ok €", add_special_tokens=False)[:-1]  # ends inside the euro sign's bytes
+    assert "".join(_streamed(codec.stream_decoder(), cut, step)) == tokenizer.decode(cut)  # flushed as U+FFFD
+
+
+def test_stream_decoding_keeps_metaspace_spaces_and_falls_back_where_decode_cleans_up():
+    tokenizer = _metaspace_tokenizer()
+    ids = [0, 1, 2, 3, 0, 4, 5]
+    for step in (1, 2, 3):
+        assert (
+            "".join(_streamed(TextCodec(tokenizer).stream_decoder(), ids, step)) == "the cat sat on the mats"
+        )
+    tokenizer.clean_up_tokenization_spaces = (
+        True  # HF decode then rewrites " ." etc.: not DecodeStream's text
+    )
+    assert isinstance(TextCodec(tokenizer).stream_decoder(), IncrementalDecoder)
+
+
 def test_text_codec_names_a_repository_from_an_older_trtspec():
     from trtspec.core.errors import ServerError
 
@@ -680,6 +709,9 @@ class _Codec:
 
     def decode(self, ids):
         return "x" * len(ids)
+
+    def stream_decoder(self):
+        return IncrementalDecoder(self.decode)
 
 
 @pytest.mark.parametrize(
@@ -903,7 +935,7 @@ def test_a_streamed_reply_sends_each_completed_piece_with_its_ids_then_an_empty_
         {"text_input": np.array([b"x"]), "max_tokens": np.array([8]), "stream": np.array([True])}, LIMITS
     )
     ids = tokenizer.encode("a = '€ü' + b", add_special_tokens=False)
-    reply, responses = Reply(req, tokenizer.decode), []
+    reply, responses = Reply(req, TextCodec(tokenizer)), []
     rounds = [ids[i : i + 2] for i in range(0, len(ids), 2)]
     for i, tokens in enumerate(rounds):
         responses += reply.update(_event(tokens, finished=i == len(rounds) - 1))
@@ -919,7 +951,7 @@ def test_a_reply_that_is_not_streamed_is_one_final_response(tokenizer):
 
     req = parse_request({"text_input": np.array([b"x"]), "max_tokens": np.array([8])}, LIMITS)
     ids = tokenizer.encode("def f(x):", add_special_tokens=False)
-    reply = Reply(req, tokenizer.decode)
+    reply = Reply(req, TextCodec(tokenizer))
     assert reply.update(_event(ids[:2])) == []
     assert reply.update(_event(ids[2:], finished=True)) == [(tokenizer.decode(ids), ids, True)]
 
@@ -963,15 +995,19 @@ def test_responses_are_built_per_event_and_one_that_cannot_be_built_ends_only_it
     req = parse_request(fields, LIMITS)
     ids = tokenizer.encode("def f(x):", add_special_tokens=False)
     cancelled = []
-    ok = build_responses("a", Reply(req, tokenizer.decode), _event(ids), cancelled.append)
+    ok = build_responses("a", Reply(req, TextCodec(tokenizer)), _event(ids), cancelled.append)
     ((response, flags),) = ok
     assert response.tensors["text_output"][0, 0].decode() == tokenizer.decode(ids) and flags == 0
     assert response.tensors["output_ids"].tolist() == [ids] and response.error is None
 
-    def broken(_ids):
-        raise ValueError("no such id")
+    class BrokenCodec:
+        def decode(self, _ids):
+            raise ValueError("no such id")
 
-    reply = Reply(req, broken)
+        def stream_decoder(self):
+            return IncrementalDecoder(self.decode)
+
+    reply = Reply(req, BrokenCodec())
     ((response, flags),) = build_responses("b", reply, _event(ids), cancelled.append)
     assert (
         response.error.message == "internal error: ValueError: no such id"

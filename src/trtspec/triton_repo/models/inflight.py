@@ -36,7 +36,7 @@ from trtspec.triton_repo.models.request import (
     parse_request,
     to_job,
 )
-from trtspec.triton_repo.models.text import IncrementalDecoder, TextCodec
+from trtspec.triton_repo.models.text import TextCodec
 
 
 class Reply:
@@ -45,9 +45,9 @@ class Reply:
     Streamed: one response per round that completes text (its ids: the tokens since the last response), then an
     empty final one. Not streamed: one final response with the whole text and every id."""
 
-    def __init__(self, req: GenerationRequest, decode: Callable[[list[int]], str]):
-        self.req, self.decode = req, decode
-        self.decoder = IncrementalDecoder(decode) if req.stream else None
+    def __init__(self, req: GenerationRequest, codec: TextCodec):
+        self.req, self.decode = req, codec.decode
+        self.decoder = codec.stream_decoder() if req.stream else None
         self.ids: list[int] = []  # not streamed: every id; streamed: the ids not sent yet
         self.closed = (
             False  # a final response went out early (an error): the request's later events send nothing
@@ -200,7 +200,7 @@ class TritonPythonModel:
                 "stream=true needs a decoupled orchestrator; deploy with triton.decoupled: true"
             )
         prompt, params, options = to_job(req, self.codec, self.limits)
-        request_id, reply = next(self.ids), Reply(req, self.codec.decode)
+        request_id, reply = next(self.ids), Reply(req, self.codec)
         cancelled = io.cancel_check(sender if self.decoupled else request)
 
         def sink(event: RowEvent) -> None:  # on the loop's thread

@@ -38,7 +38,7 @@ from trtspec.triton_repo.models.request import (
     parse_request,
     to_job,
 )
-from trtspec.triton_repo.models.text import IncrementalDecoder, TextCodec
+from trtspec.triton_repo.models.text import TextCodec
 from trtspec.triton_repo.models.triton_io import CANCEL_POLL_S, cancel_check  # noqa: F401 - used and re-exported
 
 _SEED_MASK = (1 << 63) - 1
@@ -359,7 +359,7 @@ class Orchestrator:
             cancelled=(lambda: False) if incremental else cancelled,
             **options,
         )
-        stats, generated, text = None, [], IncrementalDecoder(self.codec.decode)
+        stats, generated, text = None, [], self.codec.stream_decoder()
         try:
             for event in events:
                 stats = event.stats

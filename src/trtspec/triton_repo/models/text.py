@@ -79,6 +79,14 @@ class TextCodec:
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=self.skip_special_tokens)
 
+    def stream_decoder(self) -> StreamDecoder | IncrementalDecoder:
+        """A streamed request's text deltas: tokenizers' own DecodeStream where the tokenizer's decode is its
+        backend's (a fast tokenizer without clean_up_tokenization_spaces), IncrementalDecoder otherwise."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is None or getattr(self.tokenizer, "clean_up_tokenization_spaces", False):
+            return IncrementalDecoder(self.decode)
+        return StreamDecoder(backend, self.decode, self.skip_special_tokens)
+
 
 def encode_prompt(tokenizer, text: str, *, add_special_tokens: bool, max_input_len: int | None) -> list[int]:
     """Prompt text -> ids; RequestError when empty or longer than the engines' max_input_len."""
@@ -165,3 +173,30 @@ class IncrementalDecoder:
             len(self.ids),
         )
         return piece
+
+
+class StreamDecoder:
+    """IncrementalDecoder's contract over tokenizers' ``DecodeStream`` (the fast tokenizer's incremental decode, in
+    Rust: one call per round instead of two decodes of a window through the Python tokenizer). An unfinished
+    multi-byte character is held back by DecodeStream itself; the final push emits whatever the whole decode adds
+    to what was sent, so the pieces add up to it."""
+
+    def __init__(self, backend, decode: Callable[[Sequence[int]], str], skip_special_tokens: bool):
+        from tokenizers.decoders import DecodeStream
+
+        self.backend, self.decode = backend, decode
+        self.stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+        self.ids: list[int] = []
+        self.sent: list[str] = []
+
+    def push(self, new_ids: Sequence[int], final: bool = False) -> str:
+        self.ids += new_ids
+        if final:
+            sent, full = "".join(self.sent), self.decode(self.ids)
+            piece = full[len(sent) :] if full.startswith(sent) else ""
+            self.sent = [sent + piece]
+            return piece
+        piece = self.stream.step(self.backend, list(new_ids)) if new_ids else None
+        if piece:
+            self.sent.append(piece)
+        return piece or ""
