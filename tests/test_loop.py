@@ -3,6 +3,7 @@ per-request K and seeds; scripted rounds for the stop logic, the tiny pair for e
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -138,6 +139,18 @@ def test_the_thread_runs_on_step_once_after_each_steps_events(scripted):
     finally:
         thread.stop()
     assert log == [[5, 6, 7], "step", [8, 9], "step", [10], "step"]
+
+
+def test_the_thread_runs_on_the_cores_it_is_given(scripted):
+    core, seen, done = min(os.sched_getaffinity(0)), [], threading.Event()
+    thread = LoopThread(scripted, cores={core})
+    try:
+        sink = lambda e: (seen.append(os.sched_getaffinity(0)), e.finished and done.set())  # noqa: E731
+        thread.submit("x", [1], SamplingParams(max_new_tokens=3), sink)
+        assert done.wait(10)
+    finally:
+        thread.stop()
+    assert seen == [{core}]
 
 
 # ---------------------------------------------------------------- the tiny pair: exact outputs

@@ -4,6 +4,8 @@ incremental detokenization, and the torch engine model's KV-slot choice."""
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 
 import numpy as np
@@ -14,7 +16,7 @@ from trtspec.core.metrics import AcceptanceStats, SpecDecodeCounts
 from trtspec.engines.adaptive import KPolicy
 from trtspec.engines.sampling import SamplingParams
 from trtspec.triton_repo.models.decode import EngineRounds, one_after_the_other, speculate
-from trtspec.triton_repo.models.engine import cpu_threads
+from trtspec.triton_repo.models.engine import cpu_threads, split_cores
 from trtspec.triton_repo.models.request import Limits, parse_request
 from trtspec.triton_repo.models.text import (
     IncrementalDecoder,
@@ -502,6 +504,40 @@ def test_cpu_threads_auto_shares_the_cores_among_the_model_processes_and_is_at_l
     assert [cpu_threads("auto", n, models=1) for n in (1, 2, 16)] == [1, 2, 16]  # the torch runtime: one
     assert cpu_threads("3", 16) == 3 and cpu_threads(" AUTO ", 4) == 2
     assert cpu_threads("auto") >= 1
+
+
+def test_the_loop_keeps_its_threads_cores_and_the_sending_thread_gets_the_rest():
+    assert split_cores([0, 1], 1) == ({0}, {1})
+    assert split_cores([2, 3, 5, 7], 2) == ({2, 3}, {5, 7})
+    assert (
+        split_cores([0, 1], 2) is None and split_cores([0], 1) is None
+    )  # every core is the loop's: no pinning
+
+
+def test_the_sending_thread_runs_on_its_cores_and_sends_a_steps_responses_in_order():
+    from trtspec.triton_repo.models.inflight import Outbox
+
+    core = min(os.sched_getaffinity(0))
+    sent, done = [], threading.Event()
+
+    class Sender:
+        def send(self, response, flags=0):
+            sent.append((response, flags, os.sched_getaffinity(0)))
+            if flags:
+                done.set()
+
+    outbox = Outbox(cancel=lambda request_id: None, cores={core})
+    try:
+        event = _event([5])
+        outbox.put("a", Sender(), [("a1", 0)], lambda: False, event)
+        outbox.put("b", Sender(), [("b1", 0), ("b2", 1)], lambda: False, event)
+        assert not sent  # nothing goes out before the step is flushed
+        outbox.flush()
+        assert done.wait(10)
+    finally:
+        outbox.stop()
+    assert [(r, f) for r, f, _ in sent] == [("a1", 0), ("b1", 0), ("b2", 1)]
+    assert all(cores == {core} for _, _, cores in sent)
 
 
 def test_word_lists_use_tensorrt_llm_layout_and_round_trip():

@@ -195,7 +195,8 @@ class TritonSpec(_Strict):
     cpu_threads: Annotated[int, Field(ge=1, le=1024)] | Literal["auto"] = Field(
         "auto",
         description="torch intra-op threads of the torch runtime on cpu (one process runs the draft and the "
-        "target one after the other); auto = every core the server may use",
+        "target one after the other); auto = every core the server may use; fewer pins the generation loop to "
+        "that many cores and the response-sending thread to the rest",
     )
     draft_ahead: bool = Field(
         True,

@@ -33,6 +33,7 @@ client's TTFT); a row joining a running batch gets its first token with that bat
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
@@ -387,7 +388,8 @@ class LoopThread:
     """A GenerationLoop stepped by a thread of its own while it has work; each request's events go to its sink
     (called on that thread, in order; the last one is finished), then ``on_step`` runs once for the step (a
     consumer that batches a step's work hands it on there). ``torch_threads`` sets the thread's intra-op threads
-    (torch keeps that setting per thread)."""
+    (torch keeps that setting per thread); ``cores`` pins the thread (and the intra-op threads it starts) to
+    those cores."""
 
     def __init__(
         self,
@@ -395,9 +397,10 @@ class LoopThread:
         torch_threads: int | None = None,
         on_error: Callable[[str], None] | None = None,
         on_step: Callable[[], None] | None = None,
+        cores: set[int] | None = None,
     ):
         self.loop, self.torch_threads, self.on_error = loop, torch_threads, on_error
-        self.on_step = on_step
+        self.on_step, self.cores = on_step, cores
         self.sinks: dict[Hashable, Sink] = {}
         self.wake = threading.Condition()
         self.stopping = False
@@ -427,6 +430,8 @@ class LoopThread:
         self.thread.join(timeout_s)
 
     def _run(self) -> None:
+        if self.cores:
+            os.sched_setaffinity(0, self.cores)  # 0: this thread
         if self.torch_threads is not None:
             torch.set_num_threads(self.torch_threads)
         while True:

@@ -31,6 +31,13 @@ def _scalar(inputs: dict, name: str, default):
     return default if value is None else np.asarray(value).reshape(-1)[0].item()
 
 
+def available_cores() -> list[int]:
+    """The cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
 def cpu_threads(value: str, available: int | None = None, models: int = 2) -> int:
     """The cpu_threads parameter as a thread count: a number, or auto = ``available`` (default: the cores this
     process may run on) shared by ``models`` processes that run the models (2 here: the draft's and the
@@ -38,8 +45,18 @@ def cpu_threads(value: str, available: int | None = None, models: int = 2) -> in
     if value.strip().lower() != "auto":
         return max(int(value), 1)
     if available is None:
-        available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        available = len(available_cores())
     return max(available // models, 1)
+
+
+def split_cores(available: list[int], threads: int) -> tuple[set[int], set[int]] | None:
+    """(the generation loop's cores, the sending thread's cores) where the loop's ``threads`` leave some free:
+    Linux wakes a thread on its waker's core, so the sending thread, woken by the loop after every round, took
+    the loop's core from it (8 streams on 2 cores: 0.94x against 0.89x of the in-process engine, alternating in
+    one run). None where the loop uses every core (or the platform cannot pin threads)."""
+    if threads >= len(available) or not hasattr(os, "sched_setaffinity"):
+        return None
+    return set(available[:threads]), set(available[threads:])
 
 
 class TorchEngine:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import queue
 import threading
 from collections.abc import Callable, Hashable
@@ -29,6 +30,7 @@ from trtspec.core.metrics import SpecDecodeCounts
 from trtspec.engines.loop import LoopThread, RowEvent
 from trtspec.triton_repo import interface as names
 from trtspec.triton_repo.models import triton_io as io
+from trtspec.triton_repo.models.engine import available_cores, split_cores
 from trtspec.triton_repo.models.request import (
     GenerationRequest,
     Limits,
@@ -101,8 +103,13 @@ class Outbox:
     Python took the GIL from the loop's thread in many small slices, and a round of 8 streams waited ~1.8 ms of
     its ~26 ms for it (~0.4 ms built there). Sending releases the GIL for the IPC."""
 
-    def __init__(self, cancel: Callable[[Hashable], None], metrics: io.SpecDecodeMetrics | None = None):
-        self.cancel, self.metrics = cancel, metrics
+    def __init__(
+        self,
+        cancel: Callable[[Hashable], None],
+        metrics: io.SpecDecodeMetrics | None = None,
+        cores: set[int] | None = None,
+    ):
+        self.cancel, self.metrics, self.cores = cancel, metrics, cores  # cores: where this thread may run
         self.queue: queue.Queue = queue.Queue()
         self.pending: list[tuple] = []  # this step's, until flush (the loop's thread only)
         self.thread = threading.Thread(target=self._run, name="send", daemon=True)
@@ -123,6 +130,8 @@ class Outbox:
         self.thread.join(timeout=10)
 
     def _run(self) -> None:
+        if self.cores:
+            os.sched_setaffinity(0, self.cores)  # 0: this thread
         while (step := self.queue.get()) is not None:
             for item in step:
                 self._send(*item)
@@ -140,18 +149,29 @@ class Outbox:
             self.cancel(request_id)
 
 
-def load_loop(params: dict[str, str], num_slots: int, on_step: Callable[[], None]) -> LoopThread:
+def torch_threads(params: dict[str, str]) -> int | None:
+    """The loop's torch intra-op threads on cpu (one process runs both models, one after the other: auto = all
+    the cores); None on cuda."""
+    from trtspec.triton_repo.models.engine import cpu_threads
+
+    return cpu_threads(params.get("cpu_threads", "auto"), models=1) if params["device"] == "cpu" else None
+
+
+def load_loop(
+    params: dict[str, str],
+    num_slots: int,
+    on_step: Callable[[], None],
+    threads: int | None,
+    cores: set[int] | None = None,
+) -> LoopThread:
     """The engine (both models in this process) and its loop's thread, from the config.pbtxt parameters;
-    ``on_step``: LoopThread's."""
+    ``on_step``, ``threads`` (torch_threads) and ``cores``: LoopThread's."""
     import torch
 
     from trtspec.engines.engine import SpeculativeEngine
     from trtspec.engines.models import load_causal_lm
-    from trtspec.triton_repo.models.engine import cpu_threads
 
-    threads = None
-    if params["device"] == "cpu":  # one process runs both models, one after the other: all the cores
-        threads = cpu_threads(params.get("cpu_threads", "auto"), models=1)
+    if threads is not None:
         torch.set_num_threads(threads)
     max_draft_len = int(params["max_draft_len"])
     max_seq_len = int(params["max_seq_len"]) + max_draft_len + 1
@@ -170,7 +190,7 @@ def load_loop(params: dict[str, str], num_slots: int, on_step: Callable[[], None
         max_seq_len=max_seq_len,
         k_policy=k_policy_from_parameters(params),
     )
-    return LoopThread(engine.new_loop(first_token_alone=True), threads, io.log_warning, on_step)
+    return LoopThread(engine.new_loop(first_token_alone=True), threads, io.log_warning, on_step, cores)
 
 
 class TritonPythonModel:
@@ -181,8 +201,11 @@ class TritonPythonModel:
         self.codec = TextCodec.from_parameters(params)
         self.decoupled = io.pb().using_decoupled_model_transaction_policy(config)
         metrics = io.SpecDecodeMetrics(args["model_name"], self.limits.max_draft_len)
-        self.outbox = Outbox(lambda request_id: self.loop.cancel(request_id), metrics)
-        self.loop = load_loop(params, max(int(config.get("max_batch_size") or 1), 1), self.outbox.flush)
+        threads = torch_threads(params)
+        loop_cores, send_cores = (threads and split_cores(available_cores(), threads)) or (None, None)
+        self.outbox = Outbox(lambda request_id: self.loop.cancel(request_id), metrics, send_cores)
+        num_slots = max(int(config.get("max_batch_size") or 1), 1)
+        self.loop = load_loop(params, num_slots, self.outbox.flush, threads, loop_cores)
         self.ids = itertools.count()
         import trtspec  # which install the stub imported (an editable one and a checkout can differ)
 
