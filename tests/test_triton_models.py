@@ -514,30 +514,87 @@ def test_the_loop_keeps_its_threads_cores_and_the_sending_thread_gets_the_rest()
     )  # every core is the loop's: no pinning
 
 
-def test_the_sending_thread_runs_on_its_cores_and_sends_a_steps_responses_in_order():
-    from trtspec.triton_repo.models.inflight import Outbox
+def test_the_sending_thread_builds_small_steps_the_loop_large_ones_and_each_request_stays_in_order(
+    tokenizer, monkeypatch
+):
+    from trtspec.triton_repo.models import inflight, triton_io
+    from trtspec.triton_repo.models.inflight import Outbox, Reply
 
+    monkeypatch.setattr(triton_io, "pb", lambda: _PbUtils)
+    builders, build = [], inflight.build_responses
+
+    def recording_build(request_id, reply, event, cancel):
+        builders.append((request_id, threading.current_thread().name))
+        return build(request_id, reply, event, cancel)
+
+    monkeypatch.setattr(inflight, "build_responses", recording_build)
     core = min(os.sched_getaffinity(0))
-    sent, done = [], threading.Event()
+    sent, built_on, done = {}, [], threading.Event()
 
     class Sender:
+        def __init__(self, name):
+            self.name = name
+
         def send(self, response, flags=0):
-            sent.append((response, flags, os.sched_getaffinity(0)))
-            if flags:
+            sent.setdefault(self.name, []).append(response.tensors["text_output"][0, 0].decode())
+            built_on.append((threading.current_thread().name, os.sched_getaffinity(0)))
+            if self.name == "c" and flags:
                 done.set()
 
-    outbox = Outbox(cancel=lambda request_id: None, cores={core})
+    fields = {"text_input": np.array([b"x"]), "max_tokens": np.array([64]), "stream": np.array([True])}
+    replies = {name: Reply(parse_request(fields, LIMITS), TextCodec(tokenizer)) for name in "abc"}
+    ids = tokenizer.encode("def add(a, b):\n    return a + b\n" * 3, add_special_tokens=False)
+    rounds = [ids[i : i + 3] for i in range(0, len(ids), 3)]
+    outbox = Outbox(cancel=lambda request_id: None, cores={core}, loop_builds_from=3)
     try:
-        event = _event([5])
-        outbox.put("a", Sender(), [("a1", 0)], lambda: False, event)
-        outbox.put("b", Sender(), [("b1", 0), ("b2", 1)], lambda: False, event)
-        assert not sent  # nothing goes out before the step is flushed
-        outbox.flush()
+        for i, tokens in enumerate(rounds):
+            names = "a" if i < 2 else "abc"  # one request, then three
+            for name in names:
+                event = _event(tokens if name == "a" else rounds[i - 2], finished=i == len(rounds) - 1)
+                outbox.put(name, Sender(name), replies[name], lambda: False, event)
+            assert not sent or i > 0  # nothing goes out before a step is flushed
+            outbox.flush()
+            deadline = time.monotonic() + 10
+            while outbox.unbuilt and time.monotonic() < deadline:  # a step built over there: the next may be
+                time.sleep(0.001)  # built here (see below for one that is not)
         assert done.wait(10)
     finally:
         outbox.stop()
-    assert [(r, f) for r, f, _ in sent] == [("a1", 0), ("b1", 0), ("b2", 1)]
-    assert all(cores == {core} for _, _, cores in sent)
+    assert "".join(sent["a"]) == tokenizer.decode(ids)
+    assert "".join(sent["c"]) == tokenizer.decode([t for r in rounds[:-2] for t in r])
+    assert all(cores == {core} for _, cores in built_on)  # sent from the sending thread, on its cores
+    main = threading.current_thread().name
+    assert builders[:2] == [("a", "send"), ("a", "send")] and set(builders[2:]) == {(n, main) for n in "abc"}
+    assert len(builders) == 2 + 3 * (len(rounds) - 2)
+
+
+def test_the_loop_builds_no_step_while_an_earlier_one_waits_to_be_built_over_there():
+    from trtspec.triton_repo.models.inflight import Outbox
+
+    outbox = Outbox(cancel=lambda request_id: None, loop_builds_from=1)
+    gate, builders = threading.Event(), []
+
+    def slow_build(step):  # the sending thread is still building an earlier step of request a
+        builders.append(threading.current_thread().name)
+        gate.wait(10)
+        for item in step:
+            item[3] = []
+
+    outbox._build = slow_build
+    try:
+        with outbox.lock:
+            outbox.unbuilt = 1
+        outbox.put("a", None, None, lambda: False, _event([5]))
+        outbox.flush()  # one event reaches loop_builds_from, but building it here could overtake the earlier step
+        assert outbox.unbuilt == 2
+        gate.set()
+        deadline = time.monotonic() + 10
+        while outbox.unbuilt > 1 and time.monotonic() < deadline:
+            time.sleep(0.001)
+    finally:
+        gate.set()
+        outbox.stop()
+    assert builders == ["send"] and outbox.unbuilt == 1
 
 
 def test_word_lists_use_tensorrt_llm_layout_and_round_trip():

@@ -5,9 +5,9 @@ The draft and the target run in this one process (SpeculativeEngine's KV models)
 per round. One GenerationLoop (engines/loop.py) serves every request: ``execute`` parses a request
 (request.parse_request), tokenises it (TextCodec) and queues it; the loop's thread admits queued requests into
 free KV slots between rounds and runs one speculative round for all active ones, so concurrent requests share
-forwards. After each round the loop's thread turns every request's event into responses (``Reply``: text decoded
-incrementally, ids, metrics) and hands them to one sending thread (``Outbox``), which sends them and asks Triton
-whether the client cancelled. A request's first token
+forwards. After each round the loop's thread hands the round's events to one sending thread (``Outbox``); they
+become responses (``Reply``: text decoded incrementally, ids, metrics) on one thread or the other (Outbox says
+which), and that thread sends them and asks Triton whether the client cancelled. A request's first token
 comes from the target's prefill alone (the loop's first_token_alone), streamed or not, so a seeded sampled request
 gives the same text either way; a seeded request samples with a generator of its own, so its text does not
 depend on the other requests in the batch.
@@ -70,9 +70,9 @@ class Reply:
 
 
 def build_responses(request_id: Hashable, reply: Reply, event: RowEvent, cancel: Callable) -> list[tuple]:
-    """``event``'s (response, send flags) pairs, built on the loop's thread (see Outbox). A response that cannot be
-    built (a tokenizer failing on an id) ends that request with one line and ``cancel``s it; the loop and the
-    other requests go on."""
+    """``event``'s (response, send flags) pairs (see Outbox for the thread that builds them). A response that
+    cannot be built (a tokenizer failing on an id) ends that request with one line and ``cancel``s it; the loop
+    and the other requests go on."""
     final = io.pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
     if reply.closed:
         return []
@@ -98,43 +98,66 @@ class Outbox:
     after each event it asks Triton (at most every CANCEL_POLL_S per request) whether the client cancelled, and
     a finished request's counts go to ``metrics`` (here, not on the loop's thread: each update is an IPC).
 
-    The responses come built (``build_responses``, on the loop's thread right after its round), a whole step at
-    once (``put`` each, then ``flush``): built here, or sent while the loop still built the step's others, their
-    Python took the GIL from the loop's thread in many small slices, and a round of 8 streams waited ~1.8 ms of
-    its ~26 ms for it (~0.4 ms built there). Sending releases the GIL for the IPC."""
+    The loop's thread ``put``s each event of a step, then ``flush``es the step. Who builds the responses
+    (``build_responses``: text, tensors) is a matter of the GIL, measured on the demo pair with 2 cores: one or two
+    responses are built here, beside the loop's next round (building them on the loop's thread added ~0.3 ms to
+    each ~15 ms round at batch 1); ``loop_builds_from`` or more are built on the loop's thread before the step is
+    handed over (built here, they took the GIL from the loop's round in many slices: at 8 streams each ~28 ms round
+    took ~1 ms longer than building them there, at 4 streams too). Sending releases the GIL for the IPC."""
 
     def __init__(
         self,
         cancel: Callable[[Hashable], None],
         metrics: io.SpecDecodeMetrics | None = None,
         cores: set[int] | None = None,
+        loop_builds_from: int = 3,
     ):
         self.cancel, self.metrics, self.cores = cancel, metrics, cores  # cores: where this thread may run
+        self.loop_builds_from = loop_builds_from
         self.queue: queue.Queue = queue.Queue()
-        self.pending: list[tuple] = []  # this step's, until flush (the loop's thread only)
+        self.pending: list[list] = []  # this step's events, until flush (the loop's thread only)
+        # Steps handed over unbuilt and not built yet: while there are any, the loop's thread builds none, so a
+        # request's responses are always built in order (its Reply decodes incrementally).
+        self.unbuilt, self.lock = 0, threading.Lock()
         self.thread = threading.Thread(target=self._run, name="send", daemon=True)
         self.thread.start()
 
-    def put(self, request_id: Hashable, sender, responses: list[tuple], cancelled, event: RowEvent) -> None:
-        """Add ``responses`` ((response, send flags) pairs) of ``event`` for ``sender`` to this step's."""
-        self.pending.append((request_id, sender, responses, cancelled, event))
+    def put(self, request_id: Hashable, sender, reply: Reply, cancelled, event: RowEvent) -> None:
+        """Add ``event`` (for ``sender``, answered through ``reply``) to this step's."""
+        self.pending.append([request_id, sender, reply, None, cancelled, event])
 
     def flush(self) -> None:
-        """Hand this step's responses to the sending thread."""
-        if self.pending:
-            self.queue.put(self.pending)
-            self.pending = []
+        """Hand this step to the sending thread; with ``loop_builds_from`` events or more, built here first."""
+        if not self.pending:
+            return
+        step, self.pending = self.pending, []
+        with self.lock:
+            build_here = len(step) >= self.loop_builds_from and not self.unbuilt
+            self.unbuilt += 0 if build_here else 1
+        if build_here:
+            self._build(step)
+        self.queue.put((step, build_here))
 
     def stop(self) -> None:
         self.queue.put(None)
         self.thread.join(timeout=10)
 
+    def _build(self, step: list[list]) -> None:
+        for item in step:
+            request_id, _, reply, _, _, event = item
+            item[3] = build_responses(request_id, reply, event, self.cancel)
+
     def _run(self) -> None:
         if self.cores:
             os.sched_setaffinity(0, self.cores)  # 0: this thread
-        while (step := self.queue.get()) is not None:
-            for item in step:
-                self._send(*item)
+        while (handed := self.queue.get()) is not None:
+            step, built = handed
+            if not built:
+                self._build(step)
+                with self.lock:
+                    self.unbuilt -= 1
+            for request_id, sender, _, responses, cancelled, event in step:
+                self._send(request_id, sender, responses, cancelled, event)
 
     def _send(self, request_id: Hashable, sender, responses: list[tuple], cancelled, event: RowEvent) -> None:
         if event.finished and self.metrics is not None:  # cancelled and failed requests ran their rounds too
@@ -227,8 +250,7 @@ class TritonPythonModel:
         cancelled = io.cancel_check(sender if self.decoupled else request)
 
         def sink(event: RowEvent) -> None:  # on the loop's thread
-            responses = build_responses(request_id, reply, event, self.loop.cancel)
-            self.outbox.put(request_id, sender, responses, cancelled, event)
+            self.outbox.put(request_id, sender, reply, cancelled, event)
 
         self.loop.submit(request_id, prompt, params, sink, **options)
         return req
