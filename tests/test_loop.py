@@ -14,7 +14,7 @@ from trtspec.engines.loop import GenerationLoop, LoopThread
 from trtspec.engines.models import load_causal_lm
 from trtspec.engines.rounds import Outcome
 from trtspec.engines.sampling import SamplingParams
-from trtspec.engines.speculative import TorchRounds, width_groups
+from trtspec.engines.speculative import TorchRounds, feed, width_groups
 
 PROMPTS = [[1, 40, 41, 42, 43, 44, 45], [1, 7, 8], [1, 100], [1, 5, 6, 7, 8, 9]]
 
@@ -141,6 +141,23 @@ def test_the_thread_runs_on_step_once_after_each_steps_events(scripted):
     assert log == [[5, 6, 7], "step", [8, 9], "step", [10], "step"]
 
 
+def test_a_failing_consumer_is_logged_and_the_thread_serves_on(scripted):
+    errors, done = [], threading.Event()
+
+    def broken(event):
+        raise KeyError("no such stream")
+
+    thread = LoopThread(scripted, on_error=errors.append)
+    try:
+        thread.submit("x", [1], SamplingParams(max_new_tokens=3), broken)
+        thread.submit("y", [2], SamplingParams(max_new_tokens=2), lambda e: e.finished and done.set())
+        assert done.wait(10)
+    finally:
+        thread.stop()
+    assert errors and errors[0] == "internal error delivering a round: KeyError: 'no such stream'"
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning to one of several cores needs two")
 def test_the_thread_runs_on_the_cores_it_is_given(scripted):
     core, seen, done = min(os.sched_getaffinity(0)), [], threading.Event()
     thread = LoopThread(scripted, cores={core})
@@ -215,6 +232,21 @@ def test_rows_run_as_two_forwards_only_where_that_halves_the_padded_positions():
     assert width_groups([1, 37]) == [[0, 1]]  # 38 of 74: not half
     assert width_groups([0, 0, 0, 1]) == [[0, 1, 2, 3]]  # a row that feeds nothing still takes one position
     assert width_groups([2, 2, 500, 3, 490]) == [[0, 1, 3], [2, 4]]
+
+
+def test_rows_that_feed_nothing_in_a_split_step_run_no_forward(pair, monkeypatch):
+    target = pair[0]
+    calls = []
+    forward = target.forward
+
+    def spy(tokens, *args):
+        calls.append(tuple(tokens.shape))
+        return forward(tokens, *args)
+
+    monkeypatch.setattr(target, "forward", spy)
+    long_prompt = [1] + [(5 * i) % 200 + 10 for i in range(39)]
+    logits = feed(target, [0, 1, 2, 3], [[1, 7], [1, 8], [1, 9], long_prompt], [2, 2, 2, 0], [1, 1, 1, 1])
+    assert calls == [(1, 40)] and logits.shape[0] == 4 and not logits[:3].any()
 
 
 def test_first_token_alone_drafts_nothing_in_a_round_no_other_row_drafts_in(pair):

@@ -431,7 +431,7 @@ class LoopThread:
 
     def _run(self) -> None:
         if self.cores:
-            os.sched_setaffinity(0, self.cores)  # 0: this thread
+            pin(self.cores, self.on_error)
         if self.torch_threads is not None:
             torch.set_num_threads(self.torch_threads)
         while True:
@@ -448,12 +448,30 @@ class LoopThread:
                     self.on_error(message)
                 events = self.loop.fail_all(message)
             for event in events:
-                self._deliver(event)
+                self._guarded(self._deliver, event)
             if events and self.on_step is not None:
-                self.on_step()
+                self._guarded(self.on_step)
+
+    def _guarded(self, call: Callable, *args) -> None:
+        """``call(*args)``; a consumer's failure is logged and the loop serves on (the other requests' events too)."""
+        try:
+            call(*args)
+        except Exception as err:  # noqa: BLE001 - a bug in a sink or on_step, not the loop's
+            if self.on_error is not None:
+                self.on_error(f"internal error delivering a round: {type(err).__name__}: {err}")
 
     def _deliver(self, event: RowEvent) -> None:
         with self.wake:
             sink = self.sinks.pop(event.request_id) if event.finished else self.sinks.get(event.request_id)
         if sink is not None:
             sink(event)
+
+
+def pin(cores: set[int], on_error: Callable[[str], None] | None = None) -> None:
+    """Run the calling thread on ``cores`` only; a refusal (the process's cpuset changed) is reported, not raised:
+    the thread then runs where the process may."""
+    try:
+        os.sched_setaffinity(0, cores)  # 0: the calling thread
+    except OSError as err:
+        if on_error is not None:
+            on_error(f"cannot pin a thread to cores {sorted(cores)} ({err}); it runs on any core")

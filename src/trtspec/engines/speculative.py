@@ -16,8 +16,9 @@ Batch > 1: every row keeps its own token list and its own cached lengths in each
 numbers of tokens per round and simply continue from different positions next round. A batched forward pads
 rows at the end (models.py gives each row its own positions, attention span and cache writes), so no row ever
 waits for, recomputes or re-pads another; a prompt joining rows that feed a few tokens each runs in a forward of
-its own (``width_groups``), so the others are not padded to its length. A row that finished or drafts fewer tokens feeds nothing in those
-steps. K = 0 is target-only decoding through the same code (no draft step, a 1-token verification).
+its own (``width_groups``), so the others are not padded to its length. A row that finished or drafts fewer
+tokens feeds nothing in those steps. K = 0 is target-only decoding through the same code (no draft step, a
+1-token verification).
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ def feed(
         return _forward(model, slots, new, cached, num_logits, num_out)
     out = None
     for group in groups:
+        if not any(new[i] for i in group):
+            continue  # rows that feed nothing this step (their logits are never read): zeros
         logits = _forward(
             model,
             [slots[i] for i in group],
@@ -60,7 +63,7 @@ def feed(
             num_out,
         )
         if out is None:
-            out = logits.new_empty(len(rows), *logits.shape[1:])
+            out = logits.new_zeros(len(rows), *logits.shape[1:])
         out[group] = logits
     return out
 

@@ -51,9 +51,8 @@ def cpu_threads(value: str, available: int | None = None, models: int = 2) -> in
 
 def split_cores(available: list[int], threads: int) -> tuple[set[int], set[int]] | None:
     """(the generation loop's cores, the sending thread's cores) where the loop's ``threads`` leave some free:
-    Linux wakes a thread on its waker's core, so the sending thread, woken by the loop after every round, took
-    the loop's core from it (8 streams on 2 cores: 0.94x against 0.89x of the in-process engine, alternating in
-    one run). None where the loop uses every core (or the platform cannot pin threads)."""
+    Linux wakes a thread on its waker's core, so the sending thread, woken by the loop after every round, would
+    take the loop's core from it. None where the loop uses every core (or the platform cannot pin threads)."""
     if threads >= len(available) or not hasattr(os, "sched_setaffinity"):
         return None
     return set(available[:threads]), set(available[threads:])

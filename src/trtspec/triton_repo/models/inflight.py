@@ -5,9 +5,9 @@ The draft and the target run in this one process (SpeculativeEngine's KV models)
 per round. One GenerationLoop (engines/loop.py) serves every request: ``execute`` parses a request
 (request.parse_request), tokenises it (TextCodec) and queues it; the loop's thread admits queued requests into
 free KV slots between rounds and runs one speculative round for all active ones, so concurrent requests share
-forwards. After each round the loop's thread hands the round's events to one sending thread (``Outbox``); they
-become responses (``Reply``: text decoded incrementally, ids, metrics) on one thread or the other (Outbox says
-which), and that thread sends them and asks Triton whether the client cancelled. A request's first token
+forwards. After each round the loop's thread hands the round's events to one sending thread (``Outbox``), which
+sends their responses (``Reply``: text decoded incrementally, ids, metrics; built on the loop's thread or its own,
+Outbox says which) and asks Triton whether the client cancelled. A request's first token
 comes from the target's prefill alone (the loop's first_token_alone), streamed or not, so a seeded sampled request
 gives the same text either way; a seeded request samples with a generator of its own, so its text does not
 depend on the other requests in the batch.
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import queue
 import threading
 from collections.abc import Callable, Hashable
@@ -27,7 +26,7 @@ from pathlib import Path
 
 from trtspec.core.errors import RequestError
 from trtspec.core.metrics import SpecDecodeCounts
-from trtspec.engines.loop import LoopThread, RowEvent
+from trtspec.engines.loop import LoopThread, RowEvent, pin
 from trtspec.triton_repo import interface as names
 from trtspec.triton_repo.models import triton_io as io
 from trtspec.triton_repo.models.engine import available_cores, split_cores
@@ -99,11 +98,10 @@ class Outbox:
     a finished request's counts go to ``metrics`` (here, not on the loop's thread: each update is an IPC).
 
     The loop's thread ``put``s each event of a step, then ``flush``es the step. Who builds the responses
-    (``build_responses``: text, tensors) is a matter of the GIL, measured on the demo pair with 2 cores: one or two
-    responses are built here, beside the loop's next round (building them on the loop's thread added ~0.3 ms to
-    each ~15 ms round at batch 1); ``loop_builds_from`` or more are built on the loop's thread before the step is
-    handed over (built here, they took the GIL from the loop's round in many slices: at 8 streams each ~28 ms round
-    took ~1 ms longer than building them there, at 4 streams too). Sending releases the GIL for the IPC."""
+    (``build_responses``: text, tensors) is a matter of the GIL: one or two are built here, beside the loop's next
+    round, where they cost the loop less than building them first; ``loop_builds_from`` or more are built on the
+    loop's thread before the step is handed over, because built here they take the GIL from the loop's round in
+    many slices (README, "Through Triton", has the measurements). Sending releases the GIL for the IPC."""
 
     def __init__(
         self,
@@ -149,17 +147,19 @@ class Outbox:
 
     def _run(self) -> None:
         if self.cores:
-            os.sched_setaffinity(0, self.cores)  # 0: this thread
+            pin(self.cores, io.log_warning)
         while (handed := self.queue.get()) is not None:
             step, built = handed
             if not built:
-                self._build(step)
-                with self.lock:
-                    self.unbuilt -= 1
-            for request_id, sender, _, responses, cancelled, event in step:
-                self._send(request_id, sender, responses, cancelled, event)
+                try:
+                    self._build(step)
+                finally:
+                    with self.lock:
+                        self.unbuilt -= 1
+            for request_id, sender, reply, responses, cancelled, event in step:
+                self._send(request_id, sender, reply, responses, cancelled, event)
 
-    def _send(self, request_id: Hashable, sender, responses: list[tuple], cancelled, event: RowEvent) -> None:
+    def _send(self, request_id: Hashable, sender, reply, responses: list[tuple], cancelled, event) -> None:
         if event.finished and self.metrics is not None:  # cancelled and failed requests ran their rounds too
             self.metrics.add(SpecDecodeCounts.of(event.stats))
         try:
@@ -169,6 +169,7 @@ class Outbox:
                 self.cancel(request_id)
         except Exception as err:  # noqa: BLE001 - a client gone mid-stream: stop generating for it
             io.log_warning(f"request {request_id}: sending failed ({type(err).__name__}: {err}); cancelled")
+            reply.closed = True  # its remaining rounds build nothing
             self.cancel(request_id)
 
 

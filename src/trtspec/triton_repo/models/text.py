@@ -165,38 +165,57 @@ class IncrementalDecoder:
         return piece
 
     def _flush(self) -> str:
-        sent, full = "".join(self.sent), self.decode(self.ids)
-        piece = full[len(sent) :] if full.startswith(sent) else ""
-        self.sent, self.read, self.prefix = (
-            [full if full.startswith(sent) else sent],
-            len(self.ids),
-            len(self.ids),
-        )
+        piece, self.sent = final_piece(self.decode(self.ids), self.sent)
+        self.read = self.prefix = len(self.ids)
         return piece
+
+
+def final_piece(full: str, sent: list[str]) -> tuple[str, list[str]]:
+    """(what the whole decode ``full`` adds to the pieces ``sent``, the pieces sent after it). Nothing where ``full``
+    does not start with them: sent text cannot be taken back."""
+    text = "".join(sent)
+    piece = full[len(text) :] if full.startswith(text) else ""
+    return piece, [text + piece]
 
 
 class StreamDecoder:
     """IncrementalDecoder's contract over tokenizers' ``DecodeStream`` (the fast tokenizer's incremental decode, in
     Rust: one call per round instead of two decodes of a window through the Python tokenizer). An unfinished
     multi-byte character is held back by DecodeStream itself; the final push emits whatever the whole decode adds
-    to what was sent, so the pieces add up to it."""
+    to what was sent, so the pieces add up to it, except where new ids changed text already sent (below)."""
 
     def __init__(self, backend, decode: Callable[[Sequence[int]], str], skip_special_tokens: bool):
-        from tokenizers.decoders import DecodeStream
-
-        self.backend, self.decode = backend, decode
-        self.stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+        self.backend, self.decode, self.skip_special_tokens = backend, decode, skip_special_tokens
+        self.stream, self.restarted = self._new_stream(), False
         self.ids: list[int] = []
         self.sent: list[str] = []
 
+    def _new_stream(self):
+        from tokenizers.decoders import DecodeStream
+
+        return DecodeStream(skip_special_tokens=self.skip_special_tokens)
+
     def push(self, new_ids: Sequence[int], final: bool = False) -> str:
         self.ids += new_ids
-        if final:
-            sent, full = "".join(self.sent), self.decode(self.ids)
-            piece = full[len(sent) :] if full.startswith(sent) else ""
-            self.sent = [sent + piece]
+        if final and not self.restarted:
+            piece, self.sent = final_piece(self.decode(self.ids), self.sent)
             return piece
-        piece = self.stream.step(self.backend, list(new_ids)) if new_ids else None
+        if not new_ids:
+            return ""
+        try:
+            piece = self.stream.step(self.backend, list(new_ids))
+        except Exception as err:
+            if not str(err).startswith("Invalid prefix"):
+                raise
+            # A byte-fallback tokenizer's stray byte after a complete character turns that character, already sent,
+            # into U+FFFD: the stream refuses to go on. Sent text stays; a new stream goes on from these ids, after
+            # the id before them (its text is sent; it gives the new text its context, such as a leading space),
+            # and the whole decode no longer matches what was sent.
+            self.stream, self.restarted = self._new_stream(), True
+            before = self.ids[: -len(new_ids)][-1:]
+            if before:
+                self.stream.step(self.backend, before)
+            piece = self.stream.step(self.backend, list(new_ids))
         if piece:
             self.sent.append(piece)
         return piece or ""
