@@ -50,9 +50,8 @@ class Reply:
         self.req, self.decode = req, codec.decode
         self.decoder = codec.stream_decoder() if req.stream else None
         self.ids: list[int] = []  # not streamed: every id; streamed: the ids not sent yet
-        self.closed = (
-            False  # a final response went out early (an error): the request's later events send nothing
-        )
+        # A final response went out early (an error, a failed send): the request's later events send nothing.
+        self.closed = False
 
     def update(self, event: RowEvent) -> list[tuple[str, list[int], bool]]:
         self.ids += event.new_tokens
