@@ -200,18 +200,22 @@ def test_requests_joining_mid_run_get_the_tokens_they_get_alone_and_hf_greedy(pa
     assert together[0][1].stats.drafted > 0 and together[1][1].stats.max_draft_len == 2
 
 
-def test_a_long_prompt_joining_running_rows_is_prefilled_in_a_forward_of_its_own(
-    pair, tiny_pair, monkeypatch
-):
-    target = pair[0]
-    shapes = []
-    forward = target.forward
+def spy_forward_shapes(model, monkeypatch) -> list[tuple[int, int]]:
+    """The [batch, width] of each of ``model``'s forwards from now on."""
+    shapes, forward = [], model.forward
 
     def spy(tokens, *args):
         shapes.append(tuple(tokens.shape))
         return forward(tokens, *args)
 
-    monkeypatch.setattr(target, "forward", spy)
+    monkeypatch.setattr(model, "forward", spy)
+    return shapes
+
+
+def test_a_long_prompt_joining_running_rows_is_prefilled_in_a_forward_of_its_own(
+    pair, tiny_pair, monkeypatch
+):
+    shapes = spy_forward_shapes(pair[0], monkeypatch)
     long_prompt = [1] + [(7 * i) % 200 + 10 for i in range(59)]  # no <pad> (3): HF generate would mask it
     eos = {"eos_ids": {2}}  # </s>: where HF generate stops
     short = [
@@ -236,14 +240,7 @@ def test_rows_run_as_two_forwards_only_where_that_halves_the_padded_positions():
 
 def test_rows_that_feed_nothing_in_a_split_step_run_no_forward(pair, monkeypatch):
     target = pair[0]
-    calls = []
-    forward = target.forward
-
-    def spy(tokens, *args):
-        calls.append(tuple(tokens.shape))
-        return forward(tokens, *args)
-
-    monkeypatch.setattr(target, "forward", spy)
+    calls = spy_forward_shapes(target, monkeypatch)
     long_prompt = [1] + [(5 * i) % 200 + 10 for i in range(39)]
     logits = feed(target, [0, 1, 2, 3], [[1, 7], [1, 8], [1, 9], long_prompt], [2, 2, 2, 0], [1, 1, 1, 1])
     assert calls == [(1, 40)] and logits.shape[0] == 4 and not logits[:3].any()
