@@ -185,3 +185,19 @@ def test_the_entry_models_parameters_over_grpc_and_http(served):
     for url in (server.ports.grpc_url, f"http://{server.ports.http_url}"):
         params = TritonClient(url).model_parameters()
         assert params["num_draft_tokens"] == "adaptive" and params["max_draft_len"].isdigit(), url
+
+
+def test_a_grpc_client_thread_keeps_its_connection_and_replaces_it_after_an_error(served):
+    from trtspec.validate.endpoint import TritonClient
+
+    _, server = served
+    client = TritonClient(server.ports.grpc_url, "grpc")
+    first = client.generate("def f(x):", 4, 1)
+    connection = client._connections.client
+    second = client.generate("def f(x):", 4, 1)
+    assert client._connections.client is connection  # the second request used the first one's connection
+    assert first.text == second.text and first.token_ids == second.token_ids
+    with pytest.raises(ServerError, match="max_tokens"):
+        client.generate("def f(x):", 0, 1)  # refused by the server
+    assert client._connections.client is None  # the next request connects afresh
+    assert client.generate("def f(x):", 4, 1).text == first.text

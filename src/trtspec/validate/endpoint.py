@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import queue
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -151,6 +152,9 @@ class TritonClient:
             raise RequestError(f"interface {interface!r} is not auto, {' or '.join(INTERFACES)}")
         self.protocol, self.address = split_url(url, protocol)
         self.url, self.timeout_s, self.interface = url, timeout_s, interface
+        # One gRPC connection per calling thread, kept across requests as a serving client keeps its own (a
+        # tritonclient stream serves one caller at a time): a request does not pay for connecting.
+        self._connections = threading.local()
         self.model = model or (INTERFACES[interface]["model"] if interface != "auto" else None)
 
     def _input_names(self, model: str) -> set[str] | None:
@@ -256,20 +260,27 @@ class TritonClient:
             inputs.append(tensor)
         results: queue.Queue = queue.Queue()
         out = EndpointResponse()
+        client = getattr(self._connections, "client", None)
+        if client is None:
+            client = self._connections.client = grpcclient.InferenceServerClient(self.address)
         try:
-            with grpcclient.InferenceServerClient(self.address) as client:
-                client.start_stream(callback=lambda result, error: results.put((result, error)))
-                start = time.perf_counter()
-                client.async_stream_infer(self.model, inputs, enable_empty_final_response=True)
-                try:
-                    while not self._grpc_piece(results.get(timeout=self.timeout_s), out, start):
-                        pass
-                finally:
-                    client.stop_stream()
-        except InferenceServerException as err:
-            raise _server_error(
-                self.url, err.message() if callable(getattr(err, "message", None)) else str(err)
-            ) from None
+            client.start_stream(callback=lambda result, error: results.put((result, error)))
+            start = time.perf_counter()
+            client.async_stream_infer(self.model, inputs, enable_empty_final_response=True)
+            try:
+                while not self._grpc_piece(results.get(timeout=self.timeout_s), out, start):
+                    pass
+            finally:
+                client.stop_stream()
+        except BaseException as err:
+            self._connections.client = (
+                None  # a failed request may leave the connection unusable: a new one next
+            )
+            client.close()
+            if isinstance(err, InferenceServerException):
+                message = err.message() if callable(getattr(err, "message", None)) else str(err)
+                raise _server_error(self.url, message) from None
+            raise
         return out
 
     @staticmethod
