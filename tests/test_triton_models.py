@@ -584,7 +584,7 @@ def test_the_loop_builds_no_step_while_an_earlier_one_waits_to_be_built_over_the
         builders.append(threading.current_thread().name)
         gate.wait(10)
         for item in step:
-            item[3] = []
+            item.responses = []
 
     outbox._build = slow_build
     try:

@@ -273,9 +273,8 @@ class TritonClient:
             finally:
                 client.stop_stream()
         except BaseException as err:
-            self._connections.client = (
-                None  # a failed request may leave the connection unusable: a new one next
-            )
+            # A failed request may leave the connection unusable: the next request opens a new one.
+            self._connections.client = None
             client.close()
             if isinstance(err, InferenceServerException):
                 message = err.message() if callable(getattr(err, "message", None)) else str(err)

@@ -22,6 +22,7 @@ import json
 import queue
 import threading
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from pathlib import Path
 
 from trtspec.core.errors import RequestError
@@ -29,7 +30,7 @@ from trtspec.core.metrics import SpecDecodeCounts
 from trtspec.engines.loop import LoopThread, RowEvent, pin
 from trtspec.triton_repo import interface as names
 from trtspec.triton_repo.models import triton_io as io
-from trtspec.triton_repo.models.engine import available_cores, split_cores
+from trtspec.triton_repo.models.engine import available_cores, cpu_threads, split_cores
 from trtspec.triton_repo.models.request import (
     GenerationRequest,
     Limits,
@@ -91,6 +92,18 @@ def build_responses(request_id: Hashable, reply: Reply, event: RowEvent, cancel:
         return [(io.error_response(message, False), final)]
 
 
+@dataclass
+class _Outgoing:
+    """One event of a step on its way out; ``responses`` once built (build_responses)."""
+
+    request_id: Hashable
+    sender: object
+    reply: Reply
+    cancelled: Callable[[], bool]
+    event: RowEvent
+    responses: list[tuple] | None = None
+
+
 class Outbox:
     """One thread that sends every request's responses in order, so the loop's thread never waits on a send's IPC;
     after each event it asks Triton (at most every CANCEL_POLL_S per request) whether the client cancelled, and
@@ -112,7 +125,7 @@ class Outbox:
         self.cancel, self.metrics, self.cores = cancel, metrics, cores  # cores: where this thread may run
         self.loop_builds_from = loop_builds_from
         self.queue: queue.Queue = queue.Queue()
-        self.pending: list[list] = []  # this step's events, until flush (the loop's thread only)
+        self.pending: list[_Outgoing] = []  # this step's events, until flush (the loop's thread only)
         # Steps handed over unbuilt and not built yet: while there are any, the loop's thread builds none, so a
         # request's responses are always built in order (its Reply decodes incrementally).
         self.unbuilt, self.lock = 0, threading.Lock()
@@ -121,7 +134,7 @@ class Outbox:
 
     def put(self, request_id: Hashable, sender, reply: Reply, cancelled, event: RowEvent) -> None:
         """Add ``event`` (for ``sender``, answered through ``reply``) to this step's."""
-        self.pending.append([request_id, sender, reply, None, cancelled, event])
+        self.pending.append(_Outgoing(request_id, sender, reply, cancelled, event))
 
     def flush(self) -> None:
         """Hand this step to the sending thread; with ``loop_builds_from`` events or more, built here first."""
@@ -139,10 +152,9 @@ class Outbox:
         self.queue.put(None)
         self.thread.join(timeout=10)
 
-    def _build(self, step: list[list]) -> None:
+    def _build(self, step: list[_Outgoing]) -> None:
         for item in step:
-            request_id, _, reply, _, _, event = item
-            item[3] = build_responses(request_id, reply, event, self.cancel)
+            item.responses = build_responses(item.request_id, item.reply, item.event, self.cancel)
 
     def _run(self) -> None:
         if self.cores:
@@ -155,28 +167,28 @@ class Outbox:
                 finally:
                     with self.lock:
                         self.unbuilt -= 1
-            for request_id, sender, reply, responses, cancelled, event in step:
-                self._send(request_id, sender, reply, responses, cancelled, event)
+            for item in step:
+                self._send(item)
 
-    def _send(self, request_id: Hashable, sender, reply, responses: list[tuple], cancelled, event) -> None:
+    def _send(self, item: _Outgoing) -> None:
+        event = item.event
         if event.finished and self.metrics is not None:  # cancelled and failed requests ran their rounds too
             self.metrics.add(SpecDecodeCounts.of(event.stats))
         try:
-            for response, flags in responses:
-                sender.send(response, flags=flags)
-            if not event.finished and cancelled():
-                self.cancel(request_id)
+            for response, flags in item.responses:
+                item.sender.send(response, flags=flags)
+            if not event.finished and item.cancelled():
+                self.cancel(item.request_id)
         except Exception as err:  # noqa: BLE001 - a client gone mid-stream: stop generating for it
-            io.log_warning(f"request {request_id}: sending failed ({type(err).__name__}: {err}); cancelled")
-            reply.closed = True  # its remaining rounds build nothing
-            self.cancel(request_id)
+            message = f"sending failed ({type(err).__name__}: {err}); cancelled"
+            io.log_warning(f"request {item.request_id}: {message}")
+            item.reply.closed = True  # its remaining rounds build nothing
+            self.cancel(item.request_id)
 
 
 def torch_threads(params: dict[str, str]) -> int | None:
     """The loop's torch intra-op threads on cpu (one process runs both models, one after the other: auto = all
     the cores); None on cuda."""
-    from trtspec.triton_repo.models.engine import cpu_threads
-
     return cpu_threads(params.get("cpu_threads", "auto"), models=1) if params["device"] == "cpu" else None
 
 
