@@ -1,4 +1,4 @@
-"""The TensorRT-LLM adapter against the stand-in package (tests/fake_tensorrt_llm), run in a real child process."""
+"""The engine build and core.trtllm against the stand-in package (tests/fake_tensorrt_llm), in a real child process."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 
 from trtspec.builders import plan as P
-from trtspec.builders import trtllm_adapter as A
+from trtspec.builders.trtllm_build import build_engines
+from trtspec.core.engine_config import read_engine_config, speculative_mode_name
 from trtspec.core.errors import CheckFailed, CheckpointError, NeedsTensorRTLLM
+from trtspec.core.trtllm import tensorrt_llm_location, version_problem
 from trtspec.recipe import recipe_from_dict
 
 
@@ -50,9 +52,9 @@ def make_plan(tmp_path: Path, use_draft_logits=False, target_tp=1) -> P.BuildPla
 
 def test_builds_both_engines_in_a_child_and_verifies_them(fake_trtllm, tmp_path):
     plan = make_plan(tmp_path, use_draft_logits=True, target_tp=2)
-    result = A.build_engines(list(plan.engines()), tmp_path / "logs" / "build.log")
+    result = build_engines(list(plan.engines()), tmp_path / "logs" / "build.log")
     assert result["tensorrt_llm_version"] == "1.2.1"
-    target = A.read_engine_config(plan.target.engine_dir)
+    target = read_engine_config(plan.target.engine_dir)
     assert target["speculative_decoding_mode"] == "draft_tokens_external"
     assert (target["max_draft_len"], target["max_seq_len"], target["tp_size"]) == (6, 128 + 6, 2)
     assert target["gather_generation_logits"] and not target["gather_context_logits"]
@@ -79,14 +81,14 @@ def test_verification_catches_an_engine_built_without_speculative_mode(fake_trtl
     fake_trtllm.setenv("FAKE_TRTLLM_DROP_SPECULATIVE", "1")
     plan = make_plan(tmp_path)
     with pytest.raises(CheckFailed, match="target engine .*speculative_decoding_mode is 'none'"):
-        A.build_engines([plan.target], tmp_path / "build.log")
+        build_engines([plan.target], tmp_path / "build.log")
 
 
 def test_wrong_version_is_refused_before_building(fake_trtllm, tmp_path):
     fake_trtllm.setenv("FAKE_TRTLLM_VERSION", "1.3.0rc20")
     plan = make_plan(tmp_path)
     with pytest.raises(NeedsTensorRTLLM, match="1.3.0rc20 is installed") as err:
-        A.build_engines([plan.draft], tmp_path / "build.log")
+        build_engines([plan.draft], tmp_path / "build.log")
     assert err.value.exit_code == 3
     assert not plan.draft.engine_dir.exists()
 
@@ -95,14 +97,14 @@ def test_a_crash_in_the_child_is_one_line_naming_the_log(fake_trtllm, tmp_path):
     fake_trtllm.setenv("FAKE_TRTLLM_CRASH", "1")
     plan = make_plan(tmp_path)
     with pytest.raises(CheckFailed, match=r"engine build failed \(exit 1\); see .*build.log") as err:
-        A.build_engines([plan.draft], tmp_path / "build.log")
+        build_engines([plan.draft], tmp_path / "build.log")
     assert "fake TensorRT-LLM crash" in err.value.detail
 
 
 def test_without_tensorrt_llm_it_says_so(tmp_path):
-    assert A.tensorrt_llm_location() is None
+    assert tensorrt_llm_location() is None
     with pytest.raises(NeedsTensorRTLLM, match="not installed here; run inside nvcr.io/nvidia/tritonserver"):
-        A.build_engines([], tmp_path / "build.log")
+        build_engines([], tmp_path / "build.log")
 
 
 @pytest.mark.parametrize(
@@ -117,7 +119,7 @@ def test_without_tensorrt_llm_it_says_so(tmp_path):
     ],
 )
 def test_version_range(version, ok):
-    assert (A.version_problem(version) is None) is ok
+    assert (version_problem(version) is None) is ok
 
 
 @pytest.mark.parametrize(
@@ -132,7 +134,7 @@ def test_version_range(version, ok):
     ],
 )
 def test_speculative_mode_names(value, name):
-    assert A.speculative_mode_name(value) == name
+    assert speculative_mode_name(value) == name
 
 
 def test_read_engine_config_old_builder_config_layout(tmp_path):
@@ -149,24 +151,24 @@ def test_read_engine_config_old_builder_config_layout(tmp_path):
         "plugin_config": {"gemm_plugin": "float16", "use_paged_context_fmha": True},
     }
     (tmp_path / "config.json").write_text(json.dumps(old))
-    facts = A.read_engine_config(tmp_path)
+    facts = read_engine_config(tmp_path)
     assert (facts["vocab_size"], facts["tp_size"], facts["max_batch_size"]) == (32000, 2, 8)
     assert (facts["speculative_decoding_mode"], facts["max_draft_len"]) == ("draft_tokens_external", 4)
 
 
 def test_read_engine_config_errors_are_one_line(tmp_path):
     with pytest.raises(CheckpointError, match="cannot read the engine config"):
-        A.read_engine_config(tmp_path)
+        read_engine_config(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"something": 1}))
     with pytest.raises(CheckpointError, match="not a TensorRT-LLM engine config"):
-        A.read_engine_config(tmp_path)
+        read_engine_config(tmp_path)
 
 
-def test_only_the_adapter_imports_tensorrt_llm():
+def test_only_core_trtllm_imports_tensorrt_llm():
     src = Path(__file__).resolve().parents[1] / "src" / "trtspec"
     importers = sorted(
         str(p.relative_to(src))
         for p in src.rglob("*.py")
         if "import tensorrt_llm" in p.read_text() or "from tensorrt_llm" in p.read_text()
     )
-    assert importers == ["builders/trtllm_adapter.py"]
+    assert importers == ["core/trtllm.py"]

@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from trtspec.builders import align, align_data, environment
+from trtspec.builders import align, align_data, align_train, environment
 from trtspec.builders.align import AlignSpec, run_align
 from trtspec.builders.align_data import DataSpec
 from trtspec.builders.align_report import draft_matches
@@ -211,7 +211,7 @@ def small_spec(tmp: Path, recipe: Path, **changes) -> AlignSpec:
 @pytest.mark.slow
 def test_an_interrupted_run_leaves_no_output_and_resumes(tmp_path, misaligned, monkeypatch):
     spec = small_spec(tmp_path, write_recipe(tmp_path / "r.yaml", misaligned))
-    real_loss, calls = align.batch_loss, []
+    real_loss, calls = align_train.batch_loss, []
 
     def interrupted(*args, **kwargs):
         calls.append(1)
@@ -219,7 +219,7 @@ def test_an_interrupted_run_leaves_no_output_and_resumes(tmp_path, misaligned, m
             raise KeyboardInterrupt
         return real_loss(*args, **kwargs)
 
-    monkeypatch.setattr(align, "batch_loss", interrupted)
+    monkeypatch.setattr(align_train, "batch_loss", interrupted)
     with pytest.raises(KeyboardInterrupt):
         run_align(spec)
     assert not spec.out.exists() and not list(tmp_path.glob(".out*"))
@@ -229,7 +229,7 @@ def test_an_interrupted_run_leaves_no_output_and_resumes(tmp_path, misaligned, m
     assert state["data_done"] and state["seconds"] > 0
 
     # The resumed run reuses the data (generating any would fail here) and continues from step 2.
-    monkeypatch.setattr(align, "batch_loss", real_loss)
+    monkeypatch.setattr(align_train, "batch_loss", real_loss)
     monkeypatch.setattr(align_data, "training_examples", lambda *a, **k: pytest.fail("data generated again"))
     result = run_align(spec)
     examples = state["shards"][0]["examples"]
@@ -313,10 +313,10 @@ def scripted_validation(monkeypatch, values: list[float]) -> list[dict]:
         seen.append({name: t.detach().clone() for name, t in draft.state_dict().items()})
         return values[min(len(seen), len(values)) - 1]
 
-    monkeypatch.setattr(align, "validation_acceptance", fake)
-    monkeypatch.setattr(align, "noise_margin", lambda acceptance, examples, k: 0.1)
-    monkeypatch.setattr(align, "ESTIMATE_S", -1.0)
-    monkeypatch.setattr(align, "ESTIMATE_SHARE", 1e9)  # no pacing by how long a measurement takes
+    monkeypatch.setattr(align_train, "validation_acceptance", fake)
+    monkeypatch.setattr(align_train, "noise_margin", lambda acceptance, examples, k: 0.1)
+    monkeypatch.setattr(align_train, "ESTIMATE_S", -1.0)
+    monkeypatch.setattr(align_train, "ESTIMATE_SHARE", 1e9)  # no pacing by how long a measurement takes
     return seen
 
 
@@ -359,8 +359,8 @@ def test_a_draft_training_does_not_improve_is_written_unchanged(tmp_path, monkey
 
 def test_the_noise_margin_is_two_standard_errors_of_the_validation_acceptance():
     examples = [{"ids": torch.zeros(40, dtype=torch.long), "start": 15}] * 4  # 100 tokens: 80 drafted at K=4
-    assert align.noise_margin(0.5, examples, 4) == pytest.approx(2 * (0.25 / 80) ** 0.5)
-    assert align.noise_margin(None, [], 4) == 0.0
+    assert align_train.noise_margin(0.5, examples, 4) == pytest.approx(2 * (0.25 / 80) ** 0.5)
+    assert align_train.noise_margin(None, [], 4) == 0.0
 
 
 def test_distillation_losses_on_whole_rows_and_top_k():
@@ -369,17 +369,17 @@ def test_distillation_losses_on_whole_rows_and_top_k():
     target_probs, draft_probs = target_logits.softmax(-1), draft_logits.softmax(-1)
     kl = (target_probs * (target_probs.log() - draft_probs.log())).sum(-1).mean()
     tv = 0.5 * (target_probs - draft_probs).abs().sum(-1).mean()
-    assert torch.allclose(align.distill_loss(draft_logits, target_logits, None, "kl"), kl, atol=1e-5)
-    assert torch.allclose(align.distill_loss(draft_logits, target_logits, None, "tv"), tv, atol=1e-5)
+    assert torch.allclose(align_train.distill_loss(draft_logits, target_logits, None, "kl"), kl, atol=1e-5)
+    assert torch.allclose(align_train.distill_loss(draft_logits, target_logits, None, "tv"), tv, atol=1e-5)
     # every id kept as "top-k" is the whole row again
     every = torch.arange(5000).expand(6, -1)
-    assert torch.allclose(align.distill_loss(draft_logits, target_logits, every, "kl"), kl, atol=1e-5)
-    assert torch.allclose(align.distill_loss(draft_logits, target_logits, every, "tv"), tv, atol=1e-5)
+    assert torch.allclose(align_train.distill_loss(draft_logits, target_logits, every, "kl"), kl, atol=1e-5)
+    assert torch.allclose(align_train.distill_loss(draft_logits, target_logits, every, "tv"), tv, atol=1e-5)
     # a large vocabulary keeps the top 64 per position; a draft equal to the target loses nothing on KL
     kept = align_data.keep_logits(target_logits, 64)
     assert kept["values"].shape == (6, 64) and kept["indices"].shape == (6, 64)
     assert torch.equal(kept["indices"][:, 0].long(), target_logits.argmax(-1))
-    same = align.distill_loss(target_logits, kept["values"], kept["indices"], "kl")
+    same = align_train.distill_loss(target_logits, kept["values"], kept["indices"], "kl")
     # the draft's mass outside the kept ids is what remains: KL to the renormalised top-k = -log(kept mass)
     kept_mass = target_probs.gather(-1, kept["indices"].long()).sum(-1)
     assert torch.allclose(same, -kept_mass.log().mean(), atol=1e-2)

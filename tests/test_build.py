@@ -17,8 +17,8 @@ from conftest import FAKE_TRTLLM_DIR
 
 from trtspec.builders import build as B
 from trtspec.builders import environment, stage_cache
-from trtspec.builders import trtllm_adapter as A
 from trtspec.cli import cli
+from trtspec.core.engine_config import read_engine_config
 from trtspec.core.errors import CheckFailed, CheckpointError, NeedsTensorRTLLM
 from trtspec.recipe import load_recipe
 
@@ -125,8 +125,7 @@ def test_finish_script_completes_the_build_with_engines_only(fake_trtllm, workdi
     assert manifest["status"] == "complete"
     assert {"target.checkpoint", "draft.checkpoint"} <= set(manifest["skipped"])
     assert (
-        A.read_engine_config(out / "target" / "engine")["speculative_decoding_mode"]
-        == "draft_tokens_external"
+        read_engine_config(out / "target" / "engine")["speculative_decoding_mode"] == "draft_tokens_external"
     )
 
 
@@ -195,7 +194,7 @@ def test_stages_skip_when_up_to_date_and_rerun_when_recipe_or_inputs_change(fake
         load_recipe(recipe_path, {"limits.max_batch_size": 4, "target.dtype": "bfloat16"}), engines
     )
     assert dtype.ran == ["check", "target.checkpoint", "target.engine", "draft.engine"]
-    assert A.read_engine_config(engines / "tiny" / "target" / "engine")["gemm_plugin"] == "bfloat16"
+    assert read_engine_config(engines / "tiny" / "target" / "engine")["gemm_plugin"] == "bfloat16"
 
 
 @pytest.mark.conversion

@@ -72,7 +72,7 @@ def test_rendering_is_the_templates_ids_with_one_bos(chat_pair):
     assert ids.count(tokenizer.bos_token_id) == 1 and ids[0] == tokenizer.bos_token_id
     rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert tokenizer(rendered).input_ids[:2] == [tokenizer.bos_token_id] * 2  # the mistake this avoids
-    # What a server's preprocessing (special tokens added) makes of text_input: the same ids.
+    # What a server's entry model (special tokens added) makes of text_input: the same ids.
     assert not text_input.startswith("<s>") and TextCodec(tokenizer).encode(text_input) == ids
     check_text_input(tokenizer, text_input, ids, "c1")
     assert encode_prompt(tokenizer, "def f():") == ("def f():", tokenizer("def f():").input_ids)
@@ -177,7 +177,7 @@ def test_chat_without_a_template_is_one_line_before_any_model_loads(runner, tiny
 
 def test_the_shipped_chat_set_is_left_out_for_a_target_without_a_template(tiny_pair, tmp_path, chat_pair):
     from trtspec.recipe import load_recipe
-    from trtspec.validate.commands import load_requests
+    from trtspec.validate.inputs import load_requests
 
     def default_set(target, draft):
         recipe = write_recipe(

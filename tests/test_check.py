@@ -192,7 +192,7 @@ def test_model_without_weights(runner, tmp_path, tiny_pair, draft_with):
 
 
 def test_padded_vocab_counts_tp_and_awq(runner, tmp_path, tiny_pair):
-    from trtspec.builders.support import padded_vocab_size
+    from trtspec.core.vocab import padded_vocab_size
 
     assert padded_vocab_size(32000, 1, "none") == 32000
     assert padded_vocab_size(32001, 2, "none") == 32002

@@ -6,6 +6,7 @@ import pytest
 
 from trtspec.builders import support
 from trtspec.builders.preflight import check_runtime
+from trtspec.core import trtllm
 from trtspec.recipe import recipe_from_dict
 
 
@@ -71,7 +72,7 @@ def test_without_tensorrt_llm_installed_says_what_is_needed(monkeypatch):
     monkeypatch.setattr("trtspec.builders.environment.installed_trtllm_version", lambda: None)
     engine = check_runtime(recipe("tensorrtllm"))
     assert engine.status == "warn" and "removed after TensorRT-LLM 1.3.0rc20" in engine.message
-    assert support.NGC_TRITON_TRTLLM_IMAGE in engine.message
+    assert trtllm.NGC_TRITON_TRTLLM_IMAGE in engine.message
     llmapi = check_runtime(recipe("trtllm-pytorch"))
     assert llmapi.status == "pass" and f">= {support.TRTLLM_PYTORCH_MIN_VERSION}" in llmapi.message
 
@@ -107,15 +108,14 @@ ROWS = {"target": 320, "draft": 320}  # engine_vocab_rows of a pair with one voc
 
 def test_fast_logits_is_checked_against_the_draft_logits_it_would_carry():
     from trtspec.builders.preflight import check_fast_logits
-    from trtspec.triton_repo import interface as names
-    from trtspec.triton_repo.values import common_values
+    from trtspec.triton_repo.values import orchestrator_values
 
     assert check_fast_logits(recipe("tensorrtllm")) == []
     assert check_fast_logits(recipe("torch", triton={"runtime": "torch", "fast_logits": True})) == []
     unused = recipe("tensorrtllm", triton={"runtime": "tensorrtllm", "fast_logits": True})
     [result] = check_fast_logits(unused)
     assert result.status == "warn" and "without speculative.use_draft_logits" in result.message
-    assert common_values(unused, "tensorrtllm", ROWS)[names.ORCHESTRATOR]["draft_ahead"] is True
+    assert orchestrator_values(unused, "tensorrtllm", ROWS)["draft_ahead"] is True
     used = recipe(
         "tensorrtllm",
         triton={"runtime": "tensorrtllm", "fast_logits": True},
@@ -124,8 +124,8 @@ def test_fast_logits_is_checked_against_the_draft_logits_it_would_carry():
     [result] = check_fast_logits(used)
     assert result.status == "pass" and "draft-ahead is off" in result.message
     # A fast-logits answer is a record of where the draft's logits are: it cannot be cut to the next round.
-    assert common_values(used, "tensorrtllm", ROWS)[names.ORCHESTRATOR]["draft_ahead"] is False
-    assert common_values(used, "torch", ROWS)[names.ORCHESTRATOR]["draft_ahead"] is True  # real logits there
+    assert orchestrator_values(used, "tensorrtllm", ROWS)["draft_ahead"] is False
+    assert orchestrator_values(used, "torch", ROWS)["draft_ahead"] is True  # real logits there
 
 
 def test_an_fp8_kv_cache_is_checked_for_engines_only():
@@ -141,7 +141,7 @@ def test_an_fp8_kv_cache_is_checked_for_engines_only():
 
 
 def test_adaptive_k_is_checked_for_the_llmapi_runtime_only():
-    from trtspec.builders.preflight import check_llmapi_adaptive
+    from trtspec.builders.preflight_llmapi import check_llmapi_adaptive
 
     assert check_llmapi_adaptive(recipe("torch"), "1.2.1") == []
     assert check_llmapi_adaptive(recipe("tensorrtllm"), "1.2.1") == []
@@ -157,7 +157,7 @@ def test_adaptive_k_is_checked_for_the_llmapi_runtime_only():
 
 
 def test_a_schedule_says_what_it_is_written_as():
-    from trtspec.builders.preflight import check_llmapi_adaptive
+    from trtspec.builders.preflight_llmapi import check_llmapi_adaptive
 
     scheduled = recipe("trtllm-pytorch", speculative={"max_draft_len": 8, "schedule": {2: 4, 8: 2, 16: 0}})
     _, schedule = check_llmapi_adaptive(scheduled, "1.2.1")
@@ -176,7 +176,7 @@ def test_a_schedule_says_what_it_is_written_as():
 
 
 def test_a_pinned_k_and_an_unwritten_schedule():
-    from trtspec.builders.preflight import check_llmapi_adaptive
+    from trtspec.builders.preflight_llmapi import check_llmapi_adaptive
 
     pinned = recipe("trtllm-pytorch", speculative={"num_draft_tokens": 3, "schedule": {4: 2}})
     k, schedule = check_llmapi_adaptive(pinned, "1.2.1")
@@ -185,7 +185,7 @@ def test_a_pinned_k_and_an_unwritten_schedule():
 
 
 def test_a_schedule_that_never_drafts_fails():
-    from trtspec.builders.preflight import check_llmapi_adaptive
+    from trtspec.builders.preflight_llmapi import check_llmapi_adaptive
 
     [result] = check_llmapi_adaptive(
         recipe("trtllm-pytorch", speculative={"schedule": {1: 0, 4: 0}}), "1.2.1"
@@ -194,7 +194,7 @@ def test_a_schedule_that_never_drafts_fails():
 
 
 def test_a_later_tensorrt_llm_is_told_the_fields_are_1_2s(monkeypatch):
-    from trtspec.builders.preflight import check_llmapi_adaptive
+    from trtspec.builders.preflight_llmapi import check_llmapi_adaptive
 
     scheduled = recipe("trtllm-pytorch", speculative={"max_draft_len": 4, "schedule": {2: 4, 8: 2}})
     assert [r.status for r in check_llmapi_adaptive(scheduled, "1.2.0")] == ["warn", "pass"]

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
+from harness.repo import engine_config, fake_engine
 from tritonclient.grpc import model_config_pb2
 
 from trtspec.core.errors import CheckFailed, OutputError
@@ -22,35 +22,6 @@ def make_recipe(tiny_pair, **sections) -> object:
     data = {"name": "tiny", "target": {"model": str(target)}, "draft": {"model": str(draft)}}
     data.update(sections)
     return recipe_from_dict(data)
-
-
-def fake_engine(path: Path, *, max_draft_len: int, vocab_size: int = 320, gather: bool = False) -> Path:
-    """An engine dir whose config.json has TensorRT-LLM 1.2's layout (pretrained_config + build_config)."""
-    path.mkdir(parents=True)
-    config = {
-        "version": "1.2.1",
-        "pretrained_config": {
-            "architecture": "LlamaForCausalLM",
-            "dtype": "float16",
-            "vocab_size": vocab_size,
-            "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1},
-        },
-        "build_config": {
-            "max_batch_size": 8,
-            "max_input_len": 512,
-            "max_seq_len": 1024,
-            "max_beam_width": 1,
-            "max_draft_len": max_draft_len,
-            "speculative_decoding_mode": 2
-            if max_draft_len
-            else 1,  # SpeculativeDecodingMode flags: 1 NONE, 2 DRAFT_TOKENS_EXTERNAL
-            "gather_generation_logits": gather,
-            "plugin_config": {"use_paged_context_fmha": True, "gemm_plugin": "float16"},
-        },
-    }
-    (path / "config.json").write_text(json.dumps(config))
-    (path / "rank0.engine").write_bytes(b"")
-    return path
 
 
 @pytest.fixture
@@ -91,28 +62,20 @@ def test_torch_repo_renders_checks_and_writes_atomically(tiny_pair, tmp_path):
     out = tmp_path / "repo"
     result = deploy(recipe, "torch", out)
     # The entry model runs the draft and the target in-process: no engine models.
-    assert sorted(result.models) == sorted([names.PREPROCESSING, names.POSTPROCESSING, names.ORCHESTRATOR])
+    assert result.models == [names.ORCHESTRATOR, names.ENSEMBLE]
     assert "models.inflight import" in (out / names.ORCHESTRATOR / "1" / "model.py").read_text()
     info = json.loads((out / MANIFEST).read_text())
     assert info["runtime"] == "torch" and info["recipe_digest"] == recipe.digest()
     for model in result.models:
         config = parse_model_config((out / model / "config.pbtxt").read_text(), model)
-        assert config.name == model
-        assert "from trtspec.triton_repo.models." in (out / model / "1" / "model.py").read_text()
+        assert config.name == model and (out / model / "1").is_dir()
     assert [p.name for p in tmp_path.iterdir()] == ["repo"]  # no temp dir left behind
-    params = {
-        m: _params(parse_model_config((out / m / "config.pbtxt").read_text(), m)) for m in result.models
-    }
-    # The orchestrator tokenises and detokenises in-process with the pre/postprocessing models' settings.
-    text_keys = ("tokenizer_dir", "add_special_tokens", "max_input_len", "skip_special_tokens")
-    for key in text_keys:
-        owner = names.POSTPROCESSING if key == "skip_special_tokens" else names.PREPROCESSING
-        assert params[names.ORCHESTRATOR][key] == params[owner][key] != ""
-    entry = params[names.ORCHESTRATOR]
+    entry = _params(parse_model_config((out / names.ORCHESTRATOR / "config.pbtxt").read_text(), "entry"))
+    # The entry model tokenises and detokenises in-process.
+    assert entry["tokenizer_dir"] == str(tiny_pair[0]) and entry["max_input_len"] != ""
+    assert entry["add_special_tokens"] == entry["skip_special_tokens"] == "True"
     assert entry["cpu_threads"] == "auto" and entry["target_dtype"] == entry["draft_dtype"] == "float32"
     assert (entry["target_model_dir"], entry["draft_model_dir"]) == tuple(map(str, tiny_pair))
-    # upstream's preprocessing key names (gpt_model_path holds ${engine_dir} there; unused by draft-target)
-    assert {"tokenizer_dir", "add_special_tokens", "gpt_model_path"} <= set(params[names.PREPROCESSING])
     # Redeploying replaces the repository in one rename.
     deploy(recipe, "torch", out)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["repo"]
@@ -261,10 +224,10 @@ def test_tensorrtllm_refuses_engines_that_do_not_fit(tiny_pair, tmp_path):
         deploy(recipe, "tensorrtllm", tmp_path / "r", engine_dirs=short)
 
 
-def test_cross_model_check_catches_a_dtype_mismatch_and_a_missing_model(tiny_pair):
-    """On the orchestrator's layout (here the test harness: the orchestrator over torch engine models)."""
-    recipe = make_recipe(tiny_pair)
-    rendered = render_models(plan_models(recipe, "torch", harness=True))
+def test_cross_model_check_catches_a_dtype_mismatch_and_a_missing_model(tiny_pair, engines):
+    """On the orchestrator's layout: the orchestrator over the TensorRT-LLM backend's engine models."""
+    recipe = make_recipe(tiny_pair, speculative={"max_draft_len": 4})
+    rendered = render_models(plan_models(recipe, "tensorrtllm", engines))
     configs = {name: cfg for name, (_, cfg) in rendered.items()}
     text = rendered[names.TARGET_MODEL][0].replace(
         'name: "request_output_len" data_type: TYPE_INT32', 'name: "request_output_len" data_type: TYPE_INT64'
@@ -280,16 +243,40 @@ def test_cross_model_check_catches_a_dtype_mismatch_and_a_missing_model(tiny_pai
         check_repository(missing)
 
 
-def test_both_runtimes_give_the_orchestrator_the_same_engine_interface(tiny_pair, engines):
-    """The harness's torch engine models stand in for the TensorRT-LLM backend's: the same tensors."""
+def test_the_ensemble_passes_the_entry_models_interface_through_under_the_same_names(tiny_pair, engines):
+    """Upstream's `ensemble` name (its clients' default) over either runtime's entry model: one step, every input
+    and output of the entry model under its own name, declared alike (dtype, dims, optional)."""
     recipe = make_recipe(tiny_pair, speculative={"max_draft_len": 4})
-    torch_cfg = render_models(plan_models(recipe, "torch", harness=True))[names.TARGET_MODEL][1]
+    for runtime in ("torch", "tensorrtllm"):
+        configs = render_models(plan_models(recipe, runtime, engines if runtime == "tensorrtllm" else None))
+        entry, ensemble = configs[names.ENTRY_POINT][1], configs[names.ENSEMBLE][1]
+        assert ensemble.platform == "ensemble" and ensemble.max_batch_size == entry.max_batch_size
+        assert list(ensemble.input) == list(entry.input) and list(ensemble.output) == list(entry.output)
+        (step,) = ensemble.ensemble_scheduling.step
+        assert step.model_name == names.ENTRY_POINT
+        assert dict(step.input_map) == {t.name: t.name for t in entry.input}
+        assert dict(step.output_map) == {t.name: t.name for t in entry.output}
+    # the written text is what was checked
+    text = configs[names.ENSEMBLE][0]
+    assert parse_model_config(text, names.ENSEMBLE) == configs[names.ENSEMBLE][1]
+    elsewhere = text.replace('model_name: "tensorrt_llm_bls"', 'model_name: "tensorrt_llm_blss"')
+    broken = {name: config for name, (_, config) in configs.items()}
+    broken[names.ENSEMBLE] = parse_model_config(elsewhere, names.ENSEMBLE)
+    with pytest.raises(CheckFailed, match="ensemble ensemble has a step on model 'tensorrt_llm_blss'"):
+        check_repository(broken)
+
+
+def test_the_harness_engine_models_have_the_backends_tensors(tiny_pair, engines):
+    """The test harness's stand-in engine models (tests/harness) take and give the TensorRT-LLM backend's
+    tensors, declared alike, so the orchestrator served over them is served as over the backend."""
+    recipe = make_recipe(tiny_pair, speculative={"max_draft_len": 4})
     trt_cfg = render_models(plan_models(recipe, "tensorrtllm", engines))[names.TARGET_MODEL][1]
+    stand_in = engine_config(recipe, "target")[1]
     for tensor in names.ENGINE_INPUTS:
-        a = next(t for t in torch_cfg.input if t.name == tensor)
+        a = next(t for t in stand_in.input if t.name == tensor)
         b = next(t for t in trt_cfg.input if t.name == tensor)
         assert (a.data_type, list(a.dims), a.optional) == (b.data_type, list(b.dims), b.optional), tensor
     for tensor in names.ENGINE_OUTPUTS:
-        a = next(t for t in torch_cfg.output if t.name == tensor)
+        a = next(t for t in stand_in.output if t.name == tensor)
         b = next(t for t in trt_cfg.output if t.name == tensor)
         assert (a.data_type, list(a.dims)) == (b.data_type, list(b.dims)), tensor

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trtspec.builders import support
+from trtspec.core import trtllm
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DOCKER = REPO_ROOT / "docker"
@@ -121,9 +121,9 @@ def test_parser_joins_continuations_and_drops_comments():
 # ---------------------------------------------------------------- Dockerfiles
 
 
-def test_ngc_base_is_the_support_constant():
+def test_ngc_base_is_the_pinned_image_constant():
     (base,) = instructions(NGC_DOCKERFILE, "FROM")
-    assert base.args.split()[0] == support.NGC_TRITON_TRTLLM_IMAGE
+    assert base.args.split()[0] == trtllm.NGC_TRITON_TRTLLM_IMAGE
 
 
 @pytest.mark.parametrize("path", [NGC_DOCKERFILE, CPU_DOCKERFILE], ids=lambda p: p.name)

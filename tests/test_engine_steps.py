@@ -1,13 +1,14 @@
-"""Step primitives of the Triton torch runtime: the same rounds as the engine, with KV reuse across calls."""
+"""The test harness's stand-in engine (tests/harness/steps.py): the engine's rounds behind TensorRT-LLM's calls,
+with KV reuse across calls."""
 
 from __future__ import annotations
 
 import pytest
+from harness.steps import StepModel, StepRequest
 from test_engine import hf_greedy
 
 from trtspec.core.errors import RequestError
 from trtspec.engines.sampling import SamplingParams
-from trtspec.engines.steps import StepModel, StepRequest
 
 
 class CountingModel:
@@ -89,7 +90,7 @@ def test_sampled_rounds_with_draft_logits_run_and_respect_k(step_pair):
 
 
 def test_slot_pool_picks_the_longest_shared_prefix():
-    from trtspec.engines.steps import SlotPool
+    from harness.steps import SlotPool
 
     pool = SlotPool(3)
     pool.record(0, [1, 2, 3])
@@ -109,7 +110,7 @@ def test_slot_pool_keeps_concurrent_sequences_that_share_a_prefix_apart():
     """8 live sequences that all start with BOS (and two with a longer shared prompt), called in turn as the Triton
     engine models are: each keeps its own slot, so every call computes only its new tokens. (Picking the longest
     common prefix alone put them all in one slot, recomputing each whole sequence on every call.)"""
-    from trtspec.engines.steps import SlotPool
+    from harness.steps import SlotPool
 
     pool = SlotPool(8, max_draft_len=4)
     seqs = [[1, 50, 51, 52, 53, 54] + [60 + i] * 6 if i < 2 else [1, 100 + i] + [7] * 10 for i in range(8)]
@@ -149,7 +150,7 @@ def test_a_prompt_seen_before_is_copied_into_a_new_slot_not_taken_over(step_pair
 
 
 def test_slot_pool_leaves_one_token_to_feed():
-    from trtspec.engines.steps import SlotPool
+    from harness.steps import SlotPool
 
     pool = SlotPool(1)
     pool.record(0, [1, 2, 3])
@@ -158,7 +159,7 @@ def test_slot_pool_leaves_one_token_to_feed():
 
 
 def test_slot_pool_evicts_the_least_recently_used_slot():
-    from trtspec.engines.steps import SlotPool
+    from harness.steps import SlotPool
 
     pool = SlotPool(2)
     a, _, _ = pool.acquire([1, 1], set())
@@ -176,11 +177,10 @@ def test_slot_pool_evicts_the_least_recently_used_slot():
 
 
 def test_engine_model_refuses_what_the_tensorrt_llm_backend_would(step_pair):
-    """The torch runtime's engine models called directly with bad tensors: a clear RequestError (INVALID_ARG to the
+    """The stand-in engine models called directly with bad tensors: a clear RequestError (INVALID_ARG to the
     client), not a second row silently dropped, a negative length taken as a slice, or an IndexError."""
     import numpy as np
-
-    from trtspec.triton_repo.models.engine import TorchEngine
+    from harness.engine_model import TorchEngine
 
     target, _ = step_pair
     engine = TorchEngine(target, "target")

@@ -8,14 +8,13 @@ at any id of an eos list.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 from test_engine import hf_greedy
-from tiny_models import FAMILIES, make_family_pair
+from tiny_models import FAMILIES, make_family_pair, steer_to_eos
 
 from trtspec.builders import support
 from trtspec.builders.convert import export_checkpoint
@@ -207,27 +206,6 @@ def test_generate_equals_hf_greedy(pairs, family):
         assert result.stats.drafted > 0
 
 
-def steer_to_eos(target: Path, out: Path, eos_id: int, prompt: list[int]) -> Path:
-    """A copy of ``target`` whose greedy continuation of ``prompt`` ends at ``eos_id``: its output row becomes 1.5x
-    the row of a token greedy picks with a positive logit, so eos outscores that token wherever it would win."""
-    from transformers import AutoModelForCausalLM
-
-    shutil.copytree(target, out)
-    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(8):
-            logits = model(torch.tensor([ids])).logits[0, -1]
-            token = int(logits.argmax())
-            if len(ids) - len(prompt) >= 2 and logits[token] > 0 and token > eos_id:
-                weight = model.get_output_embeddings().weight
-                weight[eos_id] = 1.5 * weight[token]
-                model.save_pretrained(out)
-                return out
-            ids.append(token)
-    raise AssertionError(f"{target}: no greedy token to steer to {eos_id}")
-
-
 @pytest.mark.parametrize("family", EOS_LIST_FAMILIES)
 def test_generation_stops_at_a_later_id_of_the_eos_list(pairs, tmp_path, family):
     from transformers import AutoTokenizer
@@ -244,7 +222,7 @@ def test_generation_stops_at_a_later_id_of_the_eos_list(pairs, tmp_path, family)
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_validate_passes(pairs, tmp_path, family):
-    from trtspec.validate.commands import SystemOptions, open_reference, open_system
+    from trtspec.validate.inputs import SystemOptions, open_reference, open_system
     from trtspec.validate.prompts import load_prompts
     from trtspec.validate.validation import run_validation
 

@@ -338,7 +338,7 @@ def test_cli_deploy_trtllm_pytorch(runner, pair, tmp_path):
 )
 def test_validate_measures_the_k_model_yaml_gets(pair, speculative, k):
     """validate/bench against a trtllm-pytorch endpoint treat its K as fixed: the one written in model.yaml."""
-    from trtspec.validate.commands import llmapi_max_draft_len
+    from trtspec.validate.inputs import llmapi_max_draft_len
 
     recipe = make_recipe(pair, speculative=speculative)
     assert llmapi_max_draft_len(recipe) == k

@@ -20,7 +20,7 @@ from trtspec.cli import cli
 from trtspec.recipe import load_recipe
 from trtspec.triton_repo import llmapi
 from trtspec.triton_repo.deploy import deploy
-from trtspec.validate.endpoint import TritonClient, request_fields
+from trtspec.validate.triton_client import TritonClient, request_fields
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 

@@ -10,11 +10,12 @@ import pytest
 from test_engine import hf_greedy
 
 from trtspec.core.errors import RequestError
-from trtspec.engines.loop import GenerationLoop, LoopThread
+from trtspec.engines.loop import GenerationLoop
 from trtspec.engines.models import load_causal_lm
 from trtspec.engines.rounds import Outcome
 from trtspec.engines.sampling import SamplingParams
 from trtspec.engines.speculative import TorchRounds, feed, width_groups
+from trtspec.triton_repo.models.loop_thread import LoopThread
 
 PROMPTS = [[1, 40, 41, 42, 43, 44, 45], [1, 7, 8], [1, 100], [1, 5, 6, 7, 8, 9]]
 

@@ -41,7 +41,7 @@ def test_counts_of_merged_requests_are_the_sums():
 
 
 def test_totals_from_a_response_leave_the_per_round_counts_unknown():
-    # validate.endpoint builds stats from return_perf_metrics: drafted and accepted, no rounds
+    # validate.triton_system builds stats from return_perf_metrics: drafted and accepted, no rounds
     counts = SpecDecodeCounts.of(AcceptanceStats(max_draft_len=4, drafted=12, accepted=7))
     assert (counts.num_draft_tokens, counts.num_accepted_tokens) == (12, 7)
     assert (

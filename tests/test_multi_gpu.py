@@ -91,7 +91,7 @@ def test_fast_logits_prespawns_one_rank_per_gpu_plus_the_orchestrator(tmp_path, 
     repo = tmp_path / "repo"
     deploy(split_recipe(fast_logits=True), "tensorrtllm", repo, engine_dirs=engines)
     target, draft = params(repo, names.TARGET_MODEL), params(repo, names.DRAFT_MODEL)
-    # Rank 0 is the orchestrator (preprocessing, BLS, postprocessing); then draft ranks, then target ranks.
+    # Rank 0 is the orchestrator (the entry model); then draft ranks, then target ranks.
     assert (draft["participant_ids"], target["participant_ids"]) == ("1", "2,3")
     assert (draft["gpu_device_ids"], target["gpu_device_ids"]) == ("2", "0,1")
     assert target["speculative_decoding_fast_logits"] == draft["speculative_decoding_fast_logits"] == "1"

@@ -11,6 +11,7 @@ from tiny_models import CORPUS, make_model
 from trtspec.builders import interpreter, support
 from trtspec.builders.calibration import builtin_texts, calibration_batches
 from trtspec.builders.convert import export_checkpoint
+from trtspec.core import vocab
 from trtspec.core.errors import ModelError, RecipeError
 from trtspec.recipe import CalibrationSpec, ModelSpec
 
@@ -60,7 +61,7 @@ def test_quantized_checkpoint_within_tolerance(awq_ready_dir, calib_file, tmp_pa
     assert set(summary["timings"]) == {"load", "calibrate", "export", "verify"}
     assert (summary["warning"] is None) == (fmt in support.DTM_SUPPORTED_PRECISIONS)
     rows = interpreter.read_ranks(tmp_path / "ckpt", 1)[0]["lm_head.weight"].shape[0]
-    assert rows == support.padded_vocab_size(VOCAB, 1, fmt)
+    assert rows == vocab.padded_vocab_size(VOCAB, 1, fmt)
 
 
 @pytest.mark.conversion
@@ -100,9 +101,9 @@ def test_awq_tensor_parallel_splits_below_the_group_size(awq_ready_dir, tmp_path
 
 
 def test_padded_vocab_matches_modelopt():
-    assert support.padded_vocab_size(330, 1, "int4_awq") == 384
-    assert support.padded_vocab_size(330, 4, "w4a8_awq") == 384
-    assert support.padded_vocab_size(331, 2, "fp8") == 332
+    assert vocab.padded_vocab_size(330, 1, "int4_awq") == 384
+    assert vocab.padded_vocab_size(330, 4, "w4a8_awq") == 384
+    assert vocab.padded_vocab_size(331, 2, "fp8") == 332
 
 
 # ---------------------------------------------------------------- calibration data

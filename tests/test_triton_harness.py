@@ -1,10 +1,11 @@
-"""The orchestrator harness (the tensorrtllm runtime's entry model over torch engine models) on a real
-tritonserver, one for the module."""
+"""The tensorrtllm runtime's repository on a real tritonserver, its two engine models replaced by the test
+harness's stand-ins (tests/harness: the PyTorch engine behind the TensorRT-LLM backend's tensors)."""
 
 from __future__ import annotations
 
 import pytest
-from triton_server import PROMPTS, deploy_tiny_repo, grpc_stream, hf_greedy, running_server, spec_metrics
+from harness.repo import deploy_harness
+from triton_server import PROMPTS, grpc_stream, hf_greedy, running_server, spec_metrics, tiny_recipe
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -17,12 +18,12 @@ def reference(tiny_pair):
 def test_draft_ahead_with_a_draft_that_is_always_right_keeps_the_target_greedy_output(
     tiny_pair, reference, tmp_path
 ):
-    """The orchestrator harness (the tensorrtllm runtime's path over torch engine models); the target as its own
-    draft: every round accepts the whole draft and the bonus guess, so each round after
-    the prefill verifies a draft made ahead (K + 1 = max_draft_len + 1 tokens asked of the draft engine model). A
-    request without K gets the repository's default, adaptive K (deploy writes it for the recipe's unpinned K)."""
+    """The orchestrator over the stand-in engine models; the target as its own draft: every round accepts the
+    whole draft and the bonus guess, so each round after the prefill verifies a draft made ahead (K + 1 =
+    max_draft_len + 1 tokens asked of the draft engine model). A request without K gets the repository's default,
+    adaptive K (deploy writes it for the recipe's unpinned K)."""
     target = tiny_pair[0]
-    deploy_tiny_repo((target, target), tmp_path / "repo", harness=True)
+    deploy_harness(tiny_recipe((target, target)), tmp_path / "repo")
     with running_server(tmp_path / "repo", tmp_path / "server.log") as srv:
         drafted = 0
         for stream, k in ((True, 4), (False, 4), (True, None)):

@@ -1,6 +1,6 @@
-"""The Triton python models' pure logic without a server: the orchestrator's rounds (in the one loop) replayed over
-scripted draft / target outputs (tensorrtllm_backend's all_models/tests/test_decode.py style), request validation, stop words and
-incremental detokenization, and the torch engine model's KV-slot choice."""
+"""The Triton python models' pure logic without a server: the orchestrator's engine calls and request handling,
+request validation, stop words and incremental detokenization, and the torch entry model's threads. The round
+itself is tests/test_engine_calls.py's."""
 
 from __future__ import annotations
 
@@ -10,348 +10,25 @@ import time
 
 import numpy as np
 import pytest
+from harness.engine_model import from_word_list
+from toy_engines import toy_draft, toy_greedy, toy_target
 
 from trtspec.core.errors import RequestError
 from trtspec.core.metrics import AcceptanceStats, SpecDecodeCounts
+from trtspec.core.token_rules import EngineStops
 from trtspec.engines.adaptive import KPolicy
+from trtspec.engines.engine_calls import Call
 from trtspec.engines.sampling import SamplingParams
-from trtspec.triton_repo.models.decode import EngineRounds, one_after_the_other, speculate
-from trtspec.triton_repo.models.engine import cpu_threads, split_cores
+from trtspec.triton_repo.models.cores import cpu_threads, split_cores
 from trtspec.triton_repo.models.request import Limits, parse_request
 from trtspec.triton_repo.models.text import (
     IncrementalDecoder,
     StreamDecoder,
     TextCodec,
     encode_prompt,
-    from_word_list,
     stop_words_ids,
     to_word_list,
 )
-
-END = 2
-
-
-class Script:
-    """Replays scripted draft and target answers, one per round, and records how each was called."""
-
-    def __init__(self, drafts: list[list[int]], targets: list[list[int]]):
-        self.drafts, self.targets = drafts, targets
-        self.draft_calls: list[tuple[list[int], int]] = []
-        self.target_calls: list[tuple[list[int], list[int]]] = []
-
-    def draft(self, tokens, k, round_index):
-        self.draft_calls.append((list(tokens), k))
-        return self.drafts[round_index], None
-
-    def target(self, tokens, draft_tokens, draft_logits, round_index):
-        self.target_calls.append((list(tokens), list(draft_tokens)))
-        return self.targets[round_index]
-
-
-def _speculate(
-    prompt,
-    draft,
-    target,
-    *,
-    max_tokens=100,
-    num_draft_tokens=3,
-    max_seq_len=1000,
-    end_ids=(END,),
-    stop_ids=(),
-    first_token_alone=False,
-    draft_ahead=None,
-    together=one_after_the_other,
-):
-    """One request through the orchestrator's rounds in the loop, as the orchestrator runs it (request.to_job's
-    terms: max_tokens capped to max_seq_len, end ids left out); its events, one per round."""
-    prompt = list(prompt)
-    params = SamplingParams(
-        max_new_tokens=max(min(max_tokens, max_seq_len - len(prompt)), 1), num_draft_tokens=num_draft_tokens
-    )
-    rounds = EngineRounds(
-        draft, target, max_draft_len=4, max_seq_len=max_seq_len, draft_ahead=draft_ahead, together=together
-    )
-    options = {"eos_ids": set(end_ids), "keep_end": False, "stop_sequences": stop_ids}
-    return list(speculate(prompt, params, rounds, first_token_alone=first_token_alone, **options))
-
-
-def _run(script: Script, prompt=(10, 11), **kwargs):
-    return _speculate(prompt, script.draft, script.target, **kwargs)
-
-
-def test_rounds_emit_accepted_plus_one_and_count_accepted_and_bonus_tokens():
-    # round 0: 2 of 3 accepted + recovered 9 (the target's surplus 99 is not this round's output);
-    # round 1: all 3 accepted + bonus 8; round 2: 1 draft (budget), rejected, recovered 30; round 3: plain step
-    script = Script(
-        drafts=[[5, 6, 7], [20, 21, 22], [40, 41, 42]],
-        targets=[[5, 6, 9, 99], [20, 21, 22, 8], [30, 99], [50]],
-    )
-    rounds = _run(script, max_tokens=9)
-    stats = rounds[-1].stats
-    assert [r.new_tokens for r in rounds] == [[5, 6, 9], [20, 21, 22, 8], [30], [50]]
-    assert [(r.num_draft, r.num_accepted) for r in rounds] == [(3, 2), (3, 3), (1, 0), (0, 0)]
-    assert [r.finished for r in rounds] == [False, False, False, True]
-    assert rounds[-1].result.finish_reason == "length"
-    # the target verifies the growing sequence; later rounds draft only what the budget leaves room for
-    assert script.target_calls[1] == ([10, 11, 5, 6, 9], [20, 21, 22])
-    assert script.draft_calls[2] == ([10, 11, 5, 6, 9, 20, 21, 22, 8], 1)
-    assert len(script.draft_calls) == 3 and script.target_calls[3][1] == []
-    assert (stats.drafted, stats.accepted, stats.bonus_tokens, stats.rounds) == (7, 5, 1, 3)
-    assert stats.accepted_length_histogram == [1, 0, 1, 1]
-    assert stats.generated_tokens == 9 and stats.target_forwards == 4
-    assert stats.acceptance_rate == pytest.approx(5 / 7)
-
-
-def test_end_id_stops_without_emitting_it():
-    script = Script(drafts=[[5, 6, 7], [1, 1, 1]], targets=[[5, END, 7, 8], [1, 1, 1, 1]])
-    rounds = _run(script)
-    assert [r.new_tokens for r in rounds] == [[5]]
-    assert rounds[-1].finished and rounds[-1].result.finish_reason == "stop"
-    assert len(script.target_calls) == 1
-
-
-def test_any_id_of_an_eos_list_stops():
-    """Llama 3 Instruct ends at any of [128001, 128008, 128009]; TensorRT-LLM's engines take one end_id."""
-    script = Script(drafts=[[5, 6, 7]], targets=[[5, 6, 42, 8]])
-    rounds = _run(script, end_ids=(END, 42))
-    assert [r.new_tokens for r in rounds] == [[5, 6]] and rounds[-1].result.finish_reason == "stop"
-
-
-def test_the_codec_reads_an_eos_list_from_generation_config(tmp_path, shared_tokenizer_dir):
-    import json
-    import shutil
-
-    tokenizer_dir = tmp_path / "tok"
-    shutil.copytree(shared_tokenizer_dir, tokenizer_dir)
-    codec = TextCodec.from_parameters({"tokenizer_dir": str(tokenizer_dir)})
-    eos = codec.tokenizer.eos_token_id
-    assert codec.end_ids == (eos,) and codec.end_id == eos
-    (tokenizer_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, eos, 9]}))
-    codec = TextCodec.from_parameters({"tokenizer_dir": str(tokenizer_dir)})
-    assert codec.end_ids == (7, eos, 9) and codec.end_id == eos
-    (tokenizer_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 9]}))
-    assert TextCodec.from_parameters({"tokenizer_dir": str(tokenizer_dir)}).end_id == 7
-
-
-def test_stop_sequence_across_rounds_is_emitted_and_stops():
-    # stop word [6, 9]: its first token ends round 0, the second arrives in round 1
-    script = Script(drafts=[[5, 1, 1], [9, 4, 4]], targets=[[5, 6], [9, 4, 4, 4]])
-    rounds = _run(script, stop_ids=[[6, 9]])
-    assert [r.new_tokens for r in rounds] == [[5, 6], [9]]
-    assert rounds[-1].result.finish_reason == "stop"
-
-
-def test_max_tokens_truncates_the_last_round_and_leaves_room_for_the_target_token():
-    script = Script(drafts=[[5, 6, 7], [8]], targets=[[5, 6, 7, 4], [8, 3]])
-    rounds = _run(script, max_tokens=5)
-    assert sum(len(r.new_tokens) for r in rounds) == 5
-    assert [r.new_tokens for r in rounds] == [[5, 6, 7, 4], [8]]
-    assert len(script.draft_calls) == 1  # budget 1: no draft call at all
-    assert script.target_calls[1][1] == []  # a plain target step
-    assert rounds[-1].result.finish_reason == "length"
-
-
-def test_max_seq_len_ends_generation():
-    script = Script(drafts=[[5, 6]], targets=[[5, 6, 7]])
-    rounds = _run(script, prompt=(1, 1, 1), max_seq_len=6)
-    assert [r.new_tokens for r in rounds] == [[5, 6, 7]]
-    assert script.draft_calls[0][1] == 2  # budget 3 leaves 2 draft tokens + the target's own
-    assert rounds[-1].finished and rounds[-1].result.finish_reason == "length"
-
-
-def test_target_without_new_tokens_ends_as_it_cannot_progress():
-    rounds = _run(Script(drafts=[[5, 6, 7]], targets=[[]]))
-    assert len(rounds) == 1 and rounds[0].result.finish_reason == "stop" and rounds[0].new_tokens == []
-
-
-def test_surplus_draft_and_target_tokens_are_ignored():
-    script = Script(drafts=[[5, 6, 7, 8, 9]], targets=[[5, 6, 7, 1, 77, 78]])
-    rounds = _run(script, max_tokens=4)
-    assert rounds[0].new_tokens == [5, 6, 7, 1] and rounds[0].num_draft == 3
-
-
-def test_k_zero_is_plain_target_decoding():
-    script = Script(drafts=[], targets=[[5], [6], [7]])
-    rounds = _run(script, num_draft_tokens=0, max_tokens=3)
-    assert [r.new_tokens for r in rounds] == [[5], [6], [7]] and script.draft_calls == []
-
-
-def test_first_token_alone_takes_round_zero_from_the_target_prefill_then_drafts():
-    script = Script(drafts=[[], [6, 7, 8]], targets=[[5], [6, 7, 9, 99]])  # indexed by round
-    rounds = _run(script, max_tokens=4, first_token_alone=True)
-    stats = rounds[-1].stats
-    assert [r.new_tokens for r in rounds] == [[5], [6, 7, 9]] and rounds[-1].result.finish_reason == "length"
-    assert script.target_calls[0] == ([10, 11], []) and script.draft_calls == [([10, 11, 5], 2)]
-    # the prefill round counts as a target forward, not as a drafting round
-    assert (stats.rounds, stats.target_forwards, stats.drafted, stats.accepted) == (1, 2, 2, 2)
-
-
-def _toy_next(tokens: list[int]) -> int:
-    """A deterministic 'model': the greedy next token of a sequence."""
-    return (sum(tokens) * 7 + len(tokens)) % 50 + 3
-
-
-def _toy_greedy(prompt: list[int], n: int) -> list[int]:
-    out = list(prompt)
-    for _ in range(n):
-        out.append(_toy_next(out))
-    return out[len(prompt) :]
-
-
-def _toy_target(tokens, draft_tokens, draft_logits, round_index):
-    """TensorRT-LLM's answer to a request with draft_input_ids: accepted prefix + one recovered / bonus token."""
-    new, seq = [], list(tokens)
-    for d in draft_tokens:
-        want = _toy_next(seq)
-        if d != want:
-            break
-        new.append(d)
-        seq.append(d)
-    return new + [_toy_next(seq)]
-
-
-def _toy_draft(kind: str):
-    def draft(tokens, k, round_index):
-        if kind == "same_as_target":
-            return _toy_greedy(tokens, k), None
-        if kind == "every_third_wrong":  # right where the sequence length is not a multiple of 3
-            out = list(tokens)
-            for _ in range(k):
-                out.append(_toy_next(out) if len(out) % 3 else 1)
-            return out[len(tokens) :], None
-        return [1] * k, None  # _toy_next never returns 1
-
-    return draft
-
-
-@pytest.mark.parametrize("draft_ahead", [False, True])
-@pytest.mark.parametrize("first_token_alone", [False, True])
-@pytest.mark.parametrize("draft_kind", ["same_as_target", "every_third_wrong", "always_wrong"])
-def test_output_equals_plain_greedy_whatever_the_draft(draft_kind, first_token_alone, draft_ahead):
-    prompt = [4, 9, 12]
-    rounds = _speculate(
-        prompt,
-        _toy_draft(draft_kind),
-        _toy_target,
-        max_tokens=23,
-        num_draft_tokens=4,
-        first_token_alone=first_token_alone,
-        draft_ahead=(lambda: True) if draft_ahead else None,
-    )
-    stats = rounds[-1].stats
-    assert [t for r in rounds for t in r.new_tokens] == _toy_greedy(prompt, 23)
-    expected_rate = {"same_as_target": 1.0, "always_wrong": 0.0}.get(draft_kind)
-    if expected_rate is None:
-        assert 0 < stats.acceptance_rate < 1
-    else:
-        assert stats.acceptance_rate == expected_rate
-    if draft_kind == "same_as_target":  # 5 tokens per round, the last round trimmed to the budget
-        assert [len(r.new_tokens) for r in rounds] == (
-            [1, 5, 5, 5, 5, 2] if first_token_alone else [5] * 4 + [3]
-        )
-
-
-class Recorder:
-    """The toy draft and target, recording each call; ``together`` records that both ran in one call."""
-
-    def __init__(self, kind: str):
-        self.kind_draft = _toy_draft(kind)
-        self.draft_calls: list[tuple[int, int, int]] = []  # (context length, k, round index)
-        self.target_calls = 0
-        self.together_calls = 0
-
-    def draft(self, tokens, k, round_index):
-        self.draft_calls.append((len(tokens), k, round_index))
-        return self.kind_draft(tokens, k, round_index)
-
-    def target(self, tokens, draft_tokens, draft_logits, round_index):
-        self.target_calls += 1
-        return _toy_target(tokens, draft_tokens, draft_logits, round_index)
-
-    def together(self, first, second):
-        self.together_calls += 1
-        return first(), second()
-
-
-def _ahead_run(rec: Recorder, ahead=lambda: True, **kwargs):
-    options = dict(max_tokens=12, num_draft_tokens=3, max_seq_len=1000, first_token_alone=True) | kwargs
-    return _speculate([4, 9, 12], rec.draft, rec.target, draft_ahead=ahead, together=rec.together, **options)
-
-
-def test_draft_ahead_replaces_the_next_draft_call_when_the_draft_and_its_bonus_guess_are_accepted():
-    rec = Recorder("same_as_target")
-    rounds = _ahead_run(rec)
-    assert [t for r in rounds for t in r.new_tokens] == _toy_greedy([4, 9, 12], 12)
-    # round 0 (the prefill) drafts nothing ahead (it would slow the first token); round 1 drafts K = 3 itself and
-    # K + 1 = 4 ahead for round 2 (with round 2's seed), whose guess is right, and so on; the last round (budget 3)
-    # has no room for a next one and drafts nothing ahead
-    assert [len(r.new_tokens) for r in rounds] == [1, 4, 4, 3]
-    assert rec.draft_calls == [(4, 3, 1), (8 - 1, 4, 2), (12 - 1, 4, 3)]
-    assert rec.target_calls == 4 and rec.together_calls == 2
-
-
-def test_draft_ahead_that_misses_falls_back_to_a_fresh_draft_from_the_verified_tokens():
-    rec = Recorder("always_wrong")
-    rounds = _ahead_run(rec)
-    assert [t for r in rounds for t in r.new_tokens] == _toy_greedy([4, 9, 12], 12)
-    ahead = [c for c in rec.draft_calls if c[1] == 4]
-    fresh = [c for c in rec.draft_calls if c[1] < 4]
-    # every round after the prefill drafts afresh from the verified sequence (one token longer each round)
-    assert [length for length, _, _ in fresh] == list(range(4, 4 + len(fresh)))
-    assert len(fresh) == sum(1 for r in rounds if r.num_draft)
-    assert len(ahead) == rec.together_calls > 0
-
-
-@pytest.mark.parametrize("ahead", [None, lambda: False])
-def test_no_draft_ahead_when_off_or_while_other_requests_run(ahead):
-    rec = Recorder("same_as_target")
-    rounds = _ahead_run(rec, ahead=ahead)
-    assert [t for r in rounds for t in r.new_tokens] == _toy_greedy([4, 9, 12], 12)
-    assert rec.together_calls == 0 and all(k <= 3 for _, k, _ in rec.draft_calls)
-
-
-@pytest.mark.parametrize("first_token_alone", [False, True])
-@pytest.mark.parametrize("max_seq_len", range(9, 19))
-def test_draft_ahead_stays_within_max_seq_len(max_seq_len, first_token_alone):
-    rec = Recorder("same_as_target")
-    rounds = _ahead_run(rec, max_seq_len=max_seq_len, max_tokens=100, first_token_alone=first_token_alone)
-    assert all(length + k <= max_seq_len for length, k, _ in rec.draft_calls)
-    assert rounds[-1].result.finish_reason == "length"
-    assert 3 + sum(len(r.new_tokens) for r in rounds) == max_seq_len
-
-
-def test_no_draft_ahead_without_drafts():
-    rec = Recorder("same_as_target")
-    _ahead_run(rec, num_draft_tokens=0)
-    assert rec.draft_calls == [] and rec.together_calls == 0
-
-
-def test_draft_ahead_passes_the_guess_logits_on_to_the_next_verification():
-    vocab = 60
-    verified_logits = []
-
-    def draft(tokens, k, round_index):
-        ids = _toy_greedy(tokens, k)
-        logits = np.zeros((k, vocab), dtype=np.float32)
-        logits[np.arange(k), ids] = 1.0  # one-hot rows, so each row names its token
-        return ids, logits
-
-    def target(tokens, draft_tokens, draft_logits, round_index):
-        if draft_tokens:
-            verified_logits.append((list(draft_tokens), draft_logits.argmax(-1).tolist()))
-        return _toy_target(tokens, draft_tokens, draft_logits, round_index)
-
-    _speculate(
-        [4, 9, 12],
-        draft,
-        target,
-        max_tokens=12,
-        max_seq_len=100,
-        first_token_alone=True,
-        draft_ahead=lambda: True,
-    )
-    assert verified_logits and all(ids == rows for ids, rows in verified_logits)
-
 
 # ------------------------------------------------------------------ request validation
 
@@ -437,8 +114,9 @@ def test_engines_get_top_k_1_for_greedy_requests_and_the_sampling_values_otherwi
     """TensorRT-LLM divides logits by (temperature + 1e-6): greedy goes as top_k = 1, as upstream's clients send it."""
     from trtspec.triton_repo.models import orchestrator
 
-    req = parse_request(_inputs(text_input="def", max_tokens=4, **sampling), LIMITS)
-    inputs = orchestrator.EngineClient("t", "d", req, end_id=2, pad_id=3)._common([5, 6], 3, 0)
+    params = parse_request(_inputs(text_input="def", max_tokens=4, **sampling), LIMITS).params
+    call = Call(params.greedy, params.temperature, params.top_k, params.top_p, None, EngineStops(2, 3))
+    inputs = orchestrator.BlsCalls._inputs([5, 6], 3, call)
     knobs = {
         k: inputs[k].reshape(-1)[0].item()
         for k in ("temperature", "runtime_top_k", "runtime_top_p")
@@ -499,10 +177,10 @@ def test_text_codec_reads_the_model_parameters_and_applies_them(shared_tokenizer
     assert keep.max_input_len is None and tokenizer.eos_token in keep.decode([tokenizer.eos_token_id])
 
 
-def test_cpu_threads_auto_shares_the_cores_among_the_model_processes_and_is_at_least_one():
-    assert [cpu_threads("auto", n) for n in (1, 2, 3, 16)] == [1, 1, 1, 8]  # the harness: two engine models
-    assert [cpu_threads("auto", n, models=1) for n in (1, 2, 16)] == [1, 2, 16]  # the torch runtime: one
-    assert cpu_threads("3", 16) == 3 and cpu_threads(" AUTO ", 4) == 2
+def test_cpu_threads_auto_takes_every_core_and_is_at_least_one():
+    # one process runs the draft and the target one after the other
+    assert [cpu_threads("auto", n) for n in (0, 1, 2, 16)] == [1, 1, 2, 16]
+    assert cpu_threads("3", 16) == 3 and cpu_threads(" AUTO ", 4) == 4 and cpu_threads("0") == 1
     assert cpu_threads("auto") >= 1
 
 
@@ -818,7 +496,7 @@ def test_outbox_raises_a_failed_send_in_the_request_thread():
 class _Codec:
     """The orchestrator's TextCodec, reduced to what _generate uses: every prompt is [5, 6], one char per id."""
 
-    end_id, pad_id, end_ids = 2, 3, (2,)
+    eos_id, end_id, pad_id, end_ids = 2, 2, 3, (2,)
 
     def encode(self, text):
         return [5, 6]
@@ -864,27 +542,6 @@ def test_seeded_sampled_requests_are_never_drafted_ahead(monkeypatch, sampling, 
         model._whole(parse_request(_inputs(**fields), LIMITS))
     assert draft_lens and max(draft_lens) <= 3  # K = 2, or K + 1 ahead (the last round drafts what is left)
     assert (3 in draft_lens) == ahead
-
-
-def test_draft_and_target_get_different_seeds_in_a_round_and_new_ones_each_round(monkeypatch):
-    from trtspec.triton_repo.models import orchestrator
-
-    calls = []
-
-    def fake_bls(model, inputs, outputs):
-        calls.append((model, int(inputs["seed"].reshape(-1)[0])))
-        ids = np.asarray(inputs["input_ids"])
-        return {"output_ids": ids, "sequence_length": np.array([[ids.shape[1]]])}
-
-    monkeypatch.setattr(orchestrator.io, "bls", fake_bls)
-    req = parse_request(_inputs(text_input="def", max_tokens=4, temperature=0.8, seed=7), LIMITS)
-    engines = orchestrator.EngineClient("target", "draft", req, end_id=2, pad_id=3)
-    for round_index in (0, 1):
-        engines.draft_fn([5, 6], 2, round_index)
-        engines.target_fn([5, 6], [7, 8], None, round_index)
-    (_, d0), (_, t0), (_, d1), (_, t1) = calls
-    assert [m for m, _ in calls] == ["draft", "target"] * 2
-    assert len({d0, t0, d1, t1}) == 4 and t0 == 7 and t1 == 8
 
 
 def _orchestrator(**settings):
@@ -968,10 +625,10 @@ def test_the_orchestrator_runs_an_adaptive_request_through_the_loop_with_greedy_
         n = int(np.asarray(inputs["request_output_len"]).reshape(-1)[0])
         if model == "d":
             draft_ks.append(n)
-            new, _ = _toy_draft("every_third_wrong")(tokens, n, 0)
+            new, _ = toy_draft("every_third_wrong")(tokens, n, 0)
         else:
             drafts = inputs.get("draft_input_ids")
-            new = _toy_target(
+            new = toy_target(
                 tokens, [] if drafts is None else np.asarray(drafts).reshape(-1).tolist(), None, 0
             )
         ids = np.array([tokens + new], dtype=np.int32)
@@ -985,56 +642,42 @@ def test_the_orchestrator_runs_an_adaptive_request_through_the_loop_with_greedy_
     req = parse_request(_inputs(text_input="def", max_tokens=30), limits)
     assert req.params.num_draft_tokens is None
     _, ids, stats = model._whole(req)
-    assert ids == _toy_greedy([5, 6], 30)
+    assert ids == toy_greedy([5, 6], 30)
     assert 0 < stats.acceptance_rate < 1 and stats.max_draft_len == 4
     assert len(set(draft_ks)) >= 2  # K changed from round to round
     assert len([k for k, n in enumerate(stats.num_draft_histogram) if n]) >= 2
 
 
-def test_a_padded_vocab_drafts_logits_reach_the_target_model_padded(
-    monkeypatch, tmp_path, shared_tokenizer_dir
-):
-    """Qwen2.5's pair behind the engine models' tensor interface: the draft model returns its own 336 rows; the
-    target model (as TensorRT-LLM) takes only its own 352, so the orchestrator pads them with -inf."""
-    from tiny_models import make_model
-
-    from trtspec.engines.steps import StepModel
+def test_engine_calls_speak_the_tensorrt_llm_tensor_interface(monkeypatch):
+    """BlsCalls: a draft call asks for request_output_len = K (and generation logits [1, 1, K, V], read back as
+    [K, V]); a verification sends draft_input_ids and draft_logits [1, K, V]; both send end_id, pad_id, the stop
+    words in TensorRT-LLM's [1, 2, N] layout and the call's seed; ids beyond sequence_length are padding."""
     from trtspec.triton_repo.models import orchestrator
-    from trtspec.triton_repo.models.engine import TorchEngine
 
-    opts = dict(
-        tokenizer_dir=shared_tokenizer_dir, hidden_size=32, num_attention_heads=2, intermediate_size=64
-    )
-    engines = {
-        role: TorchEngine(
-            StepModel.from_pretrained(make_model(tmp_path / role, "llama", vocab_size=rows, **opts)), role
-        )
-        for role, rows in (("target", 352), ("draft", 336))
-    }
+    sent = []
 
     def bls(model, inputs, outputs):
-        ids, logits = engines[model].run(inputs)
-        out = {"output_ids": np.array([[ids]]), "sequence_length": np.array([[len(ids)]])}
-        return out | ({} if logits is None else {"generation_logits": logits[None, None]})
+        sent.append((model, inputs, outputs))
+        tokens = np.asarray(inputs["input_ids"]).reshape(-1).tolist()
+        n = int(np.asarray(inputs["request_output_len"]).reshape(-1)[0])
+        ids = np.array([tokens + [9] * n + [2, 2]], dtype=np.int32)  # padded past sequence_length
+        out = {"output_ids": ids, "sequence_length": np.array([[len(tokens) + n]])}
+        return out | ({"generation_logits": np.ones((1, 1, n, 6), np.float32)} if model == "d" else {})
 
     monkeypatch.setattr(orchestrator.io, "bls", bls)
-    limits = Limits(max_draft_len=4, num_draft_tokens=3, max_seq_len=128, use_draft_logits=True)
-    req = parse_request(_inputs(text_input="def", max_tokens=8, temperature=0.9, seed=1), limits)
-    padded = orchestrator.EngineClient(
-        "target", "draft", req, end_id=2, pad_id=3, vocab_rows={"target": 352, "draft": 336}
+    calls = orchestrator.BlsCalls("t", "d", {"target": 8, "draft": 6})
+    call = Call(False, 0.5, 0, 1.0, 11, EngineStops(2, 3, ((4,), (5,))))
+    (draft,) = calls.propose([[1, 7]], 3, call, True)
+    assert draft.tokens == [9, 9, 9] and tuple(draft.logits.shape) == (3, 6)
+    assert calls.verify([[1, 7]], [[9, 9]], [np.zeros((2, 8))], 3, call) == [[9, 9, 9]]
+    (_, d_in, d_out), (_, t_in, t_out) = sent
+    assert d_out == ["output_ids", "sequence_length", "generation_logits"] and bool(
+        d_in["return_generation_logits"]
     )
-    tokens, logits = padded.draft_fn([1, 40, 41], 3, 0)
-    assert logits.shape == (3, 336)
-    # A padding row the target sampled (340) reaches the draft as its own last row, which it can embed.
-    assert len(padded.draft_fn([1, 40, 340, 41], 2, 1)[0]) == 2
-    with pytest.raises(RequestError, match=r"outside the vocabulary \[0, 336\)"):
-        unmapped = orchestrator.EngineClient("target", "draft", req, end_id=2, pad_id=3)
-        unmapped.draft_fn([1, 40, 340, 41], 2, 1)
-    new = padded.target_fn([1, 40, 41], tokens, logits, 0)
-    assert 1 <= len(new) <= 4
-    unpadded = orchestrator.EngineClient("target", "draft", req, end_id=2, pad_id=3)
-    with pytest.raises(RequestError, match="draft_logits has 336 columns; the target has 352 vocab rows"):
-        unpadded.target_fn([1, 40, 41], tokens, logits, 0)
+    assert t_in["draft_input_ids"].tolist() == [[9, 9]] and t_in["draft_logits"].shape == (1, 2, 8)
+    for inputs in (d_in, t_in):
+        assert (int(inputs["end_id"]), int(inputs["pad_id"]), int(inputs["seed"])) == (2, 3, 11)
+        assert inputs["stop_words_list"].tolist() == [[[4, 5], [1, 2]]]
 
 
 # ---------------------------------------------------------------- the torch runtime's entry model (inflight.py)
@@ -1147,10 +790,10 @@ def test_a_request_becomes_loop_params_capped_at_max_seq_len_with_its_own_end_id
     prompt, params, options = to_job(parse_request(fields, LIMITS), codec, LIMITS)
     assert prompt == codec.encode("def f(x):")
     assert params.max_new_tokens == LIMITS.max_seq_len - len(prompt) and params.num_draft_tokens == 2
-    assert params.greedy and options["eos_ids"] == {2, 7} and options["keep_end"] is False
+    assert params.greedy and options["eos_ids"] == (2, 7) and options["keep_end"] is False
     fields |= {"end_id": np.array([9]), "stop_words": np.array([b"return"])}
     _, _, options = to_job(parse_request(fields, LIMITS), codec, LIMITS)
-    assert options["eos_ids"] == {9} and options["stop_sequences"] == codec.stop_ids(["return"])
+    assert options["eos_ids"] == (9,) and options["stop_sequences"] == codec.stop_ids(["return"])
 
 
 def test_a_repository_without_adaptive_k_parameters_gets_the_policy_defaults():

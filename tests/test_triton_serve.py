@@ -1,9 +1,11 @@
 """A real tritonserver (CPU, nvidia-pytriton's) on a torch-runtime repository of the tiny pair, one for the module:
-gRPC and HTTP, streaming and not, greedy output equal to HF greedy of the target, concurrency, bad requests."""
+gRPC and HTTP, streaming and not, greedy output equal to HF greedy of the target, both entry names (upstream's
+`tensorrt_llm_bls` and `ensemble`), concurrency, bad requests."""
 
 from __future__ import annotations
 
 import json
+import queue
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -28,8 +30,8 @@ def server(tiny_pair, tmp_path_factory):
         yield srv
 
 
-def http_generate(server, body: dict, stream: bool = False):
-    url = f"http://{server.ports.http_url}/v2/models/{MODEL}/generate" + ("_stream" if stream else "")
+def http_generate(server, body: dict, stream: bool = False, model: str = MODEL):
+    url = f"http://{server.ports.http_url}/v2/models/{model}/generate" + ("_stream" if stream else "")
     req = urllib.request.Request(url, data=json.dumps(body).encode())
     try:
         with urllib.request.urlopen(req, timeout=60) as resp:
@@ -150,17 +152,48 @@ def test_bad_requests_get_clear_client_errors_and_the_server_keeps_serving(serve
 
 
 def test_wrong_dtype_is_rejected(server):
-    import tritonclient.http as httpclient
-    from tritonclient.utils import InferenceServerException
+    import tritonclient.grpc as grpcclient
 
-    # Triton checks dtypes before any model runs; plain HTTP infer reaches the non-decoupled preprocessing.
-    bad = httpclient.InferInput("END_ID", [1, 1], "FP32")
-    bad.set_data_from_numpy(np.array([[4.0]], dtype=np.float32))
-    text = httpclient.InferInput("QUERY", [1, 1], "BYTES")
+    # Triton checks dtypes before the model runs: the error comes back on the stream, the server keeps serving.
+    text = grpcclient.InferInput("text_input", [1, 1], "BYTES")
     text.set_data_from_numpy(np.array([[b"def"]], dtype=object))
-    with (
-        httpclient.InferenceServerClient(server.ports.http_url) as client,
-        pytest.raises(InferenceServerException) as err,
-    ):
-        client.infer("preprocessing", [text, bad])
-    assert "FP32" in str(err.value) and "INT32" in str(err.value)
+    bad = grpcclient.InferInput("max_tokens", [1, 1], "FP32")
+    bad.set_data_from_numpy(np.array([[4.0]], dtype=np.float32))
+    errors: queue.Queue = queue.Queue()
+    with grpcclient.InferenceServerClient(server.ports.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: errors.put(error))
+        client.async_stream_infer(MODEL, [text, bad])
+        error = errors.get(timeout=60)
+        client.stop_stream()
+    assert error is not None and "FP32" in str(error) and "INT32" in str(error)
+    assert http_generate(server, {"text_input": "def", "max_tokens": 2})[0] == 200
+
+
+def test_clients_written_for_upstreams_ensemble_get_the_entry_models_answers(server, reference):
+    """`ensemble`, the model upstream's clients call by default (end_to_end_grpc_client.py, the generate endpoint
+    in its docs, genai-perf -m ensemble): the entry model's answers, streamed or not, ids and metrics included."""
+    prompt, want_ids = PROMPTS[3], reference(PROMPTS[3], 12, with_ids=True)[1]
+    for stream in (True, False):
+        answers = {}
+        for model in (MODEL, "ensemble"):
+            ids = []
+            pieces, metrics = grpc_stream(
+                server, prompt, ids, model=model, stream=stream, return_perf_metrics=True, num_draft_tokens=3
+            )
+            answers[model] = (pieces, ids, metrics)
+        assert answers["ensemble"] == answers[MODEL]
+        pieces, ids, metrics = answers["ensemble"]
+        assert "".join(pieces) == reference(prompt, 12) and sum(ids, []) == want_ids
+        assert len([p for p in pieces if p]) > 1 if stream else len(pieces) == 1
+        assert metrics["total_draft_tokens"] > 0
+    # genai-perf's tensorrtllm request (text_input, max_tokens, stream) and the generate endpoints
+    body = {"text_input": prompt, "max_tokens": 12, "stop_words": ""}
+    status, raw = http_generate(server, body, model="ensemble")
+    assert status == 200, raw
+    assert json.loads(raw)["text_output"] == reference(prompt, 12)
+    status, raw = http_generate(server, body | {"stream": True}, stream=True, model="ensemble")
+    assert status == 200, raw
+    events = [json.loads(line[len("data: ") :]) for line in raw.splitlines() if line.startswith("data: ")]
+    assert "".join(e.get("text_output", "") for e in events) == reference(prompt, 12)
+    status, raw = http_generate(server, {"text_input": "", "max_tokens": 4}, model="ensemble")
+    assert status == 400 and "text_input is empty" in raw, raw

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from trtspec.builders import trtllm_adapter as A
+from trtspec.builders.trtllm_build import build_engines
+from trtspec.core.trtllm import tensorrt_llm_location
+from trtspec.engines.trtllm_engine import sampling_kwargs
 from trtspec.core.errors import CheckpointError, ModelError, NeedsTensorRTLLM, RequestError
 from trtspec.engines.sampling import SamplingParams
 from trtspec.engines.trtllm_runner import TrtllmSpeculativeRunner
@@ -254,7 +256,7 @@ def test_pair_checks_happen_before_loading(fake_trtllm, tmp_path, tiny_pair):
 
 
 def test_without_tensorrt_llm_it_says_so(engines):
-    assert A.tensorrt_llm_location() is None
+    assert tensorrt_llm_location() is None
     with pytest.raises(
         NeedsTensorRTLLM, match="^running TensorRT engines needs tensorrt_llm .*run inside nvcr"
     ) as err:
@@ -311,7 +313,7 @@ def test_engines_from_the_build_run_through_from_recipe(fake_trtllm, tmp_path, t
         (ckpt / "rank0.safetensors").write_bytes(b"\0" * 8)
         facts[role] = (ckpt, P.read_checkpoint_config(ckpt))
     plan = P.make_build_plan(recipe, facts, {r: root / r / "engine" for r in P.ROLES})
-    A.build_engines(list(plan.engines()), tmp_path / "build.log")
+    build_engines(list(plan.engines()), tmp_path / "build.log")
 
     runner = TrtllmSpeculativeRunner.from_recipe(recipe, tmp_path / "engines")
     assert (runner.max_draft_len, runner.max_seq_len, runner.max_batch_size) == (3, 48, 2)
@@ -324,14 +326,14 @@ def test_engines_from_the_build_run_through_from_recipe(fake_trtllm, tmp_path, t
 
 
 def test_sampling_kwargs():
-    assert A.sampling_kwargs(0.0, 50, 0.9, 3) == {
+    assert sampling_kwargs(0.0, 50, 0.9, 3) == {
         "temperature": 1.0,
         "top_k": 1,
         "top_p": 0.0,
         "num_beams": 1,
         "random_seed": 3,
     }
-    assert A.sampling_kwargs(0.7, 0, 1.0, None) == {
+    assert sampling_kwargs(0.7, 0, 1.0, None) == {
         "temperature": 0.7,
         "top_k": 0,
         "top_p": 1.0,

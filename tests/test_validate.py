@@ -30,7 +30,7 @@ def recipe_path(tiny_pair, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def engine_and_reference(recipe_path):
     from trtspec.recipe import load_recipe
-    from trtspec.validate.commands import SystemOptions, open_reference, open_system
+    from trtspec.validate.inputs import SystemOptions, open_reference, open_system
 
     recipe = load_recipe(recipe_path)
     reference = open_reference(recipe, SystemOptions())
@@ -98,7 +98,7 @@ def test_engine_matches_reference_and_control(engine_and_reference):
 
 def test_validate_defaults_to_adaptive_k_unless_the_recipe_pins_one(runner, tiny_pair, tmp_path, monkeypatch):
     """As deploy writes it: no speculative.num_draft_tokens, no --num-draft-tokens -> None (adaptive K)."""
-    import trtspec.validate.commands as commands
+    import trtspec.validate.run_validate as commands
     import trtspec.validate.validation as validation
 
     seen = []
@@ -128,7 +128,7 @@ def test_validate_defaults_to_adaptive_k_unless_the_recipe_pins_one(runner, tiny
 
 
 def test_planted_mismatch_fails_with_first_divergence(engine_and_reference, tmp_path):
-    from trtspec.validate.commands import report_validation
+    from trtspec.validate.run_validate import report_validation
     from trtspec.validate.validation import Thresholds, run_validation
 
     system, reference = engine_and_reference
@@ -207,7 +207,7 @@ def test_cli_bad_prompt_file_is_a_usage_error(runner, recipe_path, tmp_path):
 def test_prompts_that_do_not_fit_the_limits_fail_before_any_model_loads(
     runner, recipe_path, tmp_path, monkeypatch
 ):
-    import trtspec.validate.commands as commands
+    import trtspec.validate.run_validate as commands
 
     def no_system(*args, **kwargs):
         raise AssertionError("a system was opened before the prompt lengths were checked")

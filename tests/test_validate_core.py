@@ -173,7 +173,7 @@ def test_common_prefix_len():
 def test_endpoint_response_collects_output_ids_per_piece():
     import numpy as np
 
-    from trtspec.validate.endpoint import EndpointResponse
+    from trtspec.validate.triton_client import EndpointResponse
 
     text_only = EndpointResponse(pieces=[(0.1, "ab")])
     assert text_only.token_ids is None and text_only.id_pieces is None
@@ -190,7 +190,8 @@ def test_endpoint_response_collects_output_ids_per_piece():
 def test_a_triton_system_is_adaptive_where_the_entry_model_says_so(monkeypatch):
     """bench measures adaptive K over Triton when a request without K gets it: the entry model's num_draft_tokens
     parameter is "adaptive" (deploy writes that unless the recipe pins a K)."""
-    from trtspec.validate.endpoint import TritonClient, TritonSystem
+    from trtspec.validate.triton_client import TritonClient
+    from trtspec.validate.triton_system import TritonSystem
 
     monkeypatch.setattr(TritonClient, "check_ready", lambda self: None)
     monkeypatch.setattr(TritonClient, "resolve", lambda self: None)

@@ -76,7 +76,7 @@ def test_validate_over_grpc_and_http(runner, served, tmp_path):
 
 def test_planted_mismatch_over_triton(served):
     from trtspec.recipe import load_recipe
-    from trtspec.validate.commands import SystemOptions, open_reference, open_system
+    from trtspec.validate.inputs import SystemOptions, open_reference, open_system
     from trtspec.validate.prompts import load_prompts
     from trtspec.validate.validation import Thresholds, run_validation
 
@@ -142,7 +142,7 @@ def test_bench_over_grpc_small_sweep(runner, served, tmp_path):
 
 def test_unreachable_url_is_a_clear_error(runner, served):
     from trtspec.triton_repo.server import free_ports
-    from trtspec.validate.endpoint import TritonClient
+    from trtspec.validate.triton_client import TritonClient
 
     (port,) = free_ports(1)
     with pytest.raises(ServerError, match="cannot reach Triton"):
@@ -179,7 +179,7 @@ def test_validate_chat_prompts_over_grpc(runner, served, tiny_pair, tmp_path):
 
 def test_the_entry_models_parameters_over_grpc_and_http(served):
     """What bench reads to know a request without K gets adaptive K (deploy wrote the recipe's unpinned K)."""
-    from trtspec.validate.endpoint import TritonClient
+    from trtspec.validate.triton_client import TritonClient
 
     _, server = served
     for url in (server.ports.grpc_url, f"http://{server.ports.http_url}"):
@@ -188,7 +188,7 @@ def test_the_entry_models_parameters_over_grpc_and_http(served):
 
 
 def test_a_grpc_client_thread_keeps_its_connection_and_replaces_it_after_an_error(served):
-    from trtspec.validate.endpoint import TritonClient
+    from trtspec.validate.triton_client import TritonClient
 
     _, server = served
     client = TritonClient(server.ports.grpc_url, "grpc")

@@ -281,3 +281,27 @@ def make_family_pair(out_dir: Path, family: str, seed: int = 0) -> tuple[Path, P
             ).save_pretrained(path)
         dirs.append(path)
     return dirs[0], dirs[1]
+
+
+def steer_to_eos(target: Path, out: Path, eos_id: int, prompt: list[int]) -> Path:
+    """A copy of ``target`` whose greedy continuation of ``prompt`` ends at ``eos_id``: its output row becomes 1.5x
+    the row of a token greedy picks with a positive logit, so eos outscores that token wherever it would win."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    shutil.copytree(target, out)
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(8):
+            logits = model(torch.tensor([ids])).logits[0, -1]
+            token = int(logits.argmax())
+            if len(ids) - len(prompt) >= 2 and logits[token] > 0 and token > eos_id:
+                weight = model.get_output_embeddings().weight
+                weight[eos_id] = 1.5 * weight[token]
+                model.save_pretrained(out)
+                return out
+            ids.append(token)
+    raise AssertionError(f"{target}: no greedy token to steer to {eos_id}")

@@ -27,15 +27,12 @@ def running_server(repo: Path, log_path: Path, timeout_s: float = 180.0):
         server.stop()
 
 
-def deploy_tiny_repo(tiny_pair: tuple[Path, Path], out: Path, harness: bool = False, **triton) -> Path:
-    """The tiny pair (conftest) as a torch-runtime repository at ``out``, K <= 4, prompts <= 64 tokens;
-    ``harness``: the orchestrator over torch engine models instead (values.plan_models); ``triton``: its
-    triton section."""
+def tiny_recipe(tiny_pair: tuple[Path, Path], **triton):
+    """The tiny pair (conftest) as a recipe, K <= 4, prompts <= 64 tokens; ``triton``: its triton section."""
     from trtspec.recipe import recipe_from_dict
-    from trtspec.triton_repo.deploy import deploy
 
     target, draft = tiny_pair
-    recipe = recipe_from_dict(
+    return recipe_from_dict(
         {
             "name": "tiny",
             "target": {"model": str(target)},
@@ -45,7 +42,13 @@ def deploy_tiny_repo(tiny_pair: tuple[Path, Path], out: Path, harness: bool = Fa
             "triton": triton,
         }
     )
-    deploy(recipe, "torch", out, harness=harness)
+
+
+def deploy_tiny_repo(tiny_pair: tuple[Path, Path], out: Path, **triton) -> Path:
+    """tiny_recipe's torch-runtime repository at ``out``."""
+    from trtspec.triton_repo.deploy import deploy
+
+    deploy(tiny_recipe(tiny_pair, **triton), "torch", out)
     return out
 
 
@@ -133,8 +136,11 @@ def _inputs(client_mod, prompt, max_tokens=12, **extra):
     return tensors
 
 
-def grpc_stream(server, prompt, chunk_ids: list | None = None, **extra) -> tuple[list[str], dict]:
-    """Text pieces and metrics of one gRPC stream; ``chunk_ids`` collects each response's output_ids."""
+def grpc_stream(
+    server, prompt, chunk_ids: list | None = None, model: str = MODEL, **extra
+) -> tuple[list[str], dict]:
+    """Text pieces and metrics of one gRPC stream to ``model``; ``chunk_ids`` collects each response's
+    output_ids."""
     import tritonclient.grpc as grpcclient
 
     results: queue.Queue = queue.Queue()
@@ -142,7 +148,7 @@ def grpc_stream(server, prompt, chunk_ids: list | None = None, **extra) -> tuple
     with grpcclient.InferenceServerClient(server.ports.grpc_url) as client:
         client.start_stream(callback=lambda result, error: results.put((result, error)))
         client.async_stream_infer(
-            MODEL, _inputs(grpcclient, prompt, **extra), enable_empty_final_response=True
+            model, _inputs(grpcclient, prompt, **extra), enable_empty_final_response=True
         )
         while True:
             result, error = results.get(timeout=60)

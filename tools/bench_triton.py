@@ -7,7 +7,7 @@ served by a real tritonserver on free loopback ports. Two measurements, each alt
     trtspec.engines.SpeculativeEngine with the dtype / device / slots / max_seq_len and, on cpu, the torch threads
     (triton.cpu_threads) the torch runtime's entry model uses, so the only difference is Triton (gRPC, the python
     model, its loop and sending threads); then a streaming gRPC request to tensorrt_llm_bls
-    (trtspec.validate.endpoint.TritonClient). Goals: tokens/s ratio >= 0.95, and Triton's streaming time to first
+    (trtspec.validate.triton_client.TritonClient). Goals: tokens/s ratio >= 0.95, and Triton's streaming time to first
     token within one round (compared with the engine's first round, which includes the prompt's prefill).
   - concurrency N (default 8): the in-process engine generating N prompts as one batch, against N concurrent
     streaming gRPC requests that join Triton's running batch (in-flight batching), sent by N client threads
@@ -64,15 +64,15 @@ def parse_args(argv):
 
 
 def load_engine(recipe):
-    """The in-process engine configured like the torch runtime's engine models (values.torch_engine_values)."""
+    """The in-process engine configured like the torch runtime's entry model (values.in_process_values)."""
     import torch
 
     from trtspec.engines.engine import SpeculativeEngine
     from trtspec.recipe import torch_runtime_dtype
-    from trtspec.triton_repo.models.engine import cpu_threads
+    from trtspec.triton_repo.models.cores import cpu_threads
 
     if recipe.triton.device == "cpu":
-        torch.set_num_threads(cpu_threads(str(recipe.triton.cpu_threads), models=1))
+        torch.set_num_threads(cpu_threads(str(recipe.triton.cpu_threads)))
 
     return SpeculativeEngine.from_pretrained(
         recipe.target.model,
@@ -201,7 +201,7 @@ def main(argv=None) -> None:
     from trtspec.recipe import load_recipe, torch_runtime_dtype
     from trtspec.triton_repo.deploy import deploy
     from trtspec.triton_repo.server import Ports, TritonServer, free_ports
-    from trtspec.validate.endpoint import TritonClient
+    from trtspec.validate.triton_client import TritonClient
 
     args = parse_args(argv)
     recipe = load_recipe(args.recipe)

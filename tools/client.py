@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Send prompts to a running trtspec Triton endpoint (`trtspec serve REPO`) and print the text and the
-acceptance metrics. A thin command line over trtspec.validate.endpoint.TritonClient (the one Triton client).
+acceptance metrics. A thin command line over trtspec.validate.triton_client.TritonClient (the one Triton client).
 
     python tools/client.py --url 127.0.0.1:8001 --protocol grpc --stream --max-tokens 64 --num-draft-tokens 4 \\
         "def fibonacci(n):"
@@ -17,7 +17,7 @@ import socket
 import sys
 
 from trtspec.core.errors import ServerError, TrtspecError
-from trtspec.validate.endpoint import EndpointResponse, TritonClient
+from trtspec.validate.triton_client import EndpointResponse, TritonClient
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

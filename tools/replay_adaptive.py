@@ -42,7 +42,7 @@ import torch
 from trtspec.builders.align_report import draft_matches
 from trtspec.engines.adaptive import AdaptiveState, KController, KPolicy, group_k, policy_for
 from trtspec.recipe import DEMO_RECIPE, load_recipe
-from trtspec.validate.commands import load_requests
+from trtspec.validate.inputs import load_requests
 
 
 def traces(recipe, max_tokens: int) -> list[list[bool]]:

@@ -7,7 +7,7 @@ a list of ``{"role", "content"}`` messages rendered with ``tokenizer.apply_chat_
 add_generation_prompt=True)`` and encoded with ``add_special_tokens=False``: templates write the BOS text
 themselves, and the tokenizer adding its own would give the model two.
 
-``encode_prompt`` also returns the ``text_input`` to send a Triton server, whose preprocessing encodes raw text
+``encode_prompt`` also returns the ``text_input`` to send a Triton server, whose entry model encodes raw text
 with the tokenizer's special tokens (upstream's default, unchanged here): for a chat prompt, the rendered text
 without the leading special-token text that the tokenizer adds again, so the server sees the same ids.
 """

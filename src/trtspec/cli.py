@@ -1,18 +1,22 @@
-"""The ``trtspec`` command line: one Click group, thin commands (options -> spec -> one call).
+"""The ``trtspec`` command line: one Click group, thin commands (options -> spec -> one call -> views).
 
 Heavy libraries (torch, transformers, modelopt, tritonclient) are imported inside the commands so that
 ``trtspec --help`` starts instantly. Every option can also come from a ``TRTSPEC_<COMMAND>_<PARAMETER>``
 environment variable (its exact name is shown in ``--help``); the recipe argument reads ``TRTSPEC_RECIPE``.
+What a command returns is shown by trtspec/views.py.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import inspect
 import io
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import click
@@ -20,6 +24,8 @@ import click
 from trtspec import __version__
 from trtspec.core import layout
 from trtspec.core.errors import TrtspecError
+from trtspec.validate.inputs import SystemOptions
+from trtspec.validate.validation import Thresholds
 
 
 @dataclass
@@ -88,8 +94,46 @@ class CliError(click.ClickException):
             click.echo(self.detail, err=True)
 
 
-recipe_argument = click.argument("recipe", envvar="TRTSPEC_RECIPE", default="demo", metavar="RECIPE")
+def options(*decorators: Callable) -> Callable:
+    """One decorator applying Click ``decorators`` so they appear in --help in the order given."""
+
+    def apply(func):
+        for decorator in reversed(decorators):
+            func = decorator(func)
+        return func
+
+    return apply
+
+
+def spec_group(argument: str, spec_type: type, *decorators: Callable) -> Callable:
+    """``decorators`` (Click options named like ``spec_type``'s fields) whose values reach the command as one
+    ``spec_type`` built by keyword, in its parameter ``argument``."""
+    names = {f.name for f in dataclasses.fields(spec_type)}
+
+    def decorate(func):
+        @functools.wraps(func)
+        def command(*args, **kwargs):
+            values = {name: kwargs.pop(name) for name in names & kwargs.keys()}
+            return func(*args, **{argument: spec_type(**values)}, **kwargs)
+
+        return options(*decorators)(command)
+
+    return decorate
+
+
 RECIPE_HELP = "RECIPE is a builders/<pair>.yaml file; 'demo' (the default) is the shipped demo pair."
+
+
+def with_recipe_help(func):
+    """End the help of a command that takes RECIPE with RECIPE_HELP, the one place that says what RECIPE is."""
+    func.__doc__ = f"{inspect.cleandoc(func.__doc__ or '')}\n\n{RECIPE_HELP}"
+    return func
+
+
+def recipe_argument(func):
+    """The RECIPE argument (also read from TRTSPEC_RECIPE), explained at the end of the command's help."""
+    argument = click.argument("recipe", envvar="TRTSPEC_RECIPE", default="demo", metavar="RECIPE")
+    return argument(with_recipe_help(func))
 
 
 @click.group(
@@ -100,6 +144,7 @@ RECIPE_HELP = "RECIPE is a builders/<pair>.yaml file; 'demo' (the default) is th
     }
 )
 @click.version_option(__version__, prog_name="trtspec")
+@with_recipe_help
 def cli() -> None:
     """trtspec: a target and a draft Hugging Face model to a served draft-target speculative-decoding deployment.
 
@@ -107,7 +152,6 @@ def cli() -> None:
     Main job:  trtspec check RECIPE -> build RECIPE -> deploy RECIPE -> serve triton_repo/<name>
     Proof:     trtspec validate RECIPE, trtspec bench RECIPE
     Tuning:    trtspec align RECIPE --prompts FILE (distil the draft toward the target)
-    RECIPE is a builders/<pair>.yaml file; 'demo' is the shipped demo pair.
     """
 
 
@@ -115,7 +159,6 @@ def cli() -> None:
 runtime_option = click.option(
     "--runtime",
     type=click.Choice(["tensorrtllm", "torch", "trtllm-pytorch"]),
-    default=None,
     help="Engine models: the TensorRT-LLM C++ backend over 1.2.x engines, python models running the "
     "PyTorch engine (CPU), or upstream's LLM-API model on TensorRT-LLM's PyTorch backend (HF "
     "checkpoints). Default: the recipe's triton.runtime.",
@@ -134,7 +177,6 @@ runtime_option = click.option(
 @click.option(
     "--gpu-memory",
     type=click.FloatRange(min=0, min_open=True),
-    default=None,
     metavar="GIB",
     help="Fail when the per-GPU estimate exceeds this.",
 )
@@ -146,10 +188,7 @@ def check(
     gpu_memory: float | None,
     out: Output,
 ) -> None:
-    """Pre-flight checks of a draft/target pair, no GPU needed. Exit 0 pass, 1 a check failed, 2 bad input.
-
-    RECIPE is a builders/<pair>.yaml file; 'demo' (the default) is the shipped demo pair.
-    """
+    """Pre-flight checks of a draft/target pair, no GPU needed. Exit 0 pass, 1 a check failed, 2 bad input."""
     from trtspec.builders.check_report import print_check_report
     from trtspec.builders.preflight import run_checks
     from trtspec.recipe import load_recipe
@@ -166,136 +205,100 @@ def check(
 
 # --- convert / quantize ---
 
-ROLE_CHOICES = click.Choice(["target", "draft", "both"])
 FORMAT_CHOICES = click.Choice(["none", "fp8", "int8_sq", "int4_awq", "w4a8_awq"])
 
 
-def _roles(model: str) -> list[str]:
-    return ["target", "draft"] if model == "both" else [model]
+def role_option(verb: str):
+    return click.option(
+        "--model",
+        "model",
+        type=click.Choice(["target", "draft", "both"]),
+        default="both",
+        help=f"Which model of the pair to {verb}.",
+    )
 
 
-def _print_checkpoints(summaries: list, out: Output) -> None:
-    if out.json:
-        out.emit_json({"checkpoints": summaries})
-        return
-    console = out.console()
-    for s in summaries:
-        v = s["verification"]
-        check = (
-            "not verified"
-            if v is None
-            else f"verified: top-1 {v['top1_agreement']:.1%}, max abs logit error {v['max_abs_logit_error']:.3g}"
-        )
-        console.print(
-            f"{s['role']}: {s['checkpoint']} ({s['format'] if s['format'] != 'none' else s['dtype']}, tp={s['tp_size']} pp={s['pp_size']}; {check})"
-        )
+def out_dir_option(help: str, file_okay: bool = False):
+    """--out: where a command writes (its parameter and TRTSPEC_<COMMAND>_OUT_DIR say out_dir)."""
+    return click.option("--out", "out_dir", type=click.Path(file_okay=file_okay, path_type=Path), help=help)
+
+
+def file_out_option(flag: str, help: str):
+    """An optional file the command writes, checked to be writable before the command's work starts."""
+    return click.option(flag, type=click.Path(dir_okay=False, path_type=Path), help=help)
+
+
+checkpoint_out_option = out_dir_option(
+    "Checkpoint dir (default engines/<name>/<role>/checkpoint; with both models, <out>/<role>)."
+)
+no_verify_option = click.option(
+    "--no-verify", is_flag=True, help="Skip the interpreter check of the written checkpoint against HF."
+)
+
+
+def _export_checkpoints(
+    recipe: str, model: str, shared: dict, per_role: dict, out_dir: Path | None, no_verify: bool, out: Output
+) -> None:
+    """convert and quantize: the recipe with the options as overrides (``per_role``: for each model exported),
+    each model's checkpoint written and verified."""
+    from trtspec.builders.convert import export_models
+    from trtspec.recipe import load_recipe
+    from trtspec.views import show_checkpoints
+
+    roles = ["target", "draft"] if model == "both" else [model]
+    overrides = shared | {f"{role}.{key}": value for role in roles for key, value in per_role.items()}
+    spec = load_recipe(recipe, overrides)
+    summaries = export_models(spec, roles, out=out_dir, verify=not no_verify, console=out.console())
+    show_checkpoints(summaries, out)
 
 
 @cli.command()
 @recipe_argument
-@click.option(
-    "--model", "model", type=ROLE_CHOICES, default="both", help="Which model of the pair to convert."
-)
-@click.option(
-    "--out",
-    "out_dir",
-    type=click.Path(file_okay=False),
-    default=None,
-    help="Checkpoint dir (default engines/<name>/<role>/checkpoint; with both models, <out>/<role>).",
-)
-@click.option(
-    "--dtype", type=click.Choice(["float16", "bfloat16"]), default=None, help="Override the recipe's dtype."
-)
+@role_option("convert")
+@checkpoint_out_option
+@click.option("--dtype", type=click.Choice(["float16", "bfloat16"]), help="Override the recipe's dtype.")
 @click.option(
     "--tp-size",
     type=click.IntRange(1, 64),
-    default=None,
     help="Tensor-parallel ranks (one rank{N}.safetensors each).",
 )
-@click.option("--pp-size", type=click.IntRange(1, 64), default=None, help="Pipeline-parallel stages.")
-@click.option(
-    "--device", type=click.Choice(["cpu", "cuda"]), default=None, help="Where the HF model is loaded."
-)
-@click.option(
-    "--no-verify", is_flag=True, help="Skip the interpreter check of the written checkpoint against HF."
-)
+@click.option("--pp-size", type=click.IntRange(1, 64), help="Pipeline-parallel stages.")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), help="Where the HF model is loaded.")
+@no_verify_option
 @output_options
 def convert(recipe, model, out_dir, dtype, tp_size, pp_size, device, no_verify, out: Output) -> None:
-    """HF -> TensorRT-LLM checkpoint (fp16/bf16) via ModelOpt, verified against the HF model.
-
-    RECIPE is a builders/<pair>.yaml file; 'demo' (the default) is the shipped demo pair.
-    """
-    from pathlib import Path
-
-    from trtspec.builders.convert import export_models
-    from trtspec.recipe import load_recipe
-
-    roles = _roles(model)
-    overrides = {"calibration.device": device}
-    for role in roles:
-        overrides.update(
-            {
-                f"{role}.quantization": "none",
-                f"{role}.dtype": dtype,
-                f"{role}.tp_size": tp_size,
-                f"{role}.pp_size": pp_size,
-            }
-        )
-    spec = load_recipe(recipe, overrides)
-    summaries = export_models(
-        spec, roles, out=Path(out_dir) if out_dir else None, verify=not no_verify, console=out.console()
-    )
-    _print_checkpoints(summaries, out)
+    """HF -> TensorRT-LLM checkpoint (fp16/bf16) via ModelOpt, verified against the HF model."""
+    per_role = {"quantization": "none", "dtype": dtype, "tp_size": tp_size, "pp_size": pp_size}
+    _export_checkpoints(recipe, model, {"calibration.device": device}, per_role, out_dir, no_verify, out)
 
 
 @cli.command()
 @recipe_argument
-@click.option(
-    "--model", "model", type=ROLE_CHOICES, default="both", help="Which model of the pair to quantize."
-)
-@click.option("--target-format", type=FORMAT_CHOICES, default=None, help="Override target.quantization.")
-@click.option("--draft-format", type=FORMAT_CHOICES, default=None, help="Override draft.quantization.")
+@role_option("quantize")
+@click.option("--target-format", type=FORMAT_CHOICES, help="Override target.quantization.")
+@click.option("--draft-format", type=FORMAT_CHOICES, help="Override draft.quantization.")
 @click.option(
     "--kv-cache-dtype",
     type=click.Choice(["auto", "fp8"]),
-    default=None,
     help="KV cache dtype of the quantized models.",
 )
 @click.option(
     "--calib-data",
     type=click.Path(dir_okay=False),
-    default=None,
     help="'builtin' or a .txt / .jsonl file (one {\"text\": ...} per line).",
 )
-@click.option("--calib-size", type=click.IntRange(1), default=None, help="Number of calibration samples.")
-@click.option("--calib-seq-len", type=click.IntRange(8), default=None, help="Tokens per calibration sample.")
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None, help="Where calibration runs.")
-@click.option(
-    "--out",
-    "out_dir",
-    type=click.Path(file_okay=False),
-    default=None,
-    help="Checkpoint dir (default engines/<name>/<role>/checkpoint; with both models, <out>/<role>).",
-)
-@click.option(
-    "--no-verify", is_flag=True, help="Skip the interpreter check of the written checkpoint against HF."
-)
+@click.option("--calib-size", type=click.IntRange(1), help="Number of calibration samples.")
+@click.option("--calib-seq-len", type=click.IntRange(8), help="Tokens per calibration sample.")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), help="Where calibration runs.")
+@checkpoint_out_option
+@no_verify_option
 @output_options
 def quantize(
     recipe, model, target_format, draft_format, kv_cache_dtype, calib_data, calib_size, calib_seq_len, device, out_dir,
     no_verify, out: Output,
 ) -> None:  # fmt: skip
-    """fp8 / int8 SmoothQuant / int4 AWQ / w4a8 AWQ checkpoints via ModelOpt post-training quantization.
-
-    RECIPE is a builders/<pair>.yaml file; 'demo' (the default) is the shipped demo pair.
-    """
-    from pathlib import Path
-
-    from trtspec.builders.convert import export_models
-    from trtspec.recipe import load_recipe
-
-    roles = _roles(model)
-    overrides = {
+    """fp8 / int8 SmoothQuant / int4 AWQ / w4a8 AWQ checkpoints via ModelOpt post-training quantization."""
+    shared = {
         "target.quantization": target_format,
         "draft.quantization": draft_format,
         "calibration.dataset": calib_data,
@@ -303,13 +306,7 @@ def quantize(
         "calibration.seq_len": calib_seq_len,
         "calibration.device": device,
     }
-    for role in roles:
-        overrides[f"{role}.kv_cache_dtype"] = kv_cache_dtype
-    spec = load_recipe(recipe, overrides)
-    summaries = export_models(
-        spec, roles, out=Path(out_dir) if out_dir else None, verify=not no_verify, console=out.console()
-    )
-    _print_checkpoints(summaries, out)
+    _export_checkpoints(recipe, model, shared, {"kv_cache_dtype": kv_cache_dtype}, out_dir, no_verify, out)
 
 
 # --- build ---
@@ -320,7 +317,7 @@ def quantize(
 @runtime_option
 @click.option(
     "--engines-dir",
-    type=click.Path(file_okay=False),
+    type=click.Path(file_okay=False, path_type=Path),
     default=str(layout.ENGINES_DIR),
     help="Where engines/<name>/{target,draft}/{checkpoint,engine} and manifest.json go.",
 )
@@ -332,35 +329,27 @@ def quantize(
 @click.option("--force", is_flag=True, help="Re-run every stage even when its outputs are up to date.")
 @output_options
 def build(
-    recipe: str, runtime: str | None, engines_dir: str, engines_only: bool, force: bool, out: Output
+    recipe: str, runtime: str | None, engines_dir: Path, engines_only: bool, force: bool, out: Output
 ) -> None:
     """check -> convert/quantize -> TensorRT-LLM engines for both models, skipping up-to-date stages.
 
-    RECIPE is a builders/<pair>.yaml file; 'demo' (the default) is the shipped demo pair. Without tensorrt_llm
-    it stops after the checkpoints and the plan, writes engines/<name>/finish_in_ngc.sh and exits 3.
-    With triton.runtime trtllm-pytorch it builds no engines: it checks the pair and writes each quantized
+    Without tensorrt_llm it stops after the checkpoints and the plan, writes engines/<name>/finish_in_ngc.sh and
+    exits 3. With triton.runtime trtllm-pytorch it builds no engines: it checks the pair and writes each quantized
     model's ModelOpt HF checkpoint to engines/<name>/<role>/hf_checkpoint.
     """
-    from pathlib import Path
-
     from trtspec.builders.build import build as run_build
     from trtspec.core.errors import NeedsTensorRTLLM
     from trtspec.recipe import load_recipe
+    from trtspec.views import show_build
 
     spec = load_recipe(recipe, {"triton.runtime": runtime}, check_paths=not engines_only)
     try:
-        result = run_build(
-            spec, Path(engines_dir), engines_only=engines_only, force=force, console=out.console()
-        )
+        result = run_build(spec, engines_dir, engines_only=engines_only, force=force, console=out.console())
     except NeedsTensorRTLLM as err:
         if out.json and err.manifest:
             out.emit_json(err.manifest)  # what was done (status needs_tensorrt_llm), then exit 3
         raise
-    if out.json:
-        out.emit_json(result.manifest)
-    else:
-        what = "Checkpoints" if result.plan is None else "Engines"  # trtllm-pytorch serves HF checkpoints
-        out.console().print(f"{what} ready in {result.out_dir} (ran: {', '.join(result.ran) or 'nothing'}).")
+    show_build(result, out)
 
 
 # --- generate ---
@@ -380,79 +369,42 @@ def build(
     help="Recipe file, or 'demo' (the shipped pair); ignored with --target.",
 )
 @click.option(
-    "--target", type=click.Path(), default=None, help="Target HF model directory (instead of --recipe)."
+    "--target",
+    type=click.Path(path_type=Path),
+    help="Target HF model directory (instead of --recipe).",
 )
-@click.option("--draft", type=click.Path(), default=None, help="Draft HF model directory (with --target).")
+@click.option("--draft", type=click.Path(path_type=Path), help="Draft HF model directory (with --target).")
 @click.option("--no-draft", is_flag=True, help="Target-only decoding (the baseline).")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=128)
 @click.option(
     "--num-draft-tokens",
     type=click.IntRange(min=0),
-    default=None,
     help="Draft tokens per round K [default: the recipe's speculative.num_draft_tokens, else adaptive].",
 )
 @click.option(
     "--max-draft-len",
     type=click.IntRange(min=1),
-    default=None,
     help="Engine limit [default: the recipe's, or 8].",
 )
 @click.option("--temperature", type=click.FloatRange(min=0), default=0.0, help="0 = greedy.")
 @click.option("--top-k", type=click.IntRange(min=0), default=0, help="0 = off.")
 @click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0)
-@click.option("--seed", type=int, default=None)
+@click.option("--seed", type=int)
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu")
 @click.option(
     "--dtype",
     type=click.Choice(["float32", "bfloat16", "float16"]),
-    default=None,
     help="[default: float32 on cpu, the recipe's dtype on cuda]",
 )
 @output_options
-def generate(
-    prompt,
-    chat,
-    recipe,
-    target,
-    draft,
-    no_draft,
-    max_new_tokens,
-    num_draft_tokens,
-    max_draft_len,
-    temperature,
-    top_k,
-    top_p,
-    seed,
-    stop,
-    device,
-    dtype,
-    out: Output,
-) -> None:
+def generate(out: Output, **options) -> None:
     """Speculative generation with the PyTorch engine: streams the text as tokens are accepted, then the stats."""
     from trtspec.engines.generate import GenerateSpec, run_generate
+    from trtspec.views import show_generated, streams_text, write_text
 
-    run_generate(
-        GenerateSpec(
-            prompt,
-            recipe,
-            target,
-            draft,
-            no_draft,
-            max_new_tokens,
-            num_draft_tokens,
-            temperature,
-            top_k,
-            top_p,
-            seed,
-            tuple(stop),
-            device,
-            dtype,
-            max_draft_len,
-            chat=chat,
-        ),
-        out,
-    )
+    generated = run_generate(GenerateSpec(**options), on_text=write_text if streams_text(out) else None)
+    show_generated(generated, out)
 
 
 # --- deploy / serve ---
@@ -461,40 +413,25 @@ def generate(
 @cli.command()
 @recipe_argument
 @runtime_option
-@click.option(
-    "--out",
-    "out_dir",
-    type=click.Path(),
-    default=None,
-    help="Repository folder [default: triton_repo/<name>].",
-)
+@out_dir_option("Repository folder [default: triton_repo/<name>].", file_okay=True)
 @click.option(
     "--engines-dir",
-    type=click.Path(file_okay=False),
+    type=click.Path(file_okay=False, path_type=Path),
     default=str(layout.ENGINES_DIR),
     help="Where `trtspec build` put engines/<name>/{target,draft}/engine (tensorrtllm runtime) and "
     "quantized models' hf_checkpoint (trtllm-pytorch runtime).",
 )
 @output_options
-def deploy(recipe: str, runtime: str | None, out_dir: str | None, engines_dir: str, out: Output) -> None:
-    """Write a Triton model repository: preprocessing, postprocessing and the entry point tensorrt_llm_bls (torch:
-    the draft and the target in-process, batched in flight; tensorrtllm: the speculative orchestrator over the
-    target and draft engine models), rendered strictly and checked with Triton's schema.
-
-    RECIPE is a builders/<pair>.yaml file; 'demo' (the default) is the shipped demo pair.
+def deploy(recipe: str, runtime: str | None, out_dir: Path | None, engines_dir: Path, out: Output) -> None:
+    """Write a Triton model repository: the entry point tensorrt_llm_bls, also served as upstream's `ensemble`
+    (torch: the draft and the target in-process, batched in flight; tensorrtllm: the speculative orchestrator over
+    the target and draft engine models), rendered strictly and checked with Triton's schema.
     """
-    from pathlib import Path
-
     from trtspec.recipe import load_recipe
     from trtspec.triton_repo.deploy import deploy as write_repo
+    from trtspec.views import show_deploy
 
-    spec = load_recipe(recipe)
-    result = write_repo(spec, runtime, Path(out_dir) if out_dir else None, engines_dir=Path(engines_dir))
-    if out.json:
-        out.emit_json({"repo": str(result.repo), **result.manifest})
-    else:
-        out.console().print(f"wrote {result.repo} ({result.runtime} runtime): {', '.join(result.models)}")
-        out.console().print(f"serve it with: trtspec serve {result.repo}")
+    show_deploy(write_repo(load_recipe(recipe), runtime, out_dir, engines_dir=engines_dir), out)
 
 
 def _port_option(kind: str):
@@ -502,14 +439,13 @@ def _port_option(kind: str):
     return click.option(
         f"--{kind}-port",
         type=click.IntRange(0, 65535),
-        default=None,
         help=f"[default: the recipe's triton.{kind}_port]",
     )
 
 
 @cli.command()
-@click.argument("repo", type=click.Path())
-@click.option("--host", default=None, help="Address to bind [default: 127.0.0.1].")
+@click.argument("repo", type=click.Path(path_type=Path))
+@click.option("--host", help="Address to bind [default: 127.0.0.1].")
 @_port_option("http")
 @_port_option("grpc")
 @_port_option("metrics")
@@ -517,158 +453,110 @@ def _port_option(kind: str):
     "--timeout",
     "timeout_s",
     type=click.FloatRange(min=0, min_open=True),
-    default=None,
     help="Seconds to wait for every model to load [default: 300, or 3600 under MPI (TensorRT-LLM engines)].",
 )
 @output_options
-def serve(repo: str, host, http_port, grpc_port, metrics_port, timeout_s: float, out: Output) -> None:
+def serve(out: Output, **options) -> None:
     """Run tritonserver (the NGC image's, else nvidia-pytriton's) on REPO until Ctrl-C."""
-    from pathlib import Path
-
     from trtspec.triton_repo.serve import ServeSpec
     from trtspec.triton_repo.serve import serve as run_server
 
-    spec = ServeSpec(Path(repo), host, http_port, grpc_port, metrics_port, timeout_s)
-    sys.exit(run_server(spec, echo=out.console().print))
+    sys.exit(run_server(ServeSpec(**options), echo=out.console().print))
 
 
-# --- validate / bench ---
+# --- validate / bench: the same request and system options, each command's own in between ---
 
 
-def _system_options(func):
-    """Which system validate/bench test: the in-process engine, a Triton endpoint, or TensorRT-LLM engines."""
-    options = [
+def request_options(max_tokens: int) -> Callable:
+    """RECIPE, the prompt set and the new tokens per prompt (RunOptions' fields)."""
+    return options(
+        recipe_argument,
         click.option(
-            "--system",
-            type=click.Choice(["auto", "engine", "triton", "trtllm"]),
-            default="auto",
-            help="System under test; auto = triton when --url is given, else the in-process engine.",
+            "--prompts",
+            type=click.Path(dir_okay=False, path_type=Path),
+            help='Prompt JSONL ({"prompt": ...} or {"messages": [...]} per line) [default: the shipped '
+            "code+prose set, then the chat set where the target has a chat template].",
         ),
-        click.option("--url", default=None, help="Triton endpoint HOST:PORT (gRPC) or http://HOST:PORT."),
+        click.option("--limit", type=click.IntRange(min=1), help="Use only the first N prompts."),
         click.option(
-            "--protocol",
-            type=click.Choice(["auto", "grpc", "http"]),
-            default="auto",
-            help="Triton protocol; auto = http for http:// URLs, else grpc.",
-        ),
-        click.option(
-            "--model", "triton_model", default=None, help="Triton entry model [default: tensorrt_llm_bls]."
+            "--chat",
+            is_flag=True,
+            help="Render plain prompts as single user messages with the target tokenizer's chat template "
+            '("messages" lines always are).',
         ),
         click.option(
-            "--device",
-            type=click.Choice(["cpu", "cuda"]),
-            default="cpu",
-            help="Device of the in-process engine and the HF reference.",
+            "--max-tokens", type=click.IntRange(min=1), default=max_tokens, help="New tokens per prompt."
         ),
-        click.option(
-            "--dtype",
-            type=click.Choice(["auto", "float32", "float16", "bfloat16"]),
-            default="auto",
-            help="In-process dtype; auto = float32 on cpu, the recipe's dtype on cuda.",
-        ),
-    ]
-    for option in reversed(options):
-        func = option(func)
-    return func
+    )
 
 
-CHAT_HELP = (
-    'Render plain prompts as single user messages with the target tokenizer\'s chat template ("messages" '
-    "lines always are)."
+system_options = spec_group(
+    "system",
+    SystemOptions,
+    click.option(
+        "--system",
+        type=click.Choice(["auto", "engine", "triton", "trtllm"]),
+        default="auto",
+        help="System under test; auto = triton when --url is given, else the in-process engine.",
+    ),
+    click.option("--url", help="Triton endpoint HOST:PORT (gRPC) or http://HOST:PORT."),
+    click.option(
+        "--protocol",
+        type=click.Choice(["auto", "grpc", "http"]),
+        default="auto",
+        help="Triton protocol; auto = http for http:// URLs, else grpc.",
+    ),
+    click.option("--model", "triton_model", help="Triton entry model [default: tensorrt_llm_bls]."),
+    click.option(
+        "--device",
+        type=click.Choice(["cpu", "cuda"]),
+        default="cpu",
+        help="Device of the in-process engine and the HF reference.",
+    ),
+    click.option(
+        "--dtype",
+        type=click.Choice(["auto", "float32", "float16", "bfloat16"]),
+        default="auto",
+        help="In-process dtype; auto = float32 on cpu, the recipe's dtype on cuda.",
+    ),
 )
 
 
-def _system_spec(system, url, protocol, triton_model, device, dtype):
-    from trtspec.validate.commands import SystemOptions
-
-    return SystemOptions(system, url, protocol, triton_model, device, dtype)
+def _threshold_option(name: str, default: float | None, what: str):
+    return click.option(
+        f"--{name}", type=click.FloatRange(0, 1), default=default, help=f"Fail (exit 1) below this {what}."
+    )
 
 
 @cli.command()
-@recipe_argument
-@click.option(
-    "--prompts",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help='Prompt JSONL ({"prompt": ...} or {"messages": [...]} per line) [default: the shipped code+prose '
-    "set, then the chat set where the target has a chat template].",
-)
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N prompts.")
-@click.option("--chat", is_flag=True, help=CHAT_HELP)
-@click.option("--max-tokens", type=click.IntRange(min=1), default=32, help="New tokens per prompt.")
+@request_options(max_tokens=32)
 @click.option(
     "--num-draft-tokens",
     type=click.IntRange(min=1),
-    default=None,
     help="Draft tokens per round (K) [default: the recipe's speculative.num_draft_tokens, else adaptive K; "
     "against a server, none is sent: its repository's default, which deploy makes adaptive unless the recipe "
     "pins a K].",
 )
-@click.option(
-    "--min-exact-match",
-    type=click.FloatRange(0, 1),
-    default=None,
-    help="Fail (exit 1) below this exact-match rate vs the HF reference.",
+@spec_group(
+    "thresholds",
+    Thresholds,
+    _threshold_option("min-exact-match", None, "exact-match rate vs the HF reference"),
+    _threshold_option("min-acceptance", None, "acceptance rate"),
+    _threshold_option(
+        "min-control-match", 1.0, "exact-match rate of speculative vs target-only on the same system"
+    ),
 )
-@click.option(
-    "--min-acceptance",
-    type=click.FloatRange(0, 1),
-    default=None,
-    help="Fail (exit 1) below this acceptance rate.",
-)
-@click.option(
-    "--min-control-match",
-    type=click.FloatRange(0, 1),
-    default=1.0,
-    help="Fail (exit 1) below this exact-match rate of speculative vs target-only on the same system.",
-)
-@click.option("--report", type=click.Path(dir_okay=False), default=None, help="Write a Markdown report here.")
-@_system_options
+@file_out_option("--report", "Write a Markdown report here.")
+@system_options
 @output_options
-def validate(
-    recipe,
-    prompts,
-    limit,
-    chat,
-    max_tokens,
-    num_draft_tokens,
-    min_exact_match,
-    min_acceptance,
-    min_control_match,
-    report,
-    system,
-    url,
-    protocol,
-    triton_model,
-    device,
-    dtype,
-    out: Output,
-) -> None:
+def validate(out: Output, **options) -> None:
     """Greedy outputs of the system under test vs the HF PyTorch reference and vs its own target-only decoding.
     Exit 0 pass, 1 a threshold failed, 2 bad input.
-
-    RECIPE is a builders/<pair>.yaml file; 'demo' (the default) is the shipped demo pair.
     """
-    from pathlib import Path
+    from trtspec.validate.run_validate import ValidateOptions
+    from trtspec.validate.run_validate import validate as run_validate
 
-    from trtspec.validate.commands import ValidateOptions
-    from trtspec.validate.commands import validate as run_validate
-    from trtspec.validate.validation import Thresholds
-
-    run_validate(
-        ValidateOptions(
-            recipe,
-            Path(prompts) if prompts else None,
-            limit,
-            max_tokens,
-            num_draft_tokens,
-            Thresholds(min_exact_match, min_acceptance, min_control_match),
-            Path(report) if report else None,
-            _system_spec(system, url, protocol, triton_model, device, dtype),
-            chat=chat,
-        ),
-        out,
-    )
+    run_validate(ValidateOptions(**options), out)
 
 
 def _int_list(ctx, param, value: str | None) -> tuple[int, ...] | None:
@@ -684,21 +572,10 @@ def _int_list(ctx, param, value: str | None) -> tuple[int, ...] | None:
 
 
 @cli.command()
-@recipe_argument
-@click.option(
-    "--prompts",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Prompt JSONL [default: the shipped code+prose set, then the chat set where the target has a chat "
-    "template].",
-)
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N prompts.")
-@click.option("--chat", is_flag=True, help=CHAT_HELP)
-@click.option("--max-tokens", type=click.IntRange(min=1), default=64, help="New tokens per request.")
+@request_options(max_tokens=64)
 @click.option(
     "--num-draft-tokens",
     "ks",
-    default=None,
     callback=_int_list,
     help="Static K values to sweep (comma-separated) [default: 1..max_draft_len]; target-only (K=0) and "
     "adaptive K (requests that give no K; against a server, where its entry model's default is adaptive) always "
@@ -706,7 +583,6 @@ def _int_list(ctx, param, value: str | None) -> tuple[int, ...] | None:
 )
 @click.option(
     "--concurrency",
-    default=None,
     callback=_int_list,
     help="Concurrent requests to sweep (comma-separated) [default: 1,2,4,8,16, in-process up to the recipe's "
     "limits.max_batch_size].",
@@ -714,16 +590,9 @@ def _int_list(ctx, param, value: str | None) -> tuple[int, ...] | None:
 @click.option(
     "--draft-cost-ratio",
     type=click.FloatRange(min=0, min_open=True),
-    default=None,
     help="Draft step / target step time for the analytic bound [default: measured in-process].",
 )
-@click.option(
-    "--out",
-    "out_dir",
-    type=click.Path(file_okay=False),
-    default=None,
-    help="Folder for bench.json, bench.md and the plots [default: bench/<name>].",
-)
+@out_dir_option("Folder for bench.json, bench.md and the plots [default: bench/<name>].")
 @click.option(
     "--repeats",
     type=click.IntRange(min=1),
@@ -738,64 +607,21 @@ def _int_list(ctx, param, value: str | None) -> tuple[int, ...] | None:
     help="At least this many groups of `concurrency` requests per point: more passes where one pass has fewer "
     "(16 prompts at concurrency 16 make one group, one timing sample).",
 )
-@click.option(
+@file_out_option(
     "--write-recipe",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Write a copy of the recipe here with the recommended speculative.schedule (adaptive K by default).",
+    "Write a copy of the recipe here with the recommended speculative.schedule (adaptive K by default).",
 )
-@_system_options
+@system_options
 @output_options
-def bench(
-    recipe,
-    prompts,
-    limit,
-    chat,
-    max_tokens,
-    ks,
-    concurrency,
-    draft_cost_ratio,
-    out_dir,
-    repeats,
-    min_groups,
-    write_recipe,
-    system,
-    url,
-    protocol,
-    triton_model,
-    device,
-    dtype,
-    out: Output,
-) -> None:
+def bench(out: Output, **options) -> None:
     """Sweep target-only, each static K and adaptive K over concurrency on the same system, side by side: tokens/s,
     TTFT, ITL, acceptance, the analytic bound, adaptive K against the best point, a recommended K and
     speculative.schedule; writes JSON, Markdown and PNG plots (and, with --write-recipe, a recipe copy).
-
-    RECIPE is a builders/<pair>.yaml file; 'demo' (the default) is the shipped demo pair.
     """
-    from pathlib import Path
+    from trtspec.validate.run_bench import BenchOptions
+    from trtspec.validate.run_bench import bench as run_bench
 
-    from trtspec.validate.commands import BenchOptions
-    from trtspec.validate.commands import bench as run_bench
-
-    run_bench(
-        BenchOptions(
-            recipe,
-            Path(prompts) if prompts else None,
-            limit,
-            max_tokens,
-            ks,
-            concurrency,
-            draft_cost_ratio,
-            Path(out_dir) if out_dir else None,
-            _system_spec(system, url, protocol, triton_model, device, dtype),
-            chat=chat,
-            write_recipe=Path(write_recipe) if write_recipe else None,
-            repeats=repeats,
-            min_groups=min_groups,
-        ),
-        out,
-    )
+    run_bench(BenchOptions(**options), out)
 
 
 # --- align ---
@@ -805,21 +631,14 @@ def bench(
 @recipe_argument
 @click.option(
     "--prompts",
-    type=click.Path(dir_okay=False, exists=True),
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
     required=True,
     help='Your prompts: JSONL (.jsonl: {"prompt": ...} or {"messages": [...]} per line) or text, one per line.',
 )
-@click.option(
-    "--out",
-    "out_dir",
-    type=click.Path(file_okay=False),
-    default=None,
-    help="The aligned draft folder [default: align/<name>/draft].",
-)
+@out_dir_option("The aligned draft folder [default: align/<name>/draft].")
 @click.option(
     "--work-dir",
-    type=click.Path(file_okay=False),
-    default=None,
+    type=click.Path(file_okay=False, path_type=Path),
     help="Data and checkpoints; a re-run resumes from it [default: align/<name>/work].",
 )
 @click.option(
@@ -869,47 +688,24 @@ def bench(
 )
 @output_options
 def align(
-    recipe, prompts, out_dir, work_dir, budget_min, device, held_out, validation, loss, lr, max_new_tokens,
-    samples, no_on_policy, epochs, out: Output,
-) -> None:  # fmt: skip
+    out: Output, out_dir, epochs, max_new_tokens, samples, no_on_policy, held_out, validation, **options
+) -> None:
     """Distil the draft toward the target on your prompts: a new draft folder (the source is only read), a recipe
     copy pointing at it, and before/after acceptance on held-out prompts. Interrupted runs resume.
-
-    RECIPE is a builders/<pair>.yaml file; 'demo' (the default) is the shipped demo pair.
     """
-    from pathlib import Path
-
     from trtspec.builders.align import AlignSpec, run_align
     from trtspec.builders.align_data import DataSpec
-    from trtspec.builders.align_report import report_table, selection_line
+    from trtspec.views import show_align
 
-    spec = AlignSpec(
-        recipe,
-        Path(prompts),
-        Path(out_dir) if out_dir else None,
-        Path(work_dir) if work_dir else None,
-        budget_min,
-        device,
-        loss,
-        lr,
-        max_epochs=epochs,
-        data=DataSpec(
-            max_new_tokens=max_new_tokens,
-            samples=samples,
-            on_policy=not no_on_policy,
-            held_out=held_out,
-            validation=validation,
-        ),
+    data = DataSpec(
+        max_new_tokens=max_new_tokens,
+        samples=samples,
+        on_policy=not no_on_policy,
+        held_out=held_out,
+        validation=validation,
     )
-    result = run_align(spec, console=None if out.quiet else out.console())
-    if out.json:
-        out.emit_json({"out": str(result.out), **result.record})
-        return
-    console = out.console()
-    console.print(report_table(result.report))
-    console.print(selection_line(result.report))
-    console.print(f"wrote {result.out} (align.json, report.md, acceptance.png, recipe.yaml)")
-    console.print(f"use it with: trtspec validate {result.out / 'recipe.yaml'}")
+    spec = AlignSpec(out=out_dir, max_epochs=epochs, data=data, **options)
+    show_align(run_align(spec, console=None if out.quiet else out.console()), out)
 
 
 def _show_envvars(group: click.Group) -> None:

@@ -178,8 +178,6 @@ class PerModel(_Strict):
 
 
 class InstanceCounts(_Strict):
-    preprocessing: int = Field(1, ge=1, le=64)
-    postprocessing: int = Field(1, ge=1, le=64)
     orchestrator: int = Field(1, ge=1, le=64)
 
 

@@ -10,8 +10,9 @@ target's greedy continuation of exactly ``max_new_tokens`` tokens (EOS ignored):
 Validation prompts (every ``1/validation``-th of the others, half a period later) get the same: the data that picks
 which training step's weights are written, kept apart from the report's so the report is not the selection's.
 
-Prompts stream from the file into shards of ``SHARD_SIZE`` examples saved in the work folder; ``DataState``
-(``state.json``) records how many prompts the saved shards cover, so an interrupted run resumes after them.
+Prompts stream from the file into shards of ``SHARD_SIZE`` examples saved in the work folder, whose
+``state.json`` (align_work.WorkDir) records how many prompts the saved shards cover, so an interrupted run resumes
+after them.
 
 Shapes: ``ids`` [T] int64 (prompt + continuation), ``start`` = prompt length; ``values`` [T - start, k] float16 are
 the target's logits at positions start-1 .. T-2 (each predicting the next token), ``indices`` [T - start, k] int32

@@ -7,7 +7,7 @@ Layout under ``engines/<name>/``::
 
 Stages, in order: 1. pre-flight checks (``preflight.run_checks``); 2. one convert/quantize stage per model
 (``convert.export_checkpoint``); 3. the build plan (``plan.make_build_plan``), written as data and as a shell
-script to finish in the NGC image; 4. one engine stage per model (``trtllm_adapter.build_engines``, in a child
+script to finish in the NGC image; 4. one engine stage per model (``trtllm_build.build_engines``, in a child
 process), or, without tensorrt_llm, exit status 3 (NeedsTensorRTLLM) after step 3.
 
 For ``triton.runtime: trtllm-pytorch`` there are no engines: TensorRT-LLM's PyTorch backend loads Hugging Face
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtspec.builders import environment, support
+from trtspec.builders import environment
 from trtspec.builders.manifest import FINISH_SCRIPT, MANIFEST, make_manifest, write_plan_files
 from trtspec.builders.plan import ROLES, BuildPlan, make_build_plan, read_checkpoint_config
 from trtspec.builders.stage_cache import (
@@ -40,7 +40,7 @@ from trtspec.builders.stage_cache import (
     write_json_atomic,
     write_stamp,
 )
-from trtspec.core import layout
+from trtspec.core import layout, trtllm
 from trtspec.core.errors import CheckFailed, CheckpointError, NeedsTensorRTLLM, RecipeError
 from trtspec.outputs import replace_dir, temp_sibling
 from trtspec.recipe import Recipe
@@ -220,7 +220,7 @@ def engine_stages(
     plan: BuildPlan, checkpoints: dict[str, dict], out_dir: Path, console, force: bool
 ) -> dict[str, dict]:
     """Stage 4: build the engines that are not up to date, in one child process, then move each into place."""
-    from trtspec.builders.trtllm_adapter import build_engines, require_tensorrt_llm
+    from trtspec.builders.trtllm_build import build_engines
 
     stamps, pending = {}, {}
     engine_env = environment.engine_environment()
@@ -234,7 +234,7 @@ def engine_stages(
             pending[engine.role] = (engine, fingerprint, temp_sibling(engine.engine_dir))
     if not pending:
         return stamps
-    require_tensorrt_llm()
+    trtllm.require_tensorrt_llm()
     try:
         for role, (engine, _, _) in pending.items():
             _say(console, f"[bold]{role}[/]: building the engine: {shlex.join(engine.command())}")
@@ -262,7 +262,7 @@ def engine_stages(
 def _print_finish(console, plan: BuildPlan, out_dir: Path) -> None:
     _say(
         console,
-        f"Checkpoints and plan are in {out_dir}. Finish the engines in {support.NGC_TRITON_TRTLLM_IMAGE}:",
+        f"Checkpoints and plan are in {out_dir}. Finish the engines in {trtllm.NGC_TRITON_TRTLLM_IMAGE}:",
     )
     _say(console, f"  bash {shlex.quote(str(out_dir / FINISH_SCRIPT))}")
     _say(console, "or by hand:")
@@ -315,7 +315,7 @@ def build(
         _print_finish(console, plan, out_dir)
         stopped = NeedsTensorRTLLM(
             f"{out_dir}: checkpoints and plan written; {err.message.split('; ')[0]}: "
-            f"run {out_dir / FINISH_SCRIPT} inside {support.NGC_TRITON_TRTLLM_IMAGE}",
+            f"run {out_dir / FINISH_SCRIPT} inside {trtllm.NGC_TRITON_TRTLLM_IMAGE}",
             detail=err.message,
         )
         stopped.manifest = manifest

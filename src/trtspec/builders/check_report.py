@@ -3,19 +3,12 @@ table, or one JSON document with --json)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from dataclasses import asdict, dataclass
+from typing import Any
 
-Status = Literal["pass", "warn", "fail"]
+from trtspec.core.checks import CheckResult
+
 STATUS_STYLE = {"pass": "[green]pass[/]", "warn": "[yellow]warn[/]", "fail": "[bold red]FAIL[/]"}
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    name: str
-    status: Status
-    message: str
-    details: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

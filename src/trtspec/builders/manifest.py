@@ -10,9 +10,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trtspec.builders import environment, support
+from trtspec.builders import environment
 from trtspec.builders.plan import ROLES, BuildPlan
 from trtspec.builders.stage_cache import write_json_atomic
+from trtspec.core import trtllm
 from trtspec.recipe import DEMO_RECIPE, Recipe
 
 MANIFEST = "manifest.json"
@@ -24,7 +25,7 @@ def make_manifest(
     recipe: Recipe, plan: BuildPlan | None, stages: dict[str, dict], status: str
 ) -> dict[str, Any]:
     """manifest.json: recipe hash, versions, input/output hashes, timings and the plan."""
-    trtllm = next(
+    built_with = next(
         (s["info"].get("tensorrt_llm_version") for k, s in stages.items() if k.endswith(".engine")), None
     )
     return {
@@ -36,8 +37,8 @@ def make_manifest(
             "hash": recipe.digest(),
             "content": recipe.model_dump(mode="json"),
         },
-        "versions": environment.package_versions(trtllm),
-        "ngc_image": support.NGC_TRITON_TRTLLM_IMAGE,
+        "versions": environment.package_versions(built_with),
+        "ngc_image": trtllm.NGC_TRITON_TRTLLM_IMAGE,
         "inputs": {
             f"{role}.model": s["info"].get("input_hash")
             for role in ROLES
@@ -74,9 +75,9 @@ def finish_script(recipe: Recipe, plan: BuildPlan, out_dir: Path) -> str:
     lines = [
         "#!/usr/bin/env bash",
         f"# Written by `trtspec build` for recipe {recipe.name!r}: builds the TensorRT engines from the checkpoints",
-        f"# beside this script. Run it inside {support.NGC_TRITON_TRTLLM_IMAGE}",
-        f"# (TensorRT-LLM {support.TRTLLM_VERSION}) with this folder mounted, e.g.",
-        f'#   docker run --gpus all --rm -v "$PWD":"$PWD" -w "$PWD" {support.NGC_TRITON_TRTLLM_IMAGE} \\',
+        f"# beside this script. Run it inside {trtllm.NGC_TRITON_TRTLLM_IMAGE}",
+        f"# (TensorRT-LLM {trtllm.TRTLLM_VERSION}) with this folder mounted, e.g.",
+        f'#   docker run --gpus all --rm -v "$PWD":"$PWD" -w "$PWD" {trtllm.NGC_TRITON_TRTLLM_IMAGE} \\',
         f"#     bash {shlex.quote(str(out_dir / FINISH_SCRIPT))}",
         "set -euo pipefail",
         'cd "$(dirname "$0")"',

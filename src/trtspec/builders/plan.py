@@ -25,8 +25,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from trtspec.builders import support
 from trtspec.core.errors import CheckpointError, RecipeError
+from trtspec.core.vocab import vocab_pair_problem, vocab_rows
 from trtspec.recipe import Recipe
 
 ROLES = ("target", "draft")
@@ -215,17 +215,17 @@ def make_build_plan(
 ) -> BuildPlan:
     """Plans of both engines. ``checkpoints`` maps role -> (checkpoint dir, its facts).
 
-    The engines' vocab rows may differ only as support.vocab_pair_problem allows (padding past the tokenizer).
+    The engines' vocab rows may differ only as core.vocab.vocab_pair_problem allows (padding past the tokenizer).
     """
     plans = {
         role: make_engine_plan(role, recipe, checkpoints[role][1], checkpoints[role][0], engine_dirs[role])
         for role in ROLES
     }
     rows = {
-        role: support.vocab_rows(plan.checkpoint.vocab_size, "tensorrtllm", plan.checkpoint.tp_size, "none")
+        role: vocab_rows(plan.checkpoint.vocab_size, "tensorrtllm", plan.checkpoint.tp_size, "none")
         for role, plan in plans.items()
     }
-    problem = support.vocab_pair_problem(
+    problem = vocab_pair_problem(
         rows["target"],
         rows["draft"],
         "tensorrtllm",

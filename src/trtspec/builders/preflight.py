@@ -3,64 +3,26 @@
 Each check catches, before any build, a failure users otherwise meet at run time (see
 shared/reference/trtllm-engine-flow.md, "Known user pain points"). ``model_facts.gather_facts`` is the only I/O
 (configs, tokenizers, safetensors headers); every ``check_*`` function here is pure over those facts and returns
-CheckResults, which ``run_checks`` gathers into a ``check_report.CheckReport``.
+CheckResults, which ``run_checks`` gathers into a ``check_report.CheckReport``. The trtllm-pytorch runtime's own
+checks are preflight_llmapi's; the shared tokenizer rule is core/tokenizers.py's.
 """
 
 from __future__ import annotations
 
 from trtspec.builders import environment, support
-from trtspec.builders.check_report import CheckReport, CheckResult, MemoryRow, format_gib, per_gpu_gib
+from trtspec.builders.check_report import CheckReport, MemoryRow, format_gib, per_gpu_gib
 from trtspec.builders.model_facts import ModelFacts, gather_facts
+from trtspec.builders.preflight_llmapi import check_llmapi_adaptive, llmapi_runtime_problem
+from trtspec.core.checks import CheckResult
+from trtspec.core.tokenizers import check_tokenizers
+from trtspec.core.vocab import padded_vocab_size, vocab_pair_problem, vocab_rows
 from trtspec.recipe import ModelSpec, Recipe
 
-SPECIAL_ROLES = ("bos_token", "eos_token", "pad_token", "unk_token")
 MAX_DRAFT_LEN_WARN = 10
 DRAFT_RATIO_WARN = 0.2  # draft/target parameters above this rarely pay for the draft's own cost
 
 
 # ---------------------------------------------------------------- pure checks
-
-
-def _first_vocab_differences(
-    target_vocab: dict[str, int], draft_vocab: dict[str, int], limit: int = 3
-) -> list[str]:
-    """The first few ids (ascending) whose token differs, as readable strings."""
-    target_by_id = {i: t for t, i in target_vocab.items()}
-    draft_by_id = {i: t for t, i in draft_vocab.items()}
-    diffs = []
-    for idx in sorted(set(target_by_id) | set(draft_by_id)):
-        tok_t, tok_d = target_by_id.get(idx), draft_by_id.get(idx)
-        if tok_t != tok_d:
-            diffs.append(f"id {idx}: target {tok_t!r} vs draft {tok_d!r}")
-            if len(diffs) == limit:
-                break
-    return diffs
-
-
-def tokenizer_difference(target_tok, draft_tok) -> str | None:
-    """None when the tokenizers are interchangeable, else what differs first (vocab, special ids, specials)."""
-    target_vocab, draft_vocab = target_tok.get_vocab(), draft_tok.get_vocab()
-    if target_vocab != draft_vocab:
-        sizes = f"target {len(target_vocab)} tokens, draft {len(draft_vocab)}"
-        return f"vocabularies differ ({sizes}); first differences: {'; '.join(_first_vocab_differences(target_vocab, draft_vocab))}"
-    for role in SPECIAL_ROLES:
-        tid, did = getattr(target_tok, f"{role}_id"), getattr(draft_tok, f"{role}_id")
-        if tid != did:
-            return f"{role} ids differ: target {tid} ({getattr(target_tok, role)!r}) vs draft {did} ({getattr(draft_tok, role)!r})"
-    if sorted(target_tok.all_special_tokens) != sorted(draft_tok.all_special_tokens):
-        only_t = sorted(set(target_tok.all_special_tokens) - set(draft_tok.all_special_tokens))
-        only_d = sorted(set(draft_tok.all_special_tokens) - set(target_tok.all_special_tokens))
-        return f"special tokens differ: only in target {only_t}, only in draft {only_d}"
-    return None
-
-
-def check_tokenizers(target_tok, draft_tok) -> CheckResult:
-    diff = tokenizer_difference(target_tok, draft_tok)
-    if diff is None:
-        return CheckResult(
-            "tokenizer", "pass", f"identical: {len(target_tok.get_vocab())} tokens, same special tokens"
-        )
-    return CheckResult("tokenizer", "fail", f"{diff}; draft and target must share one tokenizer")
 
 
 def check_vocab(facts: ModelFacts, spec: ModelSpec) -> CheckResult:
@@ -74,7 +36,7 @@ def check_vocab(facts: ModelFacts, spec: ModelSpec) -> CheckResult:
             f"model vocab_size {facts.vocab_size} < tokenizer size {tok_size}: ids >= {facts.vocab_size} would "
             "index past the embedding; use the tokenizer that belongs to this checkpoint",
         )
-    padded = support.padded_vocab_size(facts.vocab_size, spec.tp_size, spec.quantization)
+    padded = padded_vocab_size(facts.vocab_size, spec.tp_size, spec.quantization)
     note = f"model {facts.vocab_size} >= tokenizer {tok_size}; engine lm_head rows {padded}"
     return CheckResult(
         name, "pass", note, {"model": facts.vocab_size, "tokenizer": tok_size, "padded": padded}
@@ -83,14 +45,12 @@ def check_vocab(facts: ModelFacts, spec: ModelSpec) -> CheckResult:
 
 def check_padded_vocab(target: ModelFacts, draft: ModelFacts, recipe: Recipe) -> CheckResult:
     """The pair's vocab rows under the recipe's runtime: equal, or rows past the shared tokenizer that differ
-    (padding, as in Qwen2.5), which every runtime but the ones support.vocab_pair_problem names can serve."""
+    (padding, as in Qwen2.5), which every runtime but the ones core.vocab.vocab_pair_problem names can serve."""
     runtime, spec = recipe.triton.runtime, recipe.speculative
-    t_rows = support.vocab_rows(target.vocab_size, runtime, recipe.target.tp_size, recipe.target.quantization)
-    d_rows = support.vocab_rows(draft.vocab_size, runtime, recipe.draft.tp_size, recipe.draft.quantization)
+    t_rows = vocab_rows(target.vocab_size, runtime, recipe.target.tp_size, recipe.target.quantization)
+    d_rows = vocab_rows(draft.vocab_size, runtime, recipe.draft.tp_size, recipe.draft.quantization)
     details = {"target": t_rows, "draft": d_rows, "tokenizer": len(target.tokenizer)}
-    problem = support.vocab_pair_problem(
-        t_rows, d_rows, runtime, spec.use_draft_logits, recipe.triton.fast_logits
-    )
+    problem = vocab_pair_problem(t_rows, d_rows, runtime, spec.use_draft_logits, recipe.triton.fast_logits)
     if problem is not None:
         return CheckResult("padded vocab", "fail", problem, details)
     if t_rows == d_rows:
@@ -239,17 +199,6 @@ def check_serving_memory(report_memory: list[MemoryRow], gpu_memory_gib: float |
     return CheckResult("memory", "pass", msg)
 
 
-def _llmapi_layout_problem(recipe: Recipe) -> str | None:
-    """The LLM API runs the draft inside the target's executor: same parallel mapping, same GPUs."""
-    target, draft = recipe.target, recipe.draft
-    if (draft.tp_size, draft.pp_size, draft.devices) != (target.tp_size, target.pp_size, target.devices):
-        return (
-            f"trtllm-pytorch runs the draft on the target's ranks (tp={target.tp_size} pp={target.pp_size} "
-            f"GPUs {list(target.devices)}), not draft tp={draft.tp_size} pp={draft.pp_size} GPUs {list(draft.devices)}"
-        )
-    return None
-
-
 def check_runtime(recipe: Recipe, trtllm_version: str | None = None) -> CheckResult:
     """Whether ``triton.runtime`` can run with TensorRT-LLM ``trtllm_version`` (None: the installed one, if any)."""
     runtime = recipe.triton.runtime
@@ -258,23 +207,9 @@ def check_runtime(recipe: Recipe, trtllm_version: str | None = None) -> CheckRes
     details = {"runtime": runtime, "trtllm_version": version, "needs": needs}
     if runtime == "torch":
         return CheckResult("runtime", "pass", f"torch: {needs}", details)
-    if runtime == "trtllm-pytorch":
-        for role, spec in recipe.models().items():
-            if spec.quantization not in support.LLMAPI_QUANT_FORMATS:
-                return CheckResult(
-                    "runtime",
-                    "fail",
-                    f"{role}.quantization {spec.quantization}: TensorRT-LLM's PyTorch backend has no kernels for "
-                    f"it; use one of {', '.join(support.LLMAPI_QUANT_FORMATS)} with trtllm-pytorch",
-                    details,
-                )
-    layout = _llmapi_layout_problem(recipe) if runtime == "trtllm-pytorch" else None
-    if layout:
-        return CheckResult("runtime", "warn", layout + "; the draft's tp/pp/gpu_ids are ignored", details)
-    if runtime == "trtllm-pytorch" and recipe.triton.fast_logits:
-        return CheckResult(
-            "runtime", "warn", "triton.fast_logits applies to the tensorrtllm runtime only; ignored", details
-        )
+    llmapi = llmapi_runtime_problem(recipe) if runtime == "trtllm-pytorch" else None
+    if llmapi:
+        return CheckResult("runtime", *llmapi, details)
     if version is None:
         status = "warn" if runtime == "tensorrtllm" else "pass"
         tail = (
@@ -290,86 +225,6 @@ def check_runtime(recipe: Recipe, trtllm_version: str | None = None) -> CheckRes
     if problem:
         return CheckResult("runtime", problem[0], problem[1], details)
     return CheckResult("runtime", "pass", f"{runtime} runs on TensorRT-LLM {version}", details)
-
-
-def check_llmapi_adaptive(recipe: Recipe, trtllm_version: str | None = None) -> list[CheckResult]:
-    """trtllm-pytorch: what of the recipe's K rules TensorRT-LLM's LLM API honours, one line per setting (what
-    model.yaml gets: support.llmapi_speculation); a warning names a setting the pinned release lacks."""
-    if recipe.triton.runtime != "trtllm-pytorch":
-        return []
-    spec, pinned = recipe.speculative, f"TensorRT-LLM {support.TRTLLM_PYTORCH_VERSION}"
-    problem = support.llmapi_speculation_problem(spec)
-    if problem:
-        return [CheckResult("adaptive K", "fail", problem)]
-    rendered = support.llmapi_speculation(spec, recipe.limits.max_batch_size)
-    details = rendered.fields()
-    if spec.num_draft_tokens is not None:
-        message = (
-            f"speculative.num_draft_tokens {spec.num_draft_tokens}: every request drafts it ({pinned}'s LLM API "
-            "takes no per-request K)"
-        )
-        results = [CheckResult("adaptive K", "pass", message, details)]
-        if spec.schedule:
-            message = (
-                f"speculative.schedule is not written: it caps adaptive requests, and num_draft_tokens "
-                f"{spec.num_draft_tokens} pins every request's K"
-            )
-            results.append(CheckResult("adaptive K", "warn", message, details))
-        return results
-    message = (
-        f"adaptive K by acceptance (speculative.num_draft_tokens unset): {pinned} has no per-request K; written "
-        f"as its acceptance gate, which stops drafting for good, for every request, once the last "
-        f"{rendered.acceptance_window} finished requests accepted fewer than {rendered.acceptance_length_threshold} "
-        f"draft tokens per round on average (K {rendered.max_draft_len} x speculative.draft_cost_ratio "
-        f"{spec.draft_cost_ratio}, the break-even); no probing afterwards"
-    )
-    results = [CheckResult("adaptive K", "warn", message, details)]
-    if spec.schedule:
-        results.append(CheckResult("adaptive K", "pass", _llmapi_schedule_message(spec, rendered), details))
-    return results + _llmapi_field_version_results(
-        rendered, trtllm_version or environment.installed_trtllm_version()
-    )
-
-
-def _llmapi_schedule_message(spec, rendered) -> str:
-    """What speculative.schedule became in speculative_config."""
-    upstream = support.upstream_draft_len_schedule(spec.schedule, spec.max_draft_len)
-    written = [f"draft_len_schedule {rendered.draft_len_schedule}"] if rendered.draft_len_schedule else []
-    if 0 in upstream.values():
-        written.append(f"max_concurrency {rendered.max_concurrency}")
-    if not written:
-        return f"speculative.schedule {spec.schedule}: one K at every load, max_draft_len {rendered.max_draft_len}"
-    message = f"speculative.schedule {spec.schedule}: written as {' + '.join(written)} (active requests)"
-    if rendered.max_draft_len < spec.max_draft_len:
-        message += f", max_draft_len {rendered.max_draft_len} (the schedule's K at one request)"
-    if rendered.draft_len_schedule:
-        message += "; TensorRT-LLM drafts without its fused draft loop then"
-    return message
-
-
-def _llmapi_field_version_results(rendered, version: str | None) -> list[CheckResult]:
-    """The adaptive-K fields are 1.2.x's; a later release renamed or reread them."""
-    try:
-        newer = version is not None and support.parse_version(version)[:2] > (1, 2)
-    except ValueError:
-        newer = False
-    if not newer:
-        return []
-    changed = []
-    if rendered.acceptance_window is not None:
-        changed.append(
-            "acceptance_window/acceptance_length_threshold (renamed in 1.3, a breaking change: "
-            "acceptance_rate_window_size/acceptance_rate_threshold, a rate)"
-        )
-    if rendered.draft_len_schedule is not None:
-        changed.append("draft_len_schedule (1.3 reads its keys as 'up to', exclusive of max_concurrency)")
-    if not changed:
-        return []
-    message = (
-        f"TensorRT-LLM {version}: trtspec writes {support.TRTLLM_PYTORCH_VERSION}'s {' and '.join(changed)}; "
-        f"use {support.NGC_TRITON_TRTLLM_PYTORCH_IMAGE}"
-    )
-    return [CheckResult("adaptive K", "warn", message)]
 
 
 def check_fast_logits(recipe: Recipe) -> list[CheckResult]:

@@ -1,4 +1,5 @@
-"""What the TensorRT-LLM draft-target path supports: the one place these facts live.
+"""What the TensorRT-LLM draft-target path supports: the one place these facts live (the pinned TensorRT-LLM
+release is core/trtllm.py's, the vocab rows of a pair core/vocab.py's).
 
 Sources: NVIDIA/TensorRT-LLM 1.2.x examples/draft_target_model/README.md (precisions), modelopt 0.37
 ``modelopt/torch/export/model_config_utils`` / ``layer_utils.get_model_type`` (decoder types), TensorRT-LLM
@@ -9,14 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-# The engine path is pinned to TensorRT-LLM 1.2.x, the last release line with trtllm-build / TensorRT engines.
-TRTLLM_VERSION = "1.2.1"
-TRTLLM_VERSION_RANGE = (">=1.2.0", "<1.3.0")
-# NGC Triton image that ships TensorRT-LLM 1.2.1 (the adapter's version check uses TRTLLM_VERSION_RANGE).
-# Confirmed in triton-inference-server/server docs/introduction/compatibility.md ("Container Name:
-# trtllm-python-py3"): 26.04-26.07 ship TensorRT-LLM 1.2.1 with TensorRT 10.14.1.48 (26.03 has 1.2.0,
-# 25.12-26.02 have 1.1.0); 26.07 is the newest of them.
-NGC_TRITON_TRTLLM_IMAGE = "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
+from trtspec.core.trtllm import NGC_TRITON_TRTLLM_IMAGE, TRTLLM_VERSION, TRTLLM_VERSION_RANGE
 
 # The conversion path (nvidia-modelopt quantization and export: convert, quantize, build's checkpoint stages, the
 # HF export for trtllm-pytorch) runs on the libraries TensorRT-LLM 1.2.1 pins (nvidia-modelopt 0.37,
@@ -132,76 +126,11 @@ MIN_COMPUTE_CAPABILITY = {
 
 # AWQ kernels need weight input dimensions (per rank) divisible by this group size.
 AWQ_GROUP_SIZE = 128
-# modelopt pads the AWQ vocab (embedding and lm_head rows) to a multiple of this.
-AWQ_VOCAB_PADDING = 64
 
 
 def effective_precision(dtype: str, quantization: str) -> str:
     """The precision a model runs in: its quantization format if any, else its dtype."""
     return dtype if quantization == "none" else quantization
-
-
-def padded_vocab_size(vocab_size: int, tp_size: int, quantization: str) -> int:
-    """Vocab rows of the TensorRT-LLM lm_head as nvidia-modelopt 0.37 exports them: AWQ formats first pad to a
-    multiple of 64 (``postprocess.pad_embedding_lm_head``), then every format pads to a multiple of tp_size."""
-    if quantization in ("int4_awq", "w4a8_awq"):
-        vocab_size = -(-vocab_size // AWQ_VOCAB_PADDING) * AWQ_VOCAB_PADDING
-    return -(-vocab_size // tp_size) * tp_size
-
-
-def vocab_pair_problem(
-    target_rows: int, draft_rows: int, runtime: str, use_draft_logits: bool, fast_logits: bool
-) -> str | None:
-    """Why ``runtime`` cannot serve a pair whose models have these vocab rows (None: it can). The pair shares one
-    tokenizer; rows past it are padding no text produces (Qwen2.5: 151936 draft rows, 152064 target rows).
-
-    What TensorRT-LLM 1.2.x does with such a pair (read from its sources):
-    - draft tokens go to the target by id and are accepted by id (``acceptDraftTokensKernel``): no vocab check;
-    - draft logits are copied into a ``[k, target vocabSizePadded]`` buffer and a different size throws
-      "Incompatible buffer sizes" (TensorRT-LLM issue 2789); the rows are softmaxed first, so draft logits padded
-      with -inf to the target's rows are valid, which the orchestrator and the runner do;
-    - fast logits go from the draft rank to the target rank as they are, so nothing can pad them;
-    - the PyTorch backend's DraftTarget subtracts the draft's probabilities from the target's at a rejected
-      sampled token (``sample_rejected``): a size error for different rows;
-    - no runtime checks draft token ids against the target's rows, so a draft with more rows could make the target
-      embed an id it has no row for.
-    """
-    if target_rows == draft_rows:
-        return None
-    if draft_rows > target_rows:
-        return (
-            f"the draft has {draft_rows} vocab rows and the target {target_rows}: the draft could propose ids the "
-            "target has no rows for; use a draft whose vocab_size does not exceed the target's"
-        )
-    if runtime == "trtllm-pytorch":
-        return (
-            f"TensorRT-LLM's DraftTarget (PyTorch backend) subtracts the draft's probabilities ({draft_rows} rows) "
-            f"from the target's ({target_rows}) at a rejected sampled token, a size error; serve this pair with "
-            "runtime torch or tensorrtllm"
-        )
-    if runtime == "tensorrtllm" and use_draft_logits and fast_logits:
-        return (
-            f"triton.fast_logits passes the draft's logits ({draft_rows} rows) to the target rank unchanged and "
-            f"TensorRT-LLM refuses them for the target's {target_rows} rows; set triton.fast_logits: false (the "
-            "orchestrator then pads them with -inf)"
-        )
-    return None
-
-
-def draft_input_ids(tokens: list[int], draft_rows: int) -> list[int]:
-    """The sequence as the draft sees it: an id it has no row for (one of a padded-vocabulary target's padding
-    rows, which only an untrained or unlucky target samples) becomes the draft's own last row, padding too. The
-    draft's view only steers its proposals and the target decides every token, so outputs do not change."""
-    if not tokens or max(tokens) < draft_rows:
-        return tokens
-    return [t if t < draft_rows else draft_rows - 1 for t in tokens]
-
-
-def vocab_rows(vocab_size: int, runtime: str, tp_size: int, quantization: str) -> int:
-    """Logit rows a model has under ``runtime``: a TensorRT engine's padded lm_head, else the checkpoint's own."""
-    if runtime == "tensorrtllm":
-        return padded_vocab_size(vocab_size, tp_size, quantization)
-    return vocab_size
 
 
 # ---------------------------------------------------------------- runtimes and the TensorRT-LLM versions they need

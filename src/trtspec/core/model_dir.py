@@ -15,6 +15,7 @@ import warnings
 from pathlib import Path
 
 from trtspec.core.errors import ModelError
+from trtspec.core.token_rules import model_end_ids
 
 # The dtypes trtspec loads Hugging Face weights in (torch's attribute names).
 TORCH_DTYPES = ("float32", "float16", "bfloat16")
@@ -53,18 +54,18 @@ def load_tokenizer(model_dir: Path, trust_remote_code: bool = False):
 
 
 def end_ids(model_dir: Path | str, tokenizer) -> tuple[int, ...]:
-    """The ids that end generation, as Hugging Face generate takes them: generation_config.json's eos_token_id (an
-    int, or a list as Llama 3 Instruct's [128001, 128008, 128009]), else the tokenizer's eos."""
-    path = Path(model_dir) / "generation_config.json"
-    try:
-        eos = json.loads(path.read_text()).get("eos_token_id") if path.is_file() else None
-    except (OSError, ValueError):
-        eos = None
-    if eos is None and tokenizer is not None:
-        eos = tokenizer.eos_token_id
-    return (
-        tuple(int(i) for i in eos) if isinstance(eos, list | tuple) else (() if eos is None else (int(eos),))
-    )
+    """The model folder's end ids (core/token_rules.py rule 1): generation_config.json's eos_token_id, else
+    config.json's (transformers builds the generation config from it), else the tokenizer's eos."""
+    eos = None
+    for name in ("generation_config.json", "config.json"):
+        path = Path(model_dir) / name
+        try:
+            eos = json.loads(path.read_text()).get("eos_token_id") if path.is_file() else None
+        except (OSError, ValueError, AttributeError):
+            eos = None
+        if eos is not None:
+            break
+    return model_end_ids(eos, tokenizer.eos_token_id if tokenizer is not None else None)
 
 
 # ---------------------------------------------------------------- parameter counts

@@ -11,8 +11,9 @@
 ``num_draft_tokens=None`` (the default) is adaptive K (engines/adaptive.py, settings: ``k_policy``), a number pins K.
 ``draft_dir=None`` (or ``num_draft_tokens=0``) is target-only decoding through the same loop, the baseline.
 A request with num_draft_tokens > max_draft_len raises ``RequestError`` (TensorRT-LLM refuses it too).
-Stops: max_new_tokens, EOS / stop_token_ids (the stop token is kept, as HF generate does), stop strings (the
-token that completes one is the last token; ``text`` ends at the stop string). Nothing past a stop is emitted.
+Stops: max_new_tokens, stop ids (core/token_rules.py: the one that ends a request is kept, as HF generate does),
+stop strings (the token that completes one is the last token; ``text`` ends at the stop string). Nothing past a
+stop is emitted.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 import torch
 
 from trtspec.core.errors import ModelError, RequestError
+from trtspec.core.token_rules import model_end_ids, request_stop_ids
 from trtspec.engines.adaptive import AdaptiveState, KPolicy
 from trtspec.engines.loop import (
     GenerationLoop,
@@ -35,6 +37,7 @@ from trtspec.engines.loop import (
     new_generator,
 )
 from trtspec.engines.models import load_causal_lm
+from trtspec.engines.rounds import Rounds
 from trtspec.engines.sampling import SamplingParams, check_num_draft_tokens
 from trtspec.engines.speculative import TorchRounds
 
@@ -51,8 +54,10 @@ class StreamEvent:
 
 
 class StreamingGenerator(ABC):
-    """``generate`` / ``generate_stream`` for every runtime that supplies a GenerationLoop (``new_loop``: the PyTorch
-    engine, the TensorRT-LLM runner). A batch is one loop run: every prompt added at once, stepped until done."""
+    """``generate`` / ``generate_stream`` for every runtime that supplies a round (``new_rounds``: the PyTorch
+    engine, the TensorRT-LLM runner). A batch is one loop run: every prompt added at once, stepped until done.
+    A subclass sets target, draft, tokenizer, eos_ids, max_draft_len, max_seq_len, max_batch_size, k_policy and
+    adaptive."""
 
     # What a user changes to lift each limit (the engine's arguments here; a rebuild for TensorRT engines).
     batch_hint = "raise max_batch_size"
@@ -60,12 +65,24 @@ class StreamingGenerator(ABC):
     tokenizer_hint = "load the engine from a directory with one"
 
     @abstractmethod
-    def new_loop(self, *, first_token_alone: bool = False) -> GenerationLoop:
-        """A GenerationLoop over this runtime's rounds."""
+    def new_rounds(self) -> Rounds:
+        """This runtime's round (engines/rounds.py), over its models and slots."""
 
-    @abstractmethod
-    def _eos_ids(self, params: SamplingParams) -> set[int]:
-        """The ids that end a request with ``params`` (none with ignore_eos; its stop_token_ids when given)."""
+    def new_loop(self, *, first_token_alone: bool = False) -> GenerationLoop:
+        """A GenerationLoop over this runtime's rounds (requests join and leave between rounds)."""
+        return GenerationLoop(
+            self.new_rounds(),
+            max_seq_len=self.max_seq_len,
+            tokenizer=self.tokenizer,
+            first_token_alone=first_token_alone,
+            seq_hint=self.seq_hint,
+            k_policy=self.k_policy,
+            adaptive=self.adaptive,
+        )
+
+    def _eos_ids(self, params: SamplingParams) -> tuple[int, ...]:
+        """The ids that end a request with ``params`` (core/token_rules.py rule 2 over the model's ``eos_ids``)."""
+        return request_stop_ids(self.eos_ids, ignore_eos=params.ignore_eos, own=params.stop_token_ids)
 
     def _check_prompts(self, prompts: list[list[int]], params: SamplingParams) -> None:
         """Refuse a batch the runtime cannot take: size, empty prompts, length, ids outside the vocabulary."""
@@ -133,6 +150,10 @@ class SpeculativeEngine(StreamingGenerator):
         self.max_draft_len = max_draft_len if draft is not None else 0
         self.max_seq_len = max_seq_len
         self.max_batch_size = target.num_slots
+        generation_eos = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
+        self.eos_ids = model_end_ids(
+            generation_eos, tokenizer.eos_token_id if tokenizer is not None else None
+        )
 
     @classmethod
     def from_pretrained(
@@ -178,27 +199,8 @@ class SpeculativeEngine(StreamingGenerator):
         sizes = [m.vocab_size for m in (self.target, self.draft) if m is not None]
         return min(sizes)
 
-    def new_loop(self, *, first_token_alone: bool = False) -> GenerationLoop:
-        """A GenerationLoop over this engine's models and slots (requests join and leave between rounds)."""
-        return GenerationLoop(
-            TorchRounds(self.target, self.draft, max_draft_len=self.max_draft_len),
-            max_seq_len=self.max_seq_len,
-            tokenizer=self.tokenizer,
-            first_token_alone=first_token_alone,
-            seq_hint=self.seq_hint,
-            k_policy=self.k_policy,
-            adaptive=self.adaptive,
-        )
-
-    def _eos_ids(self, params: SamplingParams) -> set[int]:
-        if params.ignore_eos:
-            return set()
-        if params.stop_token_ids is not None:
-            return set(params.stop_token_ids)
-        eos = getattr(self.target.generation_config, "eos_token_id", None)
-        if eos is None and self.tokenizer is not None:
-            eos = self.tokenizer.eos_token_id
-        return set(eos) if isinstance(eos, list | tuple) else ({eos} if eos is not None else set())
+    def new_rounds(self) -> TorchRounds:
+        return TorchRounds(self.target, self.draft, max_draft_len=self.max_draft_len)
 
 
 def _load_tokenizer(model_dir: Path | str, trust_remote_code: bool):
@@ -213,8 +215,8 @@ def check_same_tokenizer(
     target_tokenizer, target_dir: Path | str, draft_dir: Path | str, trust_remote_code: bool
 ) -> None:
     """ModelError unless the draft's tokenizer is the target's (check's rule); skipped for an ids-only draft."""
-    from trtspec.builders.preflight import check_tokenizers
     from trtspec.core.model_dir import has_tokenizer, load_tokenizer
+    from trtspec.core.tokenizers import check_tokenizers
 
     if not has_tokenizer(draft_dir):
         return

@@ -1,21 +1,26 @@
-"""``trtspec generate``: one prompt through the PyTorch engine, text streamed as tokens are accepted, then stats.
+"""``trtspec generate``: one prompt through the PyTorch engine, its text passed on as tokens are accepted.
 
 ``GenerateSpec`` is what the command's options become; ``resolve_models`` turns it (a recipe, or --target/--draft
 directories) into model directories and engine limits, checking the tokenizers with the pre-flight check;
-``run_generate`` loads the engine, streams and reports.
+``run_generate`` loads the engine and generates, handing each new piece of text to ``on_text``. What is shown, and
+where, is the CLI edge's: this module returns a ``Generated`` and prints nothing.
 """
 
 from __future__ import annotations
 
-import sys
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trtspec.core.errors import ModelError, RequestError
 from trtspec.engines.adaptive import KPolicy, policy_for
 
+if TYPE_CHECKING:
+    from trtspec.engines.loop import GenerationResult
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, kw_only=True)
 class GenerateSpec:
     prompt: str
     recipe: str | None = "demo"
@@ -24,6 +29,7 @@ class GenerateSpec:
     no_draft: bool = False
     max_new_tokens: int = 128
     num_draft_tokens: int | None = None
+    max_draft_len: int | None = None
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
@@ -31,11 +37,10 @@ class GenerateSpec:
     stop: tuple[str, ...] = ()
     device: str = "cpu"
     dtype: str | None = None  # None: float32 on CPU, the recipe's target dtype (or bfloat16) on CUDA
-    max_draft_len: int | None = None
     chat: bool = False  # the prompt is one user message, rendered with the target tokenizer's chat template
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _Models:
     target: Path
     draft: Path | None
@@ -55,54 +60,82 @@ def resolve_models(spec: GenerateSpec) -> _Models:
         raise RequestError(
             f"--num-draft-tokens {spec.num_draft_tokens} needs a draft; --no-draft decodes target-only, drop one"
         )
-    if spec.target is not None:
-        if spec.draft is None and not spec.no_draft:
-            raise RequestError("--target needs --draft DIR (or --no-draft for target-only decoding)")
-        max_draft_len = spec.max_draft_len or 8
-        models = _Models(
-            Path(spec.target),
-            None if spec.no_draft else Path(spec.draft),
-            max_draft_len,
-            None,
-            2048,
-            "bfloat16",
-            False,
-        )
-    else:
-        from trtspec.recipe import load_recipe
-
-        recipe = load_recipe(spec.recipe or "demo")
-        models = _Models(
-            recipe.target.model,
-            None if spec.no_draft else recipe.draft.model,
-            spec.max_draft_len or recipe.speculative.max_draft_len,
-            # Target-only decoding asks for no draft tokens, whatever K the recipe serves with.
-            # No K in the recipe: adaptive (None).
-            0 if spec.no_draft else recipe.speculative.num_draft_tokens,
-            recipe.limits.max_seq_len,
-            recipe.target.dtype,
-            recipe.target.trust_remote_code,
-            policy_for(recipe.speculative),
-        )
-    dtype = spec.dtype or ("float32" if spec.device == "cpu" else models.dtype)
-    models = _Models(
-        models.target,
-        models.draft,
-        models.max_draft_len,
-        models.num_draft_tokens,
-        models.max_seq_len,
-        dtype,
-        models.trust_remote_code,
-        models.k_policy,
-    )
+    models = _from_dirs(spec) if spec.target is not None else _from_recipe(spec)
+    models = replace(models, dtype=spec.dtype or ("float32" if spec.device == "cpu" else models.dtype))
     for path in (models.target, models.draft):
         if path is not None and not (Path(path) / "config.json").is_file():
             raise ModelError(f"{path}: not a Hugging Face model directory (no config.json)")
     return models
 
 
-def run_generate(spec: GenerateSpec, out) -> dict:
-    """Generate for one prompt; stream text (unless --json), then print stats. Returns the JSON payload."""
+def _from_dirs(spec: GenerateSpec) -> _Models:
+    if spec.draft is None and not spec.no_draft:
+        raise RequestError("--target needs --draft DIR (or --no-draft for target-only decoding)")
+    return _Models(
+        target=Path(spec.target),
+        draft=None if spec.no_draft else Path(spec.draft),
+        max_draft_len=spec.max_draft_len or 8,
+        num_draft_tokens=None,
+        max_seq_len=2048,
+        dtype="bfloat16",
+        trust_remote_code=False,
+    )
+
+
+def _from_recipe(spec: GenerateSpec) -> _Models:
+    from trtspec.recipe import load_recipe
+
+    recipe = load_recipe(spec.recipe or "demo")
+    return _Models(
+        target=recipe.target.model,
+        draft=None if spec.no_draft else recipe.draft.model,
+        max_draft_len=spec.max_draft_len or recipe.speculative.max_draft_len,
+        # Target-only decoding asks for no draft tokens, whatever K the recipe serves with.
+        # No K in the recipe: adaptive (None).
+        num_draft_tokens=0 if spec.no_draft else recipe.speculative.num_draft_tokens,
+        max_seq_len=recipe.limits.max_seq_len,
+        dtype=recipe.target.dtype,
+        trust_remote_code=recipe.target.trust_remote_code,
+        k_policy=policy_for(recipe.speculative),
+    )
+
+
+@dataclass(frozen=True)
+class Generated:
+    """One prompt's generation: its prompt ids and the engine's result (text, token ids, finish reason, stats)."""
+
+    prompt_ids: list[int]
+    result: GenerationResult
+    speculative: bool  # a draft model took part
+
+    def to_dict(self) -> dict:
+        return {"prompt_token_ids": self.prompt_ids, **self.result.to_dict()}
+
+    def stats_lines(self) -> list[str]:
+        """The stats as plain text lines (the draft's lines only where a draft took part)."""
+        stats = self.result.stats
+        ttft = (
+            f"{stats.time_to_first_token_s * 1e3:.0f} ms" if stats.time_to_first_token_s is not None else "-"
+        )
+        lines = [
+            f"{stats.generated_tokens} tokens ({self.result.finish_reason}) in {stats.elapsed_s:.2f} s: "
+            f"{stats.tokens_per_s:.1f} tokens/s, time to first token {ttft}",
+            f"forward passes: target {stats.target_forwards}, draft {stats.draft_forwards}",
+        ]
+        if not self.speculative:
+            return lines
+        return [
+            *lines,
+            f"drafted {stats.drafted}, accepted {stats.accepted} (acceptance rate {stats.acceptance_rate:.1%}), "
+            f"bonus tokens {stats.bonus_tokens}, mean accepted length {stats.mean_accepted_length:.2f}",
+            f"accepted-length histogram (0..K): {stats.accepted_length_histogram}",
+            f"K per round (target forwards that verified 0, 1, .. draft tokens): {stats.num_draft_histogram}, "
+            f"mean K {stats.mean_num_draft_tokens:.2f}",
+        ]
+
+
+def run_generate(spec: GenerateSpec, on_text: Callable[[str], None] | None = None) -> Generated:
+    """Generate for one prompt; ``on_text`` gets each new piece of decoded text as its tokens are accepted."""
     from trtspec.engines.engine import SpeculativeEngine
     from trtspec.engines.sampling import SamplingParams
 
@@ -129,18 +162,12 @@ def run_generate(spec: GenerateSpec, out) -> dict:
         seed=spec.seed,
         stop_strings=spec.stop,
     )
-    stream = _TextStream(engine.tokenizer, spec.stop, enabled=not (out.json or out.quiet))
+    stream = _TextStream(engine.tokenizer, spec.stop, on_text) if on_text is not None else None
     for event in engine.generate_stream([prompt_ids], params):
-        stream.feed(event.new_tokens[0])
+        if stream is not None:
+            stream.feed(event.new_tokens[0])
         results = event.results
-    stream.close()
-    result = results[0]
-    payload = {"prompt_token_ids": prompt_ids, **result.to_dict()}
-    if out.json:
-        out.emit_json(payload)
-    else:
-        _print_stats(out.console(), result, models.draft is not None)
-    return payload
+    return Generated(prompt_ids, results[0], speculative=models.draft is not None)
 
 
 def _encode(spec: GenerateSpec, models: _Models) -> list[int]:
@@ -154,45 +181,19 @@ def _encode(spec: GenerateSpec, models: _Models) -> list[int]:
 
 
 class _TextStream:
-    """Prints decoded text as tokens arrive; holds back an incomplete UTF-8 tail, never prints past a stop."""
+    """Decodes tokens as they arrive and passes on the new text; holds back an incomplete UTF-8 tail, never passes
+    text past a stop string."""
 
-    def __init__(self, tokenizer, stop: tuple[str, ...], enabled: bool):
-        self.tokenizer, self.stop, self.enabled = tokenizer, stop, enabled
+    def __init__(self, tokenizer, stop: tuple[str, ...], on_text: Callable[[str], None]):
+        self.tokenizer, self.stop, self.on_text = tokenizer, stop, on_text
         self.tokens: list[int] = []
-        self.printed = 0
+        self.passed = 0
 
     def feed(self, tokens: list[int]) -> None:
         self.tokens += tokens
         text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
         ends = [text.find(s) + len(s) for s in self.stop if s in text]
         text = text[: min(ends)] if ends else text.rstrip("\ufffd")
-        if self.enabled and len(text) > self.printed:
-            sys.stdout.write(text[self.printed :])
-            sys.stdout.flush()
-        self.printed = max(self.printed, len(text))
-
-    def close(self) -> None:
-        if self.enabled:
-            sys.stdout.write("\n")
-
-
-def _print_stats(console, result, speculative: bool) -> None:
-    stats = result.stats
-    ttft = f"{stats.time_to_first_token_s * 1e3:.0f} ms" if stats.time_to_first_token_s is not None else "-"
-    lines = [
-        f"{stats.generated_tokens} tokens ({result.finish_reason}) in {stats.elapsed_s:.2f} s: "
-        f"{stats.tokens_per_s:.1f} tokens/s, time to first token {ttft}",
-        f"forward passes: target {stats.target_forwards}, draft {stats.draft_forwards}",
-    ]
-    if speculative:
-        lines.append(
-            f"drafted {stats.drafted}, accepted {stats.accepted} (acceptance rate {stats.acceptance_rate:.1%}), "
-            f"bonus tokens {stats.bonus_tokens}, mean accepted length {stats.mean_accepted_length:.2f}"
-        )
-        lines.append(f"accepted-length histogram (0..K): {stats.accepted_length_histogram}")
-        lines.append(
-            f"K per round (target forwards that verified 0, 1, .. draft tokens): {stats.num_draft_histogram}, "
-            f"mean K {stats.mean_num_draft_tokens:.2f}"
-        )
-    for line in lines:
-        console.print(line, highlight=False, markup=False)
+        if len(text) > self.passed:
+            self.on_text(text[self.passed :])
+            self.passed = len(text)

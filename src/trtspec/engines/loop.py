@@ -8,8 +8,8 @@
     loop.cancel("a")  # from any thread: the request leaves before the next round
 
 The round (propose + verify) is the runtime's, behind engines/rounds.py ``Rounds``: the torch pair's KV slots
-(speculative.TorchRounds), TensorRT-LLM's ModelRunnerCpp (trtllm_runner.TrtllmRounds) and the Triton orchestrator's
-BLS calls to the engine models (triton_repo/models/decode.EngineRounds). Everything else is here, once.
+(speculative.TorchRounds), and engines behind calls (engine_calls.EngineCallRounds: TensorRT-LLM's ModelRunnerCpp
+in-process, the Triton orchestrator's BLS calls to the engine models). Everything else is here, once.
 
 Each ``step``: 1. admit queued requests into free slots (their prompt is prefilled by this round), 2. retire
 cancelled requests, 3. run one round for all active rows, grouped by what a batched sampling step shares (greedy
@@ -17,33 +17,32 @@ rows together; sampled rows by temperature/top_k/top_p and random generator), 4.
 new tokens at its stops and emit them, 5. release the slots of finished rows. Rows do not wait for each other: a
 row keeps its own state (rounds.Row), so a joining row changes nothing in the others' tokens. The engine's and the
 TensorRT-LLM runner's ``generate_stream`` add their prompts and step until done; the Triton ``torch`` runtime's
-entry model feeds one loop from a thread (``LoopThread``); the ``tensorrtllm`` runtime's orchestrator runs one loop
-per request on that request's thread.
+entry model feeds one loop from a thread (triton_repo/models/loop_thread.py); the ``tensorrtllm`` runtime's
+orchestrator runs one loop per request on that request's thread.
 
 K per round: a request that pins ``num_draft_tokens`` drafts that many; one that gives none is adaptive
 (engines/adaptive.py: its running acceptance, capped by the policy's schedule for the rows in flight).
 
 Stops are per request (``StopChecker``): max_new_tokens, EOS ids, stop token sequences and stop strings, and a
-round that emitted nothing. The EOS convention is ``keep_end``: an EOS id is the last emitted token, as HF
-generate returns it (the in-process engine, the TensorRT-LLM runner: their API is HF's), or is left out, as
-TensorRT-LLM's end_id (the Triton models' client interface). With ``first_token_alone`` a row's first round drafts
+round that emitted nothing. Which ids stop a request and whether the one that stopped it is returned
+(``keep_end``) are core/token_rules.py's rules. With ``first_token_alone`` a row's first round drafts
 nothing when no other row drafts in it: its first token comes from the target's prefill alone (a streaming
 client's TTFT); a row joining a running batch gets its first token with that batch's round anyway.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from trtspec.core.errors import RequestError
 from trtspec.core.metrics import AcceptanceStats
+from trtspec.core.token_rules import KEEP_END
 from trtspec.engines.adaptive import AdaptiveState, KController, KPolicy, group_k
 from trtspec.engines.rounds import Outcome, Rounds, Row
 from trtspec.engines.sampling import SamplingParams, check_num_draft_tokens
@@ -75,10 +74,10 @@ class StopChecker:
     def __init__(
         self,
         params: SamplingParams,
-        eos_ids: set[int],
+        eos_ids: Iterable[int],
         tokenizer,
         *,
-        keep_end: bool = True,
+        keep_end: bool = KEEP_END["in-process"],
         stop_sequences: Sequence[Sequence[int]] = (),
     ):
         self.params, self.eos_ids, self.tokenizer = params, set(eos_ids), tokenizer
@@ -222,8 +221,8 @@ class GenerationLoop:
         prompt: list[int],
         params: SamplingParams,
         *,
-        eos_ids: set[int] = frozenset(),
-        keep_end: bool = True,
+        eos_ids: Sequence[int] = (),
+        keep_end: bool = KEEP_END["in-process"],
         stop_sequences: Sequence[Sequence[int]] = (),
         generator: torch.Generator | None = None,
     ) -> None:
@@ -245,7 +244,7 @@ class GenerationLoop:
             # A seeded sampled request's K must not depend on other requests (it decides its random draws).
             prior = None if params.seeded else self.adaptive.pool
             controller = KController(self.k_policy, k, prior)
-        row = Row(list(prompt), -1, max_len=len(prompt) + params.max_new_tokens)
+        row = Row(list(prompt), -1, max_len=len(prompt) + params.max_new_tokens, stop_ids=tuple(eos_ids))
         start = time.perf_counter()
         request = _Active(request_id, row, params, k, stops, generator, start, stats, controller)
         with self.lock:
@@ -379,99 +378,3 @@ class GenerationLoop:
         event = self._finished(request, reason)
         event.new_tokens, event.num_draft, event.num_accepted = kept, out.num_draft, out.num_accepted
         return event
-
-
-Sink = Callable[[RowEvent], None]
-
-
-class LoopThread:
-    """A GenerationLoop stepped by a thread of its own while it has work; each request's events go to its sink
-    (called on that thread, in order; the last one is finished), then ``on_step`` runs once for the step (a
-    consumer that batches a step's work hands it on there). ``torch_threads`` sets the thread's intra-op threads
-    (torch keeps that setting per thread); ``cores`` pins the thread (and the intra-op threads it starts) to
-    those cores."""
-
-    def __init__(
-        self,
-        loop: GenerationLoop,
-        torch_threads: int | None = None,
-        on_error: Callable[[str], None] | None = None,
-        on_step: Callable[[], None] | None = None,
-        cores: set[int] | None = None,
-    ):
-        self.loop, self.torch_threads, self.on_error = loop, torch_threads, on_error
-        self.on_step, self.cores = on_step, cores
-        self.sinks: dict[Hashable, Sink] = {}
-        self.wake = threading.Condition()
-        self.stopping = False
-        self.thread = threading.Thread(target=self._run, name="generation-loop", daemon=True)
-        self.thread.start()
-
-    def submit(
-        self, request_id: Hashable, prompt: list[int], params: SamplingParams, sink: Sink, **options
-    ) -> None:
-        """Queue a request (GenerationLoop.add's options); RequestError now if the loop cannot take it."""
-        with self.wake:
-            self.sinks[request_id] = sink
-            try:
-                self.loop.add(request_id, prompt, params, **options)
-            except BaseException:
-                del self.sinks[request_id]
-                raise
-            self.wake.notify()
-
-    def cancel(self, request_id: Hashable) -> None:
-        self.loop.cancel(request_id)
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        with self.wake:
-            self.stopping = True
-            self.wake.notify()
-        self.thread.join(timeout_s)
-
-    def _run(self) -> None:
-        if self.cores:
-            pin(self.cores, self.on_error)
-        if self.torch_threads is not None:
-            torch.set_num_threads(self.torch_threads)
-        while True:
-            with self.wake:
-                while not self.loop.busy and not self.stopping:
-                    self.wake.wait()
-                if self.stopping:
-                    return
-            try:
-                events = self.loop.step()
-            except Exception as err:  # noqa: BLE001 - every request gets the one line; the server log the rest
-                message = f"internal error: {type(err).__name__}: {err}"
-                if self.on_error is not None:
-                    self.on_error(message)
-                events = self.loop.fail_all(message)
-            for event in events:
-                self._guarded(self._deliver, event)
-            if events and self.on_step is not None:
-                self._guarded(self.on_step)
-
-    def _guarded(self, call: Callable, *args) -> None:
-        """``call(*args)``; a consumer's failure is logged and the loop serves on (the other requests' events too)."""
-        try:
-            call(*args)
-        except Exception as err:  # noqa: BLE001 - a bug in a sink or on_step, not the loop's
-            if self.on_error is not None:
-                self.on_error(f"internal error delivering a round: {type(err).__name__}: {err}")
-
-    def _deliver(self, event: RowEvent) -> None:
-        with self.wake:
-            sink = self.sinks.pop(event.request_id) if event.finished else self.sinks.get(event.request_id)
-        if sink is not None:
-            sink(event)
-
-
-def pin(cores: set[int], on_error: Callable[[str], None] | None = None) -> None:
-    """Run the calling thread on ``cores`` only; a refusal (the process's cpuset changed) is reported, not raised:
-    the thread then runs where the process may."""
-    try:
-        os.sched_setaffinity(0, cores)  # 0: the calling thread
-    except OSError as err:
-        if on_error is not None:
-            on_error(f"cannot pin a thread to cores {sorted(cores)} ({err}); it runs on any core")

@@ -1,8 +1,8 @@
 """What a runtime supplies to the one generation loop (engines/loop.py): its round, behind ``Rounds``.
 
-    class MyRounds:                       # one per runtime: the torch pair (speculative.TorchRounds), TensorRT-LLM's
-        num_slots = 4                     # runner (trtllm_runner.TrtllmRounds), the Triton orchestrator's engine
-        vocab_size = 32000                # models (triton_repo/models/decode.EngineRounds)
+    class MyRounds:                       # one per kind of runtime: the torch pair's KV slots (speculative.
+        num_slots = 4                     # TorchRounds), and engines behind calls (engine_calls.EngineCallRounds:
+        vocab_size = 32000                # TensorRT-LLM's runner in-process, the Triton engine models by BLS)
         max_draft_len = 8
         device = "cpu"
         def run(self, rows, num_draft, params, generator) -> list[Outcome]: ...
@@ -25,13 +25,15 @@ class Row:
     """One sequence's state in one runtime. ``tokens``: prompt + emitted tokens (a round appends its own);
     ``slot``: where its state lives (a KV slot of the torch pair); ``target_len``/``draft_len``: tokens whose KV
     each cache holds (runtimes with caches of their own ignore them); ``max_len``: the length the loop lets it
-    reach (prompt + max_new_tokens), so a round can tell how many tokens are left."""
+    reach (prompt + max_new_tokens), so a round can tell how many tokens are left; ``stop_ids``: the ids that end
+    it (core/token_rules.py), which engines that stop by themselves are told."""
 
     tokens: list[int]
     slot: int
     target_len: int = 0
     draft_len: int = 0
     max_len: int = 0
+    stop_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -98,7 +98,7 @@ def _forward(model, slots, new: list[list[int]], cached, num_logits, num_out: in
     device = model.device
     tokens = torch.tensor(padded, dtype=torch.long, device=device)  # [B, T]
     # Only the draft of a padded-vocabulary pair can meet an id past its rows (the target sampled a padding row):
-    # it sees its own last row instead (builders.support.draft_input_ids; the target decides every token).
+    # it sees its own last row instead (core.vocab.draft_input_ids; the target decides every token).
     tokens.clamp_(max=model.vocab_size - 1)
     logit_index = torch.tensor(index, dtype=torch.long, device=device)  # [B, J]
     return model.forward(tokens, list(slots), list(cached), counts, logit_index)

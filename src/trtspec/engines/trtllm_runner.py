@@ -12,23 +12,14 @@ The same API as the PyTorch ``SpeculativeEngine`` (``GenerationResult`` / ``Stre
 one run of the one generation loop (engines/loop.py: stops, stats, adaptive K for requests that pin no
 num_draft_tokens), and this module supplies the round only (``TrtllmRounds``).
 
-The round mirrors upstream's draft-target runner, ``run_dtm_pld`` in NVIDIA/TensorRT-LLM
-examples/prompt_lookup/run_dtm_pld.py (what ``examples/run.py --draft_target_model_config`` calls), over
-``ModelRunnerCpp.generate`` (tensorrt_llm/runtime/model_runner_cpp.py; see builders/trtllm_adapter.py):
-
-1. the draft engine generates the loop's K tokens for every row that drafts (its generation logits too when
-   use_draft_logits);
-2. the target engine verifies them: ``generate(prefix, draft_tokens_list=..., [draft_logits_list=...],
-   max_new_tokens=K+1)`` returns the accepted draft tokens plus one target token (recovered or bonus).
-
-Differences from upstream, each for a reason: a row with no room left for a draft token (its last token), whose
-draft ended at once or whose adaptive K is 0 gets a plain target step instead of a placeholder draft token
-(upstream sends ``[end_id]``, which would count as drafted); sampling seeds differ per round and between draft and
-target (upstream reuses one seed every call, which correlates the rounds' draws). Accepted counts are the leading
-run of draft tokens equal to the target's emitted tokens, exact under both acceptance rules (a recovered token
-never equals the rejected draft token). ``num_draft_tokens=0`` or no draft engine is target-only decoding: one
-plain target ``generate`` per batch (the speed baseline). The end token is kept as the last token (the HF
-convention of this API; engines/loop.py StopChecker).
+The round is engines/engine_calls.py's (the one every engine-call runtime runs); this module is its adapter over
+TensorRT-LLM's C++ runner (``TrtllmCalls``), mirroring upstream's draft-target runner, ``run_dtm_pld`` in
+NVIDIA/TensorRT-LLM examples/prompt_lookup/run_dtm_pld.py (what ``examples/run.py --draft_target_model_config``
+calls), over ``ModelRunnerCpp.generate`` (tensorrt_llm/runtime/model_runner_cpp.py; see engines/trtllm_engine.py):
+propose is the draft engine's ``generate(max_new_tokens=K)`` (its generation logits too when use_draft_logits),
+verify the target's ``generate(prefix, draft_tokens_list=..., [draft_logits_list=...], max_new_tokens=K+1)``.
+Where trtspec differs from upstream (a plain target step instead of a placeholder ``[end_id]`` draft, seeds per
+round and per model) the reason is in engine_calls.py and core/token_rules.py.
 
 Not verified on a GPU: whether the executor keeps the end token in its output (trtspec keeps it when present and
 stops either way) and whether it ends a verification request after one step (the stats count one target forward
@@ -40,18 +31,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
-from trtspec.builders import support
-from trtspec.builders import trtllm_adapter as adapter
 from trtspec.core import layout
+from trtspec.core.engine_config import read_engine_config
 from trtspec.core.errors import CheckpointError, ModelError
-from trtspec.core.sequences import common_prefix_len
+from trtspec.core.vocab import vocab_pair_problem
+from trtspec.core.vocab import vocab_rows as model_vocab_rows
+from trtspec.engines import trtllm_engine as adapter
 from trtspec.engines.adaptive import AdaptiveState, KPolicy, policy_for
 from trtspec.engines.engine import StreamingGenerator
-from trtspec.engines.loop import GenerationLoop
-from trtspec.engines.rounds import Outcome, Row
-from trtspec.engines.sampling import SamplingParams, to_vocab
+from trtspec.engines.engine_calls import Call, Draft, EngineCallRounds
 
 if TYPE_CHECKING:
     from trtspec.recipe import Recipe
@@ -88,7 +76,7 @@ class TrtllmSpeculativeRunner(StreamingGenerator):
         self.max_seq_len = target.max_seq_len - target.max_draft_len
         if draft is not None:
             self.max_seq_len = min(self.max_seq_len, draft.max_seq_len)
-        self.eos_ids, self.pad_id = tuple(eos_ids), pad_id
+        self.eos_ids, self.pad_id = tuple(eos_ids), pad_id  # eos_ids: core/token_rules.py rule 1
         self.k_policy = k_policy
         self.adaptive = AdaptiveState(k_policy)  # adaptive K's measurements, kept across calls
 
@@ -110,8 +98,8 @@ class TrtllmSpeculativeRunner(StreamingGenerator):
 
         Raises CheckpointError (missing / mismatched engines), NeedsTensorRTLLM (exit 3: no tensorrt_llm here).
         """
-        target_facts = adapter.read_engine_config(target_engine_dir)
-        draft_facts = adapter.read_engine_config(draft_engine_dir) if draft_engine_dir else None
+        target_facts = read_engine_config(target_engine_dir)
+        draft_facts = read_engine_config(draft_engine_dir) if draft_engine_dir else None
         check_pair(Path(target_engine_dir), target_facts, draft_facts, use_draft_logits)
         target_ids = list(target_device_ids or range(target_facts["tp_size"] * target_facts["pp_size"]))
         draft_ids = list(draft_device_ids or target_ids[:1])
@@ -163,180 +151,75 @@ class TrtllmSpeculativeRunner(StreamingGenerator):
 
     # ------------------------------------------------------------ generation
 
-    def new_loop(self, *, first_token_alone: bool = False) -> GenerationLoop:
-        """A GenerationLoop over these engines (max_batch_size requests in flight)."""
-        rounds = TrtllmRounds(
-            self.target,
-            self.draft,
-            use_draft_logits=self.use_draft_logits,
+    def new_rounds(self) -> EngineCallRounds:
+        return EngineCallRounds(
+            TrtllmCalls(self.target, self.draft),
+            max_draft_len=self.max_draft_len,
             num_slots=self.max_batch_size,
-            vocab_size=self.input_vocab_size,
-            eos_ids=self.eos_ids,
-            pad_id=self.pad_id,
-        )
-        return GenerationLoop(
-            rounds,
             max_seq_len=self.max_seq_len,
-            tokenizer=self.tokenizer,
-            first_token_alone=first_token_alone,
-            seq_hint=self.seq_hint,
-            k_policy=self.k_policy,
-            adaptive=self.adaptive,
+            vocab_size=self.input_vocab_size,
+            use_draft_logits=self.use_draft_logits,
+            tokenizer_eos=self.tokenizer.eos_token_id if self.tokenizer is not None else None,
+            pad_id=self.pad_id,
         )
 
     @property
     def input_vocab_size(self) -> int:
         return min(r.vocab_size for r in (self.target, self.draft) if r is not None)
 
-    def _eos_ids(self, params: SamplingParams) -> set[int]:
-        return set(eos_ids_for(params, self.eos_ids))
 
+class TrtllmCalls:
+    """engine_calls.EngineCalls over two ``adapter.EngineRunner`` (ModelRunnerCpp). The engines keep no per-row
+    state between calls (each call resubmits the prefix; KV-cache block reuse keeps that cheap)."""
 
-def eos_ids_for(params: SamplingParams, default: tuple[int, ...]) -> tuple[int, ...]:
-    """A request's stop ids: none with ignore_eos, its stop_token_ids when given, else the tokenizer's EOS ids."""
-    if params.ignore_eos:
-        return ()
-    return tuple(params.stop_token_ids) if params.stop_token_ids is not None else default
+    def __init__(self, target: adapter.EngineRunner, draft: adapter.EngineRunner | None):
+        self.target, self.draft = target, draft
+        self.draft_vocab = draft.vocab_size if draft is not None else 0
+        self.target_logit_rows = vocab_rows(target.facts)
 
-
-class TrtllmRounds:
-    """The round over two ``adapter.EngineRunner`` (engines/rounds.py ``Rounds``); see the module docstring. The
-    engines keep no per-row state (each call resubmits the prefix; KV-cache block reuse keeps that cheap)."""
-
-    device = "cpu"  # sampled requests' generators only draw the calls' seeds
-
-    def __init__(
-        self,
-        target: adapter.EngineRunner,
-        draft: adapter.EngineRunner | None,
-        *,
-        use_draft_logits: bool,
-        num_slots: int,
-        vocab_size: int,
-        eos_ids: tuple[int, ...] = (),
-        pad_id: int | None = None,
-    ):
-        self.target, self.draft, self.use_draft_logits = target, draft, use_draft_logits
-        self.num_slots, self.vocab_size = num_slots, vocab_size
-        self.max_draft_len = target.max_draft_len if draft is not None else 0
-        self.eos_ids, self.pad_id = eos_ids, pad_id
-
-    def release(self, slot: int) -> None:
-        """Nothing to drop: the engines hold no state of a row between calls."""
-
-    def run(self, rows: list[Row], num_draft: list[int], params: SamplingParams, generator) -> list[Outcome]:
-        """Draft (where num_draft > 0), then verify; plain target steps where there is no draft. A request pinned
-        to target-only decoding gets its whole budget in one plain call, as native TensorRT-LLM decoding (the
-        speed baseline). Rows of one call share its sampling settings, end_id and stop words (``params``)."""
-        target_seed, draft_seed = _seeds(params, generator)
-        call = self._call_options(eos_ids_for(params, self.eos_ids))
-        if self.draft is None or params.num_draft_tokens == 0:
-            budgets = [row.max_len - len(row.tokens) for row in rows]
-            outs = self._plain(rows, max(budgets), params, call, target_seed)
-            return [
-                _commit(row, tokens[:b], [], 0) for row, tokens, b in zip(rows, outs, budgets, strict=True)
-            ]
-        drafts = self._propose(rows, num_draft, params, call, draft_seed)
-        verify = [i for i, d in enumerate(drafts) if d.token_ids]
-        plain = [i for i, d in enumerate(drafts) if not d.token_ids]
-        emitted: list[list[int]] = [[] for _ in rows]
-        if verify:
-            outs = self.target.generate(
-                [rows[i].tokens for i in verify],
-                max_new_tokens=max(len(drafts[i].token_ids) for i in verify) + 1,
-                sampling=_sampling(params, target_seed),
-                draft_tokens=[drafts[i].token_ids for i in verify],
-                draft_logits=self._draft_logits([drafts[i] for i in verify]),
-                **call,
-            )
-            for i, out in zip(verify, outs, strict=True):
-                emitted[i] = out.token_ids
-        if plain:
-            outs = self._plain([rows[i] for i in plain], 1, params, call, target_seed)
-            for i, tokens in zip(plain, outs, strict=True):
-                emitted[i] = tokens
-        return [
-            _commit(row, tokens, d.token_ids, common_prefix_len(d.token_ids, tokens))
-            for row, tokens, d in zip(rows, emitted, drafts, strict=True)
-        ]
-
-    def _call_options(self, eos: tuple[int, ...]) -> dict:
-        """end_id / pad_id / stop words of every generate call: the first stop id ends, the others are stop words.
-
-        end_id -1 (no stop token) never matches a token.
-        """
-        end_id = eos[0] if eos else -1
-        pad_id = self.pad_id if self.pad_id is not None else max(end_id, 0)
-        stop_words = [[t] for t in eos[1:]] or None
-        return {"end_id": end_id, "pad_id": pad_id, "stop_words": stop_words}
-
-    def _draft_logits(self, drafts: list[adapter.RunnerOutput]) -> list | None:
-        """Each draft's logits [n, target rows]: a padded-vocabulary draft's rows are padded with -inf, as the
-        target's draft-logits buffer has the target's rows (support.vocab_pair_problem)."""
-        if not self.use_draft_logits:
-            return None
-        rows = vocab_rows(self.target.facts)
-        return [to_vocab(d.logits, rows) for d in drafts]
-
-    def _propose(
-        self, rows: list[Row], num_draft: list[int], params, call: dict, seed: int | None
-    ) -> list[adapter.RunnerOutput]:
-        """Draft tokens per row ([] where num_draft is 0); their logits [n, V] when use_draft_logits."""
-        drafts = [adapter.RunnerOutput([]) for _ in rows]
-        asked = [i for i, n in enumerate(num_draft) if n > 0]
-        if not asked:
-            return drafts
-        prefixes = [support.draft_input_ids(rows[i].tokens, self.draft.vocab_size) for i in asked]
+    def propose(
+        self, prefixes: list[list[int]], num_tokens: int, call: Call, want_logits: bool
+    ) -> list[Draft]:
         # One max_new_tokens for the batch: capped so the longest prefix still fits the draft engine.
-        steps = min(max(num_draft[i] for i in asked), self.draft.max_seq_len - max(map(len, prefixes)))
+        steps = min(num_tokens, self.draft.max_seq_len - max(map(len, prefixes)))
         if steps <= 0:
-            return drafts
+            return [Draft([]) for _ in prefixes]
         outs = self.draft.generate(
             prefixes,
             max_new_tokens=steps,
-            sampling=_sampling(params, seed),
-            return_logits=self.use_draft_logits,
-            **call,
+            sampling=_sampling(call),
+            return_logits=want_logits,
+            **_stops(call),
         )
-        for i, out in zip(asked, outs, strict=True):
-            n = min(num_draft[i], len(out.token_ids))
-            drafts[i] = adapter.RunnerOutput(
-                out.token_ids[:n], out.logits[:n] if out.logits is not None else None
-            )
-        return drafts
+        return [Draft(o.token_ids, o.logits) for o in outs]
 
-    def _plain(self, rows: list[Row], max_new_tokens: int, params, call: dict, seed) -> list[list[int]]:
-        prefixes = [row.tokens for row in rows]
-        steps = min(max_new_tokens, self.target.max_seq_len - max(map(len, prefixes)))
-        outs = self.target.generate(prefixes, max_new_tokens=steps, sampling=_sampling(params, seed), **call)
+    def verify(self, prefixes, drafts, draft_logits, max_new_tokens: int, call: Call) -> list[list[int]]:
+        if drafts is None:  # a plain call: capped so the longest prefix still fits the target engine
+            max_new_tokens = min(max_new_tokens, self.target.max_seq_len - max(map(len, prefixes)))
+        outs = self.target.generate(
+            prefixes,
+            max_new_tokens=max_new_tokens,
+            sampling=_sampling(call),
+            draft_tokens=drafts,
+            draft_logits=draft_logits,
+            **_stops(call),
+        )
         return [o.token_ids for o in outs]
 
 
-def _commit(row: Row, tokens: list[int], draft_tokens: list[int], num_accepted: int) -> Outcome:
-    """The row's round: only the accepted draft tokens and the one target token after them are verified output
-    (anything a verification call returns beyond that is not part of this round)."""
-    if draft_tokens:
-        tokens = tokens[: num_accepted + 1]
-    row.tokens += tokens
-    return Outcome(tokens, len(draft_tokens), num_accepted)
+def _sampling(call: Call) -> dict:
+    temperature = 0.0 if call.greedy else call.temperature  # sampling_kwargs' greedy is temperature 0
+    return adapter.sampling_kwargs(temperature, call.top_k, call.top_p, call.seed)
 
 
-def _seeds(params: SamplingParams, generator) -> tuple[int | None, int | None]:
-    """(target, draft) seeds of one round, drawn from the request's generator: distinct per round and per model,
-    so no two calls replay the same random draws, and reproducible for a seeded request. None when greedy."""
-    if params.greedy or generator is None:
-        return None, None
-    target, draft = torch.randint(0, 2**31 - 1, (2,), generator=generator).tolist()
-    return target, draft
-
-
-def _sampling(params: SamplingParams, seed: int | None) -> dict:
-    return adapter.sampling_kwargs(params.temperature, params.top_k, params.top_p, seed)
+def _stops(call: Call) -> dict:
+    words = [list(w) for w in call.stops.stop_words] or None
+    return {"end_id": call.stops.end_id, "pad_id": call.stops.pad_id, "stop_words": words}
 
 
 def vocab_rows(facts: dict) -> int:
     """Logit rows of an engine (read_engine_config facts): vocab_size padded to its tp_size."""
-    return support.vocab_rows(facts["vocab_size"], "tensorrtllm", facts["tp_size"] or 1, "none")
+    return model_vocab_rows(facts["vocab_size"], "tensorrtllm", facts["tp_size"] or 1, "none")
 
 
 def check_pair(target_dir: Path, target: dict, draft: dict | None, use_draft_logits: bool) -> None:
@@ -349,7 +232,7 @@ def check_pair(target_dir: Path, target: dict, draft: dict | None, use_draft_log
             f"{target['speculative_decoding_mode']!r}, max_draft_len {target['max_draft_len']}); rebuild it with "
             "`trtspec build` (--speculative_decoding_mode draft_tokens_external --max_draft_len K)"
         )
-    problem = support.vocab_pair_problem(
+    problem = vocab_pair_problem(
         vocab_rows(target), vocab_rows(draft), "tensorrtllm", use_draft_logits, fast_logits=False
     )
     if problem is not None:

@@ -87,9 +87,8 @@ def check_repository(configs: Mapping[str, object]) -> None:
     orch = configs.get(names.ORCHESTRATOR)
     if orch is None:
         raise CheckFailed(f"the repository has no orchestrator model '{names.ORCHESTRATOR}'")
-    _check_call("client", names.ORCHESTRATOR, configs, names.CLIENT_INPUTS, names.CLIENT_OUTPUTS)
-    for model, (sent, read) in names.TEXT_MODELS.items():
-        _check_call("client", model, configs, sent, read)
+    for entry in (names.ORCHESTRATOR, names.ENSEMBLE):  # the two names clients written for upstream call
+        _check_call("client", entry, configs, names.CLIENT_INPUTS, names.CLIENT_OUTPUTS)
     if "target_model_dir" in orch.parameters:  # the torch runtime's entry: both models in-process, no BLS
         return
     targets = _orchestrator_targets(orch)

@@ -11,14 +11,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtspec.builders import support
-from trtspec.core import layout
+from trtspec.core import layout, trtllm
 from trtspec.core.errors import CheckFailed
+from trtspec.core.vocab import vocab_pair_problem, vocab_rows
 from trtspec.outputs import write_output_dir
 from trtspec.recipe import Recipe
 from trtspec.triton_repo import interface as names
 from trtspec.triton_repo import llmapi
 from trtspec.triton_repo.checks import check_repository
-from trtspec.triton_repo.render import parse_model_config, read_template, render_template
+from trtspec.triton_repo.render import (
+    forwarding_ensemble,
+    parse_model_config,
+    read_template,
+    render_template,
+)
 from trtspec.triton_repo.values import ModelPlan, launch_layout, llmapi_plan, plan_models
 
 RUNTIMES = ("torch", "tensorrtllm", "trtllm-pytorch")
@@ -51,10 +57,14 @@ def default_engine_dirs(recipe: Recipe, engines_dir: Path | None = None) -> dict
 
 
 def render_models(plans: list[ModelPlan], check=check_repository) -> dict[str, tuple[str, object]]:
-    """Render and schema-check each plan: model name -> (config.pbtxt text, parsed ModelConfig); then ``check``
-    the parsed configs together (default: the orchestrator's cross-model references)."""
+    """Render and schema-check each plan (an ensemble that forwards to a model after that model's plan): model
+    name -> (config.pbtxt text, parsed ModelConfig); then ``check`` the parsed configs together (default: the
+    orchestrator's cross-model references)."""
     rendered = {}
     for plan in plans:
+        if plan.forward_to is not None:
+            rendered[plan.name] = forwarding_ensemble(plan.name, rendered[plan.forward_to][1])
+            continue
         where = f"{plan.name}/config.pbtxt (template {plan.template})"
         text = render_template(read_template(plan.template), plan.values, where)
         rendered[plan.name] = (text, parse_model_config(text, where))
@@ -75,11 +85,8 @@ def engine_problems(recipe: Recipe, facts: dict[str, dict]) -> list[str]:
         problems.append(
             f"target engine max_draft_len {target['max_draft_len']} < recipe max_draft_len {spec.max_draft_len}"
         )
-    vocab = support.vocab_pair_problem(
-        *(
-            support.vocab_rows(f["vocab_size"], "tensorrtllm", f["tp_size"] or 1, "none")
-            for f in (target, draft)
-        ),
+    vocab = vocab_pair_problem(
+        *(vocab_rows(f["vocab_size"], "tensorrtllm", f["tp_size"] or 1, "none") for f in (target, draft)),
         "tensorrtllm",
         spec.use_draft_logits,
         recipe.triton.fast_logits,
@@ -96,7 +103,7 @@ def engine_problems(recipe: Recipe, facts: dict[str, dict]) -> list[str]:
 
 def check_engine_dirs(recipe: Recipe, engine_dirs: dict[str, Path]) -> None:
     """The engines exist and fit the recipe (else Triton fails or hangs at run time): CheckFailed otherwise."""
-    from trtspec.builders.trtllm_adapter import read_engine_config
+    from trtspec.core.engine_config import read_engine_config
 
     facts = {role: read_engine_config(path) for role, path in engine_dirs.items()}
     problems = engine_problems(recipe, facts)
@@ -142,7 +149,7 @@ def manifest(recipe: Recipe, runtime: str, models: list[str]) -> dict:
         "launch": launch_layout(recipe, runtime),
         "tensorrt_llm": {
             "torch": None,
-            "tensorrtllm": {"version": support.TRTLLM_VERSION, "image": support.NGC_TRITON_TRTLLM_IMAGE},
+            "tensorrtllm": {"version": trtllm.TRTLLM_VERSION, "image": trtllm.NGC_TRITON_TRTLLM_IMAGE},
             "trtllm-pytorch": {
                 "version": support.TRTLLM_PYTORCH_VERSION,
                 "image": support.NGC_TRITON_TRTLLM_PYTORCH_IMAGE,
@@ -173,10 +180,8 @@ def plan_and_render(
     engine_dirs=None,
     model_dirs=None,
     engines_dir: Path | None = None,
-    harness: bool = False,
 ) -> tuple[list[ModelPlan], dict]:
-    """Check the inputs ``runtime`` needs, then plan, render and check every model of the repository
-    (``harness``: values.plan_models' test layout)."""
+    """Check the inputs ``runtime`` needs, then plan, render and check every model of the repository."""
     if runtime == "tensorrtllm":
         engine_dirs = {k: Path(v).resolve() for k, v in (engine_dirs or default_engine_dirs(recipe)).items()}
         check_engine_dirs(recipe, engine_dirs)
@@ -186,7 +191,7 @@ def plan_and_render(
 
         run_preflight(recipe, skip=ENGINE_ONLY_CHECKS)
     if runtime != "trtllm-pytorch":
-        plans = plan_models(recipe, runtime, engine_dirs, harness=harness)
+        plans = plan_models(recipe, runtime, engine_dirs)
         return plans, render_models(plans)
     dirs = model_dirs or llmapi.hf_model_dirs(recipe, engines_dir)
     dirs = {role: Path(path).resolve() for role, path in dirs.items()}
@@ -203,14 +208,11 @@ def deploy(
     engine_dirs=None,
     model_dirs=None,
     engines_dir: Path | None = None,
-    *,
-    harness: bool = False,
 ) -> DeployResult:
     """Write the repository for ``runtime`` (default: the recipe's triton.runtime) to ``out`` atomically.
 
     ``engine_dirs`` (tensorrtllm) and ``model_dirs`` (trtllm-pytorch) map role -> directory; by default they are
-    found under ``engines_dir`` (``engines/``) as ``trtspec build`` / ``quantize`` leave them. ``harness`` is for
-    tests only (values.plan_models).
+    found under ``engines_dir`` (``engines/``) as ``trtspec build`` / ``quantize`` leave them.
     """
     runtime = runtime or recipe.triton.runtime
     if runtime not in RUNTIMES:
@@ -218,7 +220,7 @@ def deploy(
     out = Path(out) if out else default_out_dir(recipe)
     if engine_dirs is None and engines_dir is not None:
         engine_dirs = default_engine_dirs(recipe, engines_dir)
-    plans, rendered = plan_and_render(recipe, runtime, engine_dirs, model_dirs, engines_dir, harness)
+    plans, rendered = plan_and_render(recipe, runtime, engine_dirs, model_dirs, engines_dir)
     info = manifest(recipe, runtime, [p.name for p in plans])
     write_output_dir(
         out, MANIFEST, "a trtspec repository", "--out", lambda tmp: _write_tree(tmp, plans, rendered, info)

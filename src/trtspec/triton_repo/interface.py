@@ -2,18 +2,19 @@
 build its requests) and by the cross-model check (to verify every rendered config.pbtxt honours it).
 
 Names and dtypes are upstream's (tensorrtllm_backend all_models/inflight_batcher_llm), so the orchestrator
-talks to the TensorRT-LLM C++ backend and to trtspec's torch-runtime engine models alike.
+talks to the TensorRT-LLM C++ backend and clients written for upstream's entry models talk to trtspec's.
 """
 
 from __future__ import annotations
 
 # Model names of the repository (upstream's, so upstream clients and docs apply).
-PREPROCESSING = "preprocessing"
-POSTPROCESSING = "postprocessing"
 TARGET_MODEL = "tensorrt_llm"
 DRAFT_MODEL = "tensorrt_llm_draft"
 ORCHESTRATOR = "tensorrt_llm_bls"
 ENTRY_POINT = ORCHESTRATOR  # the client-facing model: text in, text (+ acceptance metrics) out
+# Upstream's other entry name (the default of its clients, docs and genai-perf examples): an ensemble of one step
+# that passes the entry point's inputs and outputs through under the same names (docs/triton-models.md).
+ENSEMBLE = "ensemble"
 
 # Tensors the orchestrator may send to an engine model (target or draft) -> Triton dtype.
 ENGINE_INPUTS = {
@@ -24,6 +25,7 @@ ENGINE_INPUTS = {
     "draft_logits": "TYPE_FP32",
     "end_id": "TYPE_INT32",
     "pad_id": "TYPE_INT32",
+    "stop_words_list": "TYPE_INT32",
     "temperature": "TYPE_FP32",
     "runtime_top_k": "TYPE_INT32",
     "runtime_top_p": "TYPE_FP32",
@@ -38,32 +40,10 @@ ENGINE_OUTPUTS = {
     "generation_logits": "TYPE_FP32",
 }
 
-PREPROCESSING_INPUTS = {
-    "QUERY": "TYPE_STRING",
-    "STOP_WORDS_DICT": "TYPE_STRING",
-    "END_ID": "TYPE_INT32",
-    "PAD_ID": "TYPE_INT32",
-}
-PREPROCESSING_OUTPUTS = {
-    "INPUT_ID": "TYPE_INT32",
-    "REQUEST_INPUT_LEN": "TYPE_INT32",
-    "STOP_WORDS_IDS": "TYPE_INT32",
-    "OUT_END_ID": "TYPE_INT32",
-    "OUT_PAD_ID": "TYPE_INT32",
-}
-POSTPROCESSING_INPUTS = {"TOKENS_BATCH": "TYPE_INT32", "SEQUENCE_LENGTH": "TYPE_INT32"}
-POSTPROCESSING_OUTPUTS = {"OUTPUT": "TYPE_STRING"}
-
 # What the orchestrator calls (BLS): model -> (inputs it may send, outputs it reads).
 ORCHESTRATOR_CALLS = {
     TARGET_MODEL: (ENGINE_INPUTS, ENGINE_OUTPUTS),
     DRAFT_MODEL: (ENGINE_INPUTS, ENGINE_OUTPUTS),
-}
-# Upstream's tokenizer models, kept for clients and ensembles that call them directly (the orchestrator tokenises
-# in-process with the same settings): model -> (inputs they take, outputs they give).
-TEXT_MODELS = {
-    PREPROCESSING: (PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS),
-    POSTPROCESSING: (POSTPROCESSING_INPUTS, POSTPROCESSING_OUTPUTS),
 }
 
 # The client-facing interface (upstream BLS/ensemble names) -> dtype.

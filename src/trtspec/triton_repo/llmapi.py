@@ -127,11 +127,11 @@ def check_model_dirs(recipe: Recipe, model_dirs: dict[str, Path]) -> None:
                 else f"point {role}.model at a Hugging Face checkpoint"
             )
             raise CheckFailed(f"{path}: no {role} checkpoint (config.json) for trtllm-pytorch; {how}")
-    from trtspec.builders import support
     from trtspec.builders.convert import hf_vocab_size
+    from trtspec.core.vocab import vocab_pair_problem
 
     rows = {role: hf_vocab_size(path) for role, path in model_dirs.items()}
-    problem = support.vocab_pair_problem(rows["target"], rows["draft"], "trtllm-pytorch", False, False)
+    problem = vocab_pair_problem(rows["target"], rows["draft"], "trtllm-pytorch", False, False)
     if problem is not None:
         raise CheckFailed(f"{model_dirs['draft']}: {problem}")
 

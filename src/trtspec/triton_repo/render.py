@@ -76,6 +76,25 @@ def parse_model_config(text: str, where: str):
         raise CheckFailed(f"{where}: not a valid Triton model config: {err}") from None
 
 
+def forwarding_ensemble(name: str, entry):
+    """An ensemble ``name`` of one step, ``entry`` (a parsed ModelConfig): the same inputs and outputs under the
+    same names, so a client written for either model name calls the other unchanged. Built from the entry's own
+    config rather than a template of its own, so the two interfaces cannot drift apart. -> (text, ModelConfig)."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    config = model_config_pb2.ModelConfig(name=name, platform="ensemble", max_batch_size=entry.max_batch_size)
+    config.input.extend(entry.input)
+    config.output.extend(entry.output)
+    step = config.ensemble_scheduling.step.add(model_name=entry.name, model_version=-1)
+    for tensor in entry.input:
+        step.input_map[tensor.name] = tensor.name
+    for tensor in entry.output:
+        step.output_map[tensor.name] = tensor.name
+    header = f"# trtspec: upstream's `{name}` entry name over {entry.name}, the same inputs and outputs.\n"
+    return header + text_format.MessageToString(config), config
+
+
 def read_template(name: str) -> str:
     """The text of ``templates/<name>`` (e.g. ``tensorrt_llm/config.pbtxt``)."""
     return (TEMPLATES_DIR / name).read_text()

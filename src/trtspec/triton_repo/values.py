@@ -77,16 +77,20 @@ UNSET = ""
 
 @dataclass(frozen=True)
 class ModelPlan:
-    """One model directory to write: its template, values, and the thin model.py (None for C++ backends).
+    """One model directory to write: its template, values, and the thin model.py (None for C++ backends and
+    ensembles).
 
     ``version_files`` are written verbatim into ``<name>/1/`` (file name -> text), e.g. the LLM-API model.yaml.
+    ``forward_to`` (no template): an ensemble that passes every input and output of that model through
+    (render.forwarding_ensemble).
     """
 
     name: str
-    template: str
+    template: str | None
     values: dict
     model_module: str | None
     version_files: tuple[tuple[str, str], ...] = ()
+    forward_to: str | None = None
 
 
 def _tokenizer_dir(recipe: Recipe) -> str:
@@ -145,41 +149,17 @@ def tensorrtllm_values(recipe: Recipe, role: str, engine_dir: Path) -> dict:
     return values
 
 
-def torch_engine_values(recipe: Recipe, role: str) -> dict:
-    """Values of the torch runtime's python engine model for ``role``."""
-    spec = recipe.models()[role]
-    return {
-        "model_name": names.TARGET_MODEL if role == "target" else names.DRAFT_MODEL,
-        "triton_max_batch_size": recipe.limits.max_batch_size,
-        "logits_datatype": "TYPE_FP32",
-        "role": role,
-        "model_dir": str(spec.model),
-        "device": recipe.triton.device,
-        "dtype": torch_runtime_dtype(recipe.triton, spec),
-        "cpu_threads": recipe.triton.cpu_threads,
-        "max_draft_len": recipe.speculative.max_draft_len,
-        "max_seq_len": recipe.limits.max_seq_len,
-        "trust_remote_code": spec.trust_remote_code,
-    }
-
-
-def engine_vocab_rows(recipe: Recipe, runtime: str, engine_dirs: dict[str, Path] | None = None) -> dict:
-    """Logit rows of the target and draft engine models (role -> rows). With a padded-vocabulary pair the
+def engine_vocab_rows(engine_dirs: dict[str, Path]) -> dict:
+    """Logit rows of the target and draft engines (role -> rows). With a padded-vocabulary pair the
     orchestrator pads the draft's logits to the target's rows and maps ids the draft lacks
-    (support.vocab_pair_problem, support.draft_input_ids)."""
-    from trtspec.builders import support
+    (core.vocab.vocab_pair_problem, core.vocab.draft_input_ids)."""
+    from trtspec.core.engine_config import read_engine_config
+    from trtspec.core.vocab import vocab_rows
 
     rows = {}
-    for role, spec in recipe.models().items():
-        if runtime == "tensorrtllm":
-            from trtspec.builders.trtllm_adapter import read_engine_config
-
-            facts = read_engine_config((engine_dirs or {})[role])
-            rows[role] = support.vocab_rows(facts["vocab_size"], runtime, facts["tp_size"] or 1, "none")
-        else:
-            from trtspec.builders.convert import hf_vocab_size
-
-            rows[role] = hf_vocab_size(spec.model)
+    for role, path in engine_dirs.items():
+        facts = read_engine_config(path)
+        rows[role] = vocab_rows(facts["vocab_size"], "tensorrtllm", facts["tp_size"] or 1, "none")
     return rows
 
 
@@ -193,63 +173,40 @@ def k_values(spec: SpeculativeSpec) -> dict:
     }
 
 
-def common_values(recipe: Recipe, runtime: str, vocab_rows: dict) -> dict[str, dict]:
-    """Values of preprocessing, postprocessing and the orchestrator (``runtime``: "torch" or "tensorrtllm");
-    ``vocab_rows``: engine_vocab_rows."""
-    triton, spec = recipe.triton, recipe.speculative
-    batch = recipe.limits.max_batch_size
-    # Tokenizer settings shared by preprocessing, postprocessing and the orchestrator (which tokenises and
-    # detokenises in-process with the same TextCodec, without a BLS hop).
-    text = {
+def orchestrator_values(recipe: Recipe, runtime: str, vocab_rows: dict) -> dict:
+    """Values of the orchestrator (``runtime``: "torch" or "tensorrtllm"); ``vocab_rows``: engine_vocab_rows."""
+    spec, batch = recipe.speculative, recipe.limits.max_batch_size
+    return {
+        "triton_max_batch_size": batch,
+        "decoupled_mode": recipe.triton.decoupled,
+        "bls_instance_count": recipe.triton.instances.orchestrator,
+        "tensorrt_llm_model_name": names.TARGET_MODEL,
+        "tensorrt_llm_draft_model_name": names.DRAFT_MODEL,
+        "accumulate_tokens": False,
+        "logits_datatype": "TYPE_FP32",
+        "multimodal_encoders_name": UNSET,
+        "max_draft_len": spec.max_draft_len,
+        **k_values(spec),
+        "use_draft_logits": spec.use_draft_logits,
+        "target_vocab_rows": vocab_rows["target"],
+        "draft_vocab_rows": vocab_rows["draft"],
+        "draft_ahead": recipe.draft_ahead_for(runtime),
+        "max_seq_len": recipe.limits.max_seq_len,
+        # Requests in flight at once in decoupled mode: one per engine batch slot.
+        "max_concurrency": batch,
+        # The entry model tokenises and detokenises in-process (models/text.py TextCodec).
         "tokenizer_dir": _tokenizer_dir(recipe),
         "add_special_tokens": True,
         "skip_special_tokens": True,
         "max_input_len": recipe.limits.max_input_len,
     }
-    return {
-        names.PREPROCESSING: {
-            "triton_max_batch_size": batch,
-            "max_queue_delay_microseconds": 0,
-            "max_queue_size": 0,
-            "preprocessing_instance_count": triton.instances.preprocessing,
-            **{k: text[k] for k in ("tokenizer_dir", "add_special_tokens", "max_input_len")},
-            "engine_dir": UNSET,
-            "multimodal_model_path": UNSET,
-            "max_num_images": UNSET,
-        },
-        names.POSTPROCESSING: {
-            "triton_max_batch_size": batch,
-            "postprocessing_instance_count": triton.instances.postprocessing,
-            **{k: text[k] for k in ("tokenizer_dir", "skip_special_tokens")},
-        },
-        names.ORCHESTRATOR: {
-            "triton_max_batch_size": batch,
-            "decoupled_mode": triton.decoupled,
-            "bls_instance_count": triton.instances.orchestrator,
-            "tensorrt_llm_model_name": names.TARGET_MODEL,
-            "tensorrt_llm_draft_model_name": names.DRAFT_MODEL,
-            "accumulate_tokens": False,
-            "logits_datatype": "TYPE_FP32",
-            "multimodal_encoders_name": UNSET,
-            "max_draft_len": spec.max_draft_len,
-            **k_values(spec),
-            "use_draft_logits": spec.use_draft_logits,
-            "target_vocab_rows": vocab_rows["target"],
-            "draft_vocab_rows": vocab_rows["draft"],
-            "draft_ahead": recipe.draft_ahead_for(runtime),
-            "max_seq_len": recipe.limits.max_seq_len,
-            # Requests in flight at once in decoupled mode: one per engine batch slot.
-            "max_concurrency": batch,
-            **text,
-        },
-    }
 
 
 def in_process_values(recipe: Recipe) -> dict:
     """Values of the torch runtime's entry model: both checkpoints in one process, the orchestrator's client
-    limits and tokenizer settings (common_values), no engine model names."""
+    limits and tokenizer settings (orchestrator_values), no engine model names."""
     triton = recipe.triton
-    orchestrator = common_values(recipe, "torch", {"target": 0, "draft": 0})[names.ORCHESTRATOR]
+    orchestrator = orchestrator_values(recipe, "torch", {"target": 0, "draft": 0})
     shared = ["triton_max_batch_size", "decoupled_mode", "max_draft_len", *k_values(recipe.speculative)]
     shared += ["use_draft_logits", "max_seq_len", "max_input_len"]
     shared += ["tokenizer_dir", "skip_special_tokens", "add_special_tokens"]
@@ -264,57 +221,23 @@ def in_process_values(recipe: Recipe) -> dict:
     }
 
 
-def plan_models(
-    recipe: Recipe, runtime: str, engine_dirs: dict[str, Path] | None = None, *, harness: bool = False
-) -> list[ModelPlan]:
-    """Every model of the repository for ``runtime`` ("torch" or "tensorrtllm").
+def plan_models(recipe: Recipe, runtime: str, engine_dirs: dict[str, Path] | None = None) -> list[ModelPlan]:
+    """Every model of the repository for ``runtime`` ("torch" or "tensorrtllm"): the entry model, upstream's
+    ``ensemble`` name over it, and (tensorrtllm) the two engine models the orchestrator calls.
 
-    ``torch``: the text models and the in-process entry model (models/inflight.py). ``harness`` (tests only):
-    the tensorrtllm runtime's layout - the orchestrator and two engine models behind TensorRT-LLM's tensor
-    interface - with the PyTorch engine in the engine models, so the orchestrator is tested without TensorRT-LLM.
+    ``torch``: the in-process entry model (models/inflight.py) runs both checkpoints. ``tensorrtllm``: the
+    orchestrator (models/orchestrator.py) over TensorRT-LLM's C++ backend, one model per engine in ``engine_dirs``.
     """
-    if runtime == "torch" and not harness:
-        common = common_values(recipe, runtime, {"target": 0, "draft": 0})
-        return _text_plans(common) + [
-            ModelPlan(
-                names.ORCHESTRATOR,
-                "tensorrt_llm_bls_torch/config.pbtxt",
-                in_process_values(recipe),
-                "inflight",
-            )
-        ]
-    common = common_values(recipe, runtime, engine_vocab_rows(recipe, runtime, engine_dirs))
-    plans = _text_plans(common) + [
-        ModelPlan(
-            names.ORCHESTRATOR, "tensorrt_llm_bls/config.pbtxt", common[names.ORCHESTRATOR], "orchestrator"
-        ),
-    ]
+    ensemble = ModelPlan(names.ENSEMBLE, None, {}, None, forward_to=names.ENTRY_POINT)
+    if runtime == "torch":
+        template = "tensorrt_llm_bls_torch/config.pbtxt"
+        return [ModelPlan(names.ORCHESTRATOR, template, in_process_values(recipe), "inflight"), ensemble]
+    values = orchestrator_values(recipe, runtime, engine_vocab_rows(engine_dirs))
+    plans = [ModelPlan(names.ORCHESTRATOR, "tensorrt_llm_bls/config.pbtxt", values, "orchestrator"), ensemble]
     for role, name in (("target", names.TARGET_MODEL), ("draft", names.DRAFT_MODEL)):
-        if runtime == "tensorrtllm":
-            values = tensorrtllm_values(recipe, role, (engine_dirs or {})[role])
-            plans.append(ModelPlan(name, "tensorrt_llm/config.pbtxt", values, None))
-        else:
-            plans.append(
-                ModelPlan(
-                    name, "tensorrt_llm_torch/config.pbtxt", torch_engine_values(recipe, role), "engine"
-                )
-            )
+        values = tensorrtllm_values(recipe, role, engine_dirs[role])
+        plans.append(ModelPlan(name, "tensorrt_llm/config.pbtxt", values, None))
     return plans
-
-
-def _text_plans(common: dict[str, dict]) -> list[ModelPlan]:
-    """Upstream's preprocessing and postprocessing models (clients and ensembles may call them directly)."""
-    return [
-        ModelPlan(
-            names.PREPROCESSING, "preprocessing/config.pbtxt", common[names.PREPROCESSING], "preprocessing"
-        ),
-        ModelPlan(
-            names.POSTPROCESSING,
-            "postprocessing/config.pbtxt",
-            common[names.POSTPROCESSING],
-            "postprocessing",
-        ),
-    ]
 
 
 # Environment of upstream's launch_triton_server.py --multi-model (TensorRT-LLM triton_backend/scripts).

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trtspec.core.model_dir import load_tokenizer
+from trtspec.core.token_rules import model_end_ids
 
 
 class HFReference:
@@ -33,15 +34,9 @@ class HFReference:
         return cls(model.to(device).eval(), tokenizer)
 
     def stop_token_ids(self) -> set[int]:
-        """EOS ids of the generation config and the tokenizer (what ends a greedy generation)."""
-        ids: set[int] = set()
+        """The ids that end its greedy generation (core/token_rules.py rule 1, as generate applies it)."""
         eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
-        for value in (eos, self.tokenizer.eos_token_id):
-            if isinstance(value, list | tuple):
-                ids.update(value)
-            elif value is not None:
-                ids.add(value)
-        return ids
+        return set(model_end_ids(eos, self.tokenizer.eos_token_id))
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
         """Greedy continuation of one prompt: at most ``max_new_tokens`` ids (prompt excluded)."""

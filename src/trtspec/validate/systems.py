@@ -5,9 +5,9 @@ returns one ``Generation`` per request: generated token ids (prompt excluded, as
 stop token included), text, per-request ``AcceptanceStats`` and timings. ``num_draft_tokens=0`` in the sampling
 parameters asks the same system for target-only decoding, the control and the speed baseline.
 
-Implementations: ``EngineSystem`` (the in-process PyTorch ``SpeculativeEngine``), ``TritonSystem``
-(validate/endpoint.py, a Triton endpoint over gRPC streaming or HTTP), ``TrtllmSystem`` (TensorRT-LLM engines
-through engines/trtllm_runner.py, NGC image only).
+Implementations: ``EngineSystem`` (the in-process PyTorch ``SpeculativeEngine``, or TensorRT-LLM engines through
+engines/trtllm_runner.py's runner of the same API, NGC image only) and ``TritonSystem`` (validate/triton_system.py, a
+Triton endpoint over gRPC streaming or HTTP). inputs.py's ``open_system`` picks one.
 """
 
 from __future__ import annotations

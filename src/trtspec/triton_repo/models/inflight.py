@@ -27,10 +27,11 @@ from pathlib import Path
 
 from trtspec.core.errors import RequestError
 from trtspec.core.metrics import SpecDecodeCounts
-from trtspec.engines.loop import LoopThread, RowEvent, pin
+from trtspec.engines.loop import RowEvent
 from trtspec.triton_repo import interface as names
 from trtspec.triton_repo.models import triton_io as io
-from trtspec.triton_repo.models.engine import available_cores, cpu_threads, split_cores
+from trtspec.triton_repo.models.cores import available_cores, cpu_threads, pin, split_cores
+from trtspec.triton_repo.models.loop_thread import LoopThread
 from trtspec.triton_repo.models.request import (
     GenerationRequest,
     Limits,
@@ -113,7 +114,7 @@ class Outbox:
     (``build_responses``: text, tensors) is a matter of the GIL: one or two are built here, beside the loop's next
     round, where they cost the loop less than building them first; ``loop_builds_from`` or more are built on the
     loop's thread before the step is handed over, because built here they take the GIL from the loop's round in
-    many slices (README, "Through Triton", has the measurements). Sending releases the GIL for the IPC."""
+    many slices (docs/benchmarks.md, "Through Triton", has the measurements). Sending releases the GIL for the IPC."""
 
     def __init__(
         self,
@@ -189,7 +190,7 @@ class Outbox:
 def torch_threads(params: dict[str, str]) -> int | None:
     """The loop's torch intra-op threads on cpu (one process runs both models, one after the other: auto = all
     the cores); None on cuda."""
-    return cpu_threads(params.get("cpu_threads", "auto"), models=1) if params["device"] == "cpu" else None
+    return cpu_threads(params.get("cpu_threads", "auto")) if params["device"] == "cpu" else None
 
 
 def load_loop(

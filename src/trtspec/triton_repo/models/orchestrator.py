@@ -2,17 +2,17 @@
 
 Per request: prompt -> ids, the one generation loop (engines/loop.py, one loop per request on the request's own
 thread) whose rounds are a draft call (K tokens) and one target verification through the engine models'
-TensorRT-LLM tensor interface (decode.EngineRounds), ids -> text. Beyond upstream's BLS: decoupled streaming of
+TensorRT-LLM tensor interface (engines/engine_calls.py's one round over ``BlsCalls``), ids -> text. Beyond upstream's BLS: decoupled streaming of
 each verified round, concurrent requests (one thread each, bounded), per-request num_draft_tokens (adaptive K for
 requests without one where the repository's default is "adaptive"), sampling, stop words and return_perf_metrics.
 
 Speed: a round costs two BLS calls (draft, target) and nothing else. With draft_ahead (the default), a request
-served alone also drafts the next round while the target verifies this one (decode.EngineRounds): when the target
+served alone also drafts the next round while the target verifies this one (engine_calls.py): when the target
 accepts the whole draft and the draft guessed its bonus token, the next round skips its draft call. Under
 concurrent requests the other requests keep the engines busy, so draft-ahead is off and nothing is drafted twice.
 A streamed round's response is sent by a thread of its own (Outbox), so the next round's calls do not wait
-for it. Text goes through the same TextCodec as the preprocessing and postprocessing models, in-process (no
-BLS hop per request or per streamed round), and a request's first token comes from the target's prefill alone
+for it. Text goes through the repository's TextCodec in-process (no BLS hop per request or per streamed round),
+and a request's first token comes from the target's prefill alone
 (the loop's first_token_alone), streamed or not, so that a seeded sampled request gives the same text either way.
 """
 
@@ -24,13 +24,13 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from trtspec.builders.support import draft_input_ids
 from trtspec.core.errors import RequestError
 from trtspec.core.metrics import AcceptanceStats, SpecDecodeCounts
 from trtspec.engines.adaptive import KPolicy
+from trtspec.engines.engine_calls import Call, Draft, EngineCallRounds
+from trtspec.engines.loop import GenerationLoop
 from trtspec.triton_repo import interface as names
 from trtspec.triton_repo.models import triton_io as io
-from trtspec.triton_repo.models.decode import EngineRounds, speculate
 from trtspec.triton_repo.models.request import (
     GenerationRequest,
     Limits,
@@ -38,49 +38,42 @@ from trtspec.triton_repo.models.request import (
     parse_request,
     to_job,
 )
-from trtspec.triton_repo.models.text import TextCodec
+from trtspec.triton_repo.models.text import TextCodec, to_word_list
 from trtspec.triton_repo.models.triton_io import CANCEL_POLL_S, cancel_check  # noqa: F401 - used and re-exported
 
-_SEED_MASK = (1 << 63) - 1
-_DRAFT_SEED_SALT = 0x1E3779B97F4A7C15
 
+class BlsCalls:
+    """engine_calls.EngineCalls over the engine models' TensorRT-LLM tensor interface (one BLS request per
+    sequence; either runtime's engine models). ``vocab_rows``: each engine's logit rows by role (a
+    padded-vocabulary pair's draft logits are padded to the target's, and ids the draft lacks are mapped for it)."""
 
-class EngineClient:
-    """The draft and target engine models behind upstream's tensor interface (either runtime)."""
+    def __init__(self, target: str, draft: str, vocab_rows: dict[str, int]):
+        self.target, self.draft = target, draft
+        self.draft_vocab = vocab_rows.get("draft", 0)
+        self.target_logit_rows = vocab_rows.get("target", 0)
 
-    def __init__(
-        self,
-        target: str,
-        draft: str,
-        req: GenerationRequest,
-        end_id: int,
-        pad_id: int,
-        vocab_rows: dict[str, int] | None = None,
-    ):
-        self.target, self.draft, self.req = target, draft, req
-        self.end_id, self.pad_id = end_id, pad_id
-        # Each engine's logit rows: a padded-vocabulary pair's draft logits are padded to the target's, and ids
-        # the draft lacks are mapped for it (builders.support.draft_input_ids).
-        self.vocab_rows = vocab_rows or {}
-
-    def _common(self, tokens: list[int], output_len: int, round_index: int, salt: int = 0) -> dict:
-        s = self.req.params
+    @staticmethod
+    def _inputs(tokens: list[int], output_len: int, call: Call) -> dict:
         inputs = {
             "input_ids": np.array([tokens], dtype=np.int32),
             "input_lengths": np.array([[len(tokens)]], dtype=np.int32),
             "request_output_len": np.array([[output_len]], dtype=np.int32),
-            "end_id": np.array([[self.end_id]], dtype=np.int32),
-            "pad_id": np.array([[self.pad_id]], dtype=np.int32),
+            "end_id": np.array([[call.stops.end_id]], dtype=np.int32),
+            "pad_id": np.array([[call.stops.pad_id]], dtype=np.int32),
             "streaming": np.array([[False]]),
         }
-        if s.greedy:  # top_k = 1 is TensorRT-LLM's argmax; a temperature of 0 it would divide by (0 + 1e-6)
+        if call.stops.stop_words:
+            inputs["stop_words_list"] = to_word_list(call.stops.stop_words)[None]
+        if (
+            call.greedy
+        ):  # top_k = 1 is TensorRT-LLM's argmax; a temperature of 0 it would divide by (0 + 1e-6)
             inputs["runtime_top_k"] = np.array([[1]], dtype=np.int32)
         else:
-            inputs["temperature"] = np.array([[s.temperature]], dtype=np.float32)
-            inputs["runtime_top_k"] = np.array([[s.top_k]], dtype=np.int32)
-            inputs["runtime_top_p"] = np.array([[s.top_p]], dtype=np.float32)
-        if s.seed is not None:  # a distinct seed per round and per model, reproducible per request
-            inputs["seed"] = np.array([[((s.seed + round_index) ^ salt) & _SEED_MASK]], dtype=np.uint64)
+            inputs["temperature"] = np.array([[call.temperature]], dtype=np.float32)
+            inputs["runtime_top_k"] = np.array([[call.top_k]], dtype=np.int32)
+            inputs["runtime_top_p"] = np.array([[call.top_p]], dtype=np.float32)
+        if call.seed is not None:
+            inputs["seed"] = np.array([[call.seed]], dtype=np.uint64)
         return inputs
 
     @staticmethod
@@ -89,42 +82,34 @@ class EngineClient:
         length = int(np.asarray(out["sequence_length"]).reshape(-1)[0])
         return ids[prompt_len:length].tolist()
 
-    def draft_fn(self, tokens: list[int], k: int, round_index: int):
-        # The draft's seed differs from the target's in the same round: with one seed both engines would draw the
-        # same random numbers, and the target's acceptance test would be correlated with the draft's sample.
-        if "draft" in self.vocab_rows:
-            tokens = draft_input_ids(tokens, self.vocab_rows["draft"])
-        inputs = self._common(tokens, k, round_index, salt=_DRAFT_SEED_SALT)
-        want_logits = self.req.use_draft_logits
-        inputs["return_generation_logits"] = np.array([[want_logits]])
-        outputs = ["output_ids", "sequence_length"] + (["generation_logits"] if want_logits else [])
-        out = io.bls(self.draft, inputs, outputs)
-        logits = None
-        if want_logits and out.get("generation_logits") is not None:
-            logits = np.asarray(out["generation_logits"], dtype=np.float32).reshape(
-                -1, *out["generation_logits"].shape[-1:]
-            )
-        return self._new_tokens(out, len(tokens)), logits
+    def propose(
+        self, prefixes: list[list[int]], num_tokens: int, call: Call, want_logits: bool
+    ) -> list[Draft]:
+        import torch
 
-    def target_fn(self, tokens: list[int], draft_tokens: list[int], draft_logits, round_index: int):
-        inputs = self._common(tokens, len(draft_tokens) + 1, round_index)
-        if draft_tokens:
-            inputs["draft_input_ids"] = np.array([draft_tokens], dtype=np.int32)
-            if draft_logits is not None:
-                logits = np.asarray(draft_logits, dtype=np.float32)[None, : len(draft_tokens)]
-                inputs["draft_logits"] = to_rows(logits, self.vocab_rows.get("target"))
-        out = io.bls(self.target, inputs, ["output_ids", "sequence_length"])
-        return self._new_tokens(out, len(tokens))
+        drafts = []
+        for tokens in prefixes:
+            inputs = self._inputs(tokens, num_tokens, call)
+            inputs["return_generation_logits"] = np.array([[want_logits]])
+            outputs = ["output_ids", "sequence_length"] + (["generation_logits"] if want_logits else [])
+            out = io.bls(self.draft, inputs, outputs)
+            logits = out.get("generation_logits") if want_logits else None
+            if logits is not None:  # [1, 1, k, V] -> [k, V]
+                logits = torch.from_numpy(np.asarray(logits, dtype=np.float32).reshape(-1, logits.shape[-1]))
+            drafts.append(Draft(self._new_tokens(out, len(tokens)), logits))
+        return drafts
 
-
-def to_rows(logits: np.ndarray, rows: int | None) -> np.ndarray:
-    """[..., V_draft] draft logits -> [..., rows], padded with -inf: TensorRT-LLM copies draft logits into a
-    buffer of the target's rows and softmaxes them, so a padded-vocabulary draft's missing rows become probability
-    0 (builders.support.vocab_pair_problem)."""
-    extra = 0 if rows is None else rows - logits.shape[-1]
-    if extra <= 0:
-        return logits
-    return np.pad(logits, [(0, 0)] * (logits.ndim - 1) + [(0, extra)], constant_values=-np.inf)
+    def verify(self, prefixes, drafts, draft_logits, max_new_tokens: int, call: Call) -> list[list[int]]:
+        outs = []
+        for b, tokens in enumerate(prefixes):
+            inputs = self._inputs(tokens, max_new_tokens, call)
+            if drafts is not None:
+                inputs["draft_input_ids"] = np.array([drafts[b]], dtype=np.int32)
+                if draft_logits is not None:
+                    inputs["draft_logits"] = np.asarray(draft_logits[b], dtype=np.float32)[None]
+            out = io.bls(self.target, inputs, ["output_ids", "sequence_length"])
+            outs.append(self._new_tokens(out, len(tokens)))
+        return outs
 
 
 class Outbox:
@@ -330,35 +315,32 @@ class Orchestrator:
 
     # ------------------------------------------------------------------ generation
 
-    def _engine_ids(self, req: GenerationRequest) -> tuple[int, int]:
-        """(end_id, pad_id) the engine models get: the request's own, else the repository's."""
-        end_id = self.codec.end_id if req.end_id is None else req.end_id
-        pad_id = self.codec.pad_id if req.pad_id is None else req.pad_id
-        return end_id, pad_id
+    def _rounds(self, req: GenerationRequest) -> EngineCallRounds:
+        """One request's rounds through the engine models (one slot: each request runs its own loop)."""
+        return EngineCallRounds(
+            BlsCalls(self.target, self.draft, self.vocab_rows),
+            max_draft_len=self.limits.max_draft_len,
+            num_slots=1,
+            max_seq_len=self.limits.max_seq_len,
+            use_draft_logits=req.use_draft_logits,
+            tokenizer_eos=self.codec.eos_id,
+            pad_id=self.codec.pad_id if req.pad_id is None else req.pad_id,
+            target_only_in_one_call=False,  # a pinned target-only request streams token by token
+            # A seeded sampled request must give the same text whatever else the server is doing: no draft-ahead.
+            draft_ahead=None if req.params.seeded else self._alone,
+            together=self._together,
+        )
 
     def _generate(self, req: GenerationRequest, incremental: bool, cancelled=lambda: False):
         """Yield (text piece, the round's token ids, stats so far, finished) per verified round; not incremental:
         one (text, all ids, stats, True) at the end (early if ``cancelled()``)."""
         prompt, params, options = to_job(req, self.codec, self.limits)
-        engines = EngineClient(self.target, self.draft, req, *self._engine_ids(req), self.vocab_rows)
-        rounds = EngineRounds(
-            engines.draft_fn,
-            engines.target_fn,
-            max_draft_len=self.limits.max_draft_len,
-            max_seq_len=self.limits.max_seq_len,
-            # A seeded sampled request must give the same text whatever else the server is doing: no draft-ahead.
-            draft_ahead=None if req.params.seeded else self._alone,
-            together=self._together,
+        rounds = self._rounds(req)
+        loop = GenerationLoop(
+            rounds, max_seq_len=rounds.max_seq_len, first_token_alone=True, k_policy=self.k_policy
         )
-        events = speculate(
-            prompt,
-            params,
-            rounds,
-            first_token_alone=True,
-            k_policy=self.k_policy,
-            cancelled=(lambda: False) if incremental else cancelled,
-            **options,
-        )
+        loop.add(0, prompt, params, **options)
+        events = _events(loop, (lambda: False) if incremental else cancelled)
         stats, generated, text = None, [], self.codec.stream_decoder()
         try:
             for event in events:
@@ -372,3 +354,11 @@ class Orchestrator:
                 self.metrics.add(SpecDecodeCounts.of(stats))
         if not incremental:
             yield self.codec.decode(generated), generated, stats, True
+
+
+def _events(loop: GenerationLoop, cancelled):
+    """One request's loop stepped to the end, one event per round; ``cancelled()`` is asked after each round."""
+    while loop.busy:
+        yield from loop.step()
+        if loop.busy and cancelled():
+            loop.cancel(0)

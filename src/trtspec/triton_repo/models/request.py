@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trtspec.core.errors import RequestError
+from trtspec.core.token_rules import KEEP_END, request_stop_ids
 from trtspec.engines.adaptive import KPolicy
 from trtspec.engines.sampling import SamplingParams
 from trtspec.triton_repo import interface as names
@@ -31,7 +32,8 @@ class Limits:
 
     @classmethod
     def from_parameters(cls, params: Mapping[str, str]) -> Limits:
-        """An entry model's limits from its config.pbtxt parameters (either runtime's: values.common_values)."""
+        """An entry model's limits from its config.pbtxt parameters (values.orchestrator_values,
+        values.in_process_values)."""
         k = params["num_draft_tokens"]  # the default K of requests without one
         return cls(
             max_draft_len=int(params["max_draft_len"]),
@@ -144,10 +146,15 @@ def to_job(req: GenerationRequest, codec, limits: Limits) -> tuple[list[int], Sa
     """(prompt ids, SamplingParams, GenerationLoop.add options) of a parsed request, the one place both runtimes'
     entry models turn a request into the loop's terms; ``codec``: a text.TextCodec. RequestError for a prompt
     the codec refuses. max_tokens is capped to what max_seq_len leaves after the prompt (as TensorRT-LLM caps
-    maxNewTokens); a request's end_id replaces the repository's EOS ids, and neither is emitted."""
+    maxNewTokens); stop ids and the end token are core/token_rules.py's (a request's end_id replaces the model's
+    end ids; the Triton interface returns neither)."""
     prompt = codec.encode(req.text)
     room = max(limits.max_seq_len - len(prompt), 1)
     params = req.params.with_(max_new_tokens=min(req.params.max_new_tokens, room))
-    end_ids = codec.end_ids if req.end_id is None else (req.end_id,)
-    options = {"eos_ids": set(end_ids), "keep_end": False, "stop_sequences": codec.stop_ids(req.stop_words)}
+    own = None if req.end_id is None else (req.end_id,)
+    options = {
+        "eos_ids": request_stop_ids(codec.end_ids, own=own),
+        "keep_end": KEEP_END["triton"],
+        "stop_sequences": codec.stop_ids(req.stop_words),
+    }
     return prompt, params, options

@@ -1,8 +1,8 @@
-"""Tokenizer work of preprocessing/postprocessing and the orchestrator's streaming, without Triton (pure).
+"""Tokenizer work of the entry models (prompts, stop words, streamed text), without Triton (pure).
 
 ``TextCodec`` is the one owner of the repository's tokenizer settings (tokenizer_dir, add_special_tokens,
-skip_special_tokens, max_input_len, default end/pad ids): the preprocessing and postprocessing models expose it
-through upstream's tensors, and the orchestrator uses it in-process so that a request costs no BLS hop for text.
+skip_special_tokens, max_input_len, default end/pad ids); both entry models use it in-process, so a request costs
+no BLS hop for text.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from trtspec.core.errors import RequestError, ServerError
+from trtspec.core.token_rules import engine_stops, model_end_ids
 
 
 def _flag(params: dict[str, str], name: str, default: bool) -> bool:
@@ -33,13 +34,11 @@ class TextCodec:
         self.tokenizer = tokenizer
         self.add_special_tokens, self.skip_special_tokens = add_special_tokens, skip_special_tokens
         self.max_input_len = max_input_len
-        # Every id that ends a request (model_dir.end_ids: an eos list such as Llama 3's); the engines get one,
-        # the tokenizer's when it is among them, as TensorRT-LLM takes a single end_id.
-        self.end_ids = end_ids or ((tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ())
-        eos = tokenizer.eos_token_id
-        self.end_id = eos if eos in self.end_ids or not self.end_ids else self.end_ids[0]
-        pad = tokenizer.pad_token_id
-        self.pad_id = pad if pad is not None else self.end_id
+        # The model's end ids and the one end_id an engine gets: core/token_rules.py rules 1 and 3.
+        self.eos_id = tokenizer.eos_token_id
+        self.end_ids = end_ids or model_end_ids(None, self.eos_id)
+        stops = engine_stops(self.end_ids, self.eos_id, tokenizer.pad_token_id)
+        self.end_id, self.pad_id = stops.end_id, stops.pad_id
         # The first encode may set the fast tokenizer's truncation/padding state; do it here, before request
         # threads share the tokenizer.
         self.decode(self.tokenizer.encode("warm-up", add_special_tokens=self.add_special_tokens))
@@ -112,16 +111,6 @@ def to_word_list(words: Sequence[Sequence[int]]) -> np.ndarray:
     if not flat:
         out[0, 0] = 0
     return out
-
-
-def from_word_list(array: np.ndarray) -> list[list[int]]:
-    """Inverse of to_word_list: the token sequences of a [2, N] array."""
-    ids, offsets = array[0].tolist(), [o for o in array[1].tolist() if o >= 0]
-    words, start = [], 0
-    for end in offsets:
-        words.append(ids[start:end])
-        start = end
-    return [w for w in words if w]
 
 
 def stop_words_ids(tokenizer, words: Sequence[str]) -> list[list[int]]:

@@ -1,9 +1,9 @@
-"""Step primitives for the Triton ``torch`` runtime: one model per Triton model, TensorRT-LLM's tensor contract.
+"""The stand-in engine: one KV model behind the calls TensorRT-LLM's engine models answer (the test harness).
 
-There the draft and the target are separate Triton models (input_ids -> output_ids, draft_input_ids,
-draft_logits, request_output_len), and an orchestrator runs the rounds. ``StepModel`` wraps ONE KV model with a
-pool of cached sequences and offers the three calls it needs, as thin wrappers over engines/speculative.py
-(``propose`` / ``verify`` / ``commit``: no second implementation of the round):
+The tensorrtllm runtime's orchestrator calls two engine models, the draft and the target (input_ids ->
+output_ids, draft_input_ids, draft_logits, request_output_len). Without TensorRT-LLM, ``StepModel`` answers those
+calls: it wraps ONE KV model with a pool of cached sequences and offers the three calls the orchestrator makes,
+as thin wrappers over engines/speculative.py (``propose`` / ``verify`` / ``commit``, the rounds under test):
 
     draft = StepModel.from_pretrained(draft_dir, device="cpu", dtype="float32", num_slots=8, max_seq_len=2048,
                                       max_draft_len=8)
@@ -12,8 +12,8 @@ pool of cached sequences and offers the three calls it needs, as thin wrappers o
         # d.tokens: k draft token ids; d.logits: [k, V] float32 raw draft logits (TensorRT-LLM draft_logits)
     (v,) = target.verify([StepRequest(input_ids, draft_ids=d.tokens, draft_logits=d.logits, params=params)])
         # v.tokens: accepted draft tokens + 1 recovered/bonus token; v.num_accepted
-    (c,) = target.continue_([StepRequest(input_ids, num_tokens=n, params=params, end_id=eos)])  # target-only
-        # c.tokens: up to n tokens (stops after end_id)
+    (c,) = target.continue_([StepRequest(input_ids, num_tokens=n, params=params, end_ids=(eos,))])  # target-only
+        # c.tokens: up to n tokens (stops after any of end_ids)
 
 KV reuse (like TensorRT-LLM's enable_kv_cache_reuse): each slot remembers the tokens its cache holds; a request
 takes the slot that holds its own sequence (``SlotPool.acquire``), else the least recently used one with a prefix
@@ -50,7 +50,7 @@ class StepRequest:
     params: SamplingParams = field(default_factory=SamplingParams)
     draft_ids: list[int] = field(default_factory=list)
     draft_logits: torch.Tensor | None = None
-    end_id: int | None = None
+    end_ids: tuple[int, ...] = ()
 
 
 @dataclass
@@ -185,12 +185,14 @@ class StepModel:
         return [results[i] for i in range(len(requests))]
 
     def continue_(self, requests: list[StepRequest]) -> list[StepResult]:
-        """(c) Target-only continuation by num_tokens tokens (stopping after end_id): 0-draft verifications."""
+        """(c) Target-only continuation by num_tokens tokens (stopping after any of end_ids): 0-draft verifications."""
         out = [[] for _ in requests]
         live = list(range(len(requests)))
         for step in range(max(r.num_tokens for r in requests)):
             live = [
-                i for i in live if step < requests[i].num_tokens and requests[i].end_id not in out[i][-1:]
+                i
+                for i in live
+                if step < requests[i].num_tokens and not set(requests[i].end_ids) & set(out[i][-1:])
             ]
             if not live:
                 break

@@ -1,5 +1,6 @@
-"""Triton python model `tensorrt_llm` / `tensorrt_llm_draft` of the torch runtime: the PyTorch engine's step
-primitives (trtspec.engines.steps.StepModel) behind the TensorRT-LLM backend's tensor interface.
+"""The stand-in engine models `tensorrt_llm` / `tensorrt_llm_draft` (the test harness): a Triton python model that
+answers the tensorrtllm runtime's orchestrator with the PyTorch engine (harness.steps.StepModel) behind the
+TensorRT-LLM backend's tensor interface, so the orchestrator runs in a real tritonserver without TensorRT-LLM.
 
 - a draft request (no draft_input_ids, request_output_len = k): continue input_ids by k tokens -> output_ids
   (input + k draft tokens) and, if asked, generation_logits [1, 1, k, V];
@@ -10,20 +11,20 @@ primitives (trtspec.engines.steps.StepModel) behind the TensorRT-LLM backend's t
 KV-cache reuse across calls (TensorRT-LLM's enable_kv_cache_reuse) is StepModel's slot pool: a request takes the
 slot that holds its own sequence (steps.SlotPool.acquire) and only the rest is computed.
 
-On cpu each engine model sets its torch intra-op threads (cpu_threads; auto = half the cores it may use): the
-draft and the target run one after the other in two processes, and a model whose OpenMP threads still spin after
-its call must not take the cores of the other.
+On cpu each engine model takes half the cores it may use (cpu_threads auto): the draft and the target run one
+after the other in two processes, and a model whose OpenMP threads still spin after its call must not take the
+cores of the other.
 """
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
+from harness.steps import StepModel, StepRequest
 from trtspec.core.errors import RequestError
 from trtspec.triton_repo.interface import ENGINE_INPUTS
 from trtspec.triton_repo.models import triton_io as io
+from trtspec.triton_repo.models.cores import cpu_threads
 
 
 def _scalar(inputs: dict, name: str, default):
@@ -31,31 +32,12 @@ def _scalar(inputs: dict, name: str, default):
     return default if value is None else np.asarray(value).reshape(-1)[0].item()
 
 
-def available_cores() -> list[int]:
-    """The cores this process may run on."""
-    if hasattr(os, "sched_getaffinity"):
-        return sorted(os.sched_getaffinity(0))
-    return list(range(os.cpu_count() or 1))
-
-
-def cpu_threads(value: str, available: int | None = None, models: int = 2) -> int:
-    """The cpu_threads parameter as a thread count: a number, or auto = ``available`` (default: the cores this
-    process may run on) shared by ``models`` processes that run the models (2 here: the draft's and the
-    target's; 1 where one process runs both), at least 1."""
-    if value.strip().lower() != "auto":
-        return max(int(value), 1)
-    if available is None:
-        available = len(available_cores())
-    return max(available // models, 1)
-
-
-def split_cores(available: list[int], threads: int) -> tuple[set[int], set[int]] | None:
-    """(the generation loop's cores, the sending thread's cores) where the loop's ``threads`` leave some free:
-    Linux wakes a thread on its waker's core, so the sending thread, woken by the loop after every round, would
-    take the loop's core from it. None where the loop uses every core (or the platform cannot pin threads)."""
-    if threads >= len(available) or not hasattr(os, "sched_setaffinity"):
-        return None
-    return set(available[:threads]), set(available[threads:])
+def engine_threads(value: str) -> int:
+    """Torch threads of one engine model: auto = half the cores (the draft's and the target's processes take
+    turns); a number as given."""
+    if value.strip().lower() == "auto":
+        return max(cpu_threads(value) // 2, 1)
+    return cpu_threads(value)
 
 
 class TorchEngine:
@@ -98,8 +80,6 @@ class TorchEngine:
         """-> (output_ids: input + new tokens, generation_logits [new, V] or None)."""
         import torch
 
-        from trtspec.engines.steps import StepRequest
-
         params = self._params(inputs)
         tokens = self.check_input_ids(inputs)
         output_len = max(int(_scalar(inputs, "request_output_len", 1)), 1)
@@ -116,15 +96,28 @@ class TorchEngine:
                 request = StepRequest(tokens, draft_ids=drafts, draft_logits=logits, params=params)
                 (result,) = self.model.verify([request])
             else:
-                end_id = inputs.get("end_id")
-                request = StepRequest(
-                    tokens,
-                    num_tokens=output_len,
-                    params=params,
-                    end_id=None if end_id is None else int(_scalar(inputs, "end_id", 0)),
-                )
+                request = StepRequest(tokens, num_tokens=output_len, params=params, end_ids=end_ids(inputs))
                 (result,) = self.model.continue_([request])
         return tokens + result.tokens, None
+
+
+def end_ids(inputs: dict) -> tuple[int, ...]:
+    """What ends a plain continuation, as TensorRT-LLM: end_id, and a one-token stop word ([1, 2, N] layout)."""
+    ids = [] if inputs.get("end_id") is None else [int(_scalar(inputs, "end_id", 0))]
+    words = inputs.get("stop_words_list")
+    if words is not None:
+        ids += [w[0] for w in from_word_list(np.asarray(words).reshape(2, -1)) if len(w) == 1]
+    return tuple(ids)
+
+
+def from_word_list(array: np.ndarray) -> list[list[int]]:
+    """Inverse of to_word_list: the token sequences of a [2, N] array."""
+    ids, offsets = array[0].tolist(), [o for o in array[1].tolist() if o >= 0]
+    words, start = [], 0
+    for end in offsets:
+        words.append(ids[start:end])
+        start = end
+    return [w for w in words if w]
 
 
 class TritonPythonModel:
@@ -133,11 +126,9 @@ class TritonPythonModel:
 
         import torch
 
-        from trtspec.engines.steps import StepModel
-
         params = io.model_parameters(args)
         if params["device"] == "cpu":
-            torch.set_num_threads(cpu_threads(params.get("cpu_threads", "auto")))
+            torch.set_num_threads(engine_threads(params.get("cpu_threads", "auto")))
         config = json.loads(args["model_config"])
         max_draft_len = int(params["max_draft_len"])
         # The orchestrator's draft-ahead asks the draft for K + 1 tokens (a TensorRT-LLM draft engine has no draft

@@ -1,17 +1,13 @@
-"""A client of a trtspec (or upstream tensorrtllm_backend) Triton endpoint, and the system under test over it.
+"""A client of a trtspec (or upstream tensorrtllm_backend) Triton endpoint: one request, its pieces and metrics.
 
 ``TritonClient.generate`` sends one request to the entry model over gRPC streaming (tritonclient; works for
 decoupled and non-decoupled models) or HTTP (the generate / generate_stream extension, server-sent events), and
-records when each piece arrived. Tools may reuse it. It speaks both client interfaces a deployment can have
-(``INTERFACES``; found from the model's metadata unless given):
+records when each piece arrived. validate's ``TritonSystem`` (triton_system.py) and tools/ build on it. It speaks
+both client interfaces a deployment can have (``INTERFACES``; found from the model's metadata unless given):
 - ``trtspec``: tensorrt_llm_bls (torch and tensorrtllm runtimes): text_input, max_tokens, num_draft_tokens, stream,
   temperature, top_k, top_p, seed, return_perf_metrics -> text_output, output_ids and the acceptance metrics;
 - ``llmapi``: upstream's LLM-API ``tensorrt_llm`` (trtllm-pytorch): the same fields as sampling_param_* and
   streaming -> text_output and the same metrics; K is fixed by model.yaml, so num_draft_tokens is not sent.
-
-trtspec repositories also return the generated ``output_ids``, which ``TritonSystem`` compares exactly; for an
-entry model that returns text only it tokenises ``text_output`` with the target's tokenizer
-(``Generation.ids_from_text``) and validate maps the reference through text the same way.
 """
 
 from __future__ import annotations
@@ -23,15 +19,11 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from trtspec.chat import check_text_input
 from trtspec.core.errors import RequestError, ServerError
-from trtspec.core.metrics import AcceptanceStats
 from trtspec.triton_repo import llmapi
-from trtspec.triton_repo.interface import ADAPTIVE, CLIENT_INPUTS, ENTRY_POINT, METRIC_OUTPUTS
-from trtspec.validate.systems import Generation, Request
+from trtspec.triton_repo.interface import CLIENT_INPUTS, ENTRY_POINT, METRIC_OUTPUTS
 
 # Request field -> input name, per client interface (the trtspec.json "interface" of a repository); a field an
 # interface lacks is not sent. The entry model each interface has by default comes with it.
@@ -350,107 +342,3 @@ def _server_error(where: str, message: str) -> ServerError:
     with contextlib.suppress(ValueError, AttributeError):  # HTTP errors arrive as {"error": "..."}
         message = json.loads(message).get("error", message)
     return ServerError(f"Triton at {where} refused the request: {str(message).strip().splitlines()[0]}")
-
-
-class TritonSystem:
-    """A Triton endpoint as a system under test: each request of a batch is sent concurrently (one thread each)."""
-
-    def __init__(
-        self,
-        url: str,
-        tokenizer,
-        *,
-        protocol: str = "auto",
-        model: str | None = None,
-        max_draft_len: int = 8,
-        max_batch_size: int = 8,
-        stream: bool = True,
-        llmapi_max_draft_len: int | None = None,
-    ):
-        self.client = TritonClient(url, protocol, model)
-        self.client.check_ready()
-        self.tokenizer, self.stream = tokenizer, stream
-        self._checked_chats: set[str] = set()  # chat texts that passed check_text_input
-        self.max_draft_len, self.max_batch_size = max_draft_len, max_batch_size
-        self.name = f"Triton {self.client.model} at {self.client.address} ({self.client.protocol})"
-        # upstream's LLM-API model drafts its model.yaml's max_draft_len (llmapi_max_draft_len: what trtspec wrote
-        # there) and takes no per-request K
-        llmapi_k = llmapi_max_draft_len or max_draft_len
-        self.fixed_k = llmapi_k if self.client.interface == "llmapi" else None
-        # A request without K gets the repository's default: adaptive K where the entry model says so.
-        default_k = self.client.model_parameters().get("num_draft_tokens") if not self.fixed_k else None
-        self.adaptive = default_k == ADAPTIVE
-
-    def generate(self, requests: list[Request], params) -> list[Generation]:
-        sampling = (
-            {}
-            if params.greedy
-            else {
-                "temperature": params.temperature,
-                "top_k": params.top_k,
-                "top_p": params.top_p,
-                "seed": params.seed,
-            }
-        )
-        # no K: upstream's LLM-API model's own; else none is sent, so the repository's default applies (adaptive
-        # K where deploy wrote "adaptive")
-        k = self.fixed_k if params.num_draft_tokens is None else params.num_draft_tokens
-        if self.fixed_k is not None and k != self.fixed_k:
-            raise RequestError(
-                f"{self.name}: upstream's LLM-API model drafts max_draft_len {self.fixed_k} tokens per round "
-                f"(model.yaml) and takes no per-request K, so K={k} cannot be measured; use K={self.fixed_k}"
-            )
-
-        for request in requests:
-            # Chats were rendered client-side (trtspec/chat.py); the server tokenises text_input its own way.
-            if request.prompt_set == "chat" and request.text not in self._checked_chats:
-                check_text_input(self.tokenizer, request.text, request.token_ids, "a chat prompt")
-                self._checked_chats.add(request.text)
-
-        def one(request: Request) -> Generation:
-            response = self.client.generate(request.text, params.max_new_tokens, k, self.stream, **sampling)
-            return self._generation(response, k)
-
-        with ThreadPoolExecutor(max_workers=len(requests)) as pool:
-            return list(pool.map(one, requests))
-
-    def _generation(self, response: EndpointResponse, k: int | None) -> Generation:
-        # Exact ids when the entry model returns output_ids (trtspec repositories do); else tokenise the text.
-        from_text = response.token_ids is None
-        ids = (
-            self.tokenizer(response.text, add_special_tokens=False).input_ids
-            if from_text
-            else response.token_ids
-        )
-        stats = AcceptanceStats(
-            max_draft_len=self.max_draft_len if k is None else k,
-            drafted=int(response.metrics.get("total_draft_tokens", 0)),
-            accepted=int(response.metrics.get("total_accepted_draft_tokens", 0)),
-            generated_tokens=len(ids),
-            elapsed_s=response.elapsed_s,
-            time_to_first_token_s=response.pieces[0][0] if response.pieces else None,
-        )
-        return Generation(
-            ids,
-            response.text,
-            stats,
-            response.elapsed_s,
-            stats.time_to_first_token_s,
-            self._chunks(response),
-            ids_from_text=from_text,
-        )
-
-    def _chunks(self, response: EndpointResponse) -> list[tuple[float, int]]:
-        """(arrival, tokens) per piece: from output_ids, else by tokenising the growing text (sums to the total)."""
-        if response.id_pieces is not None:
-            return [(arrival, len(ids)) for arrival, ids in response.id_pieces]
-        chunks, text, before = [], "", 0
-        for arrival, piece in response.pieces:
-            text += piece
-            count = len(self.tokenizer(text, add_special_tokens=False).input_ids)
-            chunks.append((arrival, max(count - before, 0)))
-            before = count
-        return chunks
-
-    def close(self) -> None:
-        pass

@@ -1,0 +1,102 @@
+"""A built TensorRT-LLM engine's config.json, read without ``tensorrt_llm``: what the build verifies against its
+plan, the repository checks before deploying and the in-process runner before loading.
+
+``Engine.save`` writes ``config.json`` as ``EngineConfig.to_dict``: version, pretrained_config and build_config,
+IntFlag values (``SpeculativeDecodingMode``) as integers. Older engines (TensorRT-LLM < 0.9) have
+``builder_config`` + ``plugin_config`` at the top level instead; ``read_engine_config`` reads both.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from trtspec.core.errors import CheckpointError
+
+# SpeculativeDecodingMode is an IntFlag (auto() from 1): config.json holds these integers.
+SPECULATIVE_MODES = (
+    "none",
+    "draft_tokens_external",
+    "medusa",
+    "lookahead_decoding",
+    "explicit_draft_tokens",
+    "eagle",
+    "ngram",
+    "user_provided",
+    "save_hidden_states",
+    "auto",
+)
+
+
+def speculative_mode_name(value: Any, max_draft_len: int = 0) -> str:
+    """Normalise config.json's speculative_decoding_mode (int flag, enum repr or name) to the CLI choice name."""
+    if value is None:  # engines from before the field existed: draft support shows as max_draft_len only
+        return "draft_tokens_external" if max_draft_len > 0 else "none"
+    if isinstance(value, int) and not isinstance(value, bool):
+        index = value.bit_length() - 1
+        return (
+            SPECULATIVE_MODES[index]
+            if value > 0 and value == 1 << index and index < len(SPECULATIVE_MODES)
+            else str(value)
+        )
+    return str(value).split(".")[-1].lower()
+
+
+def normalise_engine_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The facts trtspec checks, from a parsed engine config.json (new or old layout)."""
+    if "build_config" in config:
+        pretrained, build = config.get("pretrained_config") or {}, config["build_config"]
+        plugins, mapping = build.get("plugin_config") or {}, pretrained.get("mapping") or {}
+    elif "builder_config" in config:  # TensorRT-LLM < 0.9
+        pretrained = build = config["builder_config"]
+        plugins = config.get("plugin_config") or {}
+        mapping = {"tp_size": build.get("tensor_parallel", 1), "pp_size": build.get("pipeline_parallel", 1)}
+    else:
+        raise KeyError("build_config")
+    max_draft_len = int(build.get("max_draft_len") or 0)
+    return {
+        "version": config.get("version"),
+        "architecture": pretrained.get("architecture") or pretrained.get("name"),
+        "dtype": pretrained.get("dtype") or build.get("precision"),
+        "vocab_size": pretrained.get("vocab_size"),
+        "tp_size": int(mapping.get("tp_size", 1)),
+        "pp_size": int(mapping.get("pp_size", 1)),
+        "speculative_decoding_mode": speculative_mode_name(
+            build.get("speculative_decoding_mode"), max_draft_len
+        ),
+        "max_draft_len": max_draft_len,
+        "max_batch_size": build.get("max_batch_size"),
+        "max_input_len": build.get("max_input_len"),
+        "max_seq_len": build.get("max_seq_len") or build.get("max_sequence_length"),
+        "max_beam_width": build.get("max_beam_width"),
+        "gather_context_logits": bool(
+            build.get("gather_context_logits") or build.get("gather_all_token_logits")
+        ),
+        "gather_generation_logits": bool(
+            build.get("gather_generation_logits") or build.get("gather_all_token_logits")
+        ),
+        "use_paged_context_fmha": bool(plugins.get("use_paged_context_fmha")),
+        "gemm_plugin": plugins.get("gemm_plugin"),
+    }
+
+
+def read_engine_config(engine_dir: str | Path) -> dict[str, Any]:
+    """Read an engine directory's config.json into the facts trtspec checks.
+
+    Returns a dict with: version, architecture, dtype, vocab_size, tp_size, pp_size, speculative_decoding_mode
+    ("draft_tokens_external", "none", ...), max_draft_len, max_batch_size, max_input_len, max_seq_len,
+    max_beam_width, gather_context_logits, gather_generation_logits, use_paged_context_fmha, gemm_plugin.
+    Raises CheckpointError (one line) when the file is missing or not an engine config.
+    """
+    path = Path(engine_dir) / "config.json"
+    try:
+        return normalise_engine_config(json.loads(path.read_text()))
+    except OSError as err:
+        raise CheckpointError(
+            f"{path}: cannot read the engine config ({err.strerror}); build engines with `trtspec build`"
+        ) from None
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+        raise CheckpointError(
+            f"{path}: not a TensorRT-LLM engine config ({type(err).__name__}: {err})"
+        ) from None

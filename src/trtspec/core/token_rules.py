@@ -1,0 +1,91 @@
+"""The token rules every runtime follows, each stated once (pure; torch only inside ``round_seeds``).
+
+1. **The model's end ids** (``model_end_ids``): what Hugging Face generate stops on, the generation config's
+   ``eos_token_id`` (generation_config.json, else config.json; an int, or a list such as Llama-3-Instruct's
+   [128001, 128008, 128009]), else the tokenizer's eos.
+2. **A request's stop ids** (``request_stop_ids``): none with ignore_eos; the request's own ids when it gives any
+   (``stop_token_ids`` in-process, ``end_id`` through Triton); else the model's end ids. Any of them ends it.
+3. **What an engine call gets** (``engine_stops``): TensorRT-LLM takes ONE end_id, so one stop id is the end_id
+   and every other is a one-token stop word. The end_id is the tokenizer's eos when it is a stop id (the token
+   the chat template ends a turn with: Llama-3-Instruct's <|eot_id|>, Qwen2.5's <|im_end|>), else the first stop
+   id; -1 (matches nothing) when there is none. pad_id: the request's, else the tokenizer's pad, else end_id.
+4. **The end token in results** (``KEEP_END``): the stop id that ended a request is the last returned token of
+   the in-process APIs (``generate``, ``SpeculativeEngine``, the TensorRT-LLM runner: Hugging Face generate's
+   convention) and is left out of the ids and the text of the Triton client interface (TensorRT-LLM's end_id
+   convention, which clients of tensorrtllm_backend expect). Text is decoded without special tokens either way,
+   so both give the same text. ``validate`` compares ids cut before the first stop id (``comparable``), so the
+   two conventions compare equal.
+5. **Per-round seeds** (``round_seeds``): engines that take a seed per call (TensorRT-LLM, the Triton engine
+   models) get a target seed and a draft seed per round, two draws from the request's random generator: distinct
+   per round (no two calls replay one stream of draws) and per model (the acceptance test must not be correlated
+   with the draft's sample), reproducible for a seeded request. Greedy calls get none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+KEEP_END = {"in-process": True, "triton": False}
+
+
+def _ids(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, list | tuple):
+        return tuple(int(i) for i in value)
+    return (int(value),)
+
+
+def model_end_ids(generation_eos: Any, tokenizer_eos: int | None) -> tuple[int, ...]:
+    """Rule 1: the generation config's eos_token_id (int or list), else the tokenizer's eos id."""
+    return _ids(generation_eos) or _ids(tokenizer_eos)
+
+
+def request_stop_ids(
+    model_ids: Sequence[int], *, ignore_eos: bool = False, own: Sequence[int] | None = None
+) -> tuple[int, ...]:
+    """Rule 2: the ids that end one request (``own``: the request's stop_token_ids or end_id, if given)."""
+    if ignore_eos:
+        return ()
+    return tuple(own) if own is not None else tuple(model_ids)
+
+
+@dataclass(frozen=True)
+class EngineStops:
+    """Rule 3: one engine call's end_id, pad_id and one-token stop words ([[id], ...], TensorRT-LLM's layout)."""
+
+    end_id: int
+    pad_id: int
+    stop_words: tuple[tuple[int, ...], ...] = ()
+
+
+def engine_stops(
+    stop_ids: Sequence[int], tokenizer_eos: int | None, pad_id: int | None = None
+) -> EngineStops:
+    """Rule 3 for a request's stop ids."""
+    stop_ids = tuple(stop_ids)
+    end_id = (tokenizer_eos if tokenizer_eos in stop_ids else stop_ids[0]) if stop_ids else -1
+    words = tuple((t,) for t in dict.fromkeys(stop_ids) if t != end_id)
+    return EngineStops(end_id, pad_id if pad_id is not None else max(end_id, 0), words)
+
+
+def comparable(tokens: Sequence[int], stop_ids: Iterable[int]) -> list[int]:
+    """Rule 4 for comparisons: the tokens before the first stop id (the stop id itself left out)."""
+    stops = set(stop_ids)
+    for index, token in enumerate(tokens):
+        if token in stops:
+            return list(tokens[:index])
+    return list(tokens)
+
+
+def round_seeds(greedy: bool, generator) -> tuple[int | None, int | None]:
+    """Rule 5: (target seed, draft seed) of one round from the request's torch.Generator; (None, None) when
+    greedy or without a generator."""
+    if greedy or generator is None:
+        return None, None
+    import torch
+
+    target, draft = torch.randint(0, 2**31 - 1, (2,), generator=generator).tolist()
+    return target, draft

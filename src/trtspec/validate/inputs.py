@@ -1,0 +1,142 @@
+"""What a validate or bench run opens before it measures: the requests, the system under test and the HF reference.
+
+``RunOptions`` holds the options both commands share; ``ValidateOptions`` (run_validate.py) and ``BenchOptions``
+(run_bench.py) add their own. The requests are encoded and checked against the recipe's limits first, so a prompt
+that cannot fit fails before any model loads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trtspec.core.errors import TrtspecError
+
+SYSTEMS = ("auto", "engine", "triton", "trtllm")
+
+
+@dataclass(kw_only=True)
+class SystemOptions:
+    """Which system is under test. system 'auto': Triton when a URL is given, else the in-process engine."""
+
+    system: str = "auto"
+    url: str | None = None
+    protocol: str = "auto"  # grpc | http | auto (from the URL's port / scheme)
+    triton_model: str | None = None  # Triton entry model; None = the repository's entry point
+    device: str = "cpu"
+    dtype: str = "auto"
+    max_batch_size: int | None = None
+
+    @property
+    def kind(self) -> str:
+        if self.system != "auto":
+            return self.system
+        return "triton" if self.url else "engine"
+
+
+@dataclass(kw_only=True)
+class RunOptions:
+    """The options validate and bench share: the recipe, the prompt set and the system under test."""
+
+    recipe: str = "demo"
+    prompts: Path | None = None  # None: the shipped prompt sets
+    limit: int | None = None
+    chat: bool = False  # raw prompts as single user messages through the chat template
+    max_tokens: int = 32
+    system: SystemOptions = field(default_factory=SystemOptions)
+
+
+def open_system(recipe, options: SystemOptions, tokenizer=None):
+    """The system under test named by ``options`` (tokenizer: the target's, for text-only endpoints)."""
+    kind = options.kind
+    if kind == "engine":
+        from trtspec.validate.systems import EngineSystem
+
+        return EngineSystem.from_recipe(recipe, options.device, options.dtype, options.max_batch_size)
+    if kind == "triton":
+        from trtspec.validate.triton_system import TritonSystem
+
+        if not options.url:
+            raise TrtspecError("--system triton needs --url HOST:PORT (the server's gRPC or HTTP address)")
+        return TritonSystem(
+            options.url,
+            tokenizer,
+            protocol=options.protocol,
+            model=options.triton_model,
+            max_draft_len=recipe.speculative.max_draft_len,
+            max_batch_size=options.max_batch_size or recipe.limits.max_batch_size,
+            llmapi_max_draft_len=llmapi_max_draft_len(recipe),
+        )
+    if kind == "trtllm":
+        # Same API as SpeculativeEngine; raises NeedsTensorRTLLM (exit 3) outside the NGC image.
+        from trtspec.engines.trtllm_runner import TrtllmSpeculativeRunner
+        from trtspec.validate.systems import EngineSystem
+
+        runner = TrtllmSpeculativeRunner.from_recipe(recipe, max_batch_size=options.max_batch_size)
+        return EngineSystem(runner, name=f"TensorRT-LLM engines (engines/{recipe.name})")
+    raise TrtspecError(f"--system {kind!r} is not one of {', '.join(SYSTEMS)}")
+
+
+def llmapi_max_draft_len(recipe) -> int | None:
+    """The K a trtllm-pytorch deployment of ``recipe`` drafts every round (its model.yaml's max_draft_len); None
+    when the recipe cannot be deployed there."""
+    from trtspec.builders import support
+
+    if support.llmapi_speculation_problem(recipe.speculative):
+        return None
+    return support.llmapi_speculation(recipe.speculative, recipe.limits.max_batch_size).max_draft_len
+
+
+def open_reference(recipe, options: SystemOptions):
+    from trtspec.validate.reference import HFReference
+    from trtspec.validate.systems import runtime_dtype
+
+    # A CUDA system under test on a CPU-only machine still gets a CPU reference.
+    device = options.device if options.kind == "engine" else "cpu"
+    return HFReference.from_pretrained(
+        recipe.target.model,
+        device=device,
+        dtype=runtime_dtype(recipe, device, options.dtype),
+        trust_remote_code=recipe.target.trust_remote_code,
+    )
+
+
+def check_requests_fit(prompts, requests, max_tokens: int, limits) -> None:
+    """Every prompt fits the recipe's limits with ``max_tokens`` new tokens, checked before any model runs."""
+    for prompt, request in zip(prompts, requests, strict=True):
+        n = len(request.token_ids)
+        if n > limits.max_input_len:
+            raise TrtspecError(
+                f"prompt {prompt.id}: {n} tokens > the recipe's limits.max_input_len {limits.max_input_len}; "
+                "shorten it or raise limits.max_input_len"
+            )
+        if n + max_tokens > limits.max_seq_len:
+            raise TrtspecError(
+                f"prompt {prompt.id}: {n} tokens + --max-tokens {max_tokens} > the recipe's limits.max_seq_len "
+                f"{limits.max_seq_len}; lower --max-tokens or raise limits.max_seq_len"
+            )
+
+
+def load_requests(recipe, path: Path | None, limit: int | None, chat: bool, max_tokens: int):
+    """(prompts, target tokenizer, requests, notes): the prompt set encoded (chats through the target's chat
+    template) and checked against the recipe's limits, before any model loads."""
+    from trtspec.chat import has_chat_template
+    from trtspec.core.model_dir import load_tokenizer
+    from trtspec.validate.prompts import load_prompts
+    from trtspec.validate.systems import encode_prompts
+
+    tokenizer = load_tokenizer(recipe.target.model, recipe.target.trust_remote_code)
+    # Base models have no chat template: the shipped chat set is left out for them; asked-for chats fail.
+    chat_set = chat or has_chat_template(tokenizer)
+    notes = []
+    if path is None and not chat_set:
+        notes.append(f"{recipe.target.model}: no chat template, so the shipped chat prompts were left out.")
+    prompts = load_prompts(path, limit, chat=chat, chat_set=chat_set)
+    requests = encode_prompts(tokenizer, prompts)
+    check_requests_fit(prompts, requests, max_tokens, recipe.limits)
+    return prompts, tokenizer, requests, notes
+
+
+def load_run_requests(recipe, options: RunOptions):
+    """``load_requests`` for the prompt options of a run."""
+    return load_requests(recipe, options.prompts, options.limit, options.chat, options.max_tokens)

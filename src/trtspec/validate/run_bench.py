@@ -1,0 +1,260 @@
+"""The work behind ``trtspec bench``: the sweep grid -> requests -> system under test -> sweep -> print and write.
+
+cli.py gathers the options into a ``BenchOptions`` and calls ``bench``; the sweep itself is bench.py, its tables,
+Markdown and plots bench_report.py.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from trtspec.core.errors import TrtspecError
+from trtspec.outputs import check_output_dir, check_output_file, write_file_atomic, write_output_dir
+from trtspec.validate.inputs import RunOptions, SystemOptions, load_run_requests, open_system
+
+DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16)
+BENCH_MARKER = "bench.json"  # the file that makes a folder an earlier bench report (which --out may replace)
+# check_output_dir / write_output_dir arguments for bench's --out
+BENCH_OUTPUT = (BENCH_MARKER, "a trtspec bench report", "--out")
+
+
+@dataclass(kw_only=True)
+class BenchOptions(RunOptions):
+    max_tokens: int = 64
+    ks: tuple[int, ...] | None = None  # static K values to sweep; None: 1..max_draft_len
+    concurrency: tuple[int, ...] | None = None  # None: DEFAULT_CONCURRENCY up to what the system takes
+    draft_cost_ratio: float | None = None  # None: measured in-process
+    out_dir: Path | None = None  # None: bench/<name>
+    write_recipe: Path | None = None  # a copy of the recipe with the recommended speculative.schedule
+    repeats: int = 1  # passes over each concurrency's points, pooled
+    min_groups: int = 1  # more passes where a pass has fewer groups of `concurrency` requests
+
+
+def bench(options: BenchOptions, out) -> dict:
+    """Run the sweep with progress, print the table, write bench.json, bench.md and the plots atomically."""
+    from trtspec.recipe import load_recipe
+    from trtspec.validate.bench import BenchResult
+
+    recipe = load_recipe(options.recipe)
+    notes: list[str] = []
+    options = _sweep_grid(options, recipe, notes)
+    _check_sweep(options, recipe)
+    out_dir = options.out_dir or Path("bench") / recipe.name
+    check_output_dir(out_dir, *BENCH_OUTPUT)  # before the sweep, not after
+    if options.write_recipe:
+        check_output_file(options.write_recipe, "--write-recipe")
+    prompts, tokenizer, requests, more_notes = load_run_requests(recipe, options)
+    notes += more_notes
+    system = _open_sweepable(recipe, options, tokenizer)
+    try:
+        notes += _sweep_notes(system, len(requests), options)
+        points = _sweep(system, recipe, requests, options, out.console())
+    finally:
+        system.close()
+    ratios = _cost_ratios(points, options, notes)
+    result = BenchResult(system.name, options.max_tokens, len(prompts), points, ratios, notes)
+    recipe_copy = None
+    if options.write_recipe:  # built (and validated) before anything is written
+        recipe_copy = options.write_recipe, recipe_with_schedule(options.recipe, result, options.write_recipe)
+    return report_bench(result, out_dir, out, recipe_copy)
+
+
+def _sweep_grid(options: BenchOptions, recipe, notes: list[str]) -> BenchOptions:
+    """``options`` with the K values and concurrencies to sweep: the given ones, else 1..max_draft_len and
+    DEFAULT_CONCURRENCY up to limits.max_batch_size for the in-process systems (noted)."""
+    ks = options.ks or tuple(range(1, recipe.speculative.max_draft_len + 1))
+    concurrency = options.concurrency
+    if concurrency is None:
+        limit = recipe.limits.max_batch_size if options.system.kind != "triton" else max(DEFAULT_CONCURRENCY)
+        concurrency = tuple(c for c in DEFAULT_CONCURRENCY if c <= limit) or (limit,)
+        if concurrency != DEFAULT_CONCURRENCY:
+            notes.append(
+                f"Concurrency swept up to the recipe's limits.max_batch_size {limit} (the in-process system runs "
+                "concurrent requests as one batch)."
+            )
+    return replace(options, ks=ks, concurrency=concurrency)
+
+
+def _check_sweep(options: BenchOptions, recipe) -> None:
+    """K and concurrency the system can take: K <= max_draft_len; in-process, one KV-cache slot per request."""
+    max_draft_len = recipe.speculative.max_draft_len
+    too_big = [k for k in options.ks if k > max_draft_len]
+    if too_big:
+        raise TrtspecError(
+            f"--num-draft-tokens {too_big[0]} > the recipe's speculative.max_draft_len "
+            f"{max_draft_len}; sweep K <= {max_draft_len}"
+        )
+    limit, biggest = recipe.limits.max_batch_size, max(options.concurrency)
+    if options.system.kind != "triton" and biggest > limit:
+        raise TrtspecError(
+            f"--concurrency {biggest} > the recipe's limits.max_batch_size {limit}: the in-process "
+            f"{options.system.kind} runs concurrent requests as one batch; sweep concurrency <= {limit} or raise "
+            "limits.max_batch_size"
+        )
+
+
+def _open_sweepable(recipe, options: BenchOptions, tokenizer):
+    """The system under test, sized for the biggest concurrency; refused when it sets K itself."""
+    biggest = max(options.concurrency)
+    system_options = replace(options.system, max_batch_size=max(options.system.max_batch_size or 0, biggest))
+    system = open_system(recipe, system_options, tokenizer)
+    if system.fixed_k is not None:
+        system.close()
+        raise TrtspecError(
+            f"{system.name} drafts a fixed K={system.fixed_k} (its model.yaml) with no per-request K and no "
+            "target-only mode, so bench cannot sweep K or measure a speedup; use `trtspec validate --url` for "
+            "its outputs, acceptance and tokens/s"
+        )
+    return system
+
+
+def _sweep_notes(system, num_requests: int, options: BenchOptions) -> list[str]:
+    """What the report says about how the points were measured."""
+    from trtspec.validate.bench import sweep_passes
+
+    notes = []
+    if not system.adaptive:
+        notes.append(
+            f"{system.name}: a request without K gets the deployment's default, which is not adaptive K (the "
+            "entry model's num_draft_tokens parameter), so adaptive K was not measured."
+        )
+    passes = ", ".join(
+        f"{sweep_passes(num_requests, c, options.repeats, options.min_groups)} at concurrency {c}"
+        for c in options.concurrency
+    )
+    notes.append(
+        "Points are interleaved: each group of `concurrency` requests runs under every point back to back (the "
+        f"first point rotating), in passes ({passes}); each point pools its groups and passes."
+    )
+    if system.adaptive:
+        notes.append(
+            "Adaptive K is measured in steady state: one untimed adaptive pass runs first at each concurrency, "
+            "so it has measured that batch size's round costs, as a server does in its first seconds."
+        )
+    return notes
+
+
+def _sweep(system, recipe, requests, options: BenchOptions, console) -> list:
+    """run_sweep with a progress bar; in-process, the draft alone too (for the draft/target cost ratio)."""
+    from rich.progress import Progress
+
+    from trtspec.validate.bench import run_sweep, sweep_steps
+
+    measure_draft = options.system.kind == "engine" and options.draft_cost_ratio is None
+    draft = _draft_alone(recipe, options.system, max(options.concurrency)) if measure_draft else None
+    total = sweep_steps(
+        len(requests), options.concurrency, options.repeats, system.adaptive, options.min_groups
+    )
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("bench", total=total)
+        started = [0]
+
+        def advance(label: str) -> None:
+            progress.update(task, description=label, completed=started[0])
+            started[0] += 1
+
+        return run_sweep(
+            system,
+            requests,
+            ks=options.ks,
+            concurrency=options.concurrency,
+            max_new_tokens=options.max_tokens,
+            adaptive=system.adaptive,
+            repeats=options.repeats,
+            min_groups=options.min_groups,
+            draft_system=draft,
+            advance=advance,
+        )
+
+
+def _draft_alone(recipe, options: SystemOptions, max_batch_size: int):
+    """The draft model as a target-only engine (to measure the draft/target cost ratio in-process)."""
+    from trtspec.engines.engine import SpeculativeEngine
+    from trtspec.validate.systems import EngineSystem, runtime_dtype
+
+    engine = SpeculativeEngine.from_pretrained(
+        recipe.draft.model,
+        None,
+        device=options.device,
+        dtype=runtime_dtype(recipe, options.device, options.dtype),
+        max_batch_size=max_batch_size,
+        max_seq_len=recipe.limits.max_seq_len,
+        trust_remote_code=recipe.draft.trust_remote_code,
+    )
+    return EngineSystem(engine, name="draft alone")
+
+
+def _cost_ratios(points, options: BenchOptions, notes: list[str]) -> dict[int, float]:
+    """Draft/target cost ratio per concurrency: --draft-cost-ratio, else measured in-process (noted either way)."""
+    from trtspec.validate.bench import cost_ratios
+
+    if options.draft_cost_ratio is not None:
+        notes.append(f"Draft/target cost ratio {options.draft_cost_ratio} was given with --draft-cost-ratio.")
+        return {c: options.draft_cost_ratio for c in options.concurrency}
+    ratios = cost_ratios(points)
+    if not ratios:
+        notes.append(
+            "No draft/target cost ratio (only measured in-process): pass --draft-cost-ratio for the bound."
+        )
+    return ratios
+
+
+def recipe_with_schedule(recipe_path: str, result, dest: Path) -> str:
+    """The recipe copy ``--write-recipe`` saves: the recommended speculative.schedule, no pinned
+    num_draft_tokens (a pinned K would override adaptive K and so the schedule), and the draft/target cost ratio
+    measured at the lowest concurrency as speculative.draft_cost_ratio."""
+    from trtspec.recipe import recipe_copy
+    from trtspec.validate.bench_report import schedule_text
+
+    schedule = result.recommended_schedule()
+    changes = {"speculative.schedule": schedule, "speculative.num_draft_tokens": None}
+    if result.draft_cost_ratio:
+        lowest = min(result.draft_cost_ratio)
+        changes["speculative.draft_cost_ratio"] = round(result.draft_cost_ratio[lowest], 3)
+    header = (
+        f"# Written by trtspec bench from {recipe_path}: speculative.schedule {schedule_text(schedule)} from its "
+        f"measured table ({result.system}, concurrency {', '.join(str(c) for c in sorted(schedule))}).\n"
+    )
+    return recipe_copy(recipe_path, changes, dest, header)
+
+
+def report_bench(result, out_dir: Path, out, recipe_copy: tuple[Path, str] | None = None) -> dict:
+    """Write bench.json, bench.md and the PNG plots into ``out_dir`` (a temp dir renamed into place), and
+    ``recipe_copy`` (path, text) atomically."""
+    from trtspec.validate.bench_report import bench_markdown, bench_to_dict, write_plots
+
+    payload = bench_to_dict(result)
+
+    def fill(tmp: Path) -> None:
+        plots = write_plots(result, tmp)
+        (tmp / BENCH_MARKER).write_text(json.dumps(payload, indent=2, default=str) + "\n")
+        (tmp / "bench.md").write_text(bench_markdown(result, [p.name for p in plots]))
+
+    write_output_dir(out_dir, *BENCH_OUTPUT, fill)
+    payload["out_dir"] = str(out_dir)
+    if recipe_copy is not None:
+        write_file_atomic(*recipe_copy)
+        payload["recipe_written"] = str(recipe_copy[0])
+    if out.json:
+        out.emit_json(payload)
+    _print_bench(result, out_dir, out.console(), recipe_copy)
+    return payload
+
+
+def _print_bench(result, out_dir: Path, console, recipe_copy: tuple[Path, str] | None) -> None:
+    from trtspec.validate.bench_report import bench_tables, schedule_text
+
+    for table in bench_tables(result):
+        console.print(table)
+    recommended = ", ".join(f"concurrency {c}: K={k}" for c, k in result.recommended_k().items())
+    schedule = schedule_text(result.recommended_schedule())
+    console.print(f"recommended num_draft_tokens: {recommended}")
+    console.print(f"recommended speculative.schedule: {schedule}")
+    console.print(f"wrote {out_dir}/bench.json, bench.md, speedup_acceptance.png, latency_concurrency.png")
+    if recipe_copy is not None:
+        console.print(
+            f"wrote {recipe_copy[0]}: speculative.schedule {schedule}, no pinned num_draft_tokens (adaptive K is "
+            "its default)"
+        )

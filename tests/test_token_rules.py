@@ -1,0 +1,207 @@
+"""core/token_rules.py: each rule on literal cases (Llama-3-Instruct's and Qwen2.5-Instruct's published ids), and
+the same stop on every runtime that runs here: a pair shaped like each published one, its target steered to end
+at a stop id that is NOT the engines' end_id (a one-token stop word there), gives HF greedy's ids and text on the
+in-process engine, the TensorRT-LLM runner (stand-in engines), and a real tritonserver with the torch runtime and
+with the tensorrtllm runtime's orchestrator (stand-in engine models): the in-process APIs keep the stop id, the
+Triton client interface leaves it out, the text is the same everywhere."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from tiny_models import make_family_pair, steer_to_eos
+
+from trtspec.core.model_dir import end_ids
+from trtspec.core.token_rules import (
+    KEEP_END,
+    EngineStops,
+    comparable,
+    engine_stops,
+    model_end_ids,
+    request_stop_ids,
+    round_seeds,
+)
+from trtspec.triton_repo.models.text import TextCodec
+
+LLAMA3 = (128001, 128008, 128009)  # <|end_of_text|>, <|eom_id|>, <|eot_id|>; the tokenizer's eos: <|eot_id|>
+QWEN25 = (151645, 151643)  # <|im_end|>, <|endoftext|>; the tokenizer's eos: <|im_end|>
+
+
+def test_the_models_end_ids_are_the_generation_configs_else_the_tokenizers():
+    assert model_end_ids(list(LLAMA3), 128009) == LLAMA3
+    assert model_end_ids(151645, 151643) == (151645,)
+    assert model_end_ids(None, 2) == (2,) and model_end_ids(None, None) == ()
+
+
+def test_a_requests_stop_ids_are_its_own_else_the_models_and_none_with_ignore_eos():
+    assert request_stop_ids(LLAMA3) == LLAMA3
+    assert request_stop_ids(LLAMA3, own=(7,)) == (7,) and request_stop_ids(LLAMA3, own=()) == ()
+    assert request_stop_ids(LLAMA3, ignore_eos=True, own=(7,)) == ()
+
+
+@pytest.mark.parametrize(
+    "stop_ids, tokenizer_eos, pad, expected",
+    [
+        (LLAMA3, 128009, None, EngineStops(128009, 128009, ((128001,), (128008,)))),
+        (QWEN25, 151645, 151643, EngineStops(151645, 151643, ((151643,),))),
+        ((7, 9), 2, None, EngineStops(7, 7, ((9,),))),  # the tokenizer's eos stops nothing: the first id
+        ((), 2, None, EngineStops(-1, 0, ())),  # ignore_eos: an end_id no token matches
+        ((5, 5), 5, 0, EngineStops(5, 0, ())),
+    ],
+)
+def test_an_engine_call_gets_one_end_id_and_the_other_stop_ids_as_stop_words(
+    stop_ids, tokenizer_eos, pad, expected
+):
+    assert engine_stops(stop_ids, tokenizer_eos, pad) == expected
+
+
+def test_the_end_token_is_kept_in_process_dropped_through_triton_and_compared_cut():
+    assert KEEP_END == {"in-process": True, "triton": False}
+    kept, dropped = [5, 6, 128001], [5, 6]
+    assert comparable(kept, LLAMA3) == comparable(dropped, LLAMA3) == [5, 6]
+    assert comparable([5, 128009, 7], LLAMA3) == [5]
+
+
+def test_round_seeds_are_none_when_greedy_and_two_draws_of_the_requests_generator_otherwise():
+    assert round_seeds(True, torch.Generator()) == (None, None) and round_seeds(False, None) == (None, None)
+    a, b = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    first = round_seeds(False, a)
+    assert first == round_seeds(False, b) and first[0] != first[1] and round_seeds(False, a) != first
+
+
+def test_a_model_folders_end_ids_come_from_generation_config_then_config_then_the_tokenizer(
+    tmp_path, shared_tokenizer_dir
+):
+    from transformers import AutoTokenizer
+
+    folder = tmp_path / "model"
+    shutil.copytree(shared_tokenizer_dir, folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert end_ids(folder, tokenizer) == (tokenizer.eos_token_id,)
+    (folder / "config.json").write_text(json.dumps({"eos_token_id": 9}))
+    assert end_ids(folder, tokenizer) == (9,)
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 8]}))
+    assert end_ids(folder, tokenizer) == (7, 8)
+
+
+def test_the_codec_reads_an_eos_list_from_generation_config(tmp_path, shared_tokenizer_dir):
+    tokenizer_dir = tmp_path / "tok"
+    shutil.copytree(shared_tokenizer_dir, tokenizer_dir)
+    codec = TextCodec.from_parameters({"tokenizer_dir": str(tokenizer_dir)})
+    eos = codec.tokenizer.eos_token_id
+    assert codec.end_ids == (eos,) and codec.end_id == eos
+    (tokenizer_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, eos, 9]}))
+    codec = TextCodec.from_parameters({"tokenizer_dir": str(tokenizer_dir)})
+    assert codec.end_ids == (7, eos, 9) and codec.end_id == eos
+    (tokenizer_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 9]}))
+    assert TextCodec.from_parameters({"tokenizer_dir": str(tokenizer_dir)}).end_id == 7
+
+
+# ---------------------------------------------------------------- one stop, every runtime
+
+PROMPT = "def add(a, b):"
+MAX_NEW = 24
+# family -> (the tokenizer's eos as the published instruct model has it, the stop id its target is steered to)
+INSTRUCT = {"llama3": ("<|eot_id|>", "</s>"), "qwen2.5": ("<|im_end|>", "<|endoftext|>")}
+
+
+@pytest.fixture(scope="module")
+def instruct_pairs(tmp_path_factory):
+    """family -> (steered target, draft, prompt ids, HF greedy ids, HF greedy text, eos id, steered id)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cache = {}
+
+    def build(family: str):
+        if family in cache:
+            return cache[family]
+        root = tmp_path_factory.mktemp(family.replace(".", ""))
+        target, draft = make_family_pair(root / "pair", family)
+        eos_token, steer_token = INSTRUCT[family]
+        for folder in (target, draft):
+            tokenizer = AutoTokenizer.from_pretrained(folder)
+            tokenizer.eos_token = eos_token
+            tokenizer.save_pretrained(folder)
+        tokenizer = AutoTokenizer.from_pretrained(target)
+        prompt = tokenizer.encode(PROMPT)
+        steer_id = tokenizer.convert_tokens_to_ids(steer_token)
+        steered = steer_to_eos(target, root / "target", steer_id, prompt)
+        model = AutoModelForCausalLM.from_pretrained(steered).eval()
+        with torch.no_grad():
+            out = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_NEW, do_sample=False)
+        reference = out[0, len(prompt) :].tolist()
+        text = tokenizer.decode(reference, skip_special_tokens=True)
+        cache[family] = (steered, draft, prompt, reference, text, tokenizer.eos_token_id, steer_id)
+        return cache[family]
+
+    return build
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", list(INSTRUCT))
+def test_in_process_runtimes_stop_where_hf_greedy_stops_and_keep_the_stop_id(
+    instruct_pairs, family, tmp_path, fake_trtllm
+):
+    from test_trtllm_runner import write_engine
+
+    from trtspec.engines.engine import SpeculativeEngine
+    from trtspec.engines.sampling import SamplingParams
+    from trtspec.engines.trtllm_runner import TrtllmSpeculativeRunner
+
+    target, draft, prompt, reference, text, eos_id, steer_id = instruct_pairs(family)
+    assert reference[-1] == steer_id and len(reference) < MAX_NEW and steer_id != eos_id  # HF stops there
+    params = SamplingParams(max_new_tokens=MAX_NEW, num_draft_tokens=3)
+    engine = SpeculativeEngine.from_pretrained(target, draft, max_draft_len=4, max_seq_len=128)
+    runner = TrtllmSpeculativeRunner.from_engine_dirs(
+        write_engine(tmp_path / "target", target, max_draft_len=4),
+        write_engine(tmp_path / "draft", draft),
+        tokenizer_dir=target,
+    )
+    from tensorrt_llm.runtime import ModelRunnerCpp
+
+    ModelRunnerCpp.calls.clear()
+    for system in (engine, runner):
+        (result,) = system.generate([prompt], params)
+        assert result.token_ids == reference and result.text == text and result.finish_reason == "stop"
+    # Every engine call ended at the tokenizer's eos and stopped at the other stop ids as one-token stop words.
+    stop_words = [[t] for t in runner.eos_ids if t != eos_id]
+    assert ModelRunnerCpp.calls and all(kw["end_id"] == eos_id for _, kw in ModelRunnerCpp.calls)
+    assert all(
+        kw["stop_words_list"] == [stop_words] * len(kw["stop_words_list"]) for _, kw in ModelRunnerCpp.calls
+    )
+
+
+def _served(repo, log, prompt_text: str, reference: list[int]):
+    """(text, ids) of one greedy streamed request to a real tritonserver on ``repo``."""
+    from triton_server import grpc_stream, running_server
+
+    chunks: list[list[int]] = []
+    with running_server(repo, log) as server:
+        pieces, _ = grpc_stream(
+            server, prompt_text, chunk_ids=chunks, max_tokens=MAX_NEW, stream=True, num_draft_tokens=3
+        )
+    return "".join(pieces), [t for chunk in chunks for t in chunk]
+
+
+@pytest.mark.server
+@pytest.mark.slow
+@pytest.mark.parametrize("family", list(INSTRUCT))
+def test_triton_runtimes_stop_where_hf_greedy_stops_and_leave_the_stop_id_out(
+    instruct_pairs, family, tmp_path
+):
+    from harness.repo import deploy_harness
+    from triton_server import tiny_recipe
+
+    from trtspec.triton_repo.deploy import deploy
+
+    target, draft, _, reference, text, _, steer_id = instruct_pairs(family)
+    recipe = tiny_recipe((target, draft))
+    deploy(recipe, "torch", tmp_path / "torch")
+    deploy_harness(recipe, tmp_path / "tensorrtllm")
+    assert reference[-1] == steer_id
+    for runtime in ("torch", "tensorrtllm"):
+        served_text, served_ids = _served(tmp_path / runtime, tmp_path / f"{runtime}.log", PROMPT, reference)
+        assert (runtime, served_ids, served_text) == (runtime, reference[:-1], text)
