@@ -3,6 +3,8 @@ loop's use of it (pinned requests keep K, stats say which K ran) and outputs unc
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from test_engine import MAX_NEW, PROMPTS, hf_greedy
 
@@ -206,14 +208,32 @@ def test_round_costs_per_k_in_target_only_rounds():
     noisy.record(2, 1, 0.02)
     noisy.record(2, 4, 0.01)  # more draft tokens, less time: noise, not a cost
     assert noisy.costs(2, 8) is None
-    clock = iter([1.0, 1.5, 2.0, 2.1, 3.0, 3.2])  # start/stop pairs: 0.5 s at K 0, then a mixed round
-    costs = RoundCosts(policy, decay=0.0, clock=lambda: next(clock))
-    costs.start(1, 0)
-    costs.stop()
-    costs.stop()  # a second stop in the same round records nothing
-    costs.start(1, 2)
-    costs.start(3, 1)  # a second batch in the same round: left out
-    costs.stop()
+    # A batch size never seen before (the load jumped to 16): its first round measured the unit (10 ms), its
+    # next ones ran K 3 only (40 ms: a compute-bound verification of 4 tokens per row): no line, but the line
+    # through the unit, 10 ms + 10 ms per K, prices every K
+    jump = RoundCosts(policy, decay=0.0, prior_rounds=2)
+    for k in (0, 3, 3):
+        jump.record(16, k, 0.010 if k == 0 else 0.040)
+    assert jump.costs(16, 4) == pytest.approx([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert best_k(0.7, 4, policy, jump.costs(16, 4)) == 0  # nothing pays at that price: target-only
+    assert best_k(0.7, 4, policy) > 0  # where the policy's ratios alone would have drafted
+
+
+def test_a_rounds_cost_is_its_whole_cycle_and_mixed_or_idle_rounds_are_left_out():
+    """A round is charged from its start to the next round's start (its forwards, the bookkeeping and what the
+    caller did with its events, such as a server building and sending responses), not its forwards alone."""
+    clock = iter([1.0, 1.5, 2.0, 2.1, 3.0])
+    costs = RoundCosts(KPolicy(), decay=0.0, clock=lambda: next(clock))
+    costs.begin_round()  # nothing before it
+    costs.start(1, 0)  # 1.0
+    costs.begin_round()  # 1.5: the K 0 round took 0.5 s
+    costs.begin_round()  # the round before was not timed (a prefill): nothing
+    costs.start(1, 2)  # 2.0
+    costs.start(3, 1)  # 2.1: a second batch in the same round: left out
+    costs.begin_round()
+    costs.start(1, 1)  # 3.0
+    costs.idle()  # the loop ran out of work: the wait for the next request is no round's
+    costs.begin_round()
     assert list(costs.by_batch) == [1] and costs.by_batch[1].by_k == {0: [1.0, 0.5]}
 
 
@@ -228,10 +248,18 @@ def test_stats_count_rounds_by_k_and_merge_them():
     assert a.to_dict()["mean_num_draft_tokens"] == 2.0 and "accepted_length_histogram" in a.to_dict()
 
 
+def _free_drafts(engine: SpeculativeEngine) -> SpeculativeEngine:
+    """The engine with a clock that charges every round the same: drafting costs nothing (a tiny target used as
+    its own draft costs as much as the target per draft step, which no K repays)."""
+    ticks = itertools.count()
+    engine.adaptive = AdaptiveState(engine.k_policy, clock=lambda: float(next(ticks)))
+    return engine
+
+
 def test_adaptive_default_is_exact_climbs_with_a_perfect_draft_and_drops_a_random_one(tiny_pair):
     target, draft = tiny_pair
     params = SamplingParams(max_new_tokens=MAX_NEW, ignore_eos=True)  # no num_draft_tokens: adaptive
-    same = SpeculativeEngine.from_pretrained(target, target, max_draft_len=4)
+    same = _free_drafts(SpeculativeEngine.from_pretrained(target, target, max_draft_len=4))
     (perfect,) = same.generate([PROMPTS[0]], params)
     hist = perfect.stats.num_draft_histogram
     assert hist[4] >= 3 and perfect.stats.acceptance_rate == 1.0  # from the prior's K 2 up to max_draft_len
@@ -297,10 +325,12 @@ def test_the_torch_repository_passes_adaptive_k_to_its_entry_model():
 
 
 def test_a_loop_whose_requests_all_draft_measures_target_only_rounds_now_and_then():
-    """The unit of the round costs (a target-only round) is measured, not assumed: every unit_every-th speculative
-    round of a batch size runs target-only until unit_rounds of them are measured, then every refresh_every."""
+    """The unit of the round costs (a target-only round) is measured, not assumed: a batch size's first timed
+    round, then every unit_every-th speculative round until unit_rounds of them are measured, then every
+    refresh_every."""
     costs = RoundCosts(KPolicy(), decay=0.0)
     every = RoundCosts.unit_every
+    assert costs.unit_due(4, 3) and costs.unit_due(5, 3)  # each batch size's first round
     due = [costs.unit_due(4, 3) for _ in range(3 * every)]
     assert [i for i, d in enumerate(due) if d] == [every - 1, 2 * every - 1, 3 * every - 1]
     assert not costs.unit_due(4, 0)  # a round that drafts nothing measures the unit anyway
@@ -323,7 +353,70 @@ def test_a_loop_whose_requests_all_draft_measures_target_only_rounds_now_and_the
     # the engine's state: the chosen K, or 0 on such a round, where the round is timed (one batch, all adaptive)
     state = AdaptiveState(KPolicy())
     controller = KController(KPolicy(), max_k=8, prior=0.9)
-    ks = [state.choose([controller], 1, 1, 8) for _ in range(every)]
-    assert ks[:-1] == [ks[0]] * (every - 1) and ks[0] > 0 and ks[-1] == 0
+    ks = [state.choose([controller], 1, 1, 8) for _ in range(every + 1)]
+    assert ks[0] == ks[-1] == 0 and ks[1:-1] == [ks[1]] * (every - 1) and ks[1] > 0
     untimed = [state.choose([controller], 1, 2, 8, timed=False) for _ in range(2 * every)]
     assert 0 not in untimed
+
+
+class PricedRounds:
+    """A Rounds whose round costs what a CPU pair costs (a fake clock): at batch 1-2 a draft step adds 15% of a
+    target step; at 8 and more rows the verification is compute-bound, so K draft tokens cost K more target
+    steps. Every row accepts its first 3 draft tokens (of any K) and the target adds one."""
+
+    num_slots, vocab_size, max_draft_len, device = 16, 0, 4, "cpu"
+
+    def __init__(self):
+        self.now, self.log = 0.0, []  # log: (batch, K) of every round
+
+    def cost(self, batch: int, k: int) -> float:
+        unit = 0.010 if batch <= 2 else 0.020
+        return unit * (1 + (0.15 if batch <= 2 else 1.0) * k)
+
+    def run(self, rows, num_draft, params, generator):
+        from trtspec.engines.rounds import Outcome
+
+        k = max(num_draft)
+        self.now += self.cost(len(rows), k)
+        self.log.append((len(rows), k))
+        outcomes = []
+        for row, n in zip(rows, num_draft, strict=True):
+            accepted = min(n, 3)
+            row.tokens += [7] * (accepted + 1)
+            outcomes.append(Outcome([7] * (accepted + 1), n, accepted))
+        return outcomes
+
+    def release(self, slot: int) -> None:
+        pass
+
+
+def test_served_adaptive_k_falls_back_to_target_only_where_it_is_cheaper_and_speculates_again_when_load_drops():
+    """Adaptive K over measured round costs alone (no static points, as a server whose requests leave K to it):
+    speculating at 1 in flight, target-only within a few rounds of a jump to 16 (where a draft token costs a whole
+    target step), speculating again when the load drops back to 1."""
+    from trtspec.engines.loop import GenerationLoop
+
+    rounds, policy = PricedRounds(), KPolicy()
+    state = AdaptiveState(policy, clock=lambda: rounds.now)
+    loop = GenerationLoop(rounds, max_seq_len=100_000, k_policy=policy, adaptive=state)
+
+    def serve(n: int, new_tokens: int) -> list[tuple[int, int]]:
+        start = len(rounds.log)
+        for i in range(n):
+            loop.add((n, i, start), [1, 2, 3], SamplingParams(max_new_tokens=new_tokens))
+        while loop.busy:
+            loop.step()
+        return [(b, k) for b, k in rounds.log[start:] if b == n][1:]  # the prefill round left out
+
+    def drafting(log) -> float:
+        return sum(k > 0 for _, k in log) / len(log)
+
+    alone = serve(1, 400)
+    assert drafting(alone) > 0.9 and max(k for _, k in alone) >= 3
+    crowd = serve(16, 200)
+    assert sum(k > 0 for _, k in crowd[:6]) <= 2  # the unit round, at most one speculative one, then off
+    assert drafting(crowd[6:]) < 0.1  # only the probes of requests that drafted nothing for a while
+    costs = state.costs.costs(16, 4)
+    assert costs[1] == pytest.approx(2.0, rel=0.05)  # what a draft token costs at 16 rows: one target step
+    again = serve(1, 400)
+    assert drafting(again) > 0.9

@@ -64,3 +64,27 @@ def test_metrics_count_what_the_responses_report(demo_server):
     assert got["num_drafts_total"] == got["num_draft_tokens_total"] == 0 and not any(got["per_pos"])
     # K=0: one target forward per token (and one more for an end_id it does not emit)
     assert got["num_rounds_without_speculation_total"] in (len(sum(ids, [])), len(sum(ids, [])) + 1)
+
+
+def test_adaptive_k_says_per_batch_size_which_k_it_chose_and_why(demo_server):
+    """Requests that leave K to the server: /metrics counts the rounds each K ran per batch size, and the gauges
+    of each batch size hold the last choice's K, acceptance, round cost, expected speedup and whether the costs
+    were measured."""
+    from triton_server import scrape
+
+    for prompt in PROMPTS[:3]:
+        grpc_stream(demo_server, prompt, stream=True, max_tokens=24)  # no num_draft_tokens: adaptive
+    values = scrape(demo_server, "trtspec_adaptive_")
+    rounds = {
+        (dict(labels)["batch"], int(dict(labels)["k"])): value
+        for (name, labels), value in values.items()
+        if name == "trtspec_adaptive_rounds_total"
+    }
+    assert rounds and all(batch == "1" for batch, _ in rounds)  # one request at a time
+    assert sum(rounds.values()) >= 3 * 5  # every adaptive round after each prefill, at least
+    assert rounds.get(("1", 0), 0) >= 1  # the batch size's first timed round measured the unit
+    gauges = {name: value for (name, labels), value in values.items() if dict(labels).get("batch") == "1"}
+    k = gauges["trtspec_adaptive_k"]
+    assert 0 <= k <= 4 and 0 < gauges["trtspec_adaptive_acceptance"] < 1
+    assert gauges["trtspec_adaptive_measured"] in (0.0, 1.0) and gauges["trtspec_adaptive_round_cost"] >= 1
+    assert gauges["trtspec_adaptive_expected_speedup"] > 0  # below 1 only for a 1-token probe

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from trtspec.builders.trtllm_build import build_engines
-from trtspec.core.trtllm import tensorrt_llm_location
-from trtspec.engines.trtllm_engine import sampling_kwargs
 from trtspec.core.errors import CheckpointError, ModelError, NeedsTensorRTLLM, RequestError
+from trtspec.core.trtllm import tensorrt_llm_location
 from trtspec.engines.sampling import SamplingParams
+from trtspec.engines.trtllm_engine import sampling_kwargs
 from trtspec.engines.trtllm_runner import TrtllmSpeculativeRunner
 
 PROMPTS = [(1, 40, 41, 42, 43), (1, 50, 60)]

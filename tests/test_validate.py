@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trtspec.cli import Output, cli
+from trtspec.cli import cli
 from trtspec.core.errors import EXIT_CHECK_FAILED, CheckFailed
 from trtspec.validate.prompts import load_prompts
 
@@ -127,8 +127,9 @@ def test_validate_defaults_to_adaptive_k_unless_the_recipe_pins_one(runner, tiny
     assert seen == [None, 3, 2]
 
 
-def test_planted_mismatch_fails_with_first_divergence(engine_and_reference, tmp_path):
-    from trtspec.validate.run_validate import report_validation
+def test_planted_mismatch_fails_with_first_divergence(engine_and_reference):
+    from trtspec.validate.report import validation_markdown
+    from trtspec.validate.run_validate import require_passed
     from trtspec.validate.validation import Thresholds, run_validation
 
     system, reference = engine_and_reference
@@ -140,13 +141,12 @@ def test_planted_mismatch_fails_with_first_divergence(engine_and_reference, tmp_
     clean, altered = result.outcomes
     assert clean.vs_reference.exact_match and clean.control.exact_match
     assert altered.vs_reference.first_divergence == 3 and altered.control.first_divergence == 3
-    report = tmp_path / "report.md"
     with pytest.raises(
         CheckFailed, match="exact-match rate vs the HF reference 0.500 < --min-exact-match 1.000"
     ) as err:
-        report_validation(result, report, Output(quiet=True))
+        require_passed(result)
     assert err.value.exit_code == EXIT_CHECK_FAILED
-    assert f"| {prompts[1].id} | NO | 3 |" in report.read_text()
+    assert f"| {prompts[1].id} | NO | 3 |" in validation_markdown(result)
 
 
 @pytest.mark.slow

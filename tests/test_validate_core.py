@@ -7,8 +7,9 @@ import json
 import pytest
 
 from trtspec.core.metrics import AcceptanceStats
+from trtspec.core.token_rules import comparable
 from trtspec.outputs import write_file_atomic
-from trtspec.validate.compare import compare, cut_at_stop, first_divergence, token_agreement
+from trtspec.validate.compare import compare, first_divergence, token_agreement
 from trtspec.validate.prompts import DEFAULT_PROMPTS, Prompt, PromptSetError, load_prompts
 from trtspec.validate.report import validation_markdown, validation_to_dict
 from trtspec.validate.systems import Generation
@@ -46,9 +47,9 @@ def test_token_agreement(reference, candidate, expected):
     assert token_agreement(reference, candidate) == expected
 
 
-def test_compare_and_cut_at_stop():
-    assert cut_at_stop([5, 6, 2, 7], {2}) == [5, 6]
-    assert cut_at_stop([5, 6], {2}) == [5, 6]
+def test_compare_and_comparable():
+    assert comparable([5, 6, 2, 7], {2}) == [5, 6]
+    assert comparable([5, 6], {2}) == [5, 6]
     c = compare([1, 2, 3], [1, 2, 4])
     assert (c.exact_match, c.first_divergence, c.reference_len, c.candidate_len) == (False, 2, 3, 3)
     assert compare([1], [1]).exact_match

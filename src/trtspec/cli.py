@@ -106,8 +106,8 @@ def options(*decorators: Callable) -> Callable:
 
 
 def spec_group(argument: str, spec_type: type, *decorators: Callable) -> Callable:
-    """``decorators`` (Click options named like ``spec_type``'s fields) whose values reach the command as one
-    ``spec_type`` built by keyword, in its parameter ``argument``."""
+    """``decorators`` (Click options named like ``spec_type``'s fields, and like no other parameter of the
+    command) whose values reach the command as one ``spec_type`` built by keyword, in its parameter ``argument``."""
     names = {f.name for f in dataclasses.fields(spec_type)}
 
     def decorate(func):
@@ -134,6 +134,16 @@ def recipe_argument(func):
     """The RECIPE argument (also read from TRTSPEC_RECIPE), explained at the end of the command's help."""
     argument = click.argument("recipe", envvar="TRTSPEC_RECIPE", default="demo", metavar="RECIPE")
     return argument(with_recipe_help(func))
+
+
+def out_dir_option(help: str, file_okay: bool = False):
+    """--out: where a command writes (its parameter and TRTSPEC_<COMMAND>_OUT_DIR say out_dir)."""
+    return click.option("--out", "out_dir", type=click.Path(file_okay=file_okay, path_type=Path), help=help)
+
+
+def file_out_option(flag: str, help: str):
+    """An optional file the command writes, checked to be writable before the command's work starts."""
+    return click.option(flag, type=click.Path(dir_okay=False, path_type=Path), help=help)
 
 
 @click.group(
@@ -189,16 +199,16 @@ def check(
     out: Output,
 ) -> None:
     """Pre-flight checks of a draft/target pair, no GPU needed. Exit 0 pass, 1 a check failed, 2 bad input."""
-    from trtspec.builders.check_report import print_check_report
     from trtspec.builders.preflight import run_checks
     from trtspec.recipe import load_recipe
+    from trtspec.views import show_check
 
     spec = load_recipe(
         recipe,
         {"speculative.allow_unsupported_precision": allow_unsupported_precision, "triton.runtime": runtime},
     )
     report = run_checks(spec, gpu_memory_gib=gpu_memory)
-    print_check_report(report, out)
+    show_check(report, out)
     if not report.ok:
         sys.exit(1)
 
@@ -216,16 +226,6 @@ def role_option(verb: str):
         default="both",
         help=f"Which model of the pair to {verb}.",
     )
-
-
-def out_dir_option(help: str, file_okay: bool = False):
-    """--out: where a command writes (its parameter and TRTSPEC_<COMMAND>_OUT_DIR say out_dir)."""
-    return click.option("--out", "out_dir", type=click.Path(file_okay=file_okay, path_type=Path), help=help)
-
-
-def file_out_option(flag: str, help: str):
-    """An optional file the command writes, checked to be writable before the command's work starts."""
-    return click.option(flag, type=click.Path(dir_okay=False, path_type=Path), help=help)
 
 
 checkpoint_out_option = out_dir_option(
@@ -553,10 +553,14 @@ def validate(out: Output, **options) -> None:
     """Greedy outputs of the system under test vs the HF PyTorch reference and vs its own target-only decoding.
     Exit 0 pass, 1 a threshold failed, 2 bad input.
     """
-    from trtspec.validate.run_validate import ValidateOptions
+    from trtspec.validate.run_validate import ValidateOptions, require_passed
     from trtspec.validate.run_validate import validate as run_validate
+    from trtspec.views import show_validation, spinner
 
-    run_validate(ValidateOptions(**options), out)
+    with spinner(out) as on_progress:
+        result = run_validate(ValidateOptions(**options), on_progress)
+    show_validation(result, out)
+    require_passed(result)
 
 
 def _int_list(ctx, param, value: str | None) -> tuple[int, ...] | None:
@@ -569,6 +573,11 @@ def _int_list(ctx, param, value: str | None) -> tuple[int, ...] | None:
     if not values or min(values) < 1:
         raise click.BadParameter(f"{value!r}: give integers >= 1, e.g. 1,2,4")
     return values
+
+
+def _count_option(flag: str, help: str):
+    """How many times bench measures each point: 1 or more, 1 by default."""
+    return click.option(flag, type=click.IntRange(min=1), default=1, help=help)
 
 
 @cli.command()
@@ -593,19 +602,15 @@ def _int_list(ctx, param, value: str | None) -> tuple[int, ...] | None:
     help="Draft step / target step time for the analytic bound [default: measured in-process].",
 )
 @out_dir_option("Folder for bench.json, bench.md and the plots [default: bench/<name>].")
-@click.option(
+@_count_option(
     "--repeats",
-    type=click.IntRange(min=1),
-    default=1,
-    help="Passes over each concurrency's points, one after another (at least; see --min-groups); each point "
-    "pools its passes (steadier ratios on a shared machine).",
+    "Passes over each concurrency's points, one after another (at least; see --min-groups); each point pools its "
+    "passes (steadier ratios on a shared machine).",
 )
-@click.option(
+@_count_option(
     "--min-groups",
-    type=click.IntRange(min=1),
-    default=1,
-    help="At least this many groups of `concurrency` requests per point: more passes where one pass has fewer "
-    "(16 prompts at concurrency 16 make one group, one timing sample).",
+    "At least this many groups of `concurrency` requests per point: more passes where one pass has fewer (16 "
+    "prompts at concurrency 16 make one group, one timing sample).",
 )
 @file_out_option(
     "--write-recipe",
@@ -620,8 +625,11 @@ def bench(out: Output, **options) -> None:
     """
     from trtspec.validate.run_bench import BenchOptions
     from trtspec.validate.run_bench import bench as run_bench
+    from trtspec.views import progress_bar, show_bench
 
-    run_bench(BenchOptions(**options), out)
+    with progress_bar(out) as on_progress:
+        outcome = run_bench(BenchOptions(**options), on_progress)
+    show_bench(outcome, out)
 
 
 # --- align ---
@@ -739,4 +747,4 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
 
 
-__all__ = ["cli", "main", "Output", "output_options", "recipe_argument", "RECIPE_HELP", "TrtspecError"]
+__all__ = ["cli", "main", "Output", "output_options", "recipe_argument"]

@@ -6,7 +6,41 @@ can call them and show the result its own way. ``out`` is cli.Output (json / qui
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Callable, Iterable, Iterator
+
+STATUS_STYLE = {"pass": "[green]pass[/]", "warn": "[yellow]warn[/]", "fail": "[bold red]FAIL[/]"}
+
+
+def show_check(report, out) -> None:
+    """A builders.check_report.CheckReport: a table of checks, the memory estimate and the verdict."""
+    if out.json:
+        out.emit_json(report.to_json())
+        return
+    from rich.table import Table
+
+    from trtspec.builders.check_report import format_gib
+
+    console = out.console()
+    table = Table(title=f"trtspec check: {report.recipe}", show_lines=False)
+    for col in ("check", "status", "details"):
+        table.add_column(col, overflow="fold")
+    for r in report.results:
+        table.add_row(r.name, STATUS_STYLE[r.status], r.message)
+    console.print(table)
+    mem = Table(title="Estimated GPU memory per rank")
+    for col in ("model", "precision", "GPUs", "weights", "KV cache", "total", "min compute capability"):
+        mem.add_column(col, justify="right" if col in ("weights", "KV cache", "total") else "left")
+    for m in report.memory:
+        gpus = ",".join(map(str, m.gpus))
+        sizes = (format_gib(m.weights_gib), format_gib(m.kv_cache_gib), format_gib(m.total_gib))
+        mem.add_row(m.role, m.precision, gpus, *sizes, m.min_compute_capability)
+    console.print(mem)
+    failed = sum(r.status == "fail" for r in report.results)
+    warned = sum(r.status == "warn" for r in report.results)
+    verdict = "[bold red]failed[/]" if failed else "[green]passed[/]"
+    console.print(f"{verdict}: {len(report.results) - failed - warned} pass, {warned} warn, {failed} fail")
 
 
 def checkpoint_line(summary: dict) -> str:
@@ -53,15 +87,29 @@ def show_deploy(result, out) -> None:
     console.print(f"serve it with: trtspec serve {result.repo}")
 
 
+def align_table(report: dict):
+    """align's report (builders.align_report.acceptance_report) as a before/after rich Table."""
+    from rich.table import Table
+
+    from trtspec.builders.align_report import report_title, table_rows
+
+    table = Table(title=f"trtspec align: {report_title(report)}")
+    for column in ("", "before", "after", "change"):
+        table.add_column(column, justify="left" if not column else "right")
+    for row in table_rows(report):
+        table.add_row(*row)
+    return table
+
+
 def show_align(result, out) -> None:
     """A builders.align.AlignResult: the before/after table, which weights were written, and where."""
-    from trtspec.builders.align_report import report_table, selection_line
+    from trtspec.builders.align_report import selection_line
 
     if out.json:
         out.emit_json({"out": str(result.out), **result.record})
         return
     console = out.console()
-    console.print(report_table(result.report))
+    console.print(align_table(result.report))
     console.print(selection_line(result.report))
     console.print(f"wrote {result.out} (align.json, report.md, acceptance.png, recipe.yaml)")
     console.print(f"use it with: trtspec validate {result.out / 'recipe.yaml'}")
@@ -88,3 +136,152 @@ def show_generated(generated, out) -> None:
     console = out.console()
     for line in generated.stats_lines():
         console.print(line, highlight=False, markup=False)
+
+
+def validation_tables(result) -> list:
+    """A validate.validation.ValidationResult as rich Tables: per prompt, per prompt set (where chat prompts ran),
+    overall."""
+    from rich.table import Table
+
+    from trtspec.validate import report
+    from trtspec.validate.validation import k_label
+
+    per_prompt = Table(
+        title=f"validate: {result.system}, num_draft_tokens={k_label(result.num_draft_tokens)}"
+    )
+    for column in report.PROMPT_COLUMNS:
+        per_prompt.add_column(column, justify="left" if column == "prompt" else "right")
+    for o in result.outcomes:
+        per_prompt.add_row(*report.prompt_row(o))
+    overall = Table(title="overall", show_header=False)
+    overall.add_column("metric")
+    overall.add_column("value", justify="right")
+    for name, value in report.summary_rows(result):
+        overall.add_row(name, value)
+    set_rows = report.prompt_set_rows(result)
+    if not set_rows:
+        return [per_prompt, overall]
+    per_set = Table(title="per prompt set")
+    for column in report.SET_COLUMNS:
+        per_set.add_column(column, justify="left" if column == "prompt set" else "right")
+    for row in set_rows:
+        per_set.add_row(*row)
+    return [per_prompt, per_set, overall]
+
+
+def show_validation(result, out) -> None:
+    """A validate.validation.ValidationResult: the tables and notes, and the verdict when every threshold passed
+    (a failed one is the command's error, raised after this)."""
+    from trtspec.validate.report import validation_to_dict
+
+    if out.json:
+        out.emit_json(validation_to_dict(result))
+    console = out.console()
+    for table in validation_tables(result):
+        console.print(table)
+    for note in result.notes:
+        console.print(f"note: {note}")
+    if not result.failures():
+        console.print("[green]validation passed[/green]")
+
+
+def bench_tables(result) -> list:
+    """A validate.bench.BenchResult as rich Tables: the sweep, adaptive K against the best point per concurrency,
+    then acceptance per prompt set where chat prompts ran."""
+    from trtspec.validate import bench_report
+
+    rows = result.rows()
+    tables = [
+        _right_table(f"bench: {result.system}", bench_report.COLUMNS, map(bench_report.row_cells, rows))
+    ]
+    sweep = result.sweep_summary()
+    if sweep:
+        title = "adaptive K vs target-only and the best point"
+        tables.append(_right_table(title, bench_report.SWEEP_COLUMNS, map(bench_report.sweep_cells, sweep)))
+    set_header, set_rows = bench_report.set_acceptance(rows)
+    if set_rows:
+        tables.append(_right_table("acceptance per prompt set", set_header, set_rows))
+    return tables
+
+
+def _right_table(title: str, columns: list[str], cells: Iterable[list[str]]):
+    """A rich Table whose columns (numbers, mostly) are all right-aligned."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column, justify="right")
+    for row in cells:
+        table.add_row(*row)
+    return table
+
+
+def show_bench(outcome, out) -> None:
+    """A validate.run_bench.BenchOutcome: the tables, the recommended K and speculative.schedule, what was written."""
+    from trtspec.validate.bench_report import schedule_text
+
+    if out.json:
+        out.emit_json(outcome.payload)
+    console = out.console()
+    result = outcome.result
+    for table in bench_tables(result):
+        console.print(table)
+    recommended = ", ".join(f"concurrency {c}: K={k}" for c, k in result.recommended_k().items())
+    schedule = schedule_text(result.recommended_schedule())
+    console.print(f"recommended num_draft_tokens: {recommended}")
+    console.print(f"recommended speculative.schedule: {schedule}")
+    console.print(
+        f"wrote {outcome.out_dir}/bench.json, bench.md, speedup_acceptance.png, latency_concurrency.png"
+    )
+    if outcome.recipe_written is not None:
+        console.print(
+            f"wrote {outcome.recipe_written}: speculative.schedule {schedule}, no pinned num_draft_tokens "
+            "(adaptive K is its default)"
+        )
+
+
+# --- progress of long work: callbacks the commands pass down, drawn only while the block runs ---
+
+
+@contextlib.contextmanager
+def spinner(out) -> Iterator[Callable[[str], None]]:
+    """An ``on_progress(message)`` callback: a rich status line from its first message to the end of the block,
+    which leaves nothing on the terminal."""
+    console = out.console()
+    status = None
+
+    def show(message: str) -> None:
+        nonlocal status
+        if status is None:
+            status = console.status(message)
+            status.start()
+        else:
+            status.update(message)
+
+    try:
+        yield show
+    finally:
+        if status is not None:
+            status.stop()
+
+
+@contextlib.contextmanager
+def progress_bar(out) -> Iterator[Callable[[str, int, int], None]]:
+    """An ``on_progress(description, completed, total)`` callback: a transient rich progress bar from its first
+    call to the end of the block."""
+    from rich.progress import Progress
+
+    progress = Progress(console=out.console(), transient=True)
+    task = None
+
+    def show(description: str, completed: int, total: int) -> None:
+        nonlocal task
+        if task is None:
+            progress.start()
+            task = progress.add_task(description, total=total)
+        progress.update(task, description=description, completed=completed, total=total)
+
+    try:
+        yield show
+    finally:
+        progress.stop()

@@ -132,17 +132,6 @@ def report_markdown(report: dict, plot: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def report_table(report: dict):
-    from rich.table import Table
-
-    table = Table(title=f"trtspec align: {report_title(report)}")
-    for column in ("", "before", "after", "change"):
-        table.add_column(column, justify="left" if not column else "right")
-    for row in table_rows(report):
-        table.add_row(*row)
-    return table
-
-
 def write_plot(report: dict, path: Path) -> Path:
     """Acceptance per position at the recommended K, before and after (PNG)."""
     import matplotlib

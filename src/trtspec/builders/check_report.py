@@ -1,5 +1,5 @@
-"""The result of ``trtspec check``: each check's verdict, the GPU memory estimate, and how both are shown (a rich
-table, or one JSON document with --json)."""
+"""The result of ``trtspec check``: each check's verdict and the GPU memory estimate, as data and as the JSON
+document --json prints (trtspec/views.py shows them as tables)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from trtspec.core.checks import CheckResult
-
-STATUS_STYLE = {"pass": "[green]pass[/]", "warn": "[yellow]warn[/]", "fail": "[bold red]FAIL[/]"}
 
 
 @dataclass(frozen=True)
@@ -61,31 +59,3 @@ def per_gpu_gib(memory: list[MemoryRow]) -> dict[int, float]:
 
 def format_gib(gib: float) -> str:
     return f"{gib:.2f} GiB" if gib >= 1 else f"{gib * 1024:.1f} MiB"
-
-
-def print_check_report(report: CheckReport, out) -> None:
-    """A rich table of checks and the memory estimate, or the JSON document with --json."""
-    if out.json:
-        out.emit_json(report.to_json())
-        return
-    from rich.table import Table
-
-    console = out.console()
-    table = Table(title=f"trtspec check: {report.recipe}", show_lines=False)
-    for col in ("check", "status", "details"):
-        table.add_column(col, overflow="fold")
-    for r in report.results:
-        table.add_row(r.name, STATUS_STYLE[r.status], r.message)
-    console.print(table)
-    mem = Table(title="Estimated GPU memory per rank")
-    for col in ("model", "precision", "GPUs", "weights", "KV cache", "total", "min compute capability"):
-        mem.add_column(col, justify="right" if col in ("weights", "KV cache", "total") else "left")
-    for m in report.memory:
-        gpus = ",".join(map(str, m.gpus))
-        sizes = (format_gib(m.weights_gib), format_gib(m.kv_cache_gib), format_gib(m.total_gib))
-        mem.add_row(m.role, m.precision, gpus, *sizes, m.min_compute_capability)
-    console.print(mem)
-    failed = sum(r.status == "fail" for r in report.results)
-    warned = sum(r.status == "warn" for r in report.results)
-    verdict = "[bold red]failed[/]" if failed else "[green]passed[/]"
-    console.print(f"{verdict}: {len(report.results) - failed - warned} pass, {warned} warn, {failed} fail")

@@ -137,7 +137,7 @@ class SpecDecodeCounts:
 
     @classmethod
     def of(cls, stats: AcceptanceStats) -> SpecDecodeCounts:
-        if stats.drafted and not stats.rounds:  # totals only (validate.endpoint): rounds were not seen
+        if stats.drafted and not stats.rounds:  # totals only (validate.triton_system): rounds were not seen
             return cls(stats.drafted, stats.accepted, None, None, None)
         hist = stats.accepted_length_histogram
         # A round that accepted n tokens accepted positions 0..n-1: position i counts the rounds with n > i.

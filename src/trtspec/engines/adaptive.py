@@ -229,9 +229,23 @@ class _CostTable:
                 self.fitted = (intercept, slope)
         return self.fitted
 
-    def costs(self, max_k: int, prior_rounds: float, verify_cost_ratio: float) -> list[float] | None:
-        """Each K's cost in target-only rounds (RoundCosts.costs), or None without a line."""
-        line = self.line()
+    def through_unit(self, a0: float) -> tuple[float, float] | None:
+        """(a0, c): the line through the target-only unit a0 that fits the speculative rounds' averages best
+        (least squares of their excess over a0, c * K), for rounds that ran (nearly) one K: no line of their
+        own, yet enough to tell whether speculating costs more than it gives. None before a speculative round."""
+        cells = [(k, n, t / n) for k, (n, t) in self.by_k.items() if k and n]
+        if not cells:
+            return None
+        slope = sum(n * k * (mean - a0) for k, n, mean in cells) / sum(n * k * k for k, n, _ in cells)
+        return a0, max(slope, 0.0)
+
+    def costs(
+        self, max_k: int, prior_rounds: float, verify_cost_ratio: float, through_unit: bool = False
+    ) -> list[float] | None:
+        """Each K's cost in target-only rounds (RoundCosts.costs), or None without a line (``through_unit``:
+        the line through the unit, which needs a target-only round and one speculative K)."""
+        n0, t0 = self.by_k.get(0, (0.0, 0.0))
+        line = self.line() if not through_unit else self.through_unit(t0 / n0) if n0 else None
         if line is None:
             return None
         a1, b = line
@@ -240,13 +254,13 @@ class _CostTable:
             n, t = self.by_k.get(k, (0.0, 0.0))
             return (t + prior_rounds * (a1 + b * k)) / (n + prior_rounds)
 
-        n0, t0 = self.by_k.get(0, (0.0, 0.0))
         a0 = t0 / n0 if n0 else a1 / verify_cost_ratio
         return [1.0] + [seconds(k) / a0 for k in range(1, max_k + 1)]
 
 
 class RoundCosts:
-    """Measured round cost per batch size: ``start(batch, k)`` before a round, ``stop()`` after it;
+    """Measured round cost per batch size: ``begin_round()`` as a round starts, ``start(batch, k)`` for its batch,
+    ``idle()`` when the loop runs out of work;
     ``costs(batch, max_k)`` gives each K's cost in target-only rounds (see the module docstring), or None while a
     batch size has no fit (then the policy's ratios apply).
 
@@ -281,20 +295,31 @@ class RoundCosts:
         if k == 0:
             return False
         table = self.by_batch.get(batch)
+        units = 0 if table is None else table.units
+        # A batch size's first timed round measures the unit at once: with the load just changed, its costs
+        # must be known within a few rounds, and without a unit a speculative round's cost means nothing.
+        first = units == 0 and batch not in self.since_unit
         since = self.since_unit.get(batch, 0) + 1
-        measured = table is not None and table.units >= self.unit_rounds
-        due = since >= (self.refresh_every if measured else self.unit_every)
+        due = first or since >= (self.refresh_every if units >= self.unit_rounds else self.unit_every)
         self.since_unit[batch] = 0 if due else since
         return due
 
-    def start(self, batch: int, k: int) -> None:
-        self._mixed = self._pending is not None
-        self._pending = (batch, k, self.clock())
-
-    def stop(self) -> None:
+    def begin_round(self) -> None:
+        """The loop starts a round: the previous round's time is now known, its whole cycle (its forwards, the
+        bookkeeping after them, and what the caller did with its events before asking for this round: building
+        and sending responses on a server), so each K is charged what it costs where it runs."""
         if self._pending is not None and not self._mixed:
             batch, k, began = self._pending
             self.record(batch, k, self.clock() - began)
+        self._pending, self._mixed = None, False
+
+    def start(self, batch: int, k: int) -> None:
+        """One batch of this round drafts ``k`` (a second batch in the same round leaves the round out)."""
+        self._mixed = self._pending is not None
+        self._pending = (batch, k, self.clock())
+
+    def idle(self) -> None:
+        """The loop ran out of work: the last round's cycle would include the wait for the next request."""
         self._pending, self._mixed = None, False
 
     def record(self, batch: int, k: int, seconds: float) -> None:
@@ -302,23 +327,51 @@ class RoundCosts:
             tables.setdefault(key, _CostTable(self.decay)).record(k, seconds)
 
     def costs(self, batch: int, max_k: int) -> list[float] | None:
-        """Round cost per K in 0..max_k in target-only rounds of this batch size (None: no line yet)."""
+        """Round cost per K in 0..max_k in target-only rounds of this batch size (None: nothing measured): a
+        fitted line, the batch size's own (once it has unit_rounds target-only rounds: one noisy unit would
+        scale every K) before its bucket's; else the line through the unit, which a few rounds of a new batch
+        size give (its first timed round measures the unit), so a change in load is followed at once."""
         own = self.by_batch.get(batch)
-        if own is not None and own.units >= self.unit_rounds:
-            costs = own.costs(max_k, self.prior_rounds, self.verify_cost_ratio)
-            if costs is not None:  # None: no line of its own yet
-                return costs
+        if own is not None and own.units < self.unit_rounds:
+            own = None
         bucket = self.by_bucket.get(batch.bit_length())
-        return None if bucket is None else bucket.costs(max_k, self.prior_rounds, self.verify_cost_ratio)
+        for table, through_unit in ((own, False), (bucket, False), (own, True), (bucket, True)):
+            if table is not None:
+                costs = table.costs(max_k, self.prior_rounds, self.verify_cost_ratio, through_unit)
+                if costs is not None:
+                    return costs
+        return None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Adaptive K's last choice for one batch size, and why: the rows' mean acceptance, the chosen K's round cost
+    in target-only rounds of that batch size (1 for K 0), its expected speedup over target-only (expected tokens
+    per round / round cost; 1 for K 0), and whether the costs were measured (else the policy's ratios)."""
+
+    k: int
+    acceptance: float
+    round_cost: float
+    expected_speedup: float
+    measured: bool
 
 
 class AdaptiveState:
     """What adaptive K learns that outlives one request: the round costs and the pooled acceptance. An engine
-    keeps one across its generate calls; a long-running loop (the Triton model's) owns its own."""
+    keeps one across its generate calls; a long-running loop (the Triton model's) owns its own. ``decisions``
+    (batch size -> its last Decision) and ``rounds_by_k`` ((batch size, K) -> rounds) say what it chose and why
+    (a server's metrics)."""
 
     def __init__(self, policy: KPolicy, clock=time.perf_counter):
+        self.policy = policy
         self.costs = RoundCosts(policy, clock=clock)
         self.pool = AcceptancePool(policy)
+        self.decisions: dict[int, Decision] = {}
+        self.rounds_by_k: dict[tuple[int, int], int] = {}
+
+    def snapshot(self) -> tuple[dict[int, Decision], dict[tuple[int, int], int]]:
+        """Copies of ``decisions`` and ``rounds_by_k`` another thread may read while the loop goes on."""
+        return dict(self.decisions), dict(self.rounds_by_k)
 
     def choose(
         self, controllers: Sequence[KController], in_flight: int, batch: int, max_k: int, timed: bool = True
@@ -327,5 +380,15 @@ class AdaptiveState:
         costs), or 0 for a round that measures the target-only unit (RoundCosts.unit_due). ``timed``: the round
         will be timed as one batch of these rows, all adaptive (a pinned row drafts anyway; a round of several
         batches or with a prompt's prefill is not timed), so a target-only round would measure the unit."""
-        k = group_k(controllers, in_flight, self.costs.costs(batch, max_k))
-        return 0 if timed and self.costs.unit_due(batch, k) else k
+        costs = self.costs.costs(batch, max_k)
+        k = group_k(controllers, in_flight, costs)
+        k = 0 if timed and self.costs.unit_due(batch, k) else k
+        self._decided(batch, k, controllers, costs, max_k)
+        return k
+
+    def _decided(self, batch: int, k: int, controllers, costs: Costs | None, max_k: int) -> None:
+        acceptance = sum(c.acceptance for c in controllers) / len(controllers)
+        prices = costs or linear_costs(self.policy.draft_cost_ratio, self.policy.verify_cost_ratio, max_k)
+        speedup = expected_tokens_per_round(acceptance, k) / prices[k]
+        self.decisions[batch] = Decision(k, acceptance, prices[k], speedup, costs is not None)
+        self.rounds_by_k[batch, k] = self.rounds_by_k.get((batch, k), 0) + 1

@@ -260,6 +260,8 @@ class GenerationLoop:
         events = self._admit_and_cancel()
         if self.active:
             events += self._round()
+        if not self.busy:
+            self.adaptive.costs.idle()
         return events
 
     def fail_all(self, message: str) -> list[RowEvent]:
@@ -301,6 +303,7 @@ class GenerationLoop:
 
     @torch.inference_mode()  # sampling and bookkeeping too, not only the forwards: no autograd dispatch per op
     def _round(self) -> list[RowEvent]:
+        self.adaptive.costs.begin_round()
         groups: dict[tuple, list[_Active]] = {}
         for request in self.active:
             groups.setdefault(request.group_key(), []).append(request)
@@ -312,7 +315,6 @@ class GenerationLoop:
             outcomes = self.rounds.run(rows, num_draft, group[0].params, group[0].generator)
             for r, out in zip(group, outcomes, strict=True):
                 outcome[id(r)] = out
-        self.adaptive.costs.stop()  # the round's forwards are done
         now = time.perf_counter()
         return [self._emit(request, outcome[id(request)], now) for request in list(self.active)]
 

@@ -1,4 +1,4 @@
-"""Bench reports as functions of a ``BenchResult``: JSON-ready dict, Markdown, a rich table, PNG plots.
+"""Bench reports as functions of a ``BenchResult``: JSON-ready dict, Markdown, table cells, PNG plots.
 
 matplotlib is imported only inside ``write_plots`` (Agg backend: no display needed)."""
 
@@ -203,32 +203,6 @@ def bench_markdown(result: BenchResult, plots: list[str] | None = None) -> str:
     if result.notes:
         parts += ["", "## Notes", ""] + [f"- {n}" for n in result.notes]
     return "\n".join(parts) + "\n"
-
-
-def bench_tables(result: BenchResult) -> list:
-    """The sweep as a rich Table, adaptive K against the best point per concurrency, then acceptance per prompt
-    set where chat prompts ran."""
-    rows = result.rows()
-    tables = [_rich_table(f"bench: {result.system}", COLUMNS, [row_cells(r) for r in rows])]
-    sweep = result.sweep_summary()
-    if sweep:
-        title = "adaptive K vs target-only and the best point"
-        tables.append(_rich_table(title, SWEEP_COLUMNS, [sweep_cells(r) for r in sweep]))
-    set_header, set_rows = set_acceptance(rows)
-    if set_rows:
-        tables.append(_rich_table("acceptance per prompt set", set_header, set_rows))
-    return tables
-
-
-def _rich_table(title: str, columns: list[str], cells: list[list[str]]):
-    from rich.table import Table
-
-    table = Table(title=title)
-    for column in columns:
-        table.add_column(column, justify="right")
-    for row in cells:
-        table.add_row(*row)
-    return table
 
 
 def write_plots(result: BenchResult, out_dir: Path) -> list[Path]:

@@ -1,24 +1,16 @@
 """Pure comparisons of two generated token sequences (a reference and a candidate).
 
-All functions take the *generated* tokens only (prompt excluded), already cut at the first stop token
-(``cut_at_stop``), so an EOS that one system returns and another drops does not count as a difference.
+All functions take the *generated* tokens only (prompt excluded), already cut before the first stop id
+(core/token_rules.py's ``comparable``), so an end token that one system returns and another drops does not count
+as a difference.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from trtspec.core.sequences import common_prefix_len
-
-
-def cut_at_stop(tokens: Sequence[int], stop_token_ids: Iterable[int]) -> list[int]:
-    """The tokens before the first stop token (the stop token itself excluded)."""
-    stops = set(stop_token_ids)
-    for index, token in enumerate(tokens):
-        if token in stops:
-            return list(tokens[:index])
-    return list(tokens)
 
 
 def first_divergence(reference: Sequence[int], candidate: Sequence[int]) -> int | None:

@@ -1,5 +1,5 @@
-"""Validation reports as pure functions of a ``ValidationResult``: a JSON-ready dict, Markdown, a rich table
-(``trtspec.outputs.write_file_atomic`` writes them)."""
+"""Validation reports as pure functions of a ``ValidationResult``: a JSON-ready dict, Markdown, and the rows of
+its tables (``trtspec.outputs.write_file_atomic`` writes them; trtspec/views.py shows them)."""
 
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ def _fmt(value, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def _prompt_row(o: PromptOutcome) -> list[str]:
+def prompt_row(o: PromptOutcome) -> list[str]:
     d = outcome_to_dict(o)
     div = o.vs_reference.first_divergence
     return [
@@ -106,7 +106,8 @@ def _prompt_row(o: PromptOutcome) -> list[str]:
     ]
 
 
-# Short headers so the rich table fits 80 columns; the Markdown report explains them under its table.
+# Short headers so the terminal table (trtspec/views.py) fits 80 columns; the Markdown report explains them under
+# its table.
 PROMPT_COLUMNS = ["prompt", "match", "1st div", "agree", "control", "accept", "acc len", "tok/s"]
 COLUMN_LEGEND = (
     "match: exact match vs the HF reference; 1st div: first divergent token index; agree: token agreement; "
@@ -115,7 +116,7 @@ COLUMN_LEGEND = (
 )
 
 
-def _summary_rows(result: ValidationResult) -> list[tuple[str, str]]:
+def summary_rows(result: ValidationResult) -> list[tuple[str, str]]:
     d = validation_to_dict(result)["overall"]
     return [
         ("exact-match rate vs HF reference", _fmt(d["exact_match_rate"])),
@@ -132,7 +133,7 @@ def _summary_rows(result: ValidationResult) -> list[tuple[str, str]]:
 SET_COLUMNS = ["prompt set", "prompts", "match", "agree", "control", "accept", "acc len"]
 
 
-def _set_rows(result: ValidationResult) -> list[list[str]]:
+def prompt_set_rows(result: ValidationResult) -> list[list[str]]:
     """Rows of the per-set table; none when every prompt is raw text (the overall table says it all)."""
     sets = set_summaries(result)
     if list(sets) == ["raw"]:
@@ -168,10 +169,10 @@ def validation_markdown(result: ValidationResult) -> str:
         "",
         "## Overall",
         "",
-        markdown_table(["metric", "value"], [list(r) for r in _summary_rows(result)]),
+        markdown_table(["metric", "value"], [list(r) for r in summary_rows(result)]),
         "",
     ]
-    set_rows = _set_rows(result)
+    set_rows = prompt_set_rows(result)
     if set_rows:
         parts += [
             "## Per prompt set",
@@ -185,37 +186,10 @@ def validation_markdown(result: ValidationResult) -> str:
     parts += [
         "## Per prompt",
         "",
-        markdown_table(PROMPT_COLUMNS, [_prompt_row(o) for o in result.outcomes]),
+        markdown_table(PROMPT_COLUMNS, [prompt_row(o) for o in result.outcomes]),
         "",
         COLUMN_LEGEND,
     ]
     if result.notes:
         parts += ["", "## Notes", ""] + [f"- {n}" for n in result.notes]
     return "\n".join(parts) + "\n"
-
-
-def validation_tables(result: ValidationResult):
-    """(per-prompt table, [per-set table,] overall table) as rich Tables."""
-    from rich.table import Table
-
-    per_prompt = Table(
-        title=f"validate: {result.system}, num_draft_tokens={k_label(result.num_draft_tokens)}"
-    )
-    for column in PROMPT_COLUMNS:
-        per_prompt.add_column(column, justify="left" if column == "prompt" else "right")
-    for o in result.outcomes:
-        per_prompt.add_row(*_prompt_row(o))
-    overall = Table(title="overall", show_header=False)
-    overall.add_column("metric")
-    overall.add_column("value", justify="right")
-    for name, value in _summary_rows(result):
-        overall.add_row(name, value)
-    set_rows = _set_rows(result)
-    if not set_rows:
-        return per_prompt, overall
-    per_set = Table(title="per prompt set")
-    for column in SET_COLUMNS:
-        per_set.add_column(column, justify="left" if column == "prompt set" else "right")
-    for row in set_rows:
-        per_set.add_row(*row)
-    return per_prompt, per_set, overall

@@ -1,17 +1,20 @@
-"""The work behind ``trtspec bench``: the sweep grid -> requests -> system under test -> sweep -> print and write.
+"""The work behind ``trtspec bench``: the sweep grid -> requests -> system under test -> sweep -> write.
 
-cli.py gathers the options into a ``BenchOptions`` and calls ``bench``; the sweep itself is bench.py, its tables,
-Markdown and plots bench_report.py.
+cli.py gathers the options into a ``BenchOptions``, calls ``bench`` and shows what it returns (trtspec/views.py);
+the sweep itself is bench.py, its Markdown, table cells and plots bench_report.py.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from trtspec.core.errors import TrtspecError
 from trtspec.outputs import check_output_dir, check_output_file, write_file_atomic, write_output_dir
+from trtspec.validate.bench import BenchResult
 from trtspec.validate.inputs import RunOptions, SystemOptions, load_run_requests, open_system
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16)
@@ -32,10 +35,24 @@ class BenchOptions(RunOptions):
     min_groups: int = 1  # more passes where a pass has fewer groups of `concurrency` requests
 
 
-def bench(options: BenchOptions, out) -> dict:
-    """Run the sweep with progress, print the table, write bench.json, bench.md and the plots atomically."""
+# (description, points started, points in all) before each point of the sweep is measured
+SweepProgress = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class BenchOutcome:
+    """What ``bench`` measured and where it wrote it; ``payload`` is bench.json's document plus out_dir (and
+    recipe_written), the one --json prints."""
+
+    result: BenchResult
+    out_dir: Path
+    recipe_written: Path | None
+    payload: dict
+
+
+def bench(options: BenchOptions, on_progress: SweepProgress | None = None) -> BenchOutcome:
+    """Run the sweep (``on_progress`` before each point), write bench.json, bench.md and the plots atomically."""
     from trtspec.recipe import load_recipe
-    from trtspec.validate.bench import BenchResult
 
     recipe = load_recipe(options.recipe)
     notes: list[str] = []
@@ -50,7 +67,7 @@ def bench(options: BenchOptions, out) -> dict:
     system = _open_sweepable(recipe, options, tokenizer)
     try:
         notes += _sweep_notes(system, len(requests), options)
-        points = _sweep(system, recipe, requests, options, out.console())
+        points = _sweep(system, recipe, requests, options, on_progress)
     finally:
         system.close()
     ratios = _cost_ratios(points, options, notes)
@@ -58,7 +75,8 @@ def bench(options: BenchOptions, out) -> dict:
     recipe_copy = None
     if options.write_recipe:  # built (and validated) before anything is written
         recipe_copy = options.write_recipe, recipe_with_schedule(options.recipe, result, options.write_recipe)
-    return report_bench(result, out_dir, out, recipe_copy)
+    payload = write_bench(result, out_dir, recipe_copy)
+    return BenchOutcome(result, out_dir, None if recipe_copy is None else recipe_copy[0], payload)
 
 
 def _sweep_grid(options: BenchOptions, recipe, notes: list[str]) -> BenchOptions:
@@ -136,10 +154,9 @@ def _sweep_notes(system, num_requests: int, options: BenchOptions) -> list[str]:
     return notes
 
 
-def _sweep(system, recipe, requests, options: BenchOptions, console) -> list:
-    """run_sweep with a progress bar; in-process, the draft alone too (for the draft/target cost ratio)."""
-    from rich.progress import Progress
-
+def _sweep(system, recipe, requests, options: BenchOptions, on_progress: SweepProgress | None) -> list:
+    """run_sweep, telling ``on_progress`` how far it is; in-process, the draft alone too (for the draft/target
+    cost ratio)."""
     from trtspec.validate.bench import run_sweep, sweep_steps
 
     measure_draft = options.system.kind == "engine" and options.draft_cost_ratio is None
@@ -147,26 +164,23 @@ def _sweep(system, recipe, requests, options: BenchOptions, console) -> list:
     total = sweep_steps(
         len(requests), options.concurrency, options.repeats, system.adaptive, options.min_groups
     )
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("bench", total=total)
-        started = [0]
+    started = itertools.count()
 
-        def advance(label: str) -> None:
-            progress.update(task, description=label, completed=started[0])
-            started[0] += 1
+    def advance(label: str) -> None:
+        on_progress(label, next(started), total)
 
-        return run_sweep(
-            system,
-            requests,
-            ks=options.ks,
-            concurrency=options.concurrency,
-            max_new_tokens=options.max_tokens,
-            adaptive=system.adaptive,
-            repeats=options.repeats,
-            min_groups=options.min_groups,
-            draft_system=draft,
-            advance=advance,
-        )
+    return run_sweep(
+        system,
+        requests,
+        ks=options.ks,
+        concurrency=options.concurrency,
+        max_new_tokens=options.max_tokens,
+        adaptive=system.adaptive,
+        repeats=options.repeats,
+        min_groups=options.min_groups,
+        draft_system=draft,
+        advance=advance if on_progress else None,
+    )
 
 
 def _draft_alone(recipe, options: SystemOptions, max_batch_size: int):
@@ -220,9 +234,9 @@ def recipe_with_schedule(recipe_path: str, result, dest: Path) -> str:
     return recipe_copy(recipe_path, changes, dest, header)
 
 
-def report_bench(result, out_dir: Path, out, recipe_copy: tuple[Path, str] | None = None) -> dict:
+def write_bench(result: BenchResult, out_dir: Path, recipe_copy: tuple[Path, str] | None = None) -> dict:
     """Write bench.json, bench.md and the PNG plots into ``out_dir`` (a temp dir renamed into place), and
-    ``recipe_copy`` (path, text) atomically."""
+    ``recipe_copy`` (path, text) atomically; returns bench.json's document plus where each was written."""
     from trtspec.validate.bench_report import bench_markdown, bench_to_dict, write_plots
 
     payload = bench_to_dict(result)
@@ -237,24 +251,4 @@ def report_bench(result, out_dir: Path, out, recipe_copy: tuple[Path, str] | Non
     if recipe_copy is not None:
         write_file_atomic(*recipe_copy)
         payload["recipe_written"] = str(recipe_copy[0])
-    if out.json:
-        out.emit_json(payload)
-    _print_bench(result, out_dir, out.console(), recipe_copy)
     return payload
-
-
-def _print_bench(result, out_dir: Path, console, recipe_copy: tuple[Path, str] | None) -> None:
-    from trtspec.validate.bench_report import bench_tables, schedule_text
-
-    for table in bench_tables(result):
-        console.print(table)
-    recommended = ", ".join(f"concurrency {c}: K={k}" for c, k in result.recommended_k().items())
-    schedule = schedule_text(result.recommended_schedule())
-    console.print(f"recommended num_draft_tokens: {recommended}")
-    console.print(f"recommended speculative.schedule: {schedule}")
-    console.print(f"wrote {out_dir}/bench.json, bench.md, speedup_acceptance.png, latency_concurrency.png")
-    if recipe_copy is not None:
-        console.print(
-            f"wrote {recipe_copy[0]}: speculative.schedule {schedule}, no pinned num_draft_tokens (adaptive K is "
-            "its default)"
-        )

@@ -1,17 +1,20 @@
-"""The work behind ``trtspec validate``: requests -> system under test and HF reference -> run -> print, write, gate.
+"""The work behind ``trtspec validate``: requests -> system under test and HF reference -> run -> write -> gate.
 
-cli.py gathers the options into a ``ValidateOptions`` and calls ``validate``.
+cli.py gathers the options into a ``ValidateOptions``, calls ``validate``, shows the result (trtspec/views.py),
+then calls ``require_passed``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtspec.core.errors import CheckFailed
 from trtspec.outputs import check_output_file, write_file_atomic
 from trtspec.validate.inputs import RunOptions, load_run_requests, open_reference, open_system
-from trtspec.validate.validation import Thresholds
+from trtspec.validate.report import validation_markdown
+from trtspec.validate.validation import Thresholds, ValidationResult
 
 
 @dataclass(kw_only=True)
@@ -21,8 +24,9 @@ class ValidateOptions(RunOptions):
     report: Path | None = None  # the Markdown report
 
 
-def validate(options: ValidateOptions, out) -> dict:
-    """Run the validation, print it, write the report; raise CheckFailed when a threshold failed."""
+def validate(options: ValidateOptions, on_progress: Callable[[str], None] | None = None) -> ValidationResult:
+    """Run the validation and write its Markdown report; returns the ``ValidationResult``. ``on_progress`` gets a
+    line for each step of the run (reference, speculative, target-only)."""
     from trtspec.recipe import load_recipe
     from trtspec.validate.validation import run_validation
 
@@ -30,51 +34,33 @@ def validate(options: ValidateOptions, out) -> dict:
     if options.report:
         check_output_file(options.report, "--report")  # before the run, not after it
     prompts, tokenizer, _, notes = load_run_requests(recipe, options)
-    console = out.console()
     # The system first: an unreachable endpoint fails before the reference model is loaded.
     system = open_system(recipe, options.system, tokenizer)
     try:
         reference = open_reference(recipe, options.system)
-        with console.status("validating") as status:
-            result = run_validation(
-                system,
-                reference,
-                prompts,
-                max_new_tokens=options.max_tokens,
-                # a system that sets K itself (upstream's LLM-API model) is measured at its K; else, as deploy writes
-                # it, the recipe's pinned K or None: adaptive K
-                num_draft_tokens=options.num_draft_tokens
-                or system.fixed_k
-                or recipe.speculative.num_draft_tokens,
-                thresholds=options.thresholds,
-                progress=lambda msg: status.update(msg),
-            )
+        result = run_validation(
+            system,
+            reference,
+            prompts,
+            max_new_tokens=options.max_tokens,
+            # a system that sets K itself (upstream's LLM-API model) is measured at its K; else, as deploy writes
+            # it, the recipe's pinned K or None: adaptive K
+            num_draft_tokens=options.num_draft_tokens
+            or system.fixed_k
+            or recipe.speculative.num_draft_tokens,
+            thresholds=options.thresholds,
+            progress=on_progress,
+        )
     finally:
         system.close()
     result.notes += notes
-    return report_validation(result, options.report, out)
+    if options.report:
+        write_file_atomic(options.report, validation_markdown(result))
+    return result
 
 
-def report_validation(result, report: Path | None, out) -> dict:
-    """Print tables (and --json), write the Markdown report, then gate: CheckFailed (exit 1) on a failure."""
-    from trtspec.validate.report import (
-        validation_markdown,
-        validation_tables,
-        validation_to_dict,
-    )
-
-    payload = validation_to_dict(result)
-    if report:
-        write_file_atomic(report, validation_markdown(result))
-    if out.json:
-        out.emit_json(payload)
-    console = out.console()
-    for table in validation_tables(result):
-        console.print(table)
-    for note in result.notes:
-        console.print(f"note: {note}")
+def require_passed(result: ValidationResult) -> None:
+    """The gate after the result is shown: CheckFailed (exit 1) naming every threshold the run failed."""
     failures = result.failures()
     if failures:
         raise CheckFailed("validation failed: " + "; ".join(failures))
-    console.print("[green]validation passed[/green]")
-    return payload

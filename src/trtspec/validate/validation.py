@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from trtspec.core.metrics import AcceptanceStats, merge_stats
-from trtspec.validate.compare import Comparison, compare, cut_at_stop, exact_match_rate, mean_agreement
+from trtspec.core.token_rules import comparable
+from trtspec.validate.compare import Comparison, compare, exact_match_rate, mean_agreement
 from trtspec.validate.prompts import Prompt
 from trtspec.validate.systems import Generation, Request, SystemUnderTest, encode_prompts, generate_all
 
@@ -127,11 +128,11 @@ def compare_outputs(
     stops = set(stop_token_ids)
     outcomes = []
     for prompt, ref, spec, base in zip(prompts, reference, speculative, target_only, strict=True):
-        ref_ids = cut_at_stop(ref, stops)
+        ref_ids = comparable(ref, stops)
         if spec.ids_from_text and to_text_domain is not None:
             ref_ids = to_text_domain(ref_ids)
-        spec_ids = cut_at_stop(spec.token_ids, stops)
-        control = None if base is None else compare(cut_at_stop(base.token_ids, stops), spec_ids)
+        spec_ids = comparable(spec.token_ids, stops)
+        control = None if base is None else compare(comparable(base.token_ids, stops), spec_ids)
         outcomes.append(PromptOutcome(prompt, ref_ids, spec, base, compare(ref_ids, spec_ids), control))
     return outcomes
 

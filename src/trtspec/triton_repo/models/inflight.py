@@ -108,7 +108,8 @@ class _Outgoing:
 class Outbox:
     """One thread that sends every request's responses in order, so the loop's thread never waits on a send's IPC;
     after each event it asks Triton (at most every CANCEL_POLL_S per request) whether the client cancelled, and
-    a finished request's counts go to ``metrics`` (here, not on the loop's thread: each update is an IPC).
+    a finished request's counts go to ``metrics``, and adaptive K's decisions so far (``adaptive()``: an
+    AdaptiveState.snapshot) to ``adaptive_metrics`` (here, not on the loop's thread: each update is an IPC).
 
     The loop's thread ``put``s each event of a step, then ``flush``es the step. Who builds the responses
     (``build_responses``: text, tensors) is a matter of the GIL: one or two are built here, beside the loop's next
@@ -122,8 +123,11 @@ class Outbox:
         metrics: io.SpecDecodeMetrics | None = None,
         cores: set[int] | None = None,
         loop_builds_from: int = 3,
+        adaptive: Callable[[], tuple] | None = None,
+        adaptive_metrics: io.AdaptiveMetrics | None = None,
     ):
         self.cancel, self.metrics, self.cores = cancel, metrics, cores  # cores: where this thread may run
+        self.adaptive, self.adaptive_metrics = adaptive, adaptive_metrics
         self.loop_builds_from = loop_builds_from
         self.queue: queue.Queue = queue.Queue()
         self.pending: list[_Outgoing] = []  # this step's events, until flush (the loop's thread only)
@@ -175,6 +179,8 @@ class Outbox:
         event = item.event
         if event.finished and self.metrics is not None:  # cancelled and failed requests ran their rounds too
             self.metrics.add(SpecDecodeCounts.of(event.stats))
+        if event.finished and self.adaptive_metrics is not None and self.adaptive is not None:
+            self.adaptive_metrics.update(self.adaptive())
         try:
             for response, flags in item.responses:
                 item.sender.send(response, flags=flags)
@@ -239,7 +245,13 @@ class TritonPythonModel:
         metrics = io.SpecDecodeMetrics(args["model_name"], self.limits.max_draft_len)
         threads = torch_threads(params)
         loop_cores, send_cores = (threads and split_cores(available_cores(), threads)) or (None, None)
-        self.outbox = Outbox(lambda request_id: self.loop.cancel(request_id), metrics, send_cores)
+        self.outbox = Outbox(
+            lambda request_id: self.loop.cancel(request_id),
+            metrics,
+            send_cores,
+            adaptive=lambda: self.loop.loop.adaptive.snapshot(),
+            adaptive_metrics=io.AdaptiveMetrics(args["model_name"]),
+        )
         num_slots = max(int(config.get("max_batch_size") or 1), 1)
         self.loop = load_loop(params, num_slots, self.outbox.flush, threads, loop_cores)
         self.ids = itertools.count()

@@ -170,3 +170,53 @@ class SpecDecodeMetrics:
                 self.draft_len.set(counts.mean_draft_len)
         except Exception as err:  # noqa: BLE001 - metrics must never fail a request
             log_warning(f"spec-decode metrics not updated: {type(err).__name__}: {err}")
+
+
+# Adaptive K's choices per batch size (engines/adaptive.py Decision): what a server chose at each load, and why.
+ADAPTIVE_PREFIX = "trtspec_adaptive_"
+ADAPTIVE_GAUGES = {
+    "k": "Draft tokens per row adaptive K chose last for a batch of `batch` rows (0: target-only)",
+    "acceptance": "Mean estimated acceptance of the rows it chose for",
+    "round_cost": "The chosen K's round cost in target-only rounds of that batch size, as measured by the server",
+    "expected_speedup": "Expected tokens per round over the round cost at the chosen K (1: target-only)",
+    "measured": "1 where the costs were measured on this server, 0 where the policy's ratios stood in",
+}
+
+
+class AdaptiveMetrics:
+    """Adaptive K's decisions on Triton's /metrics: ``trtspec_adaptive_rounds_total{batch, k}`` counts the rounds
+    each K ran at each batch size, and one gauge per Decision field says why (ADAPTIVE_GAUGES); labelled with the
+    model name. ``update`` takes AdaptiveState.snapshot() (series appear as batch sizes and Ks first occur)."""
+
+    def __init__(self, model: str):
+        family = pb().MetricFamily
+        self.model, self.metrics, self.counted = model, {}, {}
+        self.rounds = family(
+            name=f"{ADAPTIVE_PREFIX}rounds_total",
+            description="Rounds adaptive K ran with `k` draft tokens for a batch of `batch` rows",
+            kind=family.COUNTER,
+        )
+        self.gauges = {
+            field: family(name=f"{ADAPTIVE_PREFIX}{field}", description=text, kind=family.GAUGE)
+            for field, text in ADAPTIVE_GAUGES.items()
+        }
+
+    def _metric(self, family, **labels):
+        key = (id(family), tuple(sorted(labels.items())))
+        if key not in self.metrics:
+            self.metrics[key] = family.Metric(labels={"model": self.model, **labels})
+        return self.metrics[key]
+
+    def update(self, snapshot) -> None:
+        """Set the gauges and add the rounds since the last update; a failure is logged, never a request's."""
+        decisions, rounds = snapshot
+        try:
+            for (batch, k), total in rounds.items():
+                if delta := total - self.counted.get((batch, k), 0):
+                    self._metric(self.rounds, batch=str(batch), k=str(k)).increment(delta)
+                    self.counted[batch, k] = total
+            for batch, decision in decisions.items():
+                for field, family in self.gauges.items():
+                    self._metric(family, batch=str(batch)).set(float(getattr(decision, field)))
+        except Exception as err:  # noqa: BLE001 - metrics must never fail a request
+            log_warning(f"adaptive K metrics not updated: {type(err).__name__}: {err}")

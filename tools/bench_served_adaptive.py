@@ -1,0 +1,202 @@
+#!/usr/bin/env python
+"""Served adaptive K against pinned K through Triton, side by side in one run (not a test).
+
+The demo pair (or --recipe) is deployed with the torch runtime, its default K left to the server (adaptive), and
+served by a real tritonserver on free loopback ports. Requests are streamed over gRPC by client threads that keep their connections, as a serving client does.
+
+1. Load steps (one server): at each concurrency, `concurrency` requests that leave K to the server (adaptive, the
+   default) run first, on nothing but what the server has learned so far; then --repeats passes over every point
+   (adaptive and each pinned K, target-only K=0 included), their order rotating pass by pass. A point's figure is
+   its best pass (tokens/s), so a pass that met a busy machine does not decide it.
+2. Jump (a fresh server): adaptive requests one at a time, then at once `--jump` of them: the first groups after the
+   jump, against pinned target-only at that load measured right after them.
+
+Printed per concurrency: tokens/s of every point, adaptive / best pinned and adaptive / target-only, and what the
+server's /metrics say adaptive chose at that batch size and why (trtspec_adaptive_*). --json prints one document.
+
+    .venv/bin/python tools/bench_served_adaptive.py                       # 1,2,4,8,16 streams, K 0,2,4, 3 passes
+    .venv/bin/python tools/bench_served_adaptive.py --concurrency 1,4 --repeats 1 --max-tokens 16 --short
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import platform
+import re
+import tempfile
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from bench_engine import PROMPTS
+
+ADAPTIVE = "adaptive"
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--recipe", default="demo", help="recipe file or 'demo' (the shipped pair)")
+    parser.add_argument("--concurrency", default="1,2,4,8,16", help="load steps (comma-separated)")
+    parser.add_argument("--ks", default="0,2,4", help="pinned K values (comma-separated; 0 = target-only)")
+    parser.add_argument("--repeats", type=int, default=3, help="passes over every point per load step")
+    parser.add_argument("--max-tokens", type=int, default=64, help="new tokens per request")
+    parser.add_argument("--jump", type=int, default=16, help="streams after the jump from 1 (0: skip it)")
+    parser.add_argument("--cpu-threads", default=None, help="triton.cpu_threads override (a number or auto)")
+    parser.add_argument("--short", action="store_true", help="one group per point (the test suite's form)")
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    return parser.parse_args(argv)
+
+
+def cpu_name() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"
+
+
+def group(client, pool, n: int, k: int | None, max_tokens: int, offset: int = 0) -> tuple[int, float]:
+    """(tokens, seconds) of ``n`` concurrent streamed requests with K ``k`` (None: left to the server)."""
+    prompts = [PROMPTS[(offset + i) % len(PROMPTS)] for i in range(n)]
+    start = time.perf_counter()
+    responses = list(pool.map(lambda p: client.generate(p, max_tokens, k, stream=True), prompts))
+    return sum(len(r.token_ids) for r in responses), time.perf_counter() - start
+
+
+def adaptive_metrics(server) -> dict[str, dict]:
+    """The server's trtspec_adaptive_* series: {batch: {"k": ..., ..., "rounds": {K: count}}}."""
+    url = f"http://{server.ports.host}:{server.ports.metrics}/metrics"
+    with urllib.request.urlopen(url, timeout=30) as response:
+        text = response.read().decode()
+    out: dict[str, dict] = {}
+    for match in re.finditer(r"^trtspec_adaptive_(\w+)\{([^}]*)\} (\S+)$", text, re.M):
+        name, labels, value = (
+            match.group(1),
+            dict(re.findall(r'(\w+)="([^"]*)"', match.group(2))),
+            match.group(3),
+        )
+        entry = out.setdefault(labels["batch"], {"rounds": {}})
+        if name == "rounds_total":
+            entry["rounds"][int(labels["k"])] = float(value)
+        else:
+            entry[name] = float(value)
+    return out
+
+
+def load_steps(client, pool, server, args) -> list[dict]:
+    """Step 1 of the module docstring: one row per concurrency."""
+    points = [ADAPTIVE] + [int(k) for k in args.ks.split(",")]
+    rows = []
+    for n in [int(c) for c in args.concurrency.split(",")]:
+        first = group(client, pool, n, None, args.max_tokens)
+        best: dict = {p: 0.0 for p in points}
+        for rep in range(1 if args.short else args.repeats):
+            for i in range(len(points)):
+                point = points[(i + rep) % len(points)]
+                tokens, seconds = group(
+                    client, pool, n, None if point == ADAPTIVE else point, args.max_tokens, rep
+                )
+                best[point] = max(best[point], tokens / seconds)
+        pinned = {p: v for p, v in best.items() if p != ADAPTIVE}
+        rows.append(
+            {
+                "concurrency": n,
+                "tokens_per_s": {str(p): round(v, 1) for p, v in best.items()},
+                "adaptive_first_group_tokens_per_s": round(first[0] / first[1], 1),
+                "adaptive_vs_best_pinned": round(best[ADAPTIVE] / max(pinned.values()), 3),
+                "adaptive_vs_target_only": round(best[ADAPTIVE] / pinned[0], 3) if 0 in pinned else None,
+                "chosen": adaptive_metrics(server).get(str(n)),
+            }
+        )
+    return rows
+
+
+def jump(client, pool, server, args) -> dict:
+    """Step 2 of the module docstring, on a server that has served nothing yet."""
+    for i in range(4):
+        group(client, pool, 1, None, args.max_tokens, i)
+    after = [group(client, pool, args.jump, None, args.max_tokens, i) for i in range(1 if args.short else 3)]
+    target_only = [
+        group(client, pool, args.jump, 0, args.max_tokens, i) for i in range(1 if args.short else 3)
+    ]
+    adaptive_tps = max(t / s for t, s in after)
+    target_tps = max(t / s for t, s in target_only)
+    return {
+        "streams": args.jump,
+        "adaptive_tokens_per_s": round(adaptive_tps, 1),
+        "target_only_tokens_per_s": round(target_tps, 1),
+        "adaptive_vs_target_only": round(adaptive_tps / target_tps, 3),
+        "first_group_vs_target_only": round(after[0][0] / after[0][1] / target_tps, 3),
+        "chosen": adaptive_metrics(server).get(str(args.jump)),
+    }
+
+
+@contextlib.contextmanager
+def served(recipe, tmp: Path, name: str):
+    from trtspec.triton_repo.deploy import deploy
+    from trtspec.triton_repo.server import Ports, TritonServer, free_ports
+
+    repo = deploy(recipe, "torch", tmp / name).repo
+    server = TritonServer(repo, Ports(*free_ports(3)), tmp / f"{name}.log")
+    server.start(600)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def main(argv=None) -> None:
+    from trtspec.recipe import load_recipe
+    from trtspec.validate.triton_client import TritonClient
+
+    args = parse_args(argv)
+    recipe = load_recipe(args.recipe)
+    # Requests that give no K get the repository's default: adaptive only where the recipe pins none.
+    speculative = recipe.speculative.model_copy(update={"num_draft_tokens": None})
+    recipe = recipe.model_copy(update={"speculative": speculative})
+    if args.cpu_threads is not None:
+        threads = args.cpu_threads if args.cpu_threads == "auto" else int(args.cpu_threads)
+        recipe = recipe.model_copy(
+            update={"triton": recipe.triton.model_copy(update={"cpu_threads": threads})}
+        )
+    widest = max([int(c) for c in args.concurrency.split(",")] + [args.jump])
+    result = {
+        "recipe": recipe.name,
+        "cpu": cpu_name(),
+        "max_tokens": args.max_tokens,
+        "repeats": args.repeats,
+    }
+    with (
+        tempfile.TemporaryDirectory(prefix="bench_served_adaptive.") as tmp,
+        ThreadPoolExecutor(widest) as pool,
+    ):
+        with served(recipe, Path(tmp), "steps") as server:
+            client = TritonClient(server.ports.grpc_url, "grpc")
+            group(client, pool, widest, 0, 4)  # every client thread connects
+            result["steps"] = load_steps(client, pool, server, args)
+        if args.jump:
+            with served(recipe, Path(tmp), "jump") as server:
+                client = TritonClient(server.ports.grpc_url, "grpc")
+                result["jump"] = jump(client, pool, server, args)
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return
+    print(f"recipe {result['recipe']}, {result['cpu']}, {args.max_tokens} new tokens, best of {args.repeats}")
+    for row in result["steps"]:
+        chosen = row["chosen"] or {}
+        print(
+            f"  {row['concurrency']:>2} streams: {row['tokens_per_s']}  adaptive / best pinned "
+            f"{row['adaptive_vs_best_pinned']:.2f}, / target-only {row['adaptive_vs_target_only']}; "
+            f"chose K {chosen.get('k')} (acceptance {chosen.get('acceptance', 0):.2f}, round cost "
+            f"{chosen.get('round_cost', 0):.2f}, expected speedup {chosen.get('expected_speedup', 0):.2f}), "
+            f"rounds by K {chosen.get('rounds')}"
+        )
+    if "jump" in result:
+        print(f"  jump 1 -> {args.jump}: {result['jump']}")
+
+
+if __name__ == "__main__":
+    main()
