@@ -89,6 +89,48 @@ def test_bad_requests_raise_one_clear_line(fields, message):
     assert message in err.value.message and "\n" not in err.value.message
 
 
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"beam_width": 1, "bad_words": "", "min_length": 1, "min_tokens": 0},
+        {"exclude_input_in_output": True},
+        {"min_length": 0, "exclude_input_in_output": False},
+    ],
+)
+def test_upstreams_inputs_that_ask_for_nothing_are_accepted(fields):
+    """What upstream's clients send by default: end_to_end_grpc_client.py's beam_width 1 and
+    exclude_input_in_output, the README's "bad_words": "", genai-perf's min_length."""
+    req = parse_request(_inputs(text_input="x", max_tokens=4, **fields), LIMITS)
+    assert req.params == parse_request(_inputs(text_input="x", max_tokens=4), LIMITS).params
+    assert req.exclude_input_in_output is fields.get("exclude_input_in_output", True)
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"beam_width": 4}, "beam_width 4 is not supported: speculative decoding runs one beam"),
+        ({"beam_width": 0}, "send beam_width 1 or leave it out"),
+        ({"bad_words": "awful"}, "bad_words ['awful'] is not supported: trtspec bans no words"),
+        ({"min_length": 64}, "min_length 64 is not supported: trtspec does not enforce a minimum length"),
+        ({"min_tokens": 8}, "send end_id -1 (no end id then stops the request) with max_tokens 8"),
+    ],
+)
+def test_upstreams_inputs_that_ask_for_what_is_not_served_are_refused_in_one_line(fields, message):
+    with pytest.raises(RequestError) as err:
+        parse_request(_inputs(text_input="x", max_tokens=4, **fields), LIMITS)
+    assert message in err.value.message and "\n" not in err.value.message
+
+
+def test_a_whole_answer_starts_with_the_prompt_only_where_the_request_asks():
+    from trtspec.triton_repo.models.request import whole_answer
+
+    inputs = _inputs(text_input="def f():", max_tokens=4)
+    assert whole_answer(parse_request(inputs, LIMITS), [1, 5], " pass", [7, 8]) == (" pass", [7, 8])
+    inputs["exclude_input_in_output"] = np.array([[False]])
+    got = whole_answer(parse_request(inputs, LIMITS), [1, 5], " pass", [7, 8])
+    assert got == ("def f(): pass", [1, 5, 7, 8])
+
+
 def test_draft_logits_are_refused_where_the_engines_do_not_gather_them():
     with pytest.raises(RequestError, match="use_draft_logits=true needs a repository deployed with"):
         parse_request(_inputs(text_input="x", max_tokens=2, use_draft_logits=True), LIMITS)
@@ -224,7 +266,7 @@ def test_the_sending_thread_builds_small_steps_the_loop_large_ones_and_each_requ
                 done.set()
 
     fields = {"text_input": np.array([b"x"]), "max_tokens": np.array([64]), "stream": np.array([True])}
-    replies = {name: Reply(parse_request(fields, LIMITS), TextCodec(tokenizer)) for name in "abc"}
+    replies = {name: Reply(parse_request(fields, LIMITS), TextCodec(tokenizer), [1]) for name in "abc"}
     ids = tokenizer.encode("def add(a, b):\n    return a + b\n" * 3, add_special_tokens=False)
     rounds = [ids[i : i + 3] for i in range(0, len(ids), 3)]
     outbox = Outbox(cancel=lambda request_id: None, cores={core}, loop_builds_from=3)
@@ -609,6 +651,25 @@ def test_a_cancelled_non_streamed_request_stops_generating(monkeypatch):
     assert not cancel_check(object())()  # no is_cancelled: never cancelled
 
 
+def test_the_orchestrators_whole_answer_starts_with_the_prompt_where_the_request_asks(monkeypatch):
+    from trtspec.triton_repo.models import orchestrator
+
+    def bls(model, inputs, outputs):
+        """No draft; the target adds a 7 per round."""
+        ids = np.asarray(inputs["input_ids"])
+        if model == "t":
+            ids = np.concatenate([ids, np.array([[7]], dtype=ids.dtype)], axis=1)
+        return {"output_ids": ids, "sequence_length": np.array([[ids.shape[1]]])}
+
+    monkeypatch.setattr(orchestrator.io, "bls", bls)
+    fields = {"text_input": "def", "max_tokens": 3}
+    answer = _orchestrator()._whole(parse_request(_inputs(**fields), LIMITS))[:2]
+    assert answer == ("xxx", [7, 7, 7])
+    fields["exclude_input_in_output"] = False
+    answer = _orchestrator()._whole(parse_request(_inputs(**fields), LIMITS))[:2]
+    assert answer == ("defxxx", [5, 6, 7, 7, 7])  # _Codec's prompt ids are [5, 6]
+
+
 def test_the_orchestrator_runs_an_adaptive_request_through_the_loop_with_greedy_output_unchanged(monkeypatch):
     """A repository whose default K is adaptive and a request without num_draft_tokens: the loop's adaptive K
     (a jumpy policy: a rejection switches drafting off, the next probe on again) picks each round's K, the engine
@@ -697,7 +758,7 @@ def test_a_streamed_reply_sends_each_completed_piece_with_its_ids_then_an_empty_
         {"text_input": np.array([b"x"]), "max_tokens": np.array([8]), "stream": np.array([True])}, LIMITS
     )
     ids = tokenizer.encode("a = '€ü' + b", add_special_tokens=False)
-    reply, responses = Reply(req, TextCodec(tokenizer)), []
+    reply, responses = Reply(req, TextCodec(tokenizer), [1]), []
     rounds = [ids[i : i + 2] for i in range(0, len(ids), 2)]
     for i, tokens in enumerate(rounds):
         responses += reply.update(_event(tokens, finished=i == len(rounds) - 1))
@@ -711,11 +772,28 @@ def test_a_streamed_reply_sends_each_completed_piece_with_its_ids_then_an_empty_
 def test_a_reply_that_is_not_streamed_is_one_final_response(tokenizer):
     from trtspec.triton_repo.models.inflight import Reply
 
-    req = parse_request({"text_input": np.array([b"x"]), "max_tokens": np.array([8])}, LIMITS)
+    fields = {"text_input": np.array([b"x"]), "max_tokens": np.array([8])}
     ids = tokenizer.encode("def f(x):", add_special_tokens=False)
-    reply = Reply(req, TextCodec(tokenizer))
+    reply = Reply(parse_request(fields, LIMITS), TextCodec(tokenizer), [1, 87])
     assert reply.update(_event(ids[:2])) == []
     assert reply.update(_event(ids[2:], finished=True)) == [(tokenizer.decode(ids), ids, True)]
+    # exclude_input_in_output false: the prompt as sent and its ids first
+    fields["exclude_input_in_output"] = np.array([False])
+    reply = Reply(parse_request(fields, LIMITS), TextCodec(tokenizer), [1, 87])
+    assert reply.update(_event(ids, finished=True)) == [("x" + tokenizer.decode(ids), [1, 87, *ids], True)]
+
+
+def test_a_streamed_reply_never_carries_the_prompt_as_tensorrt_llm_streams_only_new_tokens(tokenizer):
+    from trtspec.triton_repo.models.inflight import Reply
+
+    fields = {"text_input": np.array([b"x"]), "max_tokens": np.array([8]), "stream": np.array([True])}
+    ids = tokenizer.encode("def f(x):", add_special_tokens=False)
+    answers = []
+    for exclude in (True, False):
+        fields["exclude_input_in_output"] = np.array([exclude])
+        reply = Reply(parse_request(fields, LIMITS), TextCodec(tokenizer), [1, 87])
+        answers.append(reply.update(_event(ids, finished=True)))
+    assert answers[0] == answers[1] and sum((chunk for _, chunk, _ in answers[0]), []) == ids
 
 
 class _PbUtils:
@@ -757,7 +835,7 @@ def test_responses_are_built_per_event_and_one_that_cannot_be_built_ends_only_it
     req = parse_request(fields, LIMITS)
     ids = tokenizer.encode("def f(x):", add_special_tokens=False)
     cancelled = []
-    ok = build_responses("a", Reply(req, TextCodec(tokenizer)), _event(ids), cancelled.append)
+    ok = build_responses("a", Reply(req, TextCodec(tokenizer), [1]), _event(ids), cancelled.append)
     ((response, flags),) = ok
     assert response.tensors["text_output"][0, 0].decode() == tokenizer.decode(ids) and flags == 0
     assert response.tensors["output_ids"].tolist() == [ids] and response.error is None
@@ -769,7 +847,7 @@ def test_responses_are_built_per_event_and_one_that_cannot_be_built_ends_only_it
         def stream_decoder(self):
             return IncrementalDecoder(self.decode)
 
-    reply = Reply(req, BrokenCodec())
+    reply = Reply(req, BrokenCodec(), [1])
     ((response, flags),) = build_responses("b", reply, _event(ids), cancelled.append)
     assert (
         response.error.message == "internal error: ValueError: no such id"
@@ -794,6 +872,14 @@ def test_a_request_becomes_loop_params_capped_at_max_seq_len_with_its_own_end_id
     fields |= {"end_id": np.array([9]), "stop_words": np.array([b"return"])}
     _, _, options = to_job(parse_request(fields, LIMITS), codec, LIMITS)
     assert options["eos_ids"] == (9,) and options["stop_sequences"] == codec.stop_ids(["return"])
+
+
+def test_end_id_minus_one_the_fixed_length_advice_of_the_min_length_refusal_stops_on_no_token(tokenizer):
+    from trtspec.triton_repo.models.request import to_job
+
+    fields = {"text_input": np.array([b"def"]), "max_tokens": np.array([8]), "end_id": np.array([-1])}
+    _, _, options = to_job(parse_request(fields, LIMITS), TextCodec(tokenizer, end_ids=(2,)), LIMITS)
+    assert options["eos_ids"] == (-1,)
 
 
 def test_a_repository_without_adaptive_k_parameters_gets_the_policy_defaults():

@@ -197,3 +197,71 @@ def test_clients_written_for_upstreams_ensemble_get_the_entry_models_answers(ser
     assert "".join(e.get("text_output", "") for e in events) == reference(prompt, 12)
     status, raw = http_generate(server, {"text_input": "", "max_tokens": 4}, model="ensemble")
     assert status == 400 and "text_input is empty" in raw, raw
+
+
+def upstream_end_to_end_client(server, prompt: str, streaming: bool, exclude_input_in_output: bool) -> tuple:
+    """One request as tensorrtllm_backend's inflight_batcher_llm/client/end_to_end_grpc_client.py sends it to
+    `ensemble` with its default flags (prepare_inputs: every input it always sends, beam_width 1 and
+    exclude_input_in_output included; start_stream, async_stream_infer, stop_stream), and --temperature 0, which
+    trtspec answers greedily. -> (the text as the client joins it, the ids of every response)."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import np_to_triton_dtype
+
+    inputs = {
+        "text_input": np.array([[prompt]]).astype(object),
+        "max_tokens": np.ones_like([[prompt]]).astype(np.int32) * 12,
+        "stream": np.array([[streaming]], dtype=bool),
+        "beam_width": np.array([[1]], dtype=np.int32),
+        "temperature": np.array([[0.0]], dtype=np.float32),
+        "exclude_input_in_output": np.array([[exclude_input_in_output]], dtype=bool),
+    }
+    tensors = []
+    for name, value in inputs.items():
+        tensors.append(grpcclient.InferInput(name, value.shape, np_to_triton_dtype(value.dtype)))
+        tensors[-1].set_data_from_numpy(value)
+    outputs = [grpcclient.InferRequestedOutput(name) for name in ("text_output", "output_ids")]
+    results: queue.Queue = queue.Queue()
+    with grpcclient.InferenceServerClient(server.ports.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: results.put(error or result))
+        client.async_stream_infer("ensemble", tensors, outputs=outputs)
+        client.stop_stream()  # waits for the server to close the stream
+    text, ids = "", []
+    while not results.empty():
+        result = results.get()
+        assert not isinstance(result, Exception), result
+        # The client joins the pieces as here, but reads each as output[0]: upstream's text_output is [1], trtspec's
+        # [1, 1] (docs/triton-models.md, "What an upstream client may send").
+        text += result.as_numpy("text_output").reshape(-1)[0].decode()
+        ids += result.as_numpy("output_ids").reshape(-1).tolist()
+    return text, ids
+
+
+def test_upstreams_end_to_end_client_and_readme_requests_are_served_with_the_prompt_where_asked(
+    server, reference, tiny_pair
+):
+    """The inputs upstream's own clients send by default (end_to_end_grpc_client.py: beam_width 1,
+    exclude_input_in_output false; the README's curl: "bad_words": "") are served, not refused by name. A whole
+    answer with exclude_input_in_output false is the prompt as sent + the greedy text (ids: the prompt's + the
+    generated ones); a streamed one, as TensorRT-LLM streams, never carries the prompt."""
+    from transformers import AutoTokenizer
+
+    prompt = PROMPTS[1]
+    greedy, greedy_ids = upstream_end_to_end_client(server, prompt, False, exclude_input_in_output=True)
+    assert (greedy, greedy_ids) == reference(prompt, 12, with_ids=True)
+    prompt_ids = AutoTokenizer.from_pretrained(tiny_pair[0]).encode(prompt)
+    got = upstream_end_to_end_client(server, prompt, False, exclude_input_in_output=False)
+    assert got == (prompt + greedy, prompt_ids + greedy_ids)
+    for exclude in (False, True):
+        assert upstream_end_to_end_client(server, prompt, True, exclude) == (greedy, greedy_ids)
+    readme = {"text_input": prompt, "max_tokens": 12, "bad_words": "", "stop_words": ""}
+    status, raw = http_generate(server, readme, model="ensemble")
+    assert status == 200 and json.loads(raw)["text_output"] == greedy, raw
+    status, raw = http_generate(server, readme | {"exclude_input_in_output": False}, model="ensemble")
+    assert status == 200 and json.loads(raw)["text_output"] == prompt + greedy, raw
+    for refused, message in [
+        ({"beam_width": 2}, "beam_width 2 is not supported"),
+        ({"bad_words": ["awful"]}, "bad_words ['awful'] is not supported"),
+        ({"min_length": 12}, "min_length 12 is not supported"),
+    ]:
+        status, raw = http_generate(server, readme | refused, model="ensemble")
+        assert status == 400 and message in raw, raw

@@ -38,19 +38,21 @@ greedy acceptance with six bench runs' measured costs: 0.94-1.01x of the best st
 against 0.89-1.01x.
 
 By measured cost: ``RoundCosts`` gives each K's round cost in target-only rounds of the same batch size,
-measured from the rounds the loop ran. The line a1 + b * K, a least-squares fit through the speculative rounds
-(K >= 1, exponentially weighted), carries it: b includes the draft step and the longer verification, both of
-which grow with the batch, and a1 what a speculative round pays beyond its draft steps (the draft's catch-up, the
-verification, the bookkeeping), which a target-only round does not. Round time is not quite linear in K (a
-(K+1)-token verification whose length suits the CPU's matrix kernels costs less than its neighbours: on the demo
-pair K=7, 8 tokens, ran faster than the line through K=1..8 says), so each K's own recent rounds pull its cost
-from the line toward their average, weighted n / (n + prior_rounds): a K measured cheap or dear by a few noisy
-rounds moves little, one measured often moves to what it costs. The unit, a0, is the target-only rounds'
-average (a1 / policy.verify_cost_ratio before one ran); a loop whose requests all draft runs one target-only
-round every few speculative rounds until it has measured a few (``RoundCosts.unit_due``): a speculative round
-costs well over a target-only one beyond its draft steps, and a0 = a1 made speculation look cheap where it does
-not pay. Each batch size has its own measurements, its power-of-two bucket's until they suffice (RoundCosts);
-the policy's ratios hold until the bucket's recent speculative rounds spread over K enough to fit a line.
+measured from the rounds the loop ran, each over its whole cycle (start to the next round's start: the forwards,
+the bookkeeping and, on a server, building and sending the responses on the loop's cores). The line a1 + b * K,
+a least-squares fit through the speculative rounds (K >= 1, exponentially weighted), carries it: b includes the
+draft step and the longer verification, both of which grow with the batch, and a1 what a speculative round pays
+beyond its draft steps (the draft's catch-up, the verification, the bookkeeping), which a target-only round does
+not. Round time is not quite linear in K (a (K+1)-token verification whose length suits the CPU's matrix kernels
+costs less than its neighbours), so each K's own recent rounds pull its cost from the line toward their average,
+weighted n / (n + prior_rounds). The unit, a0, is the target-only rounds' average (a1 / policy.verify_cost_ratio
+before one ran); a loop whose requests all draft runs a target-only round at a batch size's first timed round
+and every few speculative rounds until it has measured a few (``RoundCosts.unit_due``). Where the rounds ran one
+K only (a server whose requests all leave K to it), no line fits; the line through the unit, a0 + c * K, then
+prices every K from the unit and that K's rounds, so a batch size met for the first time (a jump in load) has
+measured costs after two timed rounds and falls back to target-only where drafting does not pay. Each batch size
+has its own measurements, its power-of-two bucket's until they suffice (RoundCosts); the policy's ratios hold
+until anything is measured. docs/adaptive-k.md has the whole account.
 """
 
 from __future__ import annotations

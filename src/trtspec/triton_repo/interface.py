@@ -61,6 +61,15 @@ CLIENT_INPUTS = {
     "pad_id": "TYPE_INT32",
     "stop_words": "TYPE_STRING",
     "return_perf_metrics": "TYPE_BOOL",
+    # Upstream's inputs that its own clients send by default (README curl: bad_words ""; end_to_end_grpc_client.py:
+    # beam_width, exclude_input_in_output; genai-perf: min_length, which upstream renamed min_tokens), declared
+    # so Triton does not refuse those requests by name. exclude_input_in_output is honoured; the others are
+    # accepted at values that change nothing and refused otherwise (request.parse_request).
+    "exclude_input_in_output": "TYPE_BOOL",
+    "beam_width": "TYPE_INT32",
+    "bad_words": "TYPE_STRING",
+    "min_length": "TYPE_INT32",
+    "min_tokens": "TYPE_INT32",
 }
 CLIENT_OUTPUTS = {
     "text_output": "TYPE_STRING",

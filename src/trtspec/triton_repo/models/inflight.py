@@ -21,7 +21,7 @@ import itertools
 import json
 import queue
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +38,7 @@ from trtspec.triton_repo.models.request import (
     k_policy_from_parameters,
     parse_request,
     to_job,
+    whole_answer,
 )
 from trtspec.triton_repo.models.text import TextCodec
 
@@ -46,10 +47,11 @@ class Reply:
     """One request's answer from the loop's events, as (text, ids, final) responses (pure, no Triton calls).
 
     Streamed: one response per round that completes text (its ids: the tokens since the last response), then an
-    empty final one. Not streamed: one final response with the whole text and every id."""
+    empty final one. Not streamed: one final response with the whole text and every id (after the ``prompt``'s
+    where the request asks: request.whole_answer)."""
 
-    def __init__(self, req: GenerationRequest, codec: TextCodec):
-        self.req, self.decode = req, codec.decode
+    def __init__(self, req: GenerationRequest, codec: TextCodec, prompt: Sequence[int]):
+        self.req, self.decode, self.prompt = req, codec.decode, prompt
         self.decoder = codec.stream_decoder() if req.stream else None
         self.ids: list[int] = []  # not streamed: every id; streamed: the ids not sent yet
         # A final response went out early (an error, a failed send): the request's later events send nothing.
@@ -58,7 +60,9 @@ class Reply:
     def update(self, event: RowEvent) -> list[tuple[str, list[int], bool]]:
         self.ids += event.new_tokens
         if self.decoder is None:
-            return [(self.decode(self.ids), self.ids, True)] if event.finished else []
+            if not event.finished:
+                return []
+            return [(*whole_answer(self.req, self.prompt, self.decode(self.ids), self.ids), True)]
         out = []
         piece = self.decoder.push(event.new_tokens, event.finished)
         if piece:
@@ -271,7 +275,7 @@ class TritonPythonModel:
                 "stream=true needs a decoupled orchestrator; deploy with triton.decoupled: true"
             )
         prompt, params, options = to_job(req, self.codec, self.limits)
-        request_id, reply = next(self.ids), Reply(req, self.codec)
+        request_id, reply = next(self.ids), Reply(req, self.codec, prompt)
         cancelled = io.cancel_check(sender if self.decoupled else request)
 
         def sink(event: RowEvent) -> None:  # on the loop's thread

@@ -37,6 +37,7 @@ from trtspec.triton_repo.models.request import (
     k_policy_from_parameters,
     parse_request,
     to_job,
+    whole_answer,
 )
 from trtspec.triton_repo.models.text import TextCodec, to_word_list
 from trtspec.triton_repo.models.triton_io import CANCEL_POLL_S, cancel_check  # noqa: F401 - used and re-exported
@@ -305,8 +306,8 @@ class Orchestrator:
     def _whole(
         self, req: GenerationRequest, cancelled=lambda: False
     ) -> tuple[str, list[int], AcceptanceStats]:
-        """The complete answer of a non-streaming request: (text, generated ids, stats); what was generated when
-        ``cancelled()`` turned true, if it did."""
+        """The complete answer of a non-streaming request: (text, ids, stats), the prompt's first where the request
+        asks (request.whole_answer); what was generated when ``cancelled()`` turned true, if it did."""
         ((text, ids, stats, _),) = self._generate(req, incremental=False, cancelled=cancelled)
         return text, ids, stats
 
@@ -333,7 +334,7 @@ class Orchestrator:
 
     def _generate(self, req: GenerationRequest, incremental: bool, cancelled=lambda: False):
         """Yield (text piece, the round's token ids, stats so far, finished) per verified round; not incremental:
-        one (text, all ids, stats, True) at the end (early if ``cancelled()``)."""
+        one (whole_answer's text and ids, stats, True) at the end (early if ``cancelled()``)."""
         prompt, params, options = to_job(req, self.codec, self.limits)
         rounds = self._rounds(req)
         loop = GenerationLoop(
@@ -353,7 +354,7 @@ class Orchestrator:
             if stats is not None:
                 self.metrics.add(SpecDecodeCounts.of(stats))
         if not incremental:
-            yield self.codec.decode(generated), generated, stats, True
+            yield *whole_answer(req, prompt, self.codec.decode(generated), generated), stats, True
 
 
 def _events(loop: GenerationLoop, cancelled):

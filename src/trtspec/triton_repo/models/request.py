@@ -4,12 +4,14 @@ Pure. The generation settings are parsed into the engines' one SamplingParams, w
 checks of temperature, top_k and top_p; this module checks what only a request has (the inputs' presence and shape,
 max_tokens, K against the repository's max_draft_len, use_draft_logits against the deployment). Every expected
 mistake raises RequestError with one line naming the input, its value and the limit, which the entry model returns
-to the client as an INVALID_ARG error (no traceback).
+to the client as an INVALID_ARG error (no traceback). Upstream's inputs that speculative decoding here cannot honour
+(beam_width, bad_words, min_length / min_tokens) are accepted only where they ask for nothing, so a request is
+never half served.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -62,6 +64,7 @@ class GenerationRequest:
     end_id: int | None = None
     pad_id: int | None = None
     stop_words: tuple[str, ...] = field(default_factory=tuple)
+    exclude_input_in_output: bool = True  # False: a whole answer starts with the prompt (whole_answer)
 
 
 def _scalar(inputs: Mapping, name: str, default=None):
@@ -104,6 +107,30 @@ def _params(inputs: Mapping, max_tokens: int, num_draft_tokens: int | None) -> S
     )
 
 
+def _refuse_what_is_not_served(inputs: Mapping) -> None:
+    """RequestError for a value of upstream's inputs that asks for what speculative decoding here does not do."""
+    beam_width = int(_scalar(inputs, "beam_width", 1))
+    if beam_width != 1:
+        raise RequestError(
+            f"beam_width {beam_width} is not supported: speculative decoding runs one beam (as TensorRT-LLM's "
+            "draft-target); send beam_width 1 or leave it out"
+        )
+    bad_words = _strings(inputs, "bad_words")
+    if bad_words:
+        raise RequestError(
+            f"bad_words {list(bad_words)!r} is not supported: trtspec bans no words; send an empty bad_words "
+            '("") or leave it out'
+        )
+    for name in ("min_length", "min_tokens"):
+        least = int(_scalar(inputs, name, 0))
+        if least > 1:  # 1 is TensorRT-LLM's default, taken as no minimum (docs/triton-models.md)
+            raise RequestError(
+                f"{name} {least} is not supported: trtspec does not enforce a minimum length with speculative "
+                f"decoding; for fixed-length outputs send end_id -1 (no end id then stops the request) with "
+                f"max_tokens {least}"
+            )
+
+
 def parse_request(inputs: Mapping[str, object], limits: Limits) -> GenerationRequest:
     """Validate one request's inputs (name -> numpy array or None when absent)."""
     text = _scalar(inputs, "text_input")
@@ -129,6 +156,7 @@ def parse_request(inputs: Mapping[str, object], limits: Limits) -> GenerationReq
             "use_draft_logits=true needs a repository deployed with speculative.use_draft_logits: true "
             "(its engines gather generation logits); leave it out or send false"
         )
+    _refuse_what_is_not_served(inputs)
     end_id, pad_id = _scalar(inputs, "end_id"), _scalar(inputs, "pad_id")
     return GenerationRequest(
         text=str(text),
@@ -139,7 +167,20 @@ def parse_request(inputs: Mapping[str, object], limits: Limits) -> GenerationReq
         end_id=None if end_id is None else int(end_id),
         pad_id=None if pad_id is None else int(pad_id),
         stop_words=_strings(inputs, "stop_words"),
+        exclude_input_in_output=bool(_scalar(inputs, "exclude_input_in_output", True)),
     )
+
+
+def whole_answer(
+    req: GenerationRequest, prompt: Sequence[int], text: str, ids: Sequence[int]
+) -> tuple[str, list[int]]:
+    """A request's whole (not streamed) text_output and output_ids from its generated ``text`` and ``ids``: with
+    exclude_input_in_output false, the prompt as sent and its ``prompt`` ids come first, as upstream's
+    tensorrt_llm model returns them. Streamed responses never carry the prompt, whatever the flag: TensorRT-LLM
+    streams only new tokens (its excludeInputFromOutput applies to whole results)."""
+    if req.exclude_input_in_output:
+        return text, list(ids)
+    return req.text + text, [*prompt, *ids]
 
 
 def to_job(req: GenerationRequest, codec, limits: Limits) -> tuple[list[int], SamplingParams, dict]:
