@@ -9,6 +9,7 @@ for big pairs on a GPU; the same KV-model class wraps the HF model). Pairs (``--
   qwen2.5     target Qwen2.5-1.5B shapes, draft Qwen2.5-0.5B (both tie embeddings)
   qwen2.5-3b  target Qwen2.5-3B shapes,   draft Qwen2.5-0.5B
   llama3      target Llama-3.1-8B,        draft Llama-3.2-1B (ties embeddings; llama3 rope scaling)
+  demo        the shipped demo pair itself (trained weights, real prompts: the acceptance the demo has)
 
 The Qwen pairs default to a padded-vocabulary target (``--target-vocab 152064``, the row count of Qwen2.5-7B
 and larger; the 1.5B and 3B checkpoints themselves have the draft's 151936): same tokenizer, 128 extra rows.
@@ -141,6 +142,11 @@ PAIRS = {
     "qwen2.5": ("qwen2.5-1.5b", "qwen2.5-0.5b", 152064),
     "qwen2.5-3b": ("qwen2.5-3b", "qwen2.5-0.5b", 152064),
     "llama3": ("llama-3.1-8b", "llama-3.2-1b", None),
+    "demo": (
+        "demo:target",
+        "demo:draft",
+        None,
+    ),  # the shipped, trained demo pair, on tools/bench_engine's prompts
 }
 CLASSES = {"qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "llama": ("LlamaConfig", "LlamaForCausalLM")}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -280,6 +286,15 @@ def load_engine(args, target_shape: str, draft_shape: str, target_vocab: int | N
     from trtspec.engines.models import LeanCausalLM
 
     opts = dict(max_draft_len=max(args.ks), max_seq_len=args.max_seq_len)
+    if args.pair == "demo":
+        from trtspec.recipe import DEMO_DIR
+
+        began = time.perf_counter()
+        engine = SpeculativeEngine.from_pretrained(
+            DEMO_DIR / "target", DEMO_DIR / "draft", device=args.device, dtype=args.dtype,
+            max_batch_size=args.batch, **opts,
+        )  # fmt: skip
+        return engine, time.perf_counter() - began
     seeds = {"target": 1, "draft": 2}
     configs = {
         "target": make_config(target_shape, target_vocab, args.max_layers),
@@ -428,6 +443,34 @@ def print_table(runs: dict[int, Run]) -> None:
         )
 
 
+def print_bounds(runs: dict[int, Run]) -> None:
+    """Where the gap to the analytic bound goes. In units of K=0's round (one target step + its bookkeeping):
+    c = one draft step (the draft's forwards per round / K, catch-up included), v = the (K+1)-token verification
+    (the target's forwards per round), o = the rest of the round beyond K=0's. The analytic bound (core.metrics,
+    what bench reports) is tokens per round / (1 + K c): a verification as cheap as one step, no extra rest; the
+    measured round is v + K c + o, so achieved = tokens per round / (v + K c + o)."""
+    base = runs.get(0)
+    if base is None:
+        return
+    unit = base.seconds / base.rounds
+    print(
+        f"{'K':>2} {'c':>5} {'v':>5} {'o':>5} | {'bound':>6} {'speedup':>7} {'of bound':>8} | {'bound at v':>10}"
+    )
+    for k, run in runs.items():
+        if k == 0:
+            continue
+        per_round = {p: run.parts[p] / run.rounds / unit for p in Split.PARTS}
+        c, v = per_round["draft"] / k, per_round["target"]
+        o = run.seconds / run.rounds / unit - v - k * c
+        tokens = run.tokens / run.rounds
+        bound, speedup = tokens / (1 + k * c), run.tokens_per_s / base.tokens_per_s
+        print(
+            f"{k:2d} {c:5.3f} {v:5.2f} {o:5.2f} | {bound:6.2f} {speedup:6.2f}x {speedup / bound:8.1%} | "
+            f"{tokens / (v + k * c):10.2f}"
+        )
+    print("(bound at v: the bound with the measured verification; the rest, o, is all that separates it)\n")
+
+
 def median_runs(all_runs: dict[int, list[Run]]) -> dict[int, Run]:
     """Per K, the run with the median tokens/s (its own split, so the parts add up)."""
     chosen = {}
@@ -548,6 +591,10 @@ def run_all(engine, args, load_s: float) -> dict[int, list[Run]]:
     prompts = [
         torch.randint(0, vocab, (args.prompt_len,), generator=generator).tolist() for _ in range(args.batch)
     ]
+    if args.pair == "demo":  # real text: the demo pair's own acceptance
+        from bench_engine import PROMPTS
+
+        prompts = [engine.tokenizer(PROMPTS[b % len(PROMPTS)])["input_ids"] for b in range(args.batch)]
     log(f"[2/3] warm-up (loaded in {load_s:.0f} s)")
     for k in args.ks:  # long enough for the allocator and kernel choices to settle (GPU first runs are slow)
         generate_once(engine, prompts, k, min(args.max_new_tokens, 16), args.device, args.temperature)
@@ -579,7 +626,7 @@ def main(argv=None) -> None:
     print(
         f"\npair {args.pair}: target {target_shape} vocab {engine.target.vocab_size}, draft {draft_shape} vocab "
         f"{engine.draft.vocab_size}; {args.device} {args.dtype}, threads {torch.get_num_threads()}, "
-        f"weights {args.weights}, build {args.build}; batch {args.batch}, prompt {args.prompt_len} + "
+        f"weights {'trained' if args.pair == 'demo' else args.weights}, build {args.build}; batch {args.batch}, prompt {args.prompt_len} + "
         f"{args.max_new_tokens} new tokens, {sampling}, max_seq_len {args.max_seq_len}; median of {args.repeats} "
         "(tokens/s of every repeat: "
         + ", ".join(
@@ -589,6 +636,7 @@ def main(argv=None) -> None:
     )
     print_table(median_runs(all_runs))
     print("(non-fwd = sampling + bookkeeping: everything but the two models' forwards; goal <= 5%)\n")
+    print_bounds(median_runs(all_runs))
     memory_report(engine, args.device, meter, before)
 
 
