@@ -413,3 +413,18 @@ def test_a_padded_vocabulary_drafts_ids_are_mapped_and_its_logits_padded_to_the_
     assert sent["draft_prefix"] == [1, 40, 335, 41] and rows[0].tokens[2] == 340
     assert sent["logits"].shape == (3, 352) and torch.isinf(sent["logits"][:, 336:]).all()
     assert out.tokens == [5, 5, 5, 6] and out.num_accepted == 3
+
+
+def test_a_failed_draft_ahead_is_a_miss_and_the_next_round_drafts_afresh():
+    """The orchestrator answers a failed draft-ahead call with no draft ([]): the round keeps its verified tokens and
+    the next round calls the draft as usual."""
+    rec = Recorder("same_as_target")
+
+    def together_failing_ahead(first, second):
+        rec.together_calls += 1
+        return first(), []
+
+    rounds = _speculate([4, 9, 12], rec.draft, rec.target, max_tokens=12, draft_ahead=lambda: True,
+                        together=together_failing_ahead, first_token_alone=True)  # fmt: skip
+    assert [t for r in rounds for t in r.new_tokens] == toy_greedy([4, 9, 12], 12)
+    assert rec.together_calls > 0 and all(k <= 3 for _, k, _ in rec.draft_calls)  # every draft is a fresh one

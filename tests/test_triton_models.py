@@ -476,7 +476,7 @@ def test_orchestrator_runs_draft_ahead_beside_verification_and_only_for_a_lone_r
 
     warnings = []
     monkeypatch.setattr(orchestrator.io, "log_warning", warnings.append)
-    assert model._together(lambda: [5], failing_draft) == ([5], ([], None))  # a miss, not a failed request
+    assert model._together(lambda: [5], failing_draft) == ([5], [])  # a miss, not a failed request
     assert len(warnings) == 1 and "out of slots" in warnings[0]
     with model._counted():
         assert model._alone()

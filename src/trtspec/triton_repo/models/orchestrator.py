@@ -242,7 +242,7 @@ class Orchestrator:
     def _together(self, verify, draft_ahead):
         """(verify(), draft_ahead()) with draft_ahead() on a pool thread (BLS calls release the GIL); both are
         finished before this returns or raises. The guess is optional: a failed draft-ahead call is logged and
-        answered as a miss ([], None), not as a failed request."""
+        answered as a miss (no draft), not as a failed request."""
         future = self.pool.submit(draft_ahead)
         try:
             result = verify()
@@ -253,7 +253,7 @@ class Orchestrator:
             return result, future.result()
         except io.BlsError as err:
             io.log_warning(f"draft-ahead call failed; the next round drafts as usual: {err}")
-            return result, ([], None)
+            return result, []
 
     def _respond_once(self, request):
         try:
