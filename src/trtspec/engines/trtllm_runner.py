@@ -10,7 +10,7 @@
 The same API as the PyTorch ``SpeculativeEngine`` (``GenerationResult`` / ``StreamEvent``, ``max_draft_len``,
 ``max_batch_size``), so ``validate.systems.EngineSystem(runner, name=...)`` drives it unchanged; like it, a batch is
 one run of the one generation loop (engines/loop.py: stops, stats, adaptive K for requests that pin no
-num_draft_tokens), and this module supplies the round only (``TrtllmRounds``).
+num_draft_tokens), and this module supplies the engine calls only.
 
 The round is engines/engine_calls.py's (the one every engine-call runtime runs); this module is its adapter over
 TensorRT-LLM's C++ runner (``TrtllmCalls``), mirroring upstream's draft-target runner, ``run_dtm_pld`` in
