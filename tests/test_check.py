@@ -435,3 +435,33 @@ def test_parameters_are_counted_alike_from_safetensors_and_bin_checkpoints(
     with pytest.raises(ModelError, match="holds a list, not a state dict"):
         count_parameters(bins)
     assert count_parameters(tmp_path) is None  # no weight files
+
+
+@pytest.mark.parametrize(
+    ("units", "fragment"),
+    [
+        (("avx512_bf16", "amx_bf16"), "this CPU has bf16 matrix units (avx512_bf16, amx_bf16)"),
+        ((), "this CPU has no bf16 matrix units (no avx512_bf16 or amx_bf16)"),
+        (None, "bf16 matrix units unknown"),
+    ],
+)
+def test_check_names_the_cpu_dtype_and_the_bf16_units(tiny_pair, units, fragment):
+    """One line: the dtype the torch runtime runs on CPU, and whether this CPU multiplies bfloat16 natively."""
+    from triton_server import tiny_recipe
+
+    from trtspec.builders.preflight import check_cpu_dtype
+
+    (result,) = check_cpu_dtype(tiny_recipe(tiny_pair), units)
+    assert result.status == "pass" and result.message.startswith("the torch runtime runs float32 on this CPU")
+    assert fragment in result.message
+    (pinned,) = check_cpu_dtype(tiny_recipe(tiny_pair, torch_dtype="bfloat16"), units)
+    assert pinned.details["dtype"] == "bfloat16"
+    assert check_cpu_dtype(tiny_recipe(tiny_pair, runtime="tensorrtllm"), units) == []
+    assert check_cpu_dtype(tiny_recipe(tiny_pair, device="cuda"), units) == []
+
+
+def test_cpu_bf16_units_reads_the_cpu_flags():
+    from trtspec.builders.environment import BF16_MATRIX_FLAGS, cpu_bf16_units
+
+    units = cpu_bf16_units()
+    assert units is None or set(units) <= set(BF16_MATRIX_FLAGS)

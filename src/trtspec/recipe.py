@@ -56,6 +56,11 @@ def resolve_model_path(value: str | Path, base_dir: Path) -> Path:
 class ModelSpec(_Strict):
     """One model of the pair (target or draft)."""
 
+    # Before ``model``: its check reads this (pydantic validates fields in order). Excluded from dumps, so it is
+    # no part of the recipe's digest: how a folder is fetched does not change what is built from it.
+    fetch: str | None = Field(
+        None, exclude=True, description="the command that writes a missing model folder, named in the error"
+    )
     model: Path = Field(
         strict=False,  # a YAML string
         description="Hugging Face model directory (config.json, weights, tokenizer) or demo:NAME",
@@ -76,7 +81,9 @@ class ModelSpec(_Strict):
         base = Path((info.context or {}).get("base_dir", "."))
         path = resolve_model_path(value, base)
         if (info.context or {}).get("check_paths", True) and not path.is_dir():
-            raise ValueError(f"model directory {path} does not exist; point it at a Hugging Face checkpoint")
+            fetch = info.data.get("fetch")
+            hint = f"run `{fetch}`" if fetch else "point it at a Hugging Face checkpoint"
+            raise ValueError(f"model directory {path} does not exist; {hint}")
         return path
 
     @field_validator("gpu_ids")

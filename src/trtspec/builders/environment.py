@@ -98,3 +98,21 @@ def available_bytes(place: str) -> int | None:
     except OSError:
         pass
     return None
+
+
+# /proc/cpuinfo flags of the units that multiply bfloat16 matrices natively (AVX-512 BF16 dot products, AMX tiles);
+# without them torch emulates bfloat16 matmuls on CPU, slower than float32.
+BF16_MATRIX_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_bf16_units() -> tuple[str, ...] | None:
+    """The BF16_MATRIX_FLAGS this CPU has (Linux /proc/cpuinfo), or None where that file cannot be read."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    flags = set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            flags.update(line.partition(":")[2].split())
+    return tuple(flag for flag in BF16_MATRIX_FLAGS if flag in flags)

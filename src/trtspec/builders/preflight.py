@@ -16,7 +16,7 @@ from trtspec.builders.preflight_llmapi import check_llmapi_adaptive, llmapi_runt
 from trtspec.core.checks import CheckResult
 from trtspec.core.tokenizers import check_tokenizers
 from trtspec.core.vocab import padded_vocab_size, vocab_pair_problem, vocab_rows
-from trtspec.recipe import ModelSpec, Recipe
+from trtspec.recipe import ModelSpec, Recipe, torch_runtime_dtype
 
 MAX_DRAFT_LEN_WARN = 10
 DRAFT_RATIO_WARN = 0.2  # draft/target parameters above this rarely pay for the draft's own cost
@@ -275,6 +275,23 @@ def check_conversion(recipe: Recipe, versions: dict[str, str | None] | None = No
     return [CheckResult("conversion", "pass", f"ModelOpt conversion on {found}")]
 
 
+def check_cpu_dtype(recipe: Recipe, bf16_units: tuple[str, ...] | None) -> list[CheckResult]:
+    """The dtype the torch runtime runs on CPU, beside whether this CPU multiplies bfloat16 natively (``bf16_units``:
+    environment.cpu_bf16_units), so a user can tell whether triton.torch_dtype bfloat16 would pay here."""
+    triton = recipe.triton
+    if triton.runtime != "torch" or triton.device != "cpu":
+        return []
+    dtype = torch_runtime_dtype(triton, recipe.target)
+    if bf16_units is None:
+        units = "bf16 matrix units unknown (no /proc/cpuinfo)"
+    elif bf16_units:
+        units = f"this CPU has bf16 matrix units ({', '.join(bf16_units)})"
+    else:
+        units = f"this CPU has no bf16 matrix units (no {' or '.join(environment.BF16_MATRIX_FLAGS)})"
+    message = f"the torch runtime runs {dtype} on this CPU (triton.torch_dtype {triton.torch_dtype}); {units}"
+    return [CheckResult("cpu dtype", "pass", message, {"dtype": dtype, "bf16_units": bf16_units})]
+
+
 # What concerns TensorRT-LLM engines only (its draft-target support matrix, GPU memory, the installed
 # TensorRT-LLM, the tensorrtllm runtime's options): the torch runtime loads the Hugging Face checkpoints itself,
 # in any dtype, on CPU too.
@@ -307,5 +324,6 @@ def run_checks(
         *check_fast_logits(recipe),
         *check_kv_cache(recipe),
         *check_conversion(recipe),
+        *check_cpu_dtype(recipe, environment.cpu_bf16_units()),
     ]
     return CheckReport(recipe.name, results, memory)

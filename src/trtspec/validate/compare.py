@@ -59,3 +59,52 @@ def exact_match_rate(comparisons: Sequence[Comparison]) -> float:
 
 def mean_agreement(comparisons: Sequence[Comparison]) -> float:
     return sum(c.token_agreement for c in comparisons) / len(comparisons) if comparisons else 0.0
+
+
+# The largest change of the reference's top-1 minus top-2 logit gap between a one-token decode and a five-token
+# verification of the same positions, measured on SmolLM2-135M-Instruct chat outputs on CPU (bfloat16 0.375, float16
+# 0.047, float32 below 1e-4) and rounded up: a divergence where the reference's margin is at most this can be the
+# dtype's rounding; above it, the speculative path computed something else (docs/exactness.md).
+NEAR_TIE_LOGITS = {"float32": 1e-3, "float16": 0.0625, "bfloat16": 0.5}
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where a candidate first leaves the reference, and how close the reference's own choice was there.
+
+    ``margin`` is the reference model's top-1 minus top-2 logit at ``index`` (given the prompt and the reference's
+    tokens before it), in ``dtype``; a token id is None where that sequence had already ended."""
+
+    index: int
+    reference_token: int | None
+    candidate_token: int | None
+    margin: float
+    dtype: str
+
+    @property
+    def near_tie_bound(self) -> float:
+        return NEAR_TIE_LOGITS.get(self.dtype, 0.0)
+
+    @property
+    def near_tie(self) -> bool:
+        """True: the dtype's rounding can explain the divergence; False: it cannot, so something differs."""
+        return self.margin <= self.near_tie_bound
+
+    def describe(self) -> str:
+        verdict = (
+            f"within {self.dtype}'s near-tie bound {self.near_tie_bound:g}: rounding can explain it"
+            if self.near_tie
+            else f"above {self.dtype}'s near-tie bound {self.near_tie_bound:g}: rounding cannot explain it"
+        )
+        return (
+            f"first divergence at token {self.index} (reference {self.reference_token}, got "
+            f"{self.candidate_token}); the reference's top-1 minus top-2 logit there is {self.margin:.4g}, "
+            f"{verdict} (docs/exactness.md)"
+        )
+
+    def to_dict(self) -> dict:
+        return asdict(self) | {"near_tie_bound": self.near_tie_bound, "near_tie": self.near_tie}
+
+
+def token_at(tokens: Sequence[int], index: int) -> int | None:
+    return tokens[index] if index < len(tokens) else None

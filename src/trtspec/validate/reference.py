@@ -40,12 +40,27 @@ class HFReference:
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
         """Greedy continuation of one prompt: at most ``max_new_tokens`` ids (prompt excluded)."""
+        output = self._generate(prompt_ids, max_new_tokens)  # [1, T + new]
+        return output[0, len(prompt_ids) :].tolist()
+
+    @property
+    def dtype(self) -> str:
+        return str(self.model.dtype).removeprefix("torch.")
+
+    def margin(self, prompt_ids: list[int], index: int) -> float:
+        """The reference's top-1 minus top-2 logit at its generated token ``index``: how near a tie its greedy
+        choice there was. The logits are those of the same ``generate`` run, so the margin is the one it acted on."""
+        output = self._generate(prompt_ids, index + 1, output_logits=True, return_dict_in_generate=True)
+        top = output.logits[index][0].float().topk(2).values  # logits: one [1, vocab] per generated token
+        return float(top[0] - top[1])
+
+    def _generate(self, prompt_ids: list[int], max_new_tokens: int, **extra):
         import torch
 
         input_ids = torch.tensor([prompt_ids], device=self.model.device)  # [1, T]
         pad = self.tokenizer.pad_token_id
         with torch.inference_mode():
-            output = self.model.generate(
+            return self.model.generate(
                 input_ids,
                 attention_mask=torch.ones_like(input_ids),
                 do_sample=False,
@@ -56,5 +71,5 @@ class HFReference:
                 temperature=None,
                 top_p=None,
                 top_k=None,
-            )  # [1, T + new]
-        return output[0, input_ids.shape[1] :].tolist()
+                **extra,
+            )

@@ -21,6 +21,7 @@ def outcome_to_dict(o: PromptOutcome) -> dict:
         "prompt_set": o.prompt.prompt_set,
         "vs_reference": o.vs_reference.to_dict(),
         "control": None if o.control is None else o.control.to_dict(),
+        "divergence": None if o.divergence is None else o.divergence.to_dict(),
         "acceptance_rate": stats.acceptance_rate if stats else None,
         "mean_accepted_length": _mean_accepted_length(stats) if stats else None,
         "generated_tokens": len(o.speculative.token_ids),
@@ -98,6 +99,7 @@ def prompt_row(o: PromptOutcome) -> list[str]:
         o.prompt.id,
         "yes" if o.vs_reference.exact_match else "NO",
         "-" if div is None else str(div),
+        _fmt(o.divergence.margin if o.divergence else None, ".3g"),
         _fmt(o.vs_reference.token_agreement),
         "-" if o.control is None else "yes" if o.control.exact_match else "NO",
         _fmt(d["acceptance_rate"]),
@@ -108,9 +110,10 @@ def prompt_row(o: PromptOutcome) -> list[str]:
 
 # Short headers so the terminal table (trtspec/views.py) fits 80 columns; the Markdown report explains them under
 # its table.
-PROMPT_COLUMNS = ["prompt", "match", "1st div", "agree", "control", "accept", "acc len", "tok/s"]
+PROMPT_COLUMNS = ["prompt", "match", "1st div", "margin", "agree", "control", "accept", "acc len", "tok/s"]
 COLUMN_LEGEND = (
-    "match: exact match vs the HF reference; 1st div: first divergent token index; agree: token agreement; "
+    "match: exact match vs the HF reference; 1st div: first divergent token index; margin: the reference's "
+    "top-1 minus top-2 logit at that token (a near-tie when small, docs/exactness.md); agree: token agreement; "
     "control: speculative == target-only on the same system; accept: acceptance rate; acc len: mean accepted "
     "length (draft tokens per round); tok/s: generated tokens per second (speculative)."
 )

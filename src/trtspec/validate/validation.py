@@ -6,7 +6,9 @@ system's speculative output (num_draft_tokens K; None: adaptive K) and the same 
 a different rounding) and the control, speculative vs target-only on the same system, which must match exactly:
 greedy draft-target decoding emits exactly the target's greedy tokens whatever the draft proposes. A system with
 a fixed K (``fixed_k``: upstream's LLM-API model, whose model.yaml sets it) has no target-only mode: the control
-is then not run (None) and a note says so.
+is then not run (None) and a note says so. Where the speculative output leaves the reference, the reference's logit
+margin at that token is recorded (``Divergence``), so rounding at a near-tie can be told from a bug
+(docs/exactness.md).
 
 ``compare_outputs`` and the ``ValidationResult`` properties are pure; ``run_validation`` does the I/O.
 """
@@ -14,11 +16,18 @@ is then not run (None) and a note says so.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from trtspec.core.metrics import AcceptanceStats, merge_stats
 from trtspec.core.token_rules import comparable
-from trtspec.validate.compare import Comparison, compare, exact_match_rate, mean_agreement
+from trtspec.validate.compare import (
+    Comparison,
+    Divergence,
+    compare,
+    exact_match_rate,
+    mean_agreement,
+    token_at,
+)
 from trtspec.validate.prompts import Prompt
 from trtspec.validate.systems import Generation, Request, SystemUnderTest, encode_prompts, generate_all
 
@@ -33,6 +42,7 @@ class PromptOutcome:
     target_only: Generation | None  # None: the system has a fixed K, no target-only run
     vs_reference: Comparison
     control: Comparison | None
+    divergence: Divergence | None = None  # from the reference, with its logit margin there (run_validation)
 
 
 @dataclass
@@ -137,6 +147,19 @@ def compare_outputs(
     return outcomes
 
 
+def divergence_of(outcome: PromptOutcome, request: Request, reference) -> Divergence | None:
+    """Where the system's output first leaves the reference, with the reference's logit margin there, so rounding
+    at a near-tie can be told from a bug. None when they match, or for ids taken from text (no such position)."""
+    index = outcome.vs_reference.first_divergence
+    if index is None or outcome.speculative.ids_from_text:
+        return None
+    candidate = comparable(outcome.speculative.token_ids, reference.stop_token_ids())
+    margin = reference.margin(request.token_ids, index)
+    return Divergence(
+        index, token_at(outcome.reference, index), token_at(candidate, index), margin, reference.dtype
+    )
+
+
 def warm_up(system: SystemUnderTest, request: Request, params, target_only: bool = True) -> None:
     """One short request in both modes, so the timed runs do not pay first-call costs (allocations, caches)."""
     short = params.with_(max_new_tokens=min(4, params.max_new_tokens))
@@ -185,6 +208,10 @@ def run_validation(
     outcomes = compare_outputs(
         prompts, ref_ids, speculative, target_only, reference.stop_token_ids(), to_text_domain
     )
+    outcomes = [
+        replace(o, divergence=divergence_of(o, r, reference)) for o, r in zip(outcomes, requests, strict=True)
+    ]
+    notes += [f"{o.prompt.id}: {o.divergence.describe()}" for o in outcomes if o.divergence is not None]
     if any(g.ids_from_text for g in speculative):
         notes.append(
             "The system returns text only: its token ids come from tokenising text_output with the target's "
