@@ -70,7 +70,12 @@ def tiny_pair(tmp_path_factory, shared_tokenizer_dir) -> tuple[Path, Path]:
 def fake_trtllm(monkeypatch):
     """Make the tensorrt_llm stand-in importable (here for find_spec, in a child through PYTHONPATH)."""
     monkeypatch.syspath_prepend(str(FAKE_TRTLLM_DIR))
-    for knob in ("FAKE_TRTLLM_VERSION", "FAKE_TRTLLM_DROP_SPECULATIVE", "FAKE_TRTLLM_CRASH"):
+    for knob in (
+        "FAKE_TRTLLM_VERSION",
+        "FAKE_TRTLLM_DROP_SPECULATIVE",
+        "FAKE_TRTLLM_CRASH",
+        "FAKE_TRTLLM_NO_SPACE",
+    ):
         monkeypatch.delenv(knob, raising=False)
     yield monkeypatch
     # modelopt imports tensorrt_llm when it can: drop the stand-in so later tests see a machine without it.

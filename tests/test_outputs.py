@@ -118,6 +118,7 @@ def test_the_command_line_reports_a_refused_path_in_one_line(tiny_pair, tmp_path
 def test_write_file_atomic_sets_the_mode_and_leaves_nothing_on_failure(tmp_path, monkeypatch):
     import stat
 
+    from trtspec.core.errors import NoSpaceError
     from trtspec.outputs import write_file_atomic
 
     script = write_file_atomic(tmp_path / "run.sh", "#!/bin/sh\n", mode=0o755)
@@ -129,7 +130,9 @@ def test_write_file_atomic_sets_the_mode_and_leaves_nothing_on_failure(tmp_path,
         raise OSError(28, "No space left on device", str(dst))
 
     monkeypatch.setattr(os, "replace", refuse)
-    with pytest.raises(OSError):
+    with pytest.raises(
+        NoSpaceError, match=rf"^{report}: the disk is full \(.* free there, this step needs about 3 B\)"
+    ):
         write_file_atomic(report, "new")
     assert report.read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.md", "run.sh"]

@@ -93,7 +93,9 @@ def test_engine_matches_reference_and_control(engine_and_reference):
         # adaptive K may judge this random tiny pair not worth drafting (the engine measured its round costs at
         # K=4 first): exact either way
         assert result.stats.drafted > 0 or k is None
-        assert result.tokens_per_s > 0 and result.target_only_tokens_per_s > 0
+        # 3 prompts x 12 tokens are too few to time (systems.MIN_TIMED_TOKENS): no rate, and a note saying why
+        assert result.tokens_per_s is None and result.target_only_tokens_per_s is None
+        assert result.speed_withheld in result.notes
 
 
 def test_validate_defaults_to_adaptive_k_unless_the_recipe_pins_one(runner, tiny_pair, tmp_path, monkeypatch):

@@ -114,7 +114,8 @@ def test_text_only_system_maps_reference_through_text():
     assert outcomes[0].reference == [7, 8] and outcomes[0].vs_reference.exact_match
 
 
-def test_reports_are_well_formed(tmp_path):
+def test_reports_are_well_formed(tmp_path, monkeypatch):
+    monkeypatch.setattr("trtspec.validate.systems.MIN_TIMED_TOKENS", 1)  # a rate from these few tokens
     result = _result(
         [[1, 2], [5, 6, 7]], [[1, 2], [5, 6, 7]], [[1, 2], [5, 6, 8]], Thresholds(min_exact_match=0.9)
     )

@@ -5,18 +5,27 @@ HF exports, deploy's repository, bench's report): the old folder is moved aside 
 rename. Single files are written whole the same way (``write_file_atomic``: a temp file beside, then a rename).
 For folders a user names with an option (``write_output_dir``): an existing destination is replaced only if it is
 an earlier output of the same kind (it holds ``marker``), never the current folder or one containing it.
+
+A disk that fills up while an output is written is one NoSpaceError naming the output, the space left and the
+space the step needs (``need_bytes``, the writer's estimate), after the partial output is removed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from trtspec.core.errors import OutputError
+from trtspec.core.errors import NoSpaceError, OutputError
+
+# A full disk or a full quota. Writers in C++ or Rust (safetensors) raise their own types and keep only the
+# system's message, so it is matched as text too.
+NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+NO_SPACE_TEXTS = ("No space left on device", "Disk quota exceeded")
 
 
 def check_output_dir(out: Path, marker: str, what: str, option: str) -> Path:
@@ -73,10 +82,11 @@ def temp_sibling(final: Path) -> Path:
 
 
 @contextlib.contextmanager
-def atomic_dir(out_dir: Path, create: bool = True) -> Iterator[Path]:
+def atomic_dir(out_dir: Path, create: bool = True, need_bytes: int | None = None) -> Iterator[Path]:
     """Yield a temp folder beside ``out_dir`` (``create`` False: a path not yet made, for a tool that creates its
     own output folder); on success it replaces ``out_dir``, on any failure (an interrupt included) it is removed,
-    so a half-written folder never exists under ``out_dir``."""
+    so a half-written folder never exists under ``out_dir``. A full disk is a NoSpaceError naming ``out_dir`` and
+    ``need_bytes``, the writer's estimate of the whole output."""
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_sibling(out_dir)
@@ -85,6 +95,12 @@ def atomic_dir(out_dir: Path, create: bool = True) -> Iterator[Path]:
     try:
         yield tmp
         replace_dir(tmp, out_dir)
+    except Exception as err:
+        if not is_disk_full(err):
+            raise
+        written = folder_bytes(tmp)
+        shutil.rmtree(tmp, ignore_errors=True)  # before measuring: its space is free again for the next try
+        raise no_space_error(out_dir, need_bytes or getattr(err, "need_bytes", None), written, err) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -95,21 +111,86 @@ def write_file_atomic(path: Path | str, data: str | bytes, mode: int | None = No
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_sibling(path)
+    payload = data.encode() if isinstance(data, str) else data
     try:
-        tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+        tmp.write_bytes(payload)
         if mode is not None:
             tmp.chmod(mode)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         tmp.unlink(missing_ok=True)
+        if is_disk_full(err):
+            raise no_space_error(path, len(payload), 0, err) from None
         raise
     return path
 
 
-def write_output_dir(out: Path, marker: str, what: str, option: str, fill: Callable[[Path], None]) -> Path:
+def write_output_dir(
+    out: Path,
+    marker: str,
+    what: str,
+    option: str,
+    fill: Callable[[Path], None],
+    need_bytes: int | None = None,
+) -> Path:
     """``fill(tmp)`` writes the folder's files into a temp folder that then replaces ``out``; nothing of it is
-    left behind if ``fill`` or the swap fails."""
+    left behind if ``fill`` or the swap fails. ``need_bytes``: the folder's estimated size, for a full disk's
+    error."""
     target = check_output_dir(out, marker, what, option)
-    with atomic_dir(target) as tmp:
+    with atomic_dir(target, need_bytes=need_bytes) as tmp:
         fill(tmp)
     return target
+
+
+# ---------------------------------------------------------------- a full disk
+
+
+def is_disk_full(err: BaseException | None) -> bool:
+    """Whether ``err``, or an error it was raised from, is a full disk or quota."""
+    for _ in range(8):  # the chain of causes is short; a bound keeps a cycle from looping
+        if err is None:
+            return False
+        if isinstance(err, NoSpaceError) or (isinstance(err, OSError) and err.errno in NO_SPACE_ERRNOS):
+            return True
+        if any(text in str(err) for text in NO_SPACE_TEXTS):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def no_space_error(
+    path: Path, need_bytes: int | None, written_bytes: int = 0, cause: BaseException | None = None
+) -> NoSpaceError:
+    """The one line for a full disk while writing ``path``: the space left there now and what the step needs
+    (``need_bytes``, else at least what it had written when the disk filled)."""
+    free = shutil.disk_usage(_nearest_folder(Path(path))).free
+    need = f"about {format_bytes(need_bytes)}" if need_bytes else f"more than {format_bytes(written_bytes)}"
+    return NoSpaceError(
+        f"{path}: the disk is full ({format_bytes(free)} free there, this step needs {need}); nothing was "
+        "written: free some space or choose another folder",
+        need_bytes,
+        detail=None if cause is None else f"{type(cause).__name__}: {cause}",
+    )
+
+
+def folder_bytes(path: Path | str) -> int:
+    """The size of the files under ``path`` (of ``path`` itself for a file); 0 when it does not exist."""
+    path = Path(path)
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0
+
+
+def format_bytes(size: float) -> str:
+    units = ("B", "KiB", "MiB", "GiB", "TiB")
+    power = 0
+    while size >= 1024 and power < len(units) - 1:
+        size, power = size / 1024, power + 1
+    return f"{size:.0f} B" if power == 0 else f"{size:.1f} {units[power]}"
+
+
+def _nearest_folder(path: Path) -> Path:
+    folder = path if path.is_dir() else path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return folder

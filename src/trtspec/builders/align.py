@@ -36,7 +36,7 @@ from trtspec.builders.align_train import Best, train
 from trtspec.builders.align_work import Clock, WorkDir
 from trtspec.core.errors import CheckFailed, ModelError, OutputError, TrtspecError
 from trtspec.core.model_dir import count_parameters, load_hf_model, load_tokenizer
-from trtspec.outputs import atomic_dir, check_output_dir
+from trtspec.outputs import atomic_dir, check_output_dir, folder_bytes
 from trtspec.recipe import Recipe, load_recipe, recipe_copy
 
 MARKER = "align.json"
@@ -363,7 +363,8 @@ def align_data_eos(recipe: Recipe, tokenizer) -> tuple[int, ...]:
 
 
 def write_output(recipe: Recipe, draft, out: Path, record: dict, report: dict) -> None:
-    with atomic_dir(out) as tmp:
+    # about what it writes: the source draft's folder again, with new weights in the same dtype
+    with atomic_dir(out, need_bytes=folder_bytes(recipe.draft.model)) as tmp:
         write_draft(draft, recipe.draft.model, tmp)
         for name in ("recipe.yaml", MARKER, "report.md", "acceptance.png"):
             if (tmp / name).exists():

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.builders import environment
+from trtspec.builders.export_pipeline import export_bytes
 from trtspec.builders.manifest import FINISH_SCRIPT, MANIFEST, make_manifest, write_plan_files
 from trtspec.builders.plan import ROLES, BuildPlan, make_build_plan, read_checkpoint_config
 from trtspec.builders.stage_cache import (
@@ -42,7 +43,7 @@ from trtspec.builders.stage_cache import (
 )
 from trtspec.core import layout, trtllm
 from trtspec.core.errors import CheckFailed, CheckpointError, NeedsTensorRTLLM, RecipeError
-from trtspec.outputs import replace_dir, temp_sibling
+from trtspec.outputs import folder_bytes, is_disk_full, no_space_error, replace_dir, temp_sibling
 from trtspec.recipe import Recipe
 
 
@@ -133,7 +134,7 @@ def _model_stage(
         return {"recipe": part, "input_hash": tree_hash(spec.model), "summary": summary}
 
     fingerprint = model_stage_fingerprint(recipe, role, subdir)
-    stamp = run_stage(f"{role}.{subdir}", final, fingerprint, work, force)
+    stamp = run_stage(f"{role}.{subdir}", final, fingerprint, work, force, export_bytes(spec))
     if stamp["skipped"]:
         _say(console, f"[bold]{role}[/]: {subdir} up to date, skipped")
     return stamp
@@ -247,9 +248,12 @@ def engine_stages(
             info = result["engines"][role] | {"tensorrt_llm_version": result["tensorrt_llm_version"]}
             seconds = info.get("seconds", round(time.perf_counter() - start, 3))
             stamps[role] = write_stamp(tmp, f"{role}.engine", fingerprint, seconds, info) | {"skipped": False}
-    except BaseException:
+    except BaseException as err:
         for _, _, tmp in pending.values():
             shutil.rmtree(tmp, ignore_errors=True)
+        if is_disk_full(err):  # an engine is about as large as its checkpoint
+            need = sum(folder_bytes(engine.checkpoint_dir) for engine, _, _ in pending.values())
+            raise no_space_error(out_dir, need, cause=err) from None
         raise
     for _, (engine, _, tmp) in pending.items():
         replace_dir(tmp, engine.engine_dir)

@@ -88,6 +88,13 @@ def require_conversion_memory(model_dir: Path, device: str, verify: bool) -> Non
             )
 
 
+def export_bytes(spec: ModelSpec) -> int:
+    """About what an export of ``spec`` writes: its parameters at the precision it is exported in (the disk space a
+    full disk's error asks for)."""
+    precision = support.effective_precision(spec.dtype, spec.quantization)
+    return int((count_parameters(spec.model) or 0) * support.WEIGHT_BYTES[precision])
+
+
 # ---------------------------------------------------------------- quantization
 
 
@@ -191,7 +198,7 @@ def run_export(
     """Load ``spec``'s HF model on ``device``, calibrate and quantize it unless its quantization is none, export
     and check it, all into a temp dir renamed to ``out_dir`` only when nothing raised."""
     stages = Stages(console, label)
-    with atomic_dir(out_dir) as tmp:
+    with atomic_dir(out_dir, need_bytes=export_bytes(spec)) as tmp:
         with stages("load", f"{spec.model} on {device}"):
             tokenizer = load_tokenizer(spec.model, spec.trust_remote_code)
             model = load_source_model(spec.model, device, spec.dtype, spec.trust_remote_code)

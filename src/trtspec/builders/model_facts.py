@@ -1,5 +1,6 @@
-"""What the pre-flight checks need of one model, read once from its directory: config.json, the tokenizer and
-the parameter count from the safetensors headers. The only I/O of ``trtspec check``; the checks are pure over it."""
+"""What the pre-flight checks need of one model, read once from its directory: config.json, the tokenizer, the
+parameter count from the safetensors headers and whether those tensors are the ones the config builds. The only
+I/O of ``trtspec check``; the checks are pure over it."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.core.errors import ModelError
-from trtspec.core.model_dir import count_parameters, load_tokenizer
+from trtspec.core.model_dir import checkpoint_problem, count_parameters, load_tokenizer
 from trtspec.recipe import ModelSpec
 
 
@@ -28,6 +29,8 @@ class ModelFacts:
     tokenizer: Any = field(repr=False)
     # the (text) config.json, for family rules
     config: dict[str, Any] = field(default_factory=dict, repr=False)
+    # why the model would not load (its tensors do not match config.json), one line; None: it loads
+    weights_problem: str | None = None
 
 
 def gather_facts(role: str, spec: ModelSpec) -> ModelFacts:
@@ -65,4 +68,5 @@ def gather_facts(role: str, spec: ModelSpec) -> ModelFacts:
         num_parameters=counted,
         tokenizer=load_tokenizer(path, spec.trust_remote_code),
         config=cfg.to_dict(),
+        weights_problem=checkpoint_problem(path, spec.trust_remote_code, f"the {role}"),
     )

@@ -89,6 +89,15 @@ def check_architecture(facts: ModelFacts, runtime: str, max_seq_len: int = 0) ->
     return CheckResult(name, "fail", problem)
 
 
+def check_weights(facts: ModelFacts) -> CheckResult:
+    """The checkpoint holds exactly the tensors its config.json builds: transformers would fill a missing one with
+    random values and drop an unexpected one, so a draft would silently accept nothing and a target emit garbage."""
+    name = f"{facts.role} weights"
+    if facts.weights_problem:
+        return CheckResult(name, "fail", facts.weights_problem)
+    return CheckResult(name, "pass", "the checkpoint holds every tensor of its config.json's model, and no other")
+
+
 def check_precision(recipe: Recipe) -> CheckResult:
     precisions = {
         role: support.effective_precision(m.dtype, m.quantization) for role, m in recipe.models().items()
@@ -315,6 +324,8 @@ def run_checks(
         check_padded_vocab(target, draft, recipe),
         check_architecture(target, recipe.triton.runtime, recipe.limits.max_seq_len),
         check_architecture(draft, recipe.triton.runtime, recipe.limits.max_seq_len),
+        check_weights(target),
+        check_weights(draft),
         check_precision(recipe),
         *check_limits(recipe, target, draft),
         check_draft_size(target, draft),

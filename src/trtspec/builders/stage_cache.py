@@ -90,13 +90,19 @@ def clean_stale(out_dir: Path) -> list[Path]:
 
 
 def run_stage(
-    name: str, final: Path, fingerprint: str, work: Callable[[Path], dict], force: bool = False
+    name: str,
+    final: Path,
+    fingerprint: str,
+    work: Callable[[Path], dict],
+    force: bool = False,
+    need_bytes: int | None = None,
 ) -> dict[str, Any]:
-    """Run ``work(tmp_dir) -> info`` unless ``final`` is up to date; returns the stamp (+ ``skipped``)."""
+    """Run ``work(tmp_dir) -> info`` unless ``final`` is up to date; returns the stamp (+ ``skipped``).
+    ``need_bytes``: about what the stage writes, for a full disk's error."""
     stamp = None if force else up_to_date(final, fingerprint)
     if stamp is not None:
         return stamp | {"skipped": True}
-    with atomic_dir(final, create=False) as tmp:
+    with atomic_dir(final, create=False, need_bytes=need_bytes) as tmp:
         start = time.perf_counter()
         info = work(tmp)
         if not tmp.is_dir():

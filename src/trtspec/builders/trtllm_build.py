@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -21,9 +22,11 @@ from typing import Any
 from trtspec.builders.plan import EnginePlan, engine_mismatches
 from trtspec.core import trtllm
 from trtspec.core.engine_config import read_engine_config
-from trtspec.core.errors import CheckFailed, NeedsTensorRTLLM
+from trtspec.core.errors import CheckFailed, NeedsTensorRTLLM, NoSpaceError
+from trtspec.outputs import is_disk_full
 
 EXIT_WRONG_VERSION = 10
+EXIT_NO_SPACE = 11
 
 
 def verify_engine(plan: EnginePlan, engine_dir: Path | None = None) -> dict[str, Any]:
@@ -58,8 +61,9 @@ def build_engines(plans: list[EnginePlan], log_path: Path) -> dict[str, Any]:
     """Build ``plans`` (each into its own ``engine_dir``) in a child process, then verify every engine.
 
     Returns {"tensorrt_llm_version": str, "engines": {role: {"seconds": float, "config": read_engine_config}}}.
-    Raises NeedsTensorRTLLM (not installed / wrong version) or CheckFailed (the build failed or the engine does
-    not match its plan). The child's output goes to ``log_path``.
+    Raises NeedsTensorRTLLM (not installed / wrong version), NoSpaceError (the disk filled up; the child removed
+    what it had written) or CheckFailed (the build failed or the engine does not match its plan). The child's
+    output goes to ``log_path``.
     """
     location = trtllm.require_tensorrt_llm()
     log_path = Path(log_path)
@@ -73,6 +77,11 @@ def build_engines(plans: list[EnginePlan], log_path: Path) -> dict[str, Any]:
     result = json.loads(result_path.read_text()) if result_path.is_file() else {}
     if code == EXIT_WRONG_VERSION:
         raise NeedsTensorRTLLM(result.get("error", "wrong tensorrt_llm version"))
+    if code == EXIT_NO_SPACE:
+        raise NoSpaceError(
+            f"the disk filled up while TensorRT-LLM built the engines; see {log_path}",
+            detail=result.get("error"),
+        )
     if code != 0:
         tail = log_path.read_text()[-2000:] if log_path.is_file() else ""
         raise CheckFailed(f"TensorRT-LLM engine build failed (exit {code}); see {log_path}", detail=tail)
@@ -93,12 +102,21 @@ def child_main(job_path: str, result_path: str) -> int:
         result["error"] = problem
         Path(result_path).write_text(json.dumps(result))
         return EXIT_WRONG_VERSION
-    for data in json.loads(Path(job_path).read_text()):
-        plan = EnginePlan.from_dict(data)
-        start = time.perf_counter()
-        print(f"[trtspec] building the {plan.role} engine into {plan.engine_dir}", flush=True)
-        trtllm.build_engine(plan.build_config, plan.checkpoint_dir, plan.engine_dir)
-        result["engines"][plan.role] = {"seconds": round(time.perf_counter() - start, 3)}
+    plans = [EnginePlan.from_dict(data) for data in json.loads(Path(job_path).read_text())]
+    try:
+        for plan in plans:
+            start = time.perf_counter()
+            print(f"[trtspec] building the {plan.role} engine into {plan.engine_dir}", flush=True)
+            trtllm.build_engine(plan.build_config, plan.checkpoint_dir, plan.engine_dir)
+            result["engines"][plan.role] = {"seconds": round(time.perf_counter() - start, 3)}
+    except Exception as err:
+        if not is_disk_full(err):
+            raise
+        for plan in plans:  # first, so the result below has room; the parent removes them anyway
+            shutil.rmtree(plan.engine_dir, ignore_errors=True)
+        result["error"] = f"{type(err).__name__}: {err}"
+        Path(result_path).write_text(json.dumps(result))
+        return EXIT_NO_SPACE
     Path(result_path).write_text(json.dumps(result))
     return 0
 

@@ -58,6 +58,15 @@ class OutputError(TrtspecError):
     """An output path that cannot be written, or whose writing would replace something that is not ours."""
 
 
+class NoSpaceError(OutputError):
+    """The disk filled up while an output was written; the partial output is gone. ``need_bytes``: what the step
+    needs in all, when it can tell (outputs.no_space_error)."""
+
+    def __init__(self, message: str, need_bytes: int | None = None, detail: str | None = None):
+        super().__init__(message, detail)
+        self.need_bytes = need_bytes
+
+
 class CheckFailed(TrtspecError):
     """A pre-flight check, a verification or a threshold failed."""
 

@@ -159,34 +159,38 @@ def count_parameters(model_dir: Path) -> int | None:
 
 
 @contextlib.contextmanager
-def _no_progress_bars():
-    """transformers 5 draws a progress bar on stderr for every local weight load, which would split trtspec's
-    one-line output and errors; trtspec reports its own stages."""
+def _quiet_loading():
+    """transformers' own reports of a load stay off stderr: version 5 draws a progress bar for every local load and
+    prints a table of missing and unexpected tensors, version 4 a paragraph; they would split trtspec's one-line
+    output and errors, and trtspec turns the mismatch into its own one-line error."""
     from transformers.utils import logging as hf_logging
 
-    shown = hf_logging.is_progress_bar_enabled()
+    shown, verbosity = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
     hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
     try:
         yield
     finally:
+        hf_logging.set_verbosity(verbosity)
         if shown:
             hf_logging.enable_progress_bar()
 
 
-def load_hf_model(
-    model_dir: Path | str, dtype: str, trust_remote_code: bool = False, what: str = "the model"
-):
-    """``AutoModelForCausalLM.from_pretrained`` (on CPU) with a one-line ModelError for what a broken or
-    incomplete checkpoint raises (missing or truncated weights, a config transformers cannot read)."""
-    import torch
+def _from_pretrained(model_dir: Path | str, what: str, trust_remote_code: bool, **kwargs):
+    """``AutoModelForCausalLM.from_pretrained`` with its loading info (model, info), or a one-line ModelError for
+    what a broken or incomplete checkpoint raises (truncated weights, a config transformers cannot read)."""
     from transformers import AutoModelForCausalLM
 
-    if dtype not in TORCH_DTYPES:
-        raise ModelError(f"dtype {dtype!r} is not one of {', '.join(TORCH_DTYPES)}")
     try:
-        with _no_progress_bars():
+        with _quiet_loading():
+            # ignore_mismatched_sizes: a tensor of the wrong shape is reported in the info like a missing one,
+            # so the error can name it (transformers' own error names only the module class)
             return AutoModelForCausalLM.from_pretrained(
-                model_dir, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code
+                model_dir,
+                trust_remote_code=trust_remote_code,
+                output_loading_info=True,
+                ignore_mismatched_sizes=True,
+                **kwargs,
             )
     except Exception as err:  # noqa: BLE001 - transformers/safetensors raise many types for a broken checkpoint
         first = (str(err).strip().splitlines() or [""])[0][:200]
@@ -195,6 +199,144 @@ def load_hf_model(
             "are complete",
             detail=repr(err),
         ) from None
+
+
+def load_hf_model(
+    model_dir: Path | str, dtype: str, trust_remote_code: bool = False, what: str = "the model"
+):
+    """The HF causal LM on CPU in ``dtype``; a ModelError for a broken checkpoint or one whose tensors do not
+    match its config (transformers would fill a missing tensor with random values and drop an unexpected one)."""
+    import torch
+
+    if dtype not in TORCH_DTYPES:
+        raise ModelError(f"dtype {dtype!r} is not one of {', '.join(TORCH_DTYPES)}")
+    return _load_checked(Path(model_dir), what, trust_remote_code, dtype=getattr(torch, dtype))
+
+
+def checkpoint_problem(model_dir: Path | str, trust_remote_code: bool = False, what: str = "the model"):
+    """What ``load_hf_model`` would refuse in this checkpoint, as one line, or None: the model is built on the
+    meta device, so only the weight files' headers are read (no tensor data, no memory for the weights)."""
+    try:
+        _load_checked(Path(model_dir), what, trust_remote_code, device_map="meta")
+    except ModelError as err:
+        return err.message
+    return None
+
+
+def _load_checked(model_dir: Path, what: str, trust_remote_code: bool, **kwargs):
+    problem = index_mismatch(model_dir)
+    if problem:
+        raise ModelError(problem)
+    model, info = _from_pretrained(model_dir, what, trust_remote_code, **kwargs)
+    problem = weights_mismatch(model_dir, info, type(model).__name__)
+    if problem:
+        raise ModelError(problem, detail=_info_detail(info))
+    return model
+
+
+def weights_mismatch(model_dir: Path, info: dict, architecture: str) -> str | None:
+    """The first tensor a checkpoint and its config disagree on, as one line naming the weight file that holds it
+    or should hold it; None when they agree.
+
+    ``info`` is from_pretrained's loading info (both transformers 4 and 5): its lists already leave out what is not
+    an error, the tied weights (lm_head under tie_word_embeddings), the non-persistent buffers (rotary inv_freq)
+    and the keys the model class marks as ignorable on load (``_keys_to_ignore_on_load_missing`` /
+    ``_keys_to_ignore_on_load_unexpected``).
+    """
+    # transformers 4 lists mismatched keys, 5 (key, checkpoint shape, model shape) triples
+    mismatched = [k[0] if isinstance(k, tuple) else k for k in info.get("mismatched_keys") or ()]
+    kinds = {
+        "missing": (
+            sorted(info.get("missing_keys") or ()),
+            f"has no tensor {{}}, which {architecture} needs",
+        ),
+        "unexpected": (
+            sorted(info.get("unexpected_keys") or ()),
+            f"holds tensor {{}}, which {architecture} does not have",
+        ),
+        "of the wrong shape": (
+            sorted(mismatched),
+            f"holds tensor {{}} in a shape {architecture} does not expect",
+        ),
+    }
+    for keys, phrase in kinds.values():
+        if keys:
+            counts = {kind: len(names) for kind, (names, _) in kinds.items()}
+            return _mismatch_line(
+                _weight_file(model_dir, keys[0]), phrase.format(keys[0]), counts, "config.json"
+            )
+    return None
+
+
+def index_mismatch(model_dir: Path) -> str | None:
+    """The first tensor a sharded safetensors checkpoint's index and its shards disagree on, as one line naming
+    the shard; None when they agree or the model is not sharded. transformers 4 takes the index's word for which
+    tensors exist, so a tensor the index lists and its shard lacks is left on the meta device without a warning."""
+    from safetensors import safe_open
+
+    index = model_dir / "model.safetensors.index.json"
+    if not index.is_file():
+        return None
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return f"{index}: not a readable weight index ({err}); re-download the model"
+    for shard in sorted(set(weight_map.values())):
+        path = model_dir / shard
+        listed = {name for name, file in weight_map.items() if file == shard}
+        try:
+            with safe_open(path, framework="pt") as handle:
+                held = set(handle.keys())
+        except Exception as err:  # noqa: BLE001 - SafetensorError, OSError: one message for a broken file
+            return f"{path}: not a readable safetensors file ({err}); re-download or re-save the model"
+        missing, unexpected = sorted(listed - held), sorted(held - listed)
+        if missing or unexpected:
+            first = (
+                f"has no tensor {missing[0]}, which {index.name} lists"
+                if missing
+                else f"holds tensor {unexpected[0]}, which {index.name} does not list"
+            )
+            counts = {"missing": len(missing), "unexpected": len(unexpected)}
+            return _mismatch_line(path, first, counts, "their index")
+    return None
+
+
+def _mismatch_line(path: Path, first: str, counts: dict[str, int], against: str) -> str:
+    listed = ", ".join(f"{n} {kind}" for kind, n in counts.items() if n)
+    return (
+        f"{path}: {first} ({listed}); the weights do not match {against}: re-download the model, or re-save it "
+        "with save_pretrained"
+    )
+
+
+def _info_detail(info: dict) -> str:
+    return "\n".join(
+        f"{name}: {sorted(map(str, info.get(name) or ()))}"
+        for name in ("missing_keys", "unexpected_keys", "mismatched_keys")
+    )
+
+
+# The weight index and the single weight file of each format transformers loads, in the order it prefers them.
+_WEIGHT_FILES = (
+    ("model.safetensors.index.json", "model.safetensors"),
+    ("pytorch_model.bin.index.json", "pytorch_model.bin"),
+)
+
+
+def _weight_file(model_dir: Path, tensor: str) -> Path:
+    """The file that holds ``tensor``, or should: the shard the index names, else the index itself when it names
+    none; the single weight file of an unsharded model; the folder when it has neither."""
+    for index_name, single in _WEIGHT_FILES:
+        index = model_dir / index_name
+        if index.is_file():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (OSError, ValueError, KeyError, TypeError):
+                return index
+            return model_dir / weight_map[tensor] if tensor in weight_map else index
+        if (model_dir / single).is_file():
+            return model_dir / single
+    return model_dir
 
 
 def load_source_model(

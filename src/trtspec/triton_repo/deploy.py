@@ -159,19 +159,28 @@ def manifest(recipe: Recipe, runtime: str, models: list[str]) -> dict:
     }
 
 
-def _write_tree(tmp: Path, plans: list[ModelPlan], rendered: dict, info: dict) -> None:
+def repository_files(plans: list[ModelPlan], rendered: dict, info: dict) -> dict[str, str]:
+    """Every file of the repository: its path inside the repository -> its text."""
     from trtspec import __version__
 
+    files = {}
     for plan in plans:
-        model_dir = tmp / plan.name
-        (model_dir / "1").mkdir(parents=True)
-        (model_dir / "config.pbtxt").write_text(rendered[plan.name][0])
+        files[f"{plan.name}/config.pbtxt"] = rendered[plan.name][0]
         if plan.model_module:
-            thin = THIN_MODEL_PY.format(version=__version__, module=plan.model_module)
-            (model_dir / "1" / "model.py").write_text(thin)
+            files[f"{plan.name}/1/model.py"] = THIN_MODEL_PY.format(
+                version=__version__, module=plan.model_module
+            )
         for name, text in plan.version_files:
-            (model_dir / "1" / name).write_text(text)
-    (tmp / MANIFEST).write_text(json.dumps(info, indent=2) + "\n")
+            files[f"{plan.name}/1/{name}"] = text
+    files[MANIFEST] = json.dumps(info, indent=2) + "\n"
+    return files
+
+
+def _write_tree(tmp: Path, plans: list[ModelPlan], files: dict[str, str]) -> None:
+    for plan in plans:  # every model has a version folder, files or not
+        (tmp / plan.name / "1").mkdir(parents=True)
+    for path, text in files.items():
+        (tmp / path).write_text(text)
 
 
 def plan_and_render(
@@ -222,7 +231,13 @@ def deploy(
         engine_dirs = default_engine_dirs(recipe, engines_dir)
     plans, rendered = plan_and_render(recipe, runtime, engine_dirs, model_dirs, engines_dir)
     info = manifest(recipe, runtime, [p.name for p in plans])
+    files = repository_files(plans, rendered, info)
     write_output_dir(
-        out, MANIFEST, "a trtspec repository", "--out", lambda tmp: _write_tree(tmp, plans, rendered, info)
+        out,
+        MANIFEST,
+        "a trtspec repository",
+        "--out",
+        lambda tmp: _write_tree(tmp, plans, files),
+        need_bytes=sum(len(text.encode()) for text in files.values()),
     )
     return DeployResult(repo=out, runtime=runtime, models=[p.name for p in plans], manifest=info)

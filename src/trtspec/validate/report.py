@@ -71,7 +71,7 @@ def validation_to_dict(result: ValidationResult) -> dict:
             "tokens_per_s": result.tokens_per_s,
             "target_only_tokens_per_s": result.target_only_tokens_per_s,
             "speedup": result.tokens_per_s / result.target_only_tokens_per_s
-            if result.target_only_tokens_per_s
+            if result.tokens_per_s and result.target_only_tokens_per_s
             else None,
         },
         "sets": set_summaries(result),

@@ -69,6 +69,23 @@ class SystemUnderTest(Protocol):
     def close(self) -> None: ...
 
 
+# A run that times fewer generated tokens than this reports a tokens/s made mostly of its prompt's prefill and of
+# per-call overhead, which one scheduler hiccup moves by tens of percent: no speed is reported for it. (The
+# untimed warm-up before a timed run takes its first-call costs, allocations and caches, out of the timing.)
+MIN_TIMED_TOKENS = 64
+
+
+def speed_withheld(timed_tokens: int) -> str | None:
+    """Why a timed run's tokens/s is not reported (too few tokens timed), or None when it is."""
+    if timed_tokens >= MIN_TIMED_TOKENS:
+        return None
+    return (
+        f"tokens/s and speedup are not reported: the timed run generated {timed_tokens} tokens, fewer than the "
+        f"{MIN_TIMED_TOKENS} a rate needs to mean anything (it would be mostly prefill and per-call overhead); "
+        "time more prompts or a larger --max-tokens"
+    )
+
+
 def generate_all(
     system: SystemUnderTest, requests: list[Request], params: SamplingParams
 ) -> tuple[list[Generation], float]:

@@ -29,7 +29,14 @@ from trtspec.validate.compare import (
     token_at,
 )
 from trtspec.validate.prompts import Prompt
-from trtspec.validate.systems import Generation, Request, SystemUnderTest, encode_prompts, generate_all
+from trtspec.validate.systems import (
+    Generation,
+    Request,
+    SystemUnderTest,
+    encode_prompts,
+    generate_all,
+    speed_withheld,
+)
 
 
 @dataclass
@@ -83,12 +90,22 @@ class ValidationResult:
         return merge_stats([o.speculative.stats for o in self.outcomes if o.speculative.stats is not None])
 
     @property
-    def tokens_per_s(self) -> float:
+    def speed_withheld(self) -> str | None:
+        """Why no tokens/s is reported (a timed run of too few tokens, systems.speed_withheld), or None."""
+        runs = [[o.speculative for o in self.outcomes]]
+        if all(o.target_only is not None for o in self.outcomes):
+            runs.append([o.target_only for o in self.outcomes])
+        return speed_withheld(min(sum(len(g.token_ids) for g in run) for run in runs))
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        if self.speed_withheld:
+            return None
         return _rate(sum(len(o.speculative.token_ids) for o in self.outcomes), self.speculative_wall_s)
 
     @property
     def target_only_tokens_per_s(self) -> float | None:
-        if any(o.target_only is None for o in self.outcomes):
+        if self.speed_withheld or any(o.target_only is None for o in self.outcomes):
             return None
         return _rate(sum(len(o.target_only.token_ids) for o in self.outcomes), self.target_only_wall_s)
 
@@ -217,7 +234,7 @@ def run_validation(
             "The system returns text only: its token ids come from tokenising text_output with the target's "
             "tokenizer, and the reference is detokenised and retokenised the same way before comparing."
         )
-    return ValidationResult(
+    result = ValidationResult(
         system.name,
         num_draft_tokens,
         max_new_tokens,
@@ -227,3 +244,6 @@ def run_validation(
         thresholds or Thresholds(),
         notes,
     )
+    if result.speed_withheld:
+        result.notes.append(result.speed_withheld)
+    return result

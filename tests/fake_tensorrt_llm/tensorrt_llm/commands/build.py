@@ -1,6 +1,7 @@
 """Stand-in of tensorrt_llm/commands/build.py: build_model, build_and_save, parallel_build (sequential, no MPI)."""
 
 import copy
+import errno
 import os
 
 from ..builder import build
@@ -42,6 +43,11 @@ def build_and_save(
         with open(os.path.join(output_dir, f"rank{rank}.engine"), "wb") as f:
             f.write(b"half")
         raise RuntimeError("fake TensorRT-LLM crash in the middle of an engine build")
+    if os.environ.get("FAKE_TRTLLM_NO_SPACE") == "1":
+        os.makedirs(output_dir, exist_ok=True)
+        with open(os.path.join(output_dir, f"rank{rank}.engine"), "wb") as f:
+            f.write(b"half")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.path.join(output_dir, f"rank{rank}.engine"))
     engine.save(output_dir)
     return True
 
