@@ -201,9 +201,11 @@ def test_round_costs_per_k_in_target_only_rounds():
     costs.record(7, 0, 0.040)
     assert costs.costs(7, 2) == pytest.approx([1.0, 1.8, 2.4])  # its own
     assert costs.costs(5, 2) == pytest.approx([1.0, 1.5, 1.8])  # batch 5 keeps its own
-    for k in (0, 0, 0, 2):  # target-only rounds but a single K: no line of its own, so still the bucket's
+    # batch 6: target-only rounds and a single K, so no line of its own; its line through the unit (30 ms + 10 ms
+    # per K) prices it before the bucket's line does (that line is other batch sizes' rounds)
+    for k in (0, 0, 0, 2):
         costs.record(6, k, 0.030 if k == 0 else 0.050)
-    assert costs.costs(6, 2) == costs.costs(4, 2) != costs.costs(5, 2)
+    assert costs.costs(6, 2) == pytest.approx([1.0, 40 / 30, 50 / 30]) != costs.costs(4, 2)
     noisy = RoundCosts(policy, decay=0.0)
     noisy.record(2, 1, 0.02)
     noisy.record(2, 4, 0.01)  # more draft tokens, less time: noise, not a cost
@@ -420,3 +422,28 @@ def test_served_adaptive_k_falls_back_to_target_only_where_it_is_cheaper_and_spe
     assert costs[1] == pytest.approx(2.0, rel=0.05)  # what a draft token costs at 16 rows: one target step
     again = serve(1, 400)
     assert drafting(again) > 0.9
+
+
+def test_a_round_with_another_groups_prefill_is_not_charged_to_the_timed_batch():
+    """A greedy request runs; a sampled one (another sampling group) joins and is prefilled in the same round: that
+    round's time holds the prompt and a second batch, so it is recorded for no batch size; the rounds around it
+    are."""
+    from trtspec.engines.loop import GenerationLoop
+
+    rounds, policy = PricedRounds(), KPolicy()
+    state = AdaptiveState(policy, clock=lambda: rounds.now)
+    recorded = []
+    state.costs.record = lambda batch, k, seconds: recorded.append((batch, k, round(seconds, 6)))
+    loop = GenerationLoop(rounds, max_seq_len=10_000, k_policy=policy, adaptive=state)
+    loop.add("greedy", [1, 2, 3], SamplingParams(max_new_tokens=200))
+    for _ in range(4):
+        loop.step()
+    before = len(recorded)
+    loop.add("sampled", [4, 5], SamplingParams(max_new_tokens=200, temperature=0.8, seed=1))
+    loop.step()  # the joining round: two batches, one of them a prefill (its start closes the round before)
+    loop.step()  # two batches again
+    loop.step()
+    assert len(recorded) == before + 1  # the round before the joining one; none of the two-batch rounds
+    assert all(seconds == pytest.approx(rounds.cost(b, k)) for b, k, seconds in recorded)
+    loop.fail_all("stop")  # a failed round leaves nothing pending for the next loop on this state
+    assert state.costs._pending is None

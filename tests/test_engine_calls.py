@@ -260,7 +260,7 @@ def test_draft_ahead_replaces_the_next_draft_call_when_the_draft_and_its_bonus_g
     rounds = _ahead_run(rec)
     assert [t for r in rounds for t in r.new_tokens] == toy_greedy([4, 9, 12], 12)
     # round 0 (the prefill) drafts nothing ahead (it would slow the first token); round 1 drafts K = 3 itself and
-    # K + 1 = 4 ahead for round 2 (with round 2's seed), whose guess is right, and so on; the last round (budget 3)
+    # K + 1 = 4 ahead as round 2's draft, whose guess is right, and so on; the last round (budget 3)
     # has no room for a next one and drafts nothing ahead
     assert [len(r.new_tokens) for r in rounds] == [1, 4, 4, 3]
     assert rec.draft_calls == [(4, 3, 1), (8 - 1, 4, 2), (12 - 1, 4, 3)]

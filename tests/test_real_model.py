@@ -227,15 +227,15 @@ def test_greedy_chat_equals_hf_greedy_and_stops_at_im_end(runner, references, dt
     reference's margin there; a divergence above the near-tie bound fails."""
     out = generate_json(runner, "--prompt", QUESTION, "--num-draft-tokens", "4", "--dtype", dtype)
     assert out["prompt_token_ids"] == QUESTION_IDS
-    assert out["finish_reason"] == "stop" and out["token_ids"][-1] == IM_END, out
     assert out["stats"]["drafted"] > 0
     reference = references(dtype)
     expected = reference.generate(QUESTION_IDS, MAX_NEW)
     divergence = divergence_from(reference, QUESTION_IDS, expected, out["token_ids"])
-    if divergence is not None:
+    if divergence is not None:  # before the stop checks: a near-tie may change where the answer ends
         assert dtype != "float32", divergence.describe()
         assert divergence.near_tie, divergence.describe()
         pytest.xfail(divergence.describe())
+    assert out["finish_reason"] == "stop" and out["token_ids"][-1] == IM_END, out
     assert out["text"] == ANSWER
 
 

@@ -65,11 +65,11 @@ def test_the_end_token_is_kept_in_process_dropped_through_triton_and_compared_cu
     assert comparable([5, 128009, 7], LLAMA3) == [5]
 
 
-def test_round_seeds_are_none_when_greedy_and_two_draws_of_the_requests_generator_otherwise():
-    assert round_seeds(True, torch.Generator()) == (None, None) and round_seeds(False, None) == (None, None)
+def test_round_seeds_are_none_when_greedy_and_one_draw_of_the_requests_generator_per_call_otherwise():
+    assert round_seeds(True, torch.Generator()) == (None, None) and round_seeds(False, None, 3) == (None,) * 3
     a, b = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
-    first = round_seeds(False, a)
-    assert first == round_seeds(False, b) and first[0] != first[1] and round_seeds(False, a) != first
+    first = round_seeds(False, a, 3)
+    assert first == round_seeds(False, b, 3) and len(set(first)) == 3 and round_seeds(False, a, 3) != first
 
 
 def test_a_model_folders_end_ids_come_from_generation_config_then_config_then_the_tokenizer(
@@ -92,12 +92,13 @@ def test_the_codec_reads_an_eos_list_from_generation_config(tmp_path, shared_tok
     shutil.copytree(shared_tokenizer_dir, tokenizer_dir)
     codec = TextCodec.from_parameters({"tokenizer_dir": str(tokenizer_dir)})
     eos = codec.tokenizer.eos_token_id
-    assert codec.end_ids == (eos,) and codec.end_id == eos
+    assert codec.end_ids == (eos,) and codec.eos_id == eos
     (tokenizer_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, eos, 9]}))
     codec = TextCodec.from_parameters({"tokenizer_dir": str(tokenizer_dir)})
-    assert codec.end_ids == (7, eos, 9) and codec.end_id == eos
+    assert codec.end_ids == (7, eos, 9) and engine_stops(codec.end_ids, codec.eos_id).end_id == eos
     (tokenizer_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 9]}))
-    assert TextCodec.from_parameters({"tokenizer_dir": str(tokenizer_dir)}).end_id == 7
+    codec = TextCodec.from_parameters({"tokenizer_dir": str(tokenizer_dir)})
+    assert engine_stops(codec.end_ids, codec.eos_id).end_id == 7
 
 
 # ---------------------------------------------------------------- one stop, every runtime

@@ -88,8 +88,9 @@ class TorchEngine:
         with torch.inference_mode():
             if self.role == "draft":
                 (result,) = self.model.draft([StepRequest(tokens, num_tokens=output_len, params=params)])
+                new = stop_after(result.tokens, end_ids(inputs))  # as TensorRT-LLM: it stops at an end id
                 want_logits = bool(_scalar(inputs, "return_generation_logits", False))
-                return tokens + result.tokens, result.logits.numpy() if want_logits else None
+                return tokens + new, result.logits[: len(new)].numpy() if want_logits else None
             if drafts:
                 raw = inputs.get("draft_logits")
                 logits = None if raw is None else np.asarray(raw, dtype=np.float32).reshape(len(drafts), -1)
@@ -99,6 +100,14 @@ class TorchEngine:
                 request = StepRequest(tokens, num_tokens=output_len, params=params, end_ids=end_ids(inputs))
                 (result,) = self.model.continue_([request])
         return tokens + result.tokens, None
+
+
+def stop_after(tokens: list[int], stops: tuple[int, ...]) -> list[int]:
+    """The tokens up to and including the first of ``stops``."""
+    for i, token in enumerate(tokens):
+        if token in stops:
+            return tokens[: i + 1]
+    return tokens
 
 
 def end_ids(inputs: dict) -> tuple[int, ...]:

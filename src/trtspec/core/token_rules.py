@@ -15,10 +15,11 @@
    convention, which clients of tensorrtllm_backend expect). Text is decoded without special tokens either way,
    so both give the same text. ``validate`` compares ids cut before the first stop id (``comparable``), so the
    two conventions compare equal.
-5. **Per-round seeds** (``round_seeds``): engines that take a seed per call (TensorRT-LLM, the Triton engine
-   models) get a target seed and a draft seed per round, two draws from the request's random generator: distinct
-   per round (no two calls replay one stream of draws) and per model (the acceptance test must not be correlated
-   with the draft's sample), reproducible for a seeded request. Greedy calls get none.
+5. **Per-call seeds** (``round_seeds``): engines that take a seed per call (TensorRT-LLM, the Triton engine
+   models) get one per call of a round (the target's, the draft's, and a draft drafting ahead for the next
+   round), each a draw from the request's random generator: distinct per call and per round (no two calls replay
+   one stream of draws; the acceptance test must not be correlated with the draft's sample), reproducible for a
+   seeded request. Greedy calls get none.
 """
 
 from __future__ import annotations
@@ -80,12 +81,11 @@ def comparable(tokens: Sequence[int], stop_ids: Iterable[int]) -> list[int]:
     return list(tokens)
 
 
-def round_seeds(greedy: bool, generator) -> tuple[int | None, int | None]:
-    """Rule 5: (target seed, draft seed) of one round from the request's torch.Generator; (None, None) when
-    greedy or without a generator."""
+def round_seeds(greedy: bool, generator, calls: int = 2) -> tuple[int | None, ...]:
+    """Rule 5: one seed per engine call of a round (target, draft, ...) from the request's torch.Generator; Nones
+    when greedy or without a generator."""
     if greedy or generator is None:
-        return None, None
+        return (None,) * calls
     import torch
 
-    target, draft = torch.randint(0, 2**31 - 1, (2,), generator=generator).tolist()
-    return target, draft
+    return tuple(torch.randint(0, 2**31 - 1, (calls,), generator=generator).tolist())

@@ -69,15 +69,13 @@ class KPolicy:
     """Settings of adaptive K. Cost ratios are in target decoding steps (one draft step / one target step; one
     (K+1)-token verification / one target step); acceptance values are probabilities per draft token."""
 
-    draft_cost_ratio: float = (
-        0.2  # until rounds are measured (RoundCosts); the demo pair's is ~0.1 at batch 1
-    )
+    # until rounds are measured (RoundCosts); the demo pair's is ~0.1 at batch 1
+    draft_cost_ratio: float = 0.2
     verify_cost_ratio: float = 1.0  # until target-only rounds are measured (RoundCosts)
     prior: float = 0.7  # optimistic: the first requests draft from their first rounds and measure
     prior_weight: float = 10.0  # pseudo-positions at the pooled acceptance in every estimate (not forgotten)
-    smoothing: float = (
-        0.05  # forgetting per judged position (~ the last 20 count): acceptance comes in bursts
-    )
+    # forgetting per judged position (~ the last 20 count): acceptance comes in bursts
+    smoothing: float = 0.05
     min_gain: float = 0.05  # a K must beat target-only by 5% (hysteresis against noise near break-even)
     probe_every: int = 16  # target-only rounds between probes
     schedule: Mapping[int, int] | None = field(default=None)
@@ -247,7 +245,8 @@ class _CostTable:
         """Each K's cost in target-only rounds (RoundCosts.costs), or None without a line (``through_unit``:
         the line through the unit, which needs a target-only round and one speculative K)."""
         n0, t0 = self.by_k.get(0, (0.0, 0.0))
-        line = self.line() if not through_unit else self.through_unit(t0 / n0) if n0 else None
+        unit_line = self.through_unit(t0 / n0) if n0 else None
+        line = unit_line if through_unit else self.line()
         if line is None:
             return None
         a1, b = line
@@ -330,14 +329,14 @@ class RoundCosts:
 
     def costs(self, batch: int, max_k: int) -> list[float] | None:
         """Round cost per K in 0..max_k in target-only rounds of this batch size (None: nothing measured): a
-        fitted line, the batch size's own (once it has unit_rounds target-only rounds: one noisy unit would
-        scale every K) before its bucket's; else the line through the unit, which a few rounds of a new batch
+        batch size's own (once it has unit_rounds target-only rounds: one noisy unit would scale every K) before
+        its bucket's; of each, the fitted line, else the line through the unit, which a few rounds of a new batch
         size give (its first timed round measures the unit), so a change in load is followed at once."""
         own = self.by_batch.get(batch)
         if own is not None and own.units < self.unit_rounds:
             own = None
         bucket = self.by_bucket.get(batch.bit_length())
-        for table, through_unit in ((own, False), (bucket, False), (own, True), (bucket, True)):
+        for table, through_unit in ((own, False), (own, True), (bucket, False), (bucket, True)):
             if table is not None:
                 costs = table.costs(max_k, self.prior_rounds, self.verify_cost_ratio, through_unit)
                 if costs is not None:
@@ -362,10 +361,11 @@ class AdaptiveState:
     """What adaptive K learns that outlives one request: the round costs and the pooled acceptance. An engine
     keeps one across its generate calls; a long-running loop (the Triton model's) owns its own. ``decisions``
     (batch size -> its last Decision) and ``rounds_by_k`` ((batch size, K) -> rounds) say what it chose and why
-    (a server's metrics)."""
+    (a server's metrics). ``measure`` False: the policy's ratios only, no unit rounds (a loop that lives for one
+    request measures too little to price K, and a unit round would only slow it)."""
 
-    def __init__(self, policy: KPolicy, clock=time.perf_counter):
-        self.policy = policy
+    def __init__(self, policy: KPolicy, clock=time.perf_counter, measure: bool = True):
+        self.policy, self.measure = policy, measure
         self.costs = RoundCosts(policy, clock=clock)
         self.pool = AcceptancePool(policy)
         self.decisions: dict[int, Decision] = {}
@@ -382,15 +382,18 @@ class AdaptiveState:
         costs), or 0 for a round that measures the target-only unit (RoundCosts.unit_due). ``timed``: the round
         will be timed as one batch of these rows, all adaptive (a pinned row drafts anyway; a round of several
         batches or with a prompt's prefill is not timed), so a target-only round would measure the unit."""
-        costs = self.costs.costs(batch, max_k)
+        costs = self.costs.costs(batch, max_k) if self.measure else None
         k = group_k(controllers, in_flight, costs)
-        k = 0 if timed and self.costs.unit_due(batch, k) else k
         self._decided(batch, k, controllers, costs, max_k)
-        return k
+        return 0 if self.measure and timed and self.costs.unit_due(batch, k) else k
+
+    def ran(self, batch: int, k: int) -> None:
+        """Count a round adaptive rows ran with ``k`` draft tokens (a unit round, a first round from the
+        target's prefill alone and a K cut to the budget count as what ran, not as what was chosen)."""
+        self.rounds_by_k[batch, k] = self.rounds_by_k.get((batch, k), 0) + 1
 
     def _decided(self, batch: int, k: int, controllers, costs: Costs | None, max_k: int) -> None:
         acceptance = sum(c.acceptance for c in controllers) / len(controllers)
         prices = costs or linear_costs(self.policy.draft_cost_ratio, self.policy.verify_cost_ratio, max_k)
         speedup = expected_tokens_per_round(acceptance, k) / prices[k]
         self.decisions[batch] = Decision(k, acceptance, prices[k], speedup, costs is not None)
-        self.rounds_by_k[batch, k] = self.rounds_by_k.get((batch, k), 0) + 1

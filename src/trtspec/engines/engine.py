@@ -117,12 +117,15 @@ class StreamingGenerator(ABC):
         for b, prompt in enumerate(prompts):
             loop.add(b, prompt, params, eos_ids=eos_ids, generator=generator)
         results: list[GenerationResult | None] = [None] * len(prompts)
-        while loop.busy:
-            new_tokens = [[] for _ in prompts]
-            for event in loop.step():
-                new_tokens[event.request_id] = event.new_tokens
-                results[event.request_id] = event.result
-            yield StreamEvent(new_tokens, [r is not None for r in results])
+        try:
+            while loop.busy:
+                new_tokens = [[] for _ in prompts]
+                for event in loop.step():
+                    new_tokens[event.request_id] = event.new_tokens
+                    results[event.request_id] = event.result
+                yield StreamEvent(new_tokens, [r is not None for r in results])
+        finally:  # a caller that stops reading leaves a round untimed, not timed across its pause
+            loop.adaptive.costs.idle()
         yield StreamEvent([[] for _ in prompts], [True] * len(prompts), results)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:

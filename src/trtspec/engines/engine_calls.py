@@ -9,7 +9,7 @@
     GenerationLoop(rounds, ...)           # engines/loop.py: the one loop runs it like any other Rounds
 
 One round (``EngineCallRounds.run``) for rows that share sampling settings (the loop groups them):
-1. call settings: sampling, this round's seeds and the engines' stops (core/token_rules.py rules 3 and 5);
+1. call settings: sampling, a seed per call and the engines' stops (core/token_rules.py rules 3 and 5);
 2. propose: the draft engine continues each drafting row by its K tokens (the draft's logits too when draft
    logits decide acceptance); a row given a draft ahead last round (below) uses that instead;
 3. verify: the target engine takes each row with its draft tokens (draft_input_ids, request_output_len = K + 1)
@@ -132,20 +132,25 @@ class EngineCallRounds:
 
     def run(self, rows: list[Row], num_draft: list[int], params: SamplingParams, generator) -> list[Outcome]:
         """Rows whose engines stop alike go in one call each (a TensorRT-LLM call takes one end_id)."""
-        target_seed, draft_seed = round_seeds(params.greedy, generator)
         outcomes: dict[int, Outcome] = {}
         by_stops: dict[tuple[int, ...], list[int]] = {}
         for i, row in enumerate(rows):
             by_stops.setdefault(row.stop_ids, []).append(i)
+        sampling = (params.greedy, params.temperature, params.top_k, params.top_p)
         for stop_ids, idx in by_stops.items():
             stops = engine_stops(stop_ids, self.tokenizer_eos, self.pad_id)
-            sampling = (params.greedy, params.temperature, params.top_k, params.top_p)
-            target, draft = Call(*sampling, target_seed, stops), Call(*sampling, draft_seed, stops)
-            group = self._run([rows[i] for i in idx], [num_draft[i] for i in idx], params, target, draft)
+            seeds = round_seeds(params.greedy, generator, calls=3)  # target, draft, draft ahead
+            target, draft, ahead = (Call(*sampling, seed, stops) for seed in seeds)
+            group = self._run(
+                [rows[i] for i in idx], [num_draft[i] for i in idx], params, (target, draft, ahead)
+            )
             outcomes.update(zip(idx, group, strict=True))
         return [outcomes[i] for i in range(len(rows))]
 
-    def _run(self, rows: list[Row], num_draft: list[int], params, target: Call, draft: Call) -> list[Outcome]:
+    def _run(
+        self, rows: list[Row], num_draft: list[int], params, calls: tuple[Call, Call, Call]
+    ) -> list[Outcome]:
+        target, draft, ahead = calls
         if self.max_draft_len == 0 or params.num_draft_tokens == 0:
             if self.target_only_in_one_call:
                 budgets = [row.max_len - len(row.tokens) for row in rows]
@@ -154,7 +159,7 @@ class EngineCallRounds:
             num_draft = [0] * len(rows)
         drafts = self._propose(rows, num_draft, draft)
         if len(rows) == 1 and self._ahead(rows[0], drafts[0], params):
-            return [self._verify_and_draft_ahead(rows[0], drafts[0], params, target, draft)]
+            return [self._verify_and_draft_ahead(rows[0], drafts[0], params, target, ahead)]
         emitted = self._verify(rows, drafts, target)
         return [_commit(r, out, d.tokens) for r, out, d in zip(rows, emitted, drafts, strict=True)]
 
@@ -240,7 +245,10 @@ def _ahead_k(k: int, params: SamplingParams) -> int:
 
 
 def _first(draft: Draft, n: int) -> Draft:
-    return Draft(list(draft.tokens)[:n], None if draft.logits is None else draft.logits[:n])
+    """The first n draft tokens and their logits rows (an engine that stopped early returns fewer tokens than
+    logits rows: the target takes one row per draft token)."""
+    tokens = list(draft.tokens)[:n]
+    return Draft(tokens, None if draft.logits is None else draft.logits[: len(tokens)])
 
 
 def _commit(row: Row, tokens: list[int], draft_tokens: list[int], num_accepted: int | None = None) -> Outcome:

@@ -272,6 +272,7 @@ class GenerationLoop:
             self.rounds.release(request.row.slot)
         self.active = []
         self.free_slots = list(range(self.rounds.num_slots))
+        self.adaptive.costs.idle()  # the failed round's time is no K's
         return [RowEvent(r.request_id, [], r.stats, error=message) for r in requests]
 
     def _admit_and_cancel(self) -> list[RowEvent]:
@@ -334,7 +335,10 @@ class GenerationLoop:
             unit = only_group and no_prefill and len(adaptive) == len(group)
             shared = self.adaptive.choose(adaptive, len(self.active), len(group), self.max_draft_len, unit)
         num_draft = [self._num_draft(r, running, shared) for r in group]
-        if no_prefill:
+        if adaptive and not group[0].params.seeded:
+            self.adaptive.ran(len(group), max(num_draft))
+        # Timed only as the round's one batch: another group's prefill or forwards would be charged to this K.
+        if no_prefill and only_group:
             self.adaptive.costs.start(len(group), max(num_draft))
         return num_draft
 

@@ -1,7 +1,7 @@
 """Tokenizer work of the entry models (prompts, stop words, streamed text), without Triton (pure).
 
 ``TextCodec`` is the one owner of the repository's tokenizer settings (tokenizer_dir, add_special_tokens,
-skip_special_tokens, max_input_len, default end/pad ids); both entry models use it in-process, so a request costs
+skip_special_tokens, max_input_len, the end ids); both entry models use it in-process, so a request costs
 no BLS hop for text.
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from trtspec.core.errors import RequestError, ServerError
-from trtspec.core.token_rules import engine_stops, model_end_ids
+from trtspec.core.token_rules import model_end_ids
 
 
 def _flag(params: dict[str, str], name: str, default: bool) -> bool:
@@ -34,11 +34,10 @@ class TextCodec:
         self.tokenizer = tokenizer
         self.add_special_tokens, self.skip_special_tokens = add_special_tokens, skip_special_tokens
         self.max_input_len = max_input_len
-        # The model's end ids and the one end_id an engine gets: core/token_rules.py rules 1 and 3.
-        self.eos_id = tokenizer.eos_token_id
+        # The model's end ids (core/token_rules.py rule 1); the tokenizer's eos and pad, from which each engine
+        # call's end_id and pad_id are chosen (rule 3, engine_calls.py).
+        self.eos_id, self.pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
         self.end_ids = end_ids or model_end_ids(None, self.eos_id)
-        stops = engine_stops(self.end_ids, self.eos_id, tokenizer.pad_token_id)
-        self.end_id, self.pad_id = stops.end_id, stops.pad_id
         # The first encode may set the fast tokenizer's truncation/padding state; do it here, before request
         # threads share the tokenizer.
         self.decode(self.tokenizer.encode("warm-up", add_special_tokens=self.add_special_tokens))
