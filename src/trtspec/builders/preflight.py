@@ -95,7 +95,9 @@ def check_weights(facts: ModelFacts) -> CheckResult:
     name = f"{facts.role} weights"
     if facts.weights_problem:
         return CheckResult(name, "fail", facts.weights_problem)
-    return CheckResult(name, "pass", "the checkpoint holds every tensor of its config.json's model, and no other")
+    return CheckResult(
+        name, "pass", "the checkpoint holds every tensor of its config.json's model, and no other"
+    )
 
 
 def check_precision(recipe: Recipe) -> CheckResult:
