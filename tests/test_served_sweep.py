@@ -26,7 +26,9 @@ def test_the_served_sweep_reports_every_point_and_adaptive_ks_choice_per_load():
         assert set(row["tokens_per_s"]) == {"adaptive", "0", "2"} and min(row["tokens_per_s"].values()) > 0
         assert row["adaptive_vs_best_pinned"] > 0 and row["adaptive_vs_target_only"] > 0
         chosen = row["chosen"]  # the server's own account of the batch size's last choice
-        assert 0 <= chosen["k"] <= 8 and sum(chosen["rounds"].values()) > 0 and chosen["measured"] in (0.0, 1.0)
+        assert (
+            0 <= chosen["k"] <= 8 and sum(chosen["rounds"].values()) > 0 and chosen["measured"] in (0.0, 1.0)
+        )
     jump = result["jump"]
     assert jump["streams"] == 4 and jump["adaptive_vs_target_only"] > 0 and jump["chosen"]["rounds"]
     assert result["cpu"]

@@ -211,8 +211,7 @@ def test_text_codec_reads_the_model_parameters_and_applies_them(shared_tokenizer
     assert codec.stop_ids(["", "return"]) == [tokenizer.encode("return", add_special_tokens=False)]
     ids = tokenizer.encode("x = 1", add_special_tokens=False)
     assert codec.decode([tokenizer.eos_token_id, *ids]) == tokenizer.decode(ids)  # special tokens skipped
-    assert codec.end_id == tokenizer.eos_token_id
-    assert codec.pad_id == (tokenizer.pad_token_id if tokenizer.pad_token_id is not None else codec.end_id)
+    assert (codec.eos_id, codec.pad_id) == (tokenizer.eos_token_id, tokenizer.pad_token_id)
     keep = TextCodec.from_parameters(
         {"tokenizer_dir": str(shared_tokenizer_dir), "skip_special_tokens": "false"}
     )
@@ -275,7 +274,7 @@ def test_the_sending_thread_builds_small_steps_the_loop_large_ones_and_each_requ
             names = "a" if i < 2 else "abc"  # one request, then three
             for name in names:
                 event = _event(tokens if name == "a" else rounds[i - 2], finished=i == len(rounds) - 1)
-                outbox.put(name, Sender(name), replies[name], lambda: False, event)
+                outbox.put(name, Sender(name), replies[name], event)
             if i == 0:
                 time.sleep(0.05)
                 assert sent == {}  # nothing goes out before a step is flushed
@@ -310,7 +309,7 @@ def test_the_loop_builds_no_step_while_an_earlier_one_waits_to_be_built_over_the
     try:
         with outbox.lock:
             outbox.unbuilt = 1
-        outbox.put("a", None, None, lambda: False, _event([5]))
+        outbox.put("a", None, None, _event([5]))
         outbox.flush()  # one event reaches loop_builds_from, but building it here could overtake the earlier step
         assert outbox.unbuilt == 2
         gate.set()
@@ -538,7 +537,7 @@ def test_outbox_raises_a_failed_send_in_the_request_thread():
 class _Codec:
     """The orchestrator's TextCodec, reduced to what _generate uses: every prompt is [5, 6], one char per id."""
 
-    eos_id, end_id, pad_id, end_ids = 2, 2, 3, (2,)
+    eos_id, pad_id, end_ids = 2, 3, (2,)
 
     def encode(self, text):
         return [5, 6]
@@ -606,10 +605,11 @@ class _Metrics:
     """Stands in for triton_io.SpecDecodeMetrics (pb_utils metrics need a server): what the model added."""
 
     def __init__(self):
-        self.added = []
+        self.added, self.finish_reasons = [], []
 
-    def add(self, counts) -> None:
+    def add(self, counts, finish_reason: str) -> None:
         self.added.append(counts)
+        self.finish_reasons.append(finish_reason)
 
 
 def test_a_cancelled_non_streamed_request_stops_generating(monkeypatch):

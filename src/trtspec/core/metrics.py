@@ -123,6 +123,18 @@ class AcceptanceStats:
         return data
 
 
+# Why a request left the generation loop: the ``finish_reason`` label of the entry models' request counter
+# (``trtspec_requests_finished_total``), one series per reason. A label rather than a counter of its own, so that
+# the cancelled share is one PromQL ratio over the same family; vLLM counts finished requests the same way
+# (vllm:request_success_total{finished_reason="stop"|"length"|"abort"}).
+FINISH_REASONS = {
+    "stop": "an end id, stop word or stop string ended it",
+    "length": "it reached max_tokens (or max_seq_len)",
+    "cancelled": "its client cancelled it or went away (closed the stream, dropped the connection)",
+    "error": "the server failed it (a failed round, or a response that could not be built)",
+}
+
+
 @dataclass(frozen=True)
 class SpecDecodeCounts:
     """An AcceptanceStats' counters under vLLM's spec-decode names (module docstring): what the Triton entry

@@ -5,7 +5,10 @@ binds 127.0.0.1 unless told otherwise. How the server starts comes from trtspec.
 (values.launch_layout): one process (torch runtime), or under the NGC image's mpirun with upstream
 launch_triton_server.py's ranks and environment (the tensorrtllm runtime's --multi-model, fast logits, the LLM-API
 runtime). Either way serve waits until every model is ready, prints the endpoints and sample requests, and stops
-the whole session on Ctrl-C.
+the whole session on Ctrl-C. While it serves it watches the server (server.HealthWatch): when tritonserver exits,
+a model's python stub dies or a model stops answering ready, serve stops the server, so that the requests in
+flight get an error instead of waiting forever, and exits non-zero with one line naming the model, so that a
+supervisor (compose's restart policy, Kubernetes) starts it again (docs/faults.md).
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ from trtspec.core.errors import ServerError
 from trtspec.triton_repo import interface as names
 from trtspec.triton_repo.deploy import MANIFEST
 from trtspec.triton_repo.server import (
+    HEALTH_POLL_S,
+    HealthWatch,
     Ports,
     TritonServer,
-    failure_reason,
     find_server,
     repo_models,
 )
@@ -31,6 +35,9 @@ LOAD_TIMEOUT_S = 300.0
 # TensorRT-LLM engines (and the LLM API's weight loading, autotuning and CUDA-graph capture) can take far longer
 # than the python models; the docker healthcheck's start period is an hour too.
 MPI_LOAD_TIMEOUT_S = 3600.0
+# A broken server cannot finish the requests of its broken model, and tritonserver waits out its exit timeout for
+# them: a short grace, so that their clients get an error within seconds.
+BROKEN_STOP_GRACE_S = 2.0
 SINGLE = {"mode": "single", "mpi": False, "world_size": 1, "env": {}, "rank_models": [], "gpus": []}
 
 
@@ -128,17 +135,18 @@ def serve(spec: ServeSpec, echo=print) -> int:
         )
         echo("try:\n  " + "\n  ".join(sample_requests(ports)))
         echo(f"server log: {log}   (Ctrl-C stops the server)")
+        watch = HealthWatch(server)
         try:
-            while server.proc is not None and server.proc.poll() is None:
-                time.sleep(0.5)
+            while (reason := watch.failure()) is None:
+                time.sleep(HEALTH_POLL_S)
         except KeyboardInterrupt:
             echo("stopping tritonserver ...")
             status = server.stop()
             if status:
                 echo(f"tritonserver exited with status {status} while unloading; its session was stopped")
             return 0
-        raise ServerError(
-            f"tritonserver exited unexpectedly: {failure_reason(server.log_text())} (log: {log})"
-        )
+        stopped = "; tritonserver was stopped" if server.proc.poll() is None else ""
+        server.stop(BROKEN_STOP_GRACE_S)
+        raise ServerError(f"{reason}{stopped} (log: {log})")
     finally:
         server.stop()

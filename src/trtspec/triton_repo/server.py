@@ -31,6 +31,11 @@ NGC_BACKENDS = Path("/opt/tritonserver/backends")
 EXIT_TIMEOUT_S = 15
 STOP_GRACE_S = EXIT_TIMEOUT_S + 10.0  # SIGINT, then SIGKILL of the whole session after this bound
 _FAILED_LOAD = re.compile(r"failed to load '([^']+)'.*?: (.*)$")
+HEALTH_POLL_S = 1.0  # how often `trtspec serve` checks a running server (HealthWatch)
+NOT_READY_POLLS = 3  # polls in a row a model may miss ready (a timeout under load) before it counts as broken
+READY_TIMEOUT_S = 5.0  # one readiness poll; a busy server answers /ready in milliseconds
+STUB = "triton_python_backend_stub"
+SHM_PREFIX = "/dev/shm/triton_python_backend_shm_region_"
 
 
 @dataclass(frozen=True)
@@ -190,6 +195,12 @@ def repo_models(repo: Path) -> list[str]:
     return sorted(p.parent.name for p in Path(repo).glob("*/config.pbtxt"))
 
 
+def python_models(repo: Path) -> set[str]:
+    """The models of a repository that the python backend runs, each in stub processes of its own."""
+    backend = re.compile(r'^backend:\s*"python"', re.M)
+    return {p.parent.name for p in Path(repo).glob("*/config.pbtxt") if backend.search(p.read_text())}
+
+
 def failure_reason(log_text: str) -> str:
     """The one line that says why Triton did not load the repository (its own words)."""
     lines = log_text.splitlines()
@@ -226,6 +237,30 @@ def session_processes(sid: int) -> dict[int, str]:
     return found
 
 
+def python_stubs(sid: int) -> dict[int, str]:
+    """pid -> model name of the python backend stubs of session ``sid``: each runs REPO/MODEL/VERSION/model.py,
+    its first argument (Linux /proc)."""
+    found = {}
+    for pid in session_processes(sid):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if Path(argv[0].decode()).name == STUB:
+                found[pid] = Path(argv[1].decode()).parts[-3]
+    return found
+
+
+def mapped_shm(pids) -> set[str]:
+    """The python backend shared-memory regions these processes have mapped (so they are this server's)."""
+    regions = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+                path = line.split(maxsplit=5)[-1]
+                if path.startswith(SHM_PREFIX):
+                    regions.add(path.removesuffix(" (deleted)"))
+    return regions
+
+
 class TritonServer:
     """A tritonserver child process in its own session; use as a context manager.
 
@@ -247,6 +282,7 @@ class TritonServer:
         self.install = install or find_server()
         self.layout = layout if layout and layout.get("mpi") else None
         self.proc: subprocess.Popen | None = None
+        self.stubs: dict[int, str] = {}  # the python stubs once every model was ready: pid -> model
 
     @property
     def command(self) -> list[str]:
@@ -279,14 +315,22 @@ class TritonServer:
         except BaseException:
             self.stop()
             raise
+        self.stubs = python_stubs(self.proc.pid)
         return self
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
+    @property
+    def base_url(self) -> str:
+        """The HTTP endpoint as this machine reaches it."""
+        return f"http://{self.ports.host if self.ports.host != '0.0.0.0' else '127.0.0.1'}:{self.ports.http}"
+
+    def model_ready(self, model: str, timeout_s: float = 1.0) -> bool:
+        return _http_ok(f"{self.base_url}/v2/models/{model}/ready", timeout_s)
+
     def wait_ready(self, timeout_s: float) -> None:
         """Poll until every model of the repo answers ready; ServerError if the server exits or times out."""
-        base = f"http://{self.ports.host if self.ports.host != '0.0.0.0' else '127.0.0.1'}:{self.ports.http}"
         pending = repo_models(self.repo)
         deadline = time.monotonic() + timeout_s
         while pending:
@@ -301,16 +345,18 @@ class TritonServer:
                     f"(log: {self.log_path})",
                     detail=self.log_text()[-4000:],
                 )
-            pending = [m for m in pending if not _http_ok(f"{base}/v2/models/{m}/ready")]
+            pending = [m for m in pending if not self.model_ready(m)]
             if pending:
                 time.sleep(0.2)
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> int | None:
         """SIGINT, wait up to ``grace_s``, then SIGKILL the session; returns the exit status. A second Ctrl-C
-        during the wait still kills the session (and then propagates)."""
+        during the wait still kills the session (and then propagates). The python backend's shared-memory regions
+        that a killed server could not remove are removed here."""
         proc, self.proc = self.proc, None
         if proc is None:
             return None
+        regions = mapped_shm(session_processes(proc.pid))
         try:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGINT)
@@ -324,10 +370,57 @@ class TritonServer:
             for pid in session_processes(proc.pid):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
-        return proc.wait()
+        status = proc.wait()
+        _remove_when_unmapped(regions, proc.pid)
+        return status
 
     def __enter__(self) -> TritonServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _remove_when_unmapped(regions: set[str], sid: int, wait_s: float = 2.0) -> None:
+    """Unlink ``regions`` once no process of session ``sid`` is left to map them (killed stubs take a moment
+    to go); a server that exited cleanly has removed them already."""
+    deadline = time.monotonic() + wait_s
+    while session_processes(sid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for region in regions:
+        with contextlib.suppress(OSError):
+            os.unlink(region)
+
+
+class HealthWatch:
+    """What `trtspec serve` checks while it serves, HEALTH_POLL_S apart: the server process, its python backend
+    stubs and each model's readiness. tritonserver 2.51 neither restarts a python stub that died nor reports its
+    model not ready: new requests fail, and those in flight never get an answer (docs/faults.md). So a stub that
+    is gone, or a model that misses ready NOT_READY_POLLS polls in a row, makes the server a broken one."""
+
+    def __init__(self, server: TritonServer):
+        self.server = server
+        self.python_models = python_models(server.repo)
+        self.misses = dict.fromkeys(repo_models(server.repo), 0)
+
+    def failure(self) -> str | None:
+        """One line that says why the server no longer serves, naming the model; None while it serves."""
+        proc = self.server.proc
+        if proc.poll() is not None:
+            return f"tritonserver exited unexpectedly: {failure_reason(self.server.log_text())}"
+        live = python_stubs(proc.pid)  # a stub that died is a zombie: tritonserver does not reap it
+        dead = [(pid, model) for pid, model in self.server.stubs.items() if pid not in live]
+        dead += [(None, model) for model in sorted(self.python_models - set(live.values()))]
+        if dead:
+            pid, model = dead[0]
+            which = f"its python backend stub (pid {pid})" if pid else "its python backend stub"
+            return f"model '{model}' stopped serving: {which} died, and tritonserver does not restart it"
+        return self._not_ready()
+
+    def _not_ready(self) -> str | None:
+        for model in self.misses:
+            ready = self.server.model_ready(model, READY_TIMEOUT_S)
+            self.misses[model] = 0 if ready else self.misses[model] + 1
+            if self.misses[model] >= NOT_READY_POLLS:
+                return f"model '{model}' is not ready ({NOT_READY_POLLS} polls {HEALTH_POLL_S:g} s apart)"
+        return None

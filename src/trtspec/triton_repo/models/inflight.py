@@ -7,7 +7,9 @@ per round. One GenerationLoop (engines/loop.py) serves every request: ``execute`
 free KV slots between rounds and runs one speculative round for all active ones, so concurrent requests share
 forwards. After each round the loop's thread hands the round's events to one sending thread (``Outbox``), which
 sends their responses (``Reply``: text decoded incrementally, ids, metrics; built on the loop's thread or its own,
-Outbox says which) and asks Triton whether the client cancelled. A request's first token
+Outbox says which) and then asks Triton, for every open request, whether its client cancelled or went away: a
+cancelled request leaves the batch, and frees its KV slot, before the round after the one that followed its
+cancellation (docs/faults.md). A request's first token
 comes from the target's prefill alone (the loop's first_token_alone), streamed or not, so a seeded sampled request
 gives the same text either way; a seeded request samples with a generator of its own, so its text does not
 depend on the other requests in the batch.
@@ -21,6 +23,7 @@ import itertools
 import json
 import queue
 import threading
+import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +59,8 @@ class Reply:
         self.ids: list[int] = []  # not streamed: every id; streamed: the ids not sent yet
         # A final response went out early (an error, a failed send): the request's later events send nothing.
         self.closed = False
+        # The server could not build a response: the request ends as an error, not as cancelled.
+        self.failed = False
 
     def update(self, event: RowEvent) -> list[tuple[str, list[int], bool]]:
         self.ids += event.new_tokens
@@ -91,7 +96,7 @@ def build_responses(request_id: Hashable, reply: Reply, event: RowEvent, cancel:
     except Exception as err:  # noqa: BLE001 - one line to that client; the server log says which request
         message = f"internal error: {type(err).__name__}: {err}"
         io.log_warning(f"request {request_id}: {message}")
-        reply.closed = True
+        reply.closed = reply.failed = True
         if not event.finished:
             cancel(request_id)
         return [(io.error_response(message, False), final)]
@@ -104,22 +109,35 @@ class _Outgoing:
     request_id: Hashable
     sender: object
     reply: Reply
-    cancelled: Callable[[], bool]
     event: RowEvent
     responses: list[tuple] | None = None
+
+    @property
+    def finish_reason(self) -> str:
+        """The request's ``finish_reason`` label (core.metrics.FINISH_REASONS); its event is a finished one."""
+        if self.event.error is not None or self.reply.failed:
+            return "error"
+        return self.event.result.finish_reason
 
 
 class Outbox:
     """One thread that sends every request's responses in order, so the loop's thread never waits on a send's IPC;
-    after each event it asks Triton (at most every CANCEL_POLL_S per request) whether the client cancelled, and
-    a finished request's counts go to ``metrics``, and adaptive K's decisions so far (``adaptive()``: an
-    AdaptiveState.snapshot) to ``adaptive_metrics`` (here, not on the loop's thread: each update is an IPC).
+    after each step it asks Triton whether the client of each open request cancelled or went away
+    (``watch``), and a finished request's counts go to ``metrics``, and adaptive K's decisions so far
+    (``adaptive()``: an AdaptiveState.snapshot) to ``adaptive_metrics`` (here, not on the loop's thread: each
+    update is an IPC).
 
     The loop's thread ``put``s each event of a step, then ``flush``es the step. Who builds the responses
     (``build_responses``: text, tensors) is a matter of the GIL: one or two are built here, beside the loop's next
     round, where they cost the loop less than building them first; ``loop_builds_from`` or more are built on the
     loop's thread before the step is handed over, because built here they take the GIL from the loop's round in
-    many slices (docs/benchmarks.md, "Through Triton", has the measurements). Sending releases the GIL for the IPC."""
+    many slices (docs/benchmarks.md, "Through Triton", has the measurements). Sending releases the GIL for the IPC.
+
+    Asking after every step, queued requests included, is what keeps a cancelled request to at most one round
+    after the one its cancellation arrived in: the loop retires it before the round after this step's next
+    (docs/faults.md). An ask is one IPC of about 20 us that releases the GIL. While steps wait to be sent, a step
+    made before the last ask began needs no ask of its own, so a sending thread that falls behind asks once per
+    step the loop makes, not once per step it catches up on."""
 
     def __init__(
         self,
@@ -138,12 +156,26 @@ class Outbox:
         # Steps handed over unbuilt and not built yet: while there are any, the loop's thread builds none, so a
         # request's responses are always built in order (its Reply decodes incrementally).
         self.unbuilt, self.lock = 0, threading.Lock()
+        # request id -> () -> whether its client cancelled; from submission to its finished event
+        self.watched: dict[Hashable, Callable[[], bool]] = {}
+        self.asked_at = 0.0
         self.thread = threading.Thread(target=self._run, name="send", daemon=True)
         self.thread.start()
 
-    def put(self, request_id: Hashable, sender, reply: Reply, cancelled, event: RowEvent) -> None:
+    def watch(self, request_id: Hashable, cancelled: Callable[[], bool]) -> None:
+        """Ask ``cancelled()`` after every step until the request's finished event is sent (from any thread,
+        before the request reaches the loop, so that a cancelled queued request never takes a slot)."""
+        with self.lock:
+            self.watched[request_id] = cancelled
+
+    def forget(self, request_id: Hashable) -> None:
+        """Stop asking about a request the loop did not take."""
+        with self.lock:
+            self.watched.pop(request_id, None)
+
+    def put(self, request_id: Hashable, sender, reply: Reply, event: RowEvent) -> None:
         """Add ``event`` (for ``sender``, answered through ``reply``) to this step's."""
-        self.pending.append(_Outgoing(request_id, sender, reply, cancelled, event))
+        self.pending.append(_Outgoing(request_id, sender, reply, event))
 
     def flush(self) -> None:
         """Hand this step to the sending thread; with ``loop_builds_from`` events or more, built here first."""
@@ -155,7 +187,7 @@ class Outbox:
             self.unbuilt += 0 if build_here else 1
         if build_here:
             self._build(step)
-        self.queue.put((step, build_here))
+        self.queue.put((step, build_here, time.monotonic()))
 
     def stop(self) -> None:
         self.queue.put(None)
@@ -169,7 +201,7 @@ class Outbox:
         if self.cores:
             pin(self.cores, io.log_warning)
         while (handed := self.queue.get()) is not None:
-            step, built = handed
+            step, built, flushed_at = handed
             if not built:
                 try:
                     self._build(step)
@@ -178,23 +210,47 @@ class Outbox:
                         self.unbuilt -= 1
             for item in step:
                 self._send(item)
+            if self.asked_at < flushed_at:  # else an ask since this step was made covers it
+                self._ask_cancelled()
+
+    def _ask_cancelled(self) -> None:
+        """Cancel every open request whose client cancelled or went away. A request stays watched until its
+        finished event: the loop ignores a cancel that arrives before the request itself, so it is sent again
+        (is_cancelled answers from its cache once true: no IPC)."""
+        self.asked_at = time.monotonic()
+        with self.lock:
+            watched = list(self.watched.items())
+        for request_id, cancelled in watched:
+            try:
+                gone = cancelled()
+            except Exception as err:  # noqa: BLE001 - a request Triton cannot answer for has no client left
+                io.log_warning(
+                    f"request {request_id}: is_cancelled failed ({type(err).__name__}: {err}); cancelled"
+                )
+                gone = True
+            if gone:
+                self.cancel(request_id)
 
     def _send(self, item: _Outgoing) -> None:
         event = item.event
-        if event.finished and self.metrics is not None:  # cancelled and failed requests ran their rounds too
-            self.metrics.add(SpecDecodeCounts.of(event.stats))
-        if event.finished and self.adaptive_metrics is not None and self.adaptive is not None:
-            self.adaptive_metrics.update(self.adaptive())
+        if event.finished:
+            self.forget(item.request_id)
+            self._count(item)
         try:
             for response, flags in item.responses:
                 item.sender.send(response, flags=flags)
-            if not event.finished and item.cancelled():
-                self.cancel(item.request_id)
         except Exception as err:  # noqa: BLE001 - a client gone mid-stream: stop generating for it
             message = f"sending failed ({type(err).__name__}: {err}); cancelled"
             io.log_warning(f"request {item.request_id}: {message}")
             item.reply.closed = True  # its remaining rounds build nothing
             self.cancel(item.request_id)
+
+    def _count(self, item: _Outgoing) -> None:
+        """A finished request's counts (cancelled and failed requests ran their rounds too) and finish reason."""
+        if self.metrics is not None:
+            self.metrics.add(SpecDecodeCounts.of(item.event.stats), item.finish_reason)
+        if self.adaptive_metrics is not None and self.adaptive is not None:
+            self.adaptive_metrics.update(self.adaptive())
 
 
 def torch_threads(params: dict[str, str]) -> int | None:
@@ -276,12 +332,17 @@ class TritonPythonModel:
             )
         prompt, params, options = to_job(req, self.codec, self.limits)
         request_id, reply = next(self.ids), Reply(req, self.codec, prompt)
-        cancelled = io.cancel_check(sender if self.decoupled else request)
 
         def sink(event: RowEvent) -> None:  # on the loop's thread
-            self.outbox.put(request_id, sender, reply, cancelled, event)
+            self.outbox.put(request_id, sender, reply, event)
 
-        self.loop.submit(request_id, prompt, params, sink, **options)
+        # asked once per step (Outbox), so no time limit of its own
+        self.outbox.watch(request_id, io.cancel_check(sender if self.decoupled else request, poll_s=0))
+        try:
+            self.loop.submit(request_id, prompt, params, sink, **options)
+        except BaseException:
+            self.outbox.forget(request_id)
+            raise
         return req
 
     def execute(self, requests):

@@ -26,7 +26,7 @@ import numpy as np
 
 from trtspec.core.errors import RequestError
 from trtspec.core.metrics import AcceptanceStats, SpecDecodeCounts
-from trtspec.engines.adaptive import KPolicy
+from trtspec.engines.adaptive import AdaptiveState, KPolicy
 from trtspec.engines.engine_calls import Call, Draft, EngineCallRounds
 from trtspec.engines.loop import GenerationLoop
 from trtspec.triton_repo import interface as names
@@ -337,22 +337,35 @@ class Orchestrator:
         one (whole_answer's text and ids, stats, True) at the end (early if ``cancelled()``)."""
         prompt, params, options = to_job(req, self.codec, self.limits)
         rounds = self._rounds(req)
+        # The loop lives for this one request: it prices K by the policy's ratios (measure=False), as it would
+        # measure too few rounds to price K, and a unit round would only slow the request.
+        adaptive = AdaptiveState(self.k_policy, measure=False)
         loop = GenerationLoop(
-            rounds, max_seq_len=rounds.max_seq_len, first_token_alone=True, k_policy=self.k_policy
+            rounds,
+            max_seq_len=rounds.max_seq_len,
+            first_token_alone=True,
+            k_policy=self.k_policy,
+            adaptive=adaptive,
         )
         loop.add(0, prompt, params, **options)
         events = _events(loop, (lambda: False) if incremental else cancelled)
         stats, generated, text = None, [], self.codec.stream_decoder()
+        reason = None  # the loop's finish reason; none: a failed engine call ended the request
         try:
             for event in events:
                 stats = event.stats
                 generated += event.new_tokens
+                if event.result is not None:
+                    reason = event.result.finish_reason
                 if incremental and (event.new_tokens or event.finished):
                     piece = text.push(event.new_tokens, event.finished)
                     yield piece, list(event.new_tokens), stats, event.finished
-        finally:  # finished, cancelled or failed: the rounds that ran are counted
-            if stats is not None:
-                self.metrics.add(SpecDecodeCounts.of(stats))
+        except GeneratorExit:  # a streamed request whose client cancelled (_stream stops reading)
+            reason = reason or "cancelled"
+            raise
+        finally:  # finished, cancelled or failed: the request and the rounds that ran are counted
+            counts = SpecDecodeCounts.of(stats) if stats is not None else SpecDecodeCounts()
+            self.metrics.add(counts, reason or "error")
         if not incremental:
             yield *whole_answer(req, prompt, self.codec.decode(generated), generated), stats, True
 

@@ -7,6 +7,8 @@ import time
 
 import numpy as np
 
+from trtspec.core.metrics import FINISH_REASONS
+
 
 def pb():
     import triton_python_backend_utils as pb_utils
@@ -124,19 +126,21 @@ SPEC_DECODE_COUNTERS = {
 }
 SPEC_DECODE_PREFIX = "trtspec_spec_decode_"
 DRAFT_LEN_GAUGE = "trtspec_spec_decode_draft_len"
+REQUESTS_FINISHED = "trtspec_requests_finished_total"
 
 
 class SpecDecodeMetrics:
     """The entry model's spec-decode metrics on Triton's /metrics (pb_utils custom metrics), labelled with the
-    model name; ``add`` a finished request's SpecDecodeCounts. Every position up to max_draft_len exists from the
-    start (at 0), so rate() over a position has a series before its first acceptance."""
+    model name; ``add`` a finished request's SpecDecodeCounts and finish reason (``trtspec_requests_finished_total``,
+    labelled by core.metrics.FINISH_REASONS). Every position up to max_draft_len, and every finish reason, exists
+    from the start (at 0), so rate() over one has a series before its first increment."""
 
     def __init__(self, model: str, max_draft_len: int):
         utils = pb()
         family = utils.MetricFamily
         # A MetricFamily must outlive its Metrics: the metrics are attributes before the families, so they are
         # released first when this object is (attributes go in the order they were set).
-        self.counters, self.per_pos, self.draft_len = {}, [], None
+        self.counters, self.per_pos, self.draft_len, self.finished = {}, [], None, {}
         self.families = []
         for field, description in SPEC_DECODE_COUNTERS.items():
             fam = family(
@@ -156,9 +160,19 @@ class SpecDecodeMetrics:
         )
         self.families.append(gauge)
         self.draft_len = gauge.Metric(labels={"model": model})
+        finished = family(
+            name=REQUESTS_FINISHED,
+            description="Requests that left the generation loop, by why they finished (`finish_reason`)",
+            kind=family.COUNTER,
+        )
+        self.families.append(finished)
+        for reason in FINISH_REASONS:
+            self.finished[reason] = finished.Metric(labels={"model": model, "finish_reason": reason})
 
-    def add(self, counts) -> None:
-        """Add one request's counts (core.metrics.SpecDecodeCounts); a failure is logged, never the request's."""
+    def add(self, counts, finish_reason: str) -> None:
+        """Add one finished request's counts (core.metrics.SpecDecodeCounts) and count it under ``finish_reason``
+        (core.metrics.FINISH_REASONS); a failure is logged, never the request's. Each update reaches the server
+        on its own, so a scrape may show the request counted a moment before its rounds."""
         try:
             for field, metric in self.counters.items():
                 if value := getattr(counts, field):
@@ -168,6 +182,7 @@ class SpecDecodeMetrics:
                     metric.increment(value)
             if counts.num_drafts:
                 self.draft_len.set(counts.mean_draft_len)
+            self.finished[finish_reason].increment(1)
         except Exception as err:  # noqa: BLE001 - metrics must never fail a request
             log_warning(f"spec-decode metrics not updated: {type(err).__name__}: {err}")
 
