@@ -16,12 +16,11 @@ from pathlib import Path
 import pytest
 from triton_server import deploy_tiny_repo
 
-from trtspec.triton_repo.server import free_ports, session_processes
+from trtspec.triton_repo.server import free_ports, mapped_shm, session_processes
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
 CLIENT = ROOT / "tools" / "client.py"
-SHM_PREFIX = "/dev/shm/triton_python_backend_shm_region_"
 
 
 def _ready(http_port: int) -> bool:
@@ -35,18 +34,6 @@ def _ready(http_port: int) -> bool:
 def _children(pid: int) -> list[int]:
     path = Path(f"/proc/{pid}/task/{pid}/children")
     return [int(c) for c in path.read_text().split()] if path.exists() else []
-
-
-def _mapped_shm(pids) -> set[str]:
-    """The python backend shared-memory regions these processes have mapped (so they are this server's)."""
-    regions = set()
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
-                path = line.split(maxsplit=5)[-1]
-                if path.startswith(SHM_PREFIX):
-                    regions.add(path.removesuffix(" (deleted)"))
-    return regions
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +87,7 @@ def test_serve_answers_the_client_and_stops_cleanly_on_ctrl_c(repo, tmp_path):
         server_tree = session_processes(servers[0])  # tritonserver runs in its own session with its stubs
         assert "tritonserver" in server_tree.values()
         assert "triton_python_b" in "".join(server_tree.values())  # the stubs (comm is cut at 15 chars)
-        regions = _mapped_shm(server_tree)
+        regions = mapped_shm(server_tree)
         assert regions, "the server maps no python backend shared memory: the check below would be vacuous"
 
         # tools/client.py, the way tools/demo.sh calls it, and over HTTP with several prompts
