@@ -246,7 +246,8 @@ def check_pair(target_dir: Path, target: dict, draft: dict | None, use_draft_log
 
 
 def _tokenizer_facts(tokenizer_dir, trust_remote_code: bool) -> tuple[Any, tuple[int, ...], int | None]:
-    """(tokenizer or None, EOS ids: generation_config's else the tokenizer's, pad id) of the target's HF dir."""
+    """(tokenizer or None, the model's end ids (core/token_rules.py rule 1, model_dir.end_ids), the tokenizer's pad)
+    of the target's HF dir."""
     if tokenizer_dir is None:
         return None, (), None
     from transformers import AutoTokenizer
