@@ -57,9 +57,7 @@ def scrape(server, prefix: str = "") -> dict[tuple[str, frozenset], float]:
     import re
     import urllib.request
 
-    with urllib.request.urlopen(
-        f"http://{server.ports.host}:{server.ports.metrics}/metrics", timeout=30
-    ) as r:
+    with urllib.request.urlopen(server.metrics_url, timeout=30) as r:
         text = r.read().decode()
     out = {}
     for line in text.splitlines():

@@ -441,7 +441,7 @@ def main(argv=None) -> int:
                 max_draft_len=recipe.speculative.max_draft_len,
                 seed=args.seed,
             )
-            metrics_url = f"http://127.0.0.1:{server.ports.metrics}/metrics"
+            metrics_url = server.metrics_url
             sid = server.proc.pid
             print(
                 f"recipe {recipe.name}: {args.clients} clients ({cancelling} cancelling), warm-up {warmup:.0f} s, "

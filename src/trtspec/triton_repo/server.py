@@ -217,6 +217,9 @@ def failure_reason(log_text: str) -> str:
     return lines[-1].strip() if lines else "tritonserver exited without output"
 
 
+METRICS = "the metrics endpoint"  # wait_ready's name for it among the models
+
+
 def _http_ok(url: str, timeout: float = 1.0) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
@@ -324,14 +327,27 @@ class TritonServer:
     @property
     def base_url(self) -> str:
         """The HTTP endpoint as this machine reaches it."""
-        return f"http://{self.ports.host if self.ports.host != '0.0.0.0' else '127.0.0.1'}:{self.ports.http}"
+        return f"http://{self._reach_host}:{self.ports.http}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self._reach_host}:{self.ports.metrics}/metrics"
+
+    @property
+    def _reach_host(self) -> str:
+        return self.ports.host if self.ports.host != "0.0.0.0" else "127.0.0.1"
 
     def model_ready(self, model: str, timeout_s: float = 1.0) -> bool:
         return _http_ok(f"{self.base_url}/v2/models/{model}/ready", timeout_s)
 
+    def _answers(self, model: str) -> bool:
+        return _http_ok(self.metrics_url) if model == METRICS else self.model_ready(model)
+
     def wait_ready(self, timeout_s: float) -> None:
-        """Poll until every model of the repo answers ready; ServerError if the server exits or times out."""
-        pending = repo_models(self.repo)
+        """Poll until every model of the repo answers ready and the metrics endpoint answers (tritonserver opens
+        it after HTTP and gRPC, so a scrape right after the models are ready can be refused); ServerError if the
+        server exits or times out."""
+        pending = [*repo_models(self.repo), METRICS]
         deadline = time.monotonic() + timeout_s
         while pending:
             if self.proc.poll() is not None:
@@ -345,7 +361,7 @@ class TritonServer:
                     f"(log: {self.log_path})",
                     detail=self.log_text()[-4000:],
                 )
-            pending = [m for m in pending if not self.model_ready(m)]
+            pending = [m for m in pending if not self._answers(m)]
             if pending:
                 time.sleep(0.2)
 
