@@ -42,7 +42,7 @@ class ScriptedRounds:
     """A runtime whose round emits each row's next tokens from a script (row b: script[prompt[0]]): all the loop
     needs from a runtime (engines/rounds.py)."""
 
-    num_slots, vocab_size, max_draft_len, device = 2, 1000, 4, "cpu"
+    num_slots, vocab_size, max_draft_len, has_draft, device = 2, 1000, 4, True, "cpu"
     scripts = {1: [[5, 6, 7], [8, 9], [10, 11, 12]], 2: [[20], [21, 22], [23]]}
 
     def __init__(self):

@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from trtspec.core.errors import RecipeError
+from trtspec.core.lookup import LookupSpec
 
 DEMO_SCHEME = "demo:"
 ASSETS_DIR = Path(__file__).parent / "assets"
@@ -131,6 +132,15 @@ class SpeculativeSpec(_Strict):
         0.2, gt=0, le=10, description="adaptive K's cost of one draft step in target decoding steps"
     )
     use_draft_logits: bool = Field(False, description="accept by draft/target probabilities, not token match")
+    proposer: Literal["draft", "ngram", "draft+ngram"] = Field(
+        "draft",
+        description="who proposes draft tokens: the draft model, prompt lookup (ngram), or per row and round "
+        "whichever pays more (draft+ngram); a request may pin its own",
+    )
+    prompt_lookup_min: int = Field(
+        2, ge=1, le=16, description="prompt lookup's shortest suffix n-gram (vLLM)"
+    )
+    prompt_lookup_max: int = Field(4, ge=1, le=16, description="prompt lookup's longest suffix n-gram (vLLM)")
     allow_unsupported_precision: bool = Field(
         False, description="build outside the draft-target support matrix"
     )
@@ -145,10 +155,18 @@ class SpeculativeSpec(_Strict):
                     f"schedule {{{in_flight}: {k}}}: in-flight counts must be >= 1 and K in 0..max_draft_len "
                     f"{self.max_draft_len}"
                 )
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(
+                f"prompt_lookup_min {self.prompt_lookup_min} > prompt_lookup_max {self.prompt_lookup_max}"
+            )
         ks = [k for _, k in sorted((self.schedule or {}).items())]
         if ks != sorted(ks, reverse=True):
             raise ValueError(f"schedule K must not grow with the in-flight count (got {self.schedule})")
         return self
+
+    @property
+    def lookup(self) -> LookupSpec:
+        return LookupSpec(self.prompt_lookup_min, self.prompt_lookup_max)
 
     @property
     def default_num_draft_tokens(self) -> int:
@@ -229,7 +247,9 @@ def torch_runtime_dtype(triton: TritonSpec, model: ModelSpec) -> str:
 class Recipe(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     target: ModelSpec
-    draft: ModelSpec
+    draft: ModelSpec | None = (
+        None  # none only where prompt lookup proposes alone (speculative.proposer ngram)
+    )
     speculative: SpeculativeSpec = SpeculativeSpec()
     limits: LimitsSpec = LimitsSpec()
     calibration: CalibrationSpec = CalibrationSpec()
@@ -248,6 +268,15 @@ class Recipe(_Strict):
         return value
 
     @model_validator(mode="after")
+    def _draft(self) -> Recipe:
+        if self.draft is None and self.speculative.proposer != "ngram":
+            raise ValueError(
+                f"draft: missing; speculative.proposer {self.speculative.proposer!r} needs a draft model "
+                "(give draft.model, or set speculative.proposer: ngram for prompt lookup alone)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _limits(self) -> Recipe:
         lim = self.limits
         if lim.max_input_len >= lim.max_seq_len:
@@ -263,7 +292,8 @@ class Recipe(_Strict):
         return self.triton.draft_ahead and not fast
 
     def models(self) -> dict[str, ModelSpec]:
-        return {"target": self.target, "draft": self.draft}
+        """The recipe's models by role (no draft where prompt lookup proposes alone)."""
+        return {"target": self.target, **({"draft": self.draft} if self.draft is not None else {})}
 
     def digest(self) -> str:
         """A stable hash of every field (model paths included, the recipe's own location excluded)."""

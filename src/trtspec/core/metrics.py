@@ -15,6 +15,8 @@ Glossary (per request, over all its verification rounds):
 - target / draft forward passes: forwards of each model that included this request (a batched forward counts once
   for each request in the batch).
 - tokens/s = generated tokens / wall time; time to first token = seconds from the request to its first token.
+- by proposer (core/lookup.py): ``by_proposer[name]`` = [rounds, drafted, accepted] of the rounds whose draft
+  tokens that proposer gave (``draft``: the draft model; ``ngram``: prompt lookup, which runs no draft forward).
 
 The same counters under vLLM's spec-decode metric names (``SpecDecodeCounts``, vLLM v1's
 vllm:spec_decode_num_drafts / _num_draft_tokens / _num_accepted_tokens / _num_accepted_tokens_per_pos), so
@@ -51,19 +53,22 @@ class AcceptanceStats:
     num_draft_histogram: list[int] = field(default_factory=list)
     elapsed_s: float = 0.0
     time_to_first_token_s: float | None = None
+    by_proposer: dict[str, list[int]] = field(default_factory=dict)  # name -> [rounds, drafted, accepted]
 
     def __post_init__(self) -> None:
         if len(self.accepted_length_histogram) < self.max_draft_len + 1:
             pad = self.max_draft_len + 1 - len(self.accepted_length_histogram)
             self.accepted_length_histogram = list(self.accepted_length_histogram) + [0] * pad
 
-    def record_round(self, num_draft: int, num_accepted: int) -> None:
-        """One verification of ``num_draft`` draft tokens that accepted ``num_accepted`` of them."""
+    def record_round(self, num_draft: int, num_accepted: int, proposer: str = "draft") -> None:
+        """One verification of ``num_draft`` draft tokens (from ``proposer``) that accepted ``num_accepted``."""
         self.target_forwards += 1
-        self.draft_forwards += num_draft
+        self.draft_forwards += num_draft if proposer == "draft" else 0
         _count(self.num_draft_histogram, num_draft)
         if num_draft == 0:
             return
+        cell = self.by_proposer.setdefault(proposer, [0, 0, 0])
+        cell[0], cell[1], cell[2] = cell[0] + 1, cell[1] + num_draft, cell[2] + num_accepted
         self.rounds += 1
         self.drafted += num_draft
         self.accepted += num_accepted
@@ -108,7 +113,16 @@ class AcceptanceStats:
             num_draft_histogram=_add(self.num_draft_histogram, other.num_draft_histogram),
             elapsed_s=max(self.elapsed_s, other.elapsed_s),
             time_to_first_token_s=min(ttfts) if ttfts else None,
+            by_proposer={
+                name: _add(self.by_proposer.get(name, []), other.by_proposer.get(name, []))
+                for name in {**self.by_proposer, **other.by_proposer}
+            },
         )
+
+    def proposer_acceptance(self, proposer: str) -> float:
+        """accepted / drafted of the rounds ``proposer`` gave (0 where it gave none)."""
+        _, drafted, accepted = self.by_proposer.get(proposer, [0, 0, 0])
+        return accepted / drafted if drafted else 0.0
 
     def to_dict(self) -> dict:
         data = asdict(self)

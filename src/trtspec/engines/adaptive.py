@@ -78,6 +78,11 @@ class KPolicy:
     smoothing: float = 0.05
     min_gain: float = 0.05  # a K must beat target-only by 5% (hysteresis against noise near break-even)
     probe_every: int = 16  # target-only rounds between probes
+    # Prompt lookup (core/lookup.py): its proposals cost no forward, only a longer verification, each verified
+    # token this share of a target step (the demo pair's (K+1)-token verification: ~1.1-1.6 steps at K 2-6 on
+    # 2 CPU cores), and are accepted at about ``lookup_prior`` before a request's own rounds say otherwise.
+    verify_token_ratio: float = 0.1
+    lookup_prior: float = 0.5
     schedule: Mapping[int, int] | None = field(default=None)
 
 
@@ -151,6 +156,27 @@ class AcceptancePool(Acceptance):
 
     def __init__(self, policy: KPolicy, decay: float = 0.005):
         super().__init__(policy.prior, policy.prior_weight, decay)
+
+
+def best_lookup_len(acceptance: float, available: int, policy: KPolicy) -> tuple[int, float]:
+    """How many of ``available`` looked-up tokens to propose, and the expected speedup over target-only: the
+    length with the best expected tokens per round over its verification's cost (1 + verify_token_ratio per
+    token); (0, 1.0) unless one beats 1 + min_gain."""
+    best, best_speedup = 0, 1.0 + policy.min_gain
+    for n in range(1, available + 1):
+        speedup = expected_tokens_per_round(acceptance, n) / (1.0 + policy.verify_token_ratio * n)
+        if speedup > best_speedup:
+            best, best_speedup = n, speedup
+    return (best, best_speedup) if best else (0, 1.0)
+
+
+def draft_speedup(acceptance: float, k: int, policy: KPolicy, costs: Costs | None = None) -> float:
+    """The expected speedup of drafting ``k`` at this acceptance (1.0 for k 0), from measured costs where
+    given, else the policy's ratios."""
+    if k == 0:
+        return 1.0
+    cost = costs[k] if costs else round_cost(k, policy.draft_cost_ratio, policy.verify_cost_ratio)
+    return expected_tokens_per_round(acceptance, k) / cost
 
 
 class KController:
@@ -368,6 +394,8 @@ class AdaptiveState:
         self.policy, self.measure = policy, measure
         self.costs = RoundCosts(policy, clock=clock)
         self.pool = AcceptancePool(policy)
+        # prompt lookup's acceptance, pooled the same way (a request's own estimate shrinks toward it)
+        self.lookup_pool = Acceptance(policy.lookup_prior, policy.prior_weight, 0.005)
         self.decisions: dict[int, Decision] = {}
         self.rounds_by_k: dict[tuple[int, int], int] = {}
 

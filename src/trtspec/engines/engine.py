@@ -10,6 +10,8 @@
 
 ``num_draft_tokens=None`` (the default) is adaptive K (engines/adaptive.py, settings: ``k_policy``), a number pins K.
 ``draft_dir=None`` (or ``num_draft_tokens=0``) is target-only decoding through the same loop, the baseline.
+``proposer`` (core/lookup.py: draft, ngram, draft+ngram; a request's ``SamplingParams.proposer`` overrides it)
+picks who proposes: prompt lookup needs no draft model.
 A request with num_draft_tokens > max_draft_len raises ``RequestError`` (TensorRT-LLM refuses it too).
 Stops: max_new_tokens, stop ids (core/token_rules.py: the one that ends a request is kept, as HF generate does),
 stop strings (the token that completes one is the last token; ``text`` ends at the stop string). Nothing past a
@@ -27,6 +29,7 @@ from pathlib import Path
 import torch
 
 from trtspec.core.errors import ModelError, RequestError
+from trtspec.core.lookup import LookupSpec, uses_lookup
 from trtspec.core.token_rules import model_end_ids, request_stop_ids
 from trtspec.engines.adaptive import AdaptiveState, KPolicy
 from trtspec.engines.loop import (
@@ -59,6 +62,10 @@ class StreamingGenerator(ABC):
     A subclass sets target, draft, tokenizer, eos_ids, max_draft_len, max_seq_len, max_batch_size, k_policy and
     adaptive."""
 
+    # The proposer a request without its own uses, and prompt lookup's settings (core/lookup.py).
+    proposer: str = "draft"
+    lookup: LookupSpec = LookupSpec()
+
     # What a user changes to lift each limit (the engine's arguments here; a rebuild for TensorRT engines).
     batch_hint = "raise max_batch_size"
     seq_hint = "shorten it or raise max_seq_len"
@@ -78,6 +85,8 @@ class StreamingGenerator(ABC):
             seq_hint=self.seq_hint,
             k_policy=self.k_policy,
             adaptive=self.adaptive,
+            proposer=self.proposer,
+            lookup=self.lookup,
         )
 
     def _eos_ids(self, params: SamplingParams) -> tuple[int, ...]:
@@ -146,11 +155,14 @@ class SpeculativeEngine(StreamingGenerator):
         max_draft_len: int = 8,
         max_seq_len: int = 2048,
         k_policy: KPolicy = KPolicy(),
+        proposer: str = "draft",
+        lookup: LookupSpec = LookupSpec(),
     ):
         self.target, self.draft, self.tokenizer = target, draft, tokenizer
-        self.k_policy = k_policy
+        self.k_policy, self.proposer, self.lookup = k_policy, proposer, lookup
         self.adaptive = AdaptiveState(k_policy)  # measured over every call's rounds
-        self.max_draft_len = max_draft_len if draft is not None else 0
+        proposes = draft is not None or uses_lookup(proposer)
+        self.max_draft_len = max_draft_len if proposes else 0
         self.max_seq_len = max_seq_len
         self.max_batch_size = target.num_slots
         generation_eos = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
@@ -172,6 +184,8 @@ class SpeculativeEngine(StreamingGenerator):
         trust_remote_code: bool = False,
         lean: bool | None = None,
         k_policy: KPolicy = KPolicy(),
+        proposer: str = "draft",
+        lookup: LookupSpec = LookupSpec(),
     ) -> SpeculativeEngine:
         if device == "cuda" and not torch.cuda.is_available():
             raise ModelError("device 'cuda' was asked for but torch sees no GPU; use --device cpu")
@@ -195,6 +209,8 @@ class SpeculativeEngine(StreamingGenerator):
             max_draft_len=max_draft_len,
             max_seq_len=max_seq_len,
             k_policy=k_policy,
+            proposer=proposer,
+            lookup=lookup,
         )
 
     @property

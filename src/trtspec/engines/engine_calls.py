@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
 
+import torch
+
 from trtspec.core.sequences import common_prefix_len
 from trtspec.core.token_rules import EngineStops, engine_stops, round_seeds
 from trtspec.core.vocab import draft_input_ids
@@ -117,8 +119,10 @@ class EngineCallRounds:
         target_only_in_one_call: bool = True,
         draft_ahead: Callable[[], bool] | None = None,
         together: Together = one_after_the_other,
+        has_draft: bool = True,
     ):
         self.calls, self.max_draft_len, self.num_slots = calls, max_draft_len, num_slots
+        self.has_draft = has_draft  # False: a target engine for external draft tokens alone (prompt lookup)
         self.max_seq_len, self.vocab_size = max_seq_len, vocab_size
         self.use_draft_logits = use_draft_logits
         self.tokenizer_eos, self.pad_id = tokenizer_eos, pad_id
@@ -130,8 +134,17 @@ class EngineCallRounds:
     def release(self, slot: int) -> None:
         self.ready.pop(slot, None)
 
-    def run(self, rows: list[Row], num_draft: list[int], params: SamplingParams, generator) -> list[Outcome]:
-        """Rows whose engines stop alike go in one call each (a TensorRT-LLM call takes one end_id)."""
+    def run(
+        self,
+        rows: list[Row],
+        num_draft: list[int],
+        params: SamplingParams,
+        generator,
+        proposals: list[list[int] | None] | None = None,
+    ) -> list[Outcome]:
+        """Rows whose engines stop alike go in one call each (a TensorRT-LLM call takes one end_id). ``proposals``:
+        rows whose draft tokens are given (prompt lookup) skip the draft engine."""
+        given = proposals or [None] * len(rows)
         outcomes: dict[int, Outcome] = {}
         by_stops: dict[tuple[int, ...], list[int]] = {}
         for i, row in enumerate(rows):
@@ -142,13 +155,22 @@ class EngineCallRounds:
             seeds = round_seeds(params.greedy, generator, calls=3)  # target, draft, draft ahead
             target, draft, ahead = (Call(*sampling, seed, stops) for seed in seeds)
             group = self._run(
-                [rows[i] for i in idx], [num_draft[i] for i in idx], params, (target, draft, ahead)
+                [rows[i] for i in idx],
+                [num_draft[i] for i in idx],
+                params,
+                (target, draft, ahead),
+                [given[i] for i in idx],
             )
             outcomes.update(zip(idx, group, strict=True))
         return [outcomes[i] for i in range(len(rows))]
 
     def _run(
-        self, rows: list[Row], num_draft: list[int], params, calls: tuple[Call, Call, Call]
+        self,
+        rows: list[Row],
+        num_draft: list[int],
+        params,
+        calls: tuple[Call, Call, Call],
+        given: list[list[int] | None],
     ) -> list[Outcome]:
         target, draft, ahead = calls
         if self.max_draft_len == 0 or params.num_draft_tokens == 0:
@@ -157,19 +179,24 @@ class EngineCallRounds:
                 outs = self.calls.verify([r.tokens for r in rows], None, None, max(budgets), target)
                 return [_commit(r, out[:b], [], 0) for r, out, b in zip(rows, outs, budgets, strict=True)]
             num_draft = [0] * len(rows)
-        drafts = self._propose(rows, num_draft, draft)
-        if len(rows) == 1 and self._ahead(rows[0], drafts[0], params):
+        drafts = self._propose(rows, num_draft, draft, given)
+        if len(rows) == 1 and given[0] is None and self._ahead(rows[0], drafts[0], params):
             return [self._verify_and_draft_ahead(rows[0], drafts[0], params, target, ahead)]
         emitted = self._verify(rows, drafts, target)
         return [_commit(r, out, d.tokens) for r, out, d in zip(rows, emitted, drafts, strict=True)]
 
-    def _propose(self, rows: list[Row], num_draft: list[int], call: Call) -> list[Draft]:
-        """Step 2: each row's draft ([] where it drafts nothing), from last round's draft-ahead where confirmed."""
+    def _propose(
+        self, rows: list[Row], num_draft: list[int], call: Call, given: list[list[int] | None]
+    ) -> list[Draft]:
+        """Step 2: each row's draft ([] where it drafts nothing): given, else from last round's draft-ahead where
+        confirmed, else from the draft engine."""
         drafts = [Draft([]) for _ in rows]
         asked = []
         for i, (row, k) in enumerate(zip(rows, num_draft, strict=True)):
             ready = self.ready.pop(row.slot, None)
-            if k > 0 and ready is not None:
+            if given[i] is not None:
+                drafts[i] = self._given(given[i])
+            elif k > 0 and ready is not None:
                 drafts[i] = _first(ready, k)
             elif k > 0:
                 asked.append(i)
@@ -179,6 +206,17 @@ class EngineCallRounds:
             for i, out in zip(asked, outs, strict=True):
                 drafts[i] = _first(out, num_draft[i])
         return drafts
+
+    def _given(self, tokens: list[int]) -> Draft:
+        """A given proposal; where draft logits decide acceptance, a point mass on each token (as logits: 0 on the
+        token, -inf elsewhere), which TensorRT-LLM's rejection sampling reads as the exact rule for a
+        deterministic proposal."""
+        if not (self.use_draft_logits and tokens):
+            return Draft(list(tokens))
+        rows = self.calls.target_logit_rows or self.calls.draft_vocab or max(tokens) + 1
+        logits = torch.full((len(tokens), rows), float("-inf"))
+        logits[torch.arange(len(tokens)), torch.tensor(tokens)] = 0.0
+        return Draft(list(tokens), logits)
 
     def _draft_view(self, tokens: list[int]) -> list[int]:
         vocab = self.calls.draft_vocab

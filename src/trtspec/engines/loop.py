@@ -23,6 +23,12 @@ orchestrator runs one loop per request on that request's thread.
 K per round: a request that pins ``num_draft_tokens`` drafts that many; one that gives none is adaptive
 (engines/adaptive.py: its running acceptance, capped by the policy's schedule for the rows in flight).
 
+Proposers (core/lookup.py): the loop's ``proposer``, or the request's own. Prompt lookup runs here, once for every
+runtime: a row that uses it gets its looked-up tokens as the round's given proposal, and the runtime verifies them
+without its draft model. Its length is the one with the best expected speedup for the request's lookup
+acceptance (adaptive.best_lookup_len, at most the row's K); with ``draft+ngram`` a row takes the lookup where that
+speedup is at least the draft's expected speedup at this round's K, else the draft.
+
 Stops are per request (``StopChecker``): max_new_tokens, EOS ids, stop token sequences and stop strings, and a
 round that emitted nothing. Which ids stop a request and whether the one that stopped it is returned
 (``keep_end``) are core/token_rules.py's rules. With ``first_token_alone`` a row's first round drafts
@@ -41,9 +47,18 @@ from dataclasses import dataclass, field
 import torch
 
 from trtspec.core.errors import RequestError
+from trtspec.core.lookup import LookupSpec, lookup, uses_draft, uses_lookup
 from trtspec.core.metrics import AcceptanceStats
 from trtspec.core.token_rules import KEEP_END
-from trtspec.engines.adaptive import AdaptiveState, KController, KPolicy, group_k
+from trtspec.engines.adaptive import (
+    Acceptance,
+    AdaptiveState,
+    KController,
+    KPolicy,
+    best_lookup_len,
+    draft_speedup,
+    group_k,
+)
 from trtspec.engines.rounds import Outcome, Rounds, Row
 from trtspec.engines.sampling import SamplingParams, check_num_draft_tokens
 
@@ -175,6 +190,8 @@ class _Active:
     controller: KController | None = None  # None: K pinned by the request
     generated: list[int] = field(default_factory=list)
     rounds: int = 0
+    proposer: str = "draft"  # core/lookup.py PROPOSERS
+    lookup: Acceptance | None = None  # prompt lookup's acceptance, where the request uses it
 
     def group_key(self) -> tuple:
         """Rows one batched sampling step can serve together."""
@@ -196,8 +213,11 @@ class GenerationLoop:
         seq_hint: str = "shorten it or raise max_seq_len",
         k_policy: KPolicy = KPolicy(),
         adaptive: AdaptiveState | None = None,
+        proposer: str = "draft",
+        lookup: LookupSpec = LookupSpec(),
     ):
         self.rounds, self.tokenizer = rounds, tokenizer
+        self.proposer, self.lookup_spec = proposer, lookup
         self.k_policy = k_policy
         # Adaptive K's measured costs and pooled acceptance; an engine passes its own so they outlive one call.
         self.adaptive = adaptive or AdaptiveState(k_policy)
@@ -229,7 +249,9 @@ class GenerationLoop:
         """Queue a request; RequestError now for one the loop cannot take. ``generator``: the sampled request's
         random generator (rows sharing one are sampled together; None = one of its own when it has a seed,
         else the loop's shared one)."""
-        k = check_num_draft_tokens(params, self.max_draft_len, self.max_draft_len > 0)
+        proposer = self._proposer(params)
+        has_draft = uses_draft(proposer) and self.rounds.has_draft
+        k = check_num_draft_tokens(params, self.max_draft_len, has_draft or uses_lookup(proposer))
         vocab = self.rounds.vocab_size
         check_prompt(prompt, params.max_new_tokens, self.max_seq_len, vocab, self.seq_hint, "the prompt")
         if params.stop_strings and self.tokenizer is None:
@@ -239,16 +261,34 @@ class GenerationLoop:
             generator = new_generator(params, self.rounds.device) if seeded else self._shared_generator
         stops = StopChecker(params, eos_ids, self.tokenizer, keep_end=keep_end, stop_sequences=stop_sequences)
         stats = AcceptanceStats(max_draft_len=k)
-        controller = None
-        if params.num_draft_tokens is None and k > 0:
+        controller = lookup_estimate = None
+        if params.num_draft_tokens is None and k > 0 and has_draft:
             # A seeded sampled request's K must not depend on other requests (it decides its random draws).
             prior = None if params.seeded else self.adaptive.pool
             controller = KController(self.k_policy, k, prior)
+        if uses_lookup(proposer) and k > 0:
+            prior = self.k_policy.lookup_prior if params.seeded else self.adaptive.lookup_pool
+            lookup_estimate = Acceptance(prior, self.k_policy.prior_weight, self.k_policy.smoothing)
         row = Row(list(prompt), -1, max_len=len(prompt) + params.max_new_tokens, stop_ids=tuple(eos_ids))
         start = time.perf_counter()
-        request = _Active(request_id, row, params, k, stops, generator, start, stats, controller)
+        request = _Active(
+            request_id, row, params, k, stops, generator, start, stats, controller, proposer=proposer
+        )
+        request.lookup = lookup_estimate
         with self.lock:
             self.queued.append(request)
+
+    def _proposer(self, params: SamplingParams) -> str:
+        """The request's proposer: its own (RequestError where this runtime lacks what it needs), else the
+        loop's (a loop without a draft model then drafts nothing from it)."""
+        if params.proposer is None:
+            return self.proposer
+        if uses_draft(params.proposer) and not self.rounds.has_draft:
+            raise RequestError(
+                f"proposer {params.proposer!r} needs a draft model and this deployment has none; "
+                "ask for proposer 'ngram' or leave it out"
+            )
+        return params.proposer
 
     def cancel(self, request_id: Hashable) -> None:
         """The request leaves before the next round (finish_reason "cancelled"); unknown ids are ignored."""
@@ -308,23 +348,32 @@ class GenerationLoop:
         groups: dict[tuple, list[_Active]] = {}
         for request in self.active:
             groups.setdefault(request.group_key(), []).append(request)
-        outcome = {}
+        outcome, looked_up = {}, set()
         running = any(r.rounds for r in self.active)  # some row drafts this round anyway
         for group in groups.values():
-            num_draft = self._num_drafts(group, running, only_group=len(groups) == 1)
+            num_draft, proposals = self._num_drafts(group, running, only_group=len(groups) == 1)
             rows = [r.row for r in group]
-            outcomes = self.rounds.run(rows, num_draft, group[0].params, group[0].generator)
+            if proposals is None:
+                outcomes = self.rounds.run(rows, num_draft, group[0].params, group[0].generator)
+            else:
+                outcomes = self.rounds.run(rows, num_draft, group[0].params, group[0].generator, proposals)
+                looked_up.update(id(r) for r, p in zip(group, proposals, strict=True) if p is not None)
             for r, out in zip(group, outcomes, strict=True):
                 outcome[id(r)] = out
         now = time.perf_counter()
-        return [self._emit(request, outcome[id(request)], now) for request in list(self.active)]
+        return [
+            self._emit(request, outcome[id(request)], now, id(request) in looked_up)
+            for request in list(self.active)
+        ]
 
-    def _num_drafts(self, group: list[_Active], running: bool, only_group: bool) -> list[int]:
-        """Each row's K this round for one batched group: adaptive rows share one K (adaptive.group_k: the batch
-        runs as many draft steps as its largest K anyway), from the measured round costs of this batch size. A
-        seeded sampled group (one seeded request, or one engine call's batch sharing its generator) uses neither
-        the load nor measured times: its K decides which random draws it consumes, so its tokens must not depend
-        on them."""
+    def _num_drafts(
+        self, group: list[_Active], running: bool, only_group: bool
+    ) -> tuple[list[int], list[list[int] | None] | None]:
+        """Each row's K this round for one batched group, and the given proposals (None: no row looks up):
+        adaptive rows share one K (adaptive.group_k: the batch runs as many draft steps as its largest K anyway),
+        from the measured round costs of this batch size. A seeded sampled group (one seeded request, or one
+        engine call's batch sharing its generator) uses neither the load nor measured times: its K decides which
+        random draws it consumes, so its tokens must not depend on them."""
         adaptive = [r.controller for r in group if r.controller is not None]
         no_prefill = all(r.rounds for r in group)  # a prefill round's time is the prompt's, not the K's
         shared = 0
@@ -335,12 +384,43 @@ class GenerationLoop:
             unit = only_group and no_prefill and len(adaptive) == len(group)
             shared = self.adaptive.choose(adaptive, len(self.active), len(group), self.max_draft_len, unit)
         num_draft = [self._num_draft(r, running, shared) for r in group]
+        proposals = self._lookups(group, num_draft, running, shared, adaptive)
+        drafted = [0 if proposals and proposals[i] is not None else k for i, k in enumerate(num_draft)]
         if adaptive and not group[0].params.seeded:
-            self.adaptive.ran(len(group), max(num_draft))
-        # Timed only as the round's one batch: another group's prefill or forwards would be charged to this K.
-        if no_prefill and only_group:
+            self.adaptive.ran(len(group), max(drafted))
+        # Timed only as the round's one batch: another group's prefill or forwards would be charged to this K,
+        # and a looked-up proposal's verification to the draft's.
+        if no_prefill and only_group and proposals is None:
             self.adaptive.costs.start(len(group), max(num_draft))
-        return num_draft
+        return num_draft, proposals
+
+    def _lookups(
+        self, group: list[_Active], num_draft: list[int], running: bool, shared: int, adaptive
+    ) -> list[list[int] | None] | None:
+        """Prompt lookup for the group's rows that use it (see the module docstring); sets their num_draft to the
+        proposal's length. None where no row takes a lookup."""
+        proposals: list[list[int] | None] = [None] * len(group)
+        for i, request in enumerate(group):
+            if request.lookup is None:
+                continue
+            cap = self._num_draft(request, running, request.k)
+            found = lookup(request.row.tokens, cap, self.lookup_spec) if cap > 0 else []
+            n, speedup = best_lookup_len(request.lookup.value, len(found), self.k_policy)
+            if n == 0:
+                if not uses_draft(request.proposer):
+                    num_draft[i] = 0
+                continue
+            if request.proposer == "draft+ngram" and num_draft[i] > 0:
+                k = num_draft[i]
+                acceptance = request.controller.acceptance if request.controller else self.k_policy.prior
+                # a seeded request's choice must not depend on the load: the policy's ratios only
+                measured = request.controller is not None and not request.params.seeded
+                decision = self.adaptive.decisions.get(len(group)) if measured else None
+                rival = decision.expected_speedup if decision and k == shared else None
+                if (rival or draft_speedup(acceptance, k, self.k_policy)) > speedup:
+                    continue
+            proposals[i], num_draft[i] = found[:n], n
+        return proposals if any(p is not None for p in proposals) else None
 
     def _num_draft(self, request: _Active, running: bool, shared: int) -> int:
         """The row's K this round (``shared``: the adaptive rows' K). A first round drafts nothing
@@ -352,16 +432,22 @@ class GenerationLoop:
         # Never draft past max_new_tokens: the round's last token comes from the target anyway.
         return min(k, request.params.max_new_tokens - len(request.generated) - 1)
 
-    def _emit(self, request: _Active, out: Outcome, now: float) -> RowEvent:
-        """Record the round, cut its tokens at the request's stops, retire the request if it finished."""
+    def _emit(self, request: _Active, out: Outcome, now: float, looked_up: bool = False) -> RowEvent:
+        """Record the round, cut its tokens at the request's stops, retire the request if it finished.
+        ``looked_up``: its draft tokens came from prompt lookup."""
         request.rounds += 1
         stats = request.stats
+        proposer = "ngram" if looked_up else "draft"
         if out.num_draft:
-            stats.record_round(out.num_draft, out.num_accepted)
+            stats.record_round(out.num_draft, out.num_accepted, proposer)
         else:  # target-only: one target step per token (a runtime may take several in one call)
             for _ in range(max(len(out.tokens), 1)):
                 stats.record_round(0, 0)
-        if request.controller is not None:
+        if looked_up:
+            request.lookup.update(out.num_draft, out.num_accepted)
+            if not request.params.seeded:
+                self.adaptive.lookup_pool.update(out.num_draft, out.num_accepted)
+        elif request.controller is not None:
             request.controller.update(out.num_draft, out.num_accepted)
             if out.num_draft:
                 self.adaptive.pool.update(out.num_draft, out.num_accepted)

@@ -4,13 +4,15 @@
         num_slots = 4                     # TorchRounds), and engines behind calls (engine_calls.EngineCallRounds:
         vocab_size = 32000                # TensorRT-LLM's runner in-process, the Triton engine models by BLS)
         max_draft_len = 8
+        has_draft = True
         device = "cpu"
-        def run(self, rows, num_draft, params, generator) -> list[Outcome]: ...
+        def run(self, rows, num_draft, params, generator, proposals=None) -> list[Outcome]: ...
         def release(self, slot): ...
 
 A round is propose + verify for a group of rows that one batched sampling step can serve (the loop groups them):
 row b drafts up to ``num_draft[b]`` tokens, the target verifies them, and the round appends what it emitted to
-``rows[b].tokens``. Everything around the round (admission into slots, stops and the EOS convention, stats,
+``rows[b].tokens``. A row may come with its draft tokens given (``proposals[b]``, prompt lookup: the loop's, once
+for every runtime); the runtime verifies those without its draft model. Everything around the round (admission into slots, stops and the EOS convention, stats,
 streaming events, cancellation, adaptive K) is the loop's and exists once.
 """
 
@@ -51,11 +53,21 @@ class Rounds(Protocol):
 
     num_slots: int  # rows in flight at most
     vocab_size: int  # ids every model of the runtime can embed (0: the runtime checks them itself)
-    max_draft_len: int  # the most draft tokens a row may ask for (0: no draft, target-only)
+    max_draft_len: int  # the most draft tokens a row may ask for (0: target-only)
+    has_draft: bool  # a draft model proposes (False: target-only, or given proposals only)
     device: Any  # where a sampled request's torch.Generator lives
 
-    def run(self, rows: list[Row], num_draft: list[int], params, generator) -> list[Outcome]:
-        """One round for ``rows`` (same sampling settings and generator); one Outcome per row, in order."""
+    def run(
+        self,
+        rows: list[Row],
+        num_draft: list[int],
+        params,
+        generator,
+        proposals: list[list[int] | None] | None = None,
+    ) -> list[Outcome]:
+        """One round for ``rows`` (same sampling settings and generator); one Outcome per row, in order. A row with
+        ``proposals[b]`` (its num_draft is that proposal's length) is verified against those tokens: under sampling
+        as a point mass."""
         ...
 
     def release(self, slot: int) -> None:

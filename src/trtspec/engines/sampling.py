@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from trtspec.core.errors import RequestError
+from trtspec.core.lookup import PROPOSERS
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,8 @@ class SamplingParams:
     temperature 0 or top_k 1 = greedy (TensorRT-LLM's greedy is top_k 1). num_draft_tokens None = adaptive K up to the engine's max_draft_len (engines/adaptive.py);
     0 = target-only decoding.
     stop_token_ids None = the target's EOS ids (generation_config); ignore_eos drops them.
-    stop_strings need a tokenizer (the engine's). seed None = nondeterministic.
+    stop_strings need a tokenizer (the engine's). seed None = nondeterministic. proposer None = the engine's
+    (core/lookup.py PROPOSERS: draft, ngram, draft+ngram).
     """
 
     max_new_tokens: int = 64
@@ -45,9 +47,16 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] | None = None
     stop_strings: tuple[str, ...] = ()
     ignore_eos: bool = False
+    proposer: str | None = None
 
     def __post_init__(self) -> None:
         checks = [
+            (
+                self.proposer is None or self.proposer in PROPOSERS,
+                "proposer",
+                self.proposer,
+                f"must be one of {', '.join(PROPOSERS)}",
+            ),
             (self.max_new_tokens >= 1, "max_new_tokens", self.max_new_tokens, "must be >= 1"),
             (
                 self.num_draft_tokens is None or self.num_draft_tokens >= 0,

@@ -185,27 +185,78 @@ def commit(rows: list[Row], draft_tokens, num_accepted: list[int], next_token: l
 
 
 def speculative_round(
-    target, draft, rows: list[Row], num_draft: list[int], params: SamplingParams, generator
+    target,
+    draft,
+    rows: list[Row],
+    num_draft: list[int],
+    params: SamplingParams,
+    generator,
+    proposals: list[list[int] | None] | None = None,
 ):
-    """1. propose, 2. verify, 3. commit. Returns (emitted tokens per row, num_accepted per row)."""
-    draft_tokens, _, draft_probs = propose(draft, rows, num_draft, params, generator, target.vocab_size)
+    """1. propose, 2. verify, 3. commit. Returns (emitted tokens per row, num_accepted per row). ``proposals``:
+    rows whose draft tokens are given (prompt lookup: core/lookup.py; their num_draft is the proposal's length)
+    skip the draft model; under sampling their tokens are point masses (``point_mass``)."""
+    given = proposals or [None] * len(rows)
+    asked = [0 if g is not None else n for g, n in zip(given, num_draft, strict=True)]
+    draft_tokens, _, draft_probs = propose(draft, rows, asked, params, generator, target.vocab_size)
+    if proposals is not None:
+        draft_tokens, draft_probs = with_proposals(
+            draft_tokens, draft_probs, given, params, target.vocab_size, target.device
+        )
     num_accepted, next_token = verify(target, rows, draft_tokens, num_draft, draft_probs, params, generator)
     return commit(rows, draft_tokens, num_accepted, next_token), num_accepted
 
 
+def with_proposals(draft_tokens, draft_probs, given: list[list[int] | None], params, vocab_size: int, device):
+    """The round's draft tokens [B, K] with the given rows' tokens in place (K: the longest of either), and,
+    when sampling, their probabilities: a point mass on each given token (``point_mass``)."""
+    k = max([draft_tokens.shape[1], *(len(g) for g in given if g is not None)])
+    tokens = torch.zeros(len(given), k, dtype=torch.long, device=device)
+    tokens[:, : draft_tokens.shape[1]] = draft_tokens
+    for b, g in enumerate(given):
+        if g is not None:
+            tokens[b, : len(g)] = torch.tensor(g, dtype=torch.long)
+    if params.greedy:
+        return tokens, None
+    probs = torch.zeros(len(given), k, vocab_size, device=device)
+    if draft_probs is not None:
+        probs[:, : draft_probs.shape[1]] = draft_probs.to(probs.device)
+    for b, g in enumerate(given):
+        if g is not None:
+            probs[b] = point_mass(tokens[b], vocab_size)
+    return tokens, probs
+
+
+def point_mass(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[K, V] probability 1 on each token: a deterministic proposal as rejection sampling reads it (accepted with
+    the target's probability of the token; on rejection the target's distribution without it, renormalised),
+    which keeps the target's distribution (docs/exactness.md)."""
+    return torch.nn.functional.one_hot(tokens, vocab_size).float()
+
+
 class TorchRounds:
     """The torch pair's round for the loop (engines/rounds.py ``Rounds``): ``speculative_round`` over the models'
-    KV slots. ``draft`` None: target-only."""
+    KV slots. ``draft`` None: no draft model (target-only, or given proposals only)."""
 
     def __init__(self, target, draft=None, *, max_draft_len: int = 8):
         self.target, self.draft = target, draft
         self.num_slots = target.num_slots
         self.vocab_size = min(m.vocab_size for m in (target, draft) if m is not None)
-        self.max_draft_len = max_draft_len if draft is not None else 0
+        self.max_draft_len = max_draft_len
+        self.has_draft = draft is not None
         self.device = target.device
 
-    def run(self, rows: list[Row], num_draft: list[int], params: SamplingParams, generator) -> list[Outcome]:
-        emitted, num_accepted = speculative_round(self.target, self.draft, rows, num_draft, params, generator)
+    def run(
+        self,
+        rows: list[Row],
+        num_draft: list[int],
+        params: SamplingParams,
+        generator,
+        proposals: list[list[int] | None] | None = None,
+    ) -> list[Outcome]:
+        emitted, num_accepted = speculative_round(
+            self.target, self.draft, rows, num_draft, params, generator, proposals
+        )
         return [Outcome(*o) for o in zip(emitted, num_draft, num_accepted, strict=True)]
 
     def release(self, slot: int) -> None:
