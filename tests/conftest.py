@@ -81,3 +81,21 @@ def fake_trtllm(monkeypatch):
     # modelopt imports tensorrt_llm when it can: drop the stand-in so later tests see a machine without it.
     for name in [m for m in sys.modules if m == "tensorrt_llm" or m.startswith("tensorrt_llm.")]:
         del sys.modules[name]
+
+
+@pytest.fixture(scope="session")
+def small_vocab_pair(tmp_path_factory, shared_tokenizer_dir):
+    """Target and draft over an 8-token vocabulary, so the target's 2-token joint distribution is enumerable."""
+    from tiny_models import make_model
+
+    root = tmp_path_factory.mktemp("smallvocab")
+    opts = dict(
+        tokenizer_dir=shared_tokenizer_dir,
+        vocab_size=8,
+        hidden_size=32,
+        num_attention_heads=2,
+        intermediate_size=64,
+    )
+    target = make_model(root / "target", "llama", num_hidden_layers=2, seed=21, **opts)
+    draft = make_model(root / "draft", "llama", num_hidden_layers=1, seed=22, **opts)
+    return target, draft

@@ -117,22 +117,6 @@ def test_bad_sampling_params_raise_one_line_naming_the_field_and_value(fields, m
     assert err.value.message == message
 
 
-@pytest.fixture(scope="module")
-def small_vocab_pair(tmp_path_factory, shared_tokenizer_dir):
-    """Target and draft over an 8-token vocabulary, so the target's 2-token joint distribution is enumerable."""
-    root = tmp_path_factory.mktemp("smallvocab")
-    opts = dict(
-        tokenizer_dir=shared_tokenizer_dir,
-        vocab_size=8,
-        hidden_size=32,
-        num_attention_heads=2,
-        intermediate_size=64,
-    )
-    target = make_model(root / "target", "llama", num_hidden_layers=2, seed=21, **opts)
-    draft = make_model(root / "draft", "llama", num_hidden_layers=1, seed=22, **opts)
-    return target, draft
-
-
 def target_joint(target_dir, prompt: list[int], params: SamplingParams) -> torch.Tensor:
     """[V * V] exact probability of each 2-token continuation under the target's sampling distribution."""
     from transformers import AutoModelForCausalLM

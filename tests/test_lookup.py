@@ -1,0 +1,158 @@
+"""Prompt lookup (core/lookup.py) behind the Rounds seam: the proposal rule, exact greedy output for lookup alone and
+combined with the draft (one batch mixing proposers), samples that follow the target's distribution when the
+proposal is a point mass (and the test fails on a planted bug), and an engine-call round that verifies given
+tokens without its draft engine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_engine import hf_greedy
+from test_engine_sampling import BUGS, follows, plant, target_joint
+
+from trtspec.core.errors import RequestError
+from trtspec.core.lookup import LookupSpec, lookup
+from trtspec.engines.engine import SpeculativeEngine
+from trtspec.engines.engine_calls import Draft, EngineCallRounds
+from trtspec.engines.rounds import Row
+from trtspec.engines.sampling import SamplingParams
+
+# A prompt that repeats itself: its tail "40 41 42" occurred before, so lookup proposes what followed it.
+REPEATING = [1, 40, 41, 42, 43, 44, 45, 46, 7, 8, 40, 41, 42]
+
+
+@pytest.mark.parametrize(
+    "tokens, num, spec, expected",
+    [
+        ([1, 2, 3, 4, 5, 9, 1, 2, 3], 3, LookupSpec(), [4, 5, 9]),  # the longest suffix n-gram, 3
+        ([1, 2, 3, 4, 5, 9, 1, 2, 3], 1, LookupSpec(), [4]),  # at most num tokens
+        ([5, 1, 2, 6, 0, 1, 2, 7, 3, 1, 2], 2, LookupSpec(), [7, 3]),  # the latest occurrence wins
+        ([9, 2, 3, 8, 1, 2, 3, 4, 0, 1, 2, 3], 2, LookupSpec(), [4, 0]),  # a longer match beats a later one
+        ([1, 2, 3], 3, LookupSpec(), []),  # nothing repeats
+        ([7, 7, 7, 7], 3, LookupSpec(), [7]),  # a run overlaps its own suffix; only what exists follows
+        ([1, 2, 3, 4, 9, 4], 2, LookupSpec(2, 4), []),  # a 1-gram match is below prompt_lookup_min
+        ([1, 2, 3, 4, 9, 4], 2, LookupSpec(1, 4), [9, 4]),
+        ([1, 2, 3, 1, 2], 0, LookupSpec(), []),
+    ],
+)
+def test_lookup_proposes_what_followed_the_longest_latest_suffix_match(tokens, num, spec, expected):
+    assert lookup(tokens, num, spec) == expected
+
+
+@pytest.mark.parametrize("proposer", ["ngram", "draft+ngram"])
+def test_lookup_alone_and_combined_are_exact_under_greedy(tiny_pair, proposer):
+    target, draft = tiny_pair
+    engine = SpeculativeEngine.from_pretrained(target, draft, max_draft_len=4, max_seq_len=128)
+    params = SamplingParams(max_new_tokens=24, proposer=proposer)
+    (result,) = engine.generate([REPEATING], params)
+    assert result.token_ids == hf_greedy(target, REPEATING, 24)
+    assert result.stats.by_proposer["ngram"][1] > 0  # lookup proposed, and the target judged it
+    if proposer == "ngram":
+        assert set(result.stats.by_proposer) == {"ngram"}
+        assert result.stats.draft_forwards == 0
+
+
+def test_lookup_needs_no_draft_model_and_a_draft_proposer_then_is_refused(tiny_pair):
+    target, _ = tiny_pair
+    engine = SpeculativeEngine.from_pretrained(
+        target, None, max_draft_len=4, max_seq_len=128, proposer="ngram"
+    )
+    (result,) = engine.generate([REPEATING], SamplingParams(max_new_tokens=24))
+    assert result.token_ids == hf_greedy(target, REPEATING, 24)
+    assert result.stats.by_proposer["ngram"][1] > 0
+    with pytest.raises(RequestError, match="proposer 'draft\\+ngram' needs a draft model"):
+        engine.generate([REPEATING], SamplingParams(max_new_tokens=4, proposer="draft+ngram"))
+
+
+def test_one_batch_mixes_proposers_row_by_row_and_each_row_stays_exact(tiny_pair):
+    """Greedy rows share one round whatever their proposer: the draft drafts for some rows while others are
+    verified against looked-up tokens, and the draft's cache catches up on a row that looked up."""
+    target, draft = tiny_pair
+    engine = SpeculativeEngine.from_pretrained(target, draft, max_draft_len=4, max_seq_len=128)
+    loop = engine.new_loop()
+    prompts = {"draft": [1, 7, 8, 9], "ngram": REPEATING, "draft+ngram": REPEATING[:-1], "pinned": REPEATING}
+    for name, prompt in prompts.items():
+        proposer = "ngram" if name == "pinned" else name
+        k = 3 if name == "pinned" else None
+        params = SamplingParams(max_new_tokens=20, proposer=proposer, num_draft_tokens=k)
+        loop.add(name, prompt, params, eos_ids=engine.eos_ids)
+    results, mixed = {}, 0
+    while loop.busy:
+        events = loop.step()
+        mixed += len({e.request_id for e in events if e.num_draft}) > 1
+        results.update({e.request_id: e.result for e in events if e.result is not None})
+    assert mixed > 0
+    for name, prompt in prompts.items():
+        assert results[name].token_ids == hf_greedy(target, prompt, 20), name
+    assert "ngram" not in results["draft"].stats.by_proposer
+    assert max(n for _, n, _ in [results["pinned"].stats.by_proposer["ngram"]]) > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bug", BUGS)
+def test_point_mass_proposals_keep_the_target_distribution(monkeypatch, small_vocab_pair, bug):
+    """The prompt's tail 1 2 occurred before, followed by 3: lookup proposes 3 (a point mass). Accepted with the
+    target's probability of 3, else the residual (the target's distribution without 3); then a bonus token or
+    the next round: the 2-token joint must be the target's. A planted bug (accept every proposal; sample a
+    rejection from the target's distribution, 3 included) is detected."""
+    plant(monkeypatch, bug)
+    target, _ = small_vocab_pair
+    prompt = [1, 2, 3, 1, 2]
+    engine = SpeculativeEngine.from_pretrained(
+        target, None, max_draft_len=2, max_batch_size=256, max_seq_len=16, proposer="ngram"
+    )
+    counts = torch.zeros(64, dtype=torch.long)
+    proposed = 0
+    for seed in range(12):
+        params = SamplingParams(max_new_tokens=2, temperature=0.5, seed=seed, ignore_eos=True)
+        for result in engine.generate([prompt] * 256, params):
+            counts[result.token_ids[0] * 8 + result.token_ids[1]] += 1
+            proposed += result.stats.by_proposer.get("ngram", [0, 0, 0])[1]
+    assert proposed >= 12 * 256  # every first round verified a looked-up token
+    assert follows(counts, target_joint(target, prompt, SamplingParams(temperature=0.5))) == (bug is None)
+
+
+class GivenCalls:
+    """An EngineCalls whose draft must not be called and whose target accepts the first two tokens of any draft,
+    then says 99: enough to see given tokens reach the verification untouched."""
+
+    draft_vocab, target_logit_rows = 0, 128
+
+    def __init__(self):
+        self.verified = []
+
+    def propose(self, prefixes, num_tokens, call, want_logits):
+        raise AssertionError("the draft engine was called for a given proposal")
+
+    def verify(self, prefixes, drafts, draft_logits, max_new_tokens, call):
+        self.verified.append((drafts, draft_logits))
+        return [d[:2] + [99] for d in drafts] if drafts else [[99] for _ in prefixes]
+
+
+@pytest.mark.parametrize("use_draft_logits", [False, True])
+def test_engine_call_round_verifies_given_tokens_without_its_draft_engine(use_draft_logits):
+    calls = GivenCalls()
+    rounds = EngineCallRounds(
+        calls,
+        max_draft_len=4,
+        num_slots=2,
+        max_seq_len=64,
+        use_draft_logits=use_draft_logits,
+        has_draft=False,
+    )
+    rounds.ready[0] = Draft([5, 6])  # a stale draft-ahead guess for the slot: a given proposal replaces it
+    row = Row([1, 2, 3], 0, max_len=32)
+    params = SamplingParams(max_new_tokens=8, temperature=0.7, seed=1)
+    (outcome,) = rounds.run([row], [3], params, torch.Generator().manual_seed(0), [[10, 11, 12]])
+    assert (outcome.tokens, outcome.num_draft, outcome.num_accepted) == ([10, 11, 99], 3, 2)
+    assert row.tokens == [1, 2, 3, 10, 11, 99] and 0 not in rounds.ready
+    ((drafts, logits),) = calls.verified
+    assert drafts == [[10, 11, 12]]
+    if use_draft_logits:  # a point mass: probability 1 on each given token
+        probs = logits[0].softmax(-1)
+        assert (
+            probs.shape == (3, 128)
+            and probs[torch.arange(3), torch.tensor([10, 11, 12])].tolist() == [1.0] * 3
+        )
+    else:
+        assert logits is None
