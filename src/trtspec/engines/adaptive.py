@@ -158,13 +158,16 @@ class AcceptancePool(Acceptance):
         super().__init__(policy.prior, policy.prior_weight, decay)
 
 
-def best_lookup_len(acceptance: float, available: int, policy: KPolicy) -> tuple[int, float]:
+def best_lookup_len(
+    acceptance: float, available: int, policy: KPolicy, costs: Costs | None = None
+) -> tuple[int, float]:
     """How many of ``available`` looked-up tokens to propose, and the expected speedup over target-only: the
-    length with the best expected tokens per round over its verification's cost (1 + verify_token_ratio per
-    token); (0, 1.0) unless one beats 1 + min_gain."""
+    length with the best expected tokens per round over its round's cost (measured lookup rounds, else
+    1 + verify_token_ratio per token); (0, 1.0) unless one beats 1 + min_gain."""
     best, best_speedup = 0, 1.0 + policy.min_gain
     for n in range(1, available + 1):
-        speedup = expected_tokens_per_round(acceptance, n) / (1.0 + policy.verify_token_ratio * n)
+        cost = costs[n] if costs else 1.0 + policy.verify_token_ratio * n
+        speedup = expected_tokens_per_round(acceptance, n) / cost
         if speedup > best_speedup:
             best, best_speedup = n, speedup
     return (best, best_speedup) if best else (0, 1.0)
@@ -393,11 +396,34 @@ class AdaptiveState:
     def __init__(self, policy: KPolicy, clock=time.perf_counter, measure: bool = True):
         self.policy, self.measure = policy, measure
         self.costs = RoundCosts(policy, clock=clock)
+        # Prompt lookup's rounds (no draft steps, only a longer verification) on their own, beside the same
+        # target-only units: lookup's cost per proposed token is what its verification costs where it runs.
+        self.lookup_costs = RoundCosts(policy, clock=clock)
         self.pool = AcceptancePool(policy)
         # prompt lookup's acceptance, pooled the same way (a request's own estimate shrinks toward it)
         self.lookup_pool = Acceptance(policy.lookup_prior, policy.prior_weight, 0.005)
         self.decisions: dict[int, Decision] = {}
         self.rounds_by_k: dict[tuple[int, int], int] = {}
+
+    def begin_round(self) -> None:
+        self.costs.begin_round()
+        self.lookup_costs.begin_round()
+
+    def idle(self) -> None:
+        self.costs.idle()
+        self.lookup_costs.idle()
+
+    def timed(self, batch: int, k: int, looked_up: bool) -> None:
+        """Time this round as one batch of ``batch`` rows verifying up to ``k`` tokens: a target-only round is
+        both tables' unit; a round of looked-up proposals is lookup's, else the draft's."""
+        if k == 0 or not looked_up:
+            self.costs.start(batch, k)
+        if k == 0 or looked_up:
+            self.lookup_costs.start(batch, k)
+
+    def lookup_prices(self, batch: int, max_k: int) -> Costs | None:
+        """Lookup's measured cost per proposal length for this batch size (None: not measured, or not measuring)."""
+        return self.lookup_costs.costs(batch, max_k) if self.measure else None
 
     def snapshot(self) -> tuple[dict[int, Decision], dict[tuple[int, int], int]]:
         """Copies of ``decisions`` and ``rounds_by_k`` another thread may read while the loop goes on."""

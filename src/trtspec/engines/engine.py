@@ -134,7 +134,7 @@ class StreamingGenerator(ABC):
                     results[event.request_id] = event.result
                 yield StreamEvent(new_tokens, [r is not None for r in results])
         finally:  # a caller that stops reading leaves a round untimed, not timed across its pause
-            loop.adaptive.costs.idle()
+            loop.adaptive.idle()
         yield StreamEvent([[] for _ in prompts], [True] * len(prompts), results)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:

@@ -301,7 +301,7 @@ class GenerationLoop:
         if self.active:
             events += self._round()
         if not self.busy:
-            self.adaptive.costs.idle()
+            self.adaptive.idle()
         return events
 
     def fail_all(self, message: str) -> list[RowEvent]:
@@ -312,7 +312,7 @@ class GenerationLoop:
             self.rounds.release(request.row.slot)
         self.active = []
         self.free_slots = list(range(self.rounds.num_slots))
-        self.adaptive.costs.idle()  # the failed round's time is no K's
+        self.adaptive.idle()  # the failed round's time is no K's
         return [RowEvent(r.request_id, [], r.stats, error=message) for r in requests]
 
     def _admit_and_cancel(self) -> list[RowEvent]:
@@ -344,7 +344,7 @@ class GenerationLoop:
 
     @torch.inference_mode()  # sampling and bookkeeping too, not only the forwards: no autograd dispatch per op
     def _round(self) -> list[RowEvent]:
-        self.adaptive.costs.begin_round()
+        self.adaptive.begin_round()
         groups: dict[tuple, list[_Active]] = {}
         for request in self.active:
             groups.setdefault(request.group_key(), []).append(request)
@@ -384,18 +384,19 @@ class GenerationLoop:
             unit = only_group and no_prefill and len(adaptive) == len(group)
             shared = self.adaptive.choose(adaptive, len(self.active), len(group), self.max_draft_len, unit)
         num_draft = [self._num_draft(r, running, shared) for r in group]
-        proposals = self._lookups(group, num_draft, running, shared, adaptive)
+        proposals = self._lookups(group, num_draft, running, shared)
         drafted = [0 if proposals and proposals[i] is not None else k for i, k in enumerate(num_draft)]
         if adaptive and not group[0].params.seeded:
             self.adaptive.ran(len(group), max(drafted))
-        # Timed only as the round's one batch: another group's prefill or forwards would be charged to this K,
-        # and a looked-up proposal's verification to the draft's.
-        if no_prefill and only_group and proposals is None:
-            self.adaptive.costs.start(len(group), max(num_draft))
+        # Timed only as the round's one batch (another group's prefill or forwards would be charged to this K),
+        # and only where one proposer gave every proposal (a mixed round's cost is neither's).
+        looked_up = proposals is not None
+        if no_prefill and only_group and (not looked_up or not any(drafted)):
+            self.adaptive.timed(len(group), max(num_draft), looked_up)
         return num_draft, proposals
 
     def _lookups(
-        self, group: list[_Active], num_draft: list[int], running: bool, shared: int, adaptive
+        self, group: list[_Active], num_draft: list[int], running: bool, shared: int
     ) -> list[list[int] | None] | None:
         """Prompt lookup for the group's rows that use it (see the module docstring); sets their num_draft to the
         proposal's length. None where no row takes a lookup."""
@@ -405,7 +406,11 @@ class GenerationLoop:
                 continue
             cap = self._num_draft(request, running, request.k)
             found = lookup(request.row.tokens, cap, self.lookup_spec) if cap > 0 else []
-            n, speedup = best_lookup_len(request.lookup.value, len(found), self.k_policy)
+            # a seeded request's choice must not depend on the load: the policy's ratios only
+            costs = (
+                None if request.params.seeded else self.adaptive.lookup_prices(len(group), self.max_draft_len)
+            )
+            n, speedup = best_lookup_len(request.lookup.value, len(found), self.k_policy, costs)
             if n == 0:
                 if not uses_draft(request.proposer):
                     num_draft[i] = 0
@@ -413,7 +418,6 @@ class GenerationLoop:
             if request.proposer == "draft+ngram" and num_draft[i] > 0:
                 k = num_draft[i]
                 acceptance = request.controller.acceptance if request.controller else self.k_policy.prior
-                # a seeded request's choice must not depend on the load: the policy's ratios only
                 measured = request.controller is not None and not request.params.seeded
                 decision = self.adaptive.decisions.get(len(group)) if measured else None
                 rival = decision.expected_speedup if decision and k == shared else None
