@@ -13,6 +13,14 @@ Two verification rules, both exact (outputs follow the target's distribution):
 - ``rejection_sample`` (with draft probabilities): accept draft token x with probability
   min(1, target_probs[x] / draft_probs[x]); at the first rejection sample the recovered token from the normalised
   positive part of target_probs - draft_probs (Leviathan et al. 2023; Chen et al. 2023).
+
+A deterministic proposal (prompt lookup, core/lookup.py) is a point mass: draft_probs[x] = 1. Rejection sampling
+then accepts x with probability target_probs[x], and on rejection samples from target_probs - onehot(x)'s positive
+part: the target's distribution with x removed, renormalised. So token y comes out with probability
+p(x) [y = x] + (1 - p(x)) p(y) / (1 - p(x)) [y != x] = p(y): the target's distribution, for any choice of x,
+which is why a proposer needs no distribution of its own to stay exact. ``match_accept`` is the same rule
+(draw y from the target; accept x iff y = x; on rejection y is already a draw from p without x), so a runtime that
+accepts by token match (TensorRT-LLM without draft logits) is exact for looked-up tokens too.
 """
 
 from __future__ import annotations
