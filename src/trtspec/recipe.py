@@ -237,6 +237,60 @@ class TritonSpec(_Strict):
     metrics_port: int = Field(8002, ge=0, le=65535)
 
 
+_K8S_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # a DNS-1123 label
+_K8S_QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|Pi|M|G|T|P)?$"
+
+
+class KubernetesSpec(_Strict):
+    """``trtspec deploy --k8s``: the Kubernetes rollout (triton_repo/k8s). No part of the recipe's digest: how a
+    pair is rolled out does not change what is built."""
+
+    app: str | None = Field(None, max_length=40, pattern=_K8S_NAME, description="object names; default: name")
+    namespace: str | None = Field(None, max_length=63, pattern=_K8S_NAME)
+    image: str | None = Field(None, description="trtspec image by tag or digest; default: docker/'s builds")
+    gpus: int | None = Field(None, ge=0, le=512, description="GPUs per replica: what the recipe places")
+    gpus_per_node: int = Field(8, ge=1, le=64, description="past this a replica spans nodes")
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    models_pvc: str | None = Field(None, max_length=63, pattern=_K8S_NAME, description="the checkpoints' PVC")
+    engines_pvc: str | None = Field(None, max_length=63, pattern=_K8S_NAME, description="default: made")
+    storage_class: str | None = Field(None, max_length=253)
+    engines_size: str = Field("200Gi", pattern=_K8S_QUANTITY)
+    access_mode: Literal["ReadWriteMany", "ReadWriteOnce"] = "ReadWriteMany"
+    cpu: str | None = Field(None, pattern=_K8S_QUANTITY, description="CPU request per serving pod")
+    memory: str | None = Field(None, pattern=_K8S_QUANTITY, description="memory request per serving pod")
+    min_replicas: int = Field(1, ge=1, le=1000)
+    max_replicas: int = Field(4, ge=1, le=1000)
+    queue_compute_ratio: float = Field(
+        1.0, gt=0, le=1000, description="HPA target: average triton:queue_compute:ratio per replica"
+    )
+    min_acceptance: float = Field(0.3, ge=0, le=1, description="alert and canary gate: acceptance rate floor")
+    min_exact_match: float = Field(1.0, ge=0, le=1, description="canary gate: exact match vs HF")
+    canary_replicas: int = Field(1, ge=1, le=64)
+    gate_prompts: int = Field(16, ge=1, le=100000, description="prompts the canary gate validates")
+    gate_max_tokens: int = Field(32, ge=1, le=65536)
+    startup_timeout_s: int = Field(3600, ge=60, le=86400, description="deploy + load before liveness")
+    monitoring_labels: dict[str, str] = Field(default_factory=dict, description="e.g. release: prometheus")
+    grafana_datasource: str = Field("prometheus", min_length=1, description="the cluster Grafana's uid")
+
+    @field_validator("image")
+    @classmethod
+    def _pinned(cls, value: str | None) -> str | None:
+        if value is None or "@sha256:" in value:
+            return value
+        tag = value.rsplit("/", 1)[-1].partition(":")[2]
+        if not tag or tag == "latest":
+            raise ValueError(
+                f"pin a tag other than latest, or a digest (e.g. {value.removesuffix(':latest')}:0.1.0)"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _replicas(self) -> KubernetesSpec:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas {self.min_replicas} > max_replicas {self.max_replicas}")
+        return self
+
+
 def torch_runtime_dtype(triton: TritonSpec, model: ModelSpec) -> str:
     """The dtype the PyTorch engine runs a model in under the torch runtime (fp16 matmuls are slow on CPU)."""
     if triton.torch_dtype != "auto":
@@ -254,6 +308,9 @@ class Recipe(_Strict):
     limits: LimitsSpec = LimitsSpec()
     calibration: CalibrationSpec = CalibrationSpec()
     triton: TritonSpec = TritonSpec()
+    kubernetes: KubernetesSpec = Field(
+        KubernetesSpec(), exclude=True, description="the Kubernetes rollout (deploy --k8s)"
+    )
     source: Path | None = Field(
         None, strict=False, exclude=True, description="the file this recipe was read from"
     )

@@ -1,5 +1,5 @@
 """Stand-in for what upstream's LLM-API model reaches in tensorrt_llm 1.2.x about draft-target (tensorrt_llm cannot
-run here): DraftTargetDecodingConfig's fields and validation (tensorrt_llm/llmapi/llm_args.py, DecodingBaseConfig:
+run here): DraftTargetDecodingConfig's and NGramDecodingConfig's fields and validation (tensorrt_llm/llmapi/llm_args.py, DecodingBaseConfig:
 strict, unknown keys refused), the drafter's K for an iteration (_torch/speculative/drafter.py) and the acceptance
 gate (_torch/speculative/speculation_gate.py). Written from those sources' behaviour, independently of trtspec's
 builders/support.py, so that a test comparing the two can fail.
@@ -69,6 +69,37 @@ class DraftTargetDecodingConfig(BaseModel):
             raise ValueError("max_draft_len must be > 0 for DraftTarget")
         if self.speculative_model is None:
             raise ValueError("speculative_model must be specified for DraftTarget")
+        return self
+
+
+class NGramDecodingConfig(BaseModel):
+    """speculative_config of decoding_type NGram (prompt lookup; PyTorch backend only): the base fields (the draft
+    model's unused) and NGram's own, max_matching_ngram_size a positive int (default 2), is_keep_all,
+    is_use_oldest and is_public_pool (each default True); max_draft_len > 0 required."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_draft_len: int | None = None
+    max_total_draft_tokens: int | None = None
+    speculative_model: str | Path | None = Field(
+        None, validation_alias=AliasChoices("speculative_model", "speculative_model_dir")
+    )
+    max_concurrency: int | None = None
+    draft_len_schedule: dict[int, int] | None = None
+    load_format: str | None = None
+    acceptance_window: int | None = None
+    acceptance_length_threshold: float | None = None
+    allow_advanced_sampling: bool = False
+    max_matching_ngram_size: int = Field(2, gt=0)
+    is_keep_all: bool = True
+    is_use_oldest: bool = True
+    is_public_pool: bool = True
+
+    @model_validator(mode="after")
+    def _ngram(self):
+        if self.max_draft_len is None or self.max_draft_len <= 0:
+            raise ValueError("max_draft_len must be > 0 for NGram")
+        self.max_total_draft_tokens = self.max_draft_len  # a linear tree
         return self
 
 

@@ -2,12 +2,13 @@
 which needs tensorrt_llm and a GPU. It mirrors what trtspec depends on: loaded by trtspec's launcher from
 TRTSPEC_LLMAPI_MODEL_DIR (model.py importing its sibling helpers.py), reads 1/model.yaml like upstream (LLM()
 arguments + triton_config; only triton_config is popped, and unknown keys are refused like LlmArgs'
-extra="forbid"; speculative_config is validated as 1.2.x's DraftTargetDecodingConfig, llm_args.py here), drafts the
-K of each request's iteration by 1.2.x's rules (one request at a time here, so the schedule's batch size is 1) with
-its acceptance gate, and answers upstream's tensors: text_input, streaming, sampling_param_* -> text_output (streamed
-as deltas) and, with sampling_param_return_perf_metrics, acceptance_rate / total_accepted_draft_tokens /
-total_draft_tokens. Generation is trtspec's PyTorch draft-target engine over model.yaml's model and
-speculative_config.speculative_model_dir, standing in for LLM(**args).generate_async.
+extra="forbid"; speculative_config is validated as 1.2.x's DraftTargetDecodingConfig or NGramDecodingConfig,
+llm_args.py here), drafts the K of each request's iteration by 1.2.x's rules (one request at a time here, so the
+schedule's batch size is 1) with its acceptance gate, and answers upstream's tensors: text_input, streaming,
+sampling_param_* -> text_output (streamed as deltas) and, with sampling_param_return_perf_metrics, acceptance_rate /
+total_accepted_draft_tokens / total_draft_tokens. Generation is trtspec's PyTorch engine over model.yaml's model and
+speculative_config.speculative_model_dir (NGram: prompt lookup, no draft), standing in for
+LLM(**args).generate_async.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 from helpers import scalar, tensor
-from llm_args import DraftTargetDecodingConfig, SpeculationGate, iteration_draft_len
+from llm_args import DraftTargetDecodingConfig, NGramDecodingConfig, SpeculationGate, iteration_draft_len
 
 LLM_ARGS = {
     "model", "tokenizer", "backend", "tensor_parallel_size", "pipeline_parallel_size", "dtype",
@@ -31,6 +32,7 @@ class TritonPythonModel:
     def initialize(self, args):
         import triton_python_backend_utils as pb_utils
 
+        from trtspec.core.lookup import LookupSpec
         from trtspec.engines.engine import SpeculativeEngine
 
         config = yaml.safe_load(
@@ -41,14 +43,21 @@ class TritonPythonModel:
         if unknown:
             raise ValueError(f"LlmArgs: extra fields not permitted: {unknown}")
         spec = dict(config["speculative_config"])
-        if spec.pop("decoding_type") != "DraftTarget":
-            raise ValueError("Invalid decoding type")
-        self.spec = DraftTargetDecodingConfig(**spec)
+        decoding = spec.pop("decoding_type")
+        configs = {"DraftTarget": DraftTargetDecodingConfig, "NGram": NGramDecodingConfig}
+        if decoding not in configs:
+            raise ValueError(f"Invalid decoding type: {decoding}")
+        self.spec = configs[decoding](**spec)
+        # NGram: prompt lookup over the request's own tokens, suffixes of max_matching_ngram_size down to one
+        ngram = decoding == "NGram"
+        draft_dir = None if ngram else str(self.spec.speculative_model)
+        lookup = LookupSpec(1, self.spec.max_matching_ngram_size) if ngram else LookupSpec()
         self.gate = SpeculationGate(self.spec.acceptance_window, self.spec.acceptance_length_threshold)
         self.max_batch_size = config["max_batch_size"]
         self.engine = SpeculativeEngine.from_pretrained(
-            config["model"], str(self.spec.speculative_model), max_draft_len=self.spec.max_draft_len,
+            config["model"], draft_dir, max_draft_len=self.spec.max_draft_len,
             max_seq_len=config["max_seq_len"] + self.spec.max_draft_len + 1,
+            proposer="ngram" if ngram else "draft", lookup=lookup,
         )  # fmt: skip
         self.decoupled = bool(triton["decoupled"])
         model_config = json.loads(args["model_config"])

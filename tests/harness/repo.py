@@ -104,7 +104,8 @@ def deploy_harness(recipe: Recipe, out: Path) -> Path:
     """The tensorrtllm runtime's repository at ``out`` with the stand-in engine models; its fake engine folders
     go beside it (``<out>-engines``), where tritonserver does not take them for models."""
     deploy(recipe, "tensorrtllm", out, engine_dirs=fake_engines(recipe, out.with_name(out.name + "-engines")))
-    for role, name in ROLES.items():
+    for role in recipe.models():  # no draft model where prompt lookup proposes alone
+        name = ROLES[role]
         (out / name / "config.pbtxt").write_text(engine_config(recipe, role)[0])
         (out / name / "1" / "model.py").write_text(MODEL_PY.format(tests=str(HARNESS_DIR.parent)))
     models = [path for path in out.iterdir() if (path / "config.pbtxt").is_file()]

@@ -5,6 +5,8 @@ Layout under ``engines/<name>/``::
     target/checkpoint  target/engine  draft/checkpoint  draft/engine
     manifest.json      plan.json      finish_in_ngc.sh  logs/
 
+(no draft/ where the recipe has no draft: prompt lookup alone needs the target engine only)
+
 Stages, in order: 1. pre-flight checks (``preflight.run_checks``); 2. one convert/quantize stage per model
 (``convert.export_checkpoint``); 3. the build plan (``plan.make_build_plan``), written as data and as a shell
 script to finish in the NGC image; 4. one engine stage per model (``trtllm_build.build_engines``, in a child
@@ -30,7 +32,7 @@ from typing import Any
 from trtspec.builders import environment
 from trtspec.builders.export_pipeline import export_bytes
 from trtspec.builders.manifest import FINISH_SCRIPT, MANIFEST, make_manifest, write_plan_files
-from trtspec.builders.plan import ROLES, BuildPlan, make_build_plan, read_checkpoint_config
+from trtspec.builders.plan import BuildPlan, engine_roles, make_build_plan, read_checkpoint_config
 from trtspec.builders.stage_cache import (
     clean_stale,
     digest,
@@ -202,11 +204,12 @@ def existing_checkpoint(recipe: Recipe, role: str, out_dir: Path) -> dict[str, A
 def plan_for(recipe: Recipe, out_dir: Path) -> BuildPlan:
     """Stage 3: the plan, from the finished checkpoints."""
     checkpoints = {}
-    for role in ROLES:
+    roles = engine_roles(recipe)
+    for role in roles:
         ckpt = layout.stage_dir(out_dir, role, layout.CHECKPOINT)
         checkpoints[role] = (ckpt, read_checkpoint_config(ckpt))
     return make_build_plan(
-        recipe, checkpoints, {role: layout.stage_dir(out_dir, role, layout.ENGINE) for role in ROLES}
+        recipe, checkpoints, {role: layout.stage_dir(out_dir, role, layout.ENGINE) for role in roles}
     )
 
 
@@ -301,16 +304,17 @@ def build(
     if recipe.triton.runtime == "trtllm-pytorch":
         return build_hf(recipe, out_dir, console, force)
     stages: dict[str, dict] = {}
+    roles = engine_roles(recipe)
     if engines_only:
-        for role in ROLES:
+        for role in roles:
             stages[f"{role}.checkpoint"] = existing_checkpoint(recipe, role, out_dir)
     else:
         stages["check"] = run_preflight(recipe)
-        for role in ROLES:
+        for role in roles:
             stages[f"{role}.checkpoint"] = convert_stage(recipe, role, out_dir, console, force)
     plan = plan_for(recipe, out_dir)
     write_plan_files(recipe, plan, out_dir)
-    checkpoints = {role: stages[f"{role}.checkpoint"] for role in ROLES}
+    checkpoints = {role: stages[f"{role}.checkpoint"] for role in roles}
     try:
         engine_stamps = engine_stages(plan, checkpoints, out_dir, console, force)
     except NeedsTensorRTLLM as err:

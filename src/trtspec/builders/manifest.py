@@ -41,7 +41,7 @@ def make_manifest(
         "ngc_image": trtllm.NGC_TRITON_TRTLLM_IMAGE,
         "inputs": {
             f"{role}.model": s["info"].get("input_hash")
-            for role in ROLES
+            for role in ROLES  # the draft's is absent where the recipe has none
             if (s := stages.get(f"{role}.checkpoint") or stages.get(f"{role}.hf_checkpoint"))
         },
         "outputs": {name: s.get("output_hash") for name, s in stages.items() if "output_hash" in s},
@@ -85,7 +85,7 @@ def finish_script(recipe: Recipe, plan: BuildPlan, out_dir: Path) -> str:
         f"  exec {shlex.join(trtspec_cmd)}",
         "fi",
         "# trtspec is not installed in the image: the same engines with trtllm-build (no manifest, no verification).",
-        *(shlex.join(rel[role]) for role in ROLES),
+        *(shlex.join(command) for command in rel.values()),
         "",
     ]
     return "\n".join(lines)

@@ -5,6 +5,8 @@ This module is the one place that knows the draft-target build rules (shared/ref
 
 - the target gets ``speculative_decoding_mode draft_tokens_external`` and ``max_draft_len K``; the draft gets
   neither (a target without them fails at run time with "larger than maximum number of draft tokens (0)");
+- a recipe without a draft (prompt lookup alone, speculative.proposer ngram) plans the target engine only, still
+  for external draft tokens: the orchestrator feeds it looked-up tokens;
 - both get paged context FMHA (KV-cache reuse; the default changed across versions, so it is always explicit);
 - both get ``gather_generation_logits`` when the recipe accepts by draft logits (without it the runtime hangs,
   TensorRT-LLM issue 2798); ``gather_context_logits`` is never set (RuntimeError with max_draft_len > 0);
@@ -110,14 +112,14 @@ class EnginePlan:
 
 @dataclass(frozen=True)
 class BuildPlan:
-    """Both engines of a draft-target pair."""
+    """The engines of a draft-target pair: both, or the target alone where prompt lookup proposes (no draft)."""
 
     recipe_name: str
     target: EnginePlan
-    draft: EnginePlan
+    draft: EnginePlan | None = None
 
-    def engines(self) -> tuple[EnginePlan, EnginePlan]:
-        return (self.target, self.draft)
+    def engines(self) -> tuple[EnginePlan, ...]:
+        return (self.target,) if self.draft is None else (self.target, self.draft)
 
     def to_dict(self) -> dict[str, Any]:
         return {"recipe": self.recipe_name, "engines": {p.role: p.to_dict() for p in self.engines()}}
@@ -125,7 +127,12 @@ class BuildPlan:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BuildPlan:
         engines = {role: EnginePlan.from_dict(d) for role, d in data["engines"].items()}
-        return cls(recipe_name=data["recipe"], target=engines["target"], draft=engines["draft"])
+        return cls(recipe_name=data["recipe"], target=engines["target"], draft=engines.get("draft"))
+
+
+def engine_roles(recipe: Recipe) -> tuple[str, ...]:
+    """The engines ``recipe`` builds, in build order: target and draft, or the target alone (no draft)."""
+    return tuple(role for role in ROLES if role in recipe.models())
 
 
 def checkpoint_facts(config: dict[str, Any], where: str | Path = "config.json") -> CheckpointFacts:
@@ -213,14 +220,16 @@ def make_engine_plan(
 def make_build_plan(
     recipe: Recipe, checkpoints: dict[str, tuple[Path, CheckpointFacts]], engine_dirs: dict[str, Path]
 ) -> BuildPlan:
-    """Plans of both engines. ``checkpoints`` maps role -> (checkpoint dir, its facts).
+    """Plans of the recipe's engines (engine_roles). ``checkpoints`` maps role -> (checkpoint dir, its facts).
 
     The engines' vocab rows may differ only as core.vocab.vocab_pair_problem allows (padding past the tokenizer).
     """
     plans = {
         role: make_engine_plan(role, recipe, checkpoints[role][1], checkpoints[role][0], engine_dirs[role])
-        for role in ROLES
+        for role in engine_roles(recipe)
     }
+    if "draft" not in plans:
+        return BuildPlan(recipe_name=recipe.name, target=plans["target"])
     rows = {
         role: vocab_rows(plan.checkpoint.vocab_size, "tensorrtllm", plan.checkpoint.tp_size, "none")
         for role, plan in plans.items()

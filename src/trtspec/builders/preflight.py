@@ -121,7 +121,9 @@ def check_precision(recipe: Recipe) -> CheckResult:
     )
 
 
-def check_limits(recipe: Recipe, target: ModelFacts, draft: ModelFacts) -> list[CheckResult]:
+def check_limits(recipe: Recipe, target: ModelFacts, draft: ModelFacts | None) -> list[CheckResult]:
+    """max_draft_len, max_seq_len against the models' positions, and room for K draft tokens (``draft`` None:
+    prompt lookup alone, the target's limits only)."""
     lim, k = recipe.limits, recipe.speculative.max_draft_len
     results = []
     if k > MAX_DRAFT_LEN_WARN:
@@ -137,7 +139,7 @@ def check_limits(recipe: Recipe, target: ModelFacts, draft: ModelFacts) -> list[
     too_long = [
         f
         for f in (target, draft)
-        if f.max_position_embeddings and lim.max_seq_len > f.max_position_embeddings
+        if f is not None and f.max_position_embeddings and lim.max_seq_len > f.max_position_embeddings
     ]
     if too_long:
         names = ", ".join(f"{f.role} {f.max_position_embeddings}" for f in too_long)
@@ -150,7 +152,11 @@ def check_limits(recipe: Recipe, target: ModelFacts, draft: ModelFacts) -> list[
         )
     else:
         results.append(
-            CheckResult("max_seq_len", "pass", f"{lim.max_seq_len} <= max_position_embeddings of both models")
+            CheckResult(
+                "max_seq_len",
+                "pass",
+                f"{lim.max_seq_len} <= max_position_embeddings of {'both models' if draft else 'the target'}",
+            )
         )
     if lim.max_input_len + k + 1 > lim.max_seq_len:
         results.append(
@@ -309,28 +315,52 @@ def check_cpu_dtype(recipe: Recipe, bf16_units: tuple[str, ...] | None) -> list[
 ENGINE_ONLY_CHECKS = ("precision", "memory", "runtime", "fast logits", "kv cache")
 
 
+def check_proposer(recipe: Recipe) -> CheckResult:
+    """Who proposes draft tokens (core/lookup.py): the draft model, prompt lookup, or both per row and round."""
+    spec = recipe.speculative
+    lookup = f"prompt lookup of {spec.prompt_lookup_max}..{spec.prompt_lookup_min}-token suffixes"
+    message = {
+        "draft": "the draft model",
+        "ngram": f"{lookup} alone; no draft model (the target verifies looked-up tokens)",
+        "draft+ngram": f"per row and round, the draft model or {lookup}, whichever is expected to pay more",
+    }[spec.proposer]
+    return CheckResult("proposer", "pass", f"{spec.proposer}: {message}", {"proposer": spec.proposer})
+
+
+def _pair_checks(recipe: Recipe, target: ModelFacts, draft: ModelFacts) -> list[CheckResult]:
+    """What only a pair has: one tokenizer, vocab rows that fit together, the draft's own model checks."""
+    runtime, max_seq_len = recipe.triton.runtime, recipe.limits.max_seq_len
+    return [
+        check_tokenizers(target.tokenizer, draft.tokenizer),
+        check_vocab(draft, recipe.draft),
+        check_padded_vocab(target, draft, recipe),
+        check_architecture(draft, runtime, max_seq_len),
+        check_weights(draft),
+        check_draft_size(target, draft),
+    ]
+
+
 def run_checks(
     recipe: Recipe, gpu_memory_gib: float | None = None, trtllm_version: str | None = None
 ) -> CheckReport:
     """All pre-flight checks of a recipe; raises ModelError only for unreadable inputs.
 
-    ``trtllm_version`` is the TensorRT-LLM the deployment will run (default: the installed one, if any).
+    ``trtllm_version`` is the TensorRT-LLM the deployment will run (default: the installed one, if any). A recipe
+    without a draft (prompt lookup alone) has the target's checks only.
     """
     target = gather_facts("target", recipe.target)
-    draft = gather_facts("draft", recipe.draft)
-    memory = [estimate_memory(target, recipe.target, recipe), estimate_memory(draft, recipe.draft, recipe)]
+    draft = gather_facts("draft", recipe.draft) if recipe.draft is not None else None
+    memory = [estimate_memory(target, recipe.target, recipe)]
+    if draft is not None:
+        memory.append(estimate_memory(draft, recipe.draft, recipe))
     results = [
-        check_tokenizers(target.tokenizer, draft.tokenizer),
+        check_proposer(recipe),
         check_vocab(target, recipe.target),
-        check_vocab(draft, recipe.draft),
-        check_padded_vocab(target, draft, recipe),
         check_architecture(target, recipe.triton.runtime, recipe.limits.max_seq_len),
-        check_architecture(draft, recipe.triton.runtime, recipe.limits.max_seq_len),
         check_weights(target),
-        check_weights(draft),
+        *(_pair_checks(recipe, target, draft) if draft is not None else []),
         check_precision(recipe),
         *check_limits(recipe, target, draft),
-        check_draft_size(target, draft),
         check_serving_memory(memory, gpu_memory_gib),
         check_runtime(recipe, trtllm_version),
         *check_llmapi_adaptive(recipe, trtllm_version),

@@ -15,6 +15,13 @@ from trtspec.recipe import Recipe
 
 def llmapi_runtime_problem(recipe: Recipe) -> tuple[Status, str] | None:
     """The first part of ``recipe`` trtllm-pytorch cannot run ("fail") or ignores ("warn"); None: none."""
+    if recipe.speculative.proposer == "draft+ngram":
+        return (
+            "fail",
+            f"speculative.proposer draft+ngram: TensorRT-LLM {support.TRTLLM_PYTORCH_VERSION}'s LLM API has no "
+            "combined proposer (one speculative_config: DraftTarget or NGram); choose draft or ngram with "
+            "trtllm-pytorch, or serve draft+ngram with runtime torch or tensorrtllm",
+        )
     for role, spec in recipe.models().items():
         if spec.quantization not in support.LLMAPI_QUANT_FORMATS:
             return (
@@ -33,6 +40,8 @@ def llmapi_runtime_problem(recipe: Recipe) -> tuple[Status, str] | None:
 def _layout_problem(recipe: Recipe) -> str | None:
     """The LLM API runs the draft inside the target's executor: same parallel mapping, same GPUs."""
     target, draft = recipe.target, recipe.draft
+    if draft is None:
+        return None
     if (draft.tp_size, draft.pp_size, draft.devices) != (target.tp_size, target.pp_size, target.devices):
         return (
             f"trtllm-pytorch runs the draft on the target's ranks (tp={target.tp_size} pp={target.pp_size} "
@@ -51,6 +60,9 @@ def check_llmapi_adaptive(recipe: Recipe, trtllm_version: str | None = None) -> 
     if problem:
         return [CheckResult("adaptive K", "fail", problem)]
     rendered = support.llmapi_speculation(spec, recipe.limits.max_batch_size)
+    version = trtllm_version or environment.installed_trtllm_version()
+    if spec.proposer == "ngram":
+        return _ngram_results(spec, rendered, pinned) + _field_version_results(rendered, version)
     details = rendered.fields()
     if spec.num_draft_tokens is not None:
         message = (
@@ -75,9 +87,31 @@ def check_llmapi_adaptive(recipe: Recipe, trtllm_version: str | None = None) -> 
     results = [CheckResult("adaptive K", "warn", message, details)]
     if spec.schedule:
         results.append(CheckResult("adaptive K", "pass", _schedule_message(spec, rendered), details))
-    return results + _field_version_results(
-        rendered, trtllm_version or environment.installed_trtllm_version()
+    return results + _field_version_results(rendered, version)
+
+
+def _ngram_results(spec, rendered, pinned: str) -> list[CheckResult]:
+    """proposer ngram: what upstream's NGram decoding takes of the recipe (support.llmapi_ngram_fields)."""
+    fields = rendered.fields() | support.llmapi_ngram_fields(spec)
+    k = (
+        f"every request drafts up to {rendered.max_draft_len} looked-up tokens (no per-request K in {pinned}'s "
+        "LLM API)"
     )
+    message = (
+        f"prompt lookup as NGram: max_matching_ngram_size {spec.prompt_lookup_max} (speculative."
+        f"prompt_lookup_max), the latest match of the request's own tokens; {k}; no acceptance gate (a lookup "
+        "costs no forward)"
+    )
+    results = [CheckResult("adaptive K", "pass", message, fields)]
+    if spec.schedule and spec.num_draft_tokens is None:
+        results.append(CheckResult("adaptive K", "pass", _schedule_message(spec, rendered), fields))
+    if "prompt_lookup_min" in spec.model_fields_set and spec.prompt_lookup_min > 1:
+        message = (
+            f"speculative.prompt_lookup_min {spec.prompt_lookup_min}: {pinned}'s NGram matches suffixes down to "
+            "one token and has no such setting; ignored under trtllm-pytorch"
+        )
+        results.append(CheckResult("adaptive K", "warn", message, fields))
+    return results
 
 
 def _schedule_message(spec, rendered) -> str:

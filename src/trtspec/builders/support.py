@@ -183,6 +183,16 @@ LLMAPI_SPECULATIVE_FIELDS = (
     "acceptance_window",
     "acceptance_length_threshold",
 )
+# NGram decoding (prompt lookup) in the same file: NGramDecodingConfig(DecodingBaseConfig), decoding_type "NGram"
+# (DecodingBaseConfig.from_dict's key, and the class's own), PyTorch backend only; besides the base fields
+# (max_draft_len, max_concurrency, draft_len_schedule, ...): max_matching_ngram_size (the longest suffix searched; the
+# search goes down to one token: no shortest size), is_keep_all (default True), is_use_oldest (default True: the
+# oldest match of a pattern, False: the newest), is_public_pool (default True: one pattern pool shared by every
+# request, False: each request's own). The names are the same in the release before 1.2 and the pre-releases after
+# it (_torch/speculative/ngram.py's NGramPoolManager reads them); the default of max_matching_ngram_size changed
+# (0, later 2), so trtspec always writes it.
+LLMAPI_NGRAM_DECODING_TYPE = "NGram"
+LLMAPI_NGRAM_FIELDS = ("max_matching_ngram_size", "is_keep_all", "is_use_oldest", "is_public_pool")
 # Finished requests the acceptance gate averages over: each one is a whole request's mean, and the switch is final,
 # so a window of a few requests would stop drafting for good after a handful of unlucky prompts.
 LLMAPI_ACCEPTANCE_WINDOW = 16
@@ -236,7 +246,7 @@ def llmapi_speculation(speculative, max_batch_size: int) -> LlmapiSpeculation:
     - unset (adaptive): ``schedule`` -> max_concurrency where it only turns drafting on and off, else
       draft_len_schedule (+ max_concurrency where it reaches 0); K by acceptance -> the acceptance gate, whose
       threshold is the break-even of core.metrics' cost model: K * draft_cost_ratio + 1 target steps per round
-      need K * draft_cost_ratio accepted draft tokens to pay.
+      need K * draft_cost_ratio accepted draft tokens to pay (not for proposer ngram: a lookup costs no forward).
     Raises ValueError for what ``llmapi_speculation_problem`` refuses."""
     from trtspec.core.metrics import round_cost
 
@@ -245,6 +255,7 @@ def llmapi_speculation(speculative, max_batch_size: int) -> LlmapiSpeculation:
         raise ValueError(problem)
     if speculative.num_draft_tokens is not None:
         return LlmapiSpeculation(max_draft_len=speculative.num_draft_tokens)
+    gated = speculative.proposer != "ngram"  # a looked-up proposal costs no forward: nothing to break even
     k, max_concurrency, schedule = speculative.max_draft_len, None, None
     if speculative.schedule:
         upstream = upstream_draft_len_schedule(speculative.schedule, k)
@@ -260,9 +271,20 @@ def llmapi_speculation(speculative, max_batch_size: int) -> LlmapiSpeculation:
         # with max_concurrency set does TensorRT-LLM capture the target's CUDA graph for rounds without drafts.
         max_concurrency=max_concurrency if max_concurrency is not None else max_batch_size,
         draft_len_schedule=schedule,
-        acceptance_window=LLMAPI_ACCEPTANCE_WINDOW,
-        acceptance_length_threshold=threshold,
+        acceptance_window=LLMAPI_ACCEPTANCE_WINDOW if gated else None,
+        acceptance_length_threshold=threshold if gated else None,
     )
+
+
+def llmapi_ngram_fields(speculative) -> dict:
+    """NGramDecodingConfig's own fields for prompt lookup (``speculative``: recipe.SpeculativeSpec): trtspec looks
+    up the longest suffix of up to prompt_lookup_max tokens in the request's own prompt and output and takes its
+    latest occurrence (core/lookup.py), i.e. a private pool and the newest match."""
+    return {
+        "max_matching_ngram_size": speculative.prompt_lookup_max,
+        "is_use_oldest": False,
+        "is_public_pool": False,
+    }
 
 
 # Formats beside which TensorRT-LLM's engine build keeps the paged context FMHA (which KV-cache reuse needs) with an

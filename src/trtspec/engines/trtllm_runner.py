@@ -21,6 +21,10 @@ verify the target's ``generate(prefix, draft_tokens_list=..., [draft_logits_list
 Where trtspec differs from upstream (a plain target step instead of a placeholder ``[end_id]`` draft, seeds per
 round and per model) the reason is in engine_calls.py and core/token_rules.py.
 
+Prompt lookup (``proposer`` ngram or draft+ngram, core/lookup.py): the loop's looked-up tokens go to the target's
+verify call as given drafts; with ngram alone no draft engine is loaded at all, and the target engine still needs
+``draft_tokens_external`` (``check_pair``).
+
 Not verified on a GPU: whether the executor keeps the end token in its output (trtspec keeps it when present and
 stops either way) and whether it ends a verification request after one step (the stats count one target forward
 per verification call).
@@ -34,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from trtspec.core import layout
 from trtspec.core.engine_config import read_engine_config
 from trtspec.core.errors import CheckpointError, ModelError
+from trtspec.core.lookup import LookupSpec, uses_lookup
 from trtspec.core.vocab import vocab_pair_problem
 from trtspec.core.vocab import vocab_rows as model_vocab_rows
 from trtspec.engines import trtllm_engine as adapter
@@ -50,7 +55,8 @@ SHARED_GPU_KV_FRACTION = 0.4
 
 
 class TrtllmSpeculativeRunner(StreamingGenerator):
-    """A target engine and an optional draft engine (``adapter.EngineRunner``); see the module docstring."""
+    """A target engine and an optional draft engine (``adapter.EngineRunner``); see the module docstring. Without
+    a draft engine it decodes target-only, or by prompt lookup where ``proposer`` looks up (ngram)."""
 
     batch_hint = "rebuild with a larger limits.max_batch_size"
     seq_hint = "shorten it or rebuild with a larger limits.max_seq_len"
@@ -66,11 +72,16 @@ class TrtllmSpeculativeRunner(StreamingGenerator):
         eos_ids: tuple[int, ...] = (),
         pad_id: int | None = None,
         k_policy: KPolicy = KPolicy(),
+        proposer: str = "draft",
+        lookup: LookupSpec = LookupSpec(),
     ):
-        check_pair(target.engine_dir, target.facts, draft.facts if draft else None, use_draft_logits)
+        proposes = draft is not None or uses_lookup(proposer)
+        draft_facts = draft.facts if draft else None
+        check_pair(target.engine_dir, target.facts, draft_facts, use_draft_logits, external=proposes)
         self.target, self.draft, self.tokenizer = target, draft, tokenizer
-        self.use_draft_logits = use_draft_logits and draft is not None
-        self.max_draft_len = target.max_draft_len if draft is not None else 0
+        self.proposer, self.lookup = proposer, lookup
+        self.use_draft_logits = use_draft_logits and proposes
+        self.max_draft_len = target.max_draft_len if proposes else 0
         self.max_batch_size = min(r.max_batch_size for r in (target, draft) if r is not None)
         # The target engine's max_seq_len includes max_draft_len (trtllm-build adds it).
         self.max_seq_len = target.max_seq_len - target.max_draft_len
@@ -93,14 +104,18 @@ class TrtllmSpeculativeRunner(StreamingGenerator):
         max_batch_size: int | None = None,
         trust_remote_code: bool = False,
         k_policy: KPolicy = KPolicy(),
+        proposer: str = "draft",
+        lookup: LookupSpec = LookupSpec(),
     ) -> TrtllmSpeculativeRunner:
-        """Load the engines (configs are checked first, so a bad pair fails before any GPU work).
+        """Load the engines (configs are checked first, so a bad pair fails before any GPU work); no draft engine
+        dir: the target alone (target-only, or prompt lookup for a ``proposer`` that looks up).
 
         Raises CheckpointError (missing / mismatched engines), NeedsTensorRTLLM (exit 3: no tensorrt_llm here).
         """
         target_facts = read_engine_config(target_engine_dir)
         draft_facts = read_engine_config(draft_engine_dir) if draft_engine_dir else None
-        check_pair(Path(target_engine_dir), target_facts, draft_facts, use_draft_logits)
+        external = draft_facts is not None or uses_lookup(proposer)
+        check_pair(Path(target_engine_dir), target_facts, draft_facts, use_draft_logits, external=external)
         target_ids = list(target_device_ids or range(target_facts["tp_size"] * target_facts["pp_size"]))
         draft_ids = list(draft_device_ids or target_ids[:1])
         shared = draft_facts is not None and bool(set(target_ids) & set(draft_ids))
@@ -122,24 +137,30 @@ class TrtllmSpeculativeRunner(StreamingGenerator):
             eos_ids=eos_ids,
             pad_id=pad_id,
             k_policy=k_policy,
+            proposer=proposer,
+            lookup=lookup,
         )
 
     @classmethod
     def from_recipe(
         cls, recipe: Recipe, engines_dir: str | Path = layout.ENGINES_DIR, max_batch_size: int | None = None
     ) -> TrtllmSpeculativeRunner:
-        """The engines ``trtspec build`` wrote for ``recipe`` (engines_dir/<name>/{target,draft}/engine)."""
+        """The engines ``trtspec build`` wrote for ``recipe`` (engines_dir/<name>/{target,draft}/engine; the target
+        alone where the recipe has no draft), proposing as its speculative.proposer says."""
         root = layout.pair_dir(recipe.name, engines_dir)
+        draft = recipe.draft
         return cls.from_engine_dirs(
             layout.stage_dir(root, "target", layout.ENGINE),
-            layout.stage_dir(root, "draft", layout.ENGINE),
+            layout.stage_dir(root, "draft", layout.ENGINE) if draft is not None else None,
             tokenizer_dir=recipe.target.model,
             use_draft_logits=recipe.speculative.use_draft_logits,
             target_device_ids=list(recipe.target.devices),
-            draft_device_ids=list(recipe.draft.devices),
+            draft_device_ids=list(draft.devices) if draft is not None else None,
             max_batch_size=max_batch_size,
             trust_remote_code=recipe.target.trust_remote_code,
             k_policy=policy_for(recipe.speculative),
+            proposer=recipe.speculative.proposer,
+            lookup=recipe.speculative.lookup,
         )
 
     def close(self) -> None:
@@ -161,6 +182,7 @@ class TrtllmSpeculativeRunner(StreamingGenerator):
             use_draft_logits=self.use_draft_logits,
             tokenizer_eos=self.tokenizer.eos_token_id if self.tokenizer is not None else None,
             pad_id=self.pad_id,
+            has_draft=self.draft is not None,
         )
 
     @property
@@ -222,9 +244,14 @@ def vocab_rows(facts: dict) -> int:
     return model_vocab_rows(facts["vocab_size"], "tensorrtllm", facts["tp_size"] or 1, "none")
 
 
-def check_pair(target_dir: Path, target: dict, draft: dict | None, use_draft_logits: bool) -> None:
-    """Engine-config checks of a draft-target pair (CheckpointError, one line), before any engine is loaded."""
-    if draft is None:
+def check_pair(
+    target_dir: Path, target: dict, draft: dict | None, use_draft_logits: bool, external: bool | None = None
+) -> None:
+    """Engine-config checks of a draft-target pair (CheckpointError, one line), before any engine is loaded.
+    ``external``: the target gets draft tokens from outside (default: when there is a draft engine; prompt lookup
+    gives them without one)."""
+    external = draft is not None if external is None else external
+    if not external:
         return
     if target["speculative_decoding_mode"] != "draft_tokens_external" or target["max_draft_len"] < 1:
         raise CheckpointError(
@@ -232,15 +259,18 @@ def check_pair(target_dir: Path, target: dict, draft: dict | None, use_draft_log
             f"{target['speculative_decoding_mode']!r}, max_draft_len {target['max_draft_len']}); rebuild it with "
             "`trtspec build` (--speculative_decoding_mode draft_tokens_external --max_draft_len K)"
         )
-    problem = vocab_pair_problem(
-        vocab_rows(target), vocab_rows(draft), "tensorrtllm", use_draft_logits, fast_logits=False
-    )
-    if problem is not None:
-        raise ModelError(f"{target_dir}: engines: {problem}")
-    if use_draft_logits and not (draft["gather_generation_logits"] and target["gather_generation_logits"]):
+    if draft is not None:
+        problem = vocab_pair_problem(
+            vocab_rows(target), vocab_rows(draft), "tensorrtllm", use_draft_logits, fast_logits=False
+        )
+        if problem is not None:
+            raise ModelError(f"{target_dir}: engines: {problem}")
+    engines = [e for e in (draft, target) if e is not None]
+    if use_draft_logits and not all(e["gather_generation_logits"] for e in engines):
         # Without gathered logits the runtime hangs (TensorRT-LLM issue 2798): refuse up front.
         raise CheckpointError(
-            f"{target_dir}: use_draft_logits needs both engines built with --gather_generation_logits; "
+            f"{target_dir}: use_draft_logits needs {'both engines' if draft else 'the target engine'} built with "
+            "--gather_generation_logits; "
             "rebuild with `trtspec build` or set speculative.use_draft_logits: false"
         )
 

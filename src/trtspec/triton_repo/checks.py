@@ -1,5 +1,6 @@
 """Cross-model checks of a rendered repository, which Triton's schema cannot do: every model the orchestrator or
-an ensemble calls exists, and every tensor passed between models exists on both sides with the same dtype.
+an ensemble calls exists, and every tensor passed between models exists on both sides with the same dtype. An
+orchestrator that names no draft model (prompt lookup alone) calls the target engine model only.
 """
 
 from __future__ import annotations
@@ -96,10 +97,19 @@ def check_repository(configs: Mapping[str, object]) -> None:
         "tensorrt_llm_model_name": names.TARGET_MODEL,
         "tensorrt_llm_draft_model_name": names.DRAFT_MODEL,
     }
+    # No draft model named: prompt lookup proposes alone, and the orchestrator never calls a draft engine.
+    lookup_alone = targets["tensorrt_llm_draft_model_name"] == ""
+    if lookup_alone and names.DRAFT_MODEL in configs:
+        raise CheckFailed(
+            f"{names.ORCHESTRATOR} names no draft model, yet the repository holds '{names.DRAFT_MODEL}'; "
+            "redeploy with `trtspec deploy`"
+        )
     for key, model in targets.items():
-        if model != expected[key]:
+        if model != expected[key] and not (lookup_alone and key == "tensorrt_llm_draft_model_name"):
             raise CheckFailed(
                 f"{names.ORCHESTRATOR} parameter {key} is '{model}', expected '{expected[key]}'"
             )
     for callee, (sent, read) in names.ORCHESTRATOR_CALLS.items():
+        if lookup_alone and callee == names.DRAFT_MODEL:
+            continue
         _check_call(names.ORCHESTRATOR, callee, configs, sent, read)

@@ -51,9 +51,10 @@ def default_out_dir(recipe: Recipe) -> Path:
 
 
 def default_engine_dirs(recipe: Recipe, engines_dir: Path | None = None) -> dict[str, Path]:
-    """Where ``trtspec build --engines-dir DIR`` puts the engines: DIR/<name>/{target,draft}/engine."""
+    """Where ``trtspec build --engines-dir DIR`` puts the engines: DIR/<name>/{target,draft}/engine (no draft
+    where the recipe has none)."""
     root = layout.pair_dir(recipe.name, engines_dir)
-    return {role: layout.stage_dir(root, role, layout.ENGINE).resolve() for role in ("target", "draft")}
+    return {role: layout.stage_dir(root, role, layout.ENGINE).resolve() for role in recipe.models()}
 
 
 def render_models(plans: list[ModelPlan], check=check_repository) -> dict[str, tuple[str, object]]:
@@ -73,10 +74,10 @@ def render_models(plans: list[ModelPlan], check=check_repository) -> dict[str, t
 
 
 def engine_problems(recipe: Recipe, facts: dict[str, dict]) -> list[str]:
-    """What makes a built target/draft pair unusable for this repository (empty if none); facts per role are
-    read_engine_config's."""
+    """What makes a built target/draft pair (or a target alone, for prompt lookup) unusable for this repository
+    (empty if none); facts per role are read_engine_config's."""
     spec, problems = recipe.speculative, []
-    target, draft = facts["target"], facts["draft"]
+    target, draft = facts["target"], facts.get("draft")
     if target["speculative_decoding_mode"] != "draft_tokens_external":
         problems.append(
             "the target engine was not built with --speculative_decoding_mode draft_tokens_external"
@@ -85,14 +86,13 @@ def engine_problems(recipe: Recipe, facts: dict[str, dict]) -> list[str]:
         problems.append(
             f"target engine max_draft_len {target['max_draft_len']} < recipe max_draft_len {spec.max_draft_len}"
         )
-    vocab = vocab_pair_problem(
-        *(vocab_rows(f["vocab_size"], "tensorrtllm", f["tp_size"] or 1, "none") for f in (target, draft)),
-        "tensorrtllm",
-        spec.use_draft_logits,
-        recipe.triton.fast_logits,
-    )
-    if vocab is not None:
-        problems.append(vocab)
+    if draft is not None:  # none: prompt lookup alone, no pair
+        rows = [
+            vocab_rows(f["vocab_size"], "tensorrtllm", f["tp_size"] or 1, "none") for f in (target, draft)
+        ]
+        vocab = vocab_pair_problem(*rows, "tensorrtllm", spec.use_draft_logits, recipe.triton.fast_logits)
+        if vocab is not None:
+            problems.append(vocab)
     for role, f in facts.items():
         if (f["max_batch_size"] or 0) < recipe.limits.max_batch_size:
             problems.append(f"{role} engine max_batch_size {f['max_batch_size']} < limits.max_batch_size")
@@ -144,8 +144,8 @@ def manifest(recipe: Recipe, runtime: str, models: list[str]) -> dict:
             "grpc": recipe.triton.grpc_port,
             "metrics": recipe.triton.metrics_port,
         },
-        "world_size": {"target": recipe.target.world_size, "draft": recipe.draft.world_size},
-        "gpu_ids": {"target": list(recipe.target.devices), "draft": list(recipe.draft.devices)},
+        "world_size": {role: spec.world_size for role, spec in recipe.models().items()},
+        "gpu_ids": {role: list(spec.devices) for role, spec in recipe.models().items()},
         "launch": launch_layout(recipe, runtime),
         "tensorrt_llm": {
             "torch": None,
@@ -193,6 +193,10 @@ def plan_and_render(
     """Check the inputs ``runtime`` needs, then plan, render and check every model of the repository."""
     if runtime == "tensorrtllm":
         engine_dirs = {k: Path(v).resolve() for k, v in (engine_dirs or default_engine_dirs(recipe)).items()}
+        missing = sorted(set(recipe.models()) - set(engine_dirs))
+        if missing:
+            raise CheckFailed(f"no {missing[0]} engine for runtime tensorrtllm; run `trtspec build`")
+        engine_dirs = {role: engine_dirs[role] for role in recipe.models()}  # no draft engine without a draft
         check_engine_dirs(recipe, engine_dirs)
     if runtime == "torch":  # the engine models load the recipe's checkpoints: check them (and the pair) first
         from trtspec.builders.build import run_preflight

@@ -16,7 +16,9 @@ What trtspec writes (deploy) and why:
   quantized HF exports for quantized models). Adaptive K has no per-request form upstream: the recipe's schedule
   becomes ``max_concurrency`` / ``draft_len_schedule`` and K by acceptance the server-wide acceptance gate
   (``acceptance_window`` / ``acceptance_length_threshold``), as ``support.llmapi_speculation`` maps them; a recipe
-  that pins ``num_draft_tokens`` serves that K to every request.
+  that pins ``num_draft_tokens`` serves that K to every request. Prompt lookup (``speculative.proposer: ngram``,
+  no draft) is upstream's NGram decoding instead (``support.llmapi_ngram_fields``); upstream has no combined
+  draft+ngram proposer, which ``check`` and ``deploy`` refuse.
 - ``tensorrt_llm/1/model.py``: a thin launcher, not a copy: upstream's model.py belongs to the TensorRT-LLM release
   in the image and must match it, so it is loaded at server start from the image (``find_upstream_model_dir``).
 
@@ -68,6 +70,12 @@ LLM_ARGS_KEYS = frozenset(
     }
 )
 SPECULATIVE_KEYS = frozenset({"decoding_type", *support.LLMAPI_SPECULATIVE_FIELDS})
+# NGram has the base fields but no draft model, plus its own (support.LLMAPI_NGRAM_FIELDS).
+NGRAM_KEYS = (SPECULATIVE_KEYS - {support.LLMAPI_SPECULATIVE_MODEL_KEY}) | set(support.LLMAPI_NGRAM_FIELDS)
+DECODING_KEYS = {
+    support.LLMAPI_DRAFT_TARGET_DECODING_TYPE: SPECULATIVE_KEYS,
+    support.LLMAPI_NGRAM_DECODING_TYPE: NGRAM_KEYS,
+}
 KV_CACHE_KEYS = frozenset({"free_gpu_memory_fraction", "enable_block_reuse"})
 TRITON_CONFIG_KEYS = frozenset({"max_batch_size", "decoupled"})
 
@@ -131,6 +139,8 @@ def check_model_dirs(recipe: Recipe, model_dirs: dict[str, Path]) -> None:
     from trtspec.core.vocab import vocab_pair_problem
 
     rows = {role: hf_vocab_size(path) for role, path in model_dirs.items()}
+    if "draft" not in rows:  # prompt lookup alone: no pair to match
+        return
     problem = vocab_pair_problem(rows["target"], rows["draft"], "trtllm-pytorch", False, False)
     if problem is not None:
         raise CheckFailed(f"{model_dirs['draft']}: {problem}")
@@ -148,7 +158,7 @@ def model_yaml(recipe: Recipe, model_dirs: dict[str, Path]) -> dict:
         "tensor_parallel_size": target.tp_size,
         "pipeline_parallel_size": target.pp_size,
         "dtype": target.dtype,
-        "trust_remote_code": target.trust_remote_code or recipe.draft.trust_remote_code,
+        "trust_remote_code": any(spec.trust_remote_code for spec in recipe.models().values()),
         "max_batch_size": limits.max_batch_size,
         "max_input_len": limits.max_input_len,
         "max_seq_len": limits.max_seq_len,
@@ -157,20 +167,32 @@ def model_yaml(recipe: Recipe, model_dirs: dict[str, Path]) -> dict:
             "free_gpu_memory_fraction": triton.kv_cache_free_gpu_mem_fraction.target,
             "enable_block_reuse": triton.enable_kv_cache_reuse,
         },
-        "speculative_config": speculative_config(recipe, model_dirs["draft"]),
+        "speculative_config": speculative_config(recipe, model_dirs.get("draft")),
         "triton_config": {"max_batch_size": 0, "decoupled": triton.decoupled},
     }
 
 
-def speculative_config(recipe: Recipe, draft_dir: Path) -> dict:
+def speculative_config(recipe: Recipe, draft_dir: Path | None) -> dict:
     """DraftTarget with the recipe's K rules as the pinned release names them (support.llmapi_speculation:
-    adaptive K becomes max_concurrency / draft_len_schedule and the acceptance gate); CheckFailed for rules it
-    cannot honour."""
+    adaptive K becomes max_concurrency / draft_len_schedule and the acceptance gate), or for proposer ngram NGram
+    with the same K rules (no gate) and the lookup's fields; CheckFailed for what it cannot honour."""
+    from trtspec.builders.preflight_llmapi import llmapi_runtime_problem
+
+    where = recipe.source or recipe.name
+    if recipe.speculative.proposer == "draft+ngram":  # check's refusal, in its words
+        raise CheckFailed(f"{where}: {llmapi_runtime_problem(recipe)[1]}")
     try:
         rules = support.llmapi_speculation(recipe.speculative, recipe.limits.max_batch_size)
     except ValueError as err:
-        raise CheckFailed(f"{recipe.source or recipe.name}: {err}") from None
+        raise CheckFailed(f"{where}: {err}") from None
     fields = rules.fields()
+    if recipe.speculative.proposer == "ngram":
+        return {
+            "decoding_type": support.LLMAPI_NGRAM_DECODING_TYPE,
+            "max_draft_len": fields.pop("max_draft_len"),
+            **support.llmapi_ngram_fields(recipe.speculative),
+            **fields,
+        }
     return {
         "decoding_type": support.LLMAPI_DRAFT_TARGET_DECODING_TYPE,
         "max_draft_len": fields.pop("max_draft_len"),
@@ -181,9 +203,15 @@ def speculative_config(recipe: Recipe, draft_dir: Path) -> dict:
 
 def check_model_yaml(data: dict, where: str = MODEL_YAML) -> None:
     """Refuse keys the pinned TensorRT-LLM does not have (its LlmArgs are strict: an unknown key fails at load)."""
+    speculative = data.get("speculative_config") or {}
+    decoding = speculative.get("decoding_type")
+    if decoding not in DECODING_KEYS:
+        raise CheckFailed(
+            f"{where}: speculative_config.decoding_type must be {' or '.join(DECODING_KEYS)} (got {decoding!r})"
+        )
     sections = (
         (data, LLM_ARGS_KEYS, ""),
-        (data.get("speculative_config") or {}, SPECULATIVE_KEYS, "speculative_config."),
+        (speculative, DECODING_KEYS[decoding], "speculative_config."),
         (data.get("kv_cache_config") or {}, KV_CACHE_KEYS, "kv_cache_config."),
         (data.get("triton_config") or {}, TRITON_CONFIG_KEYS, "triton_config."),
     )
@@ -193,8 +221,6 @@ def check_model_yaml(data: dict, where: str = MODEL_YAML) -> None:
             raise CheckFailed(
                 f"{where}: unknown key {prefix}{unknown[0]} for TensorRT-LLM {support.TRTLLM_PYTORCH_VERSION}"
             )
-    if data.get("speculative_config", {}).get("decoding_type") != support.LLMAPI_DRAFT_TARGET_DECODING_TYPE:
-        raise CheckFailed(f"{where}: speculative_config.decoding_type must be DraftTarget")
     if "triton_config" not in data:
         raise CheckFailed(f"{where}: triton_config is required by upstream's model.py")
 

@@ -14,6 +14,11 @@ A streamed round's response is sent by a thread of its own (Outbox), so the next
 for it. Text goes through the repository's TextCodec in-process (no BLS hop per request or per streamed round),
 and a request's first token comes from the target's prefill alone
 (the loop's first_token_alone), streamed or not, so that a seeded sampled request gives the same text either way.
+
+Proposers (core/lookup.py): the loop proposes by prompt lookup for the repository's ``proposer`` (ngram,
+draft+ngram) or a request's own, and a looked-up proposal goes to the target without a draft call. A repository
+deployed without a draft (prompt lookup alone) names no draft engine model: its rounds have no draft
+(EngineCallRounds has_draft False), and a request that asks for the draft model is refused.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from trtspec.core.errors import RequestError
+from trtspec.core.lookup import LookupSpec
 from trtspec.core.metrics import AcceptanceStats, SpecDecodeCounts
 from trtspec.engines.adaptive import AdaptiveState, KPolicy
 from trtspec.engines.engine_calls import Call, Draft, EngineCallRounds
@@ -35,6 +41,7 @@ from trtspec.triton_repo.models.request import (
     GenerationRequest,
     Limits,
     k_policy_from_parameters,
+    lookup_from_parameters,
     parse_request,
     to_job,
     whole_answer,
@@ -46,9 +53,10 @@ from trtspec.triton_repo.models.triton_io import CANCEL_POLL_S, cancel_check  # 
 class BlsCalls:
     """engine_calls.EngineCalls over the engine models' TensorRT-LLM tensor interface (one BLS request per
     sequence; either runtime's engine models). ``vocab_rows``: each engine's logit rows by role (a
-    padded-vocabulary pair's draft logits are padded to the target's, and ids the draft lacks are mapped for it)."""
+    padded-vocabulary pair's draft logits are padded to the target's, and ids the draft lacks are mapped for it).
+    ``draft`` None: no draft engine model (prompt lookup alone), and ``propose`` is never called."""
 
-    def __init__(self, target: str, draft: str, vocab_rows: dict[str, int]):
+    def __init__(self, target: str, draft: str | None, vocab_rows: dict[str, int]):
         self.target, self.draft = target, draft
         self.draft_vocab = vocab_rows.get("draft", 0)
         self.target_logit_rows = vocab_rows.get("target", 0)
@@ -161,9 +169,11 @@ class TritonPythonModel:
 
 
 class Orchestrator:
-    """The entry model's request handling. ``target``/``draft``: the engine models' names; ``vocab_rows``: their
-    logits' rows by role (draft logits are padded to the target's); ``metrics``: where finished requests' counts
-    go (triton_io.SpecDecodeMetrics); ``max_concurrency``: requests generated at once (decoupled)."""
+    """The entry model's request handling. ``target``/``draft``: the engine models' names (``draft`` None: none,
+    prompt lookup proposes alone); ``vocab_rows``: their logits' rows by role (draft logits are padded to the
+    target's); ``metrics``: where finished requests' counts go (triton_io.SpecDecodeMetrics); ``max_concurrency``:
+    requests generated at once (decoupled); ``proposer``/``lookup``: who proposes for requests that do not say,
+    and prompt lookup's n-gram sizes."""
 
     def __init__(
         self,
@@ -171,15 +181,18 @@ class Orchestrator:
         limits: Limits,
         codec: TextCodec,
         target: str,
-        draft: str,
+        draft: str | None,
         vocab_rows: dict[str, int],
         metrics,
         k_policy: KPolicy,
         draft_ahead: bool = False,
         max_concurrency: int = 8,
         decoupled: bool = True,
+        proposer: str = "draft",
+        lookup: LookupSpec = LookupSpec(),
     ):
         self.limits, self.codec, self.target, self.draft = limits, codec, target, draft
+        self.proposer, self.lookup = proposer, lookup
         self.vocab_rows, self.metrics, self.k_policy = vocab_rows, metrics, k_policy
         self.draft_ahead, self.decoupled = draft_ahead, decoupled
         self.slots = threading.BoundedSemaphore(max_concurrency)
@@ -195,17 +208,20 @@ class Orchestrator:
 
         params = io.model_parameters(args)
         limits = Limits.from_parameters(params)
+        proposer, lookup = lookup_from_parameters(params)
         return cls(
             limits=limits,
             codec=TextCodec.from_parameters(params),
             target=params["tensorrt_llm_model_name"],
-            draft=params["tensorrt_llm_draft_model_name"],
-            vocab_rows={role: int(params[f"{role}_vocab_rows"]) for role in ("target", "draft")},
+            draft=params["tensorrt_llm_draft_model_name"] or None,  # "": prompt lookup alone
+            vocab_rows={role: int(params.get(f"{role}_vocab_rows") or 0) for role in ("target", "draft")},
             metrics=io.SpecDecodeMetrics(args["model_name"], limits.max_draft_len),
             k_policy=k_policy_from_parameters(params),
             draft_ahead=params.get("draft_ahead", "False").lower() == "true",
             max_concurrency=int(params.get("max_concurrency") or 8),
             decoupled=io.pb().using_decoupled_model_transaction_policy(json.loads(args["model_config"])),
+            proposer=proposer,
+            lookup=lookup,
         )
 
     # ------------------------------------------------------------------ request handling
@@ -328,8 +344,9 @@ class Orchestrator:
             pad_id=self.codec.pad_id if req.pad_id is None else req.pad_id,
             target_only_in_one_call=False,  # a pinned target-only request streams token by token
             # A seeded sampled request must give the same text whatever else the server is doing: no draft-ahead.
-            draft_ahead=None if req.params.seeded else self._alone,
+            draft_ahead=None if req.params.seeded or self.draft is None else self._alone,
             together=self._together,
+            has_draft=self.draft is not None,
         )
 
     def _generate(self, req: GenerationRequest, incremental: bool, cancelled=lambda: False):
@@ -346,6 +363,8 @@ class Orchestrator:
             first_token_alone=True,
             k_policy=self.k_policy,
             adaptive=adaptive,
+            proposer=self.proposer,
+            lookup=self.lookup,
         )
         loop.add(0, prompt, params, **options)
         events = _events(loop, (lambda: False) if incremental else cancelled)

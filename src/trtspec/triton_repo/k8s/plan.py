@@ -1,0 +1,241 @@
+"""What every object of a rollout shares, derived from the recipe once, and the checks that refuse bad values
+before anything is written (each a one-line RecipeError naming the field).
+
+Inside the pods the recipe file is mounted as it was written, at /workspace/recipes/recipe.yaml, beside the
+folders docker/Dockerfile makes: relative model paths resolve from there, so they must land under
+/workspace/models, where the models volume is mounted (``demo:`` models ship inside the image).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import posixpath
+import re
+from dataclasses import dataclass, field
+
+from trtspec.core.errors import RecipeError
+from trtspec.core.trtllm import NGC_TRITON_TRTLLM_IMAGE, TRTLLM_VERSION
+from trtspec.recipe import DEMO_SCHEME, Recipe
+from trtspec.triton_repo.values import launch_layout
+
+RUNTIMES = ("torch", "tensorrtllm", "trtllm-pytorch")
+# The container's folders (docker/Dockerfile's ENV and WORKDIR).
+RECIPES_MOUNT = "/workspace/recipes"
+RECIPE_FILE = "recipe.yaml"
+MODELS_MOUNT = "/workspace/models"
+ENGINES_MOUNT = "/workspace/engines"
+REPO_MOUNT = "/workspace/triton_repo"
+CONTAINER_UID = 1000  # triton-server in the NGC image, trtspec in Dockerfile.cpu: owner of written volumes
+
+
+@dataclass(frozen=True)
+class RolloutPlan:
+    """One recipe's rollout: ``gpus`` per replica spread over ``nodes`` pods (1: a Deployment, more: a
+    LeaderWorkerSet), ``key`` names what is built once per recipe and image (the build and gate Jobs, the marker
+    the build leaves in the engines volume)."""
+
+    recipe: Recipe
+    runtime: str
+    app: str
+    image: str
+    base_image: str | None
+    key: str
+    gpus: int
+    nodes: int
+    models_pvc: str | None
+    engines_pvc: str | None
+    create_engines_pvc: bool
+    recipe_text: str
+    ports: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def builds(self) -> bool:
+        """Whether a Job builds into the engines volume before serving (torch serves the checkpoints)."""
+        return self.runtime != "torch"
+
+    @property
+    def gpus_per_pod(self) -> int:
+        return self.gpus if self.nodes == 1 else self.recipe.kubernetes.gpus_per_node
+
+    @property
+    def device(self) -> str:
+        """Where the canary gate runs its Hugging Face reference."""
+        return "cuda" if self.gpus else "cpu"
+
+    @property
+    def recipe_path(self) -> str:
+        return f"{RECIPES_MOUNT}/{RECIPE_FILE}"
+
+    @property
+    def repo_path(self) -> str:
+        return f"{REPO_MOUNT}/{self.recipe.name}"
+
+    @property
+    def engines_marker(self) -> str:
+        """The file the build Job writes last: engines for this recipe and image are complete."""
+        return f"{ENGINES_MOUNT}/{self.recipe.name}/.trtspec-k8s/{self.key}.json"
+
+
+def default_app(name: str) -> str:
+    """A recipe name as a Kubernetes name: lowercase letters, digits and '-', at most 40 characters."""
+    app = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:40].strip("-")
+    return app or "trtspec"
+
+
+def default_image(runtime: str, device: str) -> tuple[str, str | None]:
+    """(image, the NGC image it is built FROM): the tags docker/compose.yaml gives docker/Dockerfile's and
+    Dockerfile.cpu's builds."""
+    from trtspec import __version__
+
+    if runtime == "torch" and device == "cpu":
+        return f"trtspec:{__version__}-cpu", None
+    return f"trtspec:{__version__}-trtllm{TRTLLM_VERSION}", NGC_TRITON_TRTLLM_IMAGE
+
+
+def placed_gpus(recipe: Recipe, runtime: str) -> tuple[int, str]:
+    """(GPUs one replica needs, how the recipe places them), from the layout ``serve`` launches."""
+    if runtime == "torch":
+        if recipe.triton.device == "cpu":
+            return 0, "the torch runtime on triton.device cpu"
+        return 1, "the torch runtime on triton.device cuda (both models in one process)"
+    gpus = launch_layout(recipe, runtime)["gpus"]
+    t = recipe.target
+    how = f"target tp_size {t.tp_size} x pp_size {t.pp_size}"
+    draft = recipe.draft  # None: prompt lookup proposes alone
+    if runtime == "tensorrtllm" and draft is not None and set(draft.devices) - set(t.devices):
+        how += f", draft on GPUs {list(draft.devices)}"
+    return len(gpus), f"{how}: GPUs {gpus}"
+
+
+def _fail(recipe: Recipe, field_path: str, message: str) -> RecipeError:
+    return RecipeError(recipe.source or "<recipe>", field_path, message)
+
+
+def check_ports(recipe: Recipe) -> dict[str, int]:
+    """The three container ports: set (0 = any free port, which no probe or Service can name) and distinct."""
+    ports = {kind: getattr(recipe.triton, f"{kind}_port") for kind in ("http", "grpc", "metrics")}
+    seen: dict[int, str] = {}
+    for kind, port in ports.items():
+        if port == 0:
+            raise _fail(
+                recipe,
+                f"triton.{kind}_port",
+                "0 picks a free port at start, which a probe cannot name; set a port",
+            )
+        if port in seen:
+            raise _fail(
+                recipe,
+                f"triton.{kind}_port",
+                f"{port} is also triton.{seen[port]}_port; the pod needs three distinct ports",
+            )
+        seen[port] = kind
+    return ports
+
+
+def pod_model_path(raw: str) -> str | None:
+    """Where a recipe's model path points inside the pods (None: a demo model, inside the image)."""
+    if raw.startswith(DEMO_SCHEME):
+        return None
+    return posixpath.normpath(posixpath.join(RECIPES_MOUNT, raw))
+
+
+def check_models(recipe: Recipe, raw: dict) -> bool:
+    """Every model folder is under the models mount, or a demo model; True when the models volume is needed."""
+    needs_volume = False
+    for role in ("target", "draft"):
+        value = str((raw.get(role) or {}).get("model", ""))
+        path = pod_model_path(value) if value else None  # no draft: prompt lookup alone
+        if path is None:
+            continue
+        if not (path + "/").startswith(MODELS_MOUNT + "/"):
+            raise _fail(
+                recipe,
+                f"{role}.model",
+                f"{value} is {path} inside the pods, outside {MODELS_MOUNT} where kubernetes.models_pvc is mounted; "
+                f"name it {MODELS_MOUNT}/<dir> (as docker/compose.yaml does)",
+            )
+        needs_volume = True
+    if needs_volume and recipe.kubernetes.models_pvc is None:
+        raise _fail(
+            recipe,
+            "kubernetes.models_pvc",
+            f"the models are read from {MODELS_MOUNT} in the pods; name the PersistentVolumeClaim that holds them",
+        )
+    return needs_volume
+
+
+def check_nodes(recipe: Recipe, runtime: str, gpus: int) -> int:
+    """Pods per replica: 1, or ceil(gpus / kubernetes.gpus_per_node) where the runtime can span nodes."""
+    per_node = recipe.kubernetes.gpus_per_node
+    nodes = max(1, math.ceil(gpus / per_node))
+    if nodes == 1:
+        return 1
+    spans = f"{gpus} GPUs span {nodes} nodes of {per_node} (kubernetes.gpus_per_node)"
+    if runtime == "trtllm-pytorch":
+        raise _fail(
+            recipe,
+            "kubernetes.gpus_per_node",
+            f"{spans}: TensorRT-LLM 1.2.x's Triton LLM-API model runs on one node; use the tensorrtllm runtime "
+            f"or nodes with {gpus} GPUs",
+        )
+    if not recipe.triton.fast_logits:
+        raise _fail(
+            recipe,
+            "triton.fast_logits",
+            f"{spans}: trtspec's tensorrtllm launch spawns the engine workers inside one pod unless fast_logits "
+            "is true, where mpirun starts every rank; set triton.fast_logits: true or use bigger nodes",
+        )
+    if recipe.kubernetes.access_mode != "ReadWriteMany":
+        raise _fail(
+            recipe,
+            "kubernetes.access_mode",
+            f"{spans}, which all mount the engines volume; use ReadWriteMany",
+        )
+    return nodes
+
+
+def rollout_key(recipe: Recipe, runtime: str, image: str) -> str:
+    return hashlib.sha256(f"{recipe.digest()}|{runtime}|{image}".encode()).hexdigest()[:10]
+
+
+def plan_rollout(recipe: Recipe, runtime: str | None, recipe_text: str) -> RolloutPlan:
+    """Check the rollout values of ``recipe`` (RecipeError naming the field) and derive the plan.
+    ``recipe_text``: the recipe file as the pods will read it."""
+    import yaml
+
+    runtime = runtime or recipe.triton.runtime
+    if runtime not in RUNTIMES:
+        raise _fail(
+            recipe, "triton.runtime", f"'{runtime}' cannot be rolled out; choose one of {', '.join(RUNTIMES)}"
+        )
+    spec = recipe.kubernetes
+    ports = check_ports(recipe)
+    gpus, how = placed_gpus(recipe, runtime)
+    if spec.gpus is not None and spec.gpus != gpus:
+        raise _fail(
+            recipe,
+            "kubernetes.gpus",
+            f"{spec.gpus} does not match the {gpus} GPU(s) of {how}; set {gpus} or leave it out",
+        )
+    nodes = check_nodes(recipe, runtime, gpus)
+    models = check_models(recipe, yaml.safe_load(recipe_text) or {})
+    device = "cuda" if gpus else "cpu"
+    image, base = (spec.image, None) if spec.image else default_image(runtime, device)
+    app = spec.app or default_app(recipe.name)
+    builds = runtime != "torch"
+    return RolloutPlan(
+        recipe=recipe,
+        runtime=runtime,
+        app=app,
+        image=image,
+        base_image=base,
+        key=rollout_key(recipe, runtime, image),
+        gpus=gpus,
+        nodes=nodes,
+        models_pvc=spec.models_pvc if models else None,
+        engines_pvc=(spec.engines_pvc or f"{app}-engines") if builds else None,
+        create_engines_pvc=builds and spec.engines_pvc is None,
+        recipe_text=recipe_text,
+        ports=ports,
+    )

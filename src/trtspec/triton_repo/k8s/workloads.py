@@ -1,0 +1,516 @@
+"""The rollout's workloads as manifest dicts: the recipe ConfigMap, the engines volume, the build Job, the serving
+Deployment (or LeaderWorkerSet across nodes), its Services, and the canary's Deployment, Service and gate Job.
+
+Containers keep the image's entry point (NVIDIA's banner and driver check, then docker/entrypoint.sh, which runs
+the arguments it is given), so they set ``args``, never ``command``. Values reach the shell scripts through
+shlex.quote only.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from trtspec.triton_repo.k8s.plan import (
+    CONTAINER_UID,
+    ENGINES_MOUNT,
+    MODELS_MOUNT,
+    RECIPE_FILE,
+    RECIPES_MOUNT,
+    REPO_MOUNT,
+    RolloutPlan,
+)
+
+GPU = "nvidia.com/gpu"
+LWS_API = "leaderworkerset.x-k8s.io/v1"
+LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
+READY_PATH, LIVE_PATH = "/v2/health/ready", "/v2/health/live"
+SSH_PORT = 2222  # the workers' sshd, which the leader's mpirun reaches (LeaderWorkerSet only)
+SSH_SECRET_MOUNT = "/etc/trtspec-mpi"
+PROBE_PERIOD_S = 10
+
+
+def labels(plan: RolloutPlan, component: str, track: str | None = None) -> dict[str, str]:
+    out = {
+        "app.kubernetes.io/name": plan.app,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/part-of": "trtspec",
+    }
+    return out | ({"trtspec.dev/track": track} if track else {})
+
+
+def server_selector(plan: RolloutPlan, track: str | None = None) -> dict[str, str]:
+    """The serving pods (both tracks unless ``track``); across nodes only the leaders, which run tritonserver."""
+    selector = {k: v for k, v in labels(plan, "server", track).items() if k != "app.kubernetes.io/part-of"}
+    return selector | ({LWS_WORKER_INDEX: "0"} if plan.nodes > 1 else {})
+
+
+def meta(plan: RolloutPlan, name: str, component: str, track: str | None = None, **extra) -> dict:
+    return {"name": name, "labels": labels(plan, component, track), **extra}
+
+
+def build_job_name(plan: RolloutPlan) -> str:
+    return f"{plan.app}-build-{plan.key}"
+
+
+def gate_job_name(plan: RolloutPlan) -> str:
+    return f"{plan.app}-canary-gate-{plan.key}"
+
+
+def recipe_configmap_name(plan: RolloutPlan) -> str:
+    return f"{plan.app}-recipe-{plan.key}"
+
+
+def recipe_configmap(plan: RolloutPlan) -> dict:
+    """The recipe file as written; a new recipe is a new ConfigMap, so the pods that mount it roll."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": meta(plan, recipe_configmap_name(plan), "recipe"),
+        "data": {RECIPE_FILE: plan.recipe_text},
+    }
+
+
+def engines_pvc(plan: RolloutPlan) -> dict:
+    spec = plan.recipe.kubernetes
+    claim = {
+        "accessModes": [spec.access_mode],
+        "resources": {"requests": {"storage": spec.engines_size}},
+    }
+    if spec.storage_class:
+        claim["storageClassName"] = spec.storage_class
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": meta(plan, plan.engines_pvc, "engines"),
+        "spec": claim,
+    }
+
+
+# ---------------------------------------------------------------- pods
+
+
+def volumes(plan: RolloutPlan, *, engines: bool = True, repo: bool = True) -> tuple[list, list]:
+    """(volumes, volumeMounts) of a trtspec container: the recipe, the models and engines volumes where the plan
+    has them, and (``repo``) a scratch folder for the repository plus Triton's shared memory."""
+    vols = [{"name": "recipe", "configMap": {"name": recipe_configmap_name(plan)}}]
+    mounts = [{"name": "recipe", "mountPath": RECIPES_MOUNT, "readOnly": True}]
+    if plan.models_pvc:
+        vols.append(
+            {"name": "models", "persistentVolumeClaim": {"claimName": plan.models_pvc, "readOnly": True}}
+        )
+        mounts.append({"name": "models", "mountPath": MODELS_MOUNT, "readOnly": True})
+    if engines and plan.engines_pvc:
+        vols.append({"name": "engines", "persistentVolumeClaim": {"claimName": plan.engines_pvc}})
+        mounts.append({"name": "engines", "mountPath": ENGINES_MOUNT})
+    if repo:
+        # The python backend passes tensors through /dev/shm (compose's shm_size: 2gb).
+        vols += [
+            {"name": "triton-repo", "emptyDir": {}},
+            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}},
+        ]
+        mounts += [{"name": "triton-repo", "mountPath": REPO_MOUNT}, {"name": "shm", "mountPath": "/dev/shm"}]
+    return vols, mounts
+
+
+def env(plan: RolloutPlan) -> list[dict]:
+    return [
+        {"name": "TRTSPEC_RECIPE", "value": plan.recipe_path},
+        {"name": "TRTSPEC_RUNTIME", "value": plan.runtime},
+    ]
+
+
+def resources(plan: RolloutPlan, gpus: int, serving: bool = True) -> dict:
+    spec = plan.recipe.kubernetes
+    requests = {k: v for k, v in (("cpu", spec.cpu), ("memory", spec.memory)) if v and serving}
+    out: dict = {}
+    if gpus:
+        out["limits"] = {GPU: gpus}
+        requests[GPU] = gpus
+    if requests:
+        out["requests"] = requests
+    return out
+
+
+def pod_spec(plan: RolloutPlan, containers: list, vols: list, gpus: int, **extra) -> dict:
+    spec = {
+        "securityContext": {"fsGroup": CONTAINER_UID},
+        "containers": containers,
+        "volumes": vols,
+        **extra,
+    }
+    if plan.recipe.kubernetes.node_selector:
+        spec["nodeSelector"] = dict(plan.recipe.kubernetes.node_selector)
+    if gpus:  # GPU nodes are commonly tainted so that only GPU pods land there
+        spec["tolerations"] = [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}]
+    return spec
+
+
+def wait_for_engines(plan: RolloutPlan, mounts: list) -> dict:
+    """An init container that holds a serving pod until the build Job has left its marker."""
+    marker = shlex.quote(plan.engines_marker)
+    script = (
+        f"until [ -f {marker} ]; do echo 'waiting for the build Job: {build_job_name(plan)}'; sleep 10; done"
+    )
+    engines = [m for m in mounts if m["name"] == "engines"]
+    return {
+        "name": "wait-for-engines",
+        "image": plan.image,
+        "args": ["bash", "-c", script],
+        "volumeMounts": engines,
+    }
+
+
+def serve_script(plan: RolloutPlan) -> str:
+    """deploy the repository into the pod's scratch folder, then become tritonserver's supervisor (``exec``: the
+    pod's stop signal reaches ``trtspec serve``, which stops tritonserver and its stubs cleanly)."""
+    p, q = plan.ports, shlex.quote
+    engines = f" --engines-dir {ENGINES_MOUNT}" if plan.builds else ""
+    return (
+        "set -euo pipefail\n"
+        f'trtspec deploy "$TRTSPEC_RECIPE" --runtime {q(plan.runtime)}{engines} --out {q(plan.repo_path)}\n'
+        f"exec trtspec serve {q(plan.repo_path)} --host 0.0.0.0 --http-port {p['http']} --grpc-port {p['grpc']} "
+        f"--metrics-port {p['metrics']}\n"
+    )
+
+
+def probes(plan: RolloutPlan) -> dict:
+    """Ready: every model loaded; live: the server answers. The startup probe gives deploy and a first load
+    (large engines: many minutes) ``kubernetes.startup_timeout_s`` before liveness counts."""
+
+    def get(path: str, period: int, failures: int) -> dict:
+        return {
+            "httpGet": {"path": path, "port": "http"},
+            "periodSeconds": period,
+            "timeoutSeconds": 5,
+            "failureThreshold": failures,
+        }
+
+    startup = -(-plan.recipe.kubernetes.startup_timeout_s // PROBE_PERIOD_S)
+    return {
+        "startupProbe": get(LIVE_PATH, PROBE_PERIOD_S, startup),
+        "readinessProbe": get(READY_PATH, PROBE_PERIOD_S, 3),
+        "livenessProbe": get(LIVE_PATH, 15, 4),
+    }
+
+
+def triton_container(plan: RolloutPlan, mounts: list, script: str, extra_env: list | None = None) -> dict:
+    container = {
+        "name": "triton",
+        "image": plan.image,
+        "imagePullPolicy": "IfNotPresent",
+        "args": ["bash", "-c", script],
+        "env": env(plan) + (extra_env or []),
+        "ports": [
+            {"name": kind, "containerPort": port, "protocol": "TCP"} for kind, port in plan.ports.items()
+        ],
+        **probes(plan),
+        "resources": resources(plan, plan.gpus_per_pod),
+        "volumeMounts": mounts,
+    }
+    if not container["resources"]:
+        del container["resources"]
+    return container
+
+
+def server_pod_template(plan: RolloutPlan, track: str) -> dict:
+    vols, mounts = volumes(plan)
+    init = [wait_for_engines(plan, mounts)] if plan.builds else []
+    pod = pod_spec(
+        plan,
+        [triton_container(plan, mounts, serve_script(plan))],
+        vols,
+        plan.gpus_per_pod,
+        initContainers=init,
+        terminationGracePeriodSeconds=90,
+    )
+    if not init:
+        del pod["initContainers"]
+    return {"metadata": server_pod_metadata(plan, track), "spec": pod}
+
+
+def server_pod_metadata(plan: RolloutPlan, track: str) -> dict:
+    pod_annotations = annotations(plan) | {"kubectl.kubernetes.io/default-container": "triton"}
+    return {"labels": labels(plan, "server", track), "annotations": pod_annotations}
+
+
+def annotations(plan: RolloutPlan) -> dict[str, str]:
+    out = {
+        "trtspec.dev/recipe": plan.recipe.name,
+        "trtspec.dev/recipe-digest": plan.recipe.digest(),
+        "trtspec.dev/runtime": plan.runtime,
+    }
+    return out | ({"trtspec.dev/base-image": plan.base_image} if plan.base_image else {})
+
+
+def deployment(plan: RolloutPlan, track: str, replicas: int) -> dict:
+    """The serving pods of one track ("stable" or "canary"); rollback is `kubectl rollout undo` to a revision."""
+    name = plan.app if track == "stable" else f"{plan.app}-{track}"
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": meta(plan, name, "server", track, annotations=annotations(plan)),
+        "spec": {
+            "replicas": replicas,
+            "revisionHistoryLimit": 10,
+            "selector": {"matchLabels": server_selector(plan, track)},
+            # A new pod is ready before an old one goes: with GPUs that needs one replica's GPUs spare.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "template": server_pod_template(plan, track),
+        },
+    }
+
+
+def service(plan: RolloutPlan, track: str | None = None) -> dict:
+    """HTTP, gRPC and metrics. The main Service (no ``track``) selects both tracks, so a canary takes the share
+    of connections its ready pods are of all ready pods."""
+    name = plan.app if track is None else f"{plan.app}-{track}"
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta(plan, name, "server", track),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": server_selector(plan, track),
+            "ports": [
+                {"name": kind, "port": port, "targetPort": kind, "protocol": "TCP"}
+                for kind, port in plan.ports.items()
+            ],
+        },
+    }
+
+
+# ---------------------------------------------------------------- jobs
+
+
+def build_script(plan: RolloutPlan) -> str:
+    """check, then build into the engines volume, then the marker; nothing when the marker says the engines of
+    this recipe and image are there. `trtspec build` itself skips the stages that are up to date."""
+    import json
+
+    q = shlex.quote
+    record = json.dumps(
+        {
+            "recipe": plan.recipe.name,
+            "recipe_digest": plan.recipe.digest(),
+            "runtime": plan.runtime,
+            "image": plan.image,
+        },
+        sort_keys=True,
+    )
+    return (
+        "set -euo pipefail\n"
+        f"marker={q(plan.engines_marker)}\n"
+        'if [ -f "$marker" ]; then\n'
+        f'  echo "engines of recipe {plan.recipe.digest()} for image {plan.image} are current ($marker): nothing to build"\n'
+        "  exit 0\n"
+        "fi\n"
+        f'trtspec check "$TRTSPEC_RECIPE" --runtime {q(plan.runtime)}\n'
+        f'trtspec build "$TRTSPEC_RECIPE" --runtime {q(plan.runtime)} --engines-dir {ENGINES_MOUNT}\n'
+        'mkdir -p "$(dirname "$marker")"\n'
+        f'printf \'%s\\n\' {q(record)} > "$marker.tmp" && mv "$marker.tmp" "$marker"\n'
+    )
+
+
+def build_job(plan: RolloutPlan) -> dict:
+    vols, mounts = volumes(plan, repo=False)
+    container = {
+        "name": "build",
+        "image": plan.image,
+        "imagePullPolicy": "IfNotPresent",
+        "args": ["bash", "-c", build_script(plan)],
+        "env": env(plan),
+        "resources": resources(plan, plan.gpus_per_pod, serving=False),
+        "volumeMounts": mounts,
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": meta(plan, build_job_name(plan), "build", annotations=annotations(plan)),
+        "spec": {
+            "backoffLimit": 1,
+            "template": {
+                "metadata": {"labels": labels(plan, "build")},
+                "spec": pod_spec(plan, [container], vols, plan.gpus_per_pod, restartPolicy="Never"),
+            },
+        },
+    }
+
+
+def gate_args(plan: RolloutPlan) -> list[str]:
+    """The canary gate: `trtspec validate` against the canary's Service with the recipe's thresholds; its exit
+    status (1 below a threshold) is the Job's."""
+    spec = plan.recipe.kubernetes
+    return [
+        "trtspec",
+        "validate",
+        plan.recipe_path,
+        "--system",
+        "triton",
+        "--url",
+        f"{plan.app}-canary:{plan.ports['grpc']}",
+        "--min-exact-match",
+        str(spec.min_exact_match),
+        "--min-acceptance",
+        str(spec.min_acceptance),
+        "--limit",
+        str(spec.gate_prompts),
+        "--max-tokens",
+        str(spec.gate_max_tokens),
+        "--device",
+        plan.device,
+    ]
+
+
+WAIT_READY_PY = """import sys, time, urllib.request
+url = sys.argv[1]
+while True:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            if r.status == 200:
+                break
+    except OSError:
+        pass
+    print("waiting for", url, flush=True)
+    time.sleep(10)
+"""
+
+
+def gate_job(plan: RolloutPlan) -> dict:
+    vols, mounts = volumes(plan, engines=False, repo=False)
+    ready = f"http://{plan.app}-canary:{plan.ports['http']}{READY_PATH}"
+    gpus = 1 if plan.device == "cuda" else 0  # the Hugging Face reference's GPU
+    gate = {
+        "name": "gate",
+        "image": plan.image,
+        "imagePullPolicy": "IfNotPresent",
+        "args": gate_args(plan),
+        "env": env(plan),
+        "resources": resources(plan, gpus, serving=False),
+        "volumeMounts": mounts,
+    }
+    wait = {"name": "wait-for-canary", "image": plan.image, "args": ["python3", "-c", WAIT_READY_PY, ready]}
+    pod = pod_spec(plan, [gate], vols, gpus, initContainers=[wait], restartPolicy="Never")
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": meta(plan, gate_job_name(plan), "gate", "canary", annotations=annotations(plan)),
+        "spec": {
+            "backoffLimit": 0,  # a failed gate is an answer, not a flake to retry
+            "activeDeadlineSeconds": plan.recipe.kubernetes.startup_timeout_s + 3600,
+            "template": {"metadata": {"labels": labels(plan, "gate", "canary")}, "spec": pod},
+        },
+    }
+
+
+# ---------------------------------------------------------------- across nodes
+
+
+SSH_DIR = "/tmp/trtspec-ssh"  # the Secret's key copied with the modes ssh and sshd insist on
+
+
+def ssh_setup() -> str:
+    m = SSH_SECRET_MOUNT
+    return (
+        f"mkdir -p -m 700 {SSH_DIR}\n"
+        f"install -m 600 {m}/id_ed25519 {SSH_DIR}/id_ed25519\n"
+        f"install -m 600 {m}/authorized_keys {SSH_DIR}/authorized_keys\n"
+    )
+
+
+def hostfile_script(plan: RolloutPlan) -> str:
+    """The leader's MPI hostfile from LeaderWorkerSet's variables (worker i of a group is the leader's host name
+    with -i appended: LeaderWorkerSet names pods <set>-<group> and <set>-<group>-<i> under one headless Service),
+    then a wait until every worker's sshd answers, since mpirun starts their ranks through it."""
+    slots = plan.recipe.kubernetes.gpus_per_node
+    return ssh_setup() + (
+        'leader="$LWS_LEADER_ADDRESS"; first="${leader%%.*}"; rest="${leader#*.}"\n'
+        f'echo "$leader slots={slots}" > /tmp/hostfile\n'
+        "for i in $(seq 1 $((LWS_GROUP_SIZE - 1))); do\n"
+        f'  echo "$first-$i.$rest slots={slots}" >> /tmp/hostfile\n'
+        f'  until (exec 3<>"/dev/tcp/$first-$i.$rest/{SSH_PORT}") 2>/dev/null; do sleep 5; done\n'
+        "done\n"
+    )
+
+
+def sshd_command() -> str:
+    """sshd as the image's non-root user, on SSH_PORT, with the Secret's key as host key and login key."""
+    options = (
+        f"-o AuthorizedKeysFile={SSH_DIR}/authorized_keys -o StrictModes=no -o UsePAM=no "
+        f"-o PidFile={SSH_DIR}/sshd.pid"
+    )
+    return f"exec /usr/sbin/sshd -D -e -p {SSH_PORT} -h {SSH_DIR}/id_ed25519 {options}\n"
+
+
+def mpi_env() -> list[dict]:
+    """Open MPI (the NGC image's) reads its hostfile and remote launcher from these: `trtspec serve`'s mpirun
+    then starts ranks on the workers over ssh."""
+    ssh = f"ssh -p {SSH_PORT} -i {SSH_DIR}/id_ed25519 -o StrictHostKeyChecking=no"
+    return [
+        {"name": "OMPI_MCA_orte_default_hostfile", "value": "/tmp/hostfile"},
+        {"name": "OMPI_MCA_plm_rsh_agent", "value": ssh},
+    ]
+
+
+def ssh_volume(plan: RolloutPlan) -> tuple[dict, dict]:
+    """The Secret <app>-mpi-ssh (id_ed25519, authorized_keys), readable by the pod's group (fsGroup)."""
+    secret = {"secretName": f"{plan.app}-mpi-ssh", "defaultMode": 0o440}
+    mount = {"name": "mpi-ssh", "mountPath": SSH_SECRET_MOUNT, "readOnly": True}
+    return {"name": "mpi-ssh", "secret": secret}, mount
+
+
+def leader_worker_set(plan: RolloutPlan, track: str, replicas: int) -> dict:
+    """One replica = one leader pod (tritonserver and mpirun) + nodes-1 worker pods (sshd); every pod writes the
+    same repository first, since ranks on the workers load the engine models from it."""
+    name = plan.app if track == "stable" else f"{plan.app}-{track}"
+    vols, mounts = volumes(plan)
+    ssh_vol, ssh_mount = ssh_volume(plan)
+    vols, mounts = [*vols, ssh_vol], [*mounts, ssh_mount]
+    leader_script = serve_script(plan).replace(
+        "set -euo pipefail\n", "set -euo pipefail\n" + hostfile_script(plan)
+    )
+    leader = triton_container(plan, mounts, leader_script, mpi_env())
+    deploy_line = serve_script(plan).splitlines()[1]
+    worker_script = f"set -euo pipefail\n{deploy_line}\n{ssh_setup()}{sshd_command()}"
+    worker = {
+        "name": "worker",
+        "image": plan.image,
+        "imagePullPolicy": "IfNotPresent",
+        "args": ["bash", "-c", worker_script],
+        "env": env(plan),
+        "ports": [{"name": "ssh", "containerPort": SSH_PORT, "protocol": "TCP"}],
+        "resources": resources(plan, plan.gpus_per_pod),
+        "volumeMounts": mounts,
+    }
+    init = [wait_for_engines(plan, mounts)]
+
+    def template(container: dict) -> dict:
+        spec = pod_spec(
+            plan, [container], vols, plan.gpus_per_pod, initContainers=init, terminationGracePeriodSeconds=90
+        )
+        return {"metadata": server_pod_metadata(plan, track), "spec": spec}
+
+    return {
+        "apiVersion": LWS_API,
+        "kind": "LeaderWorkerSet",
+        "metadata": meta(plan, name, "server", track, annotations=annotations(plan)),
+        "spec": {
+            "replicas": replicas,
+            "startupPolicy": "LeaderCreated",
+            "rolloutStrategy": {
+                "type": "RollingUpdate",
+                "rollingUpdateConfiguration": {"maxSurge": 1, "maxUnavailable": 0},
+            },
+            "leaderWorkerTemplate": {
+                "size": plan.nodes,
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "leaderTemplate": template(leader),
+                "workerTemplate": template(worker),
+            },
+        },
+    }
+
+
+def serving_workload(plan: RolloutPlan, track: str, replicas: int) -> dict:
+    if plan.nodes > 1:
+        return leader_worker_set(plan, track, replicas)
+    return deployment(plan, track, replicas)

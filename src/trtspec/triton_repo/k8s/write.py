@@ -1,0 +1,182 @@
+"""The rollout's files and their writing: a kustomize base (what both tracks share) and two overlays, written into
+a temp folder and renamed into place (outputs.write_output_dir), after every check has passed.
+
+    DIR/base/                 recipe ConfigMap, engines PVC, build Job, Service, PodMonitor, PrometheusRule,
+                              Grafana dashboard ConfigMap
+    DIR/overlays/production/  base + the serving Deployment (LeaderWorkerSet across nodes) + its HPA
+    DIR/overlays/canary/      base + the canary Deployment, its own Service and the gate Job
+    DIR/monitoring/           prometheus-adapter's Helm values (installed with the adapter, not by kustomize)
+    DIR/trtspec-rollout.json  what wrote it, from which recipe and image
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trtspec.core.errors import RecipeError, TrtspecError
+from trtspec.outputs import write_output_dir
+from trtspec.recipe import Recipe
+from trtspec.triton_repo.k8s import monitoring as mon
+from trtspec.triton_repo.k8s import workloads as wl
+from trtspec.triton_repo.k8s.plan import RolloutPlan, plan_rollout
+
+MARKER = "trtspec-rollout.json"
+KUSTOMIZATION = "kustomization.yaml"
+DASHBOARD = Path(__file__).resolve().parents[4] / "docker" / "grafana" / "dashboards" / "trtspec.json"
+
+
+@dataclass
+class RolloutResult:
+    """What ``deploy --k8s`` wrote."""
+
+    dir: Path
+    runtime: str
+    app: str
+    image: str
+    multi_node: bool
+    files: list[str] = field(default_factory=list)
+    manifest: dict = field(default_factory=dict)
+
+
+def kustomization(resources: list[str], namespace: str | None = None) -> dict:
+    out = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization"}
+    if namespace:
+        out["namespace"] = namespace
+    return out | {"resources": resources}
+
+
+def _folder(
+    objects: dict[str, dict], namespace: str | None = None, parents: tuple[str, ...] = ()
+) -> dict[str, dict]:
+    return objects | {KUSTOMIZATION: kustomization([*parents, *objects], namespace)}
+
+
+def rollout_objects(plan: RolloutPlan, dashboard: dict) -> dict[str, dict]:
+    """Every file of the rollout but the marker: its path in DIR -> the object (a manifest, a kustomization, or
+    prometheus-adapter's values)."""
+    spec = plan.recipe.kubernetes
+    workload = "leaderworkerset.yaml" if plan.nodes > 1 else "deployment.yaml"
+    base = {"recipe-configmap.yaml": wl.recipe_configmap(plan)}
+    if plan.create_engines_pvc:
+        base["engines-pvc.yaml"] = wl.engines_pvc(plan)
+    if plan.builds:
+        base["build-job.yaml"] = wl.build_job(plan)
+    base |= {
+        "service.yaml": wl.service(plan),
+        "podmonitor.yaml": mon.pod_monitor(plan),
+        "prometheusrule.yaml": mon.prometheus_rule(plan),
+        "grafana-dashboard.yaml": mon.dashboard_configmap(plan, dashboard),
+    }
+    production = {workload: wl.serving_workload(plan, "stable", spec.min_replicas), "hpa.yaml": mon.hpa(plan)}
+    canary = {
+        workload: wl.serving_workload(plan, "canary", spec.canary_replicas),
+        "service.yaml": wl.service(plan, "canary"),
+        "gate-job.yaml": wl.gate_job(plan),
+    }
+    files = {f"base/{k}": v for k, v in _folder(base).items()}
+    for name, objects in (("production", production), ("canary", canary)):
+        folder = _folder(objects, spec.namespace, ("../../base",))
+        files |= {f"overlays/{name}/{k}": v for k, v in folder.items()}
+    files["monitoring/prometheus-adapter-values.yaml"] = mon.adapter_values(plan)
+    return files
+
+
+def rollout_manifest(plan: RolloutPlan, files: list[str]) -> dict:
+    from trtspec import __version__
+
+    return {
+        "trtspec": __version__,
+        "recipe": plan.recipe.name,
+        "recipe_digest": plan.recipe.digest(),
+        "runtime": plan.runtime,
+        "app": plan.app,
+        "image": plan.image,
+        "base_image": plan.base_image,
+        "key": plan.key,
+        "gpus_per_replica": plan.gpus,
+        "pods_per_replica": plan.nodes,
+        # the Jobs to wait for: the build before serving, the gate before promoting a canary
+        "jobs": {
+            "build": wl.build_job_name(plan) if plan.builds else None,
+            "gate": wl.gate_job_name(plan),
+        },
+        "files": files,
+    }
+
+
+def to_yaml(obj: dict) -> str:
+    """Block style, keys in the order written, multi-line strings (scripts, the recipe) as literal blocks."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    def text(dumper, value: str):
+        style = "|" if "\n" in value else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+    Dumper.add_representer(str, text)
+    return yaml.dump(
+        obj, Dumper=Dumper, sort_keys=False, default_flow_style=False, width=4096
+    )  # PromQL on one line
+
+
+def rollout_files(plan: RolloutPlan, dashboard: dict) -> dict[str, str]:
+    """Every file of the rollout as text, the marker included."""
+    objects = rollout_objects(plan, dashboard)
+    files = {path: to_yaml(obj) for path, obj in objects.items()}
+    files[MARKER] = json.dumps(rollout_manifest(plan, sorted(files)), indent=2) + "\n"
+    return files
+
+
+def read_inputs(recipe: Recipe, dashboard_path: Path = DASHBOARD) -> tuple[str, dict]:
+    """(the recipe file's text, the Grafana dashboard); the pods read the recipe as it was written."""
+    if recipe.source is None:
+        raise RecipeError(
+            "<recipe>", None, "a rollout mounts the recipe file in its pods; load the recipe from a file"
+        )
+    try:
+        text = Path(recipe.source).read_text(encoding="utf-8")
+    except OSError as err:
+        raise RecipeError(recipe.source, None, f"cannot read the recipe ({err.strerror})") from None
+    try:
+        dashboard = json.loads(Path(dashboard_path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise TrtspecError(
+            f"{dashboard_path}: cannot read the Grafana dashboard ({err}); run from a trtspec source checkout"
+        ) from None
+    return text, dashboard
+
+
+def write_rollout(
+    recipe: Recipe, runtime: str | None, out: Path, dashboard_path: Path = DASHBOARD
+) -> RolloutResult:
+    """Check the recipe's rollout values, then write the rollout to ``out`` atomically (nothing on an error)."""
+    text, dashboard = read_inputs(recipe, dashboard_path)
+    plan = plan_rollout(recipe, runtime, text)
+    files = rollout_files(plan, dashboard)
+
+    def fill(tmp: Path) -> None:
+        for path, body in files.items():
+            (tmp / path).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / path).write_text(body, encoding="utf-8")
+
+    target = write_output_dir(
+        out,
+        MARKER,
+        "a trtspec Kubernetes rollout",
+        "--k8s",
+        fill,
+        need_bytes=sum(len(t.encode()) for t in files.values()),
+    )
+    return RolloutResult(
+        dir=target,
+        runtime=plan.runtime,
+        app=plan.app,
+        image=plan.image,
+        multi_node=plan.nodes > 1,
+        files=sorted(files),
+        manifest=json.loads(files[MARKER]),
+    )

@@ -1,0 +1,730 @@
+"""`trtspec deploy --k8s`: the rollout's manifests against the Kubernetes schemas (kubernetes-validate) and the
+CRDs' own schemas (tests/k8s_crds), rendered by kustomize, rules checked by promtool, the recording rules
+evaluated on a real server's /metrics, the canary gate run against it, and bad values refused before writing."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trtspec.cli import cli
+from trtspec.recipe import DEMO_RECIPE, load_recipe
+from trtspec.triton_repo.k8s import write_rollout
+from trtspec.triton_repo.k8s.monitoring import ACCEPTANCE_RATIO, QUEUE_COMPUTE_RATIO, TOKENS_PER_ROUND
+from trtspec.triton_repo.k8s.plan import plan_rollout
+from trtspec.triton_repo.k8s.workloads import gate_args
+
+CRDS = Path(__file__).parent / "k8s_crds"
+K8S_VERSION = "1.33"  # a current release; kubernetes-validate bundles its schemas
+CORE_KINDS = {"ConfigMap", "PersistentVolumeClaim", "Job", "Deployment", "Service", "HorizontalPodAutoscaler"}
+
+PAIR_8B_1B = """\
+name: llama-8b-1b
+target: {model: /workspace/models/Llama-3.1-8B-Instruct, dtype: bfloat16, tp_size: 2}
+draft: {model: /workspace/models/Llama-3.2-1B-Instruct, dtype: bfloat16}
+speculative: {max_draft_len: 4}
+limits: {max_batch_size: 16, max_input_len: 2048, max_seq_len: 4096}
+triton: {runtime: tensorrtllm}
+kubernetes:
+  models_pvc: hf-models
+  image: registry.example.com/trtspec:0.1.0-trtllm1.2.1
+  gpus: 2
+  min_acceptance: 0.55
+  min_exact_match: 0.98
+  namespace: llm
+  monitoring_labels: {release: prometheus}
+"""
+
+
+def write_recipe(tmp_path: Path, text: str, name: str = "pair.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def demo_with(tmp_path: Path, kubernetes: dict | None = None, **sections) -> Path:
+    """The shipped demo recipe's text plus ``kubernetes`` (and other sections replaced), in tmp_path."""
+    data = yaml.safe_load(DEMO_RECIPE.read_text())
+    data.update(sections)
+    if kubernetes is not None:
+        data["kubernetes"] = kubernetes
+    return write_recipe(tmp_path, yaml.safe_dump(data), "demo.yaml")
+
+
+def rollout(tmp_path: Path, recipe: Path | str, runtime: str | None = None) -> tuple[Path, dict[str, object]]:
+    """Write the rollout; (its folder, every YAML file parsed: path -> object)."""
+    out = tmp_path / "kubernetes"
+    write_rollout(load_recipe(recipe, check_paths=False), runtime, out)
+    files = {str(p.relative_to(out)): yaml.safe_load(p.read_text()) for p in sorted(out.rglob("*.yaml"))}
+    return out, files
+
+
+def manifests(files: dict) -> dict[str, dict]:
+    return {path: obj for path, obj in files.items() if "kind" in obj and obj["kind"] != "Kustomization"}
+
+
+def by_kind(files: dict, kind: str) -> list[dict]:
+    return [obj for obj in manifests(files).values() if obj["kind"] == kind]
+
+
+# ---------------------------------------------------------------- schemas
+
+
+def strict(schema):
+    """A CRD's structural schema as Kubernetes' strict field validation applies it: objects with properties take
+    no other keys (unless the schema keeps unknown fields)."""
+    if isinstance(schema, list):
+        return [strict(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: strict(v) for k, v in schema.items()}
+    keeps_unknown = out.get("x-kubernetes-preserve-unknown-fields")
+    if "properties" in out and "additionalProperties" not in out and not keeps_unknown:
+        out["additionalProperties"] = False
+    return out
+
+
+def crd_errors(obj: dict) -> list[str]:
+    """The object checked against its CRD's v1 schema; pod templates inside (LeaderWorkerSet) against the core
+    PodTemplateSpec with kubernetes-validate."""
+    import jsonschema
+    import kubernetes_validate
+
+    name = obj["kind"].lower()
+    doc = json.loads((CRDS / f"{name}.json").read_text())
+    assert obj["apiVersion"] == f"{doc['group']}/{doc['version']}"
+    validator = jsonschema.Draft7Validator(strict(doc["schema"]))
+    errors = [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(obj)]
+    if obj["kind"] == "LeaderWorkerSet":
+        lwt = obj["spec"]["leaderWorkerTemplate"]
+        for key in ("leaderTemplate", "workerTemplate"):
+            pod_template = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": key.lower()}}
+            try:
+                kubernetes_validate.validate(pod_template | {"template": lwt[key]}, K8S_VERSION, strict=True)
+            except kubernetes_validate.ValidationError as err:
+                errors.append(f"{key}: {err.message}")
+    return errors
+
+
+def check_schemas(files: dict) -> None:
+    import kubernetes_validate
+
+    for path, obj in manifests(files).items():
+        if obj["kind"] in CORE_KINDS:
+            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)  # raises, naming the field
+        else:
+            assert not crd_errors(obj), (path, crd_errors(obj))
+
+
+def test_crd_check_can_fail():
+    """The CRD schemas are strict enough to catch a misspelt or misplaced field."""
+    monitor = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": {"name": "m"},
+        "spec": {"selector": {}, "podMetricsEndpoints": [{"port": "metrics", "intervall": "15s"}]},
+    }
+    assert any("intervall" in e for e in crd_errors(monitor))
+    rule = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {"name": "r"},
+        "spec": {"groups": [{"name": "g", "rules": [{"record": "x", "expr": "1", "for": 5}]}]},
+    }
+    assert crd_errors(rule)
+
+
+# ---------------------------------------------------------------- the two recipes of the issue
+
+
+def test_demo_rollout_torch_on_cpu_is_schema_valid(tmp_path):
+    out, files = rollout(tmp_path, "demo")
+    check_schemas(files)
+    (deployment,) = [o for p, o in files.items() if p == "overlays/production/deployment.yaml"]
+    pod = deployment["spec"]["template"]["spec"]
+    (triton,) = pod["containers"]
+    assert "resources" not in triton and "tolerations" not in pod  # no GPU on a CPU cluster
+    assert triton["image"].endswith("-cpu") and ":" in triton["image"]
+    assert not by_kind(files, "Job")[1:]  # the canary gate only: torch builds nothing
+    assert "base/build-job.yaml" not in files and "base/engines-pvc.yaml" not in files
+    # the demo's models ship in the image: no models volume
+    assert all(v["name"] != "models" for v in pod["volumes"])
+    recipe_map = files["base/recipe-configmap.yaml"]
+    assert recipe_map["data"]["recipe.yaml"] == DEMO_RECIPE.read_text()
+    marker = json.loads((out / "trtspec-rollout.json").read_text())
+    assert marker["runtime"] == "torch" and marker["gpus_per_replica"] == 0
+
+
+def test_8b_1b_tensorrtllm_tp2_rollout(tmp_path):
+    """GPUs = TP x PP on every pod that runs the engines, the pinned image, probes and ports, the build Job that
+    runs once per recipe and image, and the serving pods held until its marker exists."""
+    _, files = rollout(tmp_path, write_recipe(tmp_path, PAIR_8B_1B))
+    check_schemas(files)
+    image = "registry.example.com/trtspec:0.1.0-trtllm1.2.1"
+    deployment = files["overlays/production/deployment.yaml"]
+    pod = deployment["spec"]["template"]["spec"]
+    (triton,) = pod["containers"]
+    assert triton["resources"]["limits"] == {"nvidia.com/gpu": 2}
+    assert triton["image"] == image
+    assert {p["name"]: p["containerPort"] for p in triton["ports"]} == {
+        "http": 8000,
+        "grpc": 8001,
+        "metrics": 8002,
+    }
+    assert triton["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+    assert triton["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "http"}
+    script = triton["args"][2]
+    assert "trtspec deploy" in script and "--runtime tensorrtllm" in script and "exec trtspec serve" in script
+    assert "--grpc-port 8001" in script
+    build = files["base/build-job.yaml"]
+    (builder,) = build["spec"]["template"]["spec"]["containers"]
+    build_script = builder["args"][2]
+    assert builder["resources"]["limits"] == {"nvidia.com/gpu": 2}
+    assert build_script.index("trtspec check") < build_script.index("trtspec build")
+    (marker,) = re.findall(r"^marker=(\S+)$", build_script, re.M)
+    assert marker.startswith("/workspace/engines/llama-8b-1b/") and 'if [ -f "$marker" ]' in build_script
+    (wait,) = pod["initContainers"]
+    assert marker in wait["args"][2]
+    key = build["metadata"]["name"].rsplit("-", 1)[1]
+    assert key in marker
+    claims = {v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v}
+    assert claims == {"hf-models", files["base/engines-pvc.yaml"]["metadata"]["name"]}
+    assert deployment["metadata"]["annotations"]["trtspec.dev/recipe-digest"] in build_script
+    # the same recipe for another image is another build
+    other = tmp_path / "other"
+    other.mkdir()
+    text = PAIR_8B_1B.replace("trtspec:0.1.0-trtllm1.2.1", "trtspec:0.1.1-trtllm1.2.1")
+    _, files2 = rollout(other, write_recipe(other, text))
+    assert files2["base/build-job.yaml"]["metadata"]["name"] != build["metadata"]["name"]
+
+
+def test_docker_files_pin_the_same_ngc_image(tmp_path):
+    """The default image is docker/Dockerfile's build, whose FROM is the NGC image recorded on the pods."""
+    repo = Path(__file__).resolve().parents[1]
+    (base,) = re.findall(r"^FROM (\S+)", (repo / "docker" / "Dockerfile").read_text(), re.M)
+    compose = yaml.safe_load((repo / "docker" / "compose.yaml").read_text())
+    text = PAIR_8B_1B.replace("  image: registry.example.com/trtspec:0.1.0-trtllm1.2.1\n", "")
+    plan = plan_rollout(load_recipe(write_recipe(tmp_path, text), check_paths=False), None, text)
+    assert plan.base_image == base
+    assert plan.image == compose["services"]["trtspec"]["image"]
+
+
+def test_monitoring_objects(tmp_path):
+    _, files = rollout(tmp_path, write_recipe(tmp_path, PAIR_8B_1B))
+    monitor = files["base/podmonitor.yaml"]
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    rules = files["base/prometheusrule.yaml"]["spec"]["groups"]
+    recorded = {r["record"]: r["expr"] for g in rules for r in g["rules"] if "record" in r}
+    assert set(recorded) == {QUEUE_COMPUTE_RATIO, ACCEPTANCE_RATIO, TOKENS_PER_ROUND}
+    queue = recorded[QUEUE_COMPUTE_RATIO]
+    assert "rate(nv_inference_queue_duration_us{" in queue
+    assert "/ clamp_min(" in queue and "rate(nv_inference_compute_infer_duration_us{" in queue
+    alerts = {r["alert"]: r for g in rules for r in g["rules"] if "alert" in r}
+    assert alerts["TrtspecAcceptanceLow"]["expr"].endswith("< 0.55")
+    assert "up{" in alerts["TrtspecReplicaNotServing"]["expr"]
+    hpa = files["overlays/production/hpa.yaml"]["spec"]
+    assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llama-8b-1b"}
+    assert (hpa["minReplicas"], hpa["maxReplicas"]) == (1, 4)
+    (metric,) = hpa["metrics"]
+    assert metric["type"] == "Pods" and metric["pods"]["metric"]["name"] == QUEUE_COMPUTE_RATIO
+    assert metric["pods"]["target"] == {"type": "AverageValue", "averageValue": "1000m"}
+    (rule,) = files["monitoring/prometheus-adapter-values.yaml"]["rules"]["custom"]
+    assert (
+        rule["seriesQuery"].startswith(QUEUE_COMPUTE_RATIO + "{")
+        and rule["name"]["as"] == QUEUE_COMPUTE_RATIO
+    )
+    # the dashboard is docker/grafana's, pointed at the cluster's datasource
+    repo_dashboard = json.loads(
+        (Path(__file__).resolve().parents[1] / "docker/grafana/dashboards/trtspec.json").read_text()
+    )
+    dashboard = json.loads(files["base/grafana-dashboard.yaml"]["data"]["trtspec.json"])
+    assert [p["title"] for p in dashboard["panels"]] == [p["title"] for p in repo_dashboard["panels"]]
+    uids = set(re.findall(r'"uid": "([^"]+)"', json.dumps(dashboard["panels"])))
+    assert uids == {"prometheus"}
+
+
+def test_canary_overlay_and_gate(tmp_path):
+    """The canary: its own Deployment and Service, the main Service over both tracks, and a gate Job whose command
+    line is a `trtspec validate` the CLI parses, against the canary's Service with the recipe's thresholds."""
+    _, files = rollout(tmp_path, write_recipe(tmp_path, PAIR_8B_1B))
+    canary = files["overlays/canary/deployment.yaml"]
+    stable = files["overlays/production/deployment.yaml"]
+    main, canary_service = files["base/service.yaml"], files["overlays/canary/service.yaml"]
+    pod_labels = {
+        t: d["spec"]["template"]["metadata"]["labels"] for t, d in (("stable", stable), ("canary", canary))
+    }
+    selects = lambda service, labels: service["spec"]["selector"].items() <= labels.items()  # noqa: E731
+    assert selects(main, pod_labels["stable"]) and selects(main, pod_labels["canary"])
+    assert selects(canary_service, pod_labels["canary"]) and not selects(canary_service, pod_labels["stable"])
+    assert {p["name"] for p in main["spec"]["ports"]} == {"http", "grpc", "metrics"}
+    gate = files["overlays/canary/gate-job.yaml"]
+    assert gate["spec"]["backoffLimit"] == 0
+    (container,) = gate["spec"]["template"]["spec"]["containers"]
+    args = container["args"]
+    assert args[:2] == ["trtspec", "validate"]
+    ctx = cli.commands["validate"].make_context("validate", args[2:])
+    params = ctx.params
+    assert params["system"] == "triton" and params["url"] == f"{canary_service['metadata']['name']}:8001"
+    assert (params["min_acceptance"], params["min_exact_match"]) == (0.55, 0.98)
+    assert params["recipe"] == "/workspace/recipes/recipe.yaml" and params["device"] == "cuda"
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": 1}
+
+
+MULTI_NODE = PAIR_8B_1B.replace("tp_size: 2}", "tp_size: 16}").replace("gpus: 2", "gpus: 16")
+
+
+def test_multi_node_is_a_leader_worker_set(tmp_path):
+    text = MULTI_NODE.replace(
+        "triton: {runtime: tensorrtllm}", "triton: {runtime: tensorrtllm, fast_logits: true}"
+    )
+    _, files = rollout(tmp_path, write_recipe(tmp_path, text))
+    check_schemas(files)
+    assert "overlays/production/deployment.yaml" not in files
+    lws = files["overlays/production/leaderworkerset.yaml"]
+    template = lws["spec"]["leaderWorkerTemplate"]
+    assert template["size"] == 2
+    for key in ("leaderTemplate", "workerTemplate"):
+        (container,) = template[key]["spec"]["containers"]
+        assert container["resources"]["limits"] == {"nvidia.com/gpu": 8}
+    leader = template["leaderTemplate"]["spec"]["containers"][0]
+    assert "LWS_LEADER_ADDRESS" in leader["args"][2] and "exec trtspec serve" in leader["args"][2]
+    assert files["overlays/production/hpa.yaml"]["spec"]["scaleTargetRef"]["kind"] == "LeaderWorkerSet"
+    assert files["base/service.yaml"]["spec"]["selector"]["leaderworkerset.sigs.k8s.io/worker-index"] == "0"
+
+
+def containers(obj, found=None) -> list[dict]:
+    """Every container (init containers too) anywhere in a manifest."""
+    found = [] if found is None else found
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            if key in ("containers", "initContainers"):
+                found += value
+            else:
+                containers(value, found)
+    elif isinstance(obj, list):
+        for value in obj:
+            containers(value, found)
+    return found
+
+
+@pytest.mark.parametrize("which", ["demo", "8b-1b", "multi-node"])
+def test_every_script_in_the_pods_parses(tmp_path, which):
+    """bash -n on each container's script, and Python's compiler on the readiness wait."""
+    fast = MULTI_NODE.replace("runtime: tensorrtllm}", "runtime: tensorrtllm, fast_logits: true}")
+    source = {"demo": "demo", "8b-1b": PAIR_8B_1B, "multi-node": fast}[which]
+    _, files = rollout(tmp_path, source if source == "demo" else write_recipe(tmp_path, source))
+    scripts = 0
+    for container in containers(list(manifests(files).values())):
+        args = container["args"]
+        if args[:2] == ["bash", "-c"]:
+            run = subprocess.run(["bash", "-n", "-c", args[2]], capture_output=True, text=True, check=False)
+            assert run.returncode == 0, (container["name"], run.stderr)
+            scripts += 1
+        elif args[:2] == ["python3", "-c"]:
+            compile(args[2], container["name"], "exec")
+    assert scripts >= 2
+
+
+@pytest.mark.parametrize(
+    ("text", "runtime", "field", "says"),
+    [
+        (MULTI_NODE, None, "triton.fast_logits", "mpirun starts every rank"),
+        (
+            MULTI_NODE.replace("runtime: tensorrtllm", "runtime: trtllm-pytorch"),
+            None,
+            "kubernetes.gpus_per_node",
+            "runs on one node",
+        ),
+    ],
+)
+def test_multi_node_limits_are_one_line(tmp_path, runner, text, runtime, field, says):
+    result = runner.invoke(cli, ["deploy", str(write_recipe(tmp_path, text)), "--k8s", str(tmp_path / "out")])
+    assert result.exit_code == 2 and field in result.output and says in result.output
+    assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------- bad values: one line, nothing written
+
+
+BAD = {
+    "gpus": ("  gpus: 2\n", "  gpus: 1\n", "kubernetes.gpus: 1 does not match the 2 GPU(s)"),
+    "port clash": (
+        "triton: {runtime: tensorrtllm}",
+        "triton: {runtime: tensorrtllm, grpc_port: 8000}",
+        "triton.grpc_port: 8000 is also triton.http_port",
+    ),
+    "port 0": (
+        "triton: {runtime: tensorrtllm}",
+        "triton: {runtime: tensorrtllm, metrics_port: 0}",
+        "triton.metrics_port",
+    ),
+    "missing pvc": (
+        "  models_pvc: hf-models\n",
+        "",
+        "kubernetes.models_pvc: the models are read from /workspace/models",
+    ),
+    "model outside the volume": (
+        "/workspace/models/Llama-3.2-1B-Instruct",
+        "/home/me/Llama-3.2-1B-Instruct",
+        "draft.model: /home/me/Llama-3.2-1B-Instruct is /home/me/Llama-3.2-1B-Instruct inside the pods",
+    ),
+    "threshold": (
+        "min_acceptance: 0.55",
+        "min_acceptance: 1.5",
+        "kubernetes.min_acceptance: Input should be less than",
+    ),
+    "unpinned image": (":0.1.0-trtllm1.2.1", ":latest", "kubernetes.image: pin a tag other than latest"),
+    "replicas": (
+        "  gpus: 2\n",
+        "  gpus: 2\n  min_replicas: 5\n",
+        "kubernetes: min_replicas 5 > max_replicas 4",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_values_are_one_line_errors_and_nothing_is_written(tmp_path, runner, case):
+    old, new, says = BAD[case]
+    assert old in PAIR_8B_1B
+    recipe = write_recipe(tmp_path, PAIR_8B_1B.replace(old, new))
+    out = tmp_path / "out"
+    result = runner.invoke(cli, ["deploy", str(recipe), "--k8s", str(out)])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"Error: {recipe}: "), result.output
+    assert says in lines[0]
+    assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["pair.yaml"]
+
+
+def test_an_existing_folder_is_replaced_only_when_it_is_a_rollout(tmp_path, runner):
+    recipe = write_recipe(tmp_path, PAIR_8B_1B)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "mine.txt").write_text("keep")
+    result = runner.invoke(cli, ["deploy", str(recipe), "--k8s", str(out)])
+    assert result.exit_code == 2 and "is not a trtspec Kubernetes rollout" in result.output
+    assert (out / "mine.txt").read_text() == "keep"
+    shutil.rmtree(out)
+    assert runner.invoke(cli, ["deploy", str(recipe), "--k8s", str(out)]).exit_code == 0
+    (out / "base" / "stale.yaml").write_text("{}")
+    result = runner.invoke(cli, ["deploy", str(recipe), "--k8s", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["app"] == "llama-8b-1b" and not (out / "base" / "stale.yaml").exists()
+    assert runner.invoke(cli, ["deploy", str(recipe), "--k8s", str(out), "--out", "x"]).exit_code == 2
+
+
+# ---------------------------------------------------------------- the standard tools, where they are
+
+
+@pytest.mark.skipif(
+    shutil.which("kubectl") is None, reason="kubectl (with kustomize built in) is not installed"
+)
+@pytest.mark.parametrize("recipe", ["demo", "8b-1b"])
+def test_overlays_render_with_kustomize(tmp_path, recipe):
+    source = "demo" if recipe == "demo" else write_recipe(tmp_path, PAIR_8B_1B)
+    out, files = rollout(tmp_path, source)
+    for overlay in ("production", "canary"):
+        run = subprocess.run(
+            ["kubectl", "kustomize", str(out / "overlays" / overlay)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert run.returncode == 0, run.stderr
+        rendered = [d for d in yaml.safe_load_all(run.stdout) if d]
+        base = {
+            (o["kind"], o["metadata"]["name"]) for p, o in manifests(files).items() if p.startswith("base/")
+        }
+        own = {
+            (o["kind"], o["metadata"]["name"])
+            for p, o in manifests(files).items()
+            if p.startswith(f"overlays/{overlay}/")
+        }
+        assert {(d["kind"], d["metadata"]["name"]) for d in rendered} == base | own
+        namespaces = {d["metadata"].get("namespace") for d in rendered}
+        assert namespaces == ({"llm"} if recipe == "8b-1b" else {None})
+
+
+def rule_groups(files: dict) -> dict:
+    return {"groups": files["base/prometheusrule.yaml"]["spec"]["groups"]}
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Prometheus) is not installed")
+def test_promtool_checks_and_unit_tests_the_rules(tmp_path):
+    """promtool checks the rules, then evaluates them on series: queue 3 s/s over compute 2 s/s is 1.5, an idle
+    pod 0; acceptance 0.2 under 0.55 fires the alert after 10 minutes."""
+    _, files = rollout(tmp_path, write_recipe(tmp_path, PAIR_8B_1B))
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(yaml.safe_dump(rule_groups(files)))
+    check = subprocess.run(
+        ["promtool", "check", "rules", str(rules)], capture_output=True, text=True, check=False
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    pod = 'job="llama-8b-1b",namespace="llm",pod="p0"'
+    idle = 'job="llama-8b-1b",namespace="llm",pod="p1"'
+    tests = {
+        "rule_files": [str(rules)],
+        "evaluation_interval": "15s",
+        "tests": [
+            {
+                "interval": "15s",
+                "input_series": [
+                    {
+                        "series": f'nv_inference_queue_duration_us{{{pod},model="m"}}',
+                        "values": "0+45000000x40",
+                    },
+                    {
+                        "series": f'nv_inference_compute_infer_duration_us{{{pod},model="m"}}',
+                        "values": "0+30000000x40",
+                    },
+                    {"series": f'nv_inference_queue_duration_us{{{idle},model="m"}}', "values": "0+0x40"},
+                    {
+                        "series": f'nv_inference_compute_infer_duration_us{{{idle},model="m"}}',
+                        "values": "0+0x40",
+                    },
+                    {
+                        "series": f'trtspec_spec_decode_num_draft_tokens_total{{{pod},model="m"}}',
+                        "values": "0+100x80",
+                    },
+                    {
+                        "series": f'trtspec_spec_decode_num_accepted_tokens_total{{{pod},model="m"}}',
+                        "values": "0+20x80",
+                    },
+                    {
+                        "series": f'trtspec_spec_decode_num_drafts_total{{{pod},model="m"}}',
+                        "values": "0+25x80",
+                    },
+                    {
+                        "series": f'trtspec_spec_decode_num_rounds_without_speculation_total{{{pod},model="m"}}',
+                        "values": "0+5x80",
+                    },
+                ],
+                "promql_expr_test": [
+                    {
+                        "expr": QUEUE_COMPUTE_RATIO,
+                        "eval_time": "5m",
+                        "exp_samples": [
+                            {"labels": f"{QUEUE_COMPUTE_RATIO}{{{pod}}}", "value": 1.5},
+                            {"labels": f"{QUEUE_COMPUTE_RATIO}{{{idle}}}", "value": 0},
+                        ],
+                    },
+                    {
+                        "expr": ACCEPTANCE_RATIO,
+                        "eval_time": "10m",
+                        "exp_samples": [{"labels": f"{ACCEPTANCE_RATIO}{{{pod}}}", "value": 0.2}],
+                    },
+                    {  # (20 accepted + 30 forwards) / 30 forwards per 15 s
+                        "expr": TOKENS_PER_ROUND,
+                        "eval_time": "10m",
+                        "exp_samples": [{"labels": f"{TOKENS_PER_ROUND}{{{pod}}}", "value": 50 / 30}],
+                    },
+                ],
+                "alert_rule_test": [
+                    {
+                        "eval_time": "20m",
+                        "alertname": "TrtspecAcceptanceLow",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {
+                                    "severity": "warning",
+                                    "job": "llama-8b-1b",
+                                    "namespace": "llm",
+                                    "pod": "p0",
+                                },
+                                "exp_annotations": {
+                                    "summary": "llama-8b-1b: acceptance 0.20 on p0 is under 0.55",
+                                    "description": files["base/prometheusrule.yaml"]["spec"]["groups"][1][
+                                        "rules"
+                                    ][0]["annotations"]["description"],
+                                },
+                            }
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    test_file = tmp_path / "tests.yaml"
+    test_file.write_text(yaml.safe_dump(tests))
+    run = subprocess.run(
+        ["promtool", "test", "rules", str(test_file)], capture_output=True, text=True, check=False
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+# ---------------------------------------------------------------- a live server
+
+
+class Promql:
+    """Just the PromQL the recording rules use, over two scrapes of one pod: ``sum by (...) (rate(m{..}[w]))``,
+    ``clamp_min(e, n)``, ``+``, ``/``, ``e > n`` (a filter) and parentheses. A value is a number or None (an empty
+    vector). Target labels (job, namespace, pod) are the scraped pod's, so their matchers hold."""
+
+    TOKEN = re.compile(r"\s*(sum by \([^)]*\)|[A-Za-z_:][\w:]*\{[^}]*\}\[\w+\]|[A-Za-z_]+|[0-9.]+|[()+/>,])")
+
+    def __init__(self, before: dict, after: dict, seconds: float):
+        self.before, self.after, self.seconds = before, after, seconds
+
+    def rate(self, selector: str) -> float | None:
+        match = re.fullmatch(r"([A-Za-z_:][\w:]*)\{(.*)\}\[\w+\]", selector)
+        name, matchers = match.group(1), re.findall(r'(\w+)(=~|=)"([^"]*)"', match.group(2))
+        own = [(k, op, v) for k, op, v in matchers if k not in ("job", "namespace", "pod")]
+        series = [
+            key
+            for key in self.after
+            if key[0] == name
+            and all(
+                (re.fullmatch(v, dict(key[1]).get(k, "")) if op == "=~" else dict(key[1]).get(k) == v)
+                for k, op, v in own
+            )
+        ]
+        if not series:
+            return None
+        return sum(self.after[k] - self.before.get(k, 0.0) for k in series) / self.seconds
+
+    def eval(self, expr: str) -> float | None:
+        self.tokens, position = [], 0
+        while position < len(expr.rstrip()):
+            match = self.TOKEN.match(expr, position)
+            assert match, f"not in the subset: {expr[position:]}"
+            self.tokens.append(match.group(1))
+            position = match.end()
+        value = self.compare()
+        assert not self.tokens, self.tokens
+        return value
+
+    def take(self, token: str | None = None) -> str:
+        got = self.tokens.pop(0)
+        assert token is None or got == token, (got, token)
+        return got
+
+    def compare(self):
+        value = self.add()
+        if self.tokens and self.tokens[0] == ">":
+            self.take()
+            bound = float(self.take())
+            value = value if value is not None and value > bound else None
+        return value
+
+    def add(self):
+        value = self.div()
+        while self.tokens and self.tokens[0] == "+":
+            self.take()
+            right = self.div()
+            value = None if value is None or right is None else value + right
+        return value
+
+    def div(self):
+        value = self.atom()
+        while self.tokens and self.tokens[0] == "/":
+            self.take()
+            right = self.atom()
+            value = None if value is None or right is None else value / right
+        return value
+
+    def atom(self):
+        token = self.take()
+        if token == "(":
+            value = self.compare()
+            self.take(")")
+            return value
+        if token.startswith("sum by"):
+            self.take("(")
+            self.take("rate")
+            self.take("(")
+            value = self.rate(self.take())
+            self.take(")")
+            self.take(")")
+            return value
+        if token == "clamp_min":
+            self.take("(")
+            value = self.compare()
+            self.take(",")
+            floor = float(self.take())
+            self.take(")")
+            return None if value is None else max(value, floor)
+        return float(token)
+
+
+@pytest.fixture(scope="module")
+def demo_server(tmp_path_factory):
+    from triton_server import deploy_tiny_repo, running_server
+
+    from trtspec.recipe import DEMO_DIR
+
+    root = tmp_path_factory.mktemp("k8s-serve")
+    deploy_tiny_repo((DEMO_DIR / "target", DEMO_DIR / "draft"), root / "repo")
+    with running_server(root / "repo", root / "server.log") as server:
+        yield server
+
+
+@pytest.mark.server
+@pytest.mark.slow
+def test_recording_rules_evaluate_on_a_served_demo_pair(demo_server, tmp_path):
+    """The HPA's ratio and the acceptance / tokens-per-round rules, evaluated on two scrapes of a real server
+    around four streamed requests: every series they name exists, and acceptance equals what the responses
+    reported."""
+    import time
+
+    from triton_server import PROMPTS, grpc_stream, scrape
+
+    _, files = rollout(tmp_path, "demo")
+    recorded = {
+        r["record"]: r["expr"]
+        for g in files["base/prometheusrule.yaml"]["spec"]["groups"]
+        for r in g["rules"]
+        if "record" in r
+    }
+    before, start = scrape(demo_server), time.monotonic()
+    reported, generated = [], 0
+    for prompt in PROMPTS:
+        ids: list = []
+        _, metrics = grpc_stream(
+            demo_server, prompt, ids, stream=True, num_draft_tokens=4, max_tokens=24, return_perf_metrics=True
+        )
+        reported.append(metrics)
+        generated += len(sum(ids, []))
+    after, seconds = scrape(demo_server), time.monotonic() - start
+    promql = Promql(before, after, seconds)
+    ratio = promql.eval(recorded[QUEUE_COMPUTE_RATIO])
+    assert promql.eval(re.search(r"clamp_min\((.*), 1\)$", recorded[QUEUE_COMPUTE_RATIO]).group(1)) > 0
+    assert ratio is not None and math.isfinite(ratio) and ratio >= 0
+    acceptance = promql.eval(recorded[ACCEPTANCE_RATIO])
+    drafted = sum(m["total_draft_tokens"] for m in reported)
+    accepted = sum(m["total_accepted_draft_tokens"] for m in reported)
+    assert drafted > 0 and acceptance == pytest.approx(accepted / drafted)
+    tokens_per_round = promql.eval(recorded[TOKENS_PER_ROUND])
+    assert 1.0 < tokens_per_round <= 5.0
+    # every round emits its accepted tokens + 1; a request's last round may emit fewer (max_tokens, end id)
+    forwards = (accepted + 0.0) / (tokens_per_round - 1.0)
+    assert generated <= tokens_per_round * forwards <= generated + len(PROMPTS)
+    # an idle window: no drafting, so no acceptance series, and the ratio stays defined
+    idle = Promql(after, after, 15.0)
+    assert idle.eval(recorded[ACCEPTANCE_RATIO]) is None and idle.eval(recorded[QUEUE_COMPUTE_RATIO]) == 0.0
+
+
+@pytest.mark.server
+@pytest.mark.slow
+@pytest.mark.parametrize(("floor", "exit_code"), [(0.1, 0), (0.99, 1)])
+def test_canary_gate_job_passes_or_blocks_on_the_recipes_threshold(
+    demo_server, tmp_path, runner, floor, exit_code
+):
+    """The gate Job's own command line, pointed at a served demo pair (acceptance about 0.7): it passes under a
+    low floor and exits 1 under a floor the draft cannot reach."""
+    recipe = demo_with(tmp_path, {"min_acceptance": floor, "gate_prompts": 2, "gate_max_tokens": 12})
+    text = recipe.read_text()
+    args = gate_args(plan_rollout(load_recipe(recipe, check_paths=False), None, text))
+    args[args.index("--url") + 1] = demo_server.ports.grpc_url
+    args[2] = str(recipe)
+    result = runner.invoke(cli, args[1:])
+    assert result.exit_code == exit_code, result.output
+    if exit_code:
+        assert "acceptance" in result.output
