@@ -475,3 +475,19 @@ def test_a_served_trtllm_pytorch_repository_looks_up_through_the_ngram_config(
         response = client.generate(PROMPT, 32, stream=False)
     assert response.text == reference(PROMPT, 32)
     assert response.metrics["total_draft_tokens"] > 0
+
+
+def test_align_of_a_recipe_without_a_draft_is_a_one_line_error(tiny_pair, tmp_path):
+    from click.testing import CliRunner
+
+    from trtspec.cli import cli
+
+    path = tmp_path / "lookup.yaml"
+    path.write_text(yaml.safe_dump(lookup_recipe(tiny_pair[0]).model_dump(mode="json", exclude_none=True)))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "def f(x):"}\n')
+    args = ["align", str(path), "--prompts", str(prompts), "--out", str(tmp_path / "out")]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert "draft: align distils a draft model and this recipe has none" in result.output
+    assert not (tmp_path / "out").exists()

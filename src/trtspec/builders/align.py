@@ -34,7 +34,7 @@ from trtspec.builders import align_data, align_report, environment
 from trtspec.builders.align_data import DataSpec
 from trtspec.builders.align_train import Best, train
 from trtspec.builders.align_work import Clock, WorkDir
-from trtspec.core.errors import CheckFailed, ModelError, OutputError, TrtspecError
+from trtspec.core.errors import CheckFailed, ModelError, OutputError, RecipeError, TrtspecError
 from trtspec.core.model_dir import count_parameters, load_hf_model, load_tokenizer
 from trtspec.outputs import atomic_dir, check_output_dir, folder_bytes
 from trtspec.recipe import Recipe, load_recipe, recipe_copy
@@ -235,6 +235,12 @@ class AlignResult:
 def run_align(spec: AlignSpec, console=None) -> AlignResult:
     """The whole command (module docstring); ``console`` a rich Console for progress, or None."""
     recipe = load_recipe(spec.recipe)
+    if recipe.draft is None:
+        raise RecipeError(
+            recipe.source or recipe.name,
+            "draft",
+            "align distils a draft model and this recipe has none (speculative.proposer ngram); add a draft",
+        )
     default_out, default_work = default_dirs(recipe)
     out = check_output_dir(spec.out or default_out, MARKER, "an aligned draft", "--out")
     work_path = Path(spec.work_dir or default_work).absolute()
