@@ -87,7 +87,7 @@ class _Metrics:
     def __init__(self):
         self.reasons = {}
 
-    def add(self, counts, finish_reason):
+    def add(self, counts, finish_reason, by_proposer=None):
         self.reasons[len(self.reasons)] = finish_reason
 
 
@@ -213,13 +213,12 @@ def served(tiny_pair, tmp_path_factory):
 
 
 def counters(server) -> dict:
-    """Rounds run (spec-decode counters) and requests finished by reason."""
-    values = {
-        name: v
-        for (name, _), v in scrape(server, "trtspec_spec_decode_num_").items()
-        if "_per_pos" not in name
-    }
-    out = {name.removeprefix("trtspec_spec_decode_").removesuffix("_total"): v for name, v in values.items()}
+    """Rounds run (spec-decode counters, every proposer's together) and requests finished by reason."""
+    out: dict = {}
+    for (name, _), v in scrape(server, "trtspec_spec_decode_num_").items():
+        if "_per_pos" not in name:
+            field = name.removeprefix("trtspec_spec_decode_").removesuffix("_total")
+            out[field] = out.get(field, 0.0) + v
     for (_, labels), value in scrape(server, "trtspec_requests_finished_total").items():
         out[dict(labels)["finish_reason"]] = value
     return out

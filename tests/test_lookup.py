@@ -156,3 +156,28 @@ def test_engine_call_round_verifies_given_tokens_without_its_draft_engine(use_dr
         )
     else:
         assert logits is None
+
+
+def test_lookup_priced_off_still_probes_every_probe_every_matching_rounds(tiny_pair):
+    """A lookup acceptance of 0 never pays, so only probes propose: one every probe_every rounds that found a
+    match (a server's first rounds can price lookup off; a probe lets later rounds measure it again)."""
+    from trtspec.engines.adaptive import KPolicy
+
+    target, _ = tiny_pair
+    policy = KPolicy(lookup_prior=0.0, prior_weight=1e6, probe_every=4)
+    engine = SpeculativeEngine.from_pretrained(
+        target, None, max_draft_len=4, max_seq_len=128, proposer="ngram", k_policy=policy
+    )
+    loop = engine.new_loop()
+    loop.add("a", REPEATING * 2, SamplingParams(max_new_tokens=40), eos_ids=())
+    request = loop.queued[0]
+    matched = proposed = 0
+    while loop.busy:
+        found = bool(lookup(request.row.tokens, 4, loop.lookup_spec))
+        (event,) = loop.step()
+        matched += found
+        proposed += event.num_draft > 0
+        if event.num_draft:
+            assert request.lookup_off == 0
+    assert matched >= 8 and 1 <= proposed <= matched // 4 + 1
+    assert event.result.token_ids == hf_greedy(target, REPEATING * 2, 40)

@@ -195,8 +195,8 @@ class _Metrics:
     def __init__(self, *args):
         self.added = []
 
-    def add(self, counts, finish_reason: str) -> None:
-        self.added.append(counts)
+    def add(self, counts, finish_reason: str, by_proposer: dict | None = None) -> None:
+        self.added.append((counts, by_proposer))
 
 
 class _Pb:
@@ -269,6 +269,7 @@ def test_the_orchestrator_without_a_draft_proposes_by_lookup_with_the_target_gre
     assert set(calls) == {names.TARGET_MODEL}  # no draft engine model to call
     assert stats.drafted > 0 and set(stats.by_proposer) == {"ngram"}
     assert stats.by_proposer["ngram"][1:] == [stats.drafted, stats.accepted]
+    assert model.metrics.added[-1][1] == stats.by_proposer  # /metrics counts it under proposer ngram
     with pytest.raises(RequestError, match="needs a draft model and this deployment has none"):
         model._whole(_request(text_input=PROMPT, max_tokens=8, proposer="draft")(model))
 

@@ -607,7 +607,7 @@ class _Metrics:
     def __init__(self):
         self.added, self.finish_reasons = [], []
 
-    def add(self, counts, finish_reason: str) -> None:
+    def add(self, counts, finish_reason: str, by_proposer: dict | None = None) -> None:
         self.added.append(counts)
         self.finish_reasons.append(finish_reason)
 

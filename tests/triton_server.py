@@ -114,7 +114,10 @@ def _inputs(client_mod, prompt, max_tokens=12, **extra):
         "seed": np.uint64,
     }
     for key, value in extra.items():
-        fields[key] = np.array([[value]], dtype=dtypes.get(key, type(value)))
+        if isinstance(value, str):  # a STRING input, sent as bytes
+            fields[key] = np.array([[value.encode()]], dtype=object)
+        else:
+            fields[key] = np.array([[value]], dtype=dtypes.get(key, type(value)))
     tensors = []
     for name, arr in fields.items():
         t = client_mod.InferInput(
@@ -161,9 +164,12 @@ def grpc_stream(
             if chunk_ids is not None and ids is not None:
                 chunk_ids.append(ids.reshape(-1).tolist())
             if result.as_numpy("acceptance_rate") is not None:
+                from trtspec.triton_repo.interface import METRIC_OUTPUTS
+
                 metrics = {
                     k: result.as_numpy(k).reshape(-1)[0].item()
-                    for k in ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")
+                    for k in METRIC_OUTPUTS
+                    if result.as_numpy(k) is not None
                 }
             if (
                 response.parameters.get("triton_final_response")
@@ -178,23 +184,27 @@ SPEC = "trtspec_spec_decode_"
 
 
 def spec_metrics(server) -> dict:
-    """The entry model's trtspec_spec_decode_* values: {field: value}, per_pos: [value by position]."""
+    """The entry model's trtspec_spec_decode_* values: {field: value} (every proposer's together), per_pos:
+    [value by position], and {(field, proposer): value} for the counters labelled with a proposer."""
     values = scrape(server, SPEC)
     out, per_pos = {}, {}
     for (name, labels), value in values.items():
         labels = dict(labels)
         assert labels["model"] == MODEL, labels
+        field = name[len(SPEC) :]
         if "position" in labels:
             per_pos[int(labels["position"])] = value
         else:
-            out[name[len(SPEC) :]] = value
+            out[field] = out.get(field, 0.0) + value
+        if "proposer" in labels:
+            out[field, labels["proposer"]] = value
     out["per_pos"] = [per_pos[i] for i in range(len(per_pos))]
     return out
 
 
 def delta(after: dict, before: dict) -> dict:
     return {
-        k: [a - b for a, b in zip(v, before[k], strict=True)] if k == "per_pos" else v - before[k]
+        k: [a - b for a, b in zip(v, before[k], strict=True)] if k == "per_pos" else v - before.get(k, 0.0)
         for k, v in after.items()
         if k != "draft_len"
     }

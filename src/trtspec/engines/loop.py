@@ -192,6 +192,7 @@ class _Active:
     rounds: int = 0
     proposer: str = "draft"  # core/lookup.py PROPOSERS
     lookup: Acceptance | None = None  # prompt lookup's acceptance, where the request uses it
+    lookup_off: int = 0  # rounds since a match was last proposed
 
     def group_key(self) -> tuple:
         """Rows one batched sampling step can serve together."""
@@ -411,7 +412,12 @@ class GenerationLoop:
                 None if request.params.seeded else self.adaptive.lookup_prices(len(group), self.max_draft_len)
             )
             n, speedup = best_lookup_len(request.lookup.value, len(found), self.k_policy, costs)
+            if n == 0 and found and request.lookup_off >= self.k_policy.probe_every:
+                # A probe: the acceptance and lookup's costs were measured where it last ran (a server's first
+                # rounds may price it off for good: a target-only round without responses to send is cheap).
+                n, speedup = len(found), float("inf")
             if n == 0:
+                request.lookup_off += bool(found)
                 if not uses_draft(request.proposer):
                     num_draft[i] = 0
                 continue
@@ -422,7 +428,9 @@ class GenerationLoop:
                 decision = self.adaptive.decisions.get(len(group)) if measured else None
                 rival = decision.expected_speedup if decision and k == shared else None
                 if (rival or draft_speedup(acceptance, k, self.k_policy)) > speedup:
+                    request.lookup_off += 1
                     continue
+            request.lookup_off = 0
             proposals[i], num_draft[i] = found[:n], n
         return proposals if any(p is not None for p in proposals) else None
 

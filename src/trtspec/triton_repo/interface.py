@@ -61,6 +61,9 @@ CLIENT_INPUTS = {
     "pad_id": "TYPE_INT32",
     "stop_words": "TYPE_STRING",
     "return_perf_metrics": "TYPE_BOOL",
+    # Who proposes this request's draft tokens (core/lookup.py PROPOSERS: draft, ngram, draft+ngram; "" or absent:
+    # the deployment's speculative.proposer).
+    "proposer": "TYPE_STRING",
     # Upstream's inputs that its own clients send by default (README curl: bad_words ""; end_to_end_grpc_client.py:
     # beam_width, exclude_input_in_output; genai-perf: min_length, which upstream renamed min_tokens), declared
     # so Triton does not refuse those requests by name. exclude_input_in_output is honoured; the others are
@@ -76,11 +79,23 @@ CLIENT_OUTPUTS = {
     "acceptance_rate": "TYPE_FP32",
     "total_accepted_draft_tokens": "TYPE_INT32",
     "total_draft_tokens": "TYPE_INT32",
+    # The part of the two totals above that prompt lookup proposed (the draft model's: the rest).
+    "ngram_draft_tokens": "TYPE_INT32",
+    "ngram_accepted_draft_tokens": "TYPE_INT32",
     # The generated token ids of each response (a streamed chunk: that chunk's ids; otherwise all of them), so
     # clients compare tokens exactly instead of re-tokenising text. Clients that do not ask for it never see it.
     "output_ids": "TYPE_INT32",
 }
-METRIC_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")
+METRIC_OUTPUTS = (
+    "acceptance_rate",
+    "total_accepted_draft_tokens",
+    "total_draft_tokens",
+    "ngram_draft_tokens",
+    "ngram_accepted_draft_tokens",
+)
+# The proposers that give a round's draft tokens (draft+ngram picks one of them per row and round): the values of
+# the ``proposer`` label of the spec-decode counters on /metrics.
+PROPOSER_SOURCES = ("draft", "ngram")
 
 # Adaptive K in either runtime's entry-model parameters: num_draft_tokens "adaptive" (no pinned default K);
 # k_schedule "1:8,4:4,16:0" (in-flight sequences -> largest K; "" = none), a form config.pbtxt needs no quoting for.

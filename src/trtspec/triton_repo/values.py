@@ -99,10 +99,12 @@ def _tokenizer_dir(recipe: Recipe) -> str:
 
 def participant_ids(recipe: Recipe) -> dict[str, str]:
     """MPI ranks of each engine model for fast logits: rank 0 orchestrator, then draft ranks, then target ranks
-    (upstream's draft_target_model README: draft ``1``, target ``2,3`` for a tp=2 target)."""
-    draft = list(range(1, 1 + recipe.draft.world_size))
-    target = list(range(draft[-1] + 1, draft[-1] + 1 + recipe.target.world_size))
-    return {"draft": ",".join(map(str, draft)), "target": ",".join(map(str, target))}
+    (upstream's draft_target_model README: draft ``1``, target ``2,3`` for a tp=2 target); no draft: the target's
+    from rank 1."""
+    draft = list(range(1, 1 + (recipe.draft.world_size if recipe.draft is not None else 0)))
+    first = draft[-1] + 1 if draft else 1
+    target = ",".join(map(str, range(first, first + recipe.target.world_size)))
+    return {"draft": ",".join(map(str, draft)), "target": target} if draft else {"target": target}
 
 
 def tensorrtllm_values(recipe: Recipe, role: str, engine_dir: Path) -> dict:
@@ -173,23 +175,35 @@ def k_values(spec: SpeculativeSpec) -> dict:
     }
 
 
+def proposer_values(spec: SpeculativeSpec) -> dict:
+    """Who proposes for requests without a ``proposer`` of their own, and prompt lookup's n-gram sizes
+    (core/lookup.py), as an entry model's parameters (request.lookup_from_parameters reads them back)."""
+    return {
+        "proposer": spec.proposer,
+        "prompt_lookup_min": spec.prompt_lookup_min,
+        "prompt_lookup_max": spec.prompt_lookup_max,
+    }
+
+
 def orchestrator_values(recipe: Recipe, runtime: str, vocab_rows: dict) -> dict:
-    """Values of the orchestrator (``runtime``: "torch" or "tensorrtllm"); ``vocab_rows``: engine_vocab_rows."""
+    """Values of the orchestrator (``runtime``: "torch" or "tensorrtllm"); ``vocab_rows``: engine_vocab_rows. A
+    recipe without a draft names no draft model (empty: the orchestrator proposes by prompt lookup alone)."""
     spec, batch = recipe.speculative, recipe.limits.max_batch_size
     return {
         "triton_max_batch_size": batch,
         "decoupled_mode": recipe.triton.decoupled,
         "bls_instance_count": recipe.triton.instances.orchestrator,
         "tensorrt_llm_model_name": names.TARGET_MODEL,
-        "tensorrt_llm_draft_model_name": names.DRAFT_MODEL,
+        "tensorrt_llm_draft_model_name": names.DRAFT_MODEL if recipe.draft is not None else UNSET,
         "accumulate_tokens": False,
         "logits_datatype": "TYPE_FP32",
         "multimodal_encoders_name": UNSET,
         "max_draft_len": spec.max_draft_len,
         **k_values(spec),
+        **proposer_values(spec),
         "use_draft_logits": spec.use_draft_logits,
         "target_vocab_rows": vocab_rows["target"],
-        "draft_vocab_rows": vocab_rows["draft"],
+        "draft_vocab_rows": vocab_rows.get("draft", 0),
         "draft_ahead": recipe.draft_ahead_for(runtime),
         "max_seq_len": recipe.limits.max_seq_len,
         # Requests in flight at once in decoupled mode: one per engine batch slot.
@@ -203,22 +217,24 @@ def orchestrator_values(recipe: Recipe, runtime: str, vocab_rows: dict) -> dict:
 
 
 def in_process_values(recipe: Recipe) -> dict:
-    """Values of the torch runtime's entry model: both checkpoints in one process, the orchestrator's client
-    limits and tokenizer settings (orchestrator_values), no engine model names."""
-    triton = recipe.triton
+    """Values of the torch runtime's entry model: the checkpoints in one process (draft_model_dir and draft_dtype
+    "" where the recipe has no draft: prompt lookup proposes alone), the orchestrator's client limits and tokenizer
+    settings (orchestrator_values), no engine model names."""
+    triton, draft = recipe.triton, recipe.draft
     orchestrator = orchestrator_values(recipe, "torch", {"target": 0, "draft": 0})
     shared = ["triton_max_batch_size", "decoupled_mode", "max_draft_len", *k_values(recipe.speculative)]
     shared += ["use_draft_logits", "max_seq_len", "max_input_len"]
     shared += ["tokenizer_dir", "skip_special_tokens", "add_special_tokens"]
-    return {k: orchestrator[k] for k in shared} | {
+    own = {
         "target_model_dir": str(recipe.target.model),
-        "draft_model_dir": str(recipe.draft.model),
+        "draft_model_dir": str(draft.model) if draft else UNSET,
         "device": triton.device,
         "target_dtype": torch_runtime_dtype(triton, recipe.target),
-        "draft_dtype": torch_runtime_dtype(triton, recipe.draft),
+        "draft_dtype": torch_runtime_dtype(triton, draft) if draft else UNSET,
         "cpu_threads": triton.cpu_threads,
-        "trust_remote_code": recipe.target.trust_remote_code or recipe.draft.trust_remote_code,
+        "trust_remote_code": any(spec.trust_remote_code for spec in recipe.models().values()),
     }
+    return {k: orchestrator[k] for k in shared} | proposer_values(recipe.speculative) | own
 
 
 def plan_models(recipe: Recipe, runtime: str, engine_dirs: dict[str, Path] | None = None) -> list[ModelPlan]:
@@ -235,6 +251,8 @@ def plan_models(recipe: Recipe, runtime: str, engine_dirs: dict[str, Path] | Non
     values = orchestrator_values(recipe, runtime, engine_vocab_rows(engine_dirs))
     plans = [ModelPlan(names.ORCHESTRATOR, "tensorrt_llm_bls/config.pbtxt", values, "orchestrator"), ensemble]
     for role, name in (("target", names.TARGET_MODEL), ("draft", names.DRAFT_MODEL)):
+        if role not in recipe.models():  # prompt lookup alone: the target engine only
+            continue
         values = tensorrtllm_values(recipe, role, engine_dirs[role])
         plans.append(ModelPlan(name, "tensorrt_llm/config.pbtxt", values, None))
     return plans
@@ -259,11 +277,11 @@ def launch_layout(recipe: Recipe, runtime: str) -> dict:
       ranks > 0 load only the engine models.
     - llmapi: trtllm-pytorch: one MPI rank; the LLM API spawns the tp*pp workers itself on CUDA_VISIBLE_DEVICES.
     """
-    target, draft = recipe.target, recipe.draft
-    gpus = sorted(set(target.devices) | set(draft.devices))
-    layout = {"mode": "single", "mpi": False, "world_size": 1, "env": {}, "rank_models": [], "gpus": gpus}
+    layout = {"mode": "single", "mpi": False, "world_size": 1, "env": {}, "rank_models": [], "gpus": []}
     if runtime == "torch":
-        return layout | {"gpus": []}
+        return layout
+    target, draft = recipe.target, recipe.draft
+    layout["gpus"] = sorted({gpu for spec in recipe.models().values() for gpu in spec.devices})
     if runtime == "trtllm-pytorch":
         env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, target.devices))}
         return layout | {"mode": "llmapi", "mpi": True, "env": env, "gpus": list(target.devices)}
@@ -271,9 +289,9 @@ def launch_layout(recipe: Recipe, runtime: str) -> dict:
         return layout | {
             "mode": "orchestrator-prespawn",
             "mpi": True,
-            "world_size": 1 + draft.world_size + target.world_size,
+            "world_size": 1 + (draft.world_size if draft is not None else 0) + target.world_size,
             "env": {ORCHESTRATOR_ENV: "1", SPAWN_ENV: "0"},
-            "rank_models": [names.TARGET_MODEL, names.DRAFT_MODEL],
+            "rank_models": [names.TARGET_MODEL] + ([names.DRAFT_MODEL] if draft is not None else []),
             "participant_ids": participant_ids(recipe),
         }
     return layout | {"mode": "orchestrator", "mpi": True, "env": {ORCHESTRATOR_ENV: "1", SPAWN_ENV: "1"}}

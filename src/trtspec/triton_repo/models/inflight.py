@@ -2,7 +2,8 @@
 batching, behind the same client interface as the orchestrator (triton_repo/interface.py).
 
 The draft and the target run in this one process (SpeculativeEngine's KV models): no BLS call, no second process
-per round. One GenerationLoop (engines/loop.py) serves every request: ``execute`` parses a request
+per round; where prompt lookup proposes alone (speculative.proposer ngram, no draft) it loads the target only.
+One GenerationLoop (engines/loop.py) serves every request: ``execute`` parses a request
 (request.parse_request), tokenises it (TextCodec) and queues it; the loop's thread admits queued requests into
 free KV slots between rounds and runs one speculative round for all active ones, so concurrent requests share
 forwards. After each round the loop's thread hands the round's events to one sending thread (``Outbox``), which
@@ -39,6 +40,7 @@ from trtspec.triton_repo.models.request import (
     GenerationRequest,
     Limits,
     k_policy_from_parameters,
+    lookup_from_parameters,
     parse_request,
     to_job,
     whole_answer,
@@ -248,7 +250,8 @@ class Outbox:
     def _count(self, item: _Outgoing) -> None:
         """A finished request's counts (cancelled and failed requests ran their rounds too) and finish reason."""
         if self.metrics is not None:
-            self.metrics.add(SpecDecodeCounts.of(item.event.stats), item.finish_reason)
+            stats = item.event.stats
+            self.metrics.add(SpecDecodeCounts.of(stats), item.finish_reason, stats.by_proposer)
         if self.adaptive_metrics is not None and self.adaptive is not None:
             self.adaptive_metrics.update(self.adaptive())
 
@@ -266,8 +269,9 @@ def load_loop(
     threads: int | None,
     cores: set[int] | None = None,
 ) -> LoopThread:
-    """The engine (both models in this process) and its loop's thread, from the config.pbtxt parameters;
-    ``on_step``, ``threads`` (torch_threads) and ``cores``: LoopThread's."""
+    """The engine (its models in this process: no draft where draft_model_dir is "", prompt lookup proposing
+    alone) and its loop's thread, from the config.pbtxt parameters; ``on_step``, ``threads`` (torch_threads) and
+    ``cores``: LoopThread's."""
     import torch
 
     from trtspec.engines.engine import SpeculativeEngine
@@ -284,13 +288,17 @@ def load_loop(
         "trust_remote_code": params.get("trust_remote_code", "False").lower() == "true",
     }
     target = load_causal_lm(params["target_model_dir"], dtype=params["target_dtype"], **opts)
-    draft = load_causal_lm(params["draft_model_dir"], dtype=params["draft_dtype"], **opts)
+    draft_dir = params.get("draft_model_dir", "")
+    draft = load_causal_lm(draft_dir, dtype=params["draft_dtype"], **opts) if draft_dir else None
+    proposer, lookup = lookup_from_parameters(params)
     engine = SpeculativeEngine(
         target,
         draft,
         max_draft_len=max_draft_len,
         max_seq_len=max_seq_len,
         k_policy=k_policy_from_parameters(params),
+        proposer=proposer,
+        lookup=lookup,
     )
     return LoopThread(engine.new_loop(first_token_alone=True), threads, io.log_warning, on_step, cores)
 

@@ -384,7 +384,7 @@ class Orchestrator:
             raise
         finally:  # finished, cancelled or failed: the request and the rounds that ran are counted
             counts = SpecDecodeCounts.of(stats) if stats is not None else SpecDecodeCounts()
-            self.metrics.add(counts, reason or "error")
+            self.metrics.add(counts, reason or "error", stats.by_proposer if stats is not None else None)
         if not incremental:
             yield *whole_answer(req, prompt, self.codec.decode(generated), generated), stats, True
 

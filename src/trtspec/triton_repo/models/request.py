@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trtspec.core.errors import RequestError
+from trtspec.core.lookup import LookupSpec
 from trtspec.core.token_rules import KEEP_END, request_stop_ids
 from trtspec.engines.adaptive import KPolicy
 from trtspec.engines.sampling import SamplingParams
@@ -52,6 +53,17 @@ def k_policy_from_parameters(params: Mapping[str, str]) -> KPolicy:
         draft_cost_ratio=float(params.get("draft_cost_ratio") or KPolicy.draft_cost_ratio),
         schedule=names.parse_schedule(params.get("k_schedule", "")),
     )
+
+
+def lookup_from_parameters(params: Mapping[str, str]) -> tuple[str, LookupSpec]:
+    """(the default proposer, prompt lookup's settings) from the torch entry model's config.pbtxt parameters
+    (values.proposer_values); the draft model and LookupSpec's defaults where a repository rendered without them
+    has none, so it still loads."""
+    spec = LookupSpec(
+        prompt_lookup_min=int(params.get("prompt_lookup_min") or LookupSpec.prompt_lookup_min),
+        prompt_lookup_max=int(params.get("prompt_lookup_max") or LookupSpec.prompt_lookup_max),
+    )
+    return params.get("proposer") or "draft", spec
 
 
 @dataclass(frozen=True)
@@ -96,7 +108,9 @@ def _strings(inputs: Mapping, name: str) -> tuple[str, ...]:
 
 
 def _params(inputs: Mapping, max_tokens: int, num_draft_tokens: int | None) -> SamplingParams:
+    """SamplingParams checks the values (a bad proposer too); a blank proposer is none, as a blank bad_words is."""
     seed = _scalar(inputs, "seed")
+    proposer = str(_scalar(inputs, "proposer", "")).strip()
     return SamplingParams(
         max_new_tokens=max_tokens,
         num_draft_tokens=num_draft_tokens,
@@ -104,6 +118,7 @@ def _params(inputs: Mapping, max_tokens: int, num_draft_tokens: int | None) -> S
         top_k=int(_scalar(inputs, "top_k", 0)),
         top_p=float(_scalar(inputs, "top_p", 1.0)),
         seed=None if seed is None else int(seed),
+        proposer=proposer or None,
     )
 
 

@@ -8,6 +8,7 @@ import time
 import numpy as np
 
 from trtspec.core.metrics import FINISH_REASONS
+from trtspec.triton_repo.interface import PROPOSER_SOURCES
 
 
 def pb():
@@ -96,11 +97,15 @@ def cancel_check(source, poll_s: float = CANCEL_POLL_S):
 
 
 def metric_tensors(stats) -> list:
-    """return_perf_metrics' outputs of an AcceptanceStats (validate.metrics: acceptance rate = accepted / drafted)."""
+    """return_perf_metrics' outputs of an AcceptanceStats (validate.metrics: acceptance rate = accepted / drafted):
+    the totals over every proposer, and the part prompt lookup proposed (stats.by_proposer)."""
+    _, ngram_drafted, ngram_accepted = stats.by_proposer.get("ngram", (0, 0, 0))
     return [
         tensor("acceptance_rate", np.array([[stats.acceptance_rate]], dtype=np.float32)),
         tensor("total_accepted_draft_tokens", np.array([[stats.accepted]], dtype=np.int32)),
         tensor("total_draft_tokens", np.array([[stats.drafted]], dtype=np.int32)),
+        tensor("ngram_draft_tokens", np.array([[ngram_drafted]], dtype=np.int32)),
+        tensor("ngram_accepted_draft_tokens", np.array([[ngram_accepted]], dtype=np.int32)),
     ]
 
 
@@ -124,6 +129,9 @@ SPEC_DECODE_COUNTERS = {
     "num_accepted_tokens_per_pos": "Rounds whose draft token at 0-based position `position` was accepted",
     "num_rounds_without_speculation": "Target forwards that verified no draft token (prefill-only round, K=0)",
 }
+# The counters labelled with the ``proposer`` that gave the rounds' draft tokens (interface.PROPOSER_SOURCES); a
+# sum without(proposer) is every proposer's together. Positions and rounds without speculation have no proposer.
+BY_PROPOSER = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 SPEC_DECODE_PREFIX = "trtspec_spec_decode_"
 DRAFT_LEN_GAUGE = "trtspec_spec_decode_draft_len"
 REQUESTS_FINISHED = "trtspec_requests_finished_total"
@@ -131,9 +139,10 @@ REQUESTS_FINISHED = "trtspec_requests_finished_total"
 
 class SpecDecodeMetrics:
     """The entry model's spec-decode metrics on Triton's /metrics (pb_utils custom metrics), labelled with the
-    model name; ``add`` a finished request's SpecDecodeCounts and finish reason (``trtspec_requests_finished_total``,
-    labelled by core.metrics.FINISH_REASONS). Every position up to max_draft_len, and every finish reason, exists
-    from the start (at 0), so rate() over one has a series before its first increment."""
+    model name, and BY_PROPOSER's with the ``proposer`` too; ``add`` a finished request's SpecDecodeCounts, its
+    AcceptanceStats.by_proposer and its finish reason (``trtspec_requests_finished_total``, labelled by
+    core.metrics.FINISH_REASONS). Every position up to max_draft_len, every proposer and every finish reason
+    exists from the start (at 0), so rate() over one has a series before its first increment."""
 
     def __init__(self, model: str, max_draft_len: int):
         utils = pb()
@@ -151,8 +160,12 @@ class SpecDecodeMetrics:
                 self.per_pos = [
                     fam.Metric(labels={"model": model, "position": str(i)}) for i in range(max_draft_len)
                 ]
+            elif field in BY_PROPOSER:
+                for proposer in PROPOSER_SOURCES:
+                    labels = {"model": model, "proposer": proposer}
+                    self.counters[field, proposer] = fam.Metric(labels=labels)
             else:
-                self.counters[field] = fam.Metric(labels={"model": model})
+                self.counters[field, None] = fam.Metric(labels={"model": model})
         gauge = family(
             name=DRAFT_LEN_GAUGE,
             description="Mean draft tokens per drafting round (K) of the last finished request that drafted",
@@ -169,13 +182,16 @@ class SpecDecodeMetrics:
         for reason in FINISH_REASONS:
             self.finished[reason] = finished.Metric(labels={"model": model, "finish_reason": reason})
 
-    def add(self, counts, finish_reason: str) -> None:
+    def add(self, counts, finish_reason: str, by_proposer: dict | None = None) -> None:
         """Add one finished request's counts (core.metrics.SpecDecodeCounts) and count it under ``finish_reason``
-        (core.metrics.FINISH_REASONS); a failure is logged, never the request's. Each update reaches the server
-        on its own, so a scrape may show the request counted a moment before its rounds."""
+        (core.metrics.FINISH_REASONS); ``by_proposer``: its AcceptanceStats.by_proposer (what it lacks is the
+        draft model's); a failure is logged, never the request's. Each update reaches the server on its own, so a
+        scrape may show the request counted a moment before its rounds."""
         try:
-            for field, metric in self.counters.items():
-                if value := getattr(counts, field):
+            shares = proposer_shares(counts, by_proposer or {})
+            for (field, proposer), metric in self.counters.items():
+                value = shares[proposer][field] if proposer else getattr(counts, field)
+                if value:
                     metric.increment(value)
             for metric, value in zip(self.per_pos, counts.num_accepted_tokens_per_pos or (), strict=False):
                 if value:
@@ -185,6 +201,22 @@ class SpecDecodeMetrics:
             self.finished[finish_reason].increment(1)
         except Exception as err:  # noqa: BLE001 - metrics must never fail a request
             log_warning(f"spec-decode metrics not updated: {type(err).__name__}: {err}")
+
+
+def proposer_shares(counts, by_proposer: dict) -> dict[str, dict[str, int]]:
+    """{proposer: {BY_PROPOSER field: value}} of one request's counts: each proposer's rounds, drafted and accepted
+    tokens from ``by_proposer`` (name -> [rounds, drafted, accepted]), the draft model's the rest, so the shares
+    add up to the counts."""
+    shares = {
+        name: dict(zip(BY_PROPOSER, by_proposer.get(name, (0, 0, 0)), strict=True))
+        for name in PROPOSER_SOURCES
+        if name != "draft"
+    }
+    shares["draft"] = {
+        field: (getattr(counts, field) or 0) - sum(share[field] for share in shares.values())
+        for field in BY_PROPOSER
+    }
+    return shares
 
 
 # Adaptive K's choices per batch size (engines/adaptive.py Decision): what a server chose at each load, and why.
