@@ -15,6 +15,7 @@ without the leading special-token text that the tokenizer adds again, so the ser
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -77,17 +78,20 @@ def check_text_input(tokenizer, text_input: str, token_ids: list[int], what: str
 
 @dataclass(frozen=True)
 class Prompt:
-    """``text``: the raw prompt, or for a chat the last message's content (a label; ``messages`` is what runs)."""
+    """``text``: the raw prompt, or for a chat the last message's content (a label; ``messages`` is what runs).
+    ``set_label``: the prompt set a file line names (``"prompt_set"``, e.g. the shipped ``grounded``)."""
 
     id: str
     text: str
     category: str = "prompt"
     messages: tuple[dict, ...] | None = None
+    set_label: str | None = None
 
     @property
     def prompt_set(self) -> str:
-        """'chat' (rendered with the chat template) or 'raw': reports keep the two apart."""
-        return "raw" if self.messages is None else "chat"
+        """The set reports keep apart: the line's own label, else 'chat' (rendered with the chat template) or
+        'raw'."""
+        return self.set_label or ("raw" if self.messages is None else "chat")
 
     def as_chat(self) -> Prompt:
         """A raw prompt as a single user message (``--chat``); a chat stays as it is."""
@@ -113,7 +117,23 @@ def parse_prompt_line(line: str, where: str, index: int) -> Prompt:
         text=text,
         category=str(data.get("category", "prompt")),
         messages=messages,
+        set_label=_set_label(data, where, messages is not None),
     )
+
+
+def _set_label(data: dict, where: str, chat: bool) -> str | None:
+    """A line's ``prompt_set`` (a report label: letters, digits, - and _), which must not call raw text a chat."""
+    label = data.get("prompt_set")
+    if label is None:
+        return None
+    if not isinstance(label, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,32}", label):
+        raise PromptSetError(
+            f'{where}: "prompt_set" must be a name of letters, digits, - and _ (got {label!r}), e.g. "grounded"'
+        )
+    if label in ("raw", "chat") and label != ("chat" if chat else "raw"):
+        kind = '"messages"' if chat else '"prompt"'
+        raise PromptSetError(f'{where}: "prompt_set" {label!r} contradicts the line\'s {kind}; drop it')
+    return label
 
 
 def _parse_messages(data: dict, where: str) -> tuple[dict, ...]:

@@ -24,6 +24,7 @@ import click
 from trtspec import __version__
 from trtspec.core import layout
 from trtspec.core.errors import TrtspecError
+from trtspec.core.lookup import PROPOSERS
 from trtspec.validate.inputs import SystemOptions
 from trtspec.validate.validation import Thresholds
 
@@ -245,7 +246,8 @@ def _export_checkpoints(
     from trtspec.recipe import load_recipe
     from trtspec.views import show_checkpoints
 
-    roles = ["target", "draft"] if model == "both" else [model]
+    # both: the recipe's models (the target alone where prompt lookup proposes without a draft)
+    roles = list(load_recipe(recipe).models()) if model == "both" else [model]
     overrides = shared | {f"{role}.{key}": value for role in roles for key, value in per_role.items()}
     spec = load_recipe(recipe, overrides)
     summaries = export_models(spec, roles, out=out_dir, verify=not no_verify, console=out.console())
@@ -375,6 +377,12 @@ def build(
 )
 @click.option("--draft", type=click.Path(path_type=Path), help="Draft HF model directory (with --target).")
 @click.option("--no-draft", is_flag=True, help="Target-only decoding (the baseline).")
+@click.option(
+    "--proposer",
+    type=click.Choice(PROPOSERS),
+    help="Who proposes the draft tokens: the draft model, prompt lookup (ngram: no draft model needed) or per "
+    "round whichever pays more [default: the recipe's speculative.proposer, else draft].",
+)
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=128)
 @click.option(
     "--num-draft-tokens",
@@ -421,16 +429,38 @@ def generate(out: Output, **options) -> None:
     help="Where `trtspec build` put engines/<name>/{target,draft}/engine (tensorrtllm runtime) and "
     "quantized models' hf_checkpoint (trtllm-pytorch runtime).",
 )
+@click.option(
+    "--k8s",
+    "k8s_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Instead of the repository, write a Kubernetes rollout for the recipe to DIR: a kustomize base and "
+    "overlays/{production,canary} for `kubectl apply -k` (docs/kubernetes.md).",
+)
 @output_options
-def deploy(recipe: str, runtime: str | None, out_dir: Path | None, engines_dir: Path, out: Output) -> None:
+def deploy(
+    recipe: str,
+    runtime: str | None,
+    out_dir: Path | None,
+    engines_dir: Path,
+    k8s_dir: Path | None,
+    out: Output,
+) -> None:
     """Write a Triton model repository: the entry point tensorrt_llm_bls, also served as upstream's `ensemble`
     (torch: the draft and the target in-process, batched in flight; tensorrtllm: the speculative orchestrator over
     the target and draft engine models), rendered strictly and checked with Triton's schema.
     """
     from trtspec.recipe import load_recipe
     from trtspec.triton_repo.deploy import deploy as write_repo
-    from trtspec.views import show_deploy
+    from trtspec.views import show_deploy, show_rollout
 
+    if k8s_dir is not None:
+        if out_dir is not None:
+            raise click.UsageError("--out names a repository folder; with --k8s the rollout goes to DIR")
+        from trtspec.triton_repo.k8s import write_rollout
+
+        # The models live in the cluster (a volume or the image), not necessarily on this machine.
+        show_rollout(write_rollout(load_recipe(recipe, check_paths=False), runtime, k8s_dir), out)
+        return
     show_deploy(write_repo(load_recipe(recipe), runtime, out_dir, engines_dir=engines_dir), out)
 
 
@@ -474,8 +504,9 @@ def request_options(max_tokens: int) -> Callable:
         click.option(
             "--prompts",
             type=click.Path(dir_okay=False, path_type=Path),
-            help='Prompt JSONL ({"prompt": ...} or {"messages": [...]} per line) [default: the shipped '
-            "code+prose set, then the chat set where the target has a chat template].",
+            help='Prompt JSONL ({"prompt": ...} or {"messages": [...]} per line), or a shipped set: raw, chat or '
+            "grounded (answers that repeat the prompt) [default: raw, then chat where the target has a chat "
+            "template, then grounded where a proposer looks up].",
         ),
         click.option("--limit", type=click.IntRange(min=1), help="Use only the first N prompts."),
         click.option(
@@ -537,6 +568,13 @@ def _threshold_option(name: str, default: float | None, what: str):
     "against a server, none is sent: its repository's default, which deploy makes adaptive unless the recipe "
     "pins a K].",
 )
+@click.option(
+    "--proposer",
+    type=click.Choice(PROPOSERS),
+    help="Who proposes the draft tokens (draft model, ngram: prompt lookup, draft+ngram) [default: the recipe's "
+    "speculative.proposer; against a server, none is sent: its repository's]. With a proposer that looks up, the "
+    "default prompts add the shipped grounded set.",
+)
 @spec_group(
     "thresholds",
     Thresholds,
@@ -575,6 +613,19 @@ def _int_list(ctx, param, value: str | None) -> tuple[int, ...] | None:
     return values
 
 
+def _proposer_list(ctx, param, value: str | None) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    names = tuple(dict.fromkeys(v.strip() for v in str(value).split(",") if v.strip()))
+    bad = next((name for name in names if name not in PROPOSERS), None)
+    if bad is not None or not names:
+        raise click.BadParameter(
+            f"{bad if bad is not None else value!r} is not a proposer; give a comma-separated list of "
+            f"{', '.join(PROPOSERS)}, e.g. draft,ngram"
+        )
+    return names
+
+
 def _count_option(flag: str, help: str):
     """How many times bench measures each point: 1 or more, 1 by default."""
     return click.option(flag, type=click.IntRange(min=1), default=1, help=help)
@@ -595,6 +646,14 @@ def _count_option(flag: str, help: str):
     callback=_int_list,
     help="Concurrent requests to sweep (comma-separated) [default: 1,2,4,8,16, in-process up to the recipe's "
     "limits.max_batch_size].",
+)
+@click.option(
+    "--proposer",
+    "proposers",
+    callback=_proposer_list,
+    help=f"Proposers to sweep (comma-separated: {', '.join(PROPOSERS)}), each at every K and adaptive K, "
+    "against one target-only baseline [default: the recipe's speculative.proposer; against a server, none is "
+    "sent: its repository's]. With one that looks up, the default prompts add the shipped grounded set.",
 )
 @click.option(
     "--draft-cost-ratio",
@@ -619,9 +678,10 @@ def _count_option(flag: str, help: str):
 @system_options
 @output_options
 def bench(out: Output, **options) -> None:
-    """Sweep target-only, each static K and adaptive K over concurrency on the same system, side by side: tokens/s,
-    TTFT, ITL, acceptance, the analytic bound, adaptive K against the best point, a recommended K and
-    speculative.schedule; writes JSON, Markdown and PNG plots (and, with --write-recipe, a recipe copy).
+    """Sweep target-only, each static K and adaptive K (per proposer) over concurrency on the same system, side by
+    side: tokens/s, TTFT, ITL, acceptance (per proposer and prompt set), the analytic bound, adaptive K against the
+    best point, a recommended K and speculative.schedule; writes JSON, Markdown and PNG plots (and, with
+    --write-recipe, a recipe copy).
     """
     from trtspec.validate.run_bench import BenchOptions
     from trtspec.validate.run_bench import bench as run_bench

@@ -87,6 +87,18 @@ def show_deploy(result, out) -> None:
     console.print(f"serve it with: trtspec serve {result.repo}")
 
 
+def show_rollout(result, out) -> None:
+    """A triton_repo.k8s.RolloutResult."""
+    if out.json:
+        out.emit_json({"dir": str(result.dir), **result.manifest})
+        return
+    console = out.console()
+    shape = "a LeaderWorkerSet across nodes" if result.multi_node else "a Deployment"
+    console.print(f"wrote {result.dir} ({result.runtime} runtime, {shape}, image {result.image})")
+    console.print(f"apply it with: kubectl apply -k {result.dir}/overlays/production")
+    console.print(f"a canary of it, gated by trtspec validate: kubectl apply -k {result.dir}/overlays/canary")
+
+
 def align_table(report: dict):
     """align's report (builders.align_report.acceptance_report) as a before/after rich Table."""
     from rich.table import Table
@@ -139,15 +151,16 @@ def show_generated(generated, out) -> None:
 
 
 def validation_tables(result) -> list:
-    """A validate.validation.ValidationResult as rich Tables: per prompt, per prompt set (where chat prompts ran),
-    overall."""
+    """A validate.validation.ValidationResult as rich Tables: per prompt, per prompt set (where chat or grounded
+    prompts ran), per proposer (where any drafted), overall."""
     from rich.table import Table
 
     from trtspec.validate import report
     from trtspec.validate.validation import k_label
 
     per_prompt = Table(
-        title=f"validate: {result.system}, num_draft_tokens={k_label(result.num_draft_tokens)}"
+        title=f"validate: {result.system}, num_draft_tokens={k_label(result.num_draft_tokens)}, "
+        f"proposer {result.proposer}"
     )
     for column in report.PROMPT_COLUMNS:
         per_prompt.add_column(column, justify="left" if column == "prompt" else "right")
@@ -158,15 +171,26 @@ def validation_tables(result) -> list:
     overall.add_column("value", justify="right")
     for name, value in report.summary_rows(result):
         overall.add_row(name, value)
+    tables = [per_prompt]
     set_rows = report.prompt_set_rows(result)
-    if not set_rows:
-        return [per_prompt, overall]
-    per_set = Table(title="per prompt set")
-    for column in report.SET_COLUMNS:
-        per_set.add_column(column, justify="left" if column == "prompt set" else "right")
-    for row in set_rows:
-        per_set.add_row(*row)
-    return [per_prompt, per_set, overall]
+    if set_rows:
+        tables.append(_left_first_table("per prompt set", report.SET_COLUMNS, set_rows))
+    proposer_rows = report.proposer_rows(result)
+    if proposer_rows:
+        tables.append(_left_first_table("acceptance per proposer", report.PROPOSER_COLUMNS, proposer_rows, 2))
+    return [*tables, overall]
+
+
+def _left_first_table(title: str, columns: list[str], cells: Iterable[list[str]], left: int = 1):
+    """A rich Table whose first ``left`` columns (names) are left-aligned and the rest (numbers) right-aligned."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for i, column in enumerate(columns):
+        table.add_column(column, justify="left" if i < left else "right")
+    for row in cells:
+        table.add_row(*row)
+    return table
 
 
 def show_validation(result, out) -> None:
@@ -186,21 +210,30 @@ def show_validation(result, out) -> None:
 
 
 def bench_tables(result) -> list:
-    """A validate.bench.BenchResult as rich Tables: the sweep, adaptive K against the best point per concurrency,
-    then acceptance per prompt set where chat prompts ran."""
+    """A validate.bench.BenchResult as rich Tables: the sweep, the proposers against each other (where several
+    ran), adaptive K against the best point per concurrency, then acceptance per proposer (where lookup proposed)
+    and per prompt set (where chat or grounded prompts ran)."""
     from trtspec.validate import bench_report
 
     rows = result.rows()
-    tables = [
-        _right_table(f"bench: {result.system}", bench_report.COLUMNS, map(bench_report.row_cells, rows))
-    ]
+    title = f"bench: {result.system}, proposers: {bench_report.proposers_text(result)}"
+    tables = [_right_table(title, *bench_report.point_table(rows))]
+    comparison = result.proposer_comparison()
+    if comparison:
+        cells = map(bench_report.comparison_cells, comparison)
+        tables.append(
+            _right_table("proposers vs target-only and each other", bench_report.COMPARISON_COLUMNS, cells)
+        )
     sweep = result.sweep_summary()
     if sweep:
         title = "adaptive K vs target-only and the best point"
-        tables.append(_right_table(title, bench_report.SWEEP_COLUMNS, map(bench_report.sweep_cells, sweep)))
-    set_header, set_rows = bench_report.set_acceptance(rows)
-    if set_rows:
-        tables.append(_right_table("acceptance per prompt set", set_header, set_rows))
+        tables.append(_right_table(title, *bench_report.sweep_table(sweep)))
+    for title, (header, cells) in (
+        ("acceptance per proposer", bench_report.proposer_acceptance(rows)),
+        ("acceptance per prompt set", bench_report.set_acceptance(rows)),
+    ):
+        if cells:
+            tables.append(_right_table(title, header, cells))
     return tables
 
 
@@ -228,7 +261,8 @@ def show_bench(outcome, out) -> None:
         console.print(table)
     recommended = ", ".join(f"concurrency {c}: K={k}" for c, k in result.recommended_k().items())
     schedule = schedule_text(result.recommended_schedule())
-    console.print(f"recommended num_draft_tokens: {recommended}")
+    which = f" (proposer {result.primary})" if len(result.proposers) > 1 else ""
+    console.print(f"recommended num_draft_tokens{which}: {recommended}")
     console.print(f"recommended speculative.schedule: {schedule}")
     console.print(
         f"wrote {outcome.out_dir}/bench.json, bench.md, speedup_acceptance.png, latency_concurrency.png"

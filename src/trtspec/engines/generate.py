@@ -2,7 +2,8 @@
 
 ``GenerateSpec`` is what the command's options become; ``resolve_models`` turns it (a recipe, or --target/--draft
 directories) into model directories and engine limits, checking the tokenizers with the pre-flight check;
-``run_generate`` loads the engine and generates, handing each new piece of text to ``on_text``. What is shown, and
+``run_generate`` loads the engine and generates, handing each new piece of text to ``on_text``. ``proposer``
+(core/lookup.py) picks who proposes; prompt lookup alone (ngram) loads no draft model. What is shown, and
 where, is the CLI edge's: this module returns a ``Generated`` and prints nothing.
 """
 
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trtspec.core.errors import ModelError, RequestError
+from trtspec.core.lookup import LookupSpec, uses_draft
 from trtspec.engines.adaptive import KPolicy, policy_for
 
 if TYPE_CHECKING:
@@ -27,6 +29,7 @@ class GenerateSpec:
     target: Path | None = None
     draft: Path | None = None
     no_draft: bool = False
+    proposer: str | None = None  # None: the recipe's speculative.proposer, else draft
     max_new_tokens: int = 128
     num_draft_tokens: int | None = None
     max_draft_len: int | None = None
@@ -50,6 +53,8 @@ class _Models:
     dtype: str
     trust_remote_code: bool
     k_policy: KPolicy = KPolicy()  # adaptive K's settings (the recipe's, else the defaults)
+    proposer: str | None = "draft"  # None: target-only
+    lookup: LookupSpec = LookupSpec()
 
 
 def resolve_models(spec: GenerateSpec) -> _Models:
@@ -60,6 +65,8 @@ def resolve_models(spec: GenerateSpec) -> _Models:
         raise RequestError(
             f"--num-draft-tokens {spec.num_draft_tokens} needs a draft; --no-draft decodes target-only, drop one"
         )
+    if spec.no_draft and spec.proposer:
+        raise RequestError(f"--proposer {spec.proposer}: --no-draft decodes target-only, drop one")
     models = _from_dirs(spec) if spec.target is not None else _from_recipe(spec)
     models = replace(models, dtype=spec.dtype or ("float32" if spec.device == "cpu" else models.dtype))
     for path in (models.target, models.draft):
@@ -69,16 +76,21 @@ def resolve_models(spec: GenerateSpec) -> _Models:
 
 
 def _from_dirs(spec: GenerateSpec) -> _Models:
-    if spec.draft is None and not spec.no_draft:
-        raise RequestError("--target needs --draft DIR (or --no-draft for target-only decoding)")
+    proposer = None if spec.no_draft else spec.proposer or "draft"
+    if spec.draft is None and proposer and uses_draft(proposer):
+        raise RequestError(
+            f"--proposer {proposer} needs --draft DIR with --target (or --proposer ngram for prompt lookup alone, "
+            "--no-draft for target-only decoding)"
+        )
     return _Models(
         target=Path(spec.target),
-        draft=None if spec.no_draft else Path(spec.draft),
+        draft=Path(spec.draft) if proposer and uses_draft(proposer) else None,
         max_draft_len=spec.max_draft_len or 8,
         num_draft_tokens=None,
         max_seq_len=2048,
         dtype="bfloat16",
         trust_remote_code=False,
+        proposer=proposer,
     )
 
 
@@ -86,9 +98,16 @@ def _from_recipe(spec: GenerateSpec) -> _Models:
     from trtspec.recipe import load_recipe
 
     recipe = load_recipe(spec.recipe or "demo")
+    proposer = None if spec.no_draft else spec.proposer or recipe.speculative.proposer
+    if proposer and uses_draft(proposer) and recipe.draft is None:
+        raise RequestError(
+            f"recipe {recipe.name} has no draft model, so --proposer {proposer} cannot run; use --proposer ngram "
+            "or give the recipe a draft"
+        )
     return _Models(
         target=recipe.target.model,
-        draft=None if spec.no_draft else recipe.draft.model,
+        # prompt lookup alone needs no draft model: none is loaded
+        draft=recipe.draft.model if proposer and uses_draft(proposer) else None,
         max_draft_len=spec.max_draft_len or recipe.speculative.max_draft_len,
         # Target-only decoding asks for no draft tokens, whatever K the recipe serves with.
         # No K in the recipe: adaptive (None).
@@ -97,6 +116,8 @@ def _from_recipe(spec: GenerateSpec) -> _Models:
         dtype=recipe.target.dtype,
         trust_remote_code=recipe.target.trust_remote_code,
         k_policy=policy_for(recipe.speculative),
+        proposer=proposer,
+        lookup=recipe.speculative.lookup,
     )
 
 
@@ -106,13 +127,17 @@ class Generated:
 
     prompt_ids: list[int]
     result: GenerationResult
-    speculative: bool  # a draft model took part
+    proposer: str | None  # who proposed (core/lookup.py); None: target-only decoding
+
+    @property
+    def speculative(self) -> bool:
+        return self.proposer is not None
 
     def to_dict(self) -> dict:
-        return {"prompt_token_ids": self.prompt_ids, **self.result.to_dict()}
+        return {"prompt_token_ids": self.prompt_ids, "proposer": self.proposer, **self.result.to_dict()}
 
     def stats_lines(self) -> list[str]:
-        """The stats as plain text lines (the draft's lines only where a draft took part)."""
+        """The stats as plain text lines (the speculative lines only where a proposer took part)."""
         stats = self.result.stats
         ttft = (
             f"{stats.time_to_first_token_s * 1e3:.0f} ms" if stats.time_to_first_token_s is not None else "-"
@@ -131,7 +156,16 @@ class Generated:
             f"accepted-length histogram (0..K): {stats.accepted_length_histogram}",
             f"K per round (target forwards that verified 0, 1, .. draft tokens): {stats.num_draft_histogram}, "
             f"mean K {stats.mean_num_draft_tokens:.2f}",
+            f"proposer {self.proposer}: " + (_by_proposer_text(stats) or "nothing drafted"),
         ]
+
+
+def _by_proposer_text(stats) -> str:
+    """Drafted and accepted tokens of each proposer that gave a round's draft tokens (draft model, lookup)."""
+    return "; ".join(
+        f"{name} drafted {drafted}, accepted {accepted} ({stats.proposer_acceptance(name):.1%})"
+        for name, (_, drafted, accepted) in stats.by_proposer.items()
+    )
 
 
 def run_generate(spec: GenerateSpec, on_text: Callable[[str], None] | None = None) -> Generated:
@@ -151,6 +185,8 @@ def run_generate(spec: GenerateSpec, on_text: Callable[[str], None] | None = Non
         max_seq_len=models.max_seq_len,
         trust_remote_code=models.trust_remote_code,
         k_policy=models.k_policy,
+        proposer=models.proposer or "draft",
+        lookup=models.lookup,
     )
     num_draft = spec.num_draft_tokens if spec.num_draft_tokens is not None else models.num_draft_tokens
     params = SamplingParams(
@@ -167,7 +203,7 @@ def run_generate(spec: GenerateSpec, on_text: Callable[[str], None] | None = Non
         if stream is not None:
             stream.feed(event.new_tokens[0])
         results = event.results
-    return Generated(prompt_ids, results[0], speculative=models.draft is not None)
+    return Generated(prompt_ids, results[0], models.proposer)
 
 
 def _encode(spec: GenerateSpec, models: _Models) -> list[int]:

@@ -17,10 +17,15 @@ The analytic bound (metrics.analytic_speedup_bound) uses the measured tokens per
 acceptance rate where a system reports no rounds, e.g. Triton) and a draft/target cost ratio: measured in-process as the target-only time per token of the draft over that of the target (same
 system, same prompts, same concurrency), or given with --draft-cost-ratio (servers).
 
+Proposers (core/lookup.py: draft, ngram, draft+ngram; ``proposers``) are swept as K is: every static K and adaptive
+K runs once per proposer, target-only (K = 0) once, the baseline of them all. Each point names its proposer
+(``None``: the system's own, labelled ``BenchResult.proposer``) and reports acceptance per proposer that gave its
+draft tokens (draft+ngram picks one per row and round). The bound takes a lookup's cost as 0 (no forward).
+
 Adaptive K (``num_draft_tokens`` None: requests that pin no K, engines/adaptive.py) runs as one more point per
-concurrency where the system adapts K itself. ``sweep_summary`` sets it against target-only and the best measured
-point (target-only or a static K); ``recommend_schedule`` turns the measured table into a ``speculative.schedule``:
-per concurrency the largest K worth running.
+concurrency (and proposer) where the system adapts K itself. ``sweep_summary`` sets it against target-only and the
+best measured point (target-only or a static K); ``recommend_schedule`` turns the measured table into a
+``speculative.schedule``: per concurrency the largest K worth running (the primary proposer's table).
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from trtspec.core.metrics import (
     merge_stats,
     per_position_acceptance,
 )
-from trtspec.validate.systems import Generation, Request
+from trtspec.validate.systems import Generation, Request, proposer_summary
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -70,7 +75,8 @@ def k_label(num_draft_tokens: int | None) -> str:
 
 @dataclass
 class BenchPoint:
-    """One (K, concurrency) measurement. K = 0 is target-only decoding on the same system, K = None adaptive K."""
+    """One (K, concurrency, proposer) measurement. K = 0 is target-only decoding on the same system, K = None
+    adaptive K."""
 
     num_draft_tokens: int | None
     concurrency: int
@@ -78,6 +84,7 @@ class BenchPoint:
     wall_s: float
     role: str = "pair"  # "pair", or "draft" for the draft model alone (cost-ratio measurement)
     prompt_sets: list[str] = field(default_factory=list)  # per generation: its request's prompt set; [] = raw
+    proposer: str | None = None  # the requests' proposer (core/lookup.py); None: the system's own
 
     def stats_by_set(self) -> dict[str, AcceptanceStats]:
         """AcceptanceStats merged per prompt set ('raw', 'chat'), in order of appearance."""
@@ -97,6 +104,7 @@ class BenchPoint:
             self.wall_s + other.wall_s,
             self.role,
             self.prompt_sets + other.prompt_sets,
+            self.proposer,
         )
 
     @property
@@ -140,6 +148,7 @@ class BenchPoint:
             "num_draft_histogram": list(stats.num_draft_histogram),
             "per_position_acceptance": per_position_acceptance(stats) if speculative else [],
             "spec_decode": SpecDecodeCounts.of(stats).to_dict(),
+            "acceptance_by_proposer": proposer_summary(stats) if speculative else {},
             "acceptance_by_set": {
                 name: {
                     "acceptance_rate": s.acceptance_rate,
@@ -187,6 +196,10 @@ def recommend_schedule(
     return schedule
 
 
+# A lookup proposal costs no forward: the bound's draft/target cost ratio for prompt lookup.
+LOOKUP_COST_RATIO = 0.0
+
+
 @dataclass
 class BenchResult:
     system: str
@@ -195,73 +208,132 @@ class BenchResult:
     points: list[BenchPoint]
     draft_cost_ratio: dict[int, float] = field(default_factory=dict)  # concurrency -> ratio
     notes: list[str] = field(default_factory=list)
+    proposer: str = "draft"  # the system's own: the label of points whose requests named none
+
+    def label(self, point: BenchPoint) -> str | None:
+        """The proposer a point ran with; None for target-only (and the draft alone), which propose nothing."""
+        return None if point.num_draft_tokens == 0 else point.proposer or self.proposer
+
+    @property
+    def proposers(self) -> list[str]:
+        """The proposers swept, in the order measured."""
+        return list(dict.fromkeys(filter(None, (self.label(p) for p in self.points if p.role == "pair"))))
+
+    @property
+    def primary(self) -> str:
+        """The proposer the recommended K and speculative.schedule are for: the system's own where it was swept."""
+        swept = self.proposers
+        return self.proposer if self.proposer in swept or not swept else swept[0]
 
     def rows(self) -> list[dict]:
-        """Every pair point's summary with speedup vs target-only at the same concurrency, bound and fraction."""
+        """Every pair point's summary with its proposer, speedup vs target-only at the same concurrency, bound and
+        fraction."""
         base = {
             p.concurrency: p.tokens_per_s for p in self.points if p.role == "pair" and p.num_draft_tokens == 0
         }
         rows = []
         for point in (p for p in self.points if p.role == "pair"):
-            row = point.summary()
-            k, ratio = point.num_draft_tokens, self.draft_cost_ratio.get(point.concurrency)
+            row = {"proposer": self.label(point), **point.summary()}
             row["speedup"] = (
                 point.tokens_per_s / base[point.concurrency] if base.get(point.concurrency) else None
             )
-            bound = None
-            # Adaptive K changes round by round: no single K for the bound.
-            if k and ratio is not None:
-                # Measured tokens per round where the system counts rounds: acceptance is bursty, so the
-                # i.i.d. formula from the acceptance rate alone underestimates long accepted runs at large K.
-                per_round = row["tokens_per_round"] or expected_tokens_per_round(row["acceptance_rate"], k)
-                bound = analytic_speedup_bound(per_round, k, ratio)
-            row["analytic_bound"] = 1.0 if k == 0 else bound
+            row["analytic_bound"] = self._bound(row, point)
             row["achieved_fraction"] = (
                 row["speedup"] / row["analytic_bound"] if row["speedup"] and row["analytic_bound"] else None
             )
             rows.append(row)
         return rows
 
-    def table(self) -> dict[int, dict[int | None, float]]:
-        """Per concurrency: tokens/s per K (0 target-only, None adaptive), in the order measured."""
+    def _bound(self, row: dict, point: BenchPoint) -> float | None:
+        """The analytic bound of a point: 1 for target-only; none for adaptive K (K changes round by round) or
+        draft+ngram (its rounds mix two costs)."""
+        k = point.num_draft_tokens
+        if k == 0:
+            return 1.0
+        ratio = {"draft": self.draft_cost_ratio.get(point.concurrency), "ngram": LOOKUP_COST_RATIO}.get(
+            row["proposer"]
+        )
+        if not k or ratio is None:
+            return None
+        # Measured tokens per round where the system counts rounds: acceptance is bursty, so the i.i.d. formula
+        # from the acceptance rate alone underestimates long accepted runs at large K. It assumes K drafted every
+        # round, which a lookup (often shorter, or none) does not: no bound for it without counted rounds.
+        per_round = row["tokens_per_round"]
+        if per_round is None and row["proposer"] == "draft":
+            per_round = expected_tokens_per_round(row["acceptance_rate"], k)
+        return analytic_speedup_bound(per_round, k, ratio) if per_round else None
+
+    def table(self, proposer: str | None = None) -> dict[int, dict[int | None, float]]:
+        """Per concurrency: tokens/s per K (0 target-only, None adaptive) of ``proposer``'s points (None: the
+        primary's), in the order measured."""
+        proposer = proposer or self.primary
         out: dict[int, dict[int | None, float]] = {}
-        for point in (p for p in self.points if p.role == "pair"):
+        for point in (p for p in self.points if p.role == "pair" and self.label(p) in (None, proposer)):
             out.setdefault(point.concurrency, {})[point.num_draft_tokens] = point.tokens_per_s
         return out
 
     def recommended_k(self) -> dict[int, int]:
-        """Per concurrency, the static K (0 = do not speculate) with the highest measured tokens/s."""
+        """Per concurrency, the static K (0 = do not speculate) with the highest measured tokens/s (the primary
+        proposer's)."""
         return {c: best_static(by_k)[0] for c, by_k in sorted(self.table().items())}
 
     def recommended_schedule(self, tolerance: float = SCHEDULE_TOLERANCE) -> dict[int, int]:
         return recommend_schedule(self.table(), tolerance)
 
     def sweep_summary(self) -> list[dict]:
-        """Per concurrency with an adaptive point: target-only, the best point, adaptive and their ratios."""
+        """Per concurrency and proposer with an adaptive point: target-only, the proposer's best point (target-only
+        or a static K), adaptive and their ratios."""
         rows = []
         mean_k = {  # unknown (None) where the system reports no target forwards (a server's totals only)
-            p.concurrency: p.stats.mean_num_draft_tokens if p.stats.target_forwards else None
+            (p.concurrency, self.label(p)): p.stats.mean_num_draft_tokens if p.stats.target_forwards else None
             for p in self.points
             if p.role == "pair" and p.num_draft_tokens is None
         }
-        for c, by_k in sorted(self.table().items()):
-            if None not in by_k:
-                continue
-            best_k, best = best_static(by_k)
-            adaptive, target_only = by_k[None], by_k.get(0)
+        for proposer in self.proposers:
+            for c, by_k in sorted(self.table(proposer).items()):
+                if None not in by_k:
+                    continue
+                best_k, best = best_static(by_k)
+                adaptive, target_only = by_k[None], by_k.get(0)
+                rows.append(
+                    {
+                        "concurrency": c,
+                        "proposer": proposer,
+                        "target_only_tokens_per_s": target_only,
+                        "best_num_draft_tokens": best_k,
+                        "best_tokens_per_s": best,
+                        "adaptive_tokens_per_s": adaptive,
+                        "adaptive_mean_num_draft_tokens": mean_k.get((c, proposer)),
+                        "adaptive_vs_best": adaptive / best if best else None,
+                        "adaptive_vs_target_only": adaptive / target_only if target_only else None,
+                    }
+                )
+        return sorted(rows, key=lambda row: row["concurrency"])  # stable: the proposers in sweep order
+
+    def proposer_comparison(self) -> list[dict]:
+        """Per concurrency and proposer (where several were swept): its fastest point (a static K or adaptive),
+        against target-only and against the fastest point of every other proposer."""
+        best: dict[tuple[int, str], tuple[int | None, float]] = {}
+        target_only = {c: by_k.get(0) for c, by_k in self.table().items()}
+        for proposer in self.proposers:
+            for c, by_k in self.table(proposer).items():
+                points = [(k, tps) for k, tps in by_k.items() if k != 0]
+                if points:
+                    best[c, proposer] = max(points, key=lambda item: item[1])
+        rows = []
+        for (c, proposer), (k, tps) in sorted(best.items(), key=lambda item: item[0][0]):
+            others = [v for (oc, op), (_, v) in best.items() if oc == c and op != proposer]
             rows.append(
                 {
                     "concurrency": c,
-                    "target_only_tokens_per_s": target_only,
-                    "best_num_draft_tokens": best_k,
-                    "best_tokens_per_s": best,
-                    "adaptive_tokens_per_s": adaptive,
-                    "adaptive_mean_num_draft_tokens": mean_k.get(c),
-                    "adaptive_vs_best": adaptive / best if best else None,
-                    "adaptive_vs_target_only": adaptive / target_only if target_only else None,
+                    "proposer": proposer,
+                    "best_num_draft_tokens": k,
+                    "best_tokens_per_s": tps,
+                    "vs_target_only": tps / target_only[c] if target_only.get(c) else None,
+                    "vs_best_other": tps / max(others) if others and max(others) else None,
                 }
             )
-        return rows
+        return rows if len(self.proposers) > 1 else []
 
 
 def make_requests(requests: Sequence[Request], concurrency: int) -> list[Request]:
@@ -280,8 +352,9 @@ def run_point(
     for first in range(0, len(requests), concurrency):
         generations += system.generate(list(requests[first : first + concurrency]), params)
     wall_s = time.perf_counter() - start
+    prompt_sets = [r.prompt_set for r in requests]
     return BenchPoint(
-        params.num_draft_tokens, concurrency, generations, wall_s, role, [r.prompt_set for r in requests]
+        params.num_draft_tokens, concurrency, generations, wall_s, role, prompt_sets, params.proposer
     )
 
 
@@ -313,13 +386,31 @@ def sweep_passes(num_requests: int, concurrency: int, repeats: int, min_groups: 
 
 
 def sweep_steps(
-    num_requests: int, concurrency: Sequence[int], repeats: int, adaptive: bool, min_groups: int = 1
+    num_requests: int,
+    concurrency: Sequence[int],
+    repeats: int,
+    adaptive: bool,
+    min_groups: int = 1,
+    num_proposers: int = 1,
 ) -> int:
-    """How many times run_sweep calls ``advance``: per concurrency, its warm-up and each pass's groups."""
+    """How many times run_sweep calls ``advance``: per concurrency, its warm-ups (one per proposer) and each pass's
+    groups."""
     return sum(
-        adaptive + sweep_passes(num_requests, c, repeats, min_groups) * sweep_groups(num_requests, c)
+        adaptive * num_proposers
+        + sweep_passes(num_requests, c, repeats, min_groups) * sweep_groups(num_requests, c)
         for c in concurrency
     )
+
+
+def sweep_runs(
+    ks: Sequence[int], proposers: Sequence[str | None], adaptive: bool
+) -> list[tuple[str | None, int | None]]:
+    """The (proposer, K) of each pair point at one concurrency: per proposer adaptive K and every static K, and
+    target-only (proposer None) once, after the first proposer's adaptive point."""
+    runs: list[tuple[str | None, int | None]] = []
+    for i, proposer in enumerate(proposers):
+        runs += [(proposer, None)] * adaptive + [(None, 0)] * (i == 0) + [(proposer, k) for k in ks]
+    return runs
 
 
 def run_sweep(
@@ -334,9 +425,11 @@ def run_sweep(
     min_groups: int = 1,
     draft_system=None,
     advance: Callable[[str], None] | None = None,
+    proposers: Sequence[str | None] = (None,),
 ) -> list[BenchPoint]:
-    """Every (K, concurrency) point: adaptive K (``adaptive``: requests that give no K), K = 0 and ``ks``;
-    ``draft_system`` (the draft alone, target-only) adds draft points. Adaptive K is measured in steady state: at
+    """Every (K, concurrency, proposer) point: per proposer (None: the system's own) adaptive K (``adaptive``:
+    requests that give no K) and ``ks``, and K = 0 once; ``draft_system`` (the draft alone, target-only) adds draft
+    points. Adaptive K is measured in steady state: at
     each concurrency one untimed adaptive pass runs first, so it has measured that batch size's round costs
     (engines/adaptive.py: what a server learns in its first seconds and keeps for its lifetime; an engine keeps
     them across calls).
@@ -354,30 +447,39 @@ def run_sweep(
     for warm in (system, draft_system):  # first calls pay one-off costs (allocations, lazy inits)
         if warm is not None:
             warm.generate([requests[0]], params.with_(max_new_tokens=4, num_draft_tokens=0))
-    runs = [("pair", k) for k in ([None] if adaptive else []) + [0, *ks]]
-    runs += [("draft", 0)] if draft_system is not None else []
+    runs = [("pair", p, k) for p, k in sweep_runs(ks, proposers, adaptive)]
+    runs += [("draft", None, 0)] if draft_system is not None else []
+    order = {p: i for i, p in enumerate(proposers)}
     points = []
     for c in concurrency:
         batch = make_requests(requests, c)
         groups = [batch[i : i + c] for i in range(0, len(batch), c)]
-        pooled: dict[tuple[str, int | None], BenchPoint] = {}
-        if adaptive:
-            step(f"K={k_label(None)} concurrency={c} warm-up (untimed)")
-            run_point(system, batch, params.with_(num_draft_tokens=None), c)
+        pooled: dict[tuple, BenchPoint] = {}
+        for proposer in proposers if adaptive else ():
+            named = f" proposer={proposer}" if proposer else ""
+            step(f"K={k_label(None)}{named} concurrency={c} warm-up (untimed)")
+            run_point(system, batch, params.with_(num_draft_tokens=None, proposer=proposer), c)
         num_passes = sweep_passes(len(requests), c, repeats, min_groups)
         for n in range(num_passes):
             for g, group in enumerate(groups):
                 passes = f" pass {n + 1}/{num_passes}" if num_passes > 1 else ""
                 step(f"concurrency={c}{passes} group {g + 1}/{len(groups)}: every point")
                 first = (n * len(groups) + g) % len(runs)
-                for role, k in runs[first:] + runs[:first]:
+                for key in runs[first:] + runs[:first]:
+                    role, proposer, k = key
                     runner = system if role == "pair" else draft_system
-                    point = run_point(runner, group, params.with_(num_draft_tokens=k), c, role=role)
-                    key = (role, k)
+                    point = run_point(
+                        runner, group, params.with_(num_draft_tokens=k, proposer=proposer), c, role=role
+                    )
                     pooled[key] = pooled[key].pooled(point) if key in pooled else point
-        # Reported in K order, adaptive last, whatever order they ran in.
+        # Reported target-only first, then per proposer in K order, adaptive last, whatever order they ran in.
         points += sorted(
             pooled.values(),
-            key=lambda p: (p.role != "pair", p.num_draft_tokens is None, p.num_draft_tokens or 0),
+            key=lambda p: (
+                p.role != "pair",
+                p.num_draft_tokens != 0 and order[p.proposer] + 1,
+                p.num_draft_tokens is None,
+                p.num_draft_tokens or 0,
+            ),
         )
     return points

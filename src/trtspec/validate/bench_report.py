@@ -8,6 +8,7 @@ from pathlib import Path
 
 from trtspec.validate.bench import SCHEDULE_TOLERANCE, BenchResult
 from trtspec.validate.report import markdown_table
+from trtspec.validate.systems import PROPOSER_ORDER
 
 COLUMNS = [
     "K",
@@ -31,10 +32,13 @@ def bench_to_dict(result: BenchResult) -> dict:
         "system": result.system,
         "max_new_tokens": result.max_new_tokens,
         "prompts": result.prompts,
+        "proposers": result.proposers,
         "draft_cost_ratio": {str(c): r for c, r in result.draft_cost_ratio.items()},
+        "recommended_for_proposer": result.primary,
         "recommended_num_draft_tokens": {str(c): k for c, k in result.recommended_k().items()},
         "recommended_schedule": {str(c): k for c, k in result.recommended_schedule().items()},
         "adaptive_sweep": result.sweep_summary(),
+        "proposer_comparison": result.proposer_comparison(),
         "points": result.rows(),
         "notes": result.notes,
     }
@@ -66,12 +70,35 @@ def row_cells(row: dict) -> list[str]:
     ]
 
 
+def several_proposers(rows: list[dict]) -> bool:
+    """Tables name each row's proposer only where the sweep had several (one is named in the title)."""
+    return len({r["proposer"] for r in rows if r["proposer"]}) > 1
+
+
+def _named(rows: list[dict], header: list[str], cells: list[list[str]]) -> tuple[list[str], list[list[str]]]:
+    """(header, cells) with a leading proposer column where the rows have several proposers."""
+    if not several_proposers(rows):
+        return header, cells
+    return ["proposer", *header], [[r["proposer"] or "-", *c] for r, c in zip(rows, cells, strict=True)]
+
+
+def point_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """(header, cells) of the main table: one row per point."""
+    return _named(rows, COLUMNS, [row_cells(r) for r in rows])
+
+
+def proposers_text(result: BenchResult) -> str:
+    """The proposers swept, as the title and heading name them (target-only, K=0, proposes nothing)."""
+    return ", ".join(result.proposers) or "none (target-only)"
+
+
 def _recommendation(result: BenchResult) -> str:
     parts = [
         f"concurrency {c}: K={k}" + (" (target-only is fastest)" if k == 0 else "")
         for c, k in result.recommended_k().items()
     ]
-    return "Recommended num_draft_tokens (highest measured tokens/s): " + "; ".join(parts) + "."
+    which = f" for proposer {result.primary}" if len(result.proposers) > 1 else ""
+    return f"Recommended num_draft_tokens{which} (highest measured tokens/s): " + "; ".join(parts) + "."
 
 
 SWEEP_COLUMNS = [
@@ -100,6 +127,55 @@ def sweep_cells(row: dict) -> list[str]:
     ]
 
 
+def sweep_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """(header, cells) of adaptive K against target-only and the best point, per concurrency (and proposer)."""
+    return _named(rows, SWEEP_COLUMNS, [sweep_cells(r) for r in rows])
+
+
+COMPARISON_COLUMNS = ["conc", "proposer", "best", "best tok/s", "vs target-only", "vs best other"]
+
+
+def comparison_cells(row: dict) -> list[str]:
+    return [
+        str(row["concurrency"]),
+        row["proposer"],
+        "adaptive" if row["best_num_draft_tokens"] is None else f"K={row['best_num_draft_tokens']}",
+        _f(row["best_tokens_per_s"], ".1f"),
+        _f(row["vs_target_only"], ".2f"),
+        _f(row["vs_best_other"], ".2f"),
+    ]
+
+
+def proposer_acceptance(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of acceptance per proposer that gave the draft tokens (draft model, prompt lookup) for every
+    speculative point; empty where only the draft model proposed (the main table's accept is then its)."""
+    sources = sorted(
+        {name for r in rows for name in r["acceptance_by_proposer"]},
+        key=lambda n: (PROPOSER_ORDER.get(n, 2), n),
+    )
+    if sources in ([], ["draft"]) and not several_proposers(rows):
+        return [], []
+    header = ["proposer", "K", "conc"] + [
+        f"{name} {what}" for name in sources for what in ("accept", "acc len", "share")
+    ]
+    cells = []
+    for r in (r for r in rows if r["acceptance_by_proposer"]):
+        by_source = r["acceptance_by_proposer"]
+        cells.append(
+            [r["proposer"], r["k"], str(r["concurrency"])]
+            + [
+                _f(by_source.get(name, {}).get(key), spec)
+                for name in sources
+                for key, spec in (
+                    ("acceptance_rate", ".3f"),
+                    ("mean_accepted_length", ".2f"),
+                    ("share_of_drafted", ".2f"),
+                )
+            ]
+        )
+    return header, cells
+
+
 def schedule_text(schedule: dict[int, int]) -> str:
     """The schedule as it reads in a recipe: ``{1: 8, 4: 4, 16: 0}``."""
     return "{" + ", ".join(f"{c}: {k}" for c, k in sorted(schedule.items())) + "}"
@@ -113,16 +189,13 @@ def _schedule_line(result: BenchResult) -> str:
     )
 
 
-def _per_position_rows(rows: list[dict]) -> list[list[str]]:
-    return [
-        [
-            r["k"],
-            str(r["concurrency"]),
-            " ".join(f"{a:.2f}" for a in r["per_position_acceptance"]),
-        ]
+def _per_position_rows(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    rows = [r for r in rows if r["per_position_acceptance"]]
+    cells = [
+        [r["k"], str(r["concurrency"]), " ".join(f"{a:.2f}" for a in r["per_position_acceptance"])]
         for r in rows
-        if r["per_position_acceptance"]
     ]
+    return _named(rows, ["K", "conc", "positions 1..K"], cells)
 
 
 def set_acceptance(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
@@ -131,18 +204,17 @@ def set_acceptance(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     if names in ([], ["raw"]):
         return [], []
     header = ["K", "conc"] + [f"{name} {what}" for name in names for what in ("accept", "acc len")]
-    cells = []
-    for r in (r for r in rows if r["acceptance_by_set"]):
-        by_set = r["acceptance_by_set"]
-        cells.append(
-            [r["k"], str(r["concurrency"])]
-            + [
-                _f(by_set.get(name, {}).get(key), spec)
-                for name in names
-                for key, spec in (("acceptance_rate", ".3f"), ("mean_accepted_length", ".2f"))
-            ]
-        )
-    return header, cells
+    rows = [r for r in rows if r["acceptance_by_set"]]
+    cells = [
+        [r["k"], str(r["concurrency"])]
+        + [
+            _f(r["acceptance_by_set"].get(name, {}).get(key), spec)
+            for name in names
+            for key, spec in (("acceptance_rate", ".3f"), ("mean_accepted_length", ".2f"))
+        ]
+        for r in rows
+    ]
+    return _named(rows, header, cells)
 
 
 def bench_markdown(result: BenchResult, plots: list[str] | None = None) -> str:
@@ -153,18 +225,30 @@ def bench_markdown(result: BenchResult, plots: list[str] | None = None) -> str:
     parts = [
         f"# trtspec bench: {result.system}",
         "",
-        f"{result.prompts} prompts, greedy, max_new_tokens={result.max_new_tokens}; K=0 is target-only decoding on "
-        f"the same system in the same run. Draft/target cost ratio: {ratios}.",
+        f"{result.prompts} prompts, greedy, max_new_tokens={result.max_new_tokens}, proposers: "
+        f"{proposers_text(result)}; K=0 is target-only decoding on the same system in the same run. Draft/target "
+        f"cost ratio: {ratios}.",
         "",
-        markdown_table(COLUMNS, [row_cells(r) for r in rows]),
+        markdown_table(*point_table(rows)),
         "",
         "speedup: tokens/s over target-only at the same concurrency; bound: analytic speedup bound, tokens per round "
         "(measured; from the acceptance rate where rounds are not reported) over the round's cost in target steps "
-        "(Leviathan et al. 2023); achieved: speedup / bound; ITL: per-token "
+        "(Leviathan et al. 2023; a lookup costs none); achieved: speedup / bound; ITL: per-token "
         "inter-token latency (a piece of n tokens counts n times at gap/n).",
         "",
         _recommendation(result),
     ]
+    comparison = result.proposer_comparison()
+    if comparison:
+        parts += [
+            "",
+            "## Proposers against target-only and each other",
+            "",
+            "best: the proposer's fastest point at that concurrency (a static K or adaptive); vs best other: its "
+            "tokens/s over the fastest point of any other proposer.",
+            "",
+            markdown_table(COMPARISON_COLUMNS, [comparison_cells(r) for r in comparison]),
+        ]
     sweep = result.sweep_summary()
     if sweep:
         parts += [
@@ -174,9 +258,20 @@ def bench_markdown(result: BenchResult, plots: list[str] | None = None) -> str:
             "best: the fastest point measured at that concurrency (target-only or a static K); adaptive mean K: "
             "draft tokens per target forward of the adaptive requests.",
             "",
-            markdown_table(SWEEP_COLUMNS, [sweep_cells(r) for r in sweep]),
+            markdown_table(*sweep_table(sweep)),
             "",
             _schedule_line(result),
+        ]
+    by_proposer = proposer_acceptance(rows)
+    if by_proposer[1]:
+        parts += [
+            "",
+            "## Acceptance per proposer",
+            "",
+            "Who gave each round's draft tokens (draft: the draft model; ngram: prompt lookup; draft+ngram picks one "
+            "per row and round): accepted / drafted, accepted tokens per round, and share of the drafted tokens.",
+            "",
+            markdown_table(*by_proposer),
         ]
     set_header, set_rows = set_acceptance(rows)
     if set_rows:
@@ -184,19 +279,20 @@ def bench_markdown(result: BenchResult, plots: list[str] | None = None) -> str:
             "",
             "## Acceptance per prompt set",
             "",
-            "raw: prompt text as given; chat: messages rendered with the target tokenizer's chat template.",
+            "raw: prompt text as given; chat: messages rendered with the target tokenizer's chat template; "
+            "grounded: answers that repeat the prompt (validate/prompts.py).",
             "",
             markdown_table(set_header, set_rows),
         ]
     per_position = _per_position_rows(rows)
-    if per_position:
+    if per_position[1]:
         parts += [
             "",
             "## Per-position acceptance",
             "",
             "Fraction of rounds whose i-th draft token was accepted, i = 1..K.",
             "",
-            markdown_table(["K", "conc", "positions 1..K"], per_position),
+            markdown_table(*per_position),
         ]
     if plots:
         parts += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
@@ -207,35 +303,29 @@ def bench_markdown(result: BenchResult, plots: list[str] | None = None) -> str:
 
 def write_plots(result: BenchResult, out_dir: Path) -> list[Path]:
     """speedup_acceptance.png (speedup, bound and acceptance vs K) and latency_concurrency.png (TTFT/ITL p50 vs
-    concurrency per K) into ``out_dir``; returns their paths."""
+    concurrency per K) into ``out_dir``; returns their paths. Lines are per proposer where several were swept."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     every = result.rows()
-    rows = [r for r in every if r["num_draft_tokens"] is not None]  # adaptive has no K for the x axis
-    conc = sorted({r["concurrency"] for r in rows})
-    ks = sorted({r["num_draft_tokens"] for r in rows}) + [None] * any(
-        r["num_draft_tokens"] is None for r in every
-    )
+    named = several_proposers(every)
     fig, (ax_speed, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
-    for c in conc:
-        sel = [r for r in rows if r["concurrency"] == c]
+    for (proposer, c), sel in _k_lines(every).items():
+        label = f"{proposer}, concurrency {c}" if named else f"concurrency {c}"
         line = ax_speed.plot(
             [r["num_draft_tokens"] for r in sel],
             [r["speedup"] or 0 for r in sel],
             "o-",
-            label=f"measured, concurrency {c}",
+            label=f"measured, {label}",
         )[0]
         bound = [(r["num_draft_tokens"], r["analytic_bound"]) for r in sel if r["analytic_bound"] is not None]
         if bound:
-            ax_speed.plot(
-                *zip(*bound, strict=True), "--", color=line.get_color(), label=f"bound, concurrency {c}"
-            )
+            ax_speed.plot(*zip(*bound, strict=True), "--", color=line.get_color(), label=f"bound, {label}")
         acc = [(r["num_draft_tokens"], r["acceptance_rate"]) for r in sel if r["acceptance_rate"] is not None]
         if acc:
-            ax_acc.plot(*zip(*acc, strict=True), "o-", label=f"concurrency {c}")
+            ax_acc.plot(*zip(*acc, strict=True), "o-", label=label)
     ax_speed.axhline(1.0, color="gray", linewidth=0.8)
     ax_speed.set(xlabel="num_draft_tokens K", ylabel="speedup over target-only", title="Speedup vs K")
     ax_acc.set(xlabel="num_draft_tokens K", ylabel="acceptance rate", title="Acceptance vs K", ylim=(0, 1.05))
@@ -244,9 +334,9 @@ def write_plots(result: BenchResult, out_dir: Path) -> list[Path]:
         ax.grid(alpha=0.3)
     paths = [_save(fig, out_dir / "speedup_acceptance.png")]
     fig, (ax_ttft, ax_itl) = plt.subplots(1, 2, figsize=(10, 4))
-    for k in ks:
-        sel = sorted((r for r in every if r["num_draft_tokens"] == k), key=lambda r: r["concurrency"])
+    for (proposer, k), sel in _concurrency_lines(every).items():
         label = "target-only" if k == 0 else "adaptive K" if k is None else f"K={k}"
+        label = f"{proposer} {label}" if named and k != 0 else label
         ax_ttft.plot(
             [r["concurrency"] for r in sel], [(r["ttft_p50_s"] or 0) * 1000 for r in sel], "o-", label=label
         )
@@ -260,6 +350,38 @@ def write_plots(result: BenchResult, out_dir: Path) -> list[Path]:
         ax.grid(alpha=0.3)
     paths.append(_save(fig, out_dir / "latency_concurrency.png"))
     return paths
+
+
+def _k_lines(rows: list[dict]) -> dict[tuple[str | None, int], list[dict]]:
+    """Per (proposer, concurrency): target-only and the proposer's static K points, in K order (adaptive has no K
+    for the x axis)."""
+    lines: dict[tuple[str | None, int], list[dict]] = {}
+    proposers = list(dict.fromkeys(r["proposer"] for r in rows if r["proposer"])) or [None]
+    for c in sorted({r["concurrency"] for r in rows}):
+        for proposer in proposers:
+            sel = [
+                r
+                for r in rows
+                if r["concurrency"] == c
+                and r["num_draft_tokens"] is not None
+                and r["proposer"] in (None, proposer)
+            ]
+            lines[proposer, c] = sorted(sel, key=lambda r: r["num_draft_tokens"])
+    return lines
+
+
+def _concurrency_lines(rows: list[dict]) -> dict[tuple[str | None, int | None], list[dict]]:
+    """Per (proposer, K), target-only once: its points in concurrency order, adaptive K last."""
+    keys = sorted(
+        {(r["proposer"], r["num_draft_tokens"]) for r in rows},
+        key=lambda key: (key[0] is not None, key[0] or "", key[1] is None, key[1] or 0),
+    )
+    return {
+        key: sorted(
+            (r for r in rows if (r["proposer"], r["num_draft_tokens"]) == key), key=lambda r: r["concurrency"]
+        )
+        for key in keys
+    }
 
 
 def _save(fig, path: Path) -> Path:

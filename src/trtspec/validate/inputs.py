@@ -7,6 +7,7 @@ that cannot fit fails before any model loads.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,20 +40,23 @@ class RunOptions:
     """The options validate and bench share: the recipe, the prompt set and the system under test."""
 
     recipe: str = "demo"
-    prompts: Path | None = None  # None: the shipped prompt sets
+    prompts: Path | None = None  # None: the shipped sets; also a shipped set's name (prompts.SHIPPED_SETS)
     limit: int | None = None
     chat: bool = False  # raw prompts as single user messages through the chat template
     max_tokens: int = 32
     system: SystemOptions = field(default_factory=SystemOptions)
 
 
-def open_system(recipe, options: SystemOptions, tokenizer=None):
-    """The system under test named by ``options`` (tokenizer: the target's, for text-only endpoints)."""
+def open_system(recipe, options: SystemOptions, tokenizer=None, proposers: Collection[str] = ()):
+    """The system under test named by ``options`` (tokenizer: the target's, for text-only endpoints; proposers:
+    the ones the run's requests name, which the in-process engine loads what for)."""
     kind = options.kind
     if kind == "engine":
         from trtspec.validate.systems import EngineSystem
 
-        return EngineSystem.from_recipe(recipe, options.device, options.dtype, options.max_batch_size)
+        return EngineSystem.from_recipe(
+            recipe, options.device, options.dtype, options.max_batch_size, proposers
+        )
     if kind == "triton":
         from trtspec.validate.triton_system import TritonSystem
 
@@ -75,6 +79,18 @@ def open_system(recipe, options: SystemOptions, tokenizer=None):
         runner = TrtllmSpeculativeRunner.from_recipe(recipe, max_batch_size=options.max_batch_size)
         return EngineSystem(runner, name=f"TensorRT-LLM engines (engines/{recipe.name})")
     raise TrtspecError(f"--system {kind!r} is not one of {', '.join(SYSTEMS)}")
+
+
+def check_proposers(recipe, options: SystemOptions, proposers: Collection[str]) -> None:
+    """In-process, a proposer that uses the draft model needs the recipe to have one (a server knows its own)."""
+    from trtspec.core.lookup import uses_draft
+
+    needs_draft = next((p for p in proposers if uses_draft(p)), None)
+    if recipe.draft is None and needs_draft and options.kind != "triton":
+        raise TrtspecError(
+            f"recipe {recipe.name}: no draft model, so --proposer {needs_draft} cannot run; use --proposer ngram "
+            "or give the recipe a draft"
+        )
 
 
 def llmapi_max_draft_len(recipe) -> int | None:
@@ -117,9 +133,12 @@ def check_requests_fit(prompts, requests, max_tokens: int, limits) -> None:
             )
 
 
-def load_requests(recipe, path: Path | None, limit: int | None, chat: bool, max_tokens: int):
+def load_requests(
+    recipe, path: Path | None, limit: int | None, chat: bool, max_tokens: int, lookup: bool = False
+):
     """(prompts, target tokenizer, requests, notes): the prompt set encoded (chats through the target's chat
-    template) and checked against the recipe's limits, before any model loads."""
+    template) and checked against the recipe's limits, before any model loads. ``lookup``: a proposer of the run
+    looks up (core/lookup.py), so the default selection adds the shipped grounded set."""
     from trtspec.chat import has_chat_template
     from trtspec.core.model_dir import load_tokenizer
     from trtspec.validate.prompts import load_prompts
@@ -131,12 +150,14 @@ def load_requests(recipe, path: Path | None, limit: int | None, chat: bool, max_
     notes = []
     if path is None and not chat_set:
         notes.append(f"{recipe.target.model}: no chat template, so the shipped chat prompts were left out.")
-    prompts = load_prompts(path, limit, chat=chat, chat_set=chat_set)
+    prompts = load_prompts(path, limit, chat=chat, chat_set=chat_set, grounded_set=lookup)
+    if path is None and any(p.prompt_set == "grounded" for p in prompts):
+        notes.append("A proposer of this run looks up (ngram), so the shipped grounded prompts ran too.")
     requests = encode_prompts(tokenizer, prompts)
     check_requests_fit(prompts, requests, max_tokens, recipe.limits)
     return prompts, tokenizer, requests, notes
 
 
-def load_run_requests(recipe, options: RunOptions):
-    """``load_requests`` for the prompt options of a run."""
-    return load_requests(recipe, options.prompts, options.limit, options.chat, options.max_tokens)
+def load_run_requests(recipe, options: RunOptions, lookup: bool = False):
+    """``load_requests`` for the prompt options of a run (``lookup``: a proposer of the run looks up)."""
+    return load_requests(recipe, options.prompts, options.limit, options.chat, options.max_tokens, lookup)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from trtspec.validate.systems import proposer_summary
 from trtspec.validate.validation import PromptOutcome, ValidationResult, k_label
 
 
@@ -24,6 +25,7 @@ def outcome_to_dict(o: PromptOutcome) -> dict:
         "divergence": None if o.divergence is None else o.divergence.to_dict(),
         "acceptance_rate": stats.acceptance_rate if stats else None,
         "mean_accepted_length": _mean_accepted_length(stats) if stats else None,
+        "by_proposer": proposer_summary(stats) if stats else {},
         "generated_tokens": len(o.speculative.token_ids),
         "tokens_per_s": len(o.speculative.token_ids) / o.speculative.elapsed_s
         if o.speculative.elapsed_s
@@ -35,8 +37,9 @@ def outcome_to_dict(o: PromptOutcome) -> dict:
 
 
 def set_summaries(result: ValidationResult) -> dict[str, dict]:
-    """Per prompt set ('raw', 'chat'; Prompt.prompt_set), in order of appearance: exact match, control and
-    acceptance over that set's prompts alone (chat traffic accepts differently from raw text)."""
+    """Per prompt set ('raw', 'chat', 'grounded'; Prompt.prompt_set), in order of appearance: exact match, control
+    and acceptance (also per proposer) over that set's prompts alone (chat traffic accepts differently from raw
+    text, and prompt lookup matches far more where the answer repeats the input)."""
     sets: dict[str, list[PromptOutcome]] = {}
     for o in result.outcomes:
         sets.setdefault(o.prompt.prompt_set, []).append(o)
@@ -50,6 +53,7 @@ def set_summaries(result: ValidationResult) -> dict[str, dict]:
             "control_match_rate": part.control_match_rate,
             "acceptance_rate": part.stats.acceptance_rate,
             "mean_accepted_length": _mean_accepted_length(part.stats),
+            "by_proposer": proposer_summary(part.stats),
         }
     return out
 
@@ -60,6 +64,7 @@ def validation_to_dict(result: ValidationResult) -> dict:
     return {
         "system": result.system,
         "num_draft_tokens": k_label(None) if result.num_draft_tokens is None else result.num_draft_tokens,
+        "proposer": result.proposer,
         "max_new_tokens": result.max_new_tokens,
         "overall": {
             "prompts": len(result.outcomes),
@@ -73,6 +78,7 @@ def validation_to_dict(result: ValidationResult) -> dict:
             "speedup": result.tokens_per_s / result.target_only_tokens_per_s
             if result.tokens_per_s and result.target_only_tokens_per_s
             else None,
+            "by_proposer": proposer_summary(stats),
         },
         "sets": set_summaries(result),
         "stats": stats.to_dict(),
@@ -155,6 +161,39 @@ def prompt_set_rows(result: ValidationResult) -> list[list[str]]:
     ]
 
 
+PROPOSER_COLUMNS = ["prompt set", "proposer", "rounds", "drafted", "accepted", "accept", "acc len", "share"]
+
+
+def proposer_rows(result: ValidationResult) -> list[list[str]]:
+    """Rows of the per-proposer table: every prompt ('all'), then each prompt set where there are several; none
+    where nothing was drafted."""
+    sets = set_summaries(result)
+    parts = {"all": proposer_summary(result.stats)}
+    if len(sets) > 1:
+        parts |= {name: d["by_proposer"] for name, d in sets.items()}
+    return [
+        [
+            part,
+            name,
+            str(d["rounds"]) if d["rounds"] else "-",
+            str(d["drafted"]),
+            str(d["accepted"]),
+            _fmt(d["acceptance_rate"]),
+            _fmt(d["mean_accepted_length"], ".2f"),
+            _fmt(d["share_of_drafted"], ".2f"),
+        ]
+        for part, by_proposer in parts.items()
+        for name, d in by_proposer.items()
+    ]
+
+
+PROPOSER_LEGEND = (
+    "proposer: who gave a round's draft tokens (draft: the draft model; ngram: prompt lookup); accept: its accepted "
+    "/ drafted; acc len: its accepted tokens per round; share: its part of all drafted tokens; rounds '-': the "
+    "system reports totals only."
+)
+
+
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
@@ -168,7 +207,7 @@ def validation_markdown(result: ValidationResult) -> str:
         f"# trtspec validate: {result.system}",
         "",
         f"{len(result.outcomes)} prompts, greedy, max_new_tokens={result.max_new_tokens}, "
-        f"num_draft_tokens={k_label(result.num_draft_tokens)}. Result: **{verdict}**",
+        f"num_draft_tokens={k_label(result.num_draft_tokens)}, proposer {result.proposer}. Result: **{verdict}**",
         "",
         "## Overall",
         "",
@@ -182,8 +221,19 @@ def validation_markdown(result: ValidationResult) -> str:
             "",
             markdown_table(SET_COLUMNS, set_rows),
             "",
-            "raw: prompt text as given; chat: messages rendered with the target tokenizer's chat template. "
-            "match: exact-match rate; agree: mean token agreement; control: speculative == target-only rate.",
+            "raw: prompt text as given; chat: messages rendered with the target tokenizer's chat template; "
+            "grounded: answers that repeat the prompt (validate/prompts.py). match: exact-match rate; agree: mean "
+            "token agreement; control: speculative == target-only rate.",
+            "",
+        ]
+    by_proposer = proposer_rows(result)
+    if by_proposer:
+        parts += [
+            "## Acceptance per proposer",
+            "",
+            markdown_table(PROPOSER_COLUMNS, by_proposer),
+            "",
+            PROPOSER_LEGEND,
             "",
         ]
     parts += [

@@ -15,7 +15,13 @@ from pathlib import Path
 from trtspec.core.errors import TrtspecError
 from trtspec.outputs import check_output_dir, check_output_file, write_file_atomic, write_output_dir
 from trtspec.validate.bench import BenchResult
-from trtspec.validate.inputs import RunOptions, SystemOptions, load_run_requests, open_system
+from trtspec.validate.inputs import (
+    RunOptions,
+    SystemOptions,
+    check_proposers,
+    load_run_requests,
+    open_system,
+)
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16)
 BENCH_MARKER = "bench.json"  # the file that makes a folder an earlier bench report (which --out may replace)
@@ -33,6 +39,7 @@ class BenchOptions(RunOptions):
     write_recipe: Path | None = None  # a copy of the recipe with the recommended speculative.schedule
     repeats: int = 1  # passes over each concurrency's points, pooled
     min_groups: int = 1  # more passes where a pass has fewer groups of `concurrency` requests
+    proposers: tuple[str, ...] | None = None  # core/lookup.py PROPOSERS to sweep; None: the system's own
 
 
 # (description, points started, points in all) before each point of the sweep is measured
@@ -52,26 +59,32 @@ class BenchOutcome:
 
 def bench(options: BenchOptions, on_progress: SweepProgress | None = None) -> BenchOutcome:
     """Run the sweep (``on_progress`` before each point), write bench.json, bench.md and the plots atomically."""
+    from trtspec.core.lookup import uses_draft, uses_lookup
     from trtspec.recipe import load_recipe
 
     recipe = load_recipe(options.recipe)
     notes: list[str] = []
     options = _sweep_grid(options, recipe, notes)
     _check_sweep(options, recipe)
+    proposers = options.proposers or (recipe.speculative.proposer,)
+    check_proposers(recipe, options.system, proposers)
     out_dir = options.out_dir or Path("bench") / recipe.name
     check_output_dir(out_dir, *BENCH_OUTPUT)  # before the sweep, not after
     if options.write_recipe:
         check_output_file(options.write_recipe, "--write-recipe")
-    prompts, tokenizer, requests, more_notes = load_run_requests(recipe, options)
+    lookup = any(map(uses_lookup, proposers))
+    prompts, tokenizer, requests, more_notes = load_run_requests(recipe, options, lookup=lookup)
     notes += more_notes
-    system = _open_sweepable(recipe, options, tokenizer)
+    system = _open_sweepable(recipe, options, tokenizer, proposers)
     try:
         notes += _sweep_notes(system, len(requests), options)
         points = _sweep(system, recipe, requests, options, on_progress)
     finally:
         system.close()
-    ratios = _cost_ratios(points, options, notes)
-    result = BenchResult(system.name, options.max_tokens, len(prompts), points, ratios, notes)
+    ratios = _cost_ratios(points, options, notes, any(map(uses_draft, proposers)))
+    result = BenchResult(
+        system.name, options.max_tokens, len(prompts), points, ratios, notes, system.proposer
+    )
     recipe_copy = None
     if options.write_recipe:  # built (and validated) before anything is written
         recipe_copy = options.write_recipe, recipe_with_schedule(options.recipe, result, options.write_recipe)
@@ -113,11 +126,12 @@ def _check_sweep(options: BenchOptions, recipe) -> None:
         )
 
 
-def _open_sweepable(recipe, options: BenchOptions, tokenizer):
-    """The system under test, sized for the biggest concurrency; refused when it sets K itself."""
+def _open_sweepable(recipe, options: BenchOptions, tokenizer, proposers):
+    """The system under test (loading what ``proposers`` use), sized for the biggest concurrency; refused when it
+    sets K itself."""
     biggest = max(options.concurrency)
     system_options = replace(options.system, max_batch_size=max(options.system.max_batch_size or 0, biggest))
-    system = open_system(recipe, system_options, tokenizer)
+    system = open_system(recipe, system_options, tokenizer, proposers)
     if system.fixed_k is not None:
         system.close()
         raise TrtspecError(
@@ -148,8 +162,8 @@ def _sweep_notes(system, num_requests: int, options: BenchOptions) -> list[str]:
     )
     if system.adaptive:
         notes.append(
-            "Adaptive K is measured in steady state: one untimed adaptive pass runs first at each concurrency, "
-            "so it has measured that batch size's round costs, as a server does in its first seconds."
+            "Adaptive K is measured in steady state: one untimed adaptive pass (per proposer) runs first at each "
+            "concurrency, so it has measured that batch size's round costs, as a server does in its first seconds."
         )
     return notes
 
@@ -157,12 +171,26 @@ def _sweep_notes(system, num_requests: int, options: BenchOptions) -> list[str]:
 def _sweep(system, recipe, requests, options: BenchOptions, on_progress: SweepProgress | None) -> list:
     """run_sweep, telling ``on_progress`` how far it is; in-process, the draft alone too (for the draft/target
     cost ratio)."""
+    from trtspec.core.lookup import uses_draft
     from trtspec.validate.bench import run_sweep, sweep_steps
 
-    measure_draft = options.system.kind == "engine" and options.draft_cost_ratio is None
+    proposers = options.proposers or (None,)  # None: the system's own
+    # the draft/target cost ratio bounds the draft model's points only: measured where one of them runs
+    drafts = any(uses_draft(p or system.proposer) for p in proposers)
+    measure_draft = (
+        options.system.kind == "engine"
+        and options.draft_cost_ratio is None
+        and recipe.draft is not None
+        and drafts
+    )
     draft = _draft_alone(recipe, options.system, max(options.concurrency)) if measure_draft else None
     total = sweep_steps(
-        len(requests), options.concurrency, options.repeats, system.adaptive, options.min_groups
+        len(requests),
+        options.concurrency,
+        options.repeats,
+        system.adaptive,
+        options.min_groups,
+        len(proposers),
     )
     started = itertools.count()
 
@@ -180,6 +208,7 @@ def _sweep(system, recipe, requests, options: BenchOptions, on_progress: SweepPr
         min_groups=options.min_groups,
         draft_system=draft,
         advance=advance if on_progress else None,
+        proposers=proposers,
     )
 
 
@@ -200,15 +229,16 @@ def _draft_alone(recipe, options: SystemOptions, max_batch_size: int):
     return EngineSystem(engine, name="draft alone")
 
 
-def _cost_ratios(points, options: BenchOptions, notes: list[str]) -> dict[int, float]:
-    """Draft/target cost ratio per concurrency: --draft-cost-ratio, else measured in-process (noted either way)."""
+def _cost_ratios(points, options: BenchOptions, notes: list[str], drafts: bool) -> dict[int, float]:
+    """Draft/target cost ratio per concurrency: --draft-cost-ratio, else measured in-process (noted either way,
+    where the draft model proposed: ``drafts``)."""
     from trtspec.validate.bench import cost_ratios
 
     if options.draft_cost_ratio is not None:
         notes.append(f"Draft/target cost ratio {options.draft_cost_ratio} was given with --draft-cost-ratio.")
         return {c: options.draft_cost_ratio for c in options.concurrency}
     ratios = cost_ratios(points)
-    if not ratios:
+    if not ratios and drafts:
         notes.append(
             "No draft/target cost ratio (only measured in-process): pass --draft-cost-ratio for the bound."
         )
@@ -217,13 +247,16 @@ def _cost_ratios(points, options: BenchOptions, notes: list[str]) -> dict[int, f
 
 def recipe_with_schedule(recipe_path: str, result, dest: Path) -> str:
     """The recipe copy ``--write-recipe`` saves: the recommended speculative.schedule, no pinned
-    num_draft_tokens (a pinned K would override adaptive K and so the schedule), and the draft/target cost ratio
-    measured at the lowest concurrency as speculative.draft_cost_ratio."""
-    from trtspec.recipe import recipe_copy
+    num_draft_tokens (a pinned K would override adaptive K and so the schedule), the proposer the schedule was
+    measured for where the recipe names another, and the draft/target cost ratio measured at the lowest concurrency
+    as speculative.draft_cost_ratio."""
+    from trtspec.recipe import load_recipe, recipe_copy
     from trtspec.validate.bench_report import schedule_text
 
     schedule = result.recommended_schedule()
     changes = {"speculative.schedule": schedule, "speculative.num_draft_tokens": None}
+    if result.primary != load_recipe(recipe_path).speculative.proposer:
+        changes["speculative.proposer"] = result.primary
     if result.draft_cost_ratio:
         lowest = min(result.draft_cost_ratio)
         changes["speculative.draft_cost_ratio"] = round(result.draft_cost_ratio[lowest], 3)

@@ -12,7 +12,13 @@ from pathlib import Path
 
 from trtspec.core.errors import CheckFailed
 from trtspec.outputs import check_output_file, write_file_atomic
-from trtspec.validate.inputs import RunOptions, load_run_requests, open_reference, open_system
+from trtspec.validate.inputs import (
+    RunOptions,
+    check_proposers,
+    load_run_requests,
+    open_reference,
+    open_system,
+)
 from trtspec.validate.report import validation_markdown
 from trtspec.validate.validation import Thresholds, ValidationResult
 
@@ -20,6 +26,7 @@ from trtspec.validate.validation import Thresholds, ValidationResult
 @dataclass(kw_only=True)
 class ValidateOptions(RunOptions):
     num_draft_tokens: int | None = None  # None: the recipe's pinned K, else adaptive K
+    proposer: str | None = None  # None: the recipe's speculative.proposer (a server's: its repository's)
     thresholds: Thresholds = field(default_factory=Thresholds)
     report: Path | None = None  # the Markdown report
 
@@ -27,15 +34,18 @@ class ValidateOptions(RunOptions):
 def validate(options: ValidateOptions, on_progress: Callable[[str], None] | None = None) -> ValidationResult:
     """Run the validation and write its Markdown report; returns the ``ValidationResult``. ``on_progress`` gets a
     line for each step of the run (reference, speculative, target-only)."""
+    from trtspec.core.lookup import uses_lookup
     from trtspec.recipe import load_recipe
     from trtspec.validate.validation import run_validation
 
     recipe = load_recipe(options.recipe)
+    proposer = options.proposer or recipe.speculative.proposer
+    check_proposers(recipe, options.system, [proposer])
     if options.report:
         check_output_file(options.report, "--report")  # before the run, not after it
-    prompts, tokenizer, _, notes = load_run_requests(recipe, options)
+    prompts, tokenizer, _, notes = load_run_requests(recipe, options, lookup=uses_lookup(proposer))
     # The system first: an unreachable endpoint fails before the reference model is loaded.
-    system = open_system(recipe, options.system, tokenizer)
+    system = open_system(recipe, options.system, tokenizer, [proposer])
     try:
         reference = open_reference(recipe, options.system)
         result = run_validation(
@@ -50,6 +60,7 @@ def validate(options: ValidateOptions, on_progress: Callable[[str], None] | None
             or recipe.speculative.num_draft_tokens,
             thresholds=options.thresholds,
             progress=on_progress,
+            proposer=options.proposer,
         )
     finally:
         system.close()

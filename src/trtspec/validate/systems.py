@@ -13,6 +13,7 @@ Triton endpoint over gRPC streaming or HTTP). inputs.py's ``open_system`` picks 
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -30,14 +31,18 @@ class Request:
 
     text: str
     token_ids: list[int]
-    prompt_set: str = "raw"  # 'raw' or 'chat' (prompts.Prompt.prompt_set), for per-set reports
+    prompt_set: str = "raw"  # 'raw', 'chat' or a file's label (prompts.Prompt.prompt_set): per-set reports
+    chat: bool = False  # rendered with the chat template
 
 
 def encode_prompts(tokenizer, prompts) -> list[Request]:
     """The prompt set (``prompts.Prompt``) as Requests of the target tokenizer, chats through its chat template."""
     from trtspec.chat import encode_prompt
 
-    return [Request(*encode_prompt(tokenizer, p.text, p.messages), p.prompt_set) for p in prompts]
+    return [
+        Request(*encode_prompt(tokenizer, p.text, p.messages), p.prompt_set, p.messages is not None)
+        for p in prompts
+    ]
 
 
 @dataclass
@@ -57,12 +62,34 @@ class Generation:
     ids_from_text: bool = False
 
 
+# Where a proposer's acceptance is listed: the draft model, then prompt lookup, then any other in name order.
+PROPOSER_ORDER = {"draft": 0, "ngram": 1}
+
+
+def proposer_summary(stats) -> dict[str, dict]:
+    """Acceptance per proposer (core/metrics.py ``by_proposer``): the draft tokens each proposer gave, how many the
+    target accepted, and its share of every drafted token. Rounds 0: the system reports totals only (a server)."""
+    cells = sorted(stats.by_proposer.items(), key=lambda item: (PROPOSER_ORDER.get(item[0], 2), item[0]))
+    return {
+        name: {
+            "rounds": rounds,
+            "drafted": drafted,
+            "accepted": accepted,
+            "acceptance_rate": stats.proposer_acceptance(name),
+            "mean_accepted_length": accepted / rounds if rounds else None,
+            "share_of_drafted": drafted / stats.drafted if stats.drafted else None,
+        }
+        for name, (rounds, drafted, accepted) in cells
+    }
+
+
 class SystemUnderTest(Protocol):
     name: str
     max_draft_len: int  # the most draft tokens a request may ask for (0: target-only system)
     max_batch_size: int  # the most requests generate() takes at once
     fixed_k: int | None  # K the system sets itself (no per-request K, no target-only mode); None: any K
     adaptive: bool  # a request that gives no K gets adaptive K (engines/adaptive.py)
+    proposer: str  # who proposes for a request that names no proposer (core/lookup.py PROPOSERS)
 
     def generate(self, requests: list[Request], params: SamplingParams) -> list[Generation]: ...
 
@@ -106,18 +133,32 @@ class EngineSystem:
         self.max_batch_size = engine.max_batch_size
         self.fixed_k = None
         self.adaptive = adaptive and engine.max_draft_len > 0
+        self.proposer = engine.proposer
 
     @classmethod
     def from_recipe(
-        cls, recipe: Recipe, device: str = "cpu", dtype: str = "auto", max_batch_size: int | None = None
+        cls,
+        recipe: Recipe,
+        device: str = "cpu",
+        dtype: str = "auto",
+        max_batch_size: int | None = None,
+        proposers: Collection[str] = (),
     ):
+        """The recipe's pair; ``proposers`` (core/lookup.py) the requests will name: without one that uses the
+        draft model, none is loaded (prompt lookup proposes alone)."""
+        from trtspec.core.lookup import uses_draft
         from trtspec.engines.adaptive import policy_for
         from trtspec.engines.engine import SpeculativeEngine
 
         dtype = runtime_dtype(recipe, device, dtype)
+        needed = any(map(uses_draft, proposers or [recipe.speculative.proposer]))
+        draft = recipe.draft.model if recipe.draft is not None and needed else None
+        # A request that names no proposer gets the recipe's, where the pair loaded can serve it.
+        proposer = recipe.speculative.proposer
+        proposer = proposer if draft is not None or not uses_draft(proposer) else "ngram"
         engine = SpeculativeEngine.from_pretrained(
             recipe.target.model,
-            recipe.draft.model,
+            draft,
             device=device,
             dtype=dtype,
             max_draft_len=recipe.speculative.max_draft_len,
@@ -125,6 +166,8 @@ class EngineSystem:
             max_seq_len=recipe.limits.max_seq_len,
             trust_remote_code=recipe.target.trust_remote_code,
             k_policy=policy_for(recipe.speculative),
+            proposer=proposer,
+            lookup=recipe.speculative.lookup,
         )
         return cls(engine, name=f"in-process engine ({device}, {dtype})", adaptive=True)
 

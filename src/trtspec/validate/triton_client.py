@@ -5,7 +5,8 @@ decoupled and non-decoupled models) or HTTP (the generate / generate_stream exte
 records when each piece arrived. validate's ``TritonSystem`` (triton_system.py) and tools/ build on it. It speaks
 both client interfaces a deployment can have (``INTERFACES``; found from the model's metadata unless given):
 - ``trtspec``: tensorrt_llm_bls (torch and tensorrtllm runtimes): text_input, max_tokens, num_draft_tokens, stream,
-  temperature, top_k, top_p, seed, return_perf_metrics -> text_output, output_ids and the acceptance metrics;
+  temperature, top_k, top_p, seed, return_perf_metrics, proposer (only where given) -> text_output, output_ids and
+  the acceptance metrics (lookup's part of them too);
 - ``llmapi``: upstream's LLM-API ``tensorrt_llm`` (trtllm-pytorch): the same fields as sampling_param_* and
   streaming -> text_output and the same metrics; K is fixed by model.yaml, so num_draft_tokens is not sent.
 """

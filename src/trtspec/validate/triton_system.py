@@ -42,9 +42,10 @@ class TritonSystem:
         # there) and takes no per-request K
         llmapi_k = llmapi_max_draft_len or max_draft_len
         self.fixed_k = llmapi_k if self.client.interface == "llmapi" else None
-        # A request without K gets the repository's default: adaptive K where the entry model says so.
-        default_k = self.client.model_parameters().get("num_draft_tokens") if not self.fixed_k else None
-        self.adaptive = default_k == ADAPTIVE
+        # A request without K (or proposer) gets the repository's default: adaptive K where the entry model says so.
+        parameters = self.client.model_parameters() if not self.fixed_k else {}
+        self.adaptive = parameters.get("num_draft_tokens") == ADAPTIVE
+        self.proposer = parameters.get("proposer") or "draft"
 
     def generate(self, requests: list[Request], params) -> list[Generation]:
         sampling = (
@@ -65,10 +66,17 @@ class TritonSystem:
                 f"{self.name}: upstream's LLM-API model drafts max_draft_len {self.fixed_k} tokens per round "
                 f"(model.yaml) and takes no per-request K, so K={k} cannot be measured; use K={self.fixed_k}"
             )
+        if self.fixed_k is not None and params.proposer is not None:
+            raise RequestError(
+                f"{self.name}: upstream's LLM-API model proposes as its model.yaml says and takes no per-request "
+                f"proposer, so proposer {params.proposer!r} cannot be measured; drop --proposer"
+            )
+        if params.proposer is not None:  # none: the repository's speculative.proposer
+            sampling["proposer"] = params.proposer
 
         for request in requests:
             # Chats were rendered client-side (trtspec/chat.py); the server tokenises text_input its own way.
-            if request.prompt_set == "chat" and request.text not in self._checked_chats:
+            if request.chat and request.text not in self._checked_chats:
                 check_text_input(self.tokenizer, request.text, request.token_ids, "a chat prompt")
                 self._checked_chats.add(request.text)
 
@@ -95,6 +103,7 @@ class TritonSystem:
             elapsed_s=response.elapsed_s,
             time_to_first_token_s=response.pieces[0][0] if response.pieces else None,
         )
+        stats.by_proposer = by_proposer(response.metrics, stats.drafted, stats.accepted)
         return Generation(
             ids,
             response.text,
@@ -119,3 +128,11 @@ class TritonSystem:
 
     def close(self) -> None:
         pass
+
+
+def by_proposer(metrics: dict, drafted: int, accepted: int) -> dict[str, list[int]]:
+    """AcceptanceStats.by_proposer from a response's metrics: lookup's part of the totals, the draft model's the
+    rest (rounds unknown: 0). A server that reports no lookup part counts every drafted token as the draft's."""
+    ngram = [0, int(metrics.get("ngram_draft_tokens", 0)), int(metrics.get("ngram_accepted_draft_tokens", 0))]
+    draft = [0, drafted - ngram[1], accepted - ngram[2]]
+    return {name: cell for name, cell in (("draft", draft), ("ngram", ngram)) if cell[1] > 0}

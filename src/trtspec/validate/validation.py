@@ -4,7 +4,9 @@ Three outputs per prompt, all greedy: the reference (HF ``generate(do_sample=Fal
 system's speculative output (num_draft_tokens K; None: adaptive K) and the same system's target-only output
 (K = 0). Two comparisons: speculative vs reference (may drift under reduced precision: a different kernel path is
 a different rounding) and the control, speculative vs target-only on the same system, which must match exactly:
-greedy draft-target decoding emits exactly the target's greedy tokens whatever the draft proposes. A system with
+greedy draft-target decoding emits exactly the target's greedy tokens whatever the draft proposes. So does prompt
+lookup: the speculative run's ``proposer`` (core/lookup.py; None: the system's own) changes which tokens are
+proposed, never the greedy output, and its stats keep acceptance per proposer (``by_proposer``). A system with
 a fixed K (``fixed_k``: upstream's LLM-API model, whose model.yaml sets it) has no target-only mode: the control
 is then not run (None) and a note says so. Where the speculative output leaves the reference, the reference's logit
 margin at that token is recorded (``Divergence``), so rounding at a near-tie can be told from a bug
@@ -71,6 +73,7 @@ class ValidationResult:
     target_only_wall_s: float
     thresholds: Thresholds = field(default_factory=Thresholds)
     notes: list[str] = field(default_factory=list)
+    proposer: str = "draft"  # who proposed the speculative run's draft tokens (core/lookup.py PROPOSERS)
 
     @property
     def exact_match_rate(self) -> float:
@@ -194,8 +197,10 @@ def run_validation(
     num_draft_tokens: int | None = None,
     thresholds: Thresholds | None = None,
     progress: Callable[[str], None] | None = None,
+    proposer: str | None = None,
 ) -> ValidationResult:
-    """Reference (``validate.reference.HFReference``), then the system speculative and target-only; compare."""
+    """Reference (``validate.reference.HFReference``), then the system speculative and target-only; compare.
+    ``proposer``: the speculative requests' own (None: the system's default, ``system.proposer``)."""
     from trtspec.engines.sampling import SamplingParams
 
     tokenizer = reference.tokenizer
@@ -203,10 +208,13 @@ def run_validation(
     say = progress or (lambda _msg: None)
     say(f"HF reference on {len(prompts)} prompts")
     ref_ids = [reference.generate(r.token_ids, max_new_tokens) for r in requests]
-    params = SamplingParams(max_new_tokens=max_new_tokens, num_draft_tokens=num_draft_tokens)
+    params = SamplingParams(
+        max_new_tokens=max_new_tokens, num_draft_tokens=num_draft_tokens, proposer=proposer
+    )
+    proposer = proposer or getattr(system, "proposer", "draft")  # a wrapper of a system may not say
     fixed_k = system.fixed_k
     warm_up(system, requests[0], params, target_only=fixed_k is None)
-    say(f"{system.name}: speculative, num_draft_tokens={k_label(num_draft_tokens)}")
+    say(f"{system.name}: speculative, num_draft_tokens={k_label(num_draft_tokens)}, proposer {proposer}")
     speculative, spec_wall = generate_all(system, requests, params)
     notes = []
     if fixed_k is None:
@@ -243,6 +251,7 @@ def run_validation(
         base_wall,
         thresholds or Thresholds(),
         notes,
+        proposer,
     )
     if result.speed_withheld:
         result.notes.append(result.speed_withheld)
