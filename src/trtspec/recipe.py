@@ -141,6 +141,11 @@ class SpeculativeSpec(_Strict):
         2, ge=1, le=16, description="prompt lookup's shortest suffix n-gram (vLLM)"
     )
     prompt_lookup_max: int = Field(4, ge=1, le=16, description="prompt lookup's longest suffix n-gram (vLLM)")
+    heterogeneous_vocab: bool = Field(
+        False,
+        description="allow a draft with another tokenizer: its tokens reach the target as text "
+        "(core/translate.py); a pair sharing one tokenizer ignores it",
+    )
     allow_unsupported_precision: bool = Field(
         False, description="build outside the draft-target support matrix"
     )

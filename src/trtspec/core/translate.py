@@ -1,0 +1,122 @@
+"""Drafts with another tokenizer: the draft's tokens reach the target as text (string-level exact match).
+
+The draft runs in its own token space, with its own KV cache. Each round:
+
+1. ``to_draft``: the row's target tokens as the draft tokenizes their text (the whole text re-encoded: a tokenizer
+   is not prefix-stable, so the draft's cache keeps only the prefix the new encoding shares with what it holds);
+2. the draft continues that by K of its own tokens (greedy or sampled, from its own distribution);
+3. ``to_target``: the continuation's text as target tokens, aligned at a token boundary: the last few target
+   tokens and the continuation are decoded together and re-encoded with the target tokenizer; what follows the
+   unchanged window is the proposal. A draft token that splits a word differently from the target still counts,
+   because only the text matters (HF's Universal Assisted Generation does the same for greedy decoding);
+4. the target verifies the proposal as a point mass per token (engines/sampling.py's glossary): under greedy
+   decoding the output is the target's greedy output, under sampling it keeps the target's distribution, for
+   any proposal, so the draft's distribution over its own vocabulary never has to be mapped (Timor et al.,
+   ICML 2025, string-level exact match: lossless).
+
+Special tokens map by their text, never by id: a chat template's ``<|im_start|>`` reaches the draft as the
+draft's own special token when it has one with that text, else as plain text.
+
+``vocab_overlap`` is what ``check`` reports: the share of the target's tokens the draft can express as one token of
+the same text, and how the special tokens map.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+WINDOW = 4  # target tokens re-encoded with a continuation: a merge across the boundary reaches back at most this far
+
+
+@dataclass(frozen=True)
+class VocabOverlap:
+    """How much of the target's vocabulary the draft can write as single tokens of the same text."""
+
+    target_size: int
+    draft_size: int
+    shared: int  # target tokens whose text is one draft token's text
+    specials: dict[str, str | None] = field(default_factory=dict)  # target special text -> draft's, or None
+
+    @property
+    def share(self) -> float:
+        return self.shared / self.target_size if self.target_size else 0.0
+
+    def describe(self) -> str:
+        unmapped = sorted(t for t, d in self.specials.items() if d is None)
+        specials = (
+            "every special token maps by text"
+            if not unmapped
+            else f"special tokens without a draft twin (sent as text): {', '.join(unmapped[:4])}"
+        )
+        return (
+            f"{self.shared} of the target's {self.target_size} tokens ({self.share:.0%}) are one draft token of "
+            f"the same text (draft vocabulary {self.draft_size}); {specials}"
+        )
+
+
+def _texts(tokenizer) -> dict[str, int]:
+    """Each token's text -> its lowest id; byte fragments that decode to no text of their own are left out."""
+    out: dict[str, int] = {}
+    for token, idx in sorted(tokenizer.get_vocab().items(), key=lambda item: item[1]):
+        text = tokenizer.convert_tokens_to_string([token])
+        if text and "\ufffd" not in text:
+            out.setdefault(text, idx)
+    return out
+
+
+def vocab_overlap(target_tok, draft_tok) -> VocabOverlap:
+    target_texts, draft_texts = _texts(target_tok), _texts(draft_tok)
+    draft_specials = set(draft_tok.all_special_tokens)
+    return VocabOverlap(
+        target_size=len(target_tok.get_vocab()),
+        draft_size=len(draft_tok.get_vocab()),
+        shared=len(set(target_texts) & set(draft_texts)),
+        specials={t: (t if t in draft_specials else None) for t in target_tok.all_special_tokens},
+    )
+
+
+class Translator:
+    """Target tokens <-> the draft's, through text (see the module docstring). Tokenizers are HF fast tokenizers."""
+
+    def __init__(self, target_tok, draft_tok):
+        self.target_tok, self.draft_tok = target_tok, draft_tok
+        # What the draft's tokenizer puts before any text (its BOS, as a Llama tokenizer adds it), and what the
+        # target's puts there, which is not text to carry over.
+        self.draft_start = list(draft_tok("", add_special_tokens=True)["input_ids"])
+        self.target_start = list(target_tok("", add_special_tokens=True)["input_ids"])
+
+    def _body(self, target_ids: list[int]) -> list[int]:
+        """``target_ids`` without the target tokenizer's start tokens (they are no text to carry over)."""
+        n = len(self.target_start)
+        return target_ids[n:] if n and target_ids[:n] == self.target_start else target_ids
+
+    def to_draft(self, target_ids: list[int]) -> list[int]:
+        """The draft's tokens for the text of ``target_ids`` (its start tokens first)."""
+        text = self.target_tok.decode(self._body(target_ids), skip_special_tokens=False)
+        return self.draft_start + list(self.draft_tok(text, add_special_tokens=False)["input_ids"])
+
+    def to_target(self, target_ids: list[int], draft_continuation: list[int]) -> list[int]:
+        """The target tokens that write ``draft_continuation``'s text after ``target_ids``, from the first token
+        boundary the two tokenizations share: the last WINDOW target tokens are re-encoded with the continuation
+        (the whole text where a window does not re-encode to itself: a tokenizer that drops a leading space when
+        decoding a piece), and the proposal starts after them. Where the encoding rewrites an emitted token (a
+        merge across the boundary, or emitted tokens that are not the tokenizer's own encoding), nothing is
+        proposed."""
+        if not draft_continuation:
+            return []
+        tail = self.draft_tok.decode(draft_continuation, skip_special_tokens=False)
+        body = self._body(target_ids)
+        proposal = self._after(body[-WINDOW:], tail)
+        if proposal is None and len(body) > WINDOW:
+            proposal = self._after(body, tail)
+        proposal = proposal or []
+        # A continuation ending inside a character (byte-level tokens) decodes to U+FFFD: drop what it wrote.
+        while proposal and "\ufffd" in self.target_tok.decode(proposal[-1:]):
+            proposal.pop()
+        return proposal
+
+    def _after(self, emitted: list[int], tail: str) -> list[int] | None:
+        """The target encoding of ``emitted``'s text + ``tail`` past ``emitted``, or None where it rewrites them."""
+        head = self.target_tok.decode(emitted, skip_special_tokens=False)
+        ids = list(self.target_tok(head + tail, add_special_tokens=False)["input_ids"])
+        return ids[len(emitted) :] if ids[: len(emitted)] == emitted else None
