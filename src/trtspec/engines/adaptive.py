@@ -421,6 +421,10 @@ class AdaptiveState:
         if k == 0 or looked_up:
             self.lookup_costs.start(batch, k)
 
+    def draft_prices(self, batch: int, max_k: int) -> Costs | None:
+        """The draft's measured cost per K for this batch size (None: not measured, or not measuring)."""
+        return self.costs.costs(batch, max_k) if self.measure else None
+
     def lookup_prices(self, batch: int, max_k: int) -> Costs | None:
         """Lookup's measured cost per proposal length for this batch size (None: not measured, or not measuring)."""
         return self.lookup_costs.costs(batch, max_k) if self.measure else None

@@ -193,6 +193,7 @@ class _Active:
     proposer: str = "draft"  # core/lookup.py PROPOSERS
     lookup: Acceptance | None = None  # prompt lookup's acceptance, where the request uses it
     lookup_off: int = 0  # rounds since a match was last proposed
+    draft_estimate: Acceptance | None = None  # the draft's acceptance where K is pinned and lookup competes
 
     def group_key(self) -> tuple:
         """Rows one batched sampling step can serve together."""
@@ -276,6 +277,9 @@ class GenerationLoop:
             request_id, row, params, k, stops, generator, start, stats, controller, proposer=proposer
         )
         request.lookup = lookup_estimate
+        if proposer == "draft+ngram" and has_draft and controller is None and k > 0:
+            prior = self.k_policy.prior if params.seeded else self.adaptive.pool
+            request.draft_estimate = Acceptance(prior, self.k_policy.prior_weight, self.k_policy.smoothing)
         with self.lock:
             self.queued.append(request)
 
@@ -385,7 +389,7 @@ class GenerationLoop:
             unit = only_group and no_prefill and len(adaptive) == len(group)
             shared = self.adaptive.choose(adaptive, len(self.active), len(group), self.max_draft_len, unit)
         num_draft = [self._num_draft(r, running, shared) for r in group]
-        proposals = self._lookups(group, num_draft, running, shared)
+        proposals = self._lookups(group, num_draft, running)
         drafted = [0 if proposals and proposals[i] is not None else k for i, k in enumerate(num_draft)]
         if adaptive and not group[0].params.seeded:
             self.adaptive.ran(len(group), max(drafted))
@@ -397,7 +401,7 @@ class GenerationLoop:
         return num_draft, proposals
 
     def _lookups(
-        self, group: list[_Active], num_draft: list[int], running: bool, shared: int
+        self, group: list[_Active], num_draft: list[int], running: bool
     ) -> list[list[int] | None] | None:
         """Prompt lookup for the group's rows that use it (see the module docstring); sets their num_draft to the
         proposal's length. None where no row takes a lookup."""
@@ -422,12 +426,13 @@ class GenerationLoop:
                     num_draft[i] = 0
                 continue
             if request.proposer == "draft+ngram" and num_draft[i] > 0:
-                k = num_draft[i]
-                acceptance = request.controller.acceptance if request.controller else self.k_policy.prior
-                measured = request.controller is not None and not request.params.seeded
-                decision = self.adaptive.decisions.get(len(group)) if measured else None
-                rival = decision.expected_speedup if decision and k == shared else None
-                if (rival or draft_speedup(acceptance, k, self.k_policy)) > speedup:
+                estimate = request.controller.estimate if request.controller else request.draft_estimate
+                draft_costs = (
+                    None
+                    if request.params.seeded
+                    else self.adaptive.draft_prices(len(group), self.max_draft_len)
+                )
+                if draft_speedup(estimate.value, num_draft[i], self.k_policy, draft_costs) > speedup:
                     request.lookup_off += 1
                     continue
             request.lookup_off = 0
@@ -463,6 +468,8 @@ class GenerationLoop:
             request.controller.update(out.num_draft, out.num_accepted)
             if out.num_draft:
                 self.adaptive.pool.update(out.num_draft, out.num_accepted)
+        elif request.draft_estimate is not None and out.num_draft:
+            request.draft_estimate.update(out.num_draft, out.num_accepted)
         tokens = out.tokens
         kept, reason = request.stops.cut(request.generated, tokens)
         request.generated += kept
