@@ -157,8 +157,10 @@ class SpeculativeEngine(StreamingGenerator):
         k_policy: KPolicy = KPolicy(),
         proposer: str = "draft",
         lookup: LookupSpec = LookupSpec(),
+        translator=None,
     ):
         self.target, self.draft, self.tokenizer = target, draft, tokenizer
+        self.translator = translator  # core/translate.py: a draft with a tokenizer of its own
         self.k_policy, self.proposer, self.lookup = k_policy, proposer, lookup
         self.adaptive = AdaptiveState(k_policy)  # measured over every call's rounds
         proposes = draft is not None or uses_lookup(proposer)
@@ -186,6 +188,7 @@ class SpeculativeEngine(StreamingGenerator):
         k_policy: KPolicy = KPolicy(),
         proposer: str = "draft",
         lookup: LookupSpec = LookupSpec(),
+        heterogeneous_vocab: bool = False,
     ) -> SpeculativeEngine:
         if device == "cuda" and not torch.cuda.is_available():
             raise ModelError("device 'cuda' was asked for but torch sees no GPU; use --device cpu")
@@ -198,8 +201,11 @@ class SpeculativeEngine(StreamingGenerator):
             lean=lean,
         )
         tokenizer = _load_tokenizer(target_dir, trust_remote_code)
+        translator = None
         if draft_dir is not None and tokenizer is not None:
-            check_same_tokenizer(tokenizer, target_dir, draft_dir, trust_remote_code)
+            translator = draft_translator(
+                tokenizer, target_dir, draft_dir, trust_remote_code, heterogeneous_vocab
+            )
         target = load_causal_lm(target_dir, **opts)
         draft = load_causal_lm(draft_dir, **opts) if draft_dir is not None else None
         return cls(
@@ -211,15 +217,19 @@ class SpeculativeEngine(StreamingGenerator):
             k_policy=k_policy,
             proposer=proposer,
             lookup=lookup,
+            translator=translator,
         )
 
     @property
     def input_vocab_size(self) -> int:
-        sizes = [m.vocab_size for m in (self.target, self.draft) if m is not None]
-        return min(sizes)
+        # a draft with its own tokenizer never sees target ids
+        models = (self.target,) if self.translator is not None else (self.target, self.draft)
+        return min(m.vocab_size for m in models if m is not None)
 
     def new_rounds(self) -> TorchRounds:
-        return TorchRounds(self.target, self.draft, max_draft_len=self.max_draft_len)
+        return TorchRounds(
+            self.target, self.draft, max_draft_len=self.max_draft_len, translator=self.translator
+        )
 
 
 def _load_tokenizer(model_dir: Path | str, trust_remote_code: bool):
@@ -230,15 +240,29 @@ def _load_tokenizer(model_dir: Path | str, trust_remote_code: bool):
     return load_tokenizer(Path(model_dir), trust_remote_code) if has_tokenizer(model_dir) else None
 
 
-def check_same_tokenizer(
-    target_tokenizer, target_dir: Path | str, draft_dir: Path | str, trust_remote_code: bool
-) -> None:
-    """ModelError unless the draft's tokenizer is the target's (check's rule); skipped for an ids-only draft."""
+def draft_translator(
+    target_tokenizer,
+    target_dir: Path | str,
+    draft_dir: Path | str,
+    trust_remote_code: bool,
+    heterogeneous_vocab: bool = False,
+):
+    """None for a draft sharing the target's tokenizer (or one without a tokenizer: ids only); a
+    core.translate.Translator for one with its own where ``heterogeneous_vocab`` allows it; else ModelError
+    (check's rule)."""
     from trtspec.core.model_dir import has_tokenizer, load_tokenizer
     from trtspec.core.tokenizers import check_tokenizers
+    from trtspec.core.translate import Translator
 
     if not has_tokenizer(draft_dir):
-        return
-    result = check_tokenizers(target_tokenizer, load_tokenizer(Path(draft_dir), trust_remote_code))
-    if result.status == "fail":
-        raise ModelError(f"draft {draft_dir} and target {target_dir} tokenizers differ: {result.message}")
+        return None
+    draft_tokenizer = load_tokenizer(Path(draft_dir), trust_remote_code)
+    result = check_tokenizers(target_tokenizer, draft_tokenizer)
+    if result.status != "fail":
+        return None
+    if heterogeneous_vocab:
+        return Translator(target_tokenizer, draft_tokenizer)
+    raise ModelError(
+        f"draft {draft_dir} and target {target_dir} tokenizers differ: {result.message}; "
+        "set speculative.heterogeneous_vocab: true to draft through text"
+    )

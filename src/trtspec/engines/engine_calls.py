@@ -120,9 +120,12 @@ class EngineCallRounds:
         draft_ahead: Callable[[], bool] | None = None,
         together: Together = one_after_the_other,
         has_draft: bool = True,
+        translator=None,
     ):
         self.calls, self.max_draft_len, self.num_slots = calls, max_draft_len, num_slots
         self.has_draft = has_draft  # False: a target engine for external draft tokens alone (prompt lookup)
+        # core/translate.py: the draft engine has a tokenizer of its own; its tokens reach the target as text
+        self.translator = translator
         self.max_seq_len, self.vocab_size = max_seq_len, vocab_size
         self.use_draft_logits = use_draft_logits
         self.tokenizer_eos, self.pad_id = tokenizer_eos, pad_id
@@ -202,9 +205,13 @@ class EngineCallRounds:
                 asked.append(i)
         if asked:
             prefixes = [self._draft_view(rows[i].tokens) for i in asked]
-            outs = self.calls.propose(prefixes, max(num_draft[i] for i in asked), call, self.use_draft_logits)
+            want_logits = self.use_draft_logits and self.translator is None
+            outs = self.calls.propose(prefixes, max(num_draft[i] for i in asked), call, want_logits)
             for i, out in zip(asked, outs, strict=True):
                 drafts[i] = _first(out, num_draft[i])
+                if self.translator is not None:  # its text as target tokens, verified as point masses
+                    tokens = self.translator.to_target(rows[i].tokens, drafts[i].tokens)
+                    drafts[i] = self._given(tokens[: self.max_draft_len])
         return drafts
 
     def _given(self, tokens: list[int]) -> Draft:
@@ -219,6 +226,8 @@ class EngineCallRounds:
         return Draft(list(tokens), logits)
 
     def _draft_view(self, tokens: list[int]) -> list[int]:
+        if self.translator is not None:
+            return self.translator.to_draft(tokens)
         vocab = self.calls.draft_vocab
         return draft_input_ids(tokens, vocab) if vocab else tokens
 
@@ -258,6 +267,8 @@ class EngineCallRounds:
         budget = row.max_len - len(row.tokens)
         return (
             self.draft_ahead is not None
+            and self.translator
+            is None  # a guess in the draft's tokens cannot be checked against the target's
             and k > 0
             and budget >= k + 3
             and len(row.tokens) + k + _ahead_k(k, params) <= self.max_seq_len

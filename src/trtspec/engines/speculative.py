@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from trtspec.core.sequences import common_prefix_len
 from trtspec.engines.rounds import Outcome, Row
 from trtspec.engines.sampling import (
     SamplingParams,
@@ -34,6 +35,23 @@ from trtspec.engines.sampling import (
     sample_probs,
     to_vocab,
 )
+
+
+class DraftRow(Row):
+    """A row as a draft with its own tokenizer sees it: ``tokens`` its text as the draft's tokens, ``draft_len``
+    the draft cache's length, ``proposed`` its last proposal (cached but for the last token)."""
+
+    proposed: list[int]
+
+    def __init__(self, tokens: list[int], slot: int):
+        super().__init__(tokens, slot)
+        self.proposed = []
+
+    def sync(self, tokens: list[int]) -> None:
+        """The row's text re-encoded: the cache keeps what it shares with it (a tokenizer is not prefix-stable)."""
+        cached = (self.tokens + self.proposed)[: self.draft_len]
+        self.draft_len = common_prefix_len(cached, tokens)
+        self.tokens, self.proposed = tokens, []
 
 
 def feed(
@@ -236,15 +254,19 @@ def point_mass(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 class TorchRounds:
     """The torch pair's round for the loop (engines/rounds.py ``Rounds``): ``speculative_round`` over the models'
-    KV slots. ``draft`` None: no draft model (target-only, or given proposals only)."""
+    KV slots. ``draft`` None: no draft model (target-only, or given proposals only). ``translator``
+    (core/translate.py): the draft has a tokenizer of its own; it drafts in its own token space and its tokens
+    reach the target as text, verified as point masses (``translated_proposals``)."""
 
-    def __init__(self, target, draft=None, *, max_draft_len: int = 8):
-        self.target, self.draft = target, draft
+    def __init__(self, target, draft=None, *, max_draft_len: int = 8, translator=None):
+        self.target, self.draft, self.translator = target, draft, translator
         self.num_slots = target.num_slots
-        self.vocab_size = min(m.vocab_size for m in (target, draft) if m is not None)
+        models = (target,) if translator is not None else (target, draft)
+        self.vocab_size = min(m.vocab_size for m in models if m is not None)
         self.max_draft_len = max_draft_len
         self.has_draft = draft is not None
         self.device = target.device
+        self.draft_rows: dict[int, DraftRow] = {}  # per slot, with a translator: the draft's own tokens
 
     def run(
         self,
@@ -254,10 +276,40 @@ class TorchRounds:
         generator,
         proposals: list[list[int] | None] | None = None,
     ) -> list[Outcome]:
+        draft = self.draft
+        if self.translator is not None and draft is not None:
+            num_draft, proposals = self.translated_proposals(rows, num_draft, params, generator, proposals)
+            draft = None  # every proposal is given now
         emitted, num_accepted = speculative_round(
-            self.target, self.draft, rows, num_draft, params, generator, proposals
+            self.target, draft, rows, num_draft, params, generator, proposals
         )
         return [Outcome(*o) for o in zip(emitted, num_draft, num_accepted, strict=True)]
 
+    def translated_proposals(self, rows: list[Row], num_draft: list[int], params, generator, proposals):
+        """The draft's proposals in target tokens for the rows not given one: each row's text as the draft's
+        tokens (its cache keeps the prefix it shares with them), K draft tokens from the draft's own
+        distribution, their text as target tokens (core/translate.py). Returns (num_draft, proposals)."""
+        given = list(proposals or [None] * len(rows))
+        num_draft = list(num_draft)
+        asked = [i for i, (g, k) in enumerate(zip(given, num_draft, strict=True)) if g is None and k > 0]
+        if not asked:
+            return num_draft, proposals
+        states = []
+        for i in asked:
+            row = rows[i]
+            state = self.draft_rows.setdefault(row.slot, DraftRow([], row.slot))
+            state.sync(self.translator.to_draft(row.tokens))
+            states.append(state)
+        tokens, _, _ = propose(self.draft, states, [num_draft[i] for i in asked], params, generator)
+        for i, state, drafted in zip(asked, states, tokens.tolist(), strict=True):
+            state.proposed = drafted[: num_draft[i]]
+            proposal = self.translator.to_target(rows[i].tokens, state.proposed)[: self.max_draft_len]
+            # ids past the target's rows (a tokenizer larger than its model) cannot be scored: cut there
+            rows_ok = [t < self.target.vocab_size for t in proposal]
+            proposal = proposal[: rows_ok.index(False)] if False in rows_ok else proposal
+            given[i], num_draft[i] = proposal, len(proposal)
+        return num_draft, given
+
     def release(self, slot: int) -> None:
-        """Nothing to drop: the next row in the slot starts at length 0 and overwrites the cache."""
+        """The next row in the slot starts at length 0 and overwrites the cache; its draft tokens start over."""
+        self.draft_rows.pop(slot, None)

@@ -1,0 +1,215 @@
+"""Drafts with another tokenizer (core/translate.py): the text round trip, the boundary alignment, and exact output on
+the runtimes that run here: the PyTorch engine (greedy, and sampled with the target's distribution kept) and the
+engine-call round."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from test_engine import hf_greedy
+from test_engine_sampling import BUGS, follows, plant, target_joint
+
+from trtspec.core.errors import ModelError
+from trtspec.core.translate import Translator, vocab_overlap
+from trtspec.engines.engine import SpeculativeEngine
+from trtspec.engines.engine_calls import EngineCallRounds
+from trtspec.engines.rounds import Row
+from trtspec.engines.sampling import SamplingParams
+
+TEXT = "def add(a, b):\n    return a + b\n\nclass Stack:\n    def push(self, item):\n"
+
+
+@pytest.fixture(scope="module")
+def other_tokenizer_dir(tmp_path_factory):
+    """A byte-level BPE of another size over the same corpus (its merges, so its token boundaries, differ)."""
+    from tiny_models import make_tokenizer
+
+    out = tmp_path_factory.mktemp("othertok")
+    make_tokenizer(out, vocab_size=290)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tokenizers(shared_tokenizer_dir, other_tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(shared_tokenizer_dir), AutoTokenizer.from_pretrained(
+        other_tokenizer_dir
+    )
+
+
+@pytest.fixture(scope="module")
+def other_draft(tmp_path_factory, other_tokenizer_dir):
+    from tiny_models import make_model
+
+    return make_model(
+        tmp_path_factory.mktemp("otherdraft"),
+        "llama",
+        tokenizer_dir=other_tokenizer_dir,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        seed=7,
+    )
+
+
+def test_the_draft_reads_the_targets_text_and_writes_target_tokens_at_a_boundary(tokenizers):
+    target_tok, draft_tok = tokenizers
+    assert target_tok.get_vocab() != draft_tok.get_vocab()
+    translator = Translator(target_tok, draft_tok)
+    head, tail = TEXT[:20], TEXT[20:]
+    target_ids = target_tok(head)["input_ids"]  # with the tokenizer's <s>
+    draft_ids = translator.to_draft(target_ids)
+    assert draft_tok.decode(draft_ids, skip_special_tokens=True) == head
+    assert draft_ids[: len(translator.draft_start)] == translator.draft_start
+    proposal = translator.to_target(target_ids, draft_tok(tail, add_special_tokens=False)["input_ids"])
+    assert proposal, "a continuation of plain text proposes target tokens"
+    # The proposal writes the draft's text after the emitted tokens, as the target's own tokenizer would
+    # (what the target would emit greedily if it agreed with the draft).
+    assert target_tok.decode(target_ids + proposal, skip_special_tokens=True) == TEXT
+    assert proposal == target_tok(TEXT)["input_ids"][len(target_ids) :]
+
+
+def test_a_merge_across_the_boundary_proposes_nothing_rather_than_rewriting_an_emitted_token(tokenizers):
+    """The target stopped inside a word it writes as one token; the draft's continuation completes the word, so
+    the target's encoding of the whole would rewrite the emitted piece: nothing is proposed."""
+    target_tok, draft_tok = tokenizers
+    translator = Translator(target_tok, draft_tok)
+    words = [target_tok.convert_tokens_to_string([t]) for t in target_tok.get_vocab()]
+    word = max((w for w in words if w.startswith(" ") and w[1:].isalpha()), key=len)
+    assert len(word) >= 4 and len(target_tok(word, add_special_tokens=False)["input_ids"]) == 1
+    emitted = target_tok("x =" + word[:3])["input_ids"]
+    assert target_tok.decode(emitted, skip_special_tokens=True) == "x =" + word[:3]
+    continuation = draft_tok(word[3:] + " a", add_special_tokens=False)["input_ids"]
+    assert translator.to_target(emitted, continuation) == []
+
+
+def test_vocab_overlap_counts_shared_texts_and_maps_specials_by_text(tokenizers):
+    target_tok, draft_tok = tokenizers
+    overlap = vocab_overlap(target_tok, draft_tok)
+    assert 0.5 < overlap.share < 1.0 and overlap.target_size == len(target_tok.get_vocab())
+    assert overlap.specials == {t: t for t in target_tok.all_special_tokens}
+    assert f"({overlap.share:.0%})" in overlap.describe()
+
+
+def test_a_draft_with_another_tokenizer_needs_the_opt_in(tiny_pair, other_draft):
+    with pytest.raises(ModelError, match="heterogeneous_vocab: true"):
+        SpeculativeEngine.from_pretrained(tiny_pair[0], other_draft, max_draft_len=4, max_seq_len=128)
+
+
+PROMPTS = ["def add(a, b):\n", "class Stack:\n    def push(self, item):\n"]
+
+
+def test_greedy_output_with_a_draft_of_another_tokenizer_is_the_targets(tiny_pair, other_draft, tokenizers):
+    target, _ = tiny_pair
+    target_tok, _ = tokenizers
+    engine = SpeculativeEngine.from_pretrained(
+        target, other_draft, max_draft_len=4, max_seq_len=128, heterogeneous_vocab=True
+    )
+    assert engine.translator is not None
+    prompts = [target_tok(p)["input_ids"] for p in PROMPTS]
+    results = engine.generate(prompts, SamplingParams(max_new_tokens=24, num_draft_tokens=4))
+    for prompt, result in zip(prompts, results, strict=True):
+        assert result.token_ids == hf_greedy(target, prompt, 24)
+    assert sum(r.stats.drafted for r in results) > 0  # translated proposals reached the target
+
+
+def test_opting_in_on_a_pair_sharing_one_tokenizer_changes_nothing(tiny_pair):
+    engine = SpeculativeEngine.from_pretrained(
+        *tiny_pair, max_draft_len=4, max_seq_len=128, heterogeneous_vocab=True
+    )
+    assert engine.translator is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bug", BUGS)
+def test_sampled_output_with_a_draft_of_another_tokenizer_follows_the_target(
+    monkeypatch, tmp_path_factory, small_vocab_pair, bug
+):
+    """The draft samples in its own vocabulary; its text reaches the target as point masses, so the 2-token joint
+    is the target's; the planted bugs are detected."""
+    plant(monkeypatch, bug)
+    target, _ = small_vocab_pair
+    draft = permuted_draft(target, tmp_path_factory.mktemp("sampled-other"))
+    engine = SpeculativeEngine.from_pretrained(
+        target, draft, max_draft_len=2, max_batch_size=256, max_seq_len=16, heterogeneous_vocab=True
+    )
+    prompt = [1, 2, 3]
+    counts, drafted = torch.zeros(64, dtype=torch.long), 0
+    for seed in range(12):
+        params = SamplingParams(
+            max_new_tokens=2, temperature=0.5, seed=seed, ignore_eos=True, num_draft_tokens=2
+        )
+        for result in engine.generate([prompt] * 256, params):
+            counts[result.token_ids[0] * 8 + result.token_ids[1]] += 1
+            drafted += result.stats.drafted
+    assert drafted > 0
+    assert follows(counts, target_joint(target, prompt, SamplingParams(temperature=0.5))) == (bug is None)
+
+
+def permuted_draft(target: Path, out: Path) -> Path:
+    """The target under another tokenizer: its tokenizer with ids 4-7 (byte tokens) in reverse order, its
+    embedding and output rows permuted to match, and its logits three times sharper. Its distribution over texts
+    is near the target's but not it (a draft equal to the target would hide a rule that accepts everything; a
+    near-uniform one, a rule that samples rejections from the target); its ids are not the target's."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    order = [0, 1, 2, 3, 7, 6, 5, 4]  # draft id -> target id
+    model = AutoModelForCausalLM.from_pretrained(target)
+    with torch.no_grad():
+        for weights in (model.get_input_embeddings().weight, model.get_output_embeddings().weight):
+            weights.copy_(weights[order])
+        model.get_output_embeddings().weight.mul_(3.0)
+    model.save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (target / name).exists():
+            shutil.copy(target / name, out / name)
+    spec = json.loads((out / "tokenizer.json").read_text())
+    vocab = spec["model"]["vocab"]
+    by_id = {i: t for t, i in vocab.items()}
+    for draft_id, target_id in enumerate(order):
+        vocab[by_id[target_id]] = draft_id
+    (out / "tokenizer.json").write_text(json.dumps(spec))
+    return out
+
+
+class DraftSpaceCalls:
+    """An EngineCalls whose draft engine works in the draft's tokens (it continues with ``continuation``) and whose
+    target accepts whatever it is given, then adds one token."""
+
+    draft_vocab, target_logit_rows = 0, 0
+
+    def __init__(self, continuation: list[int]):
+        self.continuation, self.prefixes, self.verified = continuation, [], []
+
+    def propose(self, prefixes, num_tokens, call, want_logits):
+        from trtspec.engines.engine_calls import Draft
+
+        self.prefixes += prefixes
+        return [Draft(self.continuation[:num_tokens]) for _ in prefixes]
+
+    def verify(self, prefixes, drafts, draft_logits, max_new_tokens, call):
+        self.verified.append(drafts)
+        return [d + [7] for d in drafts] if drafts else [[7] for _ in prefixes]
+
+
+def test_the_engine_call_round_sends_the_draft_its_own_tokens_and_the_target_translated_ones(tokenizers):
+    target_tok, draft_tok = tokenizers
+    translator = Translator(target_tok, draft_tok)
+    tail = draft_tok(" + b\n", add_special_tokens=False)["input_ids"]
+    calls = DraftSpaceCalls(tail)
+    rounds = EngineCallRounds(calls, max_draft_len=8, num_slots=1, max_seq_len=64, translator=translator)
+    row = Row(target_tok("return a")["input_ids"], 0, max_len=64)
+    before = list(row.tokens)
+    (outcome,) = rounds.run([row], [len(tail)], SamplingParams(max_new_tokens=16), None)
+    assert calls.prefixes == [translator.to_draft(before)]
+    (sent,) = calls.verified[0]
+    assert sent == translator.to_target(before, tail) and sent
+    assert target_tok.decode(before + sent, skip_special_tokens=True) == "return a + b\n"
+    assert outcome.tokens == sent + [7] and outcome.num_accepted == len(sent)
