@@ -213,3 +213,30 @@ def test_the_engine_call_round_sends_the_draft_its_own_tokens_and_the_target_tra
     assert sent == translator.to_target(before, tail) and sent
     assert target_tok.decode(before + sent, skip_special_tokens=True) == "return a + b\n"
     assert outcome.tokens == sent + [7] and outcome.num_accepted == len(sent)
+
+
+def test_align_says_why_it_cannot_distil_a_draft_with_another_tokenizer(tiny_pair, other_draft, tmp_path):
+    import yaml
+    from click.testing import CliRunner
+
+    from trtspec.cli import cli
+
+    recipe = {
+        "name": "other",
+        "target": {"model": str(tiny_pair[0])},
+        "draft": {"model": str(other_draft)},
+        "speculative": {"max_draft_len": 4, "heterogeneous_vocab": True},
+        "limits": {"max_input_len": 64, "max_seq_len": 128},
+    }
+    path = tmp_path / "other.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "def f(x):"}\n')
+    args = ["align", str(path), "--prompts", str(prompts), "--out", str(tmp_path / "out")]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert (
+        "align distils the draft on the target's token distributions, which needs one tokenizer"
+        in result.output
+    )
+    assert not (tmp_path / "out").exists()

@@ -93,6 +93,24 @@ def refuse_failed_check(recipe: Recipe) -> None:
         )
 
 
+def refuse_two_tokenizers(recipe: Recipe) -> None:
+    """Distillation matches the draft's next-token distribution to the target's at each position, which needs both
+    over one vocabulary and one tokenization: a draft with another tokenizer (heterogeneous_vocab) cannot be
+    aligned this way."""
+    from trtspec.core.tokenizers import tokenizer_difference
+
+    if not recipe.speculative.heterogeneous_vocab:
+        return  # check refused a pair whose tokenizers differ already
+    target = load_tokenizer(Path(recipe.target.model), recipe.target.trust_remote_code)
+    draft = load_tokenizer(Path(recipe.draft.model), recipe.draft.trust_remote_code)
+    if tokenizer_difference(target, draft) is not None:
+        raise CheckFailed(
+            f"{recipe.source or recipe.name}: align distils the draft on the target's token distributions, which "
+            "needs one tokenizer, and this draft has its own (speculative.heterogeneous_vocab); train it on the "
+            "target's text instead (tools/train_demo_pair.py --help shows how the demo's was)"
+        )
+
+
 def training_memory_bytes(recipe: Recipe) -> tuple[int, int]:
     """(needed, draft parameters): the draft in float32 with gradients, AdamW's two moments and a copy of the best
     weights (20 bytes per parameter) beside the target's float32 weights; activations of a small batch are left
@@ -248,6 +266,7 @@ def run_align(spec: AlignSpec, console=None) -> AlignResult:
         raise OutputError(f"--work-dir {work_path} is inside --out {out}; choose a folder beside it")
     if spec.device == "cuda" and not torch.cuda.is_available():
         raise ModelError("--device cuda was asked for but torch sees no GPU; use --device cpu")
+    refuse_two_tokenizers(recipe)
     refuse_failed_check(recipe)
     counts = align_data.count_prompts(spec.prompts, spec.data.held_out, spec.data.validation)
     refuse_no_memory(recipe, spec.device)
