@@ -66,6 +66,21 @@ def tiny_pair(tmp_path_factory, shared_tokenizer_dir) -> tuple[Path, Path]:
     return target, draft
 
 
+@pytest.fixture(scope="session")
+def cross_family_pair(tmp_path_factory) -> tuple[Path, Path]:
+    """(target_dir, draft_dir) whose tokenizers differ (issue 28: drafts with another tokenizer).
+
+    Target: Llama-3.1-style (LlamaForCausalLM 2x64, llama3 rope), its own 300-token byte-level BPE with
+    ``<|begin_of_text|>`` prepended, eos ``<|eot_id|>`` (config.json eos list end_of_text/eom_id/eot_id), no pad,
+    a Llama 3 chat template; vocab rows = 300. Draft: Qwen2.5-style (Qwen2ForCausalLM 1x32, tied), its own
+    330-token BPE of the same corpus, no bos, eos ``<|im_end|>``, pad ``<|endoftext|>``, ChatML; vocab rows 352, more
+    than the target's. Read-only: copy it before writing into it (tests/tiny_models.py make_cross_family_pair).
+    """
+    from tiny_models import make_cross_family_pair
+
+    return make_cross_family_pair(tmp_path_factory.mktemp("crossfamily"))
+
+
 @pytest.fixture
 def fake_trtllm(monkeypatch):
     """Make the tensorrt_llm stand-in importable (here for find_spec, in a child through PYTHONPATH)."""

@@ -305,3 +305,110 @@ def steer_to_eos(target: Path, out: Path, eos_id: int, prompt: list[int]) -> Pat
                 return out
             ids.append(token)
     raise AssertionError(f"{target}: no greedy token to steer to {eos_id}")
+
+
+# Tokenizers of two real families for a pair whose vocabularies differ (issue 28). Both are byte-level BPEs trained
+# on CORPUS, at different sizes, with the families' special-token texts, start-token rules and chat templates:
+# meta-llama/Llama-3.1-8B-Instruct (bos <|begin_of_text|> prepended by the post-processor, eos <|eot_id|>, no pad)
+# and Qwen/Qwen2.5-0.5B-Instruct (no bos, eos <|im_end|>, pad <|endoftext|>, ChatML).
+_LLAMA3_CHAT = (
+    "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+    "{{ m['content'] }}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+_CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CROSS_FAMILY_TOKENIZERS: dict[str, dict] = {
+    "llama3": {
+        "vocab_size": 300,
+        "specials": (
+            "<|begin_of_text|>",
+            "<|end_of_text|>",
+            "<|start_header_id|>",
+            "<|end_header_id|>",
+            "<|eom_id|>",
+            "<|eot_id|>",
+        ),
+        "roles": {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
+        "prepend": "<|begin_of_text|>",
+        "chat_template": _LLAMA3_CHAT,
+    },
+    "qwen2.5": {
+        "vocab_size": 330,
+        "specials": ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+        "roles": {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"},
+        "prepend": None,
+        "chat_template": _CHATML,
+    },
+}
+
+
+def make_family_tokenizer(out_dir: Path, family: str):
+    """``CROSS_FAMILY_TOKENIZERS[family]`` saved with save_pretrained; returns the PreTrainedTokenizerFast."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    spec = CROSS_FAMILY_TOKENIZERS[family]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=spec["vocab_size"],
+        special_tokens=list(spec["specials"]),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS, trainer)
+    if spec["prepend"]:
+        bos = spec["prepend"]
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tok.token_to_id(bos))]
+        )
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, **spec["roles"])
+    fast.add_special_tokens({"additional_special_tokens": [
+        t for t in spec["specials"] if t not in spec["roles"].values()]})  # fmt: skip
+    fast.chat_template = spec["chat_template"]
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(out_dir)
+    return fast
+
+
+def make_cross_family_pair(out_dir: Path, seed: int = 0) -> tuple[Path, Path]:
+    """(target_dir, draft_dir): a Llama-3.1-style target (FAMILIES["llama3"], vocab rows = its 300 tokens, eos
+    list in config.json) and a Qwen2.5-style draft (FAMILIES["qwen2.5"], its own 330-token tokenizer padded to 352
+    rows, so the draft has more rows than the target, as Qwen2.5's 151936 beside Llama 3's 128256)."""
+    from transformers import GenerationConfig
+
+    out_dir = Path(out_dir)
+    made = {}
+    # The published eos lists: Llama 3.1's config.json [<|end_of_text|>, <|eom_id|>, <|eot_id|>]; Qwen2.5's
+    # config.json <|im_end|>, its generation_config.json [<|im_end|>, <|endoftext|>].
+    roles = (
+        ("target", "llama3", {}, ("<|end_of_text|>", "<|eom_id|>", "<|eot_id|>")),
+        (
+            "draft",
+            "qwen2.5",
+            {"num_hidden_layers": 1, "intermediate_size": 64},
+            ("<|im_end|>", "<|endoftext|>"),
+        ),
+    )
+    for role, family, shape, eos_texts in roles:
+        spec = FAMILIES[family]
+        tok_dir = out_dir / f"{role}-tokenizer"
+        tokenizer = make_family_tokenizer(tok_dir, family)
+        eos = [tokenizer.convert_tokens_to_ids(t) for t in eos_texts]
+        kwargs = shape | spec["common"] | spec[role]
+        if family == "llama3":
+            kwargs |= {"eos_token_id": eos, "vocab_size": len(tokenizer)}
+        else:
+            kwargs |= {"eos_token_id": eos[0], "vocab_size": -(-len(tokenizer) // 32) * 32}
+        path = make_model(
+            out_dir / role, spec["arch"], tokenizer_dir=tok_dir, seed=seed + len(made), **kwargs
+        )
+        if family == "qwen2.5":
+            GenerationConfig(eos_token_id=eos, pad_token_id=tokenizer.pad_token_id).save_pretrained(path)
+        made[role] = path
+    return made["target"], made["draft"]

@@ -222,14 +222,17 @@ def make_build_plan(
 ) -> BuildPlan:
     """Plans of the recipe's engines (engine_roles). ``checkpoints`` maps role -> (checkpoint dir, its facts).
 
-    The engines' vocab rows may differ only as core.vocab.vocab_pair_problem allows (padding past the tokenizer).
+    The engines' vocab rows may differ only as core.vocab.vocab_pair_problem allows (padding past the tokenizer),
+    except where the recipe opts in to a draft with another tokenizer: its ids never reach the target, and whether
+    the two tokenizers differ (else the rule holds) is check's to say, which reads them (the plan reads
+    checkpoints only, and ``--engines-only`` may run without the Hugging Face folders).
     """
     plans = {
         role: make_engine_plan(role, recipe, checkpoints[role][1], checkpoints[role][0], engine_dirs[role])
         for role in engine_roles(recipe)
     }
-    if "draft" not in plans:
-        return BuildPlan(recipe_name=recipe.name, target=plans["target"])
+    if "draft" not in plans or recipe.speculative.heterogeneous_vocab:
+        return BuildPlan(recipe_name=recipe.name, target=plans["target"], draft=plans.get("draft"))
     rows = {
         role: vocab_rows(plan.checkpoint.vocab_size, "tensorrtllm", plan.checkpoint.tp_size, "none")
         for role, plan in plans.items()

@@ -4,7 +4,8 @@ Each check catches, before any build, a failure users otherwise meet at run time
 shared/reference/trtllm-engine-flow.md, "Known user pain points"). ``model_facts.gather_facts`` is the only I/O
 (configs, tokenizers, safetensors headers); every ``check_*`` function here is pure over those facts and returns
 CheckResults, which ``run_checks`` gathers into a ``check_report.CheckReport``. The trtllm-pytorch runtime's own
-checks are preflight_llmapi's; the shared tokenizer rule is core/tokenizers.py's.
+checks are preflight_llmapi's; the tokenizer rule (one shared, or opted in the draft's own) is
+core/tokenizers.py's.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from trtspec.builders.check_report import CheckReport, MemoryRow, format_gib, pe
 from trtspec.builders.model_facts import ModelFacts, gather_facts
 from trtspec.builders.preflight_llmapi import check_llmapi_adaptive, llmapi_runtime_problem
 from trtspec.core.checks import CheckResult
-from trtspec.core.tokenizers import check_tokenizers
+from trtspec.core.tokenizers import check_pair_tokenizers, tokenizer_difference
 from trtspec.core.vocab import padded_vocab_size, vocab_pair_problem, vocab_rows
 from trtspec.recipe import ModelSpec, Recipe, torch_runtime_dtype
 
@@ -43,13 +44,25 @@ def check_vocab(facts: ModelFacts, spec: ModelSpec) -> CheckResult:
     )
 
 
-def check_padded_vocab(target: ModelFacts, draft: ModelFacts, recipe: Recipe) -> CheckResult:
+def check_padded_vocab(
+    target: ModelFacts, draft: ModelFacts, recipe: Recipe, own_tokenizer: bool = False
+) -> CheckResult:
     """The pair's vocab rows under the recipe's runtime: equal, or rows past the shared tokenizer that differ
-    (padding, as in Qwen2.5), which every runtime but the ones core.vocab.vocab_pair_problem names can serve."""
+    (padding, as in Qwen2.5), which every runtime but the ones core.vocab.vocab_pair_problem names can serve.
+    ``own_tokenizer``: the draft's tokenizer is another than the target's, so rows of the two mean different
+    texts: opted in, no draft id reaches the target; else the tokenizer check fails the pair."""
     runtime, spec = recipe.triton.runtime, recipe.speculative
     t_rows = vocab_rows(target.vocab_size, runtime, recipe.target.tp_size, recipe.target.quantization)
     d_rows = vocab_rows(draft.vocab_size, runtime, recipe.draft.tp_size, recipe.draft.quantization)
     details = {"target": t_rows, "draft": d_rows, "tokenizer": len(target.tokenizer)}
+    if own_tokenizer:
+        why = (
+            "so its ids never reach the target (its text does)"
+            if spec.heterogeneous_vocab
+            else "so the rows are not compared (see the tokenizer check)"
+        )
+        message = f"target {t_rows} vocab rows, draft {d_rows}: the draft has its own tokenizer, {why}"
+        return CheckResult("padded vocab", "pass", message, details)
     problem = vocab_pair_problem(t_rows, d_rows, runtime, spec.use_draft_logits, recipe.triton.fast_logits)
     if problem is not None:
         return CheckResult("padded vocab", "fail", problem, details)
@@ -328,12 +341,21 @@ def check_proposer(recipe: Recipe) -> CheckResult:
 
 
 def _pair_checks(recipe: Recipe, target: ModelFacts, draft: ModelFacts) -> list[CheckResult]:
-    """What only a pair has: one tokenizer, vocab rows that fit together, the draft's own model checks."""
-    runtime, max_seq_len = recipe.triton.runtime, recipe.limits.max_seq_len
+    """What only a pair has: one tokenizer (or, opted in, the draft's own), vocab rows that fit together, the
+    draft's own model checks."""
+    runtime, max_seq_len, spec = recipe.triton.runtime, recipe.limits.max_seq_len, recipe.speculative
+    own_tokenizer = tokenizer_difference(target.tokenizer, draft.tokenizer) is not None
+    tokenizer = check_pair_tokenizers(
+        target.tokenizer,
+        draft.tokenizer,
+        heterogeneous_vocab=spec.heterogeneous_vocab,
+        runtime=runtime,
+        use_draft_logits=spec.use_draft_logits,
+    )
     return [
-        check_tokenizers(target.tokenizer, draft.tokenizer),
+        tokenizer,
         check_vocab(draft, recipe.draft),
-        check_padded_vocab(target, draft, recipe),
+        check_padded_vocab(target, draft, recipe, own_tokenizer),
         check_architecture(draft, runtime, max_seq_len),
         check_weights(draft),
         check_draft_size(target, draft),

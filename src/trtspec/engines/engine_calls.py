@@ -34,7 +34,7 @@ would draw other random numbers: callers do not draft ahead for those).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Protocol
 
@@ -124,8 +124,15 @@ class EngineCallRounds:
     ):
         self.calls, self.max_draft_len, self.num_slots = calls, max_draft_len, num_slots
         self.has_draft = has_draft  # False: a target engine for external draft tokens alone (prompt lookup)
-        # core/translate.py: the draft engine has a tokenizer of its own; its tokens reach the target as text
+        # core/translate.py: the draft engine has a tokenizer of its own; its tokens reach the target as text, and
+        # it stops at its own end token (the round's stop ids are target ids, which name other tokens there)
         self.translator = translator
+        self.draft_stops = None
+        if translator is not None:
+            eos = translator.draft_tok.eos_token_id
+            self.draft_stops = engine_stops(
+                () if eos is None else (eos,), eos, translator.draft_tok.pad_token_id
+            )
         self.max_seq_len, self.vocab_size = max_seq_len, vocab_size
         self.use_draft_logits = use_draft_logits
         self.tokenizer_eos, self.pad_id = tokenizer_eos, pad_id
@@ -157,6 +164,8 @@ class EngineCallRounds:
             stops = engine_stops(stop_ids, self.tokenizer_eos, self.pad_id)
             seeds = round_seeds(params.greedy, generator, calls=3)  # target, draft, draft ahead
             target, draft, ahead = (Call(*sampling, seed, stops) for seed in seeds)
+            if self.draft_stops is not None:
+                draft = replace(draft, stops=self.draft_stops)
             group = self._run(
                 [rows[i] for i in idx],
                 [num_draft[i] for i in idx],

@@ -1,6 +1,7 @@
 """Cross-model checks of a rendered repository, which Triton's schema cannot do: every model the orchestrator or
 an ensemble calls exists, and every tensor passed between models exists on both sides with the same dtype. An
-orchestrator that names no draft model (prompt lookup alone) calls the target engine model only.
+orchestrator that names no draft model (prompt lookup alone) calls the target engine model only. An entry model
+whose draft has its own tokenizer (draft_tokenizer_dir) has a draft, and uses neither draft logits nor draft-ahead.
 """
 
 from __future__ import annotations
@@ -59,6 +60,27 @@ def _orchestrator_targets(config) -> dict[str, str]:
     }
 
 
+def _check_own_tokenizer(config) -> None:
+    """A draft with its own tokenizer: there is a draft to translate for; its logits are over another vocabulary
+    (acceptance is by point masses) and a guess in its tokens cannot be matched to the target's (no draft-ahead)."""
+    params = {k: v.string_value for k, v in config.parameters.items()}
+    where = params.get("draft_tokenizer_dir", "")
+    if not where:
+        return
+    draft_key = "draft_model_dir" if "target_model_dir" in params else "tensorrt_llm_draft_model_name"
+    if not params.get(draft_key):
+        raise CheckFailed(
+            f"{names.ORCHESTRATOR} parameter draft_tokenizer_dir is '{where}' but {draft_key} names no draft; "
+            "redeploy with `trtspec deploy`"
+        )
+    for key in ("use_draft_logits", "draft_ahead"):
+        if params.get(key, "False").strip().lower() == "true":
+            raise CheckFailed(
+                f"{names.ORCHESTRATOR} parameter {key} is True beside draft_tokenizer_dir '{where}' (a draft with "
+                "its own tokenizer); redeploy with `trtspec deploy`"
+            )
+
+
 def _check_ensemble(name: str, config, configs: Mapping) -> None:
     for step in config.ensemble_scheduling.step:
         if step.model_name not in configs:
@@ -90,6 +112,7 @@ def check_repository(configs: Mapping[str, object]) -> None:
         raise CheckFailed(f"the repository has no orchestrator model '{names.ORCHESTRATOR}'")
     for entry in (names.ORCHESTRATOR, names.ENSEMBLE):  # the two names clients written for upstream call
         _check_call("client", entry, configs, names.CLIENT_INPUTS, names.CLIENT_OUTPUTS)
+    _check_own_tokenizer(orch)
     if "target_model_dir" in orch.parameters:  # the torch runtime's entry: both models in-process, no BLS
         return
     targets = _orchestrator_targets(orch)

@@ -13,6 +13,7 @@ from pathlib import Path
 from trtspec.builders import support
 from trtspec.core import layout, trtllm
 from trtspec.core.errors import CheckFailed
+from trtspec.core.tokenizers import draft_tokenizer_differs, heterogeneous_problem
 from trtspec.core.vocab import vocab_pair_problem, vocab_rows
 from trtspec.outputs import write_output_dir
 from trtspec.recipe import Recipe
@@ -73,9 +74,29 @@ def render_models(plans: list[ModelPlan], check=check_repository) -> dict[str, t
     return rendered
 
 
-def engine_problems(recipe: Recipe, facts: dict[str, dict]) -> list[str]:
+def draft_tokenizer_dir(recipe: Recipe) -> Path | None:
+    """The draft's own tokenizer folder where its tokens reach the target as text: the recipe opts in
+    (speculative.heterogeneous_vocab) and the draft's tokenizer is another than the target's. None otherwise: one
+    tokenizer, draft tokens go by id (opting in then changes nothing). Reads both tokenizers."""
+    draft = recipe.draft
+    if draft is None or not recipe.speculative.heterogeneous_vocab:
+        return None
+    trust = recipe.target.trust_remote_code or draft.trust_remote_code
+    return Path(draft.model) if draft_tokenizer_differs(recipe.target.model, draft.model, trust) else None
+
+
+def check_own_tokenizer(recipe: Recipe, runtime: str, own_tokenizer: Path | None) -> None:
+    """A draft with its own tokenizer on a runtime or with settings that cannot serve it: CheckFailed (check's
+    rule, core.tokenizers.heterogeneous_problem)."""
+    problem = heterogeneous_problem(runtime, recipe.speculative.use_draft_logits) if own_tokenizer else None
+    if problem is not None:
+        raise CheckFailed(f"draft {own_tokenizer}: {problem}")
+
+
+def engine_problems(recipe: Recipe, facts: dict[str, dict], own_tokenizer: bool = False) -> list[str]:
     """What makes a built target/draft pair (or a target alone, for prompt lookup) unusable for this repository
-    (empty if none); facts per role are read_engine_config's."""
+    (empty if none); facts per role are read_engine_config's. ``own_tokenizer``: the draft has a tokenizer of its
+    own, so its vocab rows never meet the target's."""
     spec, problems = recipe.speculative, []
     target, draft = facts["target"], facts.get("draft")
     if target["speculative_decoding_mode"] != "draft_tokens_external":
@@ -86,7 +107,7 @@ def engine_problems(recipe: Recipe, facts: dict[str, dict]) -> list[str]:
         problems.append(
             f"target engine max_draft_len {target['max_draft_len']} < recipe max_draft_len {spec.max_draft_len}"
         )
-    if draft is not None:  # none: prompt lookup alone, no pair
+    if draft is not None and not own_tokenizer:  # none: prompt lookup alone, no pair
         rows = [
             vocab_rows(f["vocab_size"], "tensorrtllm", f["tp_size"] or 1, "none") for f in (target, draft)
         ]
@@ -101,12 +122,12 @@ def engine_problems(recipe: Recipe, facts: dict[str, dict]) -> list[str]:
     return problems
 
 
-def check_engine_dirs(recipe: Recipe, engine_dirs: dict[str, Path]) -> None:
+def check_engine_dirs(recipe: Recipe, engine_dirs: dict[str, Path], own_tokenizer: bool = False) -> None:
     """The engines exist and fit the recipe (else Triton fails or hangs at run time): CheckFailed otherwise."""
     from trtspec.core.engine_config import read_engine_config
 
     facts = {role: read_engine_config(path) for role, path in engine_dirs.items()}
-    problems = engine_problems(recipe, facts)
+    problems = engine_problems(recipe, facts, own_tokenizer)
     if problems:
         raise CheckFailed(
             f"engines {engine_dirs['target'].parent}: {problems[0]}; rebuild with `trtspec build`",
@@ -191,20 +212,22 @@ def plan_and_render(
     engines_dir: Path | None = None,
 ) -> tuple[list[ModelPlan], dict]:
     """Check the inputs ``runtime`` needs, then plan, render and check every model of the repository."""
+    own_tokenizer = draft_tokenizer_dir(recipe)
+    check_own_tokenizer(recipe, runtime, own_tokenizer)
     if runtime == "tensorrtllm":
         engine_dirs = {k: Path(v).resolve() for k, v in (engine_dirs or default_engine_dirs(recipe)).items()}
         missing = sorted(set(recipe.models()) - set(engine_dirs))
         if missing:
             raise CheckFailed(f"no {missing[0]} engine for runtime tensorrtllm; run `trtspec build`")
         engine_dirs = {role: engine_dirs[role] for role in recipe.models()}  # no draft engine without a draft
-        check_engine_dirs(recipe, engine_dirs)
+        check_engine_dirs(recipe, engine_dirs, own_tokenizer is not None)
     if runtime == "torch":  # the engine models load the recipe's checkpoints: check them (and the pair) first
         from trtspec.builders.build import run_preflight
         from trtspec.builders.preflight import ENGINE_ONLY_CHECKS
 
         run_preflight(recipe, skip=ENGINE_ONLY_CHECKS)
     if runtime != "trtllm-pytorch":
-        plans = plan_models(recipe, runtime, engine_dirs)
+        plans = plan_models(recipe, runtime, engine_dirs, own_tokenizer)
         return plans, render_models(plans)
     dirs = model_dirs or llmapi.hf_model_dirs(recipe, engines_dir)
     dirs = {role: Path(path).resolve() for role, path in dirs.items()}

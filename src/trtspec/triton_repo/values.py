@@ -185,9 +185,14 @@ def proposer_values(spec: SpeculativeSpec) -> dict:
     }
 
 
-def orchestrator_values(recipe: Recipe, runtime: str, vocab_rows: dict) -> dict:
+def orchestrator_values(
+    recipe: Recipe, runtime: str, vocab_rows: dict, draft_tokenizer_dir: Path | None = None
+) -> dict:
     """Values of the orchestrator (``runtime``: "torch" or "tensorrtllm"); ``vocab_rows``: engine_vocab_rows. A
-    recipe without a draft names no draft model (empty: the orchestrator proposes by prompt lookup alone)."""
+    recipe without a draft names no draft model (empty: the orchestrator proposes by prompt lookup alone).
+    ``draft_tokenizer_dir``: the draft's own tokenizer where its tokens reach the target as text
+    (core/translate.py; deploy.draft_tokenizer_dir), else None (empty: one tokenizer, tokens go by id); such a
+    draft does not draft ahead (a guess in its tokens cannot be matched to the target's)."""
     spec, batch = recipe.speculative, recipe.limits.max_batch_size
     return {
         "triton_max_batch_size": batch,
@@ -204,27 +209,28 @@ def orchestrator_values(recipe: Recipe, runtime: str, vocab_rows: dict) -> dict:
         "use_draft_logits": spec.use_draft_logits,
         "target_vocab_rows": vocab_rows["target"],
         "draft_vocab_rows": vocab_rows.get("draft", 0),
-        "draft_ahead": recipe.draft_ahead_for(runtime),
+        "draft_ahead": recipe.draft_ahead_for(runtime) and draft_tokenizer_dir is None,
         "max_seq_len": recipe.limits.max_seq_len,
         # Requests in flight at once in decoupled mode: one per engine batch slot.
         "max_concurrency": batch,
         # The entry model tokenises and detokenises in-process (models/text.py TextCodec).
         "tokenizer_dir": _tokenizer_dir(recipe),
+        "draft_tokenizer_dir": str(draft_tokenizer_dir) if draft_tokenizer_dir is not None else UNSET,
         "add_special_tokens": True,
         "skip_special_tokens": True,
         "max_input_len": recipe.limits.max_input_len,
     }
 
 
-def in_process_values(recipe: Recipe) -> dict:
+def in_process_values(recipe: Recipe, draft_tokenizer_dir: Path | None = None) -> dict:
     """Values of the torch runtime's entry model: the checkpoints in one process (draft_model_dir and draft_dtype
     "" where the recipe has no draft: prompt lookup proposes alone), the orchestrator's client limits and tokenizer
-    settings (orchestrator_values), no engine model names."""
+    settings (orchestrator_values, draft_tokenizer_dir included), no engine model names."""
     triton, draft = recipe.triton, recipe.draft
-    orchestrator = orchestrator_values(recipe, "torch", {"target": 0, "draft": 0})
+    orchestrator = orchestrator_values(recipe, "torch", {"target": 0, "draft": 0}, draft_tokenizer_dir)
     shared = ["triton_max_batch_size", "decoupled_mode", "max_draft_len", *k_values(recipe.speculative)]
     shared += ["use_draft_logits", "max_seq_len", "max_input_len"]
-    shared += ["tokenizer_dir", "skip_special_tokens", "add_special_tokens"]
+    shared += ["tokenizer_dir", "draft_tokenizer_dir", "skip_special_tokens", "add_special_tokens"]
     own = {
         "target_model_dir": str(recipe.target.model),
         "draft_model_dir": str(draft.model) if draft else UNSET,
@@ -237,9 +243,15 @@ def in_process_values(recipe: Recipe) -> dict:
     return {k: orchestrator[k] for k in shared} | proposer_values(recipe.speculative) | own
 
 
-def plan_models(recipe: Recipe, runtime: str, engine_dirs: dict[str, Path] | None = None) -> list[ModelPlan]:
+def plan_models(
+    recipe: Recipe,
+    runtime: str,
+    engine_dirs: dict[str, Path] | None = None,
+    draft_tokenizer_dir: Path | None = None,
+) -> list[ModelPlan]:
     """Every model of the repository for ``runtime`` ("torch" or "tensorrtllm"): the entry model, upstream's
     ``ensemble`` name over it, and (tensorrtllm) the two engine models the orchestrator calls.
+    ``draft_tokenizer_dir``: orchestrator_values'.
 
     ``torch``: the in-process entry model (models/inflight.py) runs both checkpoints. ``tensorrtllm``: the
     orchestrator (models/orchestrator.py) over TensorRT-LLM's C++ backend, one model per engine in ``engine_dirs``.
@@ -247,8 +259,9 @@ def plan_models(recipe: Recipe, runtime: str, engine_dirs: dict[str, Path] | Non
     ensemble = ModelPlan(names.ENSEMBLE, None, {}, None, forward_to=names.ENTRY_POINT)
     if runtime == "torch":
         template = "tensorrt_llm_bls_torch/config.pbtxt"
-        return [ModelPlan(names.ORCHESTRATOR, template, in_process_values(recipe), "inflight"), ensemble]
-    values = orchestrator_values(recipe, runtime, engine_vocab_rows(engine_dirs))
+        values = in_process_values(recipe, draft_tokenizer_dir)
+        return [ModelPlan(names.ORCHESTRATOR, template, values, "inflight"), ensemble]
+    values = orchestrator_values(recipe, runtime, engine_vocab_rows(engine_dirs), draft_tokenizer_dir)
     plans = [ModelPlan(names.ORCHESTRATOR, "tensorrt_llm_bls/config.pbtxt", values, "orchestrator"), ensemble]
     for role, name in (("target", names.TARGET_MODEL), ("draft", names.DRAFT_MODEL)):
         if role not in recipe.models():  # prompt lookup alone: the target engine only

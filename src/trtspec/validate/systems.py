@@ -168,6 +168,7 @@ class EngineSystem:
             k_policy=policy_for(recipe.speculative),
             proposer=proposer,
             lookup=recipe.speculative.lookup,
+            heterogeneous_vocab=recipe.speculative.heterogeneous_vocab,  # a draft with its own tokenizer
         )
         return cls(engine, name=f"in-process engine ({device}, {dtype})", adaptive=True)
 

@@ -270,12 +270,15 @@ def load_loop(
     cores: set[int] | None = None,
 ) -> LoopThread:
     """The engine (its models in this process: no draft where draft_model_dir is "", prompt lookup proposing
-    alone) and its loop's thread, from the config.pbtxt parameters; ``on_step``, ``threads`` (torch_threads) and
-    ``cores``: LoopThread's."""
+    alone; a draft with its own tokenizer where draft_tokenizer_dir names it, text.translator_from_parameters) and
+    its loop's thread, from the config.pbtxt parameters; ``on_step``, ``threads`` (torch_threads) and ``cores``:
+    LoopThread's."""
     import torch
 
+    from trtspec.core.model_dir import load_tokenizer
     from trtspec.engines.engine import SpeculativeEngine
     from trtspec.engines.models import load_causal_lm
+    from trtspec.triton_repo.models.text import translator_from_parameters
 
     if threads is not None:
         torch.set_num_threads(threads)
@@ -290,6 +293,10 @@ def load_loop(
     target = load_causal_lm(params["target_model_dir"], dtype=params["target_dtype"], **opts)
     draft_dir = params.get("draft_model_dir", "")
     draft = load_causal_lm(draft_dir, dtype=params["draft_dtype"], **opts) if draft_dir else None
+    translator = None
+    if draft is not None and params.get("draft_tokenizer_dir"):
+        target_tokenizer = load_tokenizer(Path(params["tokenizer_dir"]), opts["trust_remote_code"])
+        translator = translator_from_parameters(params, target_tokenizer, opts["trust_remote_code"])
     proposer, lookup = lookup_from_parameters(params)
     engine = SpeculativeEngine(
         target,
@@ -299,6 +306,7 @@ def load_loop(
         k_policy=k_policy_from_parameters(params),
         proposer=proposer,
         lookup=lookup,
+        translator=translator,
     )
     return LoopThread(engine.new_loop(first_token_alone=True), threads, io.log_warning, on_step, cores)
 

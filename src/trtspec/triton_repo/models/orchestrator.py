@@ -19,6 +19,10 @@ Proposers (core/lookup.py): the loop proposes by prompt lookup for the repositor
 draft+ngram) or a request's own, and a looked-up proposal goes to the target without a draft call. A repository
 deployed without a draft (prompt lookup alone) names no draft engine model: its rounds have no draft
 (EngineCallRounds has_draft False), and a request that asks for the draft model is refused.
+
+A draft with its own tokenizer (the repository's draft_tokenizer_dir, core/translate.py): the draft engine is
+called in its own token ids, with its own end id, and its continuation reaches the target as target tokens
+(EngineCallRounds' translator); such a draft never drafts ahead.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from trtspec.triton_repo.models.request import (
     to_job,
     whole_answer,
 )
-from trtspec.triton_repo.models.text import TextCodec, to_word_list
+from trtspec.triton_repo.models.text import TextCodec, to_word_list, translator_from_parameters
 from trtspec.triton_repo.models.triton_io import CANCEL_POLL_S, cancel_check  # noqa: F401 - used and re-exported
 
 
@@ -173,7 +177,8 @@ class Orchestrator:
     prompt lookup proposes alone); ``vocab_rows``: their logits' rows by role (draft logits are padded to the
     target's); ``metrics``: where finished requests' counts go (triton_io.SpecDecodeMetrics); ``max_concurrency``:
     requests generated at once (decoupled); ``proposer``/``lookup``: who proposes for requests that do not say,
-    and prompt lookup's n-gram sizes."""
+    and prompt lookup's n-gram sizes; ``translator``: core.translate.Translator for a draft with its own
+    tokenizer (None: one tokenizer)."""
 
     def __init__(
         self,
@@ -190,9 +195,11 @@ class Orchestrator:
         decoupled: bool = True,
         proposer: str = "draft",
         lookup: LookupSpec = LookupSpec(),
+        translator=None,
     ):
         self.limits, self.codec, self.target, self.draft = limits, codec, target, draft
         self.proposer, self.lookup = proposer, lookup
+        self.translator = translator
         self.vocab_rows, self.metrics, self.k_policy = vocab_rows, metrics, k_policy
         self.draft_ahead, self.decoupled = draft_ahead, decoupled
         self.slots = threading.BoundedSemaphore(max_concurrency)
@@ -209,9 +216,10 @@ class Orchestrator:
         params = io.model_parameters(args)
         limits = Limits.from_parameters(params)
         proposer, lookup = lookup_from_parameters(params)
+        codec = TextCodec.from_parameters(params)
         return cls(
             limits=limits,
-            codec=TextCodec.from_parameters(params),
+            codec=codec,
             target=params["tensorrt_llm_model_name"],
             draft=params["tensorrt_llm_draft_model_name"] or None,  # "": prompt lookup alone
             vocab_rows={role: int(params.get(f"{role}_vocab_rows") or 0) for role in ("target", "draft")},
@@ -222,6 +230,7 @@ class Orchestrator:
             decoupled=io.pb().using_decoupled_model_transaction_policy(json.loads(args["model_config"])),
             proposer=proposer,
             lookup=lookup,
+            translator=translator_from_parameters(params, codec.tokenizer),
         )
 
     # ------------------------------------------------------------------ request handling
@@ -347,6 +356,7 @@ class Orchestrator:
             draft_ahead=None if req.params.seeded or self.draft is None else self._alone,
             together=self._together,
             has_draft=self.draft is not None,
+            translator=self.translator,
         )
 
     def _generate(self, req: GenerationRequest, incremental: bool, cancelled=lambda: False):

@@ -2,7 +2,8 @@
 
 ``TextCodec`` is the one owner of the repository's tokenizer settings (tokenizer_dir, add_special_tokens,
 skip_special_tokens, max_input_len, the end ids); both entry models use it in-process, so a request costs
-no BLS hop for text.
+no BLS hop for text. ``translator_from_parameters`` reads the other one, draft_tokenizer_dir: a draft with its own
+tokenizer (core/translate.py).
 """
 
 from __future__ import annotations
@@ -207,3 +208,24 @@ class StreamDecoder:
         if piece:
             self.sent.append(piece)
         return piece or ""
+
+
+def translator_from_parameters(params: dict[str, str], target_tokenizer, trust_remote_code: bool = False):
+    """core.translate.Translator for a repository whose draft has its own tokenizer (the draft_tokenizer_dir
+    parameter, values.orchestrator_values), else None: one tokenizer, draft tokens go by id (a repository rendered
+    without the parameter too). A folder named there must hold the draft's tokenizer: ServerError otherwise."""
+    from trtspec.core.model_dir import has_tokenizer
+    from trtspec.engines.engine import draft_translator
+
+    draft_dir = params.get("draft_tokenizer_dir", "")
+    if not draft_dir:
+        return None
+    if not has_tokenizer(draft_dir):
+        raise ServerError(
+            f"draft_tokenizer_dir {draft_dir}: no tokenizer there, and this repository drafts with the draft's own "
+            "tokenizer; put the draft checkpoint's tokenizer files back, or redeploy with `trtspec deploy`"
+        )
+    tokenizer_dir = params.get("tokenizer_dir", "")
+    return draft_translator(
+        target_tokenizer, tokenizer_dir, draft_dir, trust_remote_code, heterogeneous_vocab=True
+    )
