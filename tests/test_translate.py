@@ -240,3 +240,47 @@ def test_align_says_why_it_cannot_distil_a_draft_with_another_tokenizer(tiny_pai
         in result.output
     )
     assert not (tmp_path / "out").exists()
+
+
+def test_the_trtllm_runner_drafts_in_the_drafts_own_ids_and_returns_the_targets_greedy_output(
+    fake_trtllm, cross_family_pair, tmp_path
+):
+    """The in-process TensorRT-LLM runner (stand-in engines: the PyTorch models behind ModelRunnerCpp's calls) over
+    a Llama-3-style target and a Qwen2.5-style draft: the draft engine is called in its own ids and the output is
+    HF greedy's."""
+    from test_trtllm_runner import hf_greedy, write_engine
+    from transformers import AutoTokenizer
+
+    from trtspec.core import layout
+    from trtspec.engines.trtllm_runner import TrtllmSpeculativeRunner
+    from trtspec.recipe import recipe_from_dict
+
+    target, draft = cross_family_pair
+    recipe = recipe_from_dict(
+        {
+            "name": "cross",
+            "target": {"model": str(target)},
+            "draft": {"model": str(draft)},
+            "speculative": {"max_draft_len": 4, "heterogeneous_vocab": True},
+            "limits": {"max_batch_size": 2, "max_input_len": 64, "max_seq_len": 128},
+        }
+    )
+    engines = tmp_path / "engines"
+    root = layout.pair_dir("cross", engines)
+    write_engine(layout.stage_dir(root, "target", layout.ENGINE), target, max_draft_len=4)
+    draft_engine = write_engine(layout.stage_dir(root, "draft", layout.ENGINE), draft)
+    runner = TrtllmSpeculativeRunner.from_recipe(recipe, engines_dir=engines)
+    assert runner.translator is not None
+    target_tok, draft_tok = AutoTokenizer.from_pretrained(target), AutoTokenizer.from_pretrained(draft)
+    prompt = target_tok("def add(a, b):\n    return")["input_ids"]
+    from tensorrt_llm.runtime import ModelRunnerCpp
+
+    ModelRunnerCpp.calls.clear()
+    (result,) = runner.generate([prompt], SamplingParams(max_new_tokens=16, num_draft_tokens=3))
+    assert result.token_ids == hf_greedy(target, tuple(prompt), 16)
+    to_draft = [kw for d, kw in ModelRunnerCpp.calls if d == str(draft_engine)]
+    assert to_draft and result.stats.drafted > 0
+    for kw in to_draft:  # the text so far, as the draft's tokenizer writes it
+        (ids,) = kw["prompts"]
+        assert draft_tok(draft_tok.decode(ids, skip_special_tokens=False))["input_ids"] == ids
+        assert kw["end_id"] == draft_tok.eos_token_id

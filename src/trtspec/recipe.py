@@ -353,6 +353,18 @@ class Recipe(_Strict):
         fast = runtime == "tensorrtllm" and self.triton.fast_logits and self.speculative.use_draft_logits
         return self.triton.draft_ahead and not fast
 
+    def draft_tokenizer_dir(self) -> Path | None:
+        """The draft's own tokenizer folder where its tokens reach the target as text: the recipe opts in
+        (speculative.heterogeneous_vocab) and the draft's tokenizer is another than the target's. None otherwise:
+        one tokenizer, draft tokens go by id (opting in then changes nothing). Reads both tokenizers."""
+        from trtspec.core.tokenizers import draft_tokenizer_differs
+
+        draft = self.draft
+        if draft is None or not self.speculative.heterogeneous_vocab:
+            return None
+        trust = self.target.trust_remote_code or draft.trust_remote_code
+        return Path(draft.model) if draft_tokenizer_differs(self.target.model, draft.model, trust) else None
+
     def models(self) -> dict[str, ModelSpec]:
         """The recipe's models by role (no draft where prompt lookup proposes alone)."""
         return {"target": self.target, **({"draft": self.draft} if self.draft is not None else {})}

@@ -74,11 +74,20 @@ class TrtllmSpeculativeRunner(StreamingGenerator):
         k_policy: KPolicy = KPolicy(),
         proposer: str = "draft",
         lookup: LookupSpec = LookupSpec(),
+        translator=None,
     ):
         proposes = draft is not None or uses_lookup(proposer)
         draft_facts = draft.facts if draft else None
-        check_pair(target.engine_dir, target.facts, draft_facts, use_draft_logits, external=proposes)
+        check_pair(
+            target.engine_dir,
+            target.facts,
+            draft_facts,
+            use_draft_logits,
+            external=proposes,
+            own_tokenizer=translator is not None,
+        )
         self.target, self.draft, self.tokenizer = target, draft, tokenizer
+        self.translator = translator  # core/translate.py: a draft engine with a tokenizer of its own
         self.proposer, self.lookup = proposer, lookup
         self.use_draft_logits = use_draft_logits and proposes
         self.max_draft_len = target.max_draft_len if proposes else 0
@@ -106,16 +115,27 @@ class TrtllmSpeculativeRunner(StreamingGenerator):
         k_policy: KPolicy = KPolicy(),
         proposer: str = "draft",
         lookup: LookupSpec = LookupSpec(),
+        draft_tokenizer_dir: str | Path | None = None,
     ) -> TrtllmSpeculativeRunner:
         """Load the engines (configs are checked first, so a bad pair fails before any GPU work); no draft engine
         dir: the target alone (target-only, or prompt lookup for a ``proposer`` that looks up).
+        ``draft_tokenizer_dir``: the draft's own tokenizer, for a draft that tokenizes differently (its tokens
+        then reach the target as text: core/translate.py).
 
         Raises CheckpointError (missing / mismatched engines), NeedsTensorRTLLM (exit 3: no tensorrt_llm here).
         """
         target_facts = read_engine_config(target_engine_dir)
         draft_facts = read_engine_config(draft_engine_dir) if draft_engine_dir else None
         external = draft_facts is not None or uses_lookup(proposer)
-        check_pair(Path(target_engine_dir), target_facts, draft_facts, use_draft_logits, external=external)
+        own = draft_tokenizer_dir is not None
+        check_pair(
+            Path(target_engine_dir),
+            target_facts,
+            draft_facts,
+            use_draft_logits,
+            external=external,
+            own_tokenizer=own,
+        )
         target_ids = list(target_device_ids or range(target_facts["tp_size"] * target_facts["pp_size"]))
         draft_ids = list(draft_device_ids or target_ids[:1])
         shared = draft_facts is not None and bool(set(target_ids) & set(draft_ids))
@@ -129,6 +149,12 @@ class TrtllmSpeculativeRunner(StreamingGenerator):
         if draft_engine_dir:
             draft = adapter.load_engine_runner(draft_engine_dir, device_ids=draft_ids, **opts)
         tokenizer, eos_ids, pad_id = _tokenizer_facts(tokenizer_dir, trust_remote_code)
+        translator = None
+        if own and tokenizer is not None:
+            from trtspec.core.translate import Translator
+
+            draft_tokenizer, _, _ = _tokenizer_facts(draft_tokenizer_dir, trust_remote_code)
+            translator = Translator(tokenizer, draft_tokenizer)
         return cls(
             target,
             draft,
@@ -139,6 +165,7 @@ class TrtllmSpeculativeRunner(StreamingGenerator):
             k_policy=k_policy,
             proposer=proposer,
             lookup=lookup,
+            translator=translator,
         )
 
     @classmethod
@@ -161,6 +188,7 @@ class TrtllmSpeculativeRunner(StreamingGenerator):
             k_policy=policy_for(recipe.speculative),
             proposer=recipe.speculative.proposer,
             lookup=recipe.speculative.lookup,
+            draft_tokenizer_dir=recipe.draft_tokenizer_dir(),
         )
 
     def close(self) -> None:
@@ -183,11 +211,14 @@ class TrtllmSpeculativeRunner(StreamingGenerator):
             tokenizer_eos=self.tokenizer.eos_token_id if self.tokenizer is not None else None,
             pad_id=self.pad_id,
             has_draft=self.draft is not None,
+            translator=self.translator,
         )
 
     @property
     def input_vocab_size(self) -> int:
-        return min(r.vocab_size for r in (self.target, self.draft) if r is not None)
+        # a draft with its own tokenizer never sees target ids
+        runners = (self.target,) if self.translator is not None else (self.target, self.draft)
+        return min(r.vocab_size for r in runners if r is not None)
 
 
 class TrtllmCalls:
@@ -245,11 +276,17 @@ def vocab_rows(facts: dict) -> int:
 
 
 def check_pair(
-    target_dir: Path, target: dict, draft: dict | None, use_draft_logits: bool, external: bool | None = None
+    target_dir: Path,
+    target: dict,
+    draft: dict | None,
+    use_draft_logits: bool,
+    external: bool | None = None,
+    own_tokenizer: bool = False,
 ) -> None:
     """Engine-config checks of a draft-target pair (CheckpointError, one line), before any engine is loaded.
     ``external``: the target gets draft tokens from outside (default: when there is a draft engine; prompt lookup
-    gives them without one)."""
+    gives them without one); ``own_tokenizer``: the draft tokenizes differently, so its vocabulary rows need not
+    match the target's."""
     external = draft is not None if external is None else external
     if not external:
         return
@@ -259,7 +296,7 @@ def check_pair(
             f"{target['speculative_decoding_mode']!r}, max_draft_len {target['max_draft_len']}); rebuild it with "
             "`trtspec build` (--speculative_decoding_mode draft_tokens_external --max_draft_len K)"
         )
-    if draft is not None:
+    if draft is not None and not own_tokenizer:  # a draft with its own tokenizer never sees target ids
         problem = vocab_pair_problem(
             vocab_rows(target), vocab_rows(draft), "tensorrtllm", use_draft_logits, fast_logits=False
         )

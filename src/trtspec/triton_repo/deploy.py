@@ -13,7 +13,7 @@ from pathlib import Path
 from trtspec.builders import support
 from trtspec.core import layout, trtllm
 from trtspec.core.errors import CheckFailed
-from trtspec.core.tokenizers import draft_tokenizer_differs, heterogeneous_problem
+from trtspec.core.tokenizers import heterogeneous_problem
 from trtspec.core.vocab import vocab_pair_problem, vocab_rows
 from trtspec.outputs import write_output_dir
 from trtspec.recipe import Recipe
@@ -72,17 +72,6 @@ def render_models(plans: list[ModelPlan], check=check_repository) -> dict[str, t
         rendered[plan.name] = (text, parse_model_config(text, where))
     check({name: cfg for name, (_, cfg) in rendered.items()})
     return rendered
-
-
-def draft_tokenizer_dir(recipe: Recipe) -> Path | None:
-    """The draft's own tokenizer folder where its tokens reach the target as text: the recipe opts in
-    (speculative.heterogeneous_vocab) and the draft's tokenizer is another than the target's. None otherwise: one
-    tokenizer, draft tokens go by id (opting in then changes nothing). Reads both tokenizers."""
-    draft = recipe.draft
-    if draft is None or not recipe.speculative.heterogeneous_vocab:
-        return None
-    trust = recipe.target.trust_remote_code or draft.trust_remote_code
-    return Path(draft.model) if draft_tokenizer_differs(recipe.target.model, draft.model, trust) else None
 
 
 def check_own_tokenizer(recipe: Recipe, runtime: str, own_tokenizer: Path | None) -> None:
@@ -212,7 +201,7 @@ def plan_and_render(
     engines_dir: Path | None = None,
 ) -> tuple[list[ModelPlan], dict]:
     """Check the inputs ``runtime`` needs, then plan, render and check every model of the repository."""
-    own_tokenizer = draft_tokenizer_dir(recipe)
+    own_tokenizer = recipe.draft_tokenizer_dir()
     check_own_tokenizer(recipe, runtime, own_tokenizer)
     if runtime == "tensorrtllm":
         engine_dirs = {k: Path(v).resolve() for k, v in (engine_dirs or default_engine_dirs(recipe)).items()}

@@ -191,7 +191,7 @@ def orchestrator_values(
     """Values of the orchestrator (``runtime``: "torch" or "tensorrtllm"); ``vocab_rows``: engine_vocab_rows. A
     recipe without a draft names no draft model (empty: the orchestrator proposes by prompt lookup alone).
     ``draft_tokenizer_dir``: the draft's own tokenizer where its tokens reach the target as text
-    (core/translate.py; deploy.draft_tokenizer_dir), else None (empty: one tokenizer, tokens go by id); such a
+    (core/translate.py; Recipe.draft_tokenizer_dir), else None (empty: one tokenizer, tokens go by id); such a
     draft does not draft ahead (a guess in its tokens cannot be matched to the target's)."""
     spec, batch = recipe.speculative, recipe.limits.max_batch_size
     return {
