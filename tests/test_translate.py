@@ -74,9 +74,10 @@ def test_the_draft_reads_the_targets_text_and_writes_target_tokens_at_a_boundary
     assert proposal == target_tok(TEXT)["input_ids"][len(target_ids) :]
 
 
-def test_a_merge_across_the_boundary_proposes_nothing_rather_than_rewriting_an_emitted_token(tokenizers):
-    """The target stopped inside a word it writes as one token; the draft's continuation completes the word, so
-    the target's encoding of the whole would rewrite the emitted piece: nothing is proposed."""
+def test_a_merge_across_the_boundary_keeps_the_emitted_tokens_and_proposes_the_rest_of_the_text(tokenizers):
+    """The target stopped inside a word it writes as one token; the draft's continuation completes the word, so the
+    target's encoding of the whole would rewrite the emitted piece. The proposal never does: it is the
+    continuation's text encoded on its own, after the emitted tokens."""
     target_tok, draft_tok = tokenizers
     translator = Translator(target_tok, draft_tok)
     words = [target_tok.convert_tokens_to_string([t]) for t in target_tok.get_vocab()]
@@ -85,7 +86,9 @@ def test_a_merge_across_the_boundary_proposes_nothing_rather_than_rewriting_an_e
     emitted = target_tok("x =" + word[:3])["input_ids"]
     assert target_tok.decode(emitted, skip_special_tokens=True) == "x =" + word[:3]
     continuation = draft_tok(word[3:] + " a", add_special_tokens=False)["input_ids"]
-    assert translator.to_target(emitted, continuation) == []
+    proposal = translator.to_target(emitted, continuation)
+    assert proposal == target_tok(word[3:] + " a", add_special_tokens=False)["input_ids"]
+    assert target_tok.decode(emitted + proposal, skip_special_tokens=True) == "x =" + word + " a"
 
 
 def test_vocab_overlap_counts_shared_texts_and_maps_specials_by_text(tokenizers):

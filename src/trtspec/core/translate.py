@@ -7,8 +7,9 @@ The draft runs in its own token space, with its own KV cache. Each round:
 2. the draft continues that by K of its own tokens (greedy or sampled, from its own distribution);
 3. ``to_target``: the continuation's text as target tokens, aligned at a token boundary: the last few target
    tokens and the continuation are decoded together and re-encoded with the target tokenizer; what follows the
-   unchanged window is the proposal. A draft token that splits a word differently from the target still counts,
-   because only the text matters (HF's Universal Assisted Generation does the same for greedy decoding);
+   unchanged window is the proposal (where the re-encoding would rewrite an emitted token, the continuation is
+   encoded on its own). A draft token that splits a word differently from the target still counts, because only
+   the text matters (HF's Universal Assisted Generation does the same for greedy decoding);
 4. the target verifies the proposal as a point mass per token (engines/sampling.py's glossary): under greedy
    decoding the output is the target's greedy output, under sampling it keeps the target's distribution, for
    any proposal, so the draft's distribution over its own vocabulary never has to be mapped (Timor et al.,
@@ -99,9 +100,10 @@ class Translator:
         """The target tokens that write ``draft_continuation``'s text after ``target_ids``, from the first token
         boundary the two tokenizations share: the last WINDOW target tokens are re-encoded with the continuation
         (the whole text where a window does not re-encode to itself: a tokenizer that drops a leading space when
-        decoding a piece), and the proposal starts after them. Where the encoding rewrites an emitted token (a
-        merge across the boundary, or emitted tokens that are not the tokenizer's own encoding), nothing is
-        proposed."""
+        decoding a piece), and the proposal starts after them. Where that encoding would rewrite an emitted token
+        (a merge across the boundary: code's blank lines, a word the target stopped inside), the continuation is
+        encoded on its own instead: the same text, split where the emitted tokens end, which the target may
+        still accept (it judges every token either way)."""
         if not draft_continuation:
             return []
         tail = self.draft_tok.decode(draft_continuation, skip_special_tokens=False)
@@ -109,7 +111,8 @@ class Translator:
         proposal = self._after(body[-WINDOW:], tail)
         if proposal is None and len(body) > WINDOW:
             proposal = self._after(body, tail)
-        proposal = proposal or []
+        if proposal is None:
+            proposal = list(self.target_tok(tail, add_special_tokens=False)["input_ids"])
         # A continuation ending inside a character (byte-level tokens) decodes to U+FFFD: drop what it wrote.
         while proposal and "\ufffd" in self.target_tok.decode(proposal[-1:]):
             proposal.pop()
