@@ -14,8 +14,8 @@ from pathlib import Path
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
-class DraftTargetDecodingConfig(BaseModel):
-    """speculative_config of decoding_type DraftTarget (from_dict pops decoding_type before constructing it)."""
+class DecodingBaseConfig(BaseModel):
+    """The fields and checks every speculative_config shares (upstream's DecodingBaseConfig)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -63,6 +63,10 @@ class DraftTargetDecodingConfig(BaseModel):
             raise ValueError("draft_len_schedule: all draft lengths must be <= max_draft_len")
         return dict(sorted(value.items()))
 
+
+class DraftTargetDecodingConfig(DecodingBaseConfig):
+    """speculative_config of decoding_type DraftTarget (from_dict pops decoding_type before constructing it)."""
+
     @model_validator(mode="after")
     def _draft_target(self):
         if not self.max_draft_len or self.max_draft_len <= 0:
@@ -72,24 +76,11 @@ class DraftTargetDecodingConfig(BaseModel):
         return self
 
 
-class NGramDecodingConfig(BaseModel):
+class NGramDecodingConfig(DecodingBaseConfig):
     """speculative_config of decoding_type NGram (prompt lookup; PyTorch backend only): the base fields (the draft
     model's unused) and NGram's own, max_matching_ngram_size a positive int (default 2), is_keep_all,
     is_use_oldest and is_public_pool (each default True); max_draft_len > 0 required."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    max_draft_len: int | None = None
-    max_total_draft_tokens: int | None = None
-    speculative_model: str | Path | None = Field(
-        None, validation_alias=AliasChoices("speculative_model", "speculative_model_dir")
-    )
-    max_concurrency: int | None = None
-    draft_len_schedule: dict[int, int] | None = None
-    load_format: str | None = None
-    acceptance_window: int | None = None
-    acceptance_length_threshold: float | None = None
-    allow_advanced_sampling: bool = False
     max_matching_ngram_size: int = Field(2, gt=0)
     is_keep_all: bool = True
     is_use_oldest: bool = True
