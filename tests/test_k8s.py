@@ -728,3 +728,47 @@ def test_canary_gate_job_passes_or_blocks_on_the_recipes_threshold(
     assert result.exit_code == exit_code, result.output
     if exit_code:
         assert "acceptance" in result.output
+
+
+@pytest.fixture(scope="module")
+def untrained(tmp_path_factory):
+    """Random-weight models in the demo's shape of vocabulary and tokenizer: a draft that has learned nothing of
+    the target's text, and a target that is not the recipe's."""
+    from tiny_models import make_model
+
+    from trtspec.recipe import DEMO_DIR
+
+    root = tmp_path_factory.mktemp("untrained")
+    small = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    return {
+        role: make_model(root / role, "llama", tokenizer_dir=DEMO_DIR / "draft", seed=seed, **small)
+        for role, seed in (("draft", 41), ("target", 42))
+    }
+
+
+@pytest.mark.server
+@pytest.mark.slow
+@pytest.mark.parametrize("canary", ["draft trained on nothing", "another target"])
+def test_canary_gate_blocks_a_canary_with_a_bad_draft_or_other_outputs(untrained, tmp_path, runner, canary):
+    """The gate Job's command line with the demo recipe's own thresholds (exact match 1.0, acceptance floor 0.3),
+    pointed at a canary that serves the demo target with an untrained draft (outputs exact, acceptance near 0), or
+    another target (outputs differ from the recipe's reference): both exit 1 and say why."""
+    from triton_server import deploy_tiny_repo, running_server
+
+    from trtspec.recipe import DEMO_DIR
+
+    pair = (
+        (DEMO_DIR / "target", untrained["draft"])
+        if canary == "draft trained on nothing"
+        else (untrained["target"], DEMO_DIR / "draft")
+    )
+    deploy_tiny_repo(pair, tmp_path / "repo")
+    recipe = demo_with(tmp_path, {"gate_prompts": 2, "gate_max_tokens": 12})
+    args = gate_args(plan_rollout(load_recipe(recipe, check_paths=False), None, recipe.read_text()))
+    args[2] = str(recipe)
+    with running_server(tmp_path / "repo", tmp_path / "server.log") as server:
+        args[args.index("--url") + 1] = server.ports.grpc_url
+        result = runner.invoke(cli, args[1:])
+    assert result.exit_code == 1, result.output
+    says = "acceptance" if canary == "draft trained on nothing" else "exact"
+    assert says in result.output.lower()
