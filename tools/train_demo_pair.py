@@ -4,6 +4,7 @@
 
     python tools/train_demo_pair.py                      # full run (2285 s on 2 threads of a busy shared machine)
     python tools/train_demo_pair.py --smoke --out /tmp/x # ~1-2 min end-to-end check of the pipeline
+    python tools/train_demo_pair.py --other-tokenizer-drafts  # issue 28's drafts: draft-othertok, draft-sametok
 
 Writes ``<out>/target`` and ``<out>/draft`` (safetensors in fp16, identical tokenizer files, generation_config.json)
 via a temp dir renamed on success, and prints what it did plus a final summary: sizes, parameter counts, held-out
@@ -25,7 +26,7 @@ import sys
 import sysconfig
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 os.environ.setdefault("RAYON_NUM_THREADS", "2")  # tokenizers' trainer; also keeps BPE training reproducible
@@ -131,8 +132,13 @@ def collect_corpus(stdlib: Path) -> tuple[list[str], list[str]]:
     return train, heldout
 
 
-def train_tokenizer(texts: list[str], vocab_size: int, max_positions: int):
-    """Byte-level BPE (GPT-2 style pre-tokenisation) that prepends <s>, as a PreTrainedTokenizerFast."""
+def train_tokenizer(texts: list[str], vocab_size: int, max_positions: int, specials_last: bool = False):
+    """Byte-level BPE (GPT-2 style pre-tokenisation) that prepends <s>, as a PreTrainedTokenizerFast.
+
+    The special tokens take ids 0-3, or with ``specials_last`` the last four ids (where GPT-2 and Qwen put
+    theirs). BPE trained on one corpus learns the same first merges at any size, so two sizes share ids for the
+    texts both hold; moving the specials shifts every other id by four, and then no id means the same text in
+    both tokenizers, as across real model families."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -140,12 +146,14 @@ def train_tokenizer(texts: list[str], vocab_size: int, max_positions: int):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        vocab_size=vocab_size - len(SPECIAL_TOKENS) if specials_last else vocab_size,
+        special_tokens=[] if specials_last else SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer)
+    if specials_last:
+        tok.add_special_tokens(SPECIAL_TOKENS)
     bos_id = tok.token_to_id("<s>")
     tok.post_processor = processors.TemplateProcessing(
         single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos_id)]
@@ -452,13 +460,17 @@ def save_model(model, tokenizer, out_dir: Path) -> None:
         pad_token_id=tokenizer.pad_token_id,
         do_sample=False,
     ).save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
+    # The chat template inside tokenizer_config.json (where the shipped pair has it), not a chat_template.jinja.
+    tokenizer.save_pretrained(out_dir, save_jinja_files=False)
+    # Package data must be readable by every user; the weights are written 0600 inside a mkdtemp() folder.
+    for f in out_dir.iterdir():
+        f.chmod(0o644)
 
 
-def publish(staging: Path, out: Path) -> None:
-    """Replace ``out/target`` and ``out/draft`` with the staged dirs (rename, so never half-written)."""
+def publish(staging: Path, out: Path, names: tuple[str, ...] = ("target", "draft")) -> None:
+    """Replace ``out/<name>`` for each name with the staged dir (rename, so never half-written)."""
     out.mkdir(parents=True, exist_ok=True)
-    for name in ("target", "draft"):
+    for name in names:
         final = out / name
         if final.exists():
             shutil.rmtree(final)
@@ -551,6 +563,283 @@ def evaluate_saved(out: Path, plan: Plan, train_texts: list[str], heldout_texts:
     return 0
 
 
+# ---------------------------------------------------------------- drafts with their own tokenizer (issue 28)
+
+
+@dataclass(frozen=True)
+class TextPlan:
+    """Issue 28's drafts, trained on text alone: the shipped target's greedy continuations and corpus windows,
+    each tokenized by the draft's own tokenizer, with next-token cross-entropy (no logit KL exists across two
+    vocabularies). The other-tokenizer draft and its same-tokenizer baseline get this plan unchanged, so their
+    acceptance can be compared side by side."""
+
+    # 768 over 1536: a 3000-step trial put both within 0.1 of the same-tokenizer draft's acceptance at K=4 (0.733
+    # and 0.659 against 0.742) but only 768 at K=2 (0.794 and 0.712 against 0.822), for 6 % fewer target tokens
+    # per round; and 768 cannot write 37 % of the target's tokens as one token, so translation has to realign.
+    vocab_size: int = 768
+    steps: int = 4000
+    lr: float = 2e-3
+    continuations: int = 4096
+
+
+SMOKE_TEXT = TextPlan(vocab_size=384, steps=20, continuations=8)
+TEXT_DRAFTS = ("draft-othertok", "draft-sametok")
+
+
+def continuation_texts(
+    target, tokenizer, train: torch.Tensor, plan: Plan, count: int, seed: int
+) -> list[str]:
+    """The target's greedy continuations of ``count`` train-stream prompts, as text (special tokens as their
+    text, so a draft tokenizer with the same special tokens reads them back as its own)."""
+    pool = target_continuations(target, train, replace(plan, onpolicy_sequences=count), seed)
+    return tokenizer.batch_decode(pool, skip_special_tokens=False)
+
+
+def text_rows(tokenizer, texts: list[str], length: int) -> torch.Tensor:
+    """Each text as the tokenizer's first ``length`` tokens, padded with <pad> (which the loss ignores): a text
+    is a different number of tokens in each vocabulary. Shape [len(texts), length], int64."""
+    rows = torch.full((len(texts), length), tokenizer.pad_token_id, dtype=torch.long)
+    for i, enc in enumerate(tokenizer.backend_tokenizer.encode_batch(texts, add_special_tokens=False)):
+        ids = enc.ids[:length]
+        rows[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+    return rows
+
+
+def text_losses(draft, pad_id: int):
+    """Next-token cross-entropy on the batch's own tokens, <pad> positions left out."""
+
+    def loss_fn(batch: torch.Tensor) -> dict:
+        logits = draft(input_ids=batch[:, :-1]).logits  # [B, T, V]
+        labels = batch[:, 1:].flatten()
+        return {"draft_ce": F.cross_entropy(logits.flatten(0, 1), labels, ignore_index=pad_id)}
+
+    return loss_fn
+
+
+def train_text_draft(name: str, tokenizer, train_texts, pool_texts, plan: Plan, tplan: TextPlan):
+    """(draft, training seconds): a ``plan.draft``-shaped model on half corpus windows, half target
+    continuations, all in ``tokenizer``'s tokens."""
+    stream = encode_stream(tokenizer, train_texts)
+    pool = text_rows(tokenizer, pool_texts, plan.seq_len + 1)
+    log(f"{name}: vocab {len(tokenizer)}, {len(stream):,} train tokens, continuations {tuple(pool.shape)}")
+    draft = build_model(plan.draft, plan, tokenizer, plan.seed + 2)
+    began = time.perf_counter()
+    loss_fn = text_losses(draft, tokenizer.pad_token_id)
+    sample = mixed_sampler(stream, pool, plan)
+    run_training(name, {"draft": (draft, tplan.lr)}, loss_fn, sample, tplan.steps, plan.seed + 2)
+    return draft, time.perf_counter() - began
+
+
+@torch.no_grad()
+def own_space_metrics(model, tokenizer, heldout_texts: list[str], plan: Plan) -> dict:
+    """Held-out next-token metrics in the model's own tokens: perplexity, top-1 accuracy, and bits per UTF-8
+    byte of the text predicted (the one of the three that compares across vocabularies)."""
+    stream = encode_stream(tokenizer, heldout_texts)
+    windows = stream[: plan.eval_windows * (plan.seq_len + 1)].view(-1, plan.seq_len + 1)
+    nats = correct = text_bytes = 0
+    for window in windows:
+        logits = model(input_ids=window[None, :-1]).logits[0]  # [T, V]
+        nats += F.cross_entropy(logits, window[1:], reduction="sum").item()
+        correct += int((logits.argmax(-1) == window[1:]).sum())
+        text_bytes += len(tokenizer.decode(window[1:]).encode())
+    tokens = windows[:, 1:].numel()
+    return {
+        "ppl": math.exp(nats / tokens),
+        "top1": correct / tokens,
+        "bits_per_byte": nats / text_bytes / math.log(2),
+        "bytes_per_token": text_bytes / tokens,
+    }
+
+
+@torch.no_grad()
+def translated_speculative(target, draft, translator, prompt: torch.Tensor, k: int, new_tokens: int):
+    """``greedy_speculative`` with the draft in its own token space: each round the text so far is re-encoded
+    for the draft (``Translator.to_draft``), the draft continues it greedily by ``k`` of its own tokens, and
+    ``Translator.to_target`` turns that text into the target tokens one target forward verifies.
+
+    Returns (generated target ids, accepted, proposed target tokens, rounds, seconds spent translating)."""
+    seq = prompt.tolist()
+    accepted_total = proposed_total = rounds = 0
+    translate_s = 0.0
+    while len(seq) - len(prompt) < new_tokens:
+        began = time.perf_counter()
+        draft_seq = translator.to_draft(seq)
+        translate_s += time.perf_counter() - began
+        continuation: list[int] = []
+        for _ in range(k):
+            logits = draft(input_ids=torch.tensor([draft_seq + continuation])).logits[0, -1]
+            continuation.append(int(logits.argmax()))
+        began = time.perf_counter()
+        proposal = translator.to_target(seq, continuation)
+        translate_s += time.perf_counter() - began
+        n = len(proposal)
+        target_choice = (
+            target(input_ids=torch.tensor([seq + proposal])).logits[0, -n - 1 :].argmax(-1).tolist()
+        )
+        accepted = 0
+        while accepted < n and proposal[accepted] == target_choice[accepted]:
+            accepted += 1
+        seq += proposal[:accepted] + [target_choice[accepted]]
+        accepted_total, proposed_total, rounds = accepted_total + accepted, proposed_total + n, rounds + 1
+    return seq[len(prompt) :], accepted_total, proposed_total, rounds, translate_s
+
+
+def translated_acceptance(target, target_tok, draft, draft_tok, prompts, plan: Plan, target_ms: dict) -> dict:
+    """Greedy acceptance through text at K=2/4 draft tokens per round: accepted / proposed target tokens, target
+    tokens per round (accepted + 1), translation ms per round, and a speed-up estimate from engine forwards:
+    tokens per round x target step / (K draft steps + one (K+1)-token verification + translation).
+    ``target_ms`` maps a query length to the target's engine forward (ms), measured once for every draft."""
+    from trtspec.core.translate import Translator
+
+    translator = Translator(target_tok, draft_tok)
+    spec = translated_speculative(target, draft, translator, prompts[0], 4, plan.new_tokens)[0]
+    if spec[: plan.new_tokens] != plain_greedy(target, prompts[0], plan.new_tokens):
+        raise RuntimeError("translated speculative output differs from the target's greedy output")
+    draft_ms = lean_step_ms(draft)
+    metrics = {"draft_lean_ms": draft_ms, "target_lean_ms": target_ms[1]}
+    for k in (2, 4):
+        runs = [translated_speculative(target, draft, translator, p, k, plan.new_tokens) for p in prompts]
+        accepted, proposed, rounds = (sum(r[i] for r in runs) for i in (1, 2, 3))
+        generated = sum(len(r[0]) for r in runs)
+        translate_ms = 1e3 * sum(r[4] for r in runs) / rounds
+        round_ms = k * draft_ms + target_ms[k + 1] + translate_ms
+        metrics[f"k{k}"] = {
+            "acceptance": accepted / max(1, proposed),
+            "proposed_per_round": proposed / rounds,
+            "tokens_per_round": generated / rounds,
+            "translate_ms": translate_ms,
+            "est_speedup": generated / rounds * target_ms[1] / round_ms,
+        }
+    return metrics
+
+
+def evaluate_text_drafts(
+    drafts: dict[str, Path], target_dir: Path, heldout_texts: list[str], plan: Plan
+) -> dict:
+    """Each draft (name -> folder) loaded back as shipped: own-space held-out metrics and translated greedy
+    acceptance against the target in ``target_dir``, on the same held-out prompts (the target's <s> first, as
+    a request starts)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trtspec.core.translate import vocab_overlap
+
+    target_tok = AutoTokenizer.from_pretrained(target_dir)
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    heldout = encode_stream(target_tok, heldout_texts)
+    bos = torch.tensor([target_tok.bos_token_id])
+    windows = heldout_prompts(heldout, plan.eval_prompts, plan.prompt_len - 1, plan.seed)
+    prompts = [torch.cat([bos, w]) for w in windows]
+    # Best of 100: one slow measurement here would skew every draft's speed-up estimate.
+    target_ms = {query: lean_step_ms(target, query=query, repeats=100) for query in (1, 3, 5)}
+    results = {}
+    for name, folder in drafts.items():
+        draft_tok = AutoTokenizer.from_pretrained(folder)
+        draft = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        metrics = own_space_metrics(draft, draft_tok, heldout_texts, plan)
+        metrics.update(translated_acceptance(target, target_tok, draft, draft_tok, prompts, plan, target_ms))
+        metrics["overlap"] = vocab_overlap(target_tok, draft_tok).share
+        metrics["vocab"], metrics["mb"] = len(draft_tok), dir_mb(folder)
+        metrics["params"] = sum(p.numel() for p in draft.parameters())
+        log(
+            f"{name}: held-out ppl {metrics['ppl']:.2f}, top-1 {metrics['top1']:.3f}, "
+            f"{metrics['bits_per_byte']:.3f} bits/byte; acceptance K=2 {metrics['k2']['acceptance']:.3f}, "
+            f"K=4 {metrics['k4']['acceptance']:.3f}"
+        )
+        results[name] = metrics
+    return results
+
+
+def text_summary(results: dict, seconds: dict, plan: Plan, tplan: TextPlan) -> str:
+    """A markdown table of the drafts side by side (pasted into TRAINING.md)."""
+    names = list(results)
+    rows = [
+        ("tokenizer vocab", lambda m: f"{m['vocab']}"),
+        (
+            "target tokens the draft writes as one token (vocab_overlap.share)",
+            lambda m: f"{m['overlap']:.3f}",
+        ),
+        ("parameters / size on disk", lambda m: f"{m['params'] / 1e6:.2f} M / {m['mb']:.1f} MB"),
+        ("held-out perplexity (per own token)", lambda m: f"{m['ppl']:.2f}"),
+        ("held-out top-1 next-token accuracy", lambda m: f"{m['top1']:.3f}"),
+        (
+            "held-out bits per byte / bytes per token",
+            lambda m: f"{m['bits_per_byte']:.3f} / {m['bytes_per_token']:.2f}",
+        ),
+        ("decode step, engine forward (LeanCausalLM), 2 threads", lambda m: f"{m['draft_lean_ms']:.2f} ms"),
+    ]
+    for k in (2, 4):
+        rows += [
+            (
+                f"K={k}: acceptance (accepted / proposed target tokens)",
+                lambda m, k=k: f"{m[f'k{k}']['acceptance']:.3f}",
+            ),
+            (
+                f"K={k}: proposed / generated target tokens per round",
+                lambda m, k=k: (
+                    f"{m[f'k{k}']['proposed_per_round']:.2f} / {m[f'k{k}']['tokens_per_round']:.2f}"
+                ),
+            ),
+            (f"K={k}: translation per round", lambda m, k=k: f"{m[f'k{k}']['translate_ms']:.2f} ms"),
+            (
+                f"K={k}: estimated speed-up (engine forwards)",
+                lambda m, k=k: f"{m[f'k{k}']['est_speedup']:.2f}x",
+            ),
+        ]
+    lines = ["| | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    lines += [f"| {label} | " + " | ".join(cell(results[n]) for n in names) + " |" for label, cell in rows]
+    trained = (
+        ", ".join(f"{name} {secs:.0f} s" for name, secs in seconds.items()) or "(not trained by this run)"
+    )
+    lines += [
+        "",
+        f"- training: {tplan.steps} steps of {plan.batch_size} x {plan.seq_len} tokens, half corpus windows, half"
+        f" {tplan.continuations} target greedy continuations as text; {trained} on {torch.get_num_threads()}"
+        f" threads; whole run {time.perf_counter() - START:.0f} s",
+        f"- acceptance: {plan.eval_prompts} held-out prompts (<s> + {plan.prompt_len - 1} tokens),"
+        f" {plan.new_tokens} new tokens each, greedy, every draft through core.translate.Translator;"
+        f" target engine step {results[names[0]]['target_lean_ms']:.2f} ms",
+    ]
+    return "\n".join(lines)
+
+
+def other_tokenizer_drafts(args, plan: Plan, tplan: TextPlan, train_texts, heldout_texts) -> int:
+    """Train (or with --evaluate only re-measure) ``out/draft-othertok`` and ``out/draft-sametok``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    # The shipped draft (distilled from the target's logits) runs through the same loop, as a reference.
+    reference = {"draft (KL-distilled)": args.target.parent / "draft"} if not args.smoke else {}
+    if args.evaluate:
+        drafts = {name: args.out / name for name in TEXT_DRAFTS}
+        results = evaluate_text_drafts(drafts | reference, args.target, heldout_texts, plan)
+        print(text_summary(results, {}, plan, tplan), flush=True)
+        return 0
+    target_tok = AutoTokenizer.from_pretrained(args.target)
+    target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
+    pool_texts = continuation_texts(
+        target, target_tok, encode_stream(target_tok, train_texts), plan, tplan.continuations, plan.seed + 3
+    )
+    log(f"target greedy continuations: {len(pool_texts)} texts")
+    other_tok = train_tokenizer(train_texts, tplan.vocab_size, plan.max_positions, specials_last=True)
+    tokenizers = {"draft-othertok": other_tok, "draft-sametok": target_tok}
+    seconds = {}
+    args.out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=args.out) as tmp:
+        staging = Path(tmp)
+        for name, tok in tokenizers.items():
+            draft, seconds[name] = train_text_draft(name, tok, train_texts, pool_texts, plan, tplan)
+            save_model(draft, tok, staging / name)
+        # The baseline shares the target's tokenizer byte for byte, as the shipped draft does.
+        for f in args.target.iterdir():
+            if f.name.startswith(("tokenizer", "special_tokens")):
+                shutil.copyfile(f, staging / "draft-sametok" / f.name)
+        drafts = {name: staging / name for name in TEXT_DRAFTS}
+        results = evaluate_text_drafts(drafts | reference, args.target, heldout_texts, plan)
+        publish(staging, args.out, TEXT_DRAFTS)
+    log(f"saved {', '.join(str(args.out / n) for n in TEXT_DRAFTS)}")
+    print(text_summary(results, seconds, plan, tplan), flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -561,6 +850,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--evaluate", action="store_true", help="only re-measure the pair already in --out")
+    parser.add_argument(
+        "--other-tokenizer-drafts",
+        action="store_true",
+        help="train draft-othertok (its own BPE) and draft-sametok (the target's) on --target's text into --out",
+    )
+    parser.add_argument(
+        "--target", type=Path, default=DEFAULT_OUT / "target", help="target of --other-tokenizer-drafts"
+    )
+    parser.add_argument("--othertok-vocab", type=int, help="BPE size of draft-othertok (default: TextPlan's)")
     args = parser.parse_args(argv)
     plan = SMOKE if args.smoke else Plan()
     torch.set_num_threads(args.threads)
@@ -568,6 +866,10 @@ def main(argv: list[str] | None = None) -> int:
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     train_texts, heldout_texts = collect_corpus(stdlib)
     log(f"corpus: {stdlib} -> {len(train_texts)} train / {len(heldout_texts)} held-out files")
+    if args.other_tokenizer_drafts:
+        tplan = SMOKE_TEXT if args.smoke else TextPlan()
+        tplan = replace(tplan, vocab_size=args.othertok_vocab or tplan.vocab_size)
+        return other_tokenizer_drafts(args, plan, tplan, train_texts, heldout_texts)
     if args.evaluate:
         return evaluate_saved(args.out, plan, train_texts, heldout_texts)
     tokenizer = train_tokenizer(train_texts, plan.vocab_size, plan.max_positions)
