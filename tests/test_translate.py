@@ -287,3 +287,19 @@ def test_the_trtllm_runner_drafts_in_the_drafts_own_ids_and_returns_the_targets_
         (ids,) = kw["prompts"]
         assert draft_tok(draft_tok.decode(ids, skip_special_tokens=False))["input_ids"] == ids
         assert kw["end_id"] == draft_tok.eos_token_id
+
+
+def test_the_drafts_view_re_encodes_only_its_tail_and_matches_a_whole_re_encoding(tokenizers):
+    """Token by token along a text (as rounds append them), the incremental view gives the draft the tokens a
+    whole re-encoding gives: it restarts at a word's first token, where byte-level BPE never merges across."""
+    from trtspec.core.translate import DraftView
+
+    target_tok, draft_tok = tokenizers
+    translator = Translator(target_tok, draft_tok)
+    ids = target_tok(TEXT * 2)["input_ids"]
+    view = DraftView()
+    for end in range(2, len(ids) + 1):
+        assert translator.to_draft(ids[:end], view) == translator.to_draft(ids[:end]), end
+    assert view.text == TEXT * 2
+    # a view from another text (a guess that was not confirmed) starts over
+    assert translator.to_draft(ids[:5], view) == translator.to_draft(ids[:5])

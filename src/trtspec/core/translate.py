@@ -76,11 +76,42 @@ def vocab_overlap(target_tok, draft_tok) -> VocabOverlap:
     )
 
 
+class _Codec:
+    """One tokenizer's text <-> ids without special-token handling, through its Rust backend where it has one (an
+    HF fast tokenizer's ``backend_tokenizer``: a round translates several times, and the Python wrapper costs more
+    than the work)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.backend = getattr(tokenizer, "backend_tokenizer", None)
+
+    def encode(self, text: str) -> list[int]:
+        if self.backend is not None:
+            return self.backend.encode(text, add_special_tokens=False).ids
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def decode(self, ids: list[int]) -> str:
+        if self.backend is not None:
+            return self.backend.decode(ids, skip_special_tokens=False)
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+
+@dataclass
+class DraftView:
+    """A row's text as the draft's tokens, kept between rounds so that ``Translator.to_draft`` re-encodes only
+    its tail: the target tokens it covers, their text, and the draft's tokens for it (start tokens excluded)."""
+
+    target_len: int = 0
+    text: str = ""
+    ids: list[int] = field(default_factory=list)
+
+
 class Translator:
-    """Target tokens <-> the draft's, through text (see the module docstring). Tokenizers are HF fast tokenizers."""
+    """Target tokens <-> the draft's, through text (see the module docstring). Tokenizers are HF tokenizers."""
 
     def __init__(self, target_tok, draft_tok):
         self.target_tok, self.draft_tok = target_tok, draft_tok
+        self.target, self.draft = _Codec(target_tok), _Codec(draft_tok)
         # What the draft's tokenizer puts before any text (its BOS, as a Llama tokenizer adds it), and what the
         # target's puts there, which is not text to carry over.
         self.draft_start = list(draft_tok("", add_special_tokens=True)["input_ids"])
@@ -91,35 +122,54 @@ class Translator:
         n = len(self.target_start)
         return target_ids[n:] if n and target_ids[:n] == self.target_start else target_ids
 
-    def to_draft(self, target_ids: list[int]) -> list[int]:
-        """The draft's tokens for the text of ``target_ids`` (its start tokens first)."""
-        text = self.target_tok.decode(self._body(target_ids), skip_special_tokens=False)
-        return self.draft_start + list(self.draft_tok(text, add_special_tokens=False)["input_ids"])
+    def to_draft(self, target_ids: list[int], view: DraftView | None = None) -> list[int]:
+        """The draft's tokens for the text of ``target_ids`` (its start tokens first). With the row's ``view``
+        from the last round, only the text from the last draft token that starts a word (a space or a line
+        break: byte-level BPE never merges across one) is re-encoded; the view is updated."""
+        body = self._body(target_ids)
+        text = self.target.decode(body)
+        if view is None or view.target_len > len(body) or not text.startswith(view.text) or not view.ids:
+            ids = self.draft.encode(text)
+        else:
+            keep = _word_start(view.ids, self.draft)
+            cut = len(view.text) - len(self.draft.decode(view.ids[keep:]))
+            if cut < 0 or not view.text.endswith(self.draft.decode(view.ids[keep:])):
+                ids = self.draft.encode(
+                    text
+                )  # the pieces do not decode to the text apart (a split character)
+            else:
+                ids = view.ids[:keep] + self.draft.encode(text[cut:])
+        if view is not None:
+            view.target_len, view.text, view.ids = len(body), text, ids
+        return self.draft_start + ids
 
     def to_target(self, target_ids: list[int], draft_continuation: list[int]) -> list[int]:
         """The target tokens that write ``draft_continuation``'s text after ``target_ids``, from the first token
-        boundary the two tokenizations share: the last WINDOW target tokens are re-encoded with the continuation
-        (the whole text where a window does not re-encode to itself: a tokenizer that drops a leading space when
-        decoding a piece), and the proposal starts after them. Where that encoding would rewrite an emitted token
-        (a merge across the boundary: code's blank lines, a word the target stopped inside), the continuation is
-        encoded on its own instead: the same text, split where the emitted tokens end, which the target may
-        still accept (it judges every token either way)."""
+        boundary the two tokenizations share: the last WINDOW target tokens are re-encoded with the continuation,
+        and the proposal starts after them. Where that encoding would rewrite an emitted token (a merge across the
+        boundary: code's blank lines, a word the target stopped inside; or a tokenizer whose pieces do not decode
+        apart as they do together), the continuation is encoded on its own instead: the same text, split where
+        the emitted tokens end, which the target may still accept (it judges every token either way)."""
         if not draft_continuation:
             return []
-        tail = self.draft_tok.decode(draft_continuation, skip_special_tokens=False)
-        body = self._body(target_ids)
-        proposal = self._after(body[-WINDOW:], tail)
-        if proposal is None and len(body) > WINDOW:
-            proposal = self._after(body, tail)
-        if proposal is None:
-            proposal = list(self.target_tok(tail, add_special_tokens=False)["input_ids"])
+        tail = self.draft.decode(draft_continuation)
+        window = self._body(target_ids)[-WINDOW:]
+        ids = self.target.encode(self.target.decode(window) + tail)
+        proposal = ids[len(window) :] if ids[: len(window)] == window else self.target.encode(tail)
         # A continuation ending inside a character (byte-level tokens) decodes to U+FFFD: drop what it wrote.
-        while proposal and "\ufffd" in self.target_tok.decode(proposal[-1:]):
+        while proposal and "\ufffd" in self.target.decode(proposal[-1:]):
             proposal.pop()
         return proposal
 
-    def _after(self, emitted: list[int], tail: str) -> list[int] | None:
-        """The target encoding of ``emitted``'s text + ``tail`` past ``emitted``, or None where it rewrites them."""
-        head = self.target_tok.decode(emitted, skip_special_tokens=False)
-        ids = list(self.target_tok(head + tail, add_special_tokens=False)["input_ids"])
-        return ids[len(emitted) :] if ids[: len(emitted)] == emitted else None
+
+def _word_start(ids: list[int], codec: _Codec, back: int = 8) -> int:
+    """The index of the last of ``ids``' final ``back`` tokens that starts a run of whitespace after a token that
+    does not end in one (byte-level BPE's pre-tokenizer always splits there, however the text goes on; a run's own
+    split moves as the next word arrives), else len(ids) - back: where re-encoding may start without changing what
+    comes before."""
+    texts = [codec.decode([i]) for i in ids[-back - 1 :]]
+    offset = len(ids) - len(texts)
+    for j in range(len(texts) - 1, 0, -1):
+        if texts[j][:1].isspace() and not texts[j - 1][-1:].isspace():
+            return offset + j
+    return max(len(ids) - back, 0)

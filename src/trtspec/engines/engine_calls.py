@@ -42,6 +42,7 @@ import torch
 
 from trtspec.core.sequences import common_prefix_len
 from trtspec.core.token_rules import EngineStops, engine_stops, round_seeds
+from trtspec.core.translate import DraftView
 from trtspec.core.vocab import draft_input_ids
 from trtspec.engines.rounds import Outcome, Row
 from trtspec.engines.sampling import SamplingParams, to_vocab
@@ -140,9 +141,11 @@ class EngineCallRounds:
         self.draft_ahead, self.together = draft_ahead, together
         self.device = "cpu"  # sampled requests' generators only draw the calls' seeds
         self.ready: dict[int, Draft] = {}  # per slot: the next round's draft, drafted ahead and confirmed
+        self.views: dict[int, DraftView] = {}  # per slot, with a translator: its text as the draft's tokens
 
     def release(self, slot: int) -> None:
         self.ready.pop(slot, None)
+        self.views.pop(slot, None)
 
     def run(
         self,
@@ -213,7 +216,7 @@ class EngineCallRounds:
             elif k > 0:
                 asked.append(i)
         if asked:
-            prefixes = [self._draft_view(rows[i].tokens) for i in asked]
+            prefixes = [self._draft_view(rows[i]) for i in asked]
             want_logits = self.use_draft_logits and self.translator is None
             outs = self.calls.propose(prefixes, max(num_draft[i] for i in asked), call, want_logits)
             for i, out in zip(asked, outs, strict=True):
@@ -234,9 +237,11 @@ class EngineCallRounds:
         logits[torch.arange(len(tokens)), torch.tensor(tokens)] = 0.0
         return Draft(list(tokens), logits)
 
-    def _draft_view(self, tokens: list[int]) -> list[int]:
+    def _draft_view(self, row: Row, tokens: list[int] | None = None) -> list[int]:
+        """What the draft engine is given for ``row`` (or for ``tokens`` past it: a guess drafted ahead)."""
+        tokens = row.tokens if tokens is None else tokens
         if self.translator is not None:
-            return self.translator.to_draft(tokens)
+            return self.translator.to_draft(tokens, self.views.setdefault(row.slot, DraftView()))
         vocab = self.calls.draft_vocab
         return draft_input_ids(tokens, vocab) if vocab else tokens
 
@@ -288,7 +293,7 @@ class EngineCallRounds:
         self, row: Row, draft: Draft, params, target: Call, draft_call: Call
     ) -> Outcome:
         ahead_k = _ahead_k(len(draft.tokens), params)
-        prefix = self._draft_view(row.tokens + draft.tokens)
+        prefix = self._draft_view(row, row.tokens + draft.tokens)
         guess_next = partial(self.calls.propose, [prefix], ahead_k, draft_call, self.use_draft_logits)
         (new,), guesses = self.together(self._verify_call([row], [draft], target), guess_next)
         guess = _first(guesses[0], ahead_k) if guesses else Draft([])

@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from trtspec.core.sequences import common_prefix_len
+from trtspec.core.translate import DraftView
 from trtspec.engines.rounds import Outcome, Row
 from trtspec.engines.sampling import (
     SamplingParams,
@@ -39,13 +40,15 @@ from trtspec.engines.sampling import (
 
 class DraftRow(Row):
     """A row as a draft with its own tokenizer sees it: ``tokens`` its text as the draft's tokens, ``draft_len``
-    the draft cache's length, ``proposed`` its last proposal (cached but for the last token)."""
+    the draft cache's length, ``proposed`` its last proposal (cached but for the last token), ``view`` what
+    re-encoding its text next round starts from (core/translate.py)."""
 
     proposed: list[int]
+    view: DraftView
 
     def __init__(self, tokens: list[int], slot: int):
         super().__init__(tokens, slot)
-        self.proposed = []
+        self.proposed, self.view = [], DraftView()
 
     def sync(self, tokens: list[int]) -> None:
         """The row's text re-encoded: the cache keeps what it shares with it (a tokenizer is not prefix-stable)."""
@@ -298,7 +301,7 @@ class TorchRounds:
         for i in asked:
             row = rows[i]
             state = self.draft_rows.setdefault(row.slot, DraftRow([], row.slot))
-            state.sync(self.translator.to_draft(row.tokens))
+            state.sync(self.translator.to_draft(row.tokens, state.view))
             states.append(state)
         tokens, _, _ = propose(self.draft, states, [num_draft[i] for i in asked], params, generator)
         for i, state, drafted in zip(asked, states, tokens.tolist(), strict=True):
