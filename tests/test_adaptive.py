@@ -20,6 +20,7 @@ from trtspec.engines.adaptive import (
     group_k,
     linear_costs,
     policy_for,
+    probe_due,
     schedule_cap,
 )
 from trtspec.engines.engine import SpeculativeEngine
@@ -159,7 +160,7 @@ def test_a_batch_shares_the_k_best_for_its_rows_together():
     capped = KController(policy, max_k=1)
     assert group_k([high, capped], in_flight=2) == 1  # every row's max_k caps the shared K
     low.rounds_off = policy.probe_every
-    assert group_k([low], in_flight=1) == 1  # off long enough: probe
+    assert group_k([low], in_flight=1) == 0 and probe_due(low, in_flight=1)  # off long enough: the row probes
 
 
 def test_round_costs_per_k_in_target_only_rounds():
@@ -447,3 +448,19 @@ def test_a_round_with_another_groups_prefill_is_not_charged_to_the_timed_batch()
     assert all(seconds == pytest.approx(rounds.cost(b, k)) for b, k, seconds in recorded)
     loop.fail_all("stop")  # a failed round leaves nothing pending for the next loop on this state
     assert state.costs._pending is None
+
+
+def test_a_row_off_long_enough_probes_alone_while_its_batch_stays_target_only(tiny_pair):
+    """When no K pays, each row probes on its own every probe_every rounds: one row drafts a token while the
+    others verify none (a whole batch probing at once would make every row's draft catch up on its prompt)."""
+    policy = KPolicy(prior=0.0, prior_weight=1e6, probe_every=3)  # acceptance 0: drafting never pays
+    engine = SpeculativeEngine.from_pretrained(*tiny_pair, max_draft_len=4, max_seq_len=128, k_policy=policy)
+    loop = engine.new_loop()
+    drafting_rows = []
+    for i in range(3):  # joining one round apart, their counters of rounds off are staggered
+        loop.add(i, [1, 7 + i, 8, 9], SamplingParams(max_new_tokens=24), eos_ids=())
+        drafting_rows.append(sum(e.num_draft > 0 for e in loop.step()))
+    while loop.busy:
+        drafting_rows.append(sum(e.num_draft > 0 for e in loop.step()))
+    assert drafting_rows.count(1) >= 6  # each row's own probes
+    assert drafting_rows.count(3) == 0 and drafting_rows.count(2) == 0

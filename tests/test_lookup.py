@@ -181,3 +181,17 @@ def test_lookup_priced_off_still_probes_every_probe_every_matching_rounds(tiny_p
             assert request.lookup_off == 0
     assert matched >= 8 and 1 <= proposed <= matched // 4 + 1
     assert event.result.token_ids == hf_greedy(target, REPEATING * 2, 40)
+
+
+def test_one_lookup_length_for_a_batch_pays_only_if_its_rows_gain_more_than_the_batch_pays():
+    """A batched verification is as wide as its longest proposal for every row: one row's match that doubles its
+    own tokens pays at batch 1 and not among 16 rows that found nothing, where the whole batch pays its width."""
+    from trtspec.engines.adaptive import KPolicy, best_lookup_len
+
+    policy = KPolicy(verify_token_ratio=0.1)
+    assert best_lookup_len([0.8], [4], 1, policy)[0] == 4
+    assert best_lookup_len([0.8], [4], 16, policy) == (0, 1.0)
+    n, speedup = best_lookup_len([0.8] * 16, [4] * 16, 16, policy)  # every row found one: as at batch 1
+    assert n == 4 and speedup == pytest.approx(best_lookup_len([0.8], [4], 1, policy)[1])
+    # measured costs (lookup rounds of this batch size) replace the prior ratio: a dear verification declines
+    assert best_lookup_len([0.8], [4], 1, policy, costs=[1.0, 3.0, 3.5, 4.0, 4.5]) == (0, 1.0)

@@ -159,15 +159,25 @@ class AcceptancePool(Acceptance):
 
 
 def best_lookup_len(
-    acceptance: float, available: int, policy: KPolicy, costs: Costs | None = None
+    acceptances: Sequence[float],
+    available: Sequence[int],
+    batch: int,
+    policy: KPolicy,
+    costs: Costs | None = None,
 ) -> tuple[int, float]:
-    """How many of ``available`` looked-up tokens to propose, and the expected speedup over target-only: the
-    length with the best expected tokens per round over its round's cost (measured lookup rounds, else
-    1 + verify_token_ratio per token); (0, 1.0) unless one beats 1 + min_gain."""
+    """How many looked-up tokens the rows of a batch of ``batch`` rows propose (each at most its ``available``),
+    and the round's expected speedup over target-only: the length with the most expected tokens per round over
+    the round's cost (measured lookup rounds of this batch size, else 1 + verify_token_ratio per token). One
+    length for the batch: a batched verification is as wide as its longest proposal for every row, so a length
+    pays only if the rows that look up gain more than the whole batch pays. (0, 1.0) unless one beats
+    1 + min_gain."""
     best, best_speedup = 0, 1.0 + policy.min_gain
-    for n in range(1, available + 1):
+    for n in range(1, max(available, default=0) + 1):
         cost = costs[n] if costs else 1.0 + policy.verify_token_ratio * n
-        speedup = expected_tokens_per_round(acceptance, n) / cost
+        gained = sum(
+            expected_tokens_per_round(a, min(n, m)) - 1.0 for a, m in zip(acceptances, available, strict=True)
+        )
+        speedup = (batch + gained) / batch / cost
         if speedup > best_speedup:
             best, best_speedup = n, speedup
     return (best, best_speedup) if best else (0, 1.0)
@@ -210,22 +220,31 @@ class KController:
     def choose(self, in_flight: int, costs: Costs | None = None) -> int:
         """This round's K for a loop with ``in_flight`` sequences: min(best for the acceptance, schedule, max_k),
         or a 1-token probe after probe_every rounds off."""
-        return group_k([self], in_flight, costs)
+        k = group_k([self], in_flight, costs)
+        return 1 if k == 0 and probe_due(self, in_flight) else k
+
+
+def _cap(controllers: Sequence[KController], in_flight: int) -> int:
+    policy = controllers[0].policy
+    cap = min(c.max_k for c in controllers)
+    scheduled = schedule_cap(policy.schedule, in_flight)
+    return cap if scheduled is None else min(cap, scheduled)
 
 
 def group_k(controllers: Sequence[KController], in_flight: int, costs: Costs | None = None) -> int:
     """One K for adaptive rows batched in one round: the best for their acceptances together, capped by the
-    schedule for ``in_flight`` and every row's max_k; a 1-token probe once a row has been off probe_every
-    rounds. The controllers share one policy (the loop's)."""
-    policy = controllers[0].policy
-    cap = min(c.max_k for c in controllers)
-    scheduled = schedule_cap(policy.schedule, in_flight)
-    if scheduled is not None:
-        cap = min(cap, scheduled)
-    k = best_k([c.acceptance for c in controllers], cap, policy, costs)
-    if k == 0 and cap > 0 and any(c.rounds_off >= policy.probe_every for c in controllers):
-        return 1
-    return k
+    schedule for ``in_flight`` and every row's max_k (0: no K pays; rows then probe on their own, ``probe_due``).
+    The controllers share one policy (the loop's)."""
+    return best_k(
+        [c.acceptance for c in controllers], _cap(controllers, in_flight), controllers[0].policy, costs
+    )
+
+
+def probe_due(controller: KController, in_flight: int) -> bool:
+    """A row off for probe_every rounds drafts one token to measure again, where the schedule lets it draft. Per
+    row, not per batch: its draft catches up on its own tokens only (a whole batch probing at once would make
+    every row's draft catch up on its prompt in one round)."""
+    return _cap([controller], in_flight) > 0 and controller.rounds_off >= controller.policy.probe_every
 
 
 class _CostTable:

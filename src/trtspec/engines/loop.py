@@ -58,6 +58,7 @@ from trtspec.engines.adaptive import (
     best_lookup_len,
     draft_speedup,
     group_k,
+    probe_due,
 )
 from trtspec.engines.rounds import Outcome, Rounds, Row
 from trtspec.engines.sampling import SamplingParams, check_num_draft_tokens
@@ -389,6 +390,7 @@ class GenerationLoop:
             unit = only_group and no_prefill and len(adaptive) == len(group)
             shared = self.adaptive.choose(adaptive, len(self.active), len(group), self.max_draft_len, unit)
         num_draft = [self._num_draft(r, running, shared) for r in group]
+        probing = adaptive and shared == 0 and any(num_draft)  # a few rows' probes: no K's cost to learn
         proposals = self._lookups(group, num_draft, running)
         drafted = [0 if proposals and proposals[i] is not None else k for i, k in enumerate(num_draft)]
         if adaptive and not group[0].params.seeded:
@@ -396,7 +398,7 @@ class GenerationLoop:
         # Timed only as the round's one batch (another group's prefill or forwards would be charged to this K),
         # and only where one proposer gave every proposal (a mixed round's cost is neither's).
         looked_up = proposals is not None
-        if no_prefill and only_group and (not looked_up or not any(drafted)):
+        if no_prefill and only_group and not probing and (not looked_up or not any(drafted)):
             self.adaptive.timed(len(group), max(num_draft), looked_up)
         return num_draft, proposals
 
@@ -406,22 +408,37 @@ class GenerationLoop:
         """Prompt lookup for the group's rows that use it (see the module docstring); sets their num_draft to the
         proposal's length. None where no row takes a lookup."""
         proposals: list[list[int] | None] = [None] * len(group)
-        for i, request in enumerate(group):
-            if request.lookup is None:
-                continue
+        rows = [i for i, r in enumerate(group) if r.lookup is not None]
+        if not rows:
+            return None
+        found = {}
+        for i in rows:
+            request = group[i]
             cap = self._num_draft(request, running, request.k)
-            found = lookup(request.row.tokens, cap, self.lookup_spec) if cap > 0 else []
-            # a seeded request's choice must not depend on the load: the policy's ratios only
-            costs = (
-                None if request.params.seeded else self.adaptive.lookup_prices(len(group), self.max_draft_len)
-            )
-            n, speedup = best_lookup_len(request.lookup.value, len(found), self.k_policy, costs)
-            if n == 0 and found and request.lookup_off >= self.k_policy.probe_every:
+            found[i] = lookup(request.row.tokens, cap, self.lookup_spec) if cap > 0 else []
+        # One length for the group (adaptive.best_lookup_len); a seeded request's choice must not depend on the
+        # load, so it prices by the policy's ratios alone, as one row.
+        shared = [i for i in rows if found[i] and not group[i].params.seeded]
+        costs = self.adaptive.lookup_prices(len(group), self.max_draft_len)
+        n_shared, speedup_shared = best_lookup_len(
+            [group[i].lookup.value for i in shared],
+            [len(found[i]) for i in shared],
+            len(group),
+            self.k_policy,
+            costs,
+        )
+        for i in rows:
+            request = group[i]
+            if request.params.seeded:
+                n, speedup = best_lookup_len([request.lookup.value], [len(found[i])], 1, self.k_policy)
+            else:
+                n, speedup = min(n_shared, len(found[i])), speedup_shared
+            if n == 0 and found[i] and request.lookup_off >= self.k_policy.probe_every:
                 # A probe: the acceptance and lookup's costs were measured where it last ran (a server's first
                 # rounds may price it off for good: a target-only round without responses to send is cheap).
-                n, speedup = len(found), float("inf")
+                n, speedup = len(found[i]), float("inf")
             if n == 0:
-                request.lookup_off += bool(found)
+                request.lookup_off += bool(found[i])
                 if not uses_draft(request.proposer):
                     num_draft[i] = 0
                 continue
@@ -436,7 +453,7 @@ class GenerationLoop:
                     request.lookup_off += 1
                     continue
             request.lookup_off = 0
-            proposals[i], num_draft[i] = found[:n], n
+            proposals[i], num_draft[i] = found[i][:n], n
         return proposals if any(p is not None for p in proposals) else None
 
     def _num_draft(self, request: _Active, running: bool, shared: int) -> int:
@@ -446,6 +463,8 @@ class GenerationLoop:
         if self.first_token_alone and request.rounds == 0 and (request.params.seeded or not running):
             return 0
         k = shared if request.controller is not None else request.k
+        if request.controller is not None and k == 0 and probe_due(request.controller, len(self.active)):
+            k = 1
         # Never draft past max_new_tokens: the round's last token comes from the target anyway.
         return min(k, request.params.max_new_tokens - len(request.generated) - 1)
 
