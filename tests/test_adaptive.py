@@ -464,3 +464,17 @@ def test_a_row_off_long_enough_probes_alone_while_its_batch_stays_target_only(ti
         drafting_rows.append(sum(e.num_draft > 0 for e in loop.step()))
     assert drafting_rows.count(1) >= 6  # each row's own probes
     assert drafting_rows.count(3) == 0 and drafting_rows.count(2) == 0
+
+
+@pytest.mark.parametrize(("per_k", "worth"), [(1.0, False), (0.1, True)])
+def test_probes_only_where_some_k_could_pay_at_that_batch_size(per_k, worth):
+    """At a batch size whose measured rounds cost 1 + per_k target rounds per draft token, a probe can change
+    something only if drafting pays at a high acceptance; where it cannot, the probe would only cost."""
+    state = AdaptiveState(KPolicy())
+    for _ in range(4):
+        state.costs.record(16, 0, 0.01)
+    for k in (1, 2, 3, 4):
+        for _ in range(3):
+            state.costs.record(16, k, 0.01 * (1 + per_k * k))
+    assert state.worth_probing(16, 4, in_flight=16) is worth
+    assert state.worth_probing(2, 4, in_flight=2)  # nothing measured there: the policy's ratios, probe

@@ -464,6 +464,17 @@ class AdaptiveState:
         self._decided(batch, k, controllers, costs, max_k)
         return 0 if self.measure and timed and self.costs.unit_due(batch, k) else k
 
+    def worth_probing(self, batch: int, max_k: int, in_flight: int) -> bool:
+        """Whether a probe can change anything at this batch size: some K pays at a high acceptance (0.95) by
+        the measured costs. Where even that does not pay, a probe only costs (its row's draft catching up on
+        everything it skipped, the prompt included)."""
+        costs = self.costs.costs(batch, max_k) if self.measure else None
+        if costs is None:
+            return True
+        scheduled = schedule_cap(self.policy.schedule, in_flight)
+        cap = max_k if scheduled is None else min(max_k, scheduled)
+        return best_k(0.95, cap, self.policy, costs) > 0
+
     def ran(self, batch: int, k: int) -> None:
         """Count a round adaptive rows ran with ``k`` draft tokens (a unit round, a first round from the
         target's prefill alone and a K cut to the budget count as what ran, not as what was chosen)."""

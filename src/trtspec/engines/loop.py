@@ -389,7 +389,12 @@ class GenerationLoop:
             # a unit round measures only where the round is timed as one batch and every row is adaptive
             unit = only_group and no_prefill and len(adaptive) == len(group)
             shared = self.adaptive.choose(adaptive, len(self.active), len(group), self.max_draft_len, unit)
-        num_draft = [self._num_draft(r, running, shared) for r in group]
+        # per-row probes (adaptive.probe_due) only where drafting could pay at this batch size
+        probes = shared == 0 and (
+            group[0].params.seeded
+            or self.adaptive.worth_probing(len(group), self.max_draft_len, len(self.active))
+        )
+        num_draft = [self._num_draft(r, running, shared, probes) for r in group]
         probing = adaptive and shared == 0 and any(num_draft)  # a few rows' probes: no K's cost to learn
         proposals = self._lookups(group, num_draft, running)
         drafted = [0 if proposals and proposals[i] is not None else k for i, k in enumerate(num_draft)]
@@ -456,14 +461,19 @@ class GenerationLoop:
             proposals[i], num_draft[i] = found[i][:n], n
         return proposals if any(p is not None for p in proposals) else None
 
-    def _num_draft(self, request: _Active, running: bool, shared: int) -> int:
+    def _num_draft(self, request: _Active, running: bool, shared: int, probes: bool = False) -> int:
         """The row's K this round (``shared``: the adaptive rows' K). A first round drafts nothing
         (first_token_alone) where that makes the round shorter: when no other row drafts in it. A seeded sampled
         row always does, so that its random draws, and so its tokens, do not depend on the other rows."""
         if self.first_token_alone and request.rounds == 0 and (request.params.seeded or not running):
             return 0
         k = shared if request.controller is not None else request.k
-        if request.controller is not None and k == 0 and probe_due(request.controller, len(self.active)):
+        if (
+            probes
+            and request.controller is not None
+            and k == 0
+            and probe_due(request.controller, len(self.active))
+        ):
             k = 1
         # Never draft past max_new_tokens: the round's last token comes from the target anyway.
         return min(k, request.params.max_new_tokens - len(request.generated) - 1)
