@@ -173,7 +173,8 @@ def best_lookup_len(
     1 + min_gain."""
     best, best_speedup = 0, 1.0 + policy.min_gain
     for n in range(1, max(available, default=0) + 1):
-        cost = costs[n] if costs else 1.0 + policy.verify_token_ratio * n
+        # a wider verification never costs less than a target step: a measured cost below 1 is noise
+        cost = max(costs[n], 1.0) if costs else 1.0 + policy.verify_token_ratio * n
         gained = sum(
             expected_tokens_per_round(a, min(n, m)) - 1.0 for a, m in zip(acceptances, available, strict=True)
         )

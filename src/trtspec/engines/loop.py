@@ -416,15 +416,24 @@ class GenerationLoop:
         rows = [i for i, r in enumerate(group) if r.lookup is not None]
         if not rows:
             return None
+        costs = self.adaptive.lookup_prices(len(group), self.max_draft_len)
+        caps = {i: self._num_draft(group[i], running, group[i].k) for i in rows}
+        # Where lookup cannot pay at this batch size even if every row found a match accepted at 0.95 (measured
+        # costs), nobody looks up or probes: the search and the wider verification would only cost.
+        hopeless = (
+            costs is not None
+            and not best_lookup_len(
+                [0.95] * len(rows), list(caps.values()), len(group), self.k_policy, costs
+            )[0]
+        )
         found = {}
         for i in rows:
-            request = group[i]
-            cap = self._num_draft(request, running, request.k)
-            found[i] = lookup(request.row.tokens, cap, self.lookup_spec) if cap > 0 else []
+            seeded = group[i].params.seeded
+            searching = caps[i] > 0 and (seeded or not hopeless)
+            found[i] = lookup(group[i].row.tokens, caps[i], self.lookup_spec) if searching else []
         # One length for the group (adaptive.best_lookup_len); a seeded request's choice must not depend on the
         # load, so it prices by the policy's ratios alone, as one row.
         shared = [i for i in rows if found[i] and not group[i].params.seeded]
-        costs = self.adaptive.lookup_prices(len(group), self.max_draft_len)
         n_shared, speedup_shared = best_lookup_len(
             [group[i].lookup.value for i in shared],
             [len(found[i]) for i in shared],
