@@ -351,6 +351,26 @@ def test_multi_node_limits_are_one_line(tmp_path, runner, text, runtime, field, 
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    ("text", "status", "says"),
+    [
+        (MULTI_NODE.replace("runtime: tensorrtllm", "runtime: trtllm-pytorch"), "warn", "runs on one node"),
+        (MULTI_NODE, "warn", "triton.fast_logits"),
+        (MULTI_NODE.replace("runtime: tensorrtllm}", "runtime: tensorrtllm, fast_logits: true}"), None, None),
+    ],
+)
+def test_check_says_up_front_where_a_replica_cannot_span_nodes(tmp_path, text, status, says):
+    """check names the multi-node limit deploy --k8s would refuse, before anything is built."""
+    from trtspec.builders.preflight import check_nodes
+
+    results = check_nodes(load_recipe(write_recipe(tmp_path, text), check_paths=False))
+    if status is None:
+        assert results == []
+    else:
+        ((result),) = results
+        assert result.status == status and says in result.message
+
+
 # ---------------------------------------------------------------- bad values: one line, nothing written
 
 

@@ -257,6 +257,25 @@ def check_runtime(recipe: Recipe, trtllm_version: str | None = None) -> CheckRes
     return CheckResult("runtime", "pass", f"{runtime} runs on TensorRT-LLM {version}", details)
 
 
+def check_nodes(recipe: Recipe) -> list[CheckResult]:
+    """A Kubernetes replica that spans nodes (kubernetes.gpus_per_node) where TensorRT-LLM 1.2.x's launch cannot:
+    said up front, as ``deploy --k8s`` refuses it. GPUs: the target's, and the draft's on tensorrtllm."""
+    runtime = recipe.triton.runtime
+    if runtime == "torch":
+        return []
+    devices = set(recipe.target.devices)
+    if runtime == "tensorrtllm" and recipe.draft is not None:
+        devices |= set(recipe.draft.devices)
+    k8s = recipe.kubernetes
+    problem = support.multi_node_problem(
+        runtime, len(devices), k8s.gpus_per_node, recipe.triton.fast_logits, k8s.access_mode
+    )
+    if problem is None:
+        return []
+    field, why = problem
+    return [CheckResult("nodes", "warn", f"{field}: {why}")]
+
+
 def check_fast_logits(recipe: Recipe) -> list[CheckResult]:
     """triton.fast_logits on the tensorrtllm runtime: useful only with draft logits to pass on."""
     if not recipe.triton.fast_logits or recipe.triton.runtime != "tensorrtllm":
@@ -387,6 +406,7 @@ def run_checks(
         check_runtime(recipe, trtllm_version),
         *check_llmapi_adaptive(recipe, trtllm_version),
         *check_fast_logits(recipe),
+        *check_nodes(recipe),
         *check_kv_cache(recipe),
         *check_conversion(recipe),
         *check_cpu_dtype(recipe, environment.cpu_bf16_units()),

@@ -302,6 +302,33 @@ RUNTIME_NEEDS = {
 }
 
 
+def multi_node_problem(
+    runtime: str, gpus: int, gpus_per_node: int, fast_logits: bool, access_mode: str
+) -> tuple[str, str] | None:
+    """(field, why) where a replica of ``gpus`` GPUs spans nodes of ``gpus_per_node`` and TensorRT-LLM 1.2.x's
+    launch (as trtspec deploys it) cannot: None where it fits one node or can span them (LeaderWorkerSet, mpirun
+    from the leader). ``check`` states it up front; ``deploy --k8s`` refuses it."""
+    nodes = max(1, -(-gpus // gpus_per_node))
+    if nodes == 1:
+        return None
+    spans = f"{gpus} GPUs span {nodes} nodes of {gpus_per_node} (kubernetes.gpus_per_node)"
+    if runtime == "trtllm-pytorch":
+        return (
+            "kubernetes.gpus_per_node",
+            f"{spans}: TensorRT-LLM 1.2.x's Triton LLM-API model runs on one node; use the tensorrtllm runtime "
+            f"or nodes with {gpus} GPUs",
+        )
+    if runtime == "tensorrtllm" and not fast_logits:
+        return (
+            "triton.fast_logits",
+            f"{spans}: trtspec's tensorrtllm launch spawns the engine workers inside one pod unless fast_logits "
+            "is true, where mpirun starts every rank; set triton.fast_logits: true or use bigger nodes",
+        )
+    if access_mode != "ReadWriteMany":
+        return "kubernetes.access_mode", f"{spans}, which all mount the engines volume; use ReadWriteMany"
+    return None
+
+
 def parse_version(text: str) -> tuple[int, int, int, int]:
     """``"1.3.0rc20"`` -> (1, 3, 0, 20); a final release sorts after its release candidates (rc = 10**6).
 

@@ -14,6 +14,7 @@ import posixpath
 import re
 from dataclasses import dataclass, field
 
+from trtspec.builders.support import multi_node_problem
 from trtspec.core.errors import RecipeError
 from trtspec.core.trtllm import NGC_TRITON_TRTLLM_IMAGE, TRTLLM_VERSION
 from trtspec.recipe import DEMO_SCHEME, Recipe
@@ -171,27 +172,10 @@ def check_nodes(recipe: Recipe, runtime: str, gpus: int) -> int:
     nodes = max(1, math.ceil(gpus / per_node))
     if nodes == 1:
         return 1
-    spans = f"{gpus} GPUs span {nodes} nodes of {per_node} (kubernetes.gpus_per_node)"
-    if runtime == "trtllm-pytorch":
-        raise _fail(
-            recipe,
-            "kubernetes.gpus_per_node",
-            f"{spans}: TensorRT-LLM 1.2.x's Triton LLM-API model runs on one node; use the tensorrtllm runtime "
-            f"or nodes with {gpus} GPUs",
-        )
-    if not recipe.triton.fast_logits:
-        raise _fail(
-            recipe,
-            "triton.fast_logits",
-            f"{spans}: trtspec's tensorrtllm launch spawns the engine workers inside one pod unless fast_logits "
-            "is true, where mpirun starts every rank; set triton.fast_logits: true or use bigger nodes",
-        )
-    if recipe.kubernetes.access_mode != "ReadWriteMany":
-        raise _fail(
-            recipe,
-            "kubernetes.access_mode",
-            f"{spans}, which all mount the engines volume; use ReadWriteMany",
-        )
+    k8s = recipe.kubernetes
+    problem = multi_node_problem(runtime, gpus, per_node, recipe.triton.fast_logits, k8s.access_mode)
+    if problem is not None:
+        raise _fail(recipe, *problem)
     return nodes
 
 
