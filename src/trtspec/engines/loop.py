@@ -233,6 +233,7 @@ class GenerationLoop:
         self.cancelled: set[Hashable] = set()
         self.lock = threading.Lock()
         self._shared_generator = new_generator(SamplingParams(temperature=1.0), rounds.device)
+        self.rounds_run = 0
 
     @property
     def busy(self) -> bool:
@@ -351,6 +352,7 @@ class GenerationLoop:
     @torch.inference_mode()  # sampling and bookkeeping too, not only the forwards: no autograd dispatch per op
     def _round(self) -> list[RowEvent]:
         self.adaptive.begin_round()
+        self.rounds_run += 1
         groups: dict[tuple, list[_Active]] = {}
         for request in self.active:
             groups.setdefault(request.group_key(), []).append(request)
@@ -434,6 +436,7 @@ class GenerationLoop:
         # One length for the group (adaptive.best_lookup_len); a seeded request's choice must not depend on the
         # load, so it prices by the policy's ratios alone, as one row.
         shared = [i for i in rows if found[i] and not group[i].params.seeded]
+        probe_round = self.rounds_run % self.k_policy.probe_every == 0
         n_shared, speedup_shared = best_lookup_len(
             [group[i].lookup.value for i in shared],
             [len(found[i]) for i in shared],
@@ -447,9 +450,11 @@ class GenerationLoop:
                 n, speedup = best_lookup_len([request.lookup.value], [len(found[i])], 1, self.k_policy)
             else:
                 n, speedup = min(n_shared, len(found[i])), speedup_shared
-            if n == 0 and found[i] and request.lookup_off >= self.k_policy.probe_every:
+            if n == 0 and found[i] and request.lookup_off >= self.k_policy.probe_every and probe_round:
                 # A probe: the acceptance and lookup's costs were measured where it last ran (a server's first
                 # rounds may price it off for good: a target-only round without responses to send is cheap).
+                # The rows due probe in the same round, one round in probe_every: a probe widens the whole
+                # batch's verification, and rows probing in turn would widen nearly every round.
                 n, speedup = len(found[i]), float("inf")
             if n == 0:
                 request.lookup_off += bool(found[i])
