@@ -199,7 +199,9 @@ class ModelRunnerCpp:
             raise RuntimeError("Stopping criteria is not supported in C++ session.")
         assert not streaming and sampling_config is None, "the stand-in runs non-streaming kwargs calls only"
         record = dict(kwargs, max_new_tokens=max_new_tokens, end_id=end_id, stop_words_list=stop_words_list)
-        record["prompts"] = [list(map(int, a)) for a in batch_input_ids]  # what the call was given (for tests)
+        record["prompts"] = [
+            list(map(int, a)) for a in batch_input_ids
+        ]  # what the call was given (for tests)
         type(self).calls.append((self.engine_dir, record))
         prompts = [a.tolist() for a in batch_input_ids]
         self._check_inputs(prompts, kwargs.get("num_beams", 1), max_new_tokens)
