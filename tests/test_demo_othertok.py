@@ -155,3 +155,43 @@ def test_drafts_predict_unseen_code_far_better_than_chance(drafts, tokenizers, n
     with torch.no_grad():
         loss = drafts[name](input_ids=ids, labels=ids).loss.item()
     assert loss < 0.6 * math.log(len(tokenizers[name])), loss
+
+
+def test_generate_validate_and_bench_run_on_the_second_demo_pair(runner, tmp_path):
+    """The commands a user runs first, on the shipped pair whose draft has its own tokenizer: generate gives the
+    target-only text, validate passes (exact), bench sweeps (the draft alone, which would be fed target ids, is
+    not timed: the cost ratio then comes from --draft-cost-ratio)."""
+    import json
+
+    from trtspec.cli import cli
+
+    recipe = str(Path(__file__).parent.parent / "builders" / "demo-othertok.yaml")
+    prompt = "def read_config(path):\n"
+    texts = []
+    for k in ("0", "3"):
+        result = runner.invoke(
+            cli,
+            ["generate", "--recipe", recipe, "--prompt", prompt, "--max-new-tokens", "24"]
+            + ["--num-draft-tokens", k, "--json"],
+        )
+        assert result.exit_code == 0, result.output
+        texts.append(json.loads(result.stdout)["text"])
+    assert texts[0] == texts[1]
+    result = runner.invoke(cli, ["validate", recipe, "--limit", "2", "--max-tokens", "12"])
+    assert result.exit_code == 0 and "validation passed" in result.output, result.output
+    args = [
+        "bench",
+        recipe,
+        "--concurrency",
+        "1",
+        "--num-draft-tokens",
+        "2",
+        "--limit",
+        "2",
+        "--max-tokens",
+        "12",
+    ]
+    result = runner.invoke(cli, [*args, "--out", str(tmp_path / "bench"), "--json"])
+    assert result.exit_code == 0, result.output
+    points = json.loads(result.stdout)["points"]
+    assert any(p["k"] == "2" and p["acceptance_rate"] > 0 for p in points)

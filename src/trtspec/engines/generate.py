@@ -55,6 +55,7 @@ class _Models:
     k_policy: KPolicy = KPolicy()  # adaptive K's settings (the recipe's, else the defaults)
     proposer: str | None = "draft"  # None: target-only
     lookup: LookupSpec = LookupSpec()
+    heterogeneous_vocab: bool = False  # the recipe lets the draft have a tokenizer of its own
 
 
 def resolve_models(spec: GenerateSpec) -> _Models:
@@ -118,6 +119,7 @@ def _from_recipe(spec: GenerateSpec) -> _Models:
         k_policy=policy_for(recipe.speculative),
         proposer=proposer,
         lookup=recipe.speculative.lookup,
+        heterogeneous_vocab=recipe.speculative.heterogeneous_vocab,
     )
 
 
@@ -187,6 +189,7 @@ def run_generate(spec: GenerateSpec, on_text: Callable[[str], None] | None = Non
         k_policy=models.k_policy,
         proposer=models.proposer or "draft",
         lookup=models.lookup,
+        heterogeneous_vocab=models.heterogeneous_vocab,
     )
     num_draft = spec.num_draft_tokens if spec.num_draft_tokens is not None else models.num_draft_tokens
     params = SamplingParams(

@@ -182,6 +182,8 @@ def _sweep(system, recipe, requests, options: BenchOptions, on_progress: SweepPr
         and options.draft_cost_ratio is None
         and recipe.draft is not None
         and drafts
+        # the draft alone runs the requests' target token ids: not where the draft has a tokenizer of its own
+        and recipe.draft_tokenizer_dir() is None
     )
     draft = _draft_alone(recipe, options.system, max(options.concurrency)) if measure_draft else None
     total = sweep_steps(
