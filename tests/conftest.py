@@ -114,3 +114,17 @@ def small_vocab_pair(tmp_path_factory, shared_tokenizer_dir):
     target = make_model(root / "target", "llama", num_hidden_layers=2, seed=21, **opts)
     draft = make_model(root / "draft", "llama", num_hidden_layers=1, seed=22, **opts)
     return target, draft
+
+
+@pytest.fixture(scope="module")
+def demo_server(tmp_path_factory):
+    """The shipped demo pair (acceptance about 0.6, so some rounds accept part of their draft) on a real
+    tritonserver, torch runtime, one for the module."""
+    from triton_server import deploy_tiny_repo, running_server
+
+    from trtspec.recipe import DEMO_DIR
+
+    root = tmp_path_factory.mktemp("demo-serve")
+    deploy_tiny_repo((DEMO_DIR / "target", DEMO_DIR / "draft"), root / "repo")
+    with running_server(root / "repo", root / "server.log") as server:
+        yield server

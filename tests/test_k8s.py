@@ -674,18 +674,6 @@ class Promql:
         return float(token)
 
 
-@pytest.fixture(scope="module")
-def demo_server(tmp_path_factory):
-    from triton_server import deploy_tiny_repo, running_server
-
-    from trtspec.recipe import DEMO_DIR
-
-    root = tmp_path_factory.mktemp("k8s-serve")
-    deploy_tiny_repo((DEMO_DIR / "target", DEMO_DIR / "draft"), root / "repo")
-    with running_server(root / "repo", root / "server.log") as server:
-        yield server
-
-
 @pytest.mark.server
 @pytest.mark.slow
 def test_recording_rules_evaluate_on_a_served_demo_pair(demo_server, tmp_path):

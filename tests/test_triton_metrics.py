@@ -4,20 +4,9 @@ spec-decode counters grow by exactly what the responses report."""
 from __future__ import annotations
 
 import pytest
-from triton_server import PROMPTS, delta, deploy_tiny_repo, grpc_stream, running_server, spec_metrics
+from triton_server import PROMPTS, delta, grpc_stream, spec_metrics
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def demo_server(tmp_path_factory):
-    """The shipped demo pair (acceptance about 0.6, so some rounds accept part of their draft), torch runtime."""
-    from trtspec.recipe import DEMO_DIR
-
-    root = tmp_path_factory.mktemp("demo-serve")
-    deploy_tiny_repo((DEMO_DIR / "target", DEMO_DIR / "draft"), root / "repo")
-    with running_server(root / "repo", root / "server.log") as srv:
-        yield srv
 
 
 def test_metrics_count_what_the_responses_report(demo_server):
