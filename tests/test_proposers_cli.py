@@ -117,7 +117,9 @@ def test_bench_sweeps_proposers_against_one_target_only_baseline(runner, mixed_p
         for cell in by_proposer.values():
             assert cell["acceptance_rate"] == pytest.approx(point["acceptance_rate"])
         assert point["speedup"] > 0 and set(point["acceptance_by_set"]) == {"raw", "grounded"}
-    assert any(p["acceptance_by_proposer"].get("ngram", {}).get("drafted") for p in points)
+    # Whether lookup proposes in a 12-token sweep depends on the round costs measured on the machine (a loaded CI
+    # machine can price it off); that lookup proposes and is counted per proposer is asserted where no timing
+    # decides it (tests/test_lookup.py, tests/test_served_lookup.py).
     comparison = {(r["concurrency"], r["proposer"]) for r in payload["proposer_comparison"]}
     assert comparison == {(1, "draft"), (1, "ngram")}
     markdown = (out_dir / "bench.md").read_text()
