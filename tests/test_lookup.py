@@ -46,8 +46,10 @@ def test_lookup_alone_and_combined_are_exact_under_greedy(tiny_pair, proposer):
     params = SamplingParams(max_new_tokens=24, proposer=proposer)
     (result,) = engine.generate([REPEATING], params)
     assert result.token_ids == hf_greedy(target, REPEATING, 24)
-    assert result.stats.by_proposer["ngram"][1] > 0  # lookup proposed, and the target judged it
-    if proposer == "ngram":
+    if (
+        proposer == "ngram"
+    ):  # lookup proposed, and the target judged it (combined: the draft may win every round)
+        assert result.stats.by_proposer["ngram"][1] > 0
         assert set(result.stats.by_proposer) == {"ngram"}
         assert result.stats.draft_forwards == 0
 
