@@ -225,11 +225,14 @@ class KController:
         return 1 if k == 0 and probe_due(self, in_flight) else k
 
 
+def capped(max_k: int, schedule: Mapping[int, int] | None, in_flight: int) -> int:
+    """``max_k``, lowered to the schedule's K for ``in_flight`` sequences where there is one."""
+    scheduled = schedule_cap(schedule, in_flight)
+    return max_k if scheduled is None else min(max_k, scheduled)
+
+
 def _cap(controllers: Sequence[KController], in_flight: int) -> int:
-    policy = controllers[0].policy
-    cap = min(c.max_k for c in controllers)
-    scheduled = schedule_cap(policy.schedule, in_flight)
-    return cap if scheduled is None else min(cap, scheduled)
+    return capped(min(c.max_k for c in controllers), controllers[0].policy.schedule, in_flight)
 
 
 def group_k(controllers: Sequence[KController], in_flight: int, costs: Costs | None = None) -> int:
@@ -472,9 +475,7 @@ class AdaptiveState:
         costs = self.costs.costs(batch, max_k) if self.measure else None
         if costs is None:
             return True
-        scheduled = schedule_cap(self.policy.schedule, in_flight)
-        cap = max_k if scheduled is None else min(max_k, scheduled)
-        return best_k(0.95, cap, self.policy, costs) > 0
+        return best_k(0.95, capped(max_k, self.policy.schedule, in_flight), self.policy, costs) > 0
 
     def ran(self, batch: int, k: int) -> None:
         """Count a round adaptive rows ran with ``k`` draft tokens (a unit round, a first round from the
