@@ -17,10 +17,12 @@ from pathlib import Path
 import pytest
 from test_check import run_check, status_of, write_recipe
 from tiny_models import make_model
+from triton_server import deploy_tiny_repo
 
 from trtspec.cli import cli
 from trtspec.core.errors import ModelError
 from trtspec.core.model_dir import checkpoint_problem, load_hf_model
+from trtspec.triton_repo.server import free_ports
 
 MISSING = "model.layers.0.mlp.up_proj.weight"
 EXTRA = "model.layers.0.mlp.extra_proj.weight"
@@ -146,6 +148,23 @@ def test_bench_and_align_refuse_a_draft_with_a_missing_tensor(runner, tmp_path, 
     assert not out.exists()
 
 
+@pytest.mark.parametrize("proposer", ["draft", "ngram"])
+def test_bench_refuses_a_target_with_a_missing_tensor(runner, tmp_path, broken_pair, proposer):
+    """The target is loaded whatever proposes (ngram loads no draft): refused before the first point is
+    measured, so neither the results nor the recipe copy is written."""
+    target, draft, weights, tensor = broken_pair("target", "missing")
+    recipe = write_recipe(tmp_path / "r.yaml", target, draft)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(f'{{"prompt": "def f{i}(a, b):"}}\n' for i in range(4)))
+    out, copy = tmp_path / "out", tmp_path / "scheduled.yaml"
+    args = ["bench", str(recipe), "--prompts", str(prompts), "--max-tokens", "2", "--num-draft-tokens", "1"]
+    args += ["--concurrency", "1", "--proposer", proposer, "--out", str(out), "--write-recipe", str(copy)]
+    result = runner.invoke(cli, args)
+    assert_one_line_error(result, 2, expected_line(weights, "missing", tensor))
+    assert len(result.output.strip().splitlines()) == 1, result.output  # no table, no point measured
+    assert not out.exists() and not copy.exists()
+
+
 def test_deploy_refuses_a_pair_the_served_models_could_not_load(runner, tmp_path, broken_pair):
     """The torch runtime's entry model loads both checkpoints at server start (engines.models.load_causal_lm, the
     same refusal); deploy runs the checks first, so the repository is never written."""
@@ -157,6 +176,26 @@ def test_deploy_refuses_a_pair_the_served_models_could_not_load(runner, tmp_path
     needle = "pre-flight check target weights failed: " + expected_line(weights, "unexpected", tensor)
     assert_one_line_error(result, 1, needle)
     assert not out.exists()
+
+
+@pytest.mark.server
+def test_serve_names_the_tensor_when_weights_break_after_deploy(tmp_path, tiny_pair):
+    """Weights changed after deploy reach no pre-flight check: the entry model's load refuses them, and that line,
+    in tritonserver's words, is what `trtspec serve` says (and the server's log holds)."""
+    target = Path(shutil.copytree(tiny_pair[0], tmp_path / "target"))
+    repo = deploy_tiny_repo((target, tiny_pair[1]), tmp_path / "repo")
+    weights = rewrite_weights(target, drop=MISSING)
+    http, grpc, metrics = free_ports(3)
+    ports = ["--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "trtspec", "serve", str(repo), *ports, "--timeout", "120"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"Error: tritonserver did not load {repo}: model 'tensorrt_llm_bls' failed")
+    assert expected_line(weights, "missing", MISSING) in lines[0]
+    assert expected_line(weights, "missing", MISSING) in (tmp_path / ".repo.tritonserver.log").read_text()
 
 
 def test_the_error_is_the_only_line_on_stderr(tmp_path, tiny_pair):
@@ -190,6 +229,35 @@ def test_convert_refuses_a_draft_with_a_missing_tensor(runner, tmp_path, broken_
     out = tmp_path / "ckpt"
     result = runner.invoke(cli, ["convert", str(recipe), "--model", "draft", "--out", str(out)])
     assert_one_line_error(result, 2, expected_line(weights, "missing", tensor))
+    assert not out.exists()
+
+
+@pytest.mark.conversion
+@pytest.mark.parametrize(("role", "change"), [("target", "missing"), ("draft", "unexpected")])
+def test_quantize_refuses_mismatched_weights(runner, tmp_path, broken_pair, role, change):
+    target, draft, weights, tensor = broken_pair(role, change)
+    recipe = write_recipe(tmp_path / "r.yaml", target, draft)
+    out = tmp_path / "q"
+    args = ["quantize", str(recipe), "--model", role, f"--{role}-format", "fp8", "--calib-size", "1"]
+    result = runner.invoke(cli, [*args, "--calib-seq-len", "8", "--out", str(out)])
+    assert_one_line_error(result, 2, expected_line(weights, change, tensor))
+    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["r.yaml", f"{role}-{change}"])
+
+
+@pytest.mark.conversion
+@pytest.mark.parametrize("command", ["convert", "quantize"])
+def test_a_pair_is_refused_before_either_model_is_exported(runner, tmp_path, broken_pair, command):
+    """Both models: the draft's weights are refused before the target's checkpoint is exported (and calibrated),
+    so a failed run leaves no half of the pair behind."""
+    target, draft, weights, tensor = broken_pair("draft", "missing")
+    recipe = write_recipe(tmp_path / "r.yaml", target, draft)
+    out = tmp_path / "ckpt"
+    args = [command, str(recipe), "--out", str(out)]
+    if command == "quantize":
+        args += ["--target-format", "fp8", "--draft-format", "fp8"]
+        args += ["--calib-size", "1", "--calib-seq-len", "8"]
+    assert_one_line_error(runner.invoke(cli, args), 2, expected_line(weights, "missing", tensor))
     assert not out.exists()
 
 

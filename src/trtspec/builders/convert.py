@@ -28,7 +28,7 @@ from trtspec.builders.export_pipeline import (
 )
 from trtspec.core import layout
 from trtspec.core.errors import CheckFailed, CheckpointError, ModelError
-from trtspec.core.model_dir import read_hf_config
+from trtspec.core.model_dir import checkpoint_problem, read_hf_config
 from trtspec.recipe import CalibrationSpec, ModelSpec
 
 # modelopt 0.37's TensorRT-LLM export has no "qwen" decoder (tensorrt_llm_utils raises NotImplementedError);
@@ -215,6 +215,16 @@ def _failure_message(spec: ModelSpec, out_dir: Path, v: dict) -> str:
 __all__ = ["export_checkpoint"]
 
 
+def _require_matching_weights(recipe, roles: list[str]) -> None:
+    """Every model's weights against its config before the first export: a draft refused only after the target's
+    calibration would cost that time and leave one checkpoint of the pair written (headers only, no weights read)."""
+    for role in roles:
+        spec = recipe.models()[role]
+        problem = checkpoint_problem(spec.model, spec.trust_remote_code, f"the {role}")
+        if problem:
+            raise ModelError(problem)
+
+
 def checkpoint_dir(recipe_name: str, role: str, out: Path | None = None, several: bool = False) -> Path:
     """engines/<name>/<role>/checkpoint by default; ``out`` itself for one model, ``out``/<role> for both."""
     if out is None:
@@ -226,6 +236,8 @@ def export_models(
     recipe, roles: list[str], *, out: Path | None = None, verify: bool = True, console=None
 ) -> list:
     """export_checkpoint for each role of the recipe (target and/or draft), with the recipe's calibration."""
+    if len(roles) > 1:
+        _require_matching_weights(recipe, roles)
     summaries = []
     for role in roles:
         spec = recipe.models()[role]
