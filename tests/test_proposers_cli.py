@@ -12,7 +12,7 @@ from trtspec.cli import cli
 from trtspec.core.errors import PromptSetError
 from trtspec.core.metrics import AcceptanceStats
 from trtspec.recipe import DEMO_DIR
-from trtspec.validate.prompts import GROUNDED_PROMPTS, load_prompts
+from trtspec.validate.prompts import GROUNDED_CHAT_PROMPTS, GROUNDED_PROMPTS, load_prompts
 
 # A prompt whose continuation the demo target writes by repeating it: lookup finds the suffix n-grams and proposes.
 REPEATING = "import os\nimport sys\n"
@@ -144,9 +144,14 @@ def test_the_grounded_set_ships_fits_the_demo_limits_and_joins_the_default_for_l
         demo, None, None, False, 64
     )  # fits the demo's limits at bench's tokens
     assert "grounded" not in {p.prompt_set for p in plain} and not notes
+    grounded_chat = load_prompts("grounded-chat")
+    assert len(grounded_chat) >= 8 and load_prompts(GROUNDED_CHAT_PROMPTS) == grounded_chat
+    assert all(p.messages for p in grounded_chat) and {p.prompt_set for p in grounded_chat} == {"grounded-chat"}
     prompts, _, requests, notes = load_requests(demo, None, None, False, 64, lookup=True)
     assert [p for p in prompts if p.prompt_set == "grounded"] == grounded and "grounded" in notes[0]
-    assert prompts[: len(plain)] == plain and {r.prompt_set for r in requests} == {"raw", "chat", "grounded"}
+    assert [p for p in prompts if p.prompt_set == "grounded-chat"] == grounded_chat  # the demo has a chat template
+    assert prompts[: len(plain)] == plain
+    assert {r.prompt_set for r in requests} == {"raw", "chat", "grounded", "grounded-chat"}
 
 
 def test_a_prompt_set_label_is_checked(tmp_path):

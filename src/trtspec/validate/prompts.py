@@ -7,14 +7,17 @@ instead of ``prompt``, always rendered with the target tokenizer's chat template
 ``"prompt_set": "name"`` labels the line's set. Blank lines and lines starting with ``#`` are skipped. Reports keep
 the prompt sets apart: ``raw``, ``chat`` and any labelled set, such as the shipped ``grounded``.
 
-The shipped sets, also named by ``--prompts raw|chat|grounded``:
+The shipped sets, also named by ``--prompts raw|chat|grounded|grounded-chat``:
 
 - ``raw`` (default.jsonl): the start of code or prose to continue;
 - ``chat`` (chat.jsonl): requests through the chat template (left out for a target without one);
 - ``grounded`` (grounded.jsonl): code followed by the first lines of a copy or light edit of one of its functions,
   and passages followed by the start of a sentence quoting them. The answer repeats the input, as in code edits and
   retrieval-grounded answers: where prompt lookup (core/lookup.py) finds long matches. The default selection
-  includes it only for a run whose proposers look up, so the default draft-model run is as short as before.
+  includes it only for a run whose proposers look up, so the default draft-model run is as short as before;
+- ``grounded-chat`` (grounded-chat.jsonl): chat requests whose answer repeats the message: edits that return the
+  whole code or file they change, answers that quote a passage. Included by default where both the chat and the
+  grounded sets are.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from trtspec.core.errors import PromptSetError
 __all__ = [
     "CHAT_PROMPTS",
     "DEFAULT_PROMPTS",
+    "GROUNDED_CHAT_PROMPTS",
     "GROUNDED_PROMPTS",
     "SHIPPED_SETS",
     "Prompt",
@@ -39,7 +43,13 @@ PROMPTS_DIR = Path(__file__).resolve().parents[1] / "assets" / "prompts"
 DEFAULT_PROMPTS = PROMPTS_DIR / "default.jsonl"  # raw code and prose
 CHAT_PROMPTS = PROMPTS_DIR / "chat.jsonl"  # chat messages, shipped beside the raw set
 GROUNDED_PROMPTS = PROMPTS_DIR / "grounded.jsonl"  # the answer repeats the input (prompt lookup's case)
-SHIPPED_SETS = {"raw": DEFAULT_PROMPTS, "chat": CHAT_PROMPTS, "grounded": GROUNDED_PROMPTS}
+GROUNDED_CHAT_PROMPTS = PROMPTS_DIR / "grounded-chat.jsonl"  # the same, as chat requests
+SHIPPED_SETS = {
+    "raw": DEFAULT_PROMPTS,
+    "chat": CHAT_PROMPTS,
+    "grounded": GROUNDED_PROMPTS,
+    "grounded-chat": GROUNDED_CHAT_PROMPTS,
+}
 
 
 def load_prompts(
@@ -51,10 +61,12 @@ def load_prompts(
     grounded_set: bool = False,
 ) -> list[Prompt]:
     """Read a prompt JSONL file, or a shipped set by name (``SHIPPED_SETS``, where no file has that name).
-    None = the shipped raw set, then the chat set unless ``chat_set`` is False, then the grounded set where
-    ``grounded_set``; ``limit`` keeps the first N prompts; ``chat`` makes every raw prompt a single user message."""
+    None = the shipped raw set, then the chat set unless ``chat_set`` is False, then the grounded sets where
+    ``grounded_set`` (the chat one where both); ``limit`` keeps the first N prompts; ``chat`` makes every raw prompt
+    a single user message."""
     if path is None:
         paths = [DEFAULT_PROMPTS] + [CHAT_PROMPTS] * chat_set + [GROUNDED_PROMPTS] * grounded_set
+        paths += [GROUNDED_CHAT_PROMPTS] * (chat_set and grounded_set)
         prompts = [p for shipped in paths for p in _read_prompt_file(shipped)]
     else:
         shipped = SHIPPED_SETS.get(str(path)) if not Path(path).exists() else None
