@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import sysconfig
 from pathlib import Path
@@ -220,8 +221,13 @@ def test_an_interrupted_run_leaves_no_output_and_resumes(tmp_path, misaligned, m
         return real_loss(*args, **kwargs)
 
     monkeypatch.setattr(align_train, "batch_loss", interrupted)
+    reported = []
     with pytest.raises(KeyboardInterrupt):
-        run_align(spec)
+        run_align(spec, lambda *args: reported.append(args))
+    data = [r for r in reported if r[0] == "data"]
+    assert [r[0] for r in reported] == ["data"] * len(data) + ["train"] * (len(reported) - len(data))
+    assert data[0][2] == 0 and data[-1][2] == data[-1][3] == 8  # every prompt, counted up to all of them
+    assert len(reported) > len(data) and reported[-1][1].startswith("train: epoch 1 step 2 kl loss")
     assert not spec.out.exists() and not list(tmp_path.glob(".out*"))
     checkpoint = torch.load(spec.work_dir / "checkpoint.pt", weights_only=False)
     assert checkpoint["position"]["step"] == 2
@@ -231,7 +237,9 @@ def test_an_interrupted_run_leaves_no_output_and_resumes(tmp_path, misaligned, m
     # The resumed run reuses the data (generating any would fail here) and continues from step 2.
     monkeypatch.setattr(align_train, "batch_loss", real_loss)
     monkeypatch.setattr(align_data, "training_examples", lambda *a, **k: pytest.fail("data generated again"))
-    result = run_align(spec)
+    reported.clear()
+    result = run_align(spec, lambda *args: reported.append(args))
+    assert reported and {r[0] for r in reported} == {"train"}  # the data stage is done: no bar for it
     examples = state["shards"][0]["examples"]
     assert result.record["steps"] == 2 * -(-examples // 2)  # every batch of both epochs, counted once
     assert (spec.out / "align.json").is_file() and not spec.work_dir.exists()
@@ -246,6 +254,39 @@ def test_a_work_folder_of_other_settings_is_refused(tmp_path, misaligned, monkey
     (spec.work_dir / "state.json").write_text(json.dumps({"key": "other"}))
     with pytest.raises(align.OutputError, match="other inputs or settings"):
         run_align(spec)
+
+
+def test_align_progress_is_one_bar_per_stage_left_on_the_terminal():
+    import io
+
+    from rich.console import Console
+
+    from trtspec.views import stage_bars
+
+    class Out:  # cli.Output's two members that stage_bars reads, with a console writing to a string
+        def __init__(self, quiet: bool):
+            self.quiet, self.terminal = quiet, Console(file=io.StringIO(), width=100)
+
+        def console(self):
+            return self.terminal
+
+    shown = {}
+    for quiet in (False, True):
+        out = Out(quiet)
+        with stage_bars(out) as on_progress:
+            on_progress("data", "data", 0, 8)
+            on_progress("data", "data: 3 pending examples", 8, 8)
+            on_progress("train", "train", 0.0, 60.0)
+            on_progress("train", "train: epoch 1 step 4 kl loss 2.5000", 30.0, 60.0)
+        shown[quiet] = out.terminal.file.getvalue().splitlines()
+    bar = r"(?P<description>.+?) +[━╸╺ ]+ (?P<elapsed>\d+:\d\d:\d\d)"  # description, bar, elapsed time
+    lines = [re.fullmatch(bar, line) for line in shown[False]]
+    assert all(lines), shown[False]
+    assert [m["description"] for m in lines] == [
+        "data: 3 pending examples",
+        "train: epoch 1 step 4 kl loss 2.5000",
+    ]
+    assert shown[True] == []
 
 
 def test_refusals_are_one_line_and_write_nothing(runner, tmp_path, monkeypatch):

@@ -146,10 +146,14 @@ def test_the_grounded_set_ships_fits_the_demo_limits_and_joins_the_default_for_l
     assert "grounded" not in {p.prompt_set for p in plain} and not notes
     grounded_chat = load_prompts("grounded-chat")
     assert len(grounded_chat) >= 8 and load_prompts(GROUNDED_CHAT_PROMPTS) == grounded_chat
-    assert all(p.messages for p in grounded_chat) and {p.prompt_set for p in grounded_chat} == {"grounded-chat"}
+    assert all(p.messages for p in grounded_chat) and {p.prompt_set for p in grounded_chat} == {
+        "grounded-chat"
+    }
     prompts, _, requests, notes = load_requests(demo, None, None, False, 64, lookup=True)
     assert [p for p in prompts if p.prompt_set == "grounded"] == grounded and "grounded" in notes[0]
-    assert [p for p in prompts if p.prompt_set == "grounded-chat"] == grounded_chat  # the demo has a chat template
+    assert [
+        p for p in prompts if p.prompt_set == "grounded-chat"
+    ] == grounded_chat  # the demo has a chat template
     assert prompts[: len(plain)] == plain
     assert {r.prompt_set for r in requests} == {"raw", "chat", "grounded", "grounded-chat"}
 

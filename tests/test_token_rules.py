@@ -1,9 +1,10 @@
 """core/token_rules.py: each rule on literal cases (Llama-3-Instruct's and Qwen2.5-Instruct's published ids), and
 the same stop on every runtime that runs here: a pair shaped like each published one, its target steered to end
-at a stop id that is NOT the engines' end_id (a one-token stop word there), gives HF greedy's ids and text on the
-in-process engine, the TensorRT-LLM runner (stand-in engines), and a real tritonserver with the torch runtime and
-with the tensorrtllm runtime's orchestrator (stand-in engine models): the in-process APIs keep the stop id, the
-Triton client interface leaves it out, the text is the same everywhere."""
+at the engines' end_id (the tokenizer's eos: Llama-3-Instruct's <|eot_id|>, Qwen2.5's <|im_end|>) or at another
+stop id (a one-token stop word there), gives HF greedy's ids and text on the in-process engine, the TensorRT-LLM
+runner (stand-in engines), and a real tritonserver with the torch runtime and with the tensorrtllm runtime's
+orchestrator (stand-in engine models): the in-process APIs keep the stop id, the Triton client interface leaves it
+out, the text is the same everywhere."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 import torch
 from tiny_models import make_family_pair, steer_to_eos
 
-from trtspec.core.model_dir import end_ids
+from trtspec.core.model_dir import end_ids, loaded_end_ids
 from trtspec.core.token_rules import (
     KEEP_END,
     EngineStops,
@@ -87,6 +88,20 @@ def test_a_model_folders_end_ids_come_from_generation_config_then_config_then_th
     assert end_ids(folder, tokenizer) == (7, 8)
 
 
+@pytest.mark.parametrize("family", ["llama3", "qwen2.5"])
+def test_a_loaded_models_end_ids_are_its_folders(tmp_path, family):
+    """The two readers of rule 1's inputs agree: files (the Triton entry models) and a loaded model's
+    generation_config (the in-process engine, the validation reference), where each family keeps its eos list."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target, _ = make_family_pair(tmp_path, family)
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    model = AutoModelForCausalLM.from_pretrained(target)
+    assert len(end_ids(target, tokenizer)) > 1  # the list, not the tokenizer's one eos
+    assert loaded_end_ids(model, tokenizer) == end_ids(target, tokenizer)
+    assert loaded_end_ids(object(), tokenizer) == (tokenizer.eos_token_id,) and loaded_end_ids(model, None)
+
+
 def test_the_codec_reads_an_eos_list_from_generation_config(tmp_path, shared_tokenizer_dir):
     tokenizer_dir = tmp_path / "tok"
     shutil.copytree(shared_tokenizer_dir, tokenizer_dir)
@@ -105,46 +120,53 @@ def test_the_codec_reads_an_eos_list_from_generation_config(tmp_path, shared_tok
 
 PROMPT = "def add(a, b):"
 MAX_NEW = 24
-# family -> (the tokenizer's eos as the published instruct model has it, the stop id its target is steered to)
+# family -> (the tokenizer's eos as the published instruct model has it: the engines' end_id, another of its end
+# ids: a one-token stop word there)
 INSTRUCT = {"llama3": ("<|eot_id|>", "</s>"), "qwen2.5": ("<|im_end|>", "<|endoftext|>")}
+# Where the target is steered to stop: at the end_id itself, or at a stop word.
+STOPS = ("end_id", "stop word")
 
 
 @pytest.fixture(scope="module")
 def instruct_pairs(tmp_path_factory):
-    """family -> (steered target, draft, prompt ids, HF greedy ids, HF greedy text, eos id, steered id)."""
+    """(family, stop) -> (steered target, draft, prompt ids, HF greedy ids, HF greedy text, eos id, steered id)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    cache = {}
+    cache, pairs = {}, {}
 
-    def build(family: str):
-        if family in cache:
-            return cache[family]
-        root = tmp_path_factory.mktemp(family.replace(".", ""))
-        target, draft = make_family_pair(root / "pair", family)
-        eos_token, steer_token = INSTRUCT[family]
-        for folder in (target, draft):
-            tokenizer = AutoTokenizer.from_pretrained(folder)
-            tokenizer.eos_token = eos_token
-            tokenizer.save_pretrained(folder)
+    def build(family: str, stop: str):
+        if (family, stop) in cache:
+            return cache[family, stop]
+        eos_token, stop_word = INSTRUCT[family]
+        if family not in pairs:
+            root = tmp_path_factory.mktemp(family.replace(".", ""))
+            target, draft = make_family_pair(root / "pair", family)
+            for folder in (target, draft):
+                tokenizer = AutoTokenizer.from_pretrained(folder)
+                tokenizer.eos_token = eos_token
+                tokenizer.save_pretrained(folder)
+            pairs[family] = root, target, draft
+        root, target, draft = pairs[family]
         tokenizer = AutoTokenizer.from_pretrained(target)
         prompt = tokenizer.encode(PROMPT)
-        steer_id = tokenizer.convert_tokens_to_ids(steer_token)
-        steered = steer_to_eos(target, root / "target", steer_id, prompt)
+        steer_id = tokenizer.convert_tokens_to_ids(eos_token if stop == "end_id" else stop_word)
+        steered = steer_to_eos(target, root / f"target-{STOPS.index(stop)}", steer_id, prompt)
         model = AutoModelForCausalLM.from_pretrained(steered).eval()
         with torch.no_grad():
             out = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_NEW, do_sample=False)
         reference = out[0, len(prompt) :].tolist()
         text = tokenizer.decode(reference, skip_special_tokens=True)
-        cache[family] = (steered, draft, prompt, reference, text, tokenizer.eos_token_id, steer_id)
-        return cache[family]
+        cache[family, stop] = (steered, draft, prompt, reference, text, tokenizer.eos_token_id, steer_id)
+        return cache[family, stop]
 
     return build
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("stop", STOPS)
 @pytest.mark.parametrize("family", list(INSTRUCT))
 def test_in_process_runtimes_stop_where_hf_greedy_stops_and_keep_the_stop_id(
-    instruct_pairs, family, tmp_path, fake_trtllm
+    instruct_pairs, family, stop, tmp_path, fake_trtllm
 ):
     from test_trtllm_runner import write_engine
 
@@ -152,8 +174,9 @@ def test_in_process_runtimes_stop_where_hf_greedy_stops_and_keep_the_stop_id(
     from trtspec.engines.sampling import SamplingParams
     from trtspec.engines.trtllm_runner import TrtllmSpeculativeRunner
 
-    target, draft, prompt, reference, text, eos_id, steer_id = instruct_pairs(family)
-    assert reference[-1] == steer_id and len(reference) < MAX_NEW and steer_id != eos_id  # HF stops there
+    target, draft, prompt, reference, text, eos_id, steer_id = instruct_pairs(family, stop)
+    assert reference[-1] == steer_id and len(reference) < MAX_NEW  # HF stops there
+    assert (steer_id == eos_id) == (stop == "end_id")
     params = SamplingParams(max_new_tokens=MAX_NEW, num_draft_tokens=3)
     engine = SpeculativeEngine.from_pretrained(target, draft, max_draft_len=4, max_seq_len=128)
     runner = TrtllmSpeculativeRunner.from_engine_dirs(
@@ -189,16 +212,17 @@ def _served(repo, log, prompt_text: str, reference: list[int]):
 
 @pytest.mark.server
 @pytest.mark.slow
+@pytest.mark.parametrize("stop", STOPS)
 @pytest.mark.parametrize("family", list(INSTRUCT))
 def test_triton_runtimes_stop_where_hf_greedy_stops_and_leave_the_stop_id_out(
-    instruct_pairs, family, tmp_path
+    instruct_pairs, family, stop, tmp_path
 ):
     from harness.repo import deploy_harness
     from triton_server import tiny_recipe
 
     from trtspec.triton_repo.deploy import deploy
 
-    target, draft, _, reference, text, _, steer_id = instruct_pairs(family)
+    target, draft, _, reference, text, _, steer_id = instruct_pairs(family, stop)
     recipe = tiny_recipe((target, draft))
     deploy(recipe, "torch", tmp_path / "torch")
     deploy_harness(recipe, tmp_path / "tensorrtllm")

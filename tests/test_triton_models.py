@@ -265,7 +265,9 @@ def test_the_sending_thread_builds_small_steps_the_loop_large_ones_and_each_requ
                 done.set()
 
     fields = {"text_input": np.array([b"x"]), "max_tokens": np.array([64]), "stream": np.array([True])}
-    replies = {name: Reply(parse_request(fields, LIMITS), TextCodec(tokenizer), [1]) for name in "abc"}
+    replies = {
+        name: Reply(parse_request(fields, LIMITS), TextCodec(tokenizer, end_ids=()), [1]) for name in "abc"
+    }
     ids = tokenizer.encode("def add(a, b):\n    return a + b\n" * 3, add_special_tokens=False)
     rounds = [ids[i : i + 3] for i in range(0, len(ids), 3)]
     outbox = Outbox(cancel=lambda request_id: None, cores={core}, loop_builds_from=3)
@@ -398,7 +400,7 @@ def test_incremental_text_flushes_a_replacement_character_at_the_end():
 
 @pytest.mark.parametrize("step", [1, 2, 3, 5])
 def test_a_fast_tokenizers_stream_is_decodestream_and_adds_up_to_the_whole_decode(tokenizer, step):
-    codec = TextCodec(tokenizer)
+    codec = TextCodec(tokenizer, end_ids=())
     assert isinstance(codec.stream_decoder(), StreamDecoder)
     text = "a = '€ü漢'  # ok\ndef add(a, b):\n    return a + b\n"
     ids = tokenizer.encode(text, add_special_tokens=True) + [tokenizer.eos_token_id]
@@ -416,12 +418,13 @@ def test_stream_decoding_keeps_metaspace_spaces_and_falls_back_where_decode_clea
     ids = [0, 1, 2, 3, 0, 4, 5]
     for step in (1, 2, 3):
         assert (
-            "".join(_streamed(TextCodec(tokenizer).stream_decoder(), ids, step)) == "the cat sat on the mats"
+            "".join(_streamed(TextCodec(tokenizer, end_ids=()).stream_decoder(), ids, step))
+            == "the cat sat on the mats"
         )
     tokenizer.clean_up_tokenization_spaces = (
         True  # HF decode then rewrites " ." etc.: not DecodeStream's text
     )
-    assert isinstance(TextCodec(tokenizer).stream_decoder(), IncrementalDecoder)
+    assert isinstance(TextCodec(tokenizer, end_ids=()).stream_decoder(), IncrementalDecoder)
 
 
 def test_a_stray_byte_that_changes_sent_text_does_not_end_the_stream():
@@ -439,7 +442,7 @@ def test_a_stray_byte_that_changes_sent_text_does_not_end_the_stream():
     assert (
         tokenizer.decode(ids) == "the\ufffd\ufffd\ufffd\ufffd cat the"
     )  # the stray byte spoils the euro sign
-    pieces = _streamed(TextCodec(tokenizer).stream_decoder(), ids)
+    pieces = _streamed(TextCodec(tokenizer, end_ids=()).stream_decoder(), ids)
     assert pieces[:4] == ["the", "", "", "€"]  # sent before the stray byte arrived: it stays sent
     assert "".join(pieces[4:]) == "\ufffd cat the"  # the stream goes on after it, leading space included
 
@@ -758,7 +761,7 @@ def test_a_streamed_reply_sends_each_completed_piece_with_its_ids_then_an_empty_
         {"text_input": np.array([b"x"]), "max_tokens": np.array([8]), "stream": np.array([True])}, LIMITS
     )
     ids = tokenizer.encode("a = '€ü' + b", add_special_tokens=False)
-    reply, responses = Reply(req, TextCodec(tokenizer), [1]), []
+    reply, responses = Reply(req, TextCodec(tokenizer, end_ids=()), [1]), []
     rounds = [ids[i : i + 2] for i in range(0, len(ids), 2)]
     for i, tokens in enumerate(rounds):
         responses += reply.update(_event(tokens, finished=i == len(rounds) - 1))
@@ -774,12 +777,12 @@ def test_a_reply_that_is_not_streamed_is_one_final_response(tokenizer):
 
     fields = {"text_input": np.array([b"x"]), "max_tokens": np.array([8])}
     ids = tokenizer.encode("def f(x):", add_special_tokens=False)
-    reply = Reply(parse_request(fields, LIMITS), TextCodec(tokenizer), [1, 87])
+    reply = Reply(parse_request(fields, LIMITS), TextCodec(tokenizer, end_ids=()), [1, 87])
     assert reply.update(_event(ids[:2])) == []
     assert reply.update(_event(ids[2:], finished=True)) == [(tokenizer.decode(ids), ids, True)]
     # exclude_input_in_output false: the prompt as sent and its ids first
     fields["exclude_input_in_output"] = np.array([False])
-    reply = Reply(parse_request(fields, LIMITS), TextCodec(tokenizer), [1, 87])
+    reply = Reply(parse_request(fields, LIMITS), TextCodec(tokenizer, end_ids=()), [1, 87])
     assert reply.update(_event(ids, finished=True)) == [("x" + tokenizer.decode(ids), [1, 87, *ids], True)]
 
 
@@ -791,7 +794,7 @@ def test_a_streamed_reply_never_carries_the_prompt_as_tensorrt_llm_streams_only_
     answers = []
     for exclude in (True, False):
         fields["exclude_input_in_output"] = np.array([exclude])
-        reply = Reply(parse_request(fields, LIMITS), TextCodec(tokenizer), [1, 87])
+        reply = Reply(parse_request(fields, LIMITS), TextCodec(tokenizer, end_ids=()), [1, 87])
         answers.append(reply.update(_event(ids, finished=True)))
     assert answers[0] == answers[1] and sum((chunk for _, chunk, _ in answers[0]), []) == ids
 
@@ -835,7 +838,9 @@ def test_responses_are_built_per_event_and_one_that_cannot_be_built_ends_only_it
     req = parse_request(fields, LIMITS)
     ids = tokenizer.encode("def f(x):", add_special_tokens=False)
     cancelled = []
-    ok = build_responses("a", Reply(req, TextCodec(tokenizer), [1]), _event(ids), cancelled.append)
+    ok = build_responses(
+        "a", Reply(req, TextCodec(tokenizer, end_ids=()), [1]), _event(ids), cancelled.append
+    )
     ((response, flags),) = ok
     assert response.tensors["text_output"][0, 0].decode() == tokenizer.decode(ids) and flags == 0
     assert response.tensors["output_ids"].tolist() == [ids] and response.error is None

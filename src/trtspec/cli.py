@@ -237,21 +237,12 @@ no_verify_option = click.option(
 )
 
 
-def _export_checkpoints(
-    recipe: str, model: str, shared: dict, per_role: dict, out_dir: Path | None, no_verify: bool, out: Output
-) -> None:
-    """convert and quantize: the recipe with the options as overrides (``per_role``: for each model exported),
-    each model's checkpoint written and verified."""
-    from trtspec.builders.convert import export_models
-    from trtspec.recipe import load_recipe
+def _export_checkpoints(spec, out: Output) -> None:
+    """convert and quantize: one builders.convert.ExportSpec -> the checkpoints, shown."""
+    from trtspec.builders.convert import export_checkpoints
     from trtspec.views import show_checkpoints
 
-    # both: the recipe's models (the target alone where prompt lookup proposes without a draft)
-    roles = list(load_recipe(recipe).models()) if model == "both" else [model]
-    overrides = shared | {f"{role}.{key}": value for role in roles for key, value in per_role.items()}
-    spec = load_recipe(recipe, overrides)
-    summaries = export_models(spec, roles, out=out_dir, verify=not no_verify, console=out.console())
-    show_checkpoints(summaries, out)
+    show_checkpoints(export_checkpoints(spec, console=out.console()), out)
 
 
 @cli.command()
@@ -270,8 +261,11 @@ def _export_checkpoints(
 @output_options
 def convert(recipe, model, out_dir, dtype, tp_size, pp_size, device, no_verify, out: Output) -> None:
     """HF -> TensorRT-LLM checkpoint (fp16/bf16) via ModelOpt, verified against the HF model."""
+    from trtspec.builders.convert import ExportSpec
+
     per_role = {"quantization": "none", "dtype": dtype, "tp_size": tp_size, "pp_size": pp_size}
-    _export_checkpoints(recipe, model, {"calibration.device": device}, per_role, out_dir, no_verify, out)
+    shared = {"calibration.device": device}
+    _export_checkpoints(ExportSpec(recipe, model, shared, per_role, out_dir, not no_verify), out)
 
 
 @cli.command()
@@ -300,6 +294,8 @@ def quantize(
     no_verify, out: Output,
 ) -> None:  # fmt: skip
     """fp8 / int8 SmoothQuant / int4 AWQ / w4a8 AWQ checkpoints via ModelOpt post-training quantization."""
+    from trtspec.builders.convert import ExportSpec
+
     shared = {
         "target.quantization": target_format,
         "draft.quantization": draft_format,
@@ -308,7 +304,8 @@ def quantize(
         "calibration.seq_len": calib_seq_len,
         "calibration.device": device,
     }
-    _export_checkpoints(recipe, model, shared, {"kv_cache_dtype": kv_cache_dtype}, out_dir, no_verify, out)
+    per_role = {"kv_cache_dtype": kv_cache_dtype}
+    _export_checkpoints(ExportSpec(recipe, model, shared, per_role, out_dir, not no_verify), out)
 
 
 # --- build ---
@@ -504,9 +501,9 @@ def request_options(max_tokens: int) -> Callable:
         click.option(
             "--prompts",
             type=click.Path(dir_okay=False, path_type=Path),
-            help='Prompt JSONL ({"prompt": ...} or {"messages": [...]} per line), or a shipped set: raw, chat or '
-            "grounded (answers that repeat the prompt) [default: raw, then chat where the target has a chat "
-            "template, then grounded where a proposer looks up].",
+            help='Prompt JSONL ({"prompt": ...} or {"messages": [...]} per line), or a shipped set: raw, chat, '
+            "grounded or grounded-chat (answers that repeat the prompt) [default: raw, then chat where the target "
+            "has a chat template, then the grounded sets where a proposer looks up].",
         ),
         click.option("--limit", type=click.IntRange(min=1), help="Use only the first N prompts."),
         click.option(
@@ -763,7 +760,7 @@ def align(
     """
     from trtspec.builders.align import AlignSpec, run_align
     from trtspec.builders.align_data import DataSpec
-    from trtspec.views import show_align
+    from trtspec.views import show_align, stage_bars
 
     data = DataSpec(
         max_new_tokens=max_new_tokens,
@@ -773,7 +770,9 @@ def align(
         validation=validation,
     )
     spec = AlignSpec(out=out_dir, max_epochs=epochs, data=data, **options)
-    show_align(run_align(spec, console=None if out.quiet else out.console()), out)
+    with stage_bars(out) as on_progress:
+        result = run_align(spec, on_progress)
+    show_align(result, out)
 
 
 def _show_envvars(group: click.Group) -> None:

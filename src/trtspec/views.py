@@ -319,3 +319,28 @@ def progress_bar(out) -> Iterator[Callable[[str, int, int], None]]:
         yield show
     finally:
         progress.stop()
+
+
+@contextlib.contextmanager
+def stage_bars(out) -> Iterator[Callable[[str, str, float, float], None]]:
+    """An ``on_progress(stage, description, completed, total)`` callback: one bar per stage (description, bar,
+    elapsed time), from its first call to the end of the block, left on the terminal afterwards (nothing with
+    --quiet)."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
+    progress = Progress(*columns, console=out.console(), disable=out.quiet, transient=False)
+    tasks: dict[str, object] = {}
+
+    def show(stage: str, description: str, completed: float, total: float) -> None:
+        if not tasks:
+            progress.start()
+        if stage not in tasks:
+            tasks[stage] = progress.add_task(description, total=total, completed=completed)
+        else:
+            progress.update(tasks[stage], description=description, completed=completed, total=total)
+
+    try:
+        yield show
+    finally:
+        progress.stop()

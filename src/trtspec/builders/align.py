@@ -1,6 +1,6 @@
 """``trtspec align``: distil the draft toward the target on the user's prompts; a new draft folder and a report.
 
-    result = run_align(AlignSpec(recipe="demo", prompts=Path("prompts.jsonl"), budget_min=15), console)
+    result = run_align(AlignSpec(recipe="demo", prompts=Path("prompts.jsonl"), budget_min=15), on_progress)
 
 The work folder (builders/align_work.py) keeps what is done, so an interrupted run resumes where it stopped.
 
@@ -33,7 +33,7 @@ import torch
 from trtspec.builders import align_data, align_report, environment
 from trtspec.builders.align_data import DataSpec
 from trtspec.builders.align_train import Best, train
-from trtspec.builders.align_work import Clock, WorkDir
+from trtspec.builders.align_work import Clock, StageProgress, WorkDir, no_progress
 from trtspec.core.errors import CheckFailed, ModelError, OutputError, RecipeError, TrtspecError
 from trtspec.core.model_dir import count_parameters, load_hf_model, load_tokenizer
 from trtspec.outputs import atomic_dir, check_output_dir, folder_bytes
@@ -166,14 +166,14 @@ def _timed(call) -> float:
 
 
 def generate_data(
-    spec: AlignSpec, work: WorkDir, clock: Clock, target, draft, tokenizer, eos, progress
+    spec: AlignSpec, work: WorkDir, clock: Clock, target, draft, tokenizer, eos, on_progress: StageProgress
 ) -> None:
     """Stream the prompts into training shards, the held-out and the validation sets, resuming after the saved
-    shards."""
+    shards; ``on_progress`` gets stage "data", the prompts done of all of them, after each prompt."""
     state = work.state
     kept = {name: work.load_torch(f"{name}.pt") or [] for name in ("held_out", "validation")}
     pending: list[dict] = []
-    task = progress.add_task("data", total=state["total_prompts"], completed=state["prompts_done"])
+    on_progress("data", "data", state["prompts_done"], state["total_prompts"])
     for index, prompt in enumerate(align_data.iter_prompts(spec.prompts)):
         if index < state["prompts_done"]:
             continue
@@ -185,7 +185,7 @@ def generate_data(
             generator = torch.Generator().manual_seed(spec.data.seed * 1_000_003 + index)
             pending += align_data.training_examples(target, draft, ids, spec.data, eos, generator)
             state["training_prompts"] = state.get("training_prompts", 0) + 1
-        progress.update(task, completed=index + 1, description=f"data: {len(pending)} pending examples")
+        on_progress("data", f"data: {len(pending)} pending examples", index + 1, state["total_prompts"])
         if len(pending) >= align_data.SHARD_SIZE:
             flush(work, clock, pending, kept, index + 1)
             pending = []
@@ -250,8 +250,9 @@ class AlignResult:
     report: dict
 
 
-def run_align(spec: AlignSpec, console=None) -> AlignResult:
-    """The whole command (module docstring); ``console`` a rich Console for progress, or None."""
+def run_align(spec: AlignSpec, on_progress: StageProgress | None = None) -> AlignResult:
+    """The whole command (module docstring); ``on_progress(stage, description, completed, total)`` is told how
+    far data generation and training are (align_work.StageProgress), or nothing is."""
     recipe = load_recipe(spec.recipe)
     if recipe.draft is None:
         raise RecipeError(
@@ -281,7 +282,9 @@ def run_align(spec: AlignSpec, console=None) -> AlignResult:
     work.save_state()
     clock = Clock(work, spec.budget_min * 60)
     k_show = recipe.speculative.default_num_draft_tokens
-    position, best, last, validation = distil(spec, recipe, work, clock, tokenizer, target, draft, console)
+    position, best, last, validation = distil(
+        spec, recipe, work, clock, tokenizer, target, draft, on_progress or no_progress
+    )
     if validation and best.step == 0:  # training never beat the source draft there: written unchanged
         draft = load_hf_model(recipe.draft.model, "float32", recipe.draft.trust_remote_code, "the draft")
         draft = draft.to(spec.device)
@@ -315,27 +318,30 @@ def load_pair(recipe: Recipe, device: str):
 
 
 def distil(
-    spec: AlignSpec, recipe: Recipe, work: WorkDir, clock: Clock, tokenizer, target, draft, console
+    spec: AlignSpec,
+    recipe: Recipe,
+    work: WorkDir,
+    clock: Clock,
+    tokenizer,
+    target,
+    draft,
+    on_progress: StageProgress,
 ) -> tuple[dict, Best, float | None, list[dict]]:
-    """Stages 2 and 3 under one progress display: the data (unless done), the source draft's held-out matches
-    (once: a resumed run holds trained weights), then the training. Returns ``train``'s position, best evaluation
-    and last validation acceptance, and the validation examples."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
+    """Stages 2 and 3, each reported to ``on_progress``: the data (unless done), the source draft's held-out
+    matches (once: a resumed run holds trained weights), then the training. Returns ``train``'s position, best
+    evaluation and last validation acceptance, and the validation examples."""
     eos = set(align_data_eos(recipe, tokenizer))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    columns = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, disable=console is None, transient=False) as progress:
-        if not work.state["data_done"]:
-            generate_data(spec, work, clock, target, draft, tokenizer, eos, progress)
-        if "before" not in work.state:
-            work.state["before"] = align_report.draft_matches(draft, work.load_torch("held_out.pt"))
-            work.save_state()
-        if not work.state["shards"]:
-            raise OutputError(f"{spec.prompts}: the budget ended before any training data was generated")
-        validation = (work.load_torch("validation.pt") or [])[:VALIDATION_MAX]
-        k_show = recipe.speculative.default_num_draft_tokens
-        position, best, last = train(spec, work, clock, draft, validation, k_show, pad_id, progress)
+    if not work.state["data_done"]:
+        generate_data(spec, work, clock, target, draft, tokenizer, eos, on_progress)
+    if "before" not in work.state:
+        work.state["before"] = align_report.draft_matches(draft, work.load_torch("held_out.pt"))
+        work.save_state()
+    if not work.state["shards"]:
+        raise OutputError(f"{spec.prompts}: the budget ended before any training data was generated")
+    validation = (work.load_torch("validation.pt") or [])[:VALIDATION_MAX]
+    k_show = recipe.speculative.default_num_draft_tokens
+    position, best, last = train(spec, work, clock, draft, validation, k_show, pad_id, on_progress)
     if position["step"] == 0:
         raise CheckFailed(
             f"--budget {spec.budget_min:g}: the budget ended before the first training step (data for "

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from trtspec.builders import align_data, align_report
-from trtspec.builders.align_work import Clock, WorkDir
+from trtspec.builders.align_work import Clock, StageProgress, WorkDir
 
 CHECKPOINT_S = 30.0
 ESTIMATE_S = 20.0  # validation acceptance is measured this often (the weights written are the best's) ...
@@ -151,19 +151,26 @@ def step(draft, optimizer, batch: list[dict], spec, pad_id: int, done: int) -> f
 
 
 def train(
-    spec, work: WorkDir, clock: Clock, draft, validation: list[dict], k: int, pad_id: int, progress
+    spec,
+    work: WorkDir,
+    clock: Clock,
+    draft,
+    validation: list[dict],
+    k: int,
+    pad_id: int,
+    on_progress: StageProgress,
 ) -> tuple[dict, Best, float | None]:
     """AdamW on the shards until the budget or max_epochs ends, resuming from checkpoint.pt; the validation
     acceptance measured every ESTIMATE_S seconds (at most ESTIMATE_SHARE of the time) and after the last step.
     Returns the last position, the best evaluation (the source draft's at step 0) and the last step's validation
-    acceptance. ``spec``: align.AlignSpec (its loss, lr, batch_size, max_epochs and data.seed)."""
+    acceptance. ``spec``: align.AlignSpec (its loss, lr, batch_size, max_epochs and data.seed); ``on_progress``
+    gets stage "train", the budget seconds spent of the budget, after each step."""
     optimizer = torch.optim.AdamW(draft.parameters(), lr=spec.lr, betas=(0.9, 0.95), weight_decay=0.0)
     position, best = resume(work, draft, optimizer, validation, k)
     draft.train()
     shown = "" if best.acceptance is None else f" validation accept@{k}: best {best.acceptance:.3f}"
-    task = progress.add_task(
-        "train", total=max(clock.budget_s, 1.0), completed=min(clock.spent(), clock.budget_s)
-    )
+    total = max(clock.budget_s, 1.0)
+    on_progress("train", "train", min(clock.spent(), clock.budget_s), total)
     last_ckpt = time.perf_counter()
     next_estimate = last_ckpt + ESTIMATE_S
     loss_avg = position["loss"]
@@ -185,11 +192,11 @@ def train(
             if now - last_ckpt > CHECKPOINT_S:
                 save_checkpoint(work, clock, draft, optimizer, position, best)
                 last_ckpt = now
-            progress.update(
-                task,
-                completed=min(clock.spent(), clock.budget_s),
-                description=f"train: epoch {epoch + 1} step {position['step']} {spec.loss} loss "
-                f"{loss_avg:.4f}{shown}",
+            on_progress(
+                "train",
+                f"train: epoch {epoch + 1} step {position['step']} {spec.loss} loss {loss_avg:.4f}{shown}",
+                min(clock.spent(), clock.budget_s),
+                total,
             )
         else:
             position = {**position, "epoch": spec.max_epochs, "shard_pos": 0, "batch_pos": -1}

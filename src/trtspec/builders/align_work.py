@@ -10,12 +10,21 @@ from __future__ import annotations
 import io
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from trtspec.core.errors import OutputError
 from trtspec.outputs import write_file_atomic
+
+# How far a stage is: on_progress(stage, description, completed, total), stage "data" (prompts) or "train"
+# (budget seconds). The CLI draws it (views.stage_bars); builders print nothing.
+StageProgress = Callable[[str, str, float, float], None]
+
+
+def no_progress(stage: str, description: str, completed: float, total: float) -> None:
+    """The ``StageProgress`` of a caller that shows nothing."""
 
 
 class WorkDir:

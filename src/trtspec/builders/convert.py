@@ -1,7 +1,7 @@
 """Hugging Face -> TensorRT-LLM checkpoint, fp16/bf16 or quantized, through nvidia-modelopt 0.37.
 
 ``export_checkpoint`` runs the four stages of ``export_pipeline.run_export`` (load, calibrate, export, verify),
-each reported on a rich console:
+each reported on the console the CLI passes in:
 1. inspect the HF directory (config, architecture, AWQ shapes) and refuse a model that will not fit in memory;
 2. load it and, when verifying, compute reference logits of the unquantized model on a few prompts;
 3. quantize with ``modelopt.torch.quantization.quantize`` (calibration forward loop) for fp8 / int8_sq / int4_awq /
@@ -15,7 +15,7 @@ import contextlib
 import json
 import os
 import warnings
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from trtspec.builders import support
@@ -29,7 +29,7 @@ from trtspec.builders.export_pipeline import (
 from trtspec.core import layout
 from trtspec.core.errors import CheckFailed, CheckpointError, ModelError
 from trtspec.core.model_dir import checkpoint_problem, read_hf_config
-from trtspec.recipe import CalibrationSpec, ModelSpec
+from trtspec.recipe import CalibrationSpec, ModelSpec, load_recipe
 
 # modelopt 0.37's TensorRT-LLM export has no "qwen" decoder (tensorrt_llm_utils raises NotImplementedError);
 # Qwen2/3 are Llama-shaped (+ qkv bias / qk-norm), so they go through its "llama" path.
@@ -248,3 +248,28 @@ def export_models(
         )  # fmt: skip
         summaries.append({"role": role, **summary})
     return summaries
+
+
+@dataclass(frozen=True)
+class ExportSpec:
+    """What ``trtspec convert`` and ``quantize`` ask for: a recipe (name or path), which of its models ("target",
+    "draft" or "both"), and the options as recipe overrides (a None value keeps the recipe's): ``shared`` by
+    dotted key, ``per_role`` by key under each exported model's section."""
+
+    recipe: str
+    model: str = "both"
+    shared: dict = field(default_factory=dict)
+    per_role: dict = field(default_factory=dict)
+    out: Path | None = None
+    verify: bool = True
+
+
+def export_checkpoints(spec: ExportSpec, console=None) -> list:
+    """The recipe with ``spec``'s overrides, each of its models' checkpoint written and verified (export_models);
+    "both" is the recipe's models (the target alone where prompt lookup proposes without a draft)."""
+    roles = list(load_recipe(spec.recipe).models()) if spec.model == "both" else [spec.model]
+    overrides = spec.shared | {
+        f"{role}.{key}": value for role in roles for key, value in spec.per_role.items()
+    }
+    recipe = load_recipe(spec.recipe, overrides)
+    return export_models(recipe, roles, out=spec.out, verify=spec.verify, console=console)

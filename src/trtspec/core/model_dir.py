@@ -68,6 +68,14 @@ def end_ids(model_dir: Path | str, tokenizer) -> tuple[int, ...]:
     return model_end_ids(eos, tokenizer.eos_token_id if tokenizer is not None else None)
 
 
+def loaded_end_ids(model, tokenizer) -> tuple[int, ...]:
+    """A loaded model's end ids (core/token_rules.py rule 1): its generation_config's eos_token_id (transformers
+    read it from the files ``end_ids`` reads), else the tokenizer's eos; a model without a generation_config
+    (a stand-in) or without a tokenizer (None) contributes nothing."""
+    generation_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    return model_end_ids(generation_eos, tokenizer.eos_token_id if tokenizer is not None else None)
+
+
 # ---------------------------------------------------------------- parameter counts
 
 

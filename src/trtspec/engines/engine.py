@@ -30,7 +30,8 @@ import torch
 
 from trtspec.core.errors import ModelError, RequestError
 from trtspec.core.lookup import LookupSpec, uses_lookup
-from trtspec.core.token_rules import model_end_ids, request_stop_ids
+from trtspec.core.model_dir import loaded_end_ids
+from trtspec.core.token_rules import request_stop_ids
 from trtspec.engines.adaptive import AdaptiveState, KPolicy
 from trtspec.engines.loop import (
     GenerationLoop,
@@ -167,10 +168,7 @@ class SpeculativeEngine(StreamingGenerator):
         self.max_draft_len = max_draft_len if proposes else 0
         self.max_seq_len = max_seq_len
         self.max_batch_size = target.num_slots
-        generation_eos = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
-        self.eos_ids = model_end_ids(
-            generation_eos, tokenizer.eos_token_id if tokenizer is not None else None
-        )
+        self.eos_ids = loaded_end_ids(target, tokenizer)
 
     @classmethod
     def from_pretrained(

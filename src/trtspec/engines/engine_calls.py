@@ -126,7 +126,11 @@ class EngineCallRounds:
         self.calls, self.max_draft_len, self.num_slots = calls, max_draft_len, num_slots
         self.has_draft = has_draft  # False: a target engine for external draft tokens alone (prompt lookup)
         # core/translate.py: the draft engine has a tokenizer of its own; its tokens reach the target as text, and
-        # it stops at its own end token (the round's stop ids are target ids, which name other tokens there)
+        # it stops at its own end token (the round's stop ids are target ids, which name other tokens there).
+        # That is the draft tokenizer's eos, not rule 1's end ids: their other input, the draft's generation
+        # config, is in its model folder, which this round never sees (the translator holds the tokenizer only).
+        # A draft end id left out costs at most draft tokens the target rejects: the target's stop ids end the
+        # request, so the output is the same.
         self.translator = translator
         self.draft_stops = None
         if translator is not None:

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trtspec.core.model_dir import load_tokenizer
-from trtspec.core.token_rules import model_end_ids
+from trtspec.core.model_dir import load_tokenizer, loaded_end_ids
 
 
 class HFReference:
@@ -35,8 +34,7 @@ class HFReference:
 
     def stop_token_ids(self) -> set[int]:
         """The ids that end its greedy generation (core/token_rules.py rule 1, as generate applies it)."""
-        eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
-        return set(model_end_ids(eos, self.tokenizer.eos_token_id))
+        return set(loaded_end_ids(self.model, self.tokenizer))
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
         """Greedy continuation of one prompt: at most ``max_new_tokens`` ids (prompt excluded)."""

@@ -13,7 +13,6 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from trtspec.core.errors import RequestError, ServerError
-from trtspec.core.token_rules import model_end_ids
 
 
 def _flag(params: dict[str, str], name: str, default: bool) -> bool:
@@ -30,15 +29,16 @@ class TextCodec:
         add_special_tokens: bool = True,
         skip_special_tokens: bool = True,
         max_input_len: int | None = None,
-        end_ids: tuple[int, ...] = (),
+        end_ids: tuple[int, ...],
     ):
         self.tokenizer = tokenizer
         self.add_special_tokens, self.skip_special_tokens = add_special_tokens, skip_special_tokens
         self.max_input_len = max_input_len
-        # The model's end ids (core/token_rules.py rule 1); the tokenizer's eos and pad, from which each engine
-        # call's end_id and pad_id are chosen (rule 3, engine_calls.py).
+        # The model's end ids (core/token_rules.py rule 1, which needs the model folder: the caller reads them,
+        # from_parameters with model_dir.end_ids); the tokenizer's eos and pad, from which each engine call's
+        # end_id and pad_id are chosen (rule 3, engine_calls.py).
         self.eos_id, self.pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
-        self.end_ids = end_ids or model_end_ids(None, self.eos_id)
+        self.end_ids = tuple(end_ids)
         # The first encode may set the fast tokenizer's truncation/padding state; do it here, before request
         # threads share the tokenizer.
         self.decode(self.tokenizer.encode("warm-up", add_special_tokens=self.add_special_tokens))
