@@ -6,6 +6,11 @@ without TensorRT-LLM, checkpoints verified against the HF logits; the pinned sta
 to HF greedy in float32 and bfloat16, sampling), validate, and deploy + serve on a real tritonserver. The same
 expected token ids hold on both library stacks, so both tokenize, template and generate alike. The exactness rule
 these tests apply per dtype is docs/exactness.md's.
+
+The recipe proposes by prompt lookup (ngram); the tests of the draft model ask for it (--proposer draft). Lookup is
+tested where it pays on this model, on the shipped grounded-chat prompts whose answers repeat the message. How many
+tokens a lookup round proposes is priced by measured round costs, so the tests count that lookup drafted and was
+accepted, never how much: the first proposal is priced before any lookup round was timed, so that much is fixed.
 """
 
 from __future__ import annotations
@@ -37,6 +42,9 @@ ANSWER = "The capital of France is Paris."
 # other way from HF's one-token decode, at token 29.
 TIPS = "Give me three tips for better sleep."
 MAX_NEW = 48
+# grounded-chat prompts: the JSON comes back whole (every looked-up token accepted), and a function comes back with
+# one line fixed (lookups past the fix are rejected, so the verification's rollback runs too).
+REPEATS_JSON, FIXES_A_LINE = "edit-json-value", "edit-fix-bug"
 
 
 def fetch(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -76,6 +84,14 @@ def references(real_model):
         return loaded[dtype]
 
     return get
+
+
+@pytest.fixture(scope="module")
+def grounded_chat() -> dict:
+    """id -> the shipped grounded-chat prompt."""
+    from trtspec.validate.prompts import load_prompts
+
+    return {p.id: p for p in load_prompts("grounded-chat")}
 
 
 # ---------------------------------------------------------------- the tool and the recipe
@@ -200,11 +216,13 @@ def test_build_verifies_both_checkpoints_then_exits_3_without_tensorrt_llm(runne
 # ---------------------------------------------------------------- generate
 
 
-def generate_json(runner, *options: str, max_new_tokens: int = MAX_NEW) -> dict:
+def generate_json(runner, proposer: str, *options: str, max_new_tokens: int = MAX_NEW) -> dict:
     base = ["generate", "--recipe", str(RECIPE), "--chat", "--max-new-tokens", str(max_new_tokens), "--json"]
-    result = runner.invoke(cli, [*base, *options])
+    result = runner.invoke(cli, [*base, "--proposer", proposer, *options])
     assert result.exit_code == 0, result.output
-    return json.loads(result.stdout)
+    out = json.loads(result.stdout)
+    assert out["proposer"] == proposer, out["proposer"]
+    return out
 
 
 def divergence_from(
@@ -225,7 +243,7 @@ def divergence_from(
 def test_greedy_chat_equals_hf_greedy_and_stops_at_im_end(runner, references, dtype):
     """float32: token for token. bfloat16: the same, except at a near-tie, which the test names (xfail) with the
     reference's margin there; a divergence above the near-tie bound fails."""
-    out = generate_json(runner, "--prompt", QUESTION, "--num-draft-tokens", "4", "--dtype", dtype)
+    out = generate_json(runner, "draft", "--prompt", QUESTION, "--num-draft-tokens", "4", "--dtype", dtype)
     assert out["prompt_token_ids"] == QUESTION_IDS
     assert out["stats"]["drafted"] > 0
     reference = references(dtype)
@@ -249,32 +267,107 @@ def test_sampling_is_reproducible_per_seed_and_differs_across_seeds(runner, real
         "--num-draft-tokens",
         "4",
     )
-    first = generate_json(runner, *sample, "--seed", "1", max_new_tokens=24)
-    assert generate_json(runner, *sample, "--seed", "1", max_new_tokens=24)["token_ids"] == first["token_ids"]
-    assert generate_json(runner, *sample, "--seed", "2", max_new_tokens=24)["token_ids"] != first["token_ids"]
+    first = generate_json(runner, "draft", *sample, "--seed", "1", max_new_tokens=24)
+    again = generate_json(runner, "draft", *sample, "--seed", "1", max_new_tokens=24)
+    assert again["token_ids"] == first["token_ids"]
+    other = generate_json(runner, "draft", *sample, "--seed", "2", max_new_tokens=24)
+    assert other["token_ids"] != first["token_ids"]
     assert first["stats"]["drafted"] > 0 and len(first["token_ids"]) >= 8
+
+
+def lookup_counts(stats: dict) -> tuple[int, int]:
+    """(drafted, accepted) of a run where prompt lookup proposed alone: every drafted token was looked up."""
+    assert set(stats["by_proposer"]) == {"ngram"} and stats["draft_forwards"] == 0, stats
+    _, drafted, accepted = stats["by_proposer"]["ngram"]  # [rounds, drafted, accepted]
+    assert (drafted, accepted) == (stats["drafted"], stats["accepted"]), stats
+    return drafted, accepted
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_prompt_lookup_greedy_chat_equals_hf_greedy_and_drafts_from_the_message(
+    runner, references, grounded_chat, dtype
+):
+    """The recipe's own proposer on an edit whose answer repeats the JSON of the message: the looked-up tokens are
+    accepted, and the output is HF greedy's (bfloat16: but for a near-tie, as above)."""
+    from trtspec.chat import encode_prompt
+
+    prompt = grounded_chat[REPEATS_JSON]
+    out = generate_json(runner, "ngram", "--prompt", prompt.text, "--num-draft-tokens", "8", "--dtype", dtype)
+    reference = references(dtype)
+    ids = encode_prompt(reference.tokenizer, prompt.text, prompt.messages)[1]
+    assert out["prompt_token_ids"] == ids
+    drafted, accepted = lookup_counts(out["stats"])
+    assert drafted > 0 and accepted > 0, out["stats"]
+    expected = reference.generate(ids, MAX_NEW)
+    divergence = divergence_from(reference, ids, expected, out["token_ids"])
+    if divergence is not None:
+        assert dtype != "float32", divergence.describe()
+        assert divergence.near_tie, divergence.describe()
+        pytest.xfail(divergence.describe())
+    assert out["token_ids"] == expected
+    assert out["text"] == reference.tokenizer.decode(expected, skip_special_tokens=True)
 
 
 # ---------------------------------------------------------------- validate and the exactness rule
 
 
-def validate_json(runner, tmp_path: Path, dtype: str, *questions: str) -> dict:
+def questions(*texts: str) -> list[dict]:
+    """Prompt-file lines asking each of ``texts`` as a chat."""
+    return [{"id": f"q{i}", "messages": [{"role": "user", "content": q}]} for i, q in enumerate(texts)]
+
+
+def validate_json(runner, tmp_path: Path, dtype: str, proposer: str, lines: list[dict], k: int = 4) -> dict:
     prompts = tmp_path / "prompts.jsonl"
-    lines = [{"id": f"q{i}", "messages": [{"role": "user", "content": q}]} for i, q in enumerate(questions)]
     prompts.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    options = ["--prompts", str(prompts), "--max-tokens", "40", "--num-draft-tokens", "4", "--dtype", dtype]
-    result = runner.invoke(cli, ["validate", str(RECIPE), *options, "--json"])
+    options = [
+        "--prompts",
+        str(prompts),
+        "--max-tokens",
+        "40",
+        "--num-draft-tokens",
+        str(k),
+        "--dtype",
+        dtype,
+    ]
+    result = runner.invoke(cli, ["validate", str(RECIPE), *options, "--proposer", proposer, "--json"])
     assert result.exit_code in (0, 1), result.output
-    return json.loads(result.stdout)
+    report = json.loads(result.stdout)
+    assert report["proposer"] == proposer, report["proposer"]
+    return report
 
 
 @pytest.mark.slow
 def test_validate_float32_is_exact(runner, real_model, tmp_path):
-    report = validate_json(runner, tmp_path, "float32", QUESTION, TIPS)
+    report = validate_json(runner, tmp_path, "float32", "draft", questions(QUESTION, TIPS))
     assert report["passed"], report["failures"]
     assert report["overall"]["exact_match_rate"] == 1.0 and report["overall"]["control_match_rate"] == 1.0
     assert [p["divergence"] for p in report["prompts"]] == [None, None]
     assert report["prompts"][0]["text"] == ANSWER
+
+
+@pytest.mark.slow
+def test_validate_float32_prompt_lookup_is_exact_and_reports_its_acceptance(runner, grounded_chat, tmp_path):
+    """Two grounded-chat prompts in one batch, one whose lookups are all accepted and one whose lookups past its
+    fix are rejected: both exact against HF and against target-only decoding; the acceptance is lookup's."""
+    chosen = [grounded_chat[i] for i in (REPEATS_JSON, FIXES_A_LINE)]
+    lines = [{"id": p.id, "messages": list(p.messages), "prompt_set": p.prompt_set} for p in chosen]
+    report = validate_json(runner, tmp_path, "float32", "ngram", lines, k=8)
+    assert report["passed"], report["failures"]
+    overall = report["overall"]
+    assert overall["exact_match_rate"] == 1.0 and overall["control_match_rate"] == 1.0
+    assert [(p["id"], p["divergence"]) for p in report["prompts"]] == [
+        (REPEATS_JSON, None),
+        (FIXES_A_LINE, None),
+    ]
+    drafted, accepted = lookup_counts(report["stats"])
+    assert drafted > 0 and accepted > 0
+    (ngram,) = overall["by_proposer"].values()
+    assert overall["by_proposer"].keys() == {"ngram"} and ngram["share_of_drafted"] == 1.0
+    assert (ngram["drafted"], ngram["accepted"]) == (drafted, accepted)
+    assert ngram["acceptance_rate"] == overall["acceptance_rate"] == pytest.approx(accepted / drafted)
+    assert report["sets"].keys() == {"grounded-chat"}
+    assert sum(p["by_proposer"]["ngram"]["drafted"] for p in report["prompts"]) == drafted
 
 
 @pytest.mark.slow
@@ -283,7 +376,7 @@ def test_validate_bfloat16_names_each_divergence_and_its_margin(runner, referenc
     the control (speculative vs target-only on the same engine) stays exact."""
     from trtspec.chat import encode_prompt, user_message
 
-    report = validate_json(runner, tmp_path, "bfloat16", QUESTION, TIPS)
+    report = validate_json(runner, tmp_path, "bfloat16", "draft", questions(QUESTION, TIPS))
     assert report["overall"]["control_match_rate"] == 1.0
     reference = references("bfloat16")
     for prompt, question in zip(report["prompts"], [QUESTION, TIPS], strict=True):
@@ -356,35 +449,68 @@ def test_validate_tells_a_bug_from_rounding_by_the_references_margin(references)
 # ---------------------------------------------------------------- deploy + serve
 
 
-@pytest.mark.slow
-@pytest.mark.server
-def test_served_stream_returns_hf_greedy_text_and_the_metrics_count_it(real_model, references, tmp_path):
-    from transformers import AutoTokenizer
-    from triton_server import delta, grpc_stream, running_server, spec_metrics
+@pytest.fixture(scope="module")
+def served(real_model, tmp_path_factory):
+    """The recipe deployed for the torch runtime (its proposer: prompt lookup) on a real tritonserver."""
+    from triton_server import running_server
 
-    from trtspec.chat import encode_prompt, user_message
     from trtspec.recipe import load_recipe
     from trtspec.triton_repo.deploy import deploy
 
-    tokenizer = AutoTokenizer.from_pretrained(real_model[0])
-    text_input, ids = encode_prompt(tokenizer, TIPS, user_message(TIPS))
-    expected = references("float32").generate(ids, MAX_NEW)  # the torch runtime runs float32 on CPU
+    root = tmp_path_factory.mktemp("real-serve")
+    deploy(load_recipe(RECIPE), "torch", root / "repo")
+    with running_server(root / "repo", root / "server.log") as server:
+        yield server
+
+
+def served_stream(server, reference, prompt_text: str, messages, **request) -> tuple[dict, dict]:
+    """Stream one greedy chat request; checks it streamed HF greedy's tokens and text (the torch runtime runs
+    float32 on CPU). (return_perf_metrics, the /metrics counters' growth)."""
+    from triton_server import delta, grpc_stream, spec_metrics
+
+    from trtspec.chat import encode_prompt
+
+    text_input, ids = encode_prompt(reference.tokenizer, prompt_text, messages)
+    expected = reference.generate(ids, MAX_NEW)
     expected = expected[: expected.index(IM_END)] if IM_END in expected else expected
-    deploy(load_recipe(RECIPE), "torch", tmp_path / "repo")
-    with running_server(tmp_path / "repo", tmp_path / "server.log") as server:
-        before = spec_metrics(server)
-        chunks: list = []
-        pieces, metrics = grpc_stream(
-            server,
-            text_input,
-            chunks,
-            stream=True,
-            num_draft_tokens=4,
-            max_tokens=MAX_NEW,
-            return_perf_metrics=True,
-        )
-        counted = delta(spec_metrics(server), before)
+    before = spec_metrics(server)
+    chunks: list = []
+    pieces, metrics = grpc_stream(
+        server, text_input, chunks, stream=True, max_tokens=MAX_NEW, return_perf_metrics=True, **request
+    )
+    counted = delta(spec_metrics(server), before)
     assert sum(chunks, []) == expected and len(chunks) > 1  # streamed, round by round
-    assert "".join(pieces) == tokenizer.decode(expected, skip_special_tokens=True)
+    assert "".join(pieces) == reference.tokenizer.decode(expected, skip_special_tokens=True)
+    return metrics, counted
+
+
+@pytest.mark.slow
+@pytest.mark.server
+def test_served_stream_returns_hf_greedy_text_and_the_metrics_count_it(served, references):
+    from trtspec.chat import user_message
+
+    metrics, counted = served_stream(
+        served, references("float32"), TIPS, user_message(TIPS), proposer="draft", num_draft_tokens=4
+    )
     assert counted["num_draft_tokens_total"] == metrics["total_draft_tokens"] > 0
     assert counted["num_accepted_tokens_total"] == metrics["total_accepted_draft_tokens"]
+    assert counted["num_draft_tokens_total", "draft"] == metrics["total_draft_tokens"]
+    assert metrics["ngram_draft_tokens"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.server
+def test_served_prompt_lookup_by_default_returns_hf_greedy_text_and_the_ngram_metrics_count_it(
+    served, references, grounded_chat
+):
+    """A request that names no proposer gets the recipe's, prompt lookup: on an edit whose answer repeats the
+    message's JSON it drafts alone, is accepted, and /metrics counts it under proposer="ngram"."""
+    prompt = grounded_chat[REPEATS_JSON]
+    metrics, counted = served_stream(served, references("float32"), prompt.text, prompt.messages)
+    assert metrics["total_draft_tokens"] == metrics["ngram_draft_tokens"] > 0, metrics
+    assert metrics["ngram_accepted_draft_tokens"] > 0, metrics
+    assert counted["num_draft_tokens_total", "ngram"] == metrics["ngram_draft_tokens"]
+    assert counted["num_accepted_tokens_total", "ngram"] == metrics["ngram_accepted_draft_tokens"]
+    assert (
+        counted["num_draft_tokens_total"] == metrics["total_draft_tokens"]
+    )  # the draft model proposed nothing
