@@ -265,7 +265,7 @@ def convert(recipe, model, out_dir, dtype, tp_size, pp_size, device, no_verify, 
 
     per_role = {"quantization": "none", "dtype": dtype, "tp_size": tp_size, "pp_size": pp_size}
     shared = {"calibration.device": device}
-    _export_checkpoints(ExportSpec(recipe, model, shared, per_role, out_dir, not no_verify), out)
+    _export_checkpoints(ExportSpec(recipe, model, shared, per_role, out=out_dir, verify=not no_verify), out)
 
 
 @cli.command()
@@ -305,7 +305,7 @@ def quantize(
         "calibration.device": device,
     }
     per_role = {"kv_cache_dtype": kv_cache_dtype}
-    _export_checkpoints(ExportSpec(recipe, model, shared, per_role, out_dir, not no_verify), out)
+    _export_checkpoints(ExportSpec(recipe, model, shared, per_role, out=out_dir, verify=not no_verify), out)
 
 
 # --- build ---

@@ -303,22 +303,8 @@ def spinner(out) -> Iterator[Callable[[str], None]]:
 def progress_bar(out) -> Iterator[Callable[[str, int, int], None]]:
     """An ``on_progress(description, completed, total)`` callback: a transient rich progress bar from its first
     call to the end of the block."""
-    from rich.progress import Progress
-
-    progress = Progress(console=out.console(), transient=True)
-    task = None
-
-    def show(description: str, completed: int, total: int) -> None:
-        nonlocal task
-        if task is None:
-            progress.start()
-            task = progress.add_task(description, total=total)
-        progress.update(task, description=description, completed=completed, total=total)
-
-    try:
-        yield show
-    finally:
-        progress.stop()
+    with _bars(out, transient=True) as show:
+        yield lambda description, completed, total: show("", description, completed, total)
 
 
 @contextlib.contextmanager
@@ -326,10 +312,19 @@ def stage_bars(out) -> Iterator[Callable[[str, str, float, float], None]]:
     """An ``on_progress(stage, description, completed, total)`` callback: one bar per stage (description, bar,
     elapsed time), from its first call to the end of the block, left on the terminal afterwards (nothing with
     --quiet)."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
     columns = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
-    progress = Progress(*columns, console=out.console(), disable=out.quiet, transient=False)
+    with _bars(out, transient=False, columns=columns, disable=out.quiet) as show:
+        yield show
+
+
+@contextlib.contextmanager
+def _bars(out, *, transient: bool, columns=(), disable: bool = False):
+    """One rich Progress, started at the first ``show(stage, description, completed, total)``, a bar per stage."""
+    from rich.progress import Progress
+
+    progress = Progress(*columns, console=out.console(), disable=disable, transient=transient)
     tasks: dict[str, object] = {}
 
     def show(stage: str, description: str, completed: float, total: float) -> None:

@@ -203,6 +203,11 @@ def train(
     except KeyboardInterrupt:
         save_checkpoint(work, clock, draft, optimizer, position, best)
         raise
+    # Training is over even where it stopped before the budget (--epochs): the stage's bar stops its clock here,
+    # not when the output is written.
+    on_progress(
+        "train", f"train: {position['step']} steps {spec.loss} loss {loss_avg or 0:.4f}{shown}", total, total
+    )
     last = validation_acceptance(draft, validation, k)
     best.consider(draft, position["step"], last)
     return position, best, last

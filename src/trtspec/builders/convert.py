@@ -28,12 +28,14 @@ from trtspec.builders.export_pipeline import (
 )
 from trtspec.core import layout
 from trtspec.core.errors import CheckFailed, CheckpointError, ModelError
-from trtspec.core.model_dir import checkpoint_problem, read_hf_config
+from trtspec.core.model_dir import read_hf_config, require_matching_weights
 from trtspec.recipe import CalibrationSpec, ModelSpec, load_recipe
 
 # modelopt 0.37's TensorRT-LLM export has no "qwen" decoder (tensorrt_llm_utils raises NotImplementedError);
 # Qwen2/3 are Llama-shaped (+ qkv bias / qk-norm), so they go through its "llama" path.
 MODELOPT_DECODER = {"qwen": "llama"}
+
+__all__ = ["ExportSpec", "export_checkpoint", "export_checkpoints", "export_models"]
 
 
 # ---------------------------------------------------------------- inspecting the HF model
@@ -212,17 +214,12 @@ def _failure_message(spec: ModelSpec, out_dir: Path, v: dict) -> str:
     )
 
 
-__all__ = ["export_checkpoint"]
-
-
 def _require_matching_weights(recipe, roles: list[str]) -> None:
     """Every model's weights against its config before the first export: a draft refused only after the target's
     calibration would cost that time and leave one checkpoint of the pair written (headers only, no weights read)."""
     for role in roles:
         spec = recipe.models()[role]
-        problem = checkpoint_problem(spec.model, spec.trust_remote_code, f"the {role}")
-        if problem:
-            raise ModelError(problem)
+        require_matching_weights(spec.model, spec.trust_remote_code, f"the {role}")
 
 
 def checkpoint_dir(recipe_name: str, role: str, out: Path | None = None, several: bool = False) -> Path:

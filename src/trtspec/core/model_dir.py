@@ -222,13 +222,19 @@ def load_hf_model(
 
 
 def checkpoint_problem(model_dir: Path | str, trust_remote_code: bool = False, what: str = "the model"):
-    """What ``load_hf_model`` would refuse in this checkpoint, as one line, or None: the model is built on the
-    meta device, so only the weight files' headers are read (no tensor data, no memory for the weights)."""
+    """What ``load_hf_model`` would refuse in this checkpoint, as one line, or None (``require_matching_weights``
+    as a check's result)."""
     try:
-        _load_checked(Path(model_dir), what, trust_remote_code, device_map="meta")
+        require_matching_weights(model_dir, trust_remote_code, what)
     except ModelError as err:
         return err.message
     return None
+
+
+def require_matching_weights(model_dir: Path | str, trust_remote_code: bool = False, what: str = "the model"):
+    """Raise the ModelError ``load_hf_model`` would (its detail lists every mismatched key): the model is built on
+    the meta device, so only the weight files' headers are read (no tensor data, no memory for the weights)."""
+    _load_checked(Path(model_dir), what, trust_remote_code, device_map="meta")
 
 
 def _load_checked(model_dir: Path, what: str, trust_remote_code: bool, **kwargs):

@@ -151,7 +151,7 @@ def load_requests(
     if path is None and not chat_set:
         notes.append(f"{recipe.target.model}: no chat template, so the shipped chat prompts were left out.")
     prompts = load_prompts(path, limit, chat=chat, chat_set=chat_set, grounded_set=lookup)
-    if path is None and any(p.prompt_set.startswith("grounded") for p in prompts):
+    if path is None and lookup:
         notes.append("A proposer of this run looks up (ngram), so the shipped grounded prompts ran too.")
     requests = encode_prompts(tokenizer, prompts)
     check_requests_fit(prompts, requests, max_tokens, recipe.limits)
