@@ -392,6 +392,9 @@ class PricedRounds:
     def release(self, slot: int) -> None:
         pass
 
+    def draft_behind(self, row) -> int:
+        return 0  # its round costs are injected: no draft cache to catch up
+
 
 def test_served_adaptive_k_falls_back_to_target_only_where_it_is_cheaper_and_speculates_again_when_load_drops():
     """Adaptive K over measured round costs alone (no static points, as a server whose requests leave K to it):
@@ -478,3 +481,98 @@ def test_probes_only_where_some_k_could_pay_at_that_batch_size(per_k, worth):
             state.costs.record(16, k, 0.01 * (1 + per_k * k))
     assert state.worth_probing(16, 4, in_flight=16) is worth
     assert state.worth_probing(2, 4, in_flight=2)  # nothing measured there: the policy's ratios, probe
+
+
+def test_a_catch_up_pays_where_drafting_saves_more_than_the_draft_takes_in_and_not_otherwise():
+    from trtspec.engines.adaptive import catch_up_pays
+
+    costs = [1.0, 1.15, 1.3]  # target-only rounds of this batch size
+    # one row, 64 tokens to go at 0.6 acceptance (1.96 tokens per K=2 round): saves 64 * 10 ms * (1 - 1.3 / 1.96)
+    assert catch_up_pays(200, 64, 0.6, 2, costs, 0.010, 0.0005, 1)  # 0.216 s saved > 0.1 s of catch-up
+    assert not catch_up_pays(200, 64, 0.6, 2, costs, 0.010, 0.0005, 16)  # a sixteenth of the rounds is its
+    assert not catch_up_pays(200, 8, 0.6, 2, costs, 0.010, 0.0005, 1)  # 8 tokens left: 0.027 s < 0.1 s
+    assert not catch_up_pays(2, 64, 0.1, 2, costs, 0.010, 0.0005, 1)  # drafting does not pay at all
+    assert catch_up_pays(0, 1, 0.0, 2, costs, 0.010, 1.0, 16) and catch_up_pays(
+        500, 1, 0.0, 0, costs, 0.01, 1.0, 1
+    )
+
+
+def test_a_timed_round_whose_drafts_catch_up_prices_the_catch_up_and_leaves_the_ks_costs_alone():
+    now = [0.0]
+    costs = RoundCosts(KPolicy(), clock=lambda: now[0])
+
+    def round_(k: int, seconds: float, catch_up: int = 0) -> None:
+        costs.begin_round()
+        costs.start(4, k, catch_up)
+        now[0] += seconds
+
+    for k in (0, 0, 0, 1, 2, 1, 2, 1, 2):
+        round_(k, 0.010 * (1 + 0.2 * k))
+    costs.begin_round()
+    before = costs.costs(4, 2)
+    assert costs.catch_up.per_token is None  # unpriced: catch-ups go ahead until one is measured
+    round_(2, 0.014 + 0.050, catch_up=100)  # K=2 costs 14 ms here; the other 50 ms took in 100 tokens
+    costs.begin_round()
+    assert costs.catch_up.per_token == pytest.approx(0.0005, rel=0.02)
+    assert costs.costs(4, 2) == pytest.approx(before)
+
+
+class CatchUpRounds(PricedRounds):
+    """PricedRounds whose draft keeps a cache: a row that sat out rounds (or never drafted: its prompt) makes its
+    draft take those tokens in before proposing, at ``per_token`` seconds each."""
+
+    per_token = 0.0005
+
+    def __init__(self):
+        super().__init__()
+        self.seen: dict[int, int] = {}
+        self.caught_up = 0
+
+    def run(self, rows, num_draft, params, generator):
+        for row, n in zip(rows, num_draft, strict=True):
+            if n:
+                behind = self.draft_behind(row)
+                self.caught_up += behind
+                self.now += self.per_token * behind
+        outcomes = super().run(rows, num_draft, params, generator)
+        for row, n in zip(rows, num_draft, strict=True):
+            if n:
+                self.seen[row.slot] = len(row.tokens) - 1
+        return outcomes
+
+    def release(self, slot: int) -> None:
+        self.seen.pop(slot, None)
+
+    def draft_behind(self, row) -> int:
+        return len(row.tokens) - self.seen.get(row.slot, 0)
+
+
+def test_rows_with_long_prompts_in_a_full_batch_do_not_catch_up_a_draft_that_barely_pays_there():
+    """Where drafting saves little per row (16 rows), a row whose draft would first take in a 300-token prompt
+    decodes target-only; one row alone with the same prompt catches up and drafts (it saves far more)."""
+    from trtspec.engines.loop import GenerationLoop
+
+    rounds, policy = CatchUpRounds(), KPolicy()
+    rounds.cost = lambda batch, k: (
+        (0.010 if batch <= 2 else 0.020) * (1 + 0.15 * k)
+    )  # drafting pays everywhere
+    state = AdaptiveState(policy, clock=lambda: rounds.now)
+    loop = GenerationLoop(rounds, max_seq_len=100_000, k_policy=policy, adaptive=state)
+
+    def serve(n: int, prompt_len: int, new_tokens: int) -> list[tuple[int, int]]:
+        start = len(rounds.log)
+        for i in range(n):
+            loop.add((n, i, start), list(range(1, prompt_len + 1)), SamplingParams(max_new_tokens=new_tokens))
+        while loop.busy:
+            loop.step()
+        return rounds.log[start:]
+
+    serve(16, 4, 200)  # short prompts: the costs of 16 rows are measured, and drafting pays there
+    serve(1, 4, 200)
+    assert state.costs.costs(16, 4) is not None and state.costs.costs(1, 4) is not None
+    state.costs.catch_up.per_token = CatchUpRounds.per_token  # as a timed catch-up round would have measured
+    rounds.caught_up = 0
+    crowd = serve(16, 300, 32)
+    assert rounds.caught_up == 0 and all(k == 0 for b, k in crowd if b == 16)
+    alone = serve(1, 300, 200)
+    assert rounds.caught_up >= 300 and sum(k > 0 for _, k in alone) > len(alone) // 2

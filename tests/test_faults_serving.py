@@ -67,6 +67,9 @@ class TimedRounds:
     def release(self, slot):
         self.released.append(slot)
 
+    def draft_behind(self, row):
+        return 0  # a scripted draft is always current
+
 
 class _Sender:
     """A decoupled response sender whose client cancels when ``cancelled`` is set."""

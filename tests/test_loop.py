@@ -60,6 +60,9 @@ class ScriptedRounds:
     def release(self, slot):
         self.released.append(slot)
 
+    def draft_behind(self, row):
+        return 0  # a scripted draft is always current
+
 
 @pytest.fixture
 def scripted():

@@ -251,6 +251,44 @@ def probe_due(controller: KController, in_flight: int) -> bool:
     return _cap([controller], in_flight) > 0 and controller.rounds_off >= controller.policy.probe_every
 
 
+class CatchUp:
+    """A draft's cost per token it takes in to catch up, in seconds: a round whose drafts catch up is timed, and
+    its time beyond what its K costs (RoundCosts) is the catch-up's. Smoothed like the costs (noisy rounds)."""
+
+    def __init__(self, smoothing: float = 0.3):
+        self.smoothing = smoothing
+        self.per_token: float | None = None
+
+    def record(self, excess_seconds: float, tokens: int) -> None:
+        sample = max(excess_seconds, 0.0) / tokens
+        self.per_token = (
+            sample
+            if self.per_token is None
+            else ((1 - self.smoothing) * self.per_token + self.smoothing * sample)
+        )
+
+
+def catch_up_pays(
+    behind: int,
+    remaining: int,
+    acceptance: float,
+    k: int,
+    costs: Costs,
+    unit_s: float,
+    per_token_s: float,
+    batch: int,
+) -> bool:
+    """Whether a row whose draft is ``behind`` tokens behind should catch up to draft ``k`` now: the time drafting
+    saves over the row's ``remaining`` tokens (its share of the batch's rounds: target-only ones cost ``unit_s``,
+    drafting ones ``costs[k]`` of that and yield expected_tokens_per_round) against the draft's catch-up, paid
+    once. Where a batch is large, drafting barely pays and the catch-up of a long prompt does not; a draft that
+    catches up whenever K turns on costs as much as drafting throughout."""
+    if behind <= 0 or k == 0:
+        return True
+    saving = remaining * unit_s / batch * (1 - costs[k] / expected_tokens_per_round(acceptance, k))
+    return saving > behind * per_token_s
+
+
 class _CostTable:
     """The measured rounds of one batch size, or of one power-of-two bucket of them (RoundCosts)."""
 
@@ -307,8 +345,13 @@ class _CostTable:
             n, t = self.by_k.get(k, (0.0, 0.0))
             return (t + prior_rounds * (a1 + b * k)) / (n + prior_rounds)
 
-        a0 = t0 / n0 if n0 else a1 / verify_cost_ratio
+        a0 = self.unit_seconds(verify_cost_ratio, line)
         return [1.0] + [seconds(k) / a0 for k in range(1, max_k + 1)]
+
+    def unit_seconds(self, verify_cost_ratio: float, line: tuple[float, float]) -> float:
+        """A target-only round's seconds: measured, else the line's K=0 point priced by the verification ratio."""
+        n0, t0 = self.by_k.get(0, (0.0, 0.0))
+        return t0 / n0 if n0 else line[0] / verify_cost_ratio
 
 
 class RoundCosts:
@@ -336,8 +379,11 @@ class RoundCosts:
         self.by_bucket: dict[int, _CostTable] = {}  # batch.bit_length() -> its batch sizes' rounds
         # batch size -> speculative rounds since its last target-only one
         self.since_unit: dict[int, int] = {}
-        self._pending: tuple[int, int, float] | None = None
+        self._pending: tuple[int, int, float, int] | None = None
         self._mixed = False
+        # Seconds per token a draft takes in to catch up (its cache behind the row: a prompt it never saw, the
+        # tokens of rounds it sat out); None until a timed round measured one (CatchUp).
+        self.catch_up = CatchUp()
 
     def unit_due(self, batch: int, k: int) -> bool:
         """Should this batch size's round, about to draft ``k`` (>= 1), run target-only instead, to measure the
@@ -362,14 +408,22 @@ class RoundCosts:
         bookkeeping after them, and what the caller did with its events before asking for this round: building
         and sending responses on a server), so each K is charged what it costs where it runs."""
         if self._pending is not None and not self._mixed:
-            batch, k, began = self._pending
-            self.record(batch, k, self.clock() - began)
+            batch, k, began, catch_up = self._pending
+            seconds = self.clock() - began
+            if not catch_up:
+                self.record(batch, k, seconds)
+            else:  # the K's table keeps drafting's steady cost; the excess is the catch-up's
+                priced = self.priced(batch, k)
+                if priced is not None:
+                    costs, unit = priced
+                    self.catch_up.record(seconds - costs[k] * unit, catch_up)
         self._pending, self._mixed = None, False
 
-    def start(self, batch: int, k: int) -> None:
-        """One batch of this round drafts ``k`` (a second batch in the same round leaves the round out)."""
+    def start(self, batch: int, k: int, catch_up: int = 0) -> None:
+        """One batch of this round drafts ``k`` (a second batch in the same round leaves the round out), its
+        drafts taking in ``catch_up`` tokens beyond a round's own."""
         self._mixed = self._pending is not None
-        self._pending = (batch, k, self.clock())
+        self._pending = (batch, k, self.clock(), catch_up)
 
     def idle(self) -> None:
         """The loop ran out of work: the last round's cycle would include the wait for the next request."""
@@ -384,6 +438,11 @@ class RoundCosts:
         batch size's own (once it has unit_rounds target-only rounds: one noisy unit would scale every K) before
         its bucket's; of each, the fitted line, else the line through the unit, which a few rounds of a new batch
         size give (its first timed round measures the unit), so a change in load is followed at once."""
+        priced = self.priced(batch, max_k)
+        return None if priced is None else priced[0]
+
+    def priced(self, batch: int, max_k: int) -> tuple[list[float], float] | None:
+        """``costs`` and the seconds of the target-only round they are counted in, from the same table."""
         own = self.by_batch.get(batch)
         if own is not None and own.units < self.unit_rounds:
             own = None
@@ -392,7 +451,7 @@ class RoundCosts:
             if table is not None:
                 costs = table.costs(max_k, self.prior_rounds, self.verify_cost_ratio, through_unit)
                 if costs is not None:
-                    return costs
+                    return costs, table.unit_seconds(self.verify_cost_ratio, table.fitted)
         return None
 
 
@@ -436,13 +495,26 @@ class AdaptiveState:
         self.costs.idle()
         self.lookup_costs.idle()
 
-    def timed(self, batch: int, k: int, looked_up: bool) -> None:
+    def timed(self, batch: int, k: int, looked_up: bool, catch_up: int = 0) -> None:
         """Time this round as one batch of ``batch`` rows verifying up to ``k`` tokens: a target-only round is
-        both tables' unit; a round of looked-up proposals is lookup's, else the draft's."""
+        both tables' unit; a round of looked-up proposals is lookup's, else the draft's (``catch_up``: tokens its
+        drafts take in beyond a round's own, whose cost the round measures)."""
         if k == 0 or not looked_up:
-            self.costs.start(batch, k)
+            self.costs.start(batch, k, catch_up)
         if k == 0 or looked_up:
             self.lookup_costs.start(batch, k)
+
+    def catch_up_pays(
+        self, batch: int, max_k: int, k: int, acceptance: float, remaining: int, behind: int
+    ) -> bool:
+        """``catch_up_pays`` at this batch size's measured costs and catch-up price (True until both are
+        measured: the first catch-ups measure it)."""
+        priced = self.costs.priced(batch, max_k) if self.measure else None
+        per_token = self.costs.catch_up.per_token
+        if priced is None or per_token is None:
+            return True
+        costs, unit = priced
+        return catch_up_pays(behind, remaining, acceptance, k, costs, unit, per_token, batch)
 
     def draft_prices(self, batch: int, max_k: int) -> Costs | None:
         """The draft's measured cost per K for this batch size (None: not measured, or not measuring)."""

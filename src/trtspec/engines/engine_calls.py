@@ -146,10 +146,19 @@ class EngineCallRounds:
         self.device = "cpu"  # sampled requests' generators only draw the calls' seeds
         self.ready: dict[int, Draft] = {}  # per slot: the next round's draft, drafted ahead and confirmed
         self.views: dict[int, DraftView] = {}  # per slot, with a translator: its text as the draft's tokens
+        # per slot: the row's length when the draft engine last saw it (what its KV cache can reuse)
+        self.drafted_len: dict[int, int] = {}
 
     def release(self, slot: int) -> None:
         self.ready.pop(slot, None)
         self.views.pop(slot, None)
+        self.drafted_len.pop(slot, None)
+
+    def draft_behind(self, row: Row) -> int:
+        """Tokens the draft engine has not seen for the row (none where a draft-ahead is waiting)."""
+        if row.slot in self.ready:
+            return 0
+        return len(row.tokens) - self.drafted_len.get(row.slot, 0)
 
     def run(
         self,
@@ -221,6 +230,7 @@ class EngineCallRounds:
                 asked.append(i)
         if asked:
             prefixes = [self._draft_view(rows[i]) for i in asked]
+            self.drafted_len.update((rows[i].slot, len(rows[i].tokens)) for i in asked)
             want_logits = self.use_draft_logits and self.translator is None
             outs = self.calls.propose(prefixes, max(num_draft[i] for i in asked), call, want_logits)
             for i, out in zip(asked, outs, strict=True):

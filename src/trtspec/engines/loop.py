@@ -397,6 +397,7 @@ class GenerationLoop:
             or self.adaptive.worth_probing(len(group), self.max_draft_len, len(self.active))
         )
         num_draft = [self._num_draft(r, running, shared, probes) for r in group]
+        behind = self._catch_ups(group, num_draft)
         probing = adaptive and shared == 0 and any(num_draft)  # a few rows' probes: no K's cost to learn
         proposals = self._lookups(group, num_draft, running)
         drafted = [0 if proposals and proposals[i] is not None else k for i, k in enumerate(num_draft)]
@@ -406,8 +407,27 @@ class GenerationLoop:
         # and only where one proposer gave every proposal (a mixed round's cost is neither's).
         looked_up = proposals is not None
         if no_prefill and only_group and not probing and (not looked_up or not any(drafted)):
-            self.adaptive.timed(len(group), max(num_draft), looked_up)
+            catch_up = sum(b for b, k in zip(behind, drafted, strict=True) if k)
+            self.adaptive.timed(len(group), max(num_draft), looked_up, catch_up)
         return num_draft, proposals
+
+    def _catch_ups(self, group: list[_Active], num_draft: list[int]) -> list[int]:
+        """Per row, the tokens its draft takes in this round beyond a round's own (a prompt it never saw, the
+        rounds it sat out), after dropping the adaptive rows whose catch-up would cost more than their drafting
+        can save (adaptive.catch_up_pays; sets their num_draft to 0). Pinned and seeded rows draft as asked."""
+        behind = [
+            max(self.rounds.draft_behind(r.row) - 2, 0) if k else 0
+            for r, k in zip(group, num_draft, strict=True)
+        ]
+        for i, request in enumerate(group):
+            if behind[i] and request.controller is not None and not request.params.seeded:
+                remaining = request.params.max_new_tokens - len(request.generated)
+                acceptance = request.controller.acceptance
+                if not self.adaptive.catch_up_pays(
+                    len(group), self.max_draft_len, num_draft[i], acceptance, remaining, behind[i]
+                ):
+                    num_draft[i], behind[i] = 0, 0
+        return behind
 
     def _lookups(
         self, group: list[_Active], num_draft: list[int], running: bool

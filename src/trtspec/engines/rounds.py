@@ -8,6 +8,7 @@
         device = "cpu"
         def run(self, rows, num_draft, params, generator, proposals=None) -> list[Outcome]: ...
         def release(self, slot): ...
+        def draft_behind(self, row) -> int: ...   # tokens the draft takes in before it can propose for row
 
 A round is propose + verify for a group of rows that one batched sampling step can serve (the loop groups them):
 row b drafts up to ``num_draft[b]`` tokens, the target verifies them, and the round appends what it emitted to
@@ -72,4 +73,9 @@ class Rounds(Protocol):
 
     def release(self, slot: int) -> None:
         """The row in ``slot`` left the loop (finished, cancelled or failed): drop what the runtime keeps for it."""
+        ...
+
+    def draft_behind(self, row: Row) -> int:
+        """How many of ``row``'s tokens its draft would take in before proposing (1-2 after a round it drafted
+        in; its whole prompt before its first): what the loop prices before a row that sat out drafts again."""
         ...

@@ -49,12 +49,13 @@ class DraftRow(Row):
     def __init__(self, tokens: list[int], slot: int):
         super().__init__(tokens, slot)
         self.proposed, self.view = [], DraftView()
+        self.target_seen = 0  # the target row's length at the last sync
 
-    def sync(self, tokens: list[int]) -> None:
+    def sync(self, tokens: list[int], target_len: int) -> None:
         """The row's text re-encoded: the cache keeps what it shares with it (a tokenizer is not prefix-stable)."""
         cached = (self.tokens + self.proposed)[: self.draft_len]
         self.draft_len = common_prefix_len(cached, tokens)
-        self.tokens, self.proposed = tokens, []
+        self.tokens, self.proposed, self.target_seen = tokens, [], target_len
 
 
 def feed(
@@ -301,7 +302,7 @@ class TorchRounds:
         for i in asked:
             row = rows[i]
             state = self.draft_rows.setdefault(row.slot, DraftRow([], row.slot))
-            state.sync(self.translator.to_draft(row.tokens, state.view))
+            state.sync(self.translator.to_draft(row.tokens, state.view), len(row.tokens))
             states.append(state)
         tokens, _, _ = propose(self.draft, states, [num_draft[i] for i in asked], params, generator)
         for i, state, drafted in zip(asked, states, tokens.tolist(), strict=True):
@@ -316,3 +317,13 @@ class TorchRounds:
     def release(self, slot: int) -> None:
         """The next row in the slot starts at length 0 and overwrites the cache; its draft tokens start over."""
         self.draft_rows.pop(slot, None)
+
+    def draft_behind(self, row: Row) -> int:
+        """Uncached tokens of the row in the draft (with a translator: target tokens since the draft's last sync,
+        beside what its own cache lacks)."""
+        if self.translator is None:
+            return len(row.tokens) - row.draft_len
+        state = self.draft_rows.get(row.slot)
+        if state is None:
+            return len(row.tokens)
+        return len(row.tokens) - state.target_seen + len(state.tokens) - state.draft_len
