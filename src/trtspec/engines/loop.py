@@ -474,8 +474,10 @@ class GenerationLoop:
                 # A probe: the acceptance and lookup's costs were measured where it last ran (a server's first
                 # rounds may price it off for good: a target-only round without responses to send is cheap).
                 # The rows due probe in the same round, one round in probe_every: a probe widens the whole
-                # batch's verification, and rows probing in turn would widen nearly every round.
-                n, speedup = len(found[i]), float("inf")
+                # batch's verification, and rows probing in turn would widen nearly every round. One token, as a
+                # draft probe: its acceptance is what a probe measures, and a whole match would widen every row of
+                # a large batch to its length for a few rows' matches.
+                n, speedup = 1, float("inf")
             if n == 0:
                 request.lookup_off += bool(found[i])
                 if not uses_draft(request.proposer):
