@@ -576,3 +576,24 @@ def test_rows_with_long_prompts_in_a_full_batch_do_not_catch_up_a_draft_that_bar
     assert rounds.caught_up == 0 and all(k == 0 for b, k in crowd if b == 16)
     alone = serve(1, 300, 200)
     assert rounds.caught_up >= 300 and sum(k > 0 for _, k in alone) > len(alone) // 2
+
+
+def test_a_row_that_sat_out_a_round_or_two_drafts_on_whatever_a_catch_up_costs():
+    """A few tokens more in the draft's first step cost what its fixed cost does: only a catch-up from
+    CatchUp.minimum tokens is priced, so the unit rounds a batch sits out do not switch its rows off."""
+    from trtspec.engines.loop import GenerationLoop
+
+    rounds, policy = CatchUpRounds(), KPolicy()
+    rounds.cost = lambda batch, k: (0.010 if batch <= 2 else 0.020) * (1 + 0.15 * k)
+    state = AdaptiveState(policy, clock=lambda: rounds.now)
+    loop = GenerationLoop(rounds, max_seq_len=100_000, k_policy=policy, adaptive=state)
+    for warm in (True, False):
+        if not warm:
+            state.costs.catch_up.per_token = 1.0  # a second per token: no priced catch-up could ever pay
+        start = len(rounds.log)
+        for i in range(8):
+            loop.add((warm, i), [1, 2, 3, 4], SamplingParams(max_new_tokens=200))
+        while loop.busy:
+            loop.step()
+    ks = [k for b, k in rounds.log[start:] if b == 8]
+    assert sum(k > 0 for k in ks) > 0.8 * len(ks)

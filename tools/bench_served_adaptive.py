@@ -46,6 +46,11 @@ def parse_args(argv):
     parser.add_argument("--jump", type=int, default=16, help="streams after the jump from 1 (0: skip it)")
     parser.add_argument("--cpu-threads", default=None, help="triton.cpu_threads override (a number or auto)")
     parser.add_argument("--short", action="store_true", help="one group per point (the test suite's form)")
+    parser.add_argument(
+        "--prompts",
+        default=None,
+        help="a shipped raw prompt set (raw, grounded) or a JSONL file of raw prompts [default: bench_engine's]",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     return parser.parse_args(argv)
 
@@ -58,9 +63,11 @@ def cpu_name() -> str:
     return platform.processor() or "unknown CPU"
 
 
-def group(client, pool, n: int, k: int | None, max_tokens: int, offset: int = 0) -> tuple[int, float]:
+def group(
+    client, pool, n: int, k: int | None, max_tokens: int, offset: int = 0, texts: list[str] = PROMPTS
+) -> tuple[int, float]:
     """(tokens, seconds) of ``n`` concurrent streamed requests with K ``k`` (None: left to the server)."""
-    prompts = [PROMPTS[(offset + i) % len(PROMPTS)] for i in range(n)]
+    prompts = [texts[(offset + i) % len(texts)] for i in range(n)]
     start = time.perf_counter()
     responses = list(pool.map(lambda p: client.generate(p, max_tokens, k, stream=True), prompts))
     return sum(len(r.token_ids) for r in responses), time.perf_counter() - start
@@ -91,13 +98,13 @@ def load_steps(client, pool, server, args) -> list[dict]:
     points = [ADAPTIVE] + [int(k) for k in args.ks.split(",")]
     rows = []
     for n in [int(c) for c in args.concurrency.split(",")]:
-        first = group(client, pool, n, None, args.max_tokens)
+        first = group(client, pool, n, None, args.max_tokens, texts=args.texts)
         best: dict = {p: 0.0 for p in points}
         for rep in range(1 if args.short else args.repeats):
             for i in range(len(points)):
                 point = points[(i + rep) % len(points)]
                 tokens, seconds = group(
-                    client, pool, n, None if point == ADAPTIVE else point, args.max_tokens, rep
+                    client, pool, n, None if point == ADAPTIVE else point, args.max_tokens, rep, args.texts
                 )
                 best[point] = max(best[point], tokens / seconds)
         pinned = {p: v for p, v in best.items() if p != ADAPTIVE}
@@ -117,10 +124,14 @@ def load_steps(client, pool, server, args) -> list[dict]:
 def jump(client, pool, server, args) -> dict:
     """Step 2 of the module docstring, on a server that has served nothing yet."""
     for i in range(4):
-        group(client, pool, 1, None, args.max_tokens, i)
-    after = [group(client, pool, args.jump, None, args.max_tokens, i) for i in range(1 if args.short else 3)]
+        group(client, pool, 1, None, args.max_tokens, i, args.texts)
+    after = [
+        group(client, pool, args.jump, None, args.max_tokens, i, args.texts)
+        for i in range(1 if args.short else 3)
+    ]
     target_only = [
-        group(client, pool, args.jump, 0, args.max_tokens, i) for i in range(1 if args.short else 3)
+        group(client, pool, args.jump, 0, args.max_tokens, i, args.texts)
+        for i in range(1 if args.short else 3)
     ]
     adaptive_tps = max(t / s for t, s in after)
     target_tps = max(t / s for t, s in target_only)
@@ -148,11 +159,22 @@ def served(recipe, tmp: Path, name: str):
         server.stop()
 
 
+def raw_texts(name: str) -> list[str]:
+    """The raw prompts of a shipped set or a JSONL file (chat lines need the target's template: not sent here)."""
+    from trtspec.validate.prompts import load_prompts
+
+    prompts = load_prompts(name)
+    if any(p.messages for p in prompts):
+        raise SystemExit(f"{name}: chat prompts are not supported here; give raw prompts")
+    return [p.text for p in prompts]
+
+
 def main(argv=None) -> None:
     from trtspec.recipe import load_recipe
     from trtspec.validate.triton_client import TritonClient
 
     args = parse_args(argv)
+    args.texts = PROMPTS if args.prompts is None else raw_texts(args.prompts)
     recipe = load_recipe(args.recipe)
     # Requests that give no K get the repository's default: adaptive only where the recipe pins none.
     speculative = recipe.speculative.model_copy(update={"num_draft_tokens": None})

@@ -253,7 +253,12 @@ def probe_due(controller: KController, in_flight: int) -> bool:
 
 class CatchUp:
     """A draft's cost per token it takes in to catch up, in seconds: a round whose drafts catch up is timed, and
-    its time beyond what its K costs (RoundCosts) is the catch-up's. Smoothed like the costs (noisy rounds)."""
+    its time beyond what its K costs (RoundCosts) is the catch-up's. Smoothed like the costs (noisy rounds).
+    A catch-up counts from ``minimum`` tokens: a forward over a few more tokens costs what one over fewer does
+    (its fixed cost dominates), so a row that sat out a round or two drafts on as part of its rounds, and their
+    per-token excess would price a prompt's catch-up at that fixed cost."""
+
+    minimum = 16
 
     def __init__(self, smoothing: float = 0.3):
         self.smoothing = smoothing

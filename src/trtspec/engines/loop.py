@@ -53,6 +53,7 @@ from trtspec.core.token_rules import KEEP_END
 from trtspec.engines.adaptive import (
     Acceptance,
     AdaptiveState,
+    CatchUp,
     KController,
     KPolicy,
     best_lookup_len,
@@ -416,9 +417,9 @@ class GenerationLoop:
         rounds it sat out), after dropping the adaptive rows whose catch-up would cost more than their drafting
         can save (adaptive.catch_up_pays; sets their num_draft to 0). Pinned and seeded rows draft as asked."""
         behind = [
-            max(self.rounds.draft_behind(r.row) - 2, 0) if k else 0
-            for r, k in zip(group, num_draft, strict=True)
+            self.rounds.draft_behind(r.row) - 2 if k else 0 for r, k in zip(group, num_draft, strict=True)
         ]
+        behind = [b if b >= CatchUp.minimum else 0 for b in behind]
         for i, request in enumerate(group):
             if behind[i] and request.controller is not None and not request.params.seeded:
                 remaining = request.params.max_new_tokens - len(request.generated)
