@@ -334,10 +334,11 @@ class _CostTable:
         slope = sum(n * k * (mean - a0) for k, n, mean in cells) / sum(n * k * k for k, n, _ in cells)
         return a0, max(slope, 0.0)
 
-    def costs(
+    def priced(
         self, max_k: int, prior_rounds: float, verify_cost_ratio: float, through_unit: bool = False
-    ) -> list[float] | None:
-        """Each K's cost in target-only rounds (RoundCosts.costs), or None without a line (``through_unit``:
+    ) -> tuple[list[float], float] | None:
+        """Each K's cost in target-only rounds (RoundCosts.costs) and a target-only round's seconds (measured,
+        else the line's K=0 point priced by the verification ratio), or None without a line (``through_unit``:
         the line through the unit, which needs a target-only round and one speculative K)."""
         n0, t0 = self.by_k.get(0, (0.0, 0.0))
         unit_line = self.through_unit(t0 / n0) if n0 else None
@@ -350,13 +351,8 @@ class _CostTable:
             n, t = self.by_k.get(k, (0.0, 0.0))
             return (t + prior_rounds * (a1 + b * k)) / (n + prior_rounds)
 
-        a0 = self.unit_seconds(verify_cost_ratio, line)
-        return [1.0] + [seconds(k) / a0 for k in range(1, max_k + 1)]
-
-    def unit_seconds(self, verify_cost_ratio: float, line: tuple[float, float]) -> float:
-        """A target-only round's seconds: measured, else the line's K=0 point priced by the verification ratio."""
-        n0, t0 = self.by_k.get(0, (0.0, 0.0))
-        return t0 / n0 if n0 else line[0] / verify_cost_ratio
+        a0 = t0 / n0 if n0 else a1 / verify_cost_ratio
+        return [1.0] + [seconds(k) / a0 for k in range(1, max_k + 1)], a0
 
 
 class RoundCosts:
@@ -454,9 +450,9 @@ class RoundCosts:
         bucket = self.by_bucket.get(batch.bit_length())
         for table, through_unit in ((own, False), (own, True), (bucket, False), (bucket, True)):
             if table is not None:
-                costs = table.costs(max_k, self.prior_rounds, self.verify_cost_ratio, through_unit)
-                if costs is not None:
-                    return costs, table.unit_seconds(self.verify_cost_ratio, table.fitted)
+                priced = table.priced(max_k, self.prior_rounds, self.verify_cost_ratio, through_unit)
+                if priced is not None:
+                    return priced
         return None
 
 

@@ -308,6 +308,7 @@ class EngineCallRounds:
     ) -> Outcome:
         ahead_k = _ahead_k(len(draft.tokens), params)
         prefix = self._draft_view(row, row.tokens + draft.tokens)
+        self.drafted_len[row.slot] = len(row.tokens)  # the row as the draft engine sees it (beyond: a guess)
         guess_next = partial(self.calls.propose, [prefix], ahead_k, draft_call, self.use_draft_logits)
         (new,), guesses = self.together(self._verify_call([row], [draft], target), guess_next)
         guess = _first(guesses[0], ahead_k) if guesses else Draft([])

@@ -416,8 +416,10 @@ class GenerationLoop:
         """Per row, the tokens its draft takes in this round beyond a round's own (a prompt it never saw, the
         rounds it sat out), after dropping the adaptive rows whose catch-up would cost more than their drafting
         can save (adaptive.catch_up_pays; sets their num_draft to 0). Pinned and seeded rows draft as asked."""
+        # only rows that may draft with the draft model: a lookup-only row's draft never catches up
         behind = [
-            self.rounds.draft_behind(r.row) - 2 if k else 0 for r, k in zip(group, num_draft, strict=True)
+            self.rounds.draft_behind(r.row) - 2 if k and uses_draft(r.proposer) else 0
+            for r, k in zip(group, num_draft, strict=True)
         ]
         behind = [b if b >= CatchUp.minimum else 0 for b in behind]
         for i, request in enumerate(group):

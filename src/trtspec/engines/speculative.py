@@ -45,11 +45,12 @@ class DraftRow(Row):
 
     proposed: list[int]
     view: DraftView
+    target_seen: int  # the target row's length at the last sync
 
     def __init__(self, tokens: list[int], slot: int):
         super().__init__(tokens, slot)
         self.proposed, self.view = [], DraftView()
-        self.target_seen = 0  # the target row's length at the last sync
+        self.target_seen = 0
 
     def sync(self, tokens: list[int], target_len: int) -> None:
         """The row's text re-encoded: the cache keeps what it shares with it (a tokenizer is not prefix-stable)."""
