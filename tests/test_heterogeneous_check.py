@@ -282,11 +282,12 @@ def test_trtllm_pytorch_deploy_refuses_a_draft_with_its_own_tokenizer(tmp_path, 
 
 def test_the_torch_entry_model_loads_the_draft_with_its_own_tokenizer(tmp_path, cross_family_pair):
     from trtspec.triton_repo.models.inflight import load_loop
+    from trtspec.triton_repo.models.text import TextCodec
 
     out = tmp_path / "repo"
     deploy(_recipe(cross_family_pair, speculative=OPT_IN), "torch", out)
     params = _params(out)
-    thread = load_loop(params, 1, lambda: None, None)
+    thread = load_loop(params, TextCodec.from_parameters(params).tokenizer, 1, lambda: None, None)
     try:
         translator = thread.loop.rounds.translator
         assert translator is not None

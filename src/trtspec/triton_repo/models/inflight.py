@@ -264,18 +264,18 @@ def torch_threads(params: dict[str, str]) -> int | None:
 
 def load_loop(
     params: dict[str, str],
+    tokenizer,
     num_slots: int,
     on_step: Callable[[], None],
     threads: int | None,
     cores: set[int] | None = None,
 ) -> LoopThread:
     """The engine (its models in this process: no draft where draft_model_dir is "", prompt lookup proposing
-    alone; a draft with its own tokenizer where draft_tokenizer_dir names it, text.translator_from_parameters) and
-    its loop's thread, from the config.pbtxt parameters; ``on_step``, ``threads`` (torch_threads) and ``cores``:
-    LoopThread's."""
+    alone; a draft with its own tokenizer where draft_tokenizer_dir names it, text.translator_from_parameters,
+    translating to ``tokenizer``, the repository's: the codec's) and its loop's thread, from the config.pbtxt
+    parameters; ``on_step``, ``threads`` (torch_threads) and ``cores``: LoopThread's."""
     import torch
 
-    from trtspec.core.model_dir import load_tokenizer
     from trtspec.engines.engine import SpeculativeEngine
     from trtspec.engines.models import load_causal_lm
     from trtspec.triton_repo.models.text import translator_from_parameters
@@ -295,8 +295,7 @@ def load_loop(
     draft = load_causal_lm(draft_dir, dtype=params["draft_dtype"], **opts) if draft_dir else None
     translator = None
     if draft is not None and params.get("draft_tokenizer_dir"):
-        target_tokenizer = load_tokenizer(Path(params["tokenizer_dir"]), opts["trust_remote_code"])
-        translator = translator_from_parameters(params, target_tokenizer, opts["trust_remote_code"])
+        translator = translator_from_parameters(params, tokenizer, opts["trust_remote_code"])
     proposer, lookup = lookup_from_parameters(params)
     engine = SpeculativeEngine(
         target,
@@ -329,7 +328,7 @@ class TritonPythonModel:
             adaptive_metrics=io.AdaptiveMetrics(args["model_name"]),
         )
         num_slots = max(int(config.get("max_batch_size") or 1), 1)
-        self.loop = load_loop(params, num_slots, self.outbox.flush, threads, loop_cores)
+        self.loop = load_loop(params, self.codec.tokenizer, num_slots, self.outbox.flush, threads, loop_cores)
         self.ids = itertools.count()
         import trtspec  # which install the stub imported (an editable one and a checkout can differ)
 
