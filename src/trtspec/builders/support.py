@@ -302,13 +302,18 @@ RUNTIME_NEEDS = {
 }
 
 
+def replica_nodes(gpus: int, gpus_per_node: int) -> int:
+    """Nodes one replica of ``gpus`` GPUs spans on nodes of ``gpus_per_node``."""
+    return max(1, -(-gpus // gpus_per_node))
+
+
 def multi_node_problem(
     runtime: str, gpus: int, gpus_per_node: int, fast_logits: bool, access_mode: str
 ) -> tuple[str, str] | None:
     """(field, why) where a replica of ``gpus`` GPUs spans nodes of ``gpus_per_node`` and TensorRT-LLM 1.2.x's
     launch (as trtspec deploys it) cannot: None where it fits one node or can span them (LeaderWorkerSet, mpirun
     from the leader). ``check`` states it up front; ``deploy --k8s`` refuses it."""
-    nodes = max(1, -(-gpus // gpus_per_node))
+    nodes = replica_nodes(gpus, gpus_per_node)
     if nodes == 1:
         return None
     spans = f"{gpus} GPUs span {nodes} nodes of {gpus_per_node} (kubernetes.gpus_per_node)"

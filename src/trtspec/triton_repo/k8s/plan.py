@@ -9,12 +9,11 @@ folders docker/Dockerfile makes: relative model paths resolve from there, so the
 from __future__ import annotations
 
 import hashlib
-import math
 import posixpath
 import re
 from dataclasses import dataclass, field
 
-from trtspec.builders.support import multi_node_problem
+from trtspec.builders.support import multi_node_problem, replica_nodes
 from trtspec.core.errors import RecipeError
 from trtspec.core.trtllm import NGC_TRITON_TRTLLM_IMAGE, TRTLLM_VERSION
 from trtspec.recipe import DEMO_SCHEME, Recipe
@@ -169,7 +168,7 @@ def check_models(recipe: Recipe, raw: dict) -> bool:
 def check_nodes(recipe: Recipe, runtime: str, gpus: int) -> int:
     """Pods per replica: 1, or ceil(gpus / kubernetes.gpus_per_node) where the runtime can span nodes."""
     per_node = recipe.kubernetes.gpus_per_node
-    nodes = max(1, math.ceil(gpus / per_node))
+    nodes = replica_nodes(gpus, per_node)
     if nodes == 1:
         return 1
     k8s = recipe.kubernetes
