@@ -132,13 +132,11 @@ class Translator:
             ids = self.draft.encode(text)
         else:
             keep = _word_start(view.ids, self.draft)
-            cut = len(view.text) - len(self.draft.decode(view.ids[keep:]))
-            if cut < 0 or not view.text.endswith(self.draft.decode(view.ids[keep:])):
-                ids = self.draft.encode(
-                    text
-                )  # the pieces do not decode to the text apart (a split character)
-            else:
-                ids = view.ids[:keep] + self.draft.encode(text[cut:])
+            piece = self.draft.decode(view.ids[keep:])
+            if view.text.endswith(piece):
+                ids = view.ids[:keep] + self.draft.encode(text[len(view.text) - len(piece) :])
+            else:  # the pieces do not decode to the text apart (a split character)
+                ids = self.draft.encode(text)
         if view is not None:
             view.target_len, view.text, view.ids = len(body), text, ids
         return self.draft_start + ids
