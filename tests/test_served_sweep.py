@@ -4,6 +4,7 @@ why. Its figures are measurements, not asserted here (docs/benchmarks.md records
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -11,10 +12,24 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.server, pytest.mark.slow]
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "bench_served_adaptive.py"
 
 
+def test_paired_ratios_compare_adaptive_with_each_point_pass_by_pass(monkeypatch):
+    """The median of adaptive's pass over the point's pass run beside it, not a ratio of two maxima: a machine
+    fast in one pass for every point changes nothing."""
+    monkeypatch.syspath_prepend(str(TOOL.parent))  # the tool imports bench_engine, its neighbour
+    spec = importlib.util.spec_from_file_location("bench_served_adaptive", TOOL)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    passes = {"adaptive": [90.0, 200.0, 110.0], 0: [100.0, 200.0, 100.0], 4: [100.0, 100.0, 100.0]}
+    assert tool.paired_ratios(passes) == pytest.approx({0: 1.0, 4: 1.1})
+    two = {"adaptive": [90.0, 120.0], 0: [100.0, 100.0]}
+    assert tool.paired_ratios(two) == pytest.approx({0: 1.05})
+
+
+@pytest.mark.server
+@pytest.mark.slow
 def test_the_served_sweep_reports_every_point_and_adaptive_ks_choice_per_load():
     command = [sys.executable, str(TOOL), "--concurrency", "1,4", "--ks", "0,2", "--max-tokens", "12"]
     command += ["--jump", "4", "--short", "--json", "--cpu-threads", "1"]
@@ -25,6 +40,8 @@ def test_the_served_sweep_reports_every_point_and_adaptive_ks_choice_per_load():
     for row in result["steps"]:
         assert set(row["tokens_per_s"]) == {"adaptive", "0", "2"} and min(row["tokens_per_s"].values()) > 0
         assert row["adaptive_vs_best_pinned"] > 0 and row["adaptive_vs_target_only"] > 0
+        assert set(row["paired_vs_pinned"]) == {"0", "2"} and min(row["paired_vs_pinned"].values()) > 0
+        assert {p: len(v) for p, v in row["passes"].items()} == {"adaptive": 1, "0": 1, "2": 1}
         chosen = row["chosen"]  # the server's own account of the batch size's last choice
         assert (
             0 <= chosen["k"] <= 8 and sum(chosen["rounds"].values()) > 0 and chosen["measured"] in (0.0, 1.0)

@@ -7,7 +7,8 @@ served by a real tritonserver on free loopback ports. Requests are streamed over
 1. Load steps (one server): at each concurrency, `concurrency` requests that leave K to the server (adaptive, the
    default) run first, on nothing but what the server has learned so far; then --repeats passes over every point
    (adaptive and each pinned K, target-only K=0 included), their order rotating pass by pass. A point's figure is
-   its best pass (tokens/s), so a pass that met a busy machine does not decide it.
+   its best pass (tokens/s), so a pass that met a busy machine does not decide it; beside it, adaptive against each
+   pinned point pass by pass (the median of the paired ratios: the two ran back to back).
 2. Jump (a fresh server): adaptive requests one at a time, then at once `--jump` of them: the first groups after the
    jump, against pinned target-only at that load measured right after them.
 
@@ -93,21 +94,36 @@ def adaptive_metrics(server) -> dict[str, dict]:
     return out
 
 
+def paired_ratios(passes: dict) -> dict:
+    """Per pinned point, the median over passes of adaptive's tokens/s over that point's in the same pass. The
+    passes run the points back to back, so a pair shares the machine's state; on a machine whose speed moves by
+    tens of percent from one second to the next, a best-of ratio compares two lucky moments instead."""
+    ratios = {}
+    for point, values in passes.items():
+        if point != ADAPTIVE:
+            pairs = sorted(a / b for a, b in zip(passes[ADAPTIVE], values, strict=True))
+            middle = len(pairs) // 2
+            ratios[point] = pairs[middle] if len(pairs) % 2 else (pairs[middle - 1] + pairs[middle]) / 2
+    return ratios
+
+
 def load_steps(client, pool, server, args) -> list[dict]:
     """Step 1 of the module docstring: one row per concurrency."""
     points = [ADAPTIVE] + [int(k) for k in args.ks.split(",")]
     rows = []
     for n in [int(c) for c in args.concurrency.split(",")]:
         first = group(client, pool, n, None, args.max_tokens, texts=args.texts)
-        best: dict = {p: 0.0 for p in points}
+        passes: dict = {p: [] for p in points}
         for rep in range(1 if args.short else args.repeats):
             for i in range(len(points)):
                 point = points[(i + rep) % len(points)]
                 tokens, seconds = group(
                     client, pool, n, None if point == ADAPTIVE else point, args.max_tokens, rep, args.texts
                 )
-                best[point] = max(best[point], tokens / seconds)
+                passes[point].append(tokens / seconds)
+        best = {p: max(v) for p, v in passes.items()}
         pinned = {p: v for p, v in best.items() if p != ADAPTIVE}
+        paired = paired_ratios(passes)
         rows.append(
             {
                 "concurrency": n,
@@ -115,6 +131,8 @@ def load_steps(client, pool, server, args) -> list[dict]:
                 "adaptive_first_group_tokens_per_s": round(first[0] / first[1], 1),
                 "adaptive_vs_best_pinned": round(best[ADAPTIVE] / max(pinned.values()), 3),
                 "adaptive_vs_target_only": round(best[ADAPTIVE] / pinned[0], 3) if 0 in pinned else None,
+                "paired_vs_pinned": {str(p): round(r, 3) for p, r in paired.items()},
+                "passes": {str(p): [round(v, 1) for v in values] for p, values in passes.items()},
                 "chosen": adaptive_metrics(server).get(str(n)),
             }
         )
@@ -212,6 +230,7 @@ def main(argv=None) -> None:
         print(
             f"  {row['concurrency']:>2} streams: {row['tokens_per_s']}  adaptive / best pinned "
             f"{row['adaptive_vs_best_pinned']:.2f}, / target-only {row['adaptive_vs_target_only']}; "
+            f"paired medians / pinned {row['paired_vs_pinned']}; "
             f"chose K {chosen.get('k')} (acceptance {chosen.get('acceptance', 0):.2f}, round cost "
             f"{chosen.get('round_cost', 0):.2f}, expected speedup {chosen.get('expected_speedup', 0):.2f}), "
             f"rounds by K {chosen.get('rounds')}"
