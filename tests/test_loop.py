@@ -105,6 +105,24 @@ def test_requests_wait_for_a_free_slot_and_a_cancelled_one_frees_it(scripted):
     assert scripted.rounds.released == [0]  # the runtime dropped a's state before c took its slot
 
 
+def test_a_row_joining_a_freed_slot_runs_in_slot_order_so_the_batch_reads_its_caches_as_views():
+    """A batch over consecutive slots in order reads the KV caches as views; a row that took a freed low slot
+    after its neighbours must not come last (models.LeanCausalLM would gather every layer's cache)."""
+    rounds = ScriptedRounds()
+    rounds.num_slots = 3
+    seen = []
+    run_rows = rounds.run
+    rounds.run = lambda rows, *args: seen.append([r.slot for r in rows]) or run_rows(rows, *args)
+    loop = GenerationLoop(rounds, max_seq_len=64)
+    loop.add("short", [1], SamplingParams(max_new_tokens=3))
+    for request_id in ("b", "c", "joins"):
+        loop.add(request_id, [2], SamplingParams(max_new_tokens=50))
+    for _ in range(3):
+        loop.step()
+    assert seen[0] == [0, 1, 2] and rounds.released == [0]  # "short" left slot 0 after its first round
+    assert seen[1:] == [[0, 1, 2], [0, 1, 2]]  # "joins" took slot 0 and runs first, not after b and c
+
+
 def test_a_failed_round_ends_every_request_with_one_line_and_the_thread_keeps_serving(scripted, monkeypatch):
     real_round, failed = GenerationLoop._round, []
 

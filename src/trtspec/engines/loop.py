@@ -336,6 +336,10 @@ class GenerationLoop:
                 request = self.queued.popleft()
                 request.row.slot = self.free_slots.pop(0)
                 self.active.append(request)
+            # Rows in slot order: a batch over consecutive slots reads its caches as views, where rows out of
+            # order (a row that joined a running batch in a freed slot) make every layer gather them, a copy of
+            # the batch's whole cache per forward (the demo target at 16 rows: +30-50% on a target-only round).
+            self.active.sort(key=lambda request: request.row.slot)
         return [self._finished(r, "cancelled") for r in queued + leaving]
 
     def _retire(self, request: _Active) -> None:
