@@ -563,6 +563,44 @@ def evaluate_saved(out: Path, plan: Plan, train_texts: list[str], heldout_texts:
     return 0
 
 
+@torch.no_grad()
+def repeat_losses(
+    model, stream: torch.Tensor, separator: list[int], chunks: int = 16, length: int = 80, seed: int = 5
+) -> tuple:
+    """(loss on a chunk, loss on its exact repeat, argmax accuracy on the repeat): ``chunks`` held-out chunks of
+    ``length`` tokens, each followed by ``separator`` (a blank line) and itself again. A model that copies from
+    its context (an induction head) predicts the repeat almost perfectly; one that does not scores both passes
+    alike, and prompt lookup then finds little to propose in what it writes, whatever the prompt holds."""
+    gen = torch.Generator().manual_seed(seed)
+    blank = torch.tensor(separator)
+    rows = []
+    for start in torch.randint(0, len(stream) - length, (chunks,), generator=gen).tolist():
+        chunk = stream[start : start + length]
+        rows.append(torch.cat([chunk, blank, chunk]))
+    batch = torch.stack(rows)
+    logits = model(input_ids=batch[:, :-1]).logits
+    labels = batch[:, 1:]
+    first, second = slice(0, length - 1), slice(length + len(separator), None)
+    loss = lambda part: F.cross_entropy(logits[:, part].flatten(0, 1), labels[:, part].flatten()).item()  # noqa: E731
+    accuracy = (logits[:, second].argmax(-1) == labels[:, second]).float().mean().item()
+    return loss(first), loss(second), accuracy
+
+
+def copying_saved(out: Path, heldout_texts: list[str]) -> int:
+    """How far the saved pair copies from its context (``repeat_losses`` on the held-out stream)."""
+    tokenizer, target, draft = load_pair(out)
+    heldout = encode_stream(tokenizer, heldout_texts)
+    blank_line = tokenizer("\n\n", add_special_tokens=False)["input_ids"]
+    for name, model in (("target", target), ("draft", draft)):
+        first, second, accuracy = repeat_losses(model, heldout, blank_line)
+        print(
+            f"{name}: loss {first:.3f} on 16 held-out chunks of 80 tokens, {second:.3f} on their exact repeat "
+            f"(argmax right on {accuracy:.3f} of the repeat)",
+            flush=True,
+        )
+    return 0
+
+
 # ---------------------------------------------------------------- drafts with their own tokenizer (issue 28)
 
 
@@ -851,6 +889,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--evaluate", action="store_true", help="only re-measure the pair already in --out")
     parser.add_argument(
+        "--copying",
+        action="store_true",
+        help="only measure how far the pair in --out copies from its context",
+    )
+    parser.add_argument(
         "--other-tokenizer-drafts",
         action="store_true",
         help="train draft-othertok (its own BPE) and draft-sametok (the target's) on --target's text into --out",
@@ -872,6 +915,8 @@ def main(argv: list[str] | None = None) -> int:
         return other_tokenizer_drafts(args, plan, tplan, train_texts, heldout_texts)
     if args.evaluate:
         return evaluate_saved(args.out, plan, train_texts, heldout_texts)
+    if args.copying:
+        return copying_saved(args.out, heldout_texts)
     tokenizer = train_tokenizer(train_texts, plan.vocab_size, plan.max_positions)
     train, heldout = encode_stream(tokenizer, train_texts), encode_stream(tokenizer, heldout_texts)
     log(
