@@ -15,17 +15,31 @@ import pytest
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "bench_served_adaptive.py"
 
 
-def test_paired_ratios_compare_adaptive_with_each_point_pass_by_pass(monkeypatch):
-    """The median of adaptive's pass over the point's pass run beside it, not a ratio of two maxima: a machine
-    fast in one pass for every point changes nothing."""
+@pytest.fixture
+def tool(monkeypatch):
     monkeypatch.syspath_prepend(str(TOOL.parent))  # the tool imports bench_engine, its neighbour
     spec = importlib.util.spec_from_file_location("bench_served_adaptive", TOOL)
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_paired_ratios_compare_adaptive_with_each_point_pass_by_pass(tool):
+    """The median of adaptive's pass over the point's pass run beside it, not a ratio of two maxima: a machine
+    fast in one pass for every point changes nothing."""
     passes = {"adaptive": [90.0, 200.0, 110.0], 0: [100.0, 200.0, 100.0], 4: [100.0, 100.0, 100.0]}
     assert tool.paired_ratios(passes) == pytest.approx({0: 1.0, 4: 1.1})
     two = {"adaptive": [90.0, 120.0], 0: [100.0, 100.0]}
     assert tool.paired_ratios(two) == pytest.approx({0: 1.05})
+
+
+def test_streams_spread_request_lengths_so_no_point_runs_in_lockstep(tool):
+    """Under --load streams each request's budget is 0.5x-1.5x --max-tokens, the same sequence for every point, so
+    target-only requests do not all end at one round as a lockstep group's do."""
+    budgets = [tool.budget(64, i) for i in range(200)]
+    assert min(budgets) >= 32 and max(budgets) <= 96 and len(set(budgets)) > 40
+    assert budgets == [tool.budget(64, i) for i in range(200)]
+    assert abs(sum(budgets) / len(budgets) - 64) < 2  # the mean stays --max-tokens
 
 
 @pytest.mark.server
@@ -49,3 +63,27 @@ def test_the_served_sweep_reports_every_point_and_adaptive_ks_choice_per_load():
     jump = result["jump"]
     assert jump["streams"] == 4 and jump["adaptive_vs_target_only"] > 0 and jump["chosen"]["rounds"]
     assert result["cpu"]
+
+
+@pytest.mark.server
+@pytest.mark.slow
+def test_the_served_sweep_under_a_steady_load_of_client_streams():
+    command = [
+        sys.executable,
+        str(TOOL),
+        "--concurrency",
+        "2",
+        "--ks",
+        "0",
+        "--max-tokens",
+        "8",
+        "--jump",
+        "0",
+    ]
+    command += ["--short", "--json", "--cpu-threads", "1", "--load", "streams", "--per-stream", "2"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    assert result["load"] == "streams" and [row["concurrency"] for row in result["steps"]] == [2]
+    row = result["steps"][0]
+    assert set(row["passes"]) == {"adaptive", "0"} and min(row["tokens_per_s"].values()) > 0

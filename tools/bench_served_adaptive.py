@@ -8,7 +8,9 @@ served by a real tritonserver on free loopback ports. Requests are streamed over
    default) run first, on nothing but what the server has learned so far; then --repeats passes over every point
    (adaptive and each pinned K, target-only K=0 included), their order rotating pass by pass. A point's figure is
    its best pass (tokens/s), so a pass that met a busy machine does not decide it; beside it, adaptive against each
-   pinned point pass by pass (the median of the paired ratios: the two ran back to back).
+   pinned point pass by pass (the median of the paired ratios: the two ran back to back). A pass is one group of
+   `concurrency` requests sent at once (--load groups), or `concurrency` clients each sending --per-stream requests
+   back to back, of varied lengths (--load streams: a steady load, where requests join and leave at any round).
 2. Jump (a fresh server): adaptive requests one at a time, then at once `--jump` of them: the first groups after the
    jump, against pinned target-only at that load measured right after them.
 
@@ -17,6 +19,7 @@ server's /metrics say adaptive chose at that batch size and why (trtspec_adaptiv
 
     .venv/bin/python tools/bench_served_adaptive.py                       # 1,2,4,8,16 streams, K 0,2,4, 3 passes
     .venv/bin/python tools/bench_served_adaptive.py --concurrency 1,4 --repeats 1 --max-tokens 16 --short
+    .venv/bin/python tools/bench_served_adaptive.py --load streams --prompts grounded --concurrency 8,16 --jump 0
 """
 
 from __future__ import annotations
@@ -48,6 +51,16 @@ def parse_args(argv):
     parser.add_argument("--cpu-threads", default=None, help="triton.cpu_threads override (a number or auto)")
     parser.add_argument("--short", action="store_true", help="one group per point (the test suite's form)")
     parser.add_argument(
+        "--load",
+        choices=("groups", "streams"),
+        default="groups",
+        help="groups: `concurrency` requests at once, the next group when all are done; streams: `concurrency`"
+        " clients sending --per-stream requests each, back to back, of 0.5x-1.5x --max-tokens (see streams())",
+    )
+    parser.add_argument(
+        "--per-stream", type=int, default=4, help="requests per client stream (--load streams)"
+    )
+    parser.add_argument(
         "--prompts",
         default=None,
         help="a shipped raw prompt set (raw, grounded) or a JSONL file of raw prompts [default: bench_engine's]",
@@ -72,6 +85,43 @@ def group(
     start = time.perf_counter()
     responses = list(pool.map(lambda p: client.generate(p, max_tokens, k, stream=True), prompts))
     return sum(len(r.token_ids) for r in responses), time.perf_counter() - start
+
+
+def budget(max_tokens: int, index: int) -> int:
+    """Request ``index``'s new-token budget under ``--load streams``: 0.5x-1.5x ``max_tokens``, spread evenly
+    (golden-ratio steps), the same sequence for every point."""
+    return max(1, round(max_tokens * (0.5 + (index * 0.6180339887) % 1.0)))
+
+
+def streams(
+    client, pool, n: int, k: int | None, max_tokens: int, per_stream: int, offset: int, texts: list[str]
+) -> tuple[int, float]:
+    """(tokens, seconds) of ``n`` client streams, each sending ``per_stream`` streamed requests back to back
+    (``budget``'s lengths): the server keeps about ``n`` requests in flight and admits each one as another
+    leaves, as under a steady load. In lockstep groups (``group``) every request of a group starts and, without
+    speculation, ends together: its prompts prefill as one batch and no slot waits on another, which a load of
+    independent clients does not give and speculation, ending requests at different rounds, does not keep."""
+
+    def one_stream(stream: int) -> int:
+        tokens = 0
+        for r in range(per_stream):
+            index = offset + stream * per_stream + r
+            text = texts[index % len(texts)]
+            tokens += len(client.generate(text, budget(max_tokens, index), k, stream=True).token_ids)
+        return tokens
+
+    start = time.perf_counter()
+    total = sum(pool.map(one_stream, range(n)))
+    return total, time.perf_counter() - start
+
+
+def measure(client, pool, n: int, k: int | None, args, offset: int = 0) -> tuple[int, float]:
+    """One pass of a point under ``--load``."""
+    if args.load == "streams":
+        return streams(
+            client, pool, n, k, args.max_tokens, args.per_stream, offset * n * args.per_stream, args.texts
+        )
+    return group(client, pool, n, k, args.max_tokens, offset, args.texts)
 
 
 def adaptive_metrics(server) -> dict[str, dict]:
@@ -112,14 +162,12 @@ def load_steps(client, pool, server, args) -> list[dict]:
     points = [ADAPTIVE] + [int(k) for k in args.ks.split(",")]
     rows = []
     for n in [int(c) for c in args.concurrency.split(",")]:
-        first = group(client, pool, n, None, args.max_tokens, texts=args.texts)
+        first = measure(client, pool, n, None, args)
         passes: dict = {p: [] for p in points}
         for rep in range(1 if args.short else args.repeats):
             for i in range(len(points)):
                 point = points[(i + rep) % len(points)]
-                tokens, seconds = group(
-                    client, pool, n, None if point == ADAPTIVE else point, args.max_tokens, rep, args.texts
-                )
+                tokens, seconds = measure(client, pool, n, None if point == ADAPTIVE else point, args, rep)
                 passes[point].append(tokens / seconds)
         best = {p: max(v) for p, v in passes.items()}
         pinned = {p: v for p, v in best.items() if p != ADAPTIVE}
@@ -208,6 +256,7 @@ def main(argv=None) -> None:
         "cpu": cpu_name(),
         "max_tokens": args.max_tokens,
         "repeats": args.repeats,
+        "load": args.load,
     }
     with (
         tempfile.TemporaryDirectory(prefix="bench_served_adaptive.") as tmp,
@@ -224,7 +273,10 @@ def main(argv=None) -> None:
     if args.json:
         print(json.dumps(result, indent=1))
         return
-    print(f"recipe {result['recipe']}, {result['cpu']}, {args.max_tokens} new tokens, best of {args.repeats}")
+    print(
+        f"recipe {result['recipe']}, {result['cpu']}, {args.max_tokens} new tokens, best of {args.repeats}, "
+        f"load {args.load}"
+    )
     for row in result["steps"]:
         chosen = row["chosen"] or {}
         print(
