@@ -372,14 +372,23 @@ def test_validate_float32_prompt_lookup_is_exact_and_reports_its_acceptance(runn
 
 @pytest.mark.slow
 def test_validate_bfloat16_names_each_divergence_and_its_margin(runner, references, tmp_path):
-    """Every divergence from the HF reference in bfloat16 is a near-tie, and validate says where and by how much;
-    the control (speculative vs target-only on the same engine) stays exact."""
+    """Every divergence from the HF reference in bfloat16 is a near-tie, and validate says where and by how much.
+    The control (speculative vs target-only on the same engine) follows the same rule (docs/exactness.md): exact,
+    or apart at a near-tie, since bfloat16 kernels may round a (K+1)-token verification apart from a one-token step
+    (on Intel Xeon's AMX the TIPS answer parts at a margin of 0.125; on AMD EPYC it did not)."""
     from trtspec.chat import encode_prompt, user_message
 
     report = validate_json(runner, tmp_path, "bfloat16", "draft", questions(QUESTION, TIPS))
-    assert report["overall"]["control_match_rate"] == 1.0
     reference = references("bfloat16")
     for prompt, question in zip(report["prompts"], [QUESTION, TIPS], strict=True):
+        control, vs_reference = prompt["control"], prompt["vs_reference"]
+        parted = control["first_divergence"]
+        if parted is not None and (
+            vs_reference["first_divergence"] is None or parted <= vs_reference["first_divergence"]
+        ):
+            # up to there the speculative tokens are the reference's, so the reference's margin is the one
+            ids = encode_prompt(reference.tokenizer, question, user_message(question))[1]
+            assert reference.margin(ids, parted) <= NEAR_TIE_LOGITS["bfloat16"], (prompt["id"], parted)
         divergence = prompt["divergence"]
         if divergence is None:
             assert prompt["vs_reference"]["exact_match"]
