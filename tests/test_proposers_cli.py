@@ -126,9 +126,10 @@ def test_bench_sweeps_proposers_against_one_target_only_baseline(runner, mixed_p
     table = [line for line in markdown.splitlines() if line.startswith("| ")]
     assert table[0].startswith("| proposer | K | mean K | conc")
     assert "| draft | 2 | " in markdown and "| ngram | 2 | " in markdown and "| - | 0 | " in markdown
-    assert (
-        "## Acceptance per proposer" in markdown and "draft accept" in markdown and "ngram accept" in markdown
-    )
+    assert "## Acceptance per proposer" in markdown and "draft accept" in markdown
+    # a proposer's acceptance column is there exactly where it gave draft tokens (lookup: the costs decide, above)
+    looked_up = any("ngram" in p["acceptance_by_proposer"] for p in points)
+    assert ("ngram accept" in markdown) == looked_up
     assert "## Proposers against target-only and each other" in markdown and "grounded accept" in markdown
 
 
