@@ -138,6 +138,34 @@ def test_min_groups_adds_passes_where_a_pass_has_few_groups():
     assert sweep_passes(4, 4, 3, 2) == 3  # repeats is the least
 
 
+def test_a_steady_load_runs_windows_of_requests_in_flight_with_spread_budgets():
+    """--load streams: each timing sample is 4 x concurrency requests issued as a steady load (in_flight), each with
+    its own budget of 0.5x-1.5x max_new_tokens, the same sequence for every point."""
+    from trtspec.validate.bench import budget, run_sweep, sweep_groups, sweep_steps
+
+    calls = []
+
+    class Recorder:
+        def generate(self, requests, params, in_flight=None):
+            calls.append((params.num_draft_tokens, in_flight, [r.max_new_tokens for r in requests]))
+            return [
+                Generation([5] * (r.max_new_tokens or params.max_new_tokens), None, None, 0.001)
+                for r in requests
+            ]
+
+    reqs = [Request(t, [i]) for i, t in enumerate("abc")]
+    points = run_sweep(Recorder(), reqs, ks=[2], concurrency=[2], max_new_tokens=10, load="streams")
+    window = [budget(10, i) for i in range(8)]
+    # the untimed first call, then one window of 4 x 2 requests per point, 2 in flight
+    assert calls == [(0, None, [None]), (0, 2, window), (2, 2, window)]
+    assert all(5 <= b <= 15 for b in window) and len(set(window)) > 4
+    assert [(p.num_draft_tokens, len(p.generations)) for p in points] == [(0, 8), (2, 8)]
+    assert sweep_groups(3, 2, "streams") == 1 and sweep_groups(9, 2, "streams") == 2
+    assert sweep_steps(3, [2], 1, False, load="streams") == 1
+    budgets = [budget(64, i) for i in range(400)]
+    assert min(budgets) >= 32 and max(budgets) <= 96 and abs(sum(budgets) / 400 - 64) < 2
+
+
 def test_make_requests_fills_whole_groups():
     reqs = [Request("a", [1]), Request("b", [2]), Request("c", [3])]
     assert [r.text for r in make_requests(reqs, 2)] == ["a", "b", "c", "a"]
@@ -218,6 +246,33 @@ def test_bench_cli_small_sweep_writes_json_markdown_and_pngs(runner, tiny_pair, 
         with Image.open(out_dir / name) as image:
             assert image.format == "PNG" and image.size[0] > 500
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bench", "tiny.yaml"]  # no temp dir left
+
+
+def test_bench_cli_under_a_steady_load_says_so_and_times_each_request_from_its_issue(
+    runner, tiny_pair, tmp_path
+):
+    target, draft = tiny_pair
+    recipe = write_recipe(tmp_path / "tiny.yaml", target, draft)
+    out_dir = tmp_path / "bench"
+    args = ["bench", str(recipe), "--limit", "2", "--max-tokens", "8", "--num-draft-tokens", "2"]
+    result = runner.invoke(
+        cli, [*args, "--concurrency", "2", "--load", "streams", "--out", str(out_dir), "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["load"] == "streams"
+    for point in payload["points"]:
+        # 8 requests (4 per stream) of 4-12 tokens; a request that waited for a place is timed from its issue, so
+        # its first token comes within a round or two, not after the requests before it (the last issued about
+        # three quarters into the point)
+        assert point["requests"] == 8 and point["ttft_p95_s"] < point["wall_s"] / 4, point
+    markdown = (out_dir / "bench.md").read_text()
+    assert (
+        "a steady load (`concurrency` requests in flight" in markdown
+        and "4 x `concurrency` requests" in markdown
+    )
+    result = runner.invoke(cli, [*args, "--load", "bursts"])
+    assert result.exit_code == 2 and "'bursts' is not one of 'groups', 'streams'" in result.output
 
 
 def test_bench_refuses_k_above_max_draft_len(runner, tiny_pair, tmp_path):
@@ -362,3 +417,47 @@ def test_bound_uses_measured_tokens_per_round_where_rounds_are_counted():
     assert row["tokens_per_round"] == 5.0
     assert row["analytic_bound"] == pytest.approx(analytic_speedup_bound(5.0, 4, 0.1))
     assert row["analytic_bound"] > analytic_speedup_bound(expected_tokens_per_round(0.75, 4), 4, 0.1)
+
+
+def test_a_steady_load_sends_each_request_with_its_budget_and_keeps_in_flight_requests_open(monkeypatch):
+    """TritonSystem.generate(in_flight=2): two client threads, each sending its next request as its last one is
+    answered, so at most two are open at once; each request carries its own max_tokens."""
+    import threading
+    import time
+
+    from trtspec.engines.sampling import SamplingParams
+    from trtspec.validate import triton_system
+    from trtspec.validate.triton_client import EndpointResponse
+
+    open_now, most, sent, lock = [0], [0], [], threading.Lock()
+
+    class Client:  # TritonClient's surface that TritonSystem uses
+        model, address, protocol, interface = "tensorrt_llm_bls", "127.0.0.1:1", "grpc", "trtspec"
+
+        def __init__(self, *args):
+            pass
+
+        def check_ready(self):
+            pass
+
+        def model_parameters(self):
+            return {}
+
+        def generate(self, text, max_tokens, k, stream, **sampling):
+            with lock:
+                open_now[0] += 1
+                most[0] = max(most[0], open_now[0])
+                sent.append((text, max_tokens))
+            time.sleep(0.02)
+            with lock:
+                open_now[0] -= 1
+            response = EndpointResponse(elapsed_s=0.02)
+            response.add_ids(0.01, [7] * max_tokens)
+            return response
+
+    monkeypatch.setattr(triton_system, "TritonClient", Client)
+    system = triton_system.TritonSystem("127.0.0.1:1", tokenizer=None)
+    requests = [Request(t, [1], max_new_tokens=n) for t, n in zip("abcdef", (3, 5, 2, 4, 6, 1), strict=True)]
+    generations = system.generate(requests, SamplingParams(max_new_tokens=64), in_flight=2)
+    assert most[0] == 2 and sorted(sent) == sorted(zip("abcdef", (3, 5, 2, 4, 6, 1), strict=True))
+    assert [len(g.token_ids) for g in generations] == [3, 5, 2, 4, 6, 1]

@@ -138,6 +138,27 @@ def test_streaming_yields_rounds_that_add_up_to_the_result(tiny_pair):
     assert max(len(tokens) for tokens in events[0].new_tokens) == 5  # K accepted + 1 bonus in one round
 
 
+def test_a_steady_load_keeps_in_flight_prompts_in_the_loop_with_their_own_budgets(tiny_pair):
+    """generate_stream(in_flight=2) over more prompts than slots: at most 2 emit in a round, the next joins as one
+    finishes (``joined``), each stops at its own budget, and each equals the prompt generated alone."""
+    engine = SpeculativeEngine.from_pretrained(*tiny_pair, max_draft_len=4, max_batch_size=2)
+    prompts, budgets = [PROMPTS[i % len(PROMPTS)] for i in range(5)], [3, 9, 5, 7, 4]
+    params = SamplingParams(max_new_tokens=MAX_NEW, num_draft_tokens=2, ignore_eos=True)
+    events = list(engine.generate_stream(prompts, params, in_flight=2, max_new_tokens=budgets))
+    emitting = [sum(bool(tokens) for tokens in event.new_tokens) for event in events]
+    assert max(emitting) == 2
+    assert [b for event in events for b in event.joined] == [2, 3, 4]  # in order, one per finished prompt
+    results = events[-1].results
+    assert [len(r.token_ids) for r in results] == budgets
+    for prompt, budget, result in zip(prompts, budgets, results, strict=True):
+        alone = engine.generate([prompt], params.with_(max_new_tokens=budget))[0]
+        assert result.token_ids == alone.token_ids
+    with pytest.raises(RequestError, match="3 prompts in flight; the engine takes 1..2"):
+        list(engine.generate_stream(prompts, params, in_flight=3))
+    with pytest.raises(RequestError, match="batch of 5 prompts"):
+        engine.generate(prompts, params)
+
+
 def test_num_draft_tokens_above_max_draft_len_is_refused(tiny_pair):
     engine = SpeculativeEngine.from_pretrained(*tiny_pair, max_draft_len=4)
     with pytest.raises(RequestError, match="num_draft_tokens=5 is larger than the engine's max_draft_len=4"):

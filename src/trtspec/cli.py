@@ -25,6 +25,7 @@ from trtspec import __version__
 from trtspec.core import layout
 from trtspec.core.errors import TrtspecError
 from trtspec.core.lookup import PROPOSERS
+from trtspec.validate.bench import LOADS
 from trtspec.validate.inputs import SystemOptions
 from trtspec.validate.validation import Thresholds
 
@@ -667,6 +668,15 @@ def _count_option(flag: str, help: str):
     "--min-groups",
     "At least this many groups of `concurrency` requests per point: more passes where one pass has fewer (16 "
     "prompts at concurrency 16 make one group, one timing sample).",
+)
+@click.option(
+    "--load",
+    type=click.Choice(LOADS),
+    default="groups",
+    show_default=True,
+    help="groups: each group of `concurrency` requests issued together, the next when all are done; streams: a "
+    "steady load of `concurrency` requests in flight, the next issued as one finishes, of 0.5x-1.5x --max-tokens "
+    "(what a server meets from independent clients: no point runs its requests in lockstep).",
 )
 @file_out_option(
     "--write-recipe",

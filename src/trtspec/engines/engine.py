@@ -23,7 +23,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -50,11 +50,13 @@ __all__ = ["GenerationResult", "SpeculativeEngine", "StopChecker", "StreamEvent"
 
 @dataclass
 class StreamEvent:
-    """One round: per sequence, the tokens it emitted (may be empty) and whether it is finished."""
+    """One round: per sequence, the tokens it emitted (may be empty) and whether it is finished; ``joined``: the
+    sequences that joined the loop after this round (``generate_stream``'s ``in_flight``)."""
 
     new_tokens: list[list[int]]
     finished: list[bool]
     results: list[GenerationResult] | None = None  # set on the last event
+    joined: list[int] = field(default_factory=list)
 
 
 class StreamingGenerator(ABC):
@@ -94,22 +96,31 @@ class StreamingGenerator(ABC):
         """The ids that end a request with ``params`` (core/token_rules.py rule 2 over the model's ``eos_ids``)."""
         return request_stop_ids(self.eos_ids, ignore_eos=params.ignore_eos, own=params.stop_token_ids)
 
-    def _check_prompts(self, prompts: list[list[int]], params: SamplingParams) -> None:
-        """Refuse a batch the runtime cannot take: size, empty prompts, length, ids outside the vocabulary."""
-        if not prompts or len(prompts) > self.max_batch_size:
+    def _check_prompts(
+        self, prompts: list[list[int]], params: list[SamplingParams], in_flight: int | None = None
+    ) -> None:
+        """Refuse a batch the runtime cannot take: size (or ``in_flight``), empty prompts, length, ids outside the
+        vocabulary. ``params``: each prompt's."""
+        if not prompts:
+            raise RequestError(f"no prompts; the engine takes 1..{self.max_batch_size}")
+        if in_flight is None and len(prompts) > self.max_batch_size:
             raise RequestError(
                 f"batch of {len(prompts)} prompts; the engine takes 1..{self.max_batch_size} ({self.batch_hint})"
             )
-        for i, prompt in enumerate(prompts):
+        if in_flight is not None and not 1 <= in_flight <= self.max_batch_size:
+            raise RequestError(
+                f"{in_flight} prompts in flight; the engine takes 1..{self.max_batch_size} ({self.batch_hint})"
+            )
+        for i, (prompt, own) in enumerate(zip(prompts, params, strict=True)):
             check_prompt(
                 prompt,
-                params.max_new_tokens,
+                own.max_new_tokens,
                 self.max_seq_len,
                 self.input_vocab_size,
                 self.seq_hint,
                 f"prompt {i}",
             )
-        if params.stop_strings and self.tokenizer is None:
+        if params[0].stop_strings and self.tokenizer is None:
             raise RequestError(f"stop_strings need a tokenizer; {self.tokenizer_hint}")
 
     @property
@@ -117,23 +128,47 @@ class StreamingGenerator(ABC):
         """Ids every model of the runtime can embed (a padded-vocabulary pair's draft may have fewer rows)."""
         return self.target.vocab_size
 
-    def generate_stream(self, prompts: list[list[int]], params: SamplingParams) -> Iterator[StreamEvent]:
-        """Yield one StreamEvent per round; the last one carries the GenerationResults."""
+    def generate_stream(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        *,
+        in_flight: int | None = None,
+        max_new_tokens: list[int] | None = None,
+    ) -> Iterator[StreamEvent]:
+        """Yield one StreamEvent per round; the last one carries the GenerationResults. ``in_flight``: a steady
+        load instead of one batch: at most that many prompts in the loop, in order, the next joining as one
+        finishes (so prompts may outnumber max_batch_size). ``max_new_tokens``: each prompt's own budget."""
         check_num_draft_tokens(params, self.max_draft_len, self.max_draft_len > 0)
-        self._check_prompts(prompts, params)
+        own = (
+            [params.with_(max_new_tokens=n) for n in max_new_tokens]
+            if max_new_tokens
+            else [params] * len(prompts)
+        )
+        self._check_prompts(prompts, own, in_flight)
         loop = self.new_loop()
         generator = new_generator(params, loop.rounds.device)  # one per call: the batch samples together
         eos_ids = self._eos_ids(params)
-        for b, prompt in enumerate(prompts):
-            loop.add(b, prompt, params, eos_ids=eos_ids, generator=generator)
+        waiting = deque(range(len(prompts)))
+
+        def join(count: int) -> list[int]:
+            joined = [waiting.popleft() for _ in range(min(count, len(waiting)))]
+            for b in joined:
+                loop.add(b, prompts[b], own[b], eos_ids=eos_ids, generator=generator)
+            return joined
+
+        join(in_flight or len(prompts))
         results: list[GenerationResult | None] = [None] * len(prompts)
         try:
             while loop.busy:
                 new_tokens = [[] for _ in prompts]
+                finished = 0
                 for event in loop.step():
                     new_tokens[event.request_id] = event.new_tokens
                     results[event.request_id] = event.result
-                yield StreamEvent(new_tokens, [r is not None for r in results])
+                    finished += event.finished
+                joined = join(finished)  # as many as left: the load stays at in_flight
+                yield StreamEvent(new_tokens, [r is not None for r in results], joined=joined)
         finally:  # a caller that stops reading leaves a round untimed, not timed across its pause
             loop.adaptive.idle()
         yield StreamEvent([[] for _ in prompts], [True] * len(prompts), results)

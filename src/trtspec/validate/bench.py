@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from trtspec.core.metrics import (
     AcceptanceStats,
@@ -209,6 +209,7 @@ class BenchResult:
     draft_cost_ratio: dict[int, float] = field(default_factory=dict)  # concurrency -> ratio
     notes: list[str] = field(default_factory=list)
     proposer: str = "draft"  # the system's own: the label of points whose requests named none
+    load: str = "groups"  # LOADS: groups of requests issued together, or a steady load (streams)
 
     def label(self, point: BenchPoint) -> str | None:
         """The proposer a point ran with; None for target-only (and the draft alone), which propose nothing."""
@@ -336,21 +337,50 @@ class BenchResult:
         return rows if len(self.proposers) > 1 else []
 
 
-def make_requests(requests: Sequence[Request], concurrency: int) -> list[Request]:
-    """The prompt set cycled up to a whole number of groups (at least one group of ``concurrency``)."""
-    total = max(len(requests), concurrency)
-    total = math.ceil(total / concurrency) * concurrency
-    return [requests[i % len(requests)] for i in range(total)]
+LOADS = ("groups", "streams")
+STREAM_REQUESTS = 4  # under a steady load, requests per stream in one timing sample
+
+
+def window(concurrency: int, load: str) -> int:
+    """Requests in one timing sample of a point: a group of ``concurrency`` issued together, or under a steady
+    load (``streams``) STREAM_REQUESTS per stream, so the ramp at its start and the drain at its end are a small
+    part of it."""
+    return concurrency * (STREAM_REQUESTS if load == "streams" else 1)
+
+
+def budget(max_new_tokens: int, index: int) -> int:
+    """Request ``index``'s new-token budget under a steady load: 0.5x-1.5x ``max_new_tokens``, spread evenly
+    (golden-ratio steps, the same sequence for every point). Equal budgets would keep target-only requests in
+    lockstep: started together, they end together and their successors prefill as one batch, which independent
+    clients do not do."""
+    return max(1, round(max_new_tokens * (0.5 + (index * 0.6180339887) % 1.0)))
+
+
+def make_requests(
+    requests: Sequence[Request], concurrency: int, load: str = "groups", max_new_tokens: int = 0
+) -> list[Request]:
+    """The prompt set cycled up to a whole number of windows (at least one); under a steady load each with its
+    ``budget``."""
+    size = window(concurrency, load)
+    total = math.ceil(max(len(requests), size) / size) * size
+    cycled = [requests[i % len(requests)] for i in range(total)]
+    if load == "streams":
+        return [replace(r, max_new_tokens=budget(max_new_tokens, i)) for i, r in enumerate(cycled)]
+    return cycled
 
 
 def run_point(
-    system, requests: Sequence[Request], params, concurrency: int, role: str = "pair"
+    system, requests: Sequence[Request], params, concurrency: int, role: str = "pair", load: str = "groups"
 ) -> BenchPoint:
-    """Issue ``requests`` in groups of ``concurrency`` (each group together) and time the whole point."""
+    """Issue ``requests`` in groups of ``concurrency`` (each group together), or as a steady load of
+    ``concurrency`` in flight (``streams``), and time the whole point."""
     generations: list[Generation] = []
     start = time.perf_counter()
-    for first in range(0, len(requests), concurrency):
-        generations += system.generate(list(requests[first : first + concurrency]), params)
+    if load == "streams":
+        generations = system.generate(list(requests), params, in_flight=concurrency)
+    else:
+        for first in range(0, len(requests), concurrency):
+            generations += system.generate(list(requests[first : first + concurrency]), params)
     wall_s = time.perf_counter() - start
     prompt_sets = [r.prompt_set for r in requests]
     return BenchPoint(
@@ -375,14 +405,17 @@ def cost_ratios(points: Sequence[BenchPoint]) -> dict[int, float]:
     return out
 
 
-def sweep_groups(num_requests: int, concurrency: int) -> int:
-    """How many groups of ``concurrency`` requests a point runs (make_requests' whole groups)."""
-    return len(make_requests(range(num_requests), concurrency)) // concurrency
+def sweep_groups(num_requests: int, concurrency: int, load: str = "groups") -> int:
+    """How many timing samples (``window``s: groups, or a steady load's windows) a pass of a point runs."""
+    size = window(concurrency, load)
+    return math.ceil(max(num_requests, size) / size)
 
 
-def sweep_passes(num_requests: int, concurrency: int, repeats: int, min_groups: int = 1) -> int:
+def sweep_passes(
+    num_requests: int, concurrency: int, repeats: int, min_groups: int = 1, load: str = "groups"
+) -> int:
     """Passes at one concurrency: ``repeats``, or more until each point pools ``min_groups`` groups."""
-    return max(repeats, math.ceil(min_groups / sweep_groups(num_requests, concurrency)))
+    return max(repeats, math.ceil(min_groups / sweep_groups(num_requests, concurrency, load)))
 
 
 def sweep_steps(
@@ -392,12 +425,13 @@ def sweep_steps(
     adaptive: bool,
     min_groups: int = 1,
     num_proposers: int = 1,
+    load: str = "groups",
 ) -> int:
     """How many times run_sweep calls ``advance``: per concurrency, its warm-ups (one per proposer) and each pass's
     groups."""
     return sum(
         adaptive * num_proposers
-        + sweep_passes(num_requests, c, repeats, min_groups) * sweep_groups(num_requests, c)
+        + sweep_passes(num_requests, c, repeats, min_groups, load) * sweep_groups(num_requests, c, load)
         for c in concurrency
     )
 
@@ -426,6 +460,7 @@ def run_sweep(
     draft_system=None,
     advance: Callable[[str], None] | None = None,
     proposers: Sequence[str | None] = (None,),
+    load: str = "groups",
 ) -> list[BenchPoint]:
     """Every (K, concurrency, proposer) point: per proposer (None: the system's own) adaptive K (``adaptive``:
     requests that give no K) and ``ks``, and K = 0 once; ``draft_system`` (the draft alone, target-only) adds draft
@@ -439,7 +474,11 @@ def run_sweep(
     has fewer than ``min_groups`` groups); each point pools its groups and passes. Neighbouring points measured
     one after another over minutes differed by 15-25% on a shared machine (its speed drifts); interleaved within
     seconds, a slow spell falls on every point alike. A group is one timing sample of a point, and at high
-    concurrency a pass has few (16 prompts at concurrency 16: one), so ``min_groups`` evens out the precision."""
+    concurrency a pass has few (16 prompts at concurrency 16: one), so ``min_groups`` evens out the precision.
+
+    ``load`` "streams": each group is a window of a steady load instead (``window``: ``concurrency`` requests in
+    flight, the next issued as one finishes, each with its own ``budget``), the load a server meets from
+    independent clients."""
     from trtspec.engines.sampling import SamplingParams
 
     params = SamplingParams(max_new_tokens=max_new_tokens)
@@ -452,14 +491,15 @@ def run_sweep(
     order = {p: i for i, p in enumerate(proposers)}
     points = []
     for c in concurrency:
-        batch = make_requests(requests, c)
-        groups = [batch[i : i + c] for i in range(0, len(batch), c)]
+        batch = make_requests(requests, c, load, max_new_tokens)
+        size = window(c, load)
+        groups = [batch[i : i + size] for i in range(0, len(batch), size)]
         pooled: dict[tuple, BenchPoint] = {}
         for proposer in proposers if adaptive else ():
             named = f" proposer={proposer}" if proposer else ""
             step(f"K={k_label(None)}{named} concurrency={c} warm-up (untimed)")
-            run_point(system, batch, params.with_(num_draft_tokens=None, proposer=proposer), c)
-        num_passes = sweep_passes(len(requests), c, repeats, min_groups)
+            run_point(system, batch, params.with_(num_draft_tokens=None, proposer=proposer), c, load=load)
+        num_passes = sweep_passes(len(requests), c, repeats, min_groups, load)
         for n in range(num_passes):
             for g, group in enumerate(groups):
                 passes = f" pass {n + 1}/{num_passes}" if num_passes > 1 else ""
@@ -469,7 +509,12 @@ def run_sweep(
                     role, proposer, k = key
                     runner = system if role == "pair" else draft_system
                     point = run_point(
-                        runner, group, params.with_(num_draft_tokens=k, proposer=proposer), c, role=role
+                        runner,
+                        group,
+                        params.with_(num_draft_tokens=k, proposer=proposer),
+                        c,
+                        role=role,
+                        load=load,
                     )
                     pooled[key] = pooled[key].pooled(point) if key in pooled else point
         # Reported target-only first, then per proposer in K order, adaptive last, whatever order they ran in.

@@ -27,10 +27,21 @@ COLUMNS = [
 ]
 
 
+def budget_text(result: BenchResult) -> str:
+    """How the requests were sized and issued."""
+    if result.load == "streams":
+        return (
+            f"a steady load (`concurrency` requests in flight, the next issued as one finishes; max_new_tokens "
+            f"0.5x-1.5x {result.max_new_tokens}, the same for every point)"
+        )
+    return f"max_new_tokens={result.max_new_tokens}"
+
+
 def bench_to_dict(result: BenchResult) -> dict:
     return {
         "system": result.system,
         "max_new_tokens": result.max_new_tokens,
+        "load": result.load,
         "prompts": result.prompts,
         "proposers": result.proposers,
         "draft_cost_ratio": {str(c): r for c, r in result.draft_cost_ratio.items()},
@@ -225,7 +236,7 @@ def bench_markdown(result: BenchResult, plots: list[str] | None = None) -> str:
     parts = [
         f"# trtspec bench: {result.system}",
         "",
-        f"{result.prompts} prompts, greedy, max_new_tokens={result.max_new_tokens}, proposers: "
+        f"{result.prompts} prompts, greedy, {budget_text(result)}, proposers: "
         f"{proposers_text(result)}; K=0 is target-only decoding on the same system in the same run. Draft/target "
         f"cost ratio: {ratios}.",
         "",

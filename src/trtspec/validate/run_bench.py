@@ -40,6 +40,7 @@ class BenchOptions(RunOptions):
     repeats: int = 1  # passes over each concurrency's points, pooled
     min_groups: int = 1  # more passes where a pass has fewer groups of `concurrency` requests
     proposers: tuple[str, ...] | None = None  # core/lookup.py PROPOSERS to sweep; None: the system's own
+    load: str = "groups"  # bench.LOADS: groups issued together, or a steady load (streams)
 
 
 # (description, points started, points in all) before each point of the sweep is measured
@@ -83,7 +84,7 @@ def bench(options: BenchOptions, on_progress: SweepProgress | None = None) -> Be
         system.close()
     ratios = _cost_ratios(points, options, notes, any(map(uses_draft, proposers)))
     result = BenchResult(
-        system.name, options.max_tokens, len(prompts), points, ratios, notes, system.proposer
+        system.name, options.max_tokens, len(prompts), points, ratios, notes, system.proposer, options.load
     )
     recipe_copy = None
     if options.write_recipe:  # built (and validated) before anything is written
@@ -144,7 +145,7 @@ def _open_sweepable(recipe, options: BenchOptions, tokenizer, proposers):
 
 def _sweep_notes(system, num_requests: int, options: BenchOptions) -> list[str]:
     """What the report says about how the points were measured."""
-    from trtspec.validate.bench import sweep_passes
+    from trtspec.validate.bench import STREAM_REQUESTS, sweep_passes
 
     notes = []
     if not system.adaptive:
@@ -153,11 +154,16 @@ def _sweep_notes(system, num_requests: int, options: BenchOptions) -> list[str]:
             "entry model's num_draft_tokens parameter), so adaptive K was not measured."
         )
     passes = ", ".join(
-        f"{sweep_passes(num_requests, c, options.repeats, options.min_groups)} at concurrency {c}"
+        f"{sweep_passes(num_requests, c, options.repeats, options.min_groups, options.load)} at concurrency {c}"
         for c in options.concurrency
     )
+    sample = (
+        f"{STREAM_REQUESTS} x `concurrency` requests as a steady load"
+        if options.load == "streams"
+        else "group of `concurrency` requests"
+    )
     notes.append(
-        "Points are interleaved: each group of `concurrency` requests runs under every point back to back (the "
+        f"Points are interleaved: each {sample} runs under every point back to back (the "
         f"first point rotating), in passes ({passes}); each point pools its groups and passes."
     )
     if system.adaptive:
@@ -193,6 +199,7 @@ def _sweep(system, recipe, requests, options: BenchOptions, on_progress: SweepPr
         system.adaptive,
         options.min_groups,
         len(proposers),
+        options.load,
     )
     started = itertools.count()
 
@@ -211,6 +218,7 @@ def _sweep(system, recipe, requests, options: BenchOptions, on_progress: SweepPr
         draft_system=draft,
         advance=advance if on_progress else None,
         proposers=proposers,
+        load=options.load,
     )
 
 

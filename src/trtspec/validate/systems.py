@@ -33,6 +33,9 @@ class Request:
     token_ids: list[int]
     prompt_set: str = "raw"  # 'raw', 'chat' or a file's label (prompts.Prompt.prompt_set): per-set reports
     chat: bool = False  # rendered with the chat template
+    max_new_tokens: int | None = (
+        None  # its own budget (bench's steady load); None: the call's SamplingParams'
+    )
 
 
 def encode_prompts(tokenizer, prompts) -> list[Request]:
@@ -91,7 +94,11 @@ class SystemUnderTest(Protocol):
     adaptive: bool  # a request that gives no K gets adaptive K (engines/adaptive.py)
     proposer: str  # who proposes for a request that names no proposer (core/lookup.py PROPOSERS)
 
-    def generate(self, requests: list[Request], params: SamplingParams) -> list[Generation]: ...
+    def generate(
+        self, requests: list[Request], params: SamplingParams, in_flight: int | None = None
+    ) -> list[Generation]:
+        """Generations of ``requests`` issued together, or with ``in_flight`` as a steady load: that many at a
+        time, in order, the next issued as one finishes (times per request count from its issue)."""
 
     def close(self) -> None: ...
 
@@ -172,15 +179,23 @@ class EngineSystem:
         )
         return cls(engine, name=f"in-process engine ({device}, {dtype})", adaptive=True)
 
-    def generate(self, requests: list[Request], params: SamplingParams) -> list[Generation]:
+    def generate(
+        self, requests: list[Request], params: SamplingParams, in_flight: int | None = None
+    ) -> list[Generation]:
         chunks: list[list[tuple[float, int]]] = [[] for _ in requests]
+        budgets = [r.max_new_tokens or params.max_new_tokens for r in requests]
+        own = budgets if any(r.max_new_tokens for r in requests) else None
         start = time.perf_counter()
+        issued = [0.0] * len(requests)  # a request that waits for a free place is issued when it joins
         event = None
-        for event in self.engine.generate_stream([r.token_ids for r in requests], params):
+        prompts = [r.token_ids for r in requests]
+        for event in self.engine.generate_stream(prompts, params, in_flight=in_flight, max_new_tokens=own):
             now = time.perf_counter() - start
             for b, tokens in enumerate(event.new_tokens):
                 if tokens:
-                    chunks[b].append((now, len(tokens)))
+                    chunks[b].append((now - issued[b], len(tokens)))
+            for b in event.joined:
+                issued[b] = now
         return [
             Generation(
                 token_ids=list(result.token_ids),

@@ -47,7 +47,9 @@ class TritonSystem:
         self.adaptive = parameters.get("num_draft_tokens") == ADAPTIVE
         self.proposer = parameters.get("proposer") or "draft"
 
-    def generate(self, requests: list[Request], params) -> list[Generation]:
+    def generate(self, requests: list[Request], params, in_flight: int | None = None) -> list[Generation]:
+        """Each request on a thread of its own (``in_flight``: that many threads, each sending its next request as
+        its last one finishes: a steady load); a request's times count from its own send."""
         sampling = (
             {}
             if params.greedy
@@ -81,10 +83,11 @@ class TritonSystem:
                 self._checked_chats.add(request.text)
 
         def one(request: Request) -> Generation:
-            response = self.client.generate(request.text, params.max_new_tokens, k, self.stream, **sampling)
+            budget = request.max_new_tokens or params.max_new_tokens
+            response = self.client.generate(request.text, budget, k, self.stream, **sampling)
             return self._generation(response, k)
 
-        with ThreadPoolExecutor(max_workers=len(requests)) as pool:
+        with ThreadPoolExecutor(max_workers=in_flight or len(requests)) as pool:
             return list(pool.map(one, requests))
 
     def _generation(self, response: EndpointResponse, k: int | None) -> Generation:
