@@ -37,6 +37,8 @@ from pathlib import Path
 
 from bench_engine import PROMPTS
 
+from trtspec.validate.bench import budget
+
 ADAPTIVE = "adaptive"
 
 
@@ -87,17 +89,11 @@ def group(
     return sum(len(r.token_ids) for r in responses), time.perf_counter() - start
 
 
-def budget(max_tokens: int, index: int) -> int:
-    """Request ``index``'s new-token budget under ``--load streams``: 0.5x-1.5x ``max_tokens``, spread evenly
-    (golden-ratio steps), the same sequence for every point."""
-    return max(1, round(max_tokens * (0.5 + (index * 0.6180339887) % 1.0)))
-
-
 def streams(
     client, pool, n: int, k: int | None, max_tokens: int, per_stream: int, offset: int, texts: list[str]
 ) -> tuple[int, float]:
     """(tokens, seconds) of ``n`` client streams, each sending ``per_stream`` streamed requests back to back
-    (``budget``'s lengths): the server keeps about ``n`` requests in flight and admits each one as another
+    (trtspec bench's steady-load lengths, ``budget``): the server keeps about ``n`` requests in flight and admits each one as another
     leaves, as under a steady load. In lockstep groups (``group``) every request of a group starts and, without
     speculation, ends together: its prompts prefill as one batch and no slot waits on another, which a load of
     independent clients does not give and speculation, ending requests at different rounds, does not keep."""
