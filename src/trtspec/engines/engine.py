@@ -7,6 +7,7 @@
     results[0].token_ids, results[0].finish_reason, results[0].stats.acceptance_rate, results[0].text
     for event in engine.generate_stream(prompts, params):  # one event per round
         event.new_tokens[b]  # tokens emitted for sequence b this round (after stops), event.finished[b]
+    engine.generate_stream(many_prompts, params, in_flight=4, max_new_tokens=budgets)  # a steady load of 4
 
 ``num_draft_tokens=None`` (the default) is adaptive K (engines/adaptive.py, settings: ``k_policy``), a number pins K.
 ``draft_dir=None`` (or ``num_draft_tokens=0``) is target-only decoding through the same loop, the baseline.
@@ -61,7 +62,8 @@ class StreamEvent:
 
 class StreamingGenerator(ABC):
     """``generate`` / ``generate_stream`` for every runtime that supplies a round (``new_rounds``: the PyTorch
-    engine, the TensorRT-LLM runner). A batch is one loop run: every prompt added at once, stepped until done.
+    engine, the TensorRT-LLM runner). A batch is one loop run: every prompt added at once (or, with
+    ``in_flight``, that many at a time, the next as one finishes), stepped until done.
     A subclass sets target, draft, tokenizer, eos_ids, max_draft_len, max_seq_len, max_batch_size, k_policy and
     adaptive."""
 
