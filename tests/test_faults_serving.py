@@ -12,6 +12,7 @@ the soak's short form.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -514,6 +515,23 @@ def test_serve_stops_a_server_whose_model_process_died_and_exits_with_one_line(t
 
 
 # ---------------------------------------------------------------- the soak, short
+
+
+def test_the_soak_fails_on_growth_and_slowdown_only(monkeypatch):
+    """A leak or a slowdown fails the soak; a faster or leaner end (a busy machine at the start) does not."""
+    spec = importlib.util.spec_from_file_location("soak", ROOT / "tools" / "soak.py")
+    soak = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "soak", soak)  # its dataclasses look their module up
+    spec.loader.exec_module(soak)
+
+    def verdicts(rss, speeds):
+        checks = soak.check_all([], {}, {}, rss, speeds, (0.05, 0.10))
+        return {c.name: c.ok for c in checks if c.name in ("memory", "speed")}
+
+    assert verdicts((500.0, 520.0), (500.0, 440.0)) == {"memory": True, "speed": False}
+    assert verdicts((500.0, 530.0), (500.0, 460.0)) == {"memory": False, "speed": True}
+    assert verdicts((500.0, 400.0), (500.0, 700.0)) == {"memory": True, "speed": True}
+    assert verdicts((500.0, 500.0), (0.0, 0.0)) == {"memory": True, "speed": False}
 
 
 @pytest.mark.server
