@@ -537,16 +537,18 @@ def test_the_soak_fails_on_growth_and_slowdown_only(monkeypatch):
 @pytest.mark.server
 @pytest.mark.slow
 def test_a_one_minute_soak_loses_nothing_mixes_nothing_and_holds_memory_and_speed(tiny_pair, tmp_path):
-    """tools/soak.py for 60 s with the tiny pair: 32 clients, 3 of them cancelling. Its 15-second speed windows on
-    a shared 2-core machine vary by about 8%, so the speed tolerance here is 20%; the 10-minute run's minute
-    windows carry the 10% of the requirement."""
+    """tools/soak.py for 60 s with the tiny pair: 32 clients, 3 of them cancelling. Its speed check compares the
+    soak's two 30-second halves. On a shared 2-core machine 15-second windows of one run spread by 20% (CI: 500 592
+    567 608 tokens/s), and by more when another job starts on the cores, so the tolerance here is a 25% loss: a
+    server that slows as it runs still fails it, a busy neighbour for a few seconds does not. The 10-minute run's
+    minute windows carry the requirement's 10%."""
     target, draft = tiny_pair
     recipe = tmp_path / "tiny.yaml"
     recipe.write_text(
         f"name: tiny\ntarget: {{model: {target}}}\ndraft: {{model: {draft}}}\nspeculative: {{max_draft_len: 4}}\n"
         "limits: {max_input_len: 256, max_seq_len: 512, max_batch_size: 16}\n"
     )
-    args = ["--recipe", str(recipe), "--duration", "60", "--warmup", "10", "--tps-tolerance", "0.2"]
+    args = ["--recipe", str(recipe), "--duration", "60", "--warmup", "10", "--tps-tolerance", "0.25"]
     got = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "soak.py"), *args], capture_output=True, text=True, timeout=600
     )

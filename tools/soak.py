@@ -17,7 +17,7 @@ fails):
   - mixed up: every response carried its own request's id, and every greedy text equals the sequential run's;
   - memory: the resident memory of tritonserver and its python stubs (/proc), idle after the soak, has grown by
     no more than --rss-tolerance over its idle level after the warm-up;
-  - speed: generated tokens/s over the soak's last window (a minute, or a quarter of a shorter soak) has fallen by
+  - speed: generated tokens/s over the soak's last window (a minute, or half of a soak under two minutes) has fallen by
     no more than --tps-tolerance below its first.
 A soak looks for leaks and slowdowns, so only growth and loss count: a last window faster than the first (the
 machine was busy at the start) is not a fault.
@@ -430,7 +430,7 @@ def main(argv=None) -> int:
     from trtspec.validate.prompts import load_prompts
 
     warmup = args.warmup if args.warmup is not None else min(max(args.duration / 10, 10.0), 60.0)
-    window = min(60.0, args.duration / 4)
+    window = min(60.0, args.duration / 2)
     with tempfile.TemporaryDirectory(prefix="trtspec-soak-") as tmp:
         recipe, server = serve(args, Path(tmp))
         try:

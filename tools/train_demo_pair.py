@@ -87,7 +87,16 @@ class Plan:
     prompt_len: int = 48
     new_tokens: int = 64
     seed: int = 0
+    # The copy curriculum (--copy-curriculum): of each joint batch, ``copy_rows`` rows hold a chunk, a blank line
+    # and the chunk again (code from the stream; for the first ``random_copy_share`` of the steps, every other one
+    # is random token ids instead, which form an induction head within a few hundred steps on their own).
+    copy_rows: int = 0
+    random_copy_share: float = 0.0
 
+
+# Prompt lookup needs a target that copies from its context; 128-token windows of code did not teach one (see
+# TRAINING.md). Windows twice as long (the same tokens per step) leave room for a chunk and its repeat.
+COPYING = Plan(seq_len=256, batch_size=4, copy_rows=2, random_copy_share=0.5)
 
 SMOKE = Plan(
     target=ModelShape(layers=2, hidden=64, intermediate=128, heads=2, kv_heads=1),
@@ -313,6 +322,44 @@ def target_continuations(target, stream: torch.Tensor, plan: Plan, seed: int) ->
         )
         pool.append(out)
     return torch.cat(pool)
+
+
+def copy_rows(stream: torch.Tensor, count: int, seq_len: int, separator: list[int], random_ids: bool, gen):
+    """``count`` rows [count, seq_len + 1]: a chunk of 24 (a smoke run: seq_len / 4) to seq_len / 2 - 8 tokens, ``separator``, the chunk again,
+    then the stream where the chunk ended. The chunk is a stream window, or with ``random_ids`` uniform ids past
+    the special tokens (nothing but the context predicts them)."""
+    rows = []
+    for _ in range(count):
+        length = int(torch.randint(min(24, seq_len // 4), seq_len // 2 - 8, (1,), generator=gen))
+        start = int(torch.randint(0, len(stream) - seq_len - 1, (1,), generator=gen))
+        after = stream[start + length : start + seq_len + 1]
+        chunk = (
+            torch.randint(4, int(stream.max()) + 1, (length,), generator=gen)
+            if random_ids
+            else stream[start : start + length]
+        )
+        row = torch.cat([chunk, torch.tensor(separator), chunk, after])
+        rows.append(row[: seq_len + 1])
+    return torch.stack(rows)
+
+
+def curriculum_sampler(stream: torch.Tensor, plan: Plan, separator: list[int]):
+    """Joint batches: ``batch_size - copy_rows`` stream windows and ``copy_rows`` copy rows (``copy_rows``); in the
+    first ``random_copy_share`` of the steps every other copy row is random ids. Counts its calls as steps."""
+    random_until = int(plan.target_steps * plan.random_copy_share)
+    step = 0
+
+    def sample(gen: torch.Generator) -> torch.Tensor:
+        nonlocal step
+        windows = sample_batch(stream, plan.batch_size - plan.copy_rows, plan.seq_len, gen)
+        randoms = plan.copy_rows // 2 if step < random_until else 0
+        parts = [windows, copy_rows(stream, plan.copy_rows - randoms, plan.seq_len, separator, False, gen)]
+        if randoms:
+            parts.append(copy_rows(stream, randoms, plan.seq_len, separator, True, gen))
+        step += 1
+        return torch.cat(parts)
+
+    return sample
 
 
 def mixed_sampler(stream: torch.Tensor, pool: torch.Tensor, plan: Plan):
@@ -902,8 +949,15 @@ def main(argv: list[str] | None = None) -> int:
         "--target", type=Path, default=DEFAULT_OUT / "target", help="target of --other-tokenizer-drafts"
     )
     parser.add_argument("--othertok-vocab", type=int, help="BPE size of draft-othertok (default: TextPlan's)")
+    parser.add_argument(
+        "--copy-curriculum",
+        action="store_true",
+        help="train the pair with copy rows in the joint phase (Plan COPYING), so that the target copies from its context",
+    )
     args = parser.parse_args(argv)
-    plan = SMOKE if args.smoke else Plan()
+    plan = SMOKE if args.smoke else COPYING if args.copy_curriculum else Plan()
+    if args.smoke and args.copy_curriculum:
+        plan = replace(SMOKE, copy_rows=2, random_copy_share=0.5)
     torch.set_num_threads(args.threads)
     seed_everything(plan.seed)
     stdlib = Path(sysconfig.get_paths()["stdlib"])
@@ -931,7 +985,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     models = {"target": (target, plan.target_lr), "draft": (draft, plan.draft_lr)}
     joint = joint_losses(target, draft, plan.distill_temperature)
-    windows = lambda gen: sample_batch(train, plan.batch_size, plan.seq_len, gen)  # noqa: E731
+    if plan.copy_rows:
+        windows = curriculum_sampler(train, plan, tokenizer("\n\n", add_special_tokens=False)["input_ids"])
+    else:
+        windows = lambda gen: sample_batch(train, plan.batch_size, plan.seq_len, gen)  # noqa: E731
     run_training("joint", models, joint, windows, plan.target_steps, plan.seed + 1)
     # Distil from (and evaluate) the target's weights exactly as shipped.
     target = round_trip_fp16(target).requires_grad_(False)
