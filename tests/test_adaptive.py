@@ -220,6 +220,12 @@ def test_round_costs_per_k_in_target_only_rounds():
     assert jump.costs(16, 4) == pytest.approx([1.0, 2.0, 3.0, 4.0, 5.0])
     assert best_k(0.7, 4, policy, jump.costs(16, 4)) == 0  # nothing pays at that price: target-only
     assert best_k(0.7, 4, policy) > 0  # where the policy's ratios alone would have drafted
+    # The unit measured on slow rounds (the machine was busy), K 1 and 3 on quick ones: no K costs less than a
+    # target-only round
+    slow_unit = RoundCosts(policy, decay=0.0, prior_rounds=2)
+    for k, ms in ((0, 12), (0, 12), (0, 12), (1, 10), (3, 18), (1, 10), (3, 18)):  # line 6 ms + 4 ms per K
+        slow_unit.record(3, k, ms / 1000)
+    assert slow_unit.costs(3, 3) == pytest.approx([1.0, 1.0, 14 / 12, 18 / 12])
 
 
 def test_a_rounds_cost_is_its_whole_cycle_and_mixed_or_idle_rounds_are_left_out():

@@ -352,7 +352,9 @@ class _CostTable:
             return (t + prior_rounds * (a1 + b * k)) / (n + prior_rounds)
 
         a0 = t0 / n0 if n0 else a1 / verify_cost_ratio
-        return [1.0] + [seconds(k) / a0 for k in range(1, max_k + 1)], a0
+        # A round that drafts does a target-only round's work and more: a K priced below the unit is noise in
+        # the unit's few rounds, and would make drafting look better than free.
+        return [1.0] + [max(seconds(k) / a0, 1.0) for k in range(1, max_k + 1)], a0
 
 
 class RoundCosts:
