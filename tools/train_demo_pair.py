@@ -5,6 +5,7 @@
     python tools/train_demo_pair.py                      # full run (2285 s on 2 threads of a busy shared machine)
     python tools/train_demo_pair.py --smoke --out /tmp/x # ~1-2 min end-to-end check of the pipeline
     python tools/train_demo_pair.py --other-tokenizer-drafts  # issue 28's drafts: draft-othertok, draft-sametok
+    python tools/train_demo_pair.py --copy-curriculum --out /tmp/copy  # copy rows in the joint phase (TRAINING.md)
 
 Writes ``<out>/target`` and ``<out>/draft`` (safetensors in fp16, identical tokenizer files, generation_config.json)
 via a temp dir renamed on success, and prints what it did plus a final summary: sizes, parameter counts, held-out
