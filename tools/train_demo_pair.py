@@ -90,7 +90,7 @@ class Plan:
     seed: int = 0
     # The copy curriculum (--copy-curriculum): of each joint batch, ``copy_rows`` rows hold a chunk, a blank line
     # and the chunk again (code from the stream; for the first ``random_copy_share`` of the steps, every other one
-    # is random token ids instead, which form an induction head within a few hundred steps on their own).
+    # is random token ids instead, which only the context predicts).
     copy_rows: int = 0
     random_copy_share: float = 0.0
 
@@ -326,9 +326,9 @@ def target_continuations(target, stream: torch.Tensor, plan: Plan, seed: int) ->
 
 
 def copy_rows(stream: torch.Tensor, count: int, seq_len: int, separator: list[int], random_ids: bool, gen):
-    """``count`` rows [count, seq_len + 1]: a chunk of 24 (a smoke run: seq_len / 4) to seq_len / 2 - 8 tokens, ``separator``, the chunk again,
-    then the stream where the chunk ended. The chunk is a stream window, or with ``random_ids`` uniform ids past
-    the special tokens (nothing but the context predicts them)."""
+    """``count`` rows [count, seq_len + 1]: a chunk of 24 (a smoke run: seq_len / 4) to seq_len / 2 - 8 tokens,
+    ``separator``, the chunk again, then the stream where the chunk ended. The chunk is a stream window, or with
+    ``random_ids`` uniform ids past the special tokens (nothing but the context predicts them)."""
     rows = []
     for _ in range(count):
         length = int(torch.randint(min(24, seq_len // 4), seq_len // 2 - 8, (1,), generator=gen))
@@ -953,7 +953,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--copy-curriculum",
         action="store_true",
-        help="train the pair with copy rows in the joint phase (Plan COPYING), so that the target copies from its context",
+        help="train the pair with copy rows in the joint phase (Plan COPYING): a try at a target that copies",
     )
     args = parser.parse_args(argv)
     plan = SMOKE if args.smoke else COPYING if args.copy_curriculum else Plan()
