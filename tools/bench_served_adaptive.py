@@ -37,7 +37,7 @@ from pathlib import Path
 
 from bench_engine import PROMPTS
 
-from trtspec.validate.bench import budget
+from trtspec.validate.bench import LOADS, budget
 
 ADAPTIVE = "adaptive"
 
@@ -54,7 +54,7 @@ def parse_args(argv):
     parser.add_argument("--short", action="store_true", help="one group per point (the test suite's form)")
     parser.add_argument(
         "--load",
-        choices=("groups", "streams"),
+        choices=LOADS,
         default="groups",
         help="groups: `concurrency` requests at once, the next group when all are done; streams: `concurrency`"
         " clients sending --per-stream requests each, back to back, of 0.5x-1.5x --max-tokens (see streams())",

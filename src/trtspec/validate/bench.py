@@ -361,8 +361,7 @@ def make_requests(
 ) -> list[Request]:
     """The prompt set cycled up to a whole number of windows (at least one); under a steady load each with its
     ``budget``."""
-    size = window(concurrency, load)
-    total = math.ceil(max(len(requests), size) / size) * size
+    total = sweep_groups(len(requests), concurrency, load) * window(concurrency, load)
     cycled = [requests[i % len(requests)] for i in range(total)]
     if load == "streams":
         return [replace(r, max_new_tokens=budget(max_new_tokens, i)) for i, r in enumerate(cycled)]

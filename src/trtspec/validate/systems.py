@@ -33,9 +33,8 @@ class Request:
     token_ids: list[int]
     prompt_set: str = "raw"  # 'raw', 'chat' or a file's label (prompts.Prompt.prompt_set): per-set reports
     chat: bool = False  # rendered with the chat template
-    max_new_tokens: int | None = (
-        None  # its own budget (bench's steady load); None: the call's SamplingParams'
-    )
+    # its own budget (bench's steady load); None: the call's SamplingParams'
+    max_new_tokens: int | None = None
 
 
 def encode_prompts(tokenizer, prompts) -> list[Request]:
@@ -183,8 +182,11 @@ class EngineSystem:
         self, requests: list[Request], params: SamplingParams, in_flight: int | None = None
     ) -> list[Generation]:
         chunks: list[list[tuple[float, int]]] = [[] for _ in requests]
-        budgets = [r.max_new_tokens or params.max_new_tokens for r in requests]
-        own = budgets if any(r.max_new_tokens for r in requests) else None
+        own = (
+            [r.max_new_tokens or params.max_new_tokens for r in requests]
+            if any(r.max_new_tokens for r in requests)
+            else None
+        )
         start = time.perf_counter()
         issued = [0.0] * len(requests)  # a request that waits for a free place is issued when it joins
         event = None
