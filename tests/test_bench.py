@@ -21,6 +21,8 @@ from trtspec.validate.bench import (
     BenchResult,
     itl_samples,
     make_requests,
+    paired_median,
+    paired_ratio,
     percentile,
     recommend_schedule,
 )
@@ -114,6 +116,9 @@ def test_sweep_warms_adaptive_up_untimed_then_interleaves_every_point_group_by_g
     assert calls == warm + interleaved
     # the warm-up pass is not a point: each point pools its two groups of two passes
     assert [(p.num_draft_tokens, len(p.generations)) for p in points] == [(0, 8), (2, 8), (None, 8)]
+    # one timing sample per group and pass, in the order run: sample i of every point ran the same group
+    assert all([tokens for tokens, _ in p.samples] == [6, 6, 6, 6] for p in points)
+    assert all(sum(seconds for _, seconds in p.samples) == pytest.approx(p.wall_s) for p in points)
     assert len(steps) == sweep_steps(len(reqs), [2], 2, True) == 5
 
 
@@ -230,6 +235,11 @@ def test_bench_cli_small_sweep_writes_json_markdown_and_pngs(runner, tiny_pair, 
         assert row["best_tokens_per_s"] == max(v for k, v in measured.items() if k is not None)
         assert row["adaptive_vs_best"] == pytest.approx(measured[None] / row["best_tokens_per_s"])
         assert row["adaptive_vs_target_only"] == pytest.approx(measured[None] / measured[0])
+        samples = {p["num_draft_tokens"]: p["samples"] for p in saved["points"] if p["concurrency"] == c}
+        assert len({len(s) for s in samples.values()}) == 1  # every point ran the same timing samples
+        rates = {k: [tokens / seconds for tokens, seconds in s] for k, s in samples.items()}
+        best = row["best_num_draft_tokens"]
+        assert row["adaptive_vs_best_paired"] == pytest.approx(paired_median(rates[None], rates[best]))
     schedule = {int(c): k for c, k in saved["recommended_schedule"].items()}
     assert set(schedule) == {1, 2} and schedule[2] <= schedule[1] and set(schedule.values()) <= {0, 1, 3}
     markdown = (out_dir / "bench.md").read_text()
@@ -346,6 +356,33 @@ def test_sweep_summary_sets_adaptive_against_the_best_point_and_target_only():
     rows = {r["k"]: r for r in result.rows() if r["concurrency"] == 1}
     assert rows["adaptive"]["analytic_bound"] is None and rows["adaptive"]["acceptance_rate"] == 0.75
     assert rows["0"]["analytic_bound"] == 1.0
+
+
+def test_paired_median_is_the_median_of_sample_by_sample_ratios():
+    assert paired_median([2.0, 3.0, 4.0], [1.0, 3.0, 2.0]) == pytest.approx(2.0)
+    assert paired_median([1.0, 2.0], [1.0, 1.0]) == pytest.approx(1.5)  # even count: the mean of the middle two
+    assert paired_median([], []) is None
+    with pytest.raises(ValueError, match="not paired"):
+        paired_median([1.0], [1.0, 2.0])
+
+
+def test_sweep_summary_pairs_adaptive_with_each_point_sample_by_sample():
+    # Adaptive ran at the best point's speed in two of three samples; a slow spell took its third sample 5x as
+    # long. Pooled, that spell alone puts adaptive at 0.44 of the best point; paired, one pair of three.
+    adaptive = _point(None, 1, 30, 7.0, accepted=6, drafted=8, hist=[0, 2, 2])
+    adaptive.samples = [(10, 1.0), (10, 1.0), (10, 5.0)]
+    best = _point(2, 1, 30, 3.1, accepted=6, drafted=8, hist=[0, 2, 2])
+    best.samples = [(10, 1.0), (10, 1.1), (10, 1.0)]
+    target_only = _point(0, 1, 30, 6.0)
+    target_only.samples = [(10, 2.0), (10, 2.0), (10, 2.0)]
+    (row,) = BenchResult("s", 10, 1, [target_only, best, adaptive]).sweep_summary()
+    assert row["best_num_draft_tokens"] == 2
+    assert row["adaptive_vs_best"] == pytest.approx(3.1 / 7.0)
+    assert row["adaptive_vs_best_paired"] == pytest.approx(1.0)  # the pairs: 1.0, 1.1, 0.2
+    assert row["adaptive_vs_target_only"] == pytest.approx(6.0 / 7.0)
+    assert row["adaptive_vs_target_only_paired"] == pytest.approx(2.0)  # the pairs: 2, 2, 0.4
+    # points that did not run the same samples do not pair
+    assert paired_ratio(adaptive, _point(2, 1, 30, 3.0)) is None
 
 
 @pytest.mark.slow

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from bench_engine import PROMPTS
 
-from trtspec.validate.bench import LOADS, budget
+from trtspec.validate.bench import LOADS, budget, paired_median
 
 ADAPTIVE = "adaptive"
 
@@ -141,16 +141,14 @@ def adaptive_metrics(server) -> dict[str, dict]:
 
 
 def paired_ratios(passes: dict) -> dict:
-    """Per pinned point, the median over passes of adaptive's tokens/s over that point's in the same pass. The
-    passes run the points back to back, so a pair shares the machine's state; on a machine whose speed moves by
-    tens of percent from one second to the next, a best-of ratio compares two lucky moments instead."""
-    ratios = {}
-    for point, values in passes.items():
-        if point != ADAPTIVE:
-            pairs = sorted(a / b for a, b in zip(passes[ADAPTIVE], values, strict=True))
-            middle = len(pairs) // 2
-            ratios[point] = pairs[middle] if len(pairs) % 2 else (pairs[middle - 1] + pairs[middle]) / 2
-    return ratios
+    """Per pinned point, the median over passes of adaptive's tokens/s over that point's in the same pass
+    (validate.bench.paired_median: the passes run the points back to back, so a pair shares the machine's
+    state)."""
+    return {
+        point: paired_median(passes[ADAPTIVE], values)
+        for point, values in passes.items()
+        if point != ADAPTIVE
+    }
 
 
 def load_steps(client, pool, server, args) -> list[dict]:

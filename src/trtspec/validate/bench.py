@@ -31,6 +31,7 @@ best measured point (target-only or a static K); ``recommend_schedule`` turns th
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -85,6 +86,9 @@ class BenchPoint:
     role: str = "pair"  # "pair", or "draft" for the draft model alone (cost-ratio measurement)
     prompt_sets: list[str] = field(default_factory=list)  # per generation: its request's prompt set; [] = raw
     proposer: str | None = None  # the requests' proposer (core/lookup.py); None: the system's own
+    # (tokens, seconds) of each timing sample in the order run: sample i of every point at one concurrency ran the
+    # same requests back to back with the others' sample i (run_sweep), so they pair (paired_ratio)
+    samples: list[tuple[int, float]] = field(default_factory=list)
 
     def stats_by_set(self) -> dict[str, AcceptanceStats]:
         """AcceptanceStats merged per prompt set ('raw', 'chat'), in order of appearance."""
@@ -105,6 +109,7 @@ class BenchPoint:
             self.role,
             self.prompt_sets + other.prompt_sets,
             self.proposer,
+            self.samples + other.samples,
         )
 
     @property
@@ -119,6 +124,11 @@ class BenchPoint:
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def sample_rates(self) -> list[float]:
+        """Tokens/s of each timing sample."""
+        return [tokens / seconds if seconds > 0 else 0.0 for tokens, seconds in self.samples]
 
     @property
     def stats(self) -> AcceptanceStats:
@@ -136,6 +146,7 @@ class BenchPoint:
             "generated_tokens": self.tokens,
             "wall_s": self.wall_s,
             "tokens_per_s": self.tokens_per_s,
+            "samples": [list(sample) for sample in self.samples],  # [tokens, seconds] per timing sample
             "ttft_p50_s": percentile(ttft, 50),
             "ttft_p95_s": percentile(ttft, 95),
             "itl_p50_s": percentile(itl, 50),
@@ -162,6 +173,25 @@ class BenchPoint:
 
 
 SCHEDULE_TOLERANCE = 0.05  # a K within 5% of the best point counts as worth running (this much is noise here)
+
+
+def paired_median(numerator: Sequence[float], denominator: Sequence[float]) -> float | None:
+    """The median over pairs of numerator[i] / denominator[i] (rates measured back to back, one pair per timing
+    sample); None without pairs. A pair shares the machine's state, so a slow spell that falls on one sample of
+    one point moves one pair, where it moves a pooled ratio by its whole length: on a shared machine whose speed
+    moves by 10-25% from one second to the next, the median of the pairs is the steadier ratio of the two."""
+    if len(numerator) != len(denominator):
+        raise ValueError(f"{len(numerator)} samples against {len(denominator)}: not paired")
+    pairs = [a / b for a, b in zip(numerator, denominator, strict=True) if b > 0]
+    return statistics.median(pairs) if pairs else None
+
+
+def paired_ratio(point: BenchPoint, other: BenchPoint) -> float | None:
+    """``point``'s tokens/s over ``other``'s, the median of their paired timing samples (paired_median); None
+    where they did not run the same samples (a point built by hand, or another sweep's)."""
+    if not point.samples or len(point.samples) != len(other.samples):
+        return None
+    return paired_median(point.sample_rates, other.sample_rates)
 
 
 def best_static(by_k: dict[int | None, float]) -> tuple[int, float]:
@@ -264,14 +294,18 @@ class BenchResult:
             per_round = expected_tokens_per_round(row["acceptance_rate"], k)
         return analytic_speedup_bound(per_round, k, ratio) if per_round else None
 
-    def table(self, proposer: str | None = None) -> dict[int, dict[int | None, float]]:
-        """Per concurrency: tokens/s per K (0 target-only, None adaptive) of ``proposer``'s points (None: the
+    def grid(self, proposer: str | None = None) -> dict[int, dict[int | None, BenchPoint]]:
+        """Per concurrency: the point per K (0 target-only, None adaptive) of ``proposer``'s points (None: the
         primary's), in the order measured."""
         proposer = proposer or self.primary
-        out: dict[int, dict[int | None, float]] = {}
+        out: dict[int, dict[int | None, BenchPoint]] = {}
         for point in (p for p in self.points if p.role == "pair" and self.label(p) in (None, proposer)):
-            out.setdefault(point.concurrency, {})[point.num_draft_tokens] = point.tokens_per_s
+            out.setdefault(point.concurrency, {})[point.num_draft_tokens] = point
         return out
+
+    def table(self, proposer: str | None = None) -> dict[int, dict[int | None, float]]:
+        """``grid``'s tokens/s."""
+        return {c: {k: p.tokens_per_s for k, p in by_k.items()} for c, by_k in self.grid(proposer).items()}
 
     def recommended_k(self) -> dict[int, int]:
         """Per concurrency, the static K (0 = do not speculate) with the highest measured tokens/s (the primary
@@ -283,7 +317,8 @@ class BenchResult:
 
     def sweep_summary(self) -> list[dict]:
         """Per concurrency and proposer with an adaptive point: target-only, the proposer's best point (target-only
-        or a static K), adaptive and their ratios."""
+        or a static K), adaptive and their ratios, pooled (tokens / seconds of each point) and paired (the median
+        of adaptive's timing samples over that point's beside them: paired_ratio)."""
         rows = []
         mean_k = {  # unknown (None) where the system reports no target forwards (a server's totals only)
             (p.concurrency, self.label(p)): p.stats.mean_num_draft_tokens if p.stats.target_forwards else None
@@ -291,9 +326,10 @@ class BenchResult:
             if p.role == "pair" and p.num_draft_tokens is None
         }
         for proposer in self.proposers:
-            for c, by_k in sorted(self.table(proposer).items()):
-                if None not in by_k:
+            for c, grid in sorted(self.grid(proposer).items()):
+                if None not in grid:
                     continue
+                by_k = {k: p.tokens_per_s for k, p in grid.items()}
                 best_k, best = best_static(by_k)
                 adaptive, target_only = by_k[None], by_k.get(0)
                 rows.append(
@@ -307,6 +343,10 @@ class BenchResult:
                         "adaptive_mean_num_draft_tokens": mean_k.get((c, proposer)),
                         "adaptive_vs_best": adaptive / best if best else None,
                         "adaptive_vs_target_only": adaptive / target_only if target_only else None,
+                        "adaptive_vs_best_paired": paired_ratio(grid[None], grid[best_k]),
+                        "adaptive_vs_target_only_paired": paired_ratio(grid[None], grid[0])
+                        if 0 in grid
+                        else None,
                     }
                 )
         return sorted(rows, key=lambda row: row["concurrency"])  # stable: the proposers in sweep order
@@ -382,9 +422,11 @@ def run_point(
             generations += system.generate(list(requests[first : first + concurrency]), params)
     wall_s = time.perf_counter() - start
     prompt_sets = [r.prompt_set for r in requests]
-    return BenchPoint(
+    point = BenchPoint(
         params.num_draft_tokens, concurrency, generations, wall_s, role, prompt_sets, params.proposer
     )
+    point.samples = [(point.tokens, wall_s)]  # one timing sample: run_sweep pools a point's samples
+    return point
 
 
 def cost_ratios(points: Sequence[BenchPoint]) -> dict[int, float]:

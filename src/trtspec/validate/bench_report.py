@@ -121,6 +121,8 @@ SWEEP_COLUMNS = [
     "adaptive mean K",
     "adaptive / best",
     "adaptive / target-only",
+    "paired / best",
+    "paired / target-only",
 ]
 
 
@@ -135,6 +137,8 @@ def sweep_cells(row: dict) -> list[str]:
         _f(row["adaptive_mean_num_draft_tokens"], ".2f"),
         _f(row["adaptive_vs_best"], ".2f"),
         _f(row["adaptive_vs_target_only"], ".2f"),
+        _f(row["adaptive_vs_best_paired"], ".2f"),
+        _f(row["adaptive_vs_target_only_paired"], ".2f"),
     ]
 
 
@@ -267,7 +271,10 @@ def bench_markdown(result: BenchResult, plots: list[str] | None = None) -> str:
             "## Adaptive K against target-only and every static K",
             "",
             "best: the fastest point measured at that concurrency (target-only or a static K); adaptive mean K: "
-            "draft tokens per target forward of the adaptive requests.",
+            "draft tokens per target forward of the adaptive requests; adaptive / best and / target-only: pooled "
+            "tokens/s over pooled tokens/s; paired: the median, over the timing samples, of adaptive's tokens/s "
+            "over that point's in the same sample (the same requests, run back to back), which a slow spell of "
+            "the machine falling on one point's sample moves less.",
             "",
             markdown_table(*sweep_table(sweep)),
             "",
