@@ -360,10 +360,25 @@ def test_sweep_summary_sets_adaptive_against_the_best_point_and_target_only():
 
 def test_paired_median_is_the_median_of_sample_by_sample_ratios():
     assert paired_median([2.0, 3.0, 4.0], [1.0, 3.0, 2.0]) == pytest.approx(2.0)
-    assert paired_median([1.0, 2.0], [1.0, 1.0]) == pytest.approx(1.5)  # even count: the mean of the middle two
+    assert paired_median([1.0, 2.0], [1.0, 1.0]) == pytest.approx(
+        1.5
+    )  # even count: the mean of the middle two
     assert paired_median([], []) is None
     with pytest.raises(ValueError, match="not paired"):
         paired_median([1.0], [1.0, 2.0])
+
+
+def test_the_draft_cost_ratio_pairs_the_draft_alone_with_target_only_sample_by_sample():
+    from trtspec.validate.bench import cost_ratios
+
+    target_only = _point(0, 1, 30, 3.0)
+    target_only.samples = [(10, 1.0), (10, 1.0), (10, 1.0)]
+    draft = _point(0, 1, 30, 2.4)
+    draft.role = "draft"
+    draft.samples = [(10, 0.2), (10, 0.2), (10, 2.0)]  # a slow spell on its last sample
+    assert cost_ratios([target_only, draft]) == pytest.approx({1: 0.2})  # pooled it would be 0.8
+    draft.samples = []  # unpaired (points built elsewhere): pooled
+    assert cost_ratios([target_only, draft]) == pytest.approx({1: 0.8})
 
 
 def test_sweep_summary_pairs_adaptive_with_each_point_sample_by_sample():

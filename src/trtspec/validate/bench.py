@@ -14,8 +14,13 @@ concurrent requests to a server), greedy, and measures from the streamed pieces:
   the accepted-length histogram.
 
 The analytic bound (metrics.analytic_speedup_bound) uses the measured tokens per round (the i.i.d. formula from the
-acceptance rate where a system reports no rounds, e.g. Triton) and a draft/target cost ratio: measured in-process as the target-only time per token of the draft over that of the target (same
-system, same prompts, same concurrency), or given with --draft-cost-ratio (servers).
+acceptance rate where a system reports no rounds, e.g. Triton) and a draft/target cost ratio: measured in-process
+as the target-only time per token of the draft over that of the target (same system, same prompts, same
+concurrency; the median of their paired timing samples), or given with --draft-cost-ratio (servers).
+
+Timing samples pair: at one concurrency every point runs each group (a window of a steady load) back to back, so
+``paired_ratio`` sets two points' samples against each other one by one; ``sweep_summary`` gives adaptive K
+against the best point both pooled and paired.
 
 Proposers (core/lookup.py: draft, ngram, draft+ngram; ``proposers``) are swept as K is: every static K and adaptive
 K runs once per proposer, target-only (K = 0) once, the baseline of them all. Each point names its proposer
@@ -430,7 +435,9 @@ def run_point(
 
 
 def cost_ratios(points: Sequence[BenchPoint]) -> dict[int, float]:
-    """Per concurrency: target-only seconds per token of the draft / of the target (needs both points)."""
+    """Per concurrency: target-only seconds per token of the draft / of the target (needs both points), paired
+    sample by sample where both ran the same samples (paired_ratio: the draft alone runs in every group's
+    rotation beside target-only), else pooled."""
     out = {}
     for draft in (p for p in points if p.role == "draft"):
         target = next(
@@ -442,7 +449,8 @@ def cost_ratios(points: Sequence[BenchPoint]) -> dict[int, float]:
             None,
         )
         if target and draft.tokens_per_s > 0:
-            out[draft.concurrency] = target.tokens_per_s / draft.tokens_per_s
+            paired = paired_ratio(target, draft)
+            out[draft.concurrency] = target.tokens_per_s / draft.tokens_per_s if paired is None else paired
     return out
 
 
