@@ -92,7 +92,11 @@ def test_sweep_warms_adaptive_up_untimed_then_interleaves_every_point_group_by_g
     class Recorder:  # a system that answers at once and records each call's (prompts, K, max tokens)
         def generate(self, requests, params):
             calls.append(("".join(r.text for r in requests), params.num_draft_tokens, params.max_new_tokens))
-            return [Generation([5] * params.max_new_tokens, None, None, 0.001) for _ in requests]
+            # request "c" stops a token early, so the groups' samples differ (ab: 6 tokens, cd: 5)
+            return [
+                Generation([5] * (params.max_new_tokens - (r.text == "c")), None, None, 0.001)
+                for r in requests
+            ]
 
     reqs = [Request("a", [1]), Request("b", [2]), Request("c", [3]), Request("d", [4])]
     points = run_sweep(
@@ -117,9 +121,34 @@ def test_sweep_warms_adaptive_up_untimed_then_interleaves_every_point_group_by_g
     # the warm-up pass is not a point: each point pools its two groups of two passes
     assert [(p.num_draft_tokens, len(p.generations)) for p in points] == [(0, 8), (2, 8), (None, 8)]
     # one timing sample per group and pass, in the order run: sample i of every point ran the same group
-    assert all([tokens for tokens, _ in p.samples] == [6, 6, 6, 6] for p in points)
-    assert all(sum(seconds for _, seconds in p.samples) == pytest.approx(p.wall_s) for p in points)
+    assert all([tokens for tokens, _ in p.samples] == [6, 5, 6, 5] for p in points)
     assert len(steps) == sweep_steps(len(reqs), [2], 2, True) == 5
+
+
+def test_the_draft_alone_and_every_proposer_pair_sample_by_sample_with_target_only():
+    from trtspec.validate.bench import run_sweep
+
+    class Echo:  # tokens per request = the request's prompt length, so each group's samples are its own
+        def generate(self, requests, params, in_flight=None):
+            return [Generation([5] * len(r.token_ids), None, None, 0.001) for r in requests]
+
+    reqs = [Request(t, [1] * n) for t, n in zip("abcd", (1, 2, 3, 4), strict=True)]
+    points = run_sweep(
+        Echo(),
+        reqs,
+        ks=[2],
+        concurrency=[2],
+        max_new_tokens=4,
+        adaptive=True,
+        repeats=2,
+        draft_system=Echo(),
+        proposers=("draft", "ngram"),
+        load="groups",
+    )
+    assert len(points) == 6  # target-only, per proposer K=2 and adaptive, the draft alone
+    assert all([tokens for tokens, _ in p.samples] == [3, 7, 3, 7] for p in points)
+    steady = run_sweep(Echo(), reqs, ks=[2], concurrency=[2], max_new_tokens=4, load="streams")
+    assert [len(p.samples) for p in steady] == [1, 1]  # one window of 4 x 2 requests (the set cycled)
 
 
 def test_min_groups_adds_passes_where_a_pass_has_few_groups():
@@ -240,6 +269,7 @@ def test_bench_cli_small_sweep_writes_json_markdown_and_pngs(runner, tiny_pair, 
         rates = {k: [tokens / seconds for tokens, seconds in s] for k, s in samples.items()}
         best = row["best_num_draft_tokens"]
         assert row["adaptive_vs_best_paired"] == pytest.approx(paired_median(rates[None], rates[best]))
+        assert row["adaptive_vs_target_only_paired"] == pytest.approx(paired_median(rates[None], rates[0]))
     schedule = {int(c): k for c, k in saved["recommended_schedule"].items()}
     assert set(schedule) == {1, 2} and schedule[2] <= schedule[1] and set(schedule.values()) <= {0, 1, 3}
     markdown = (out_dir / "bench.md").read_text()
@@ -251,6 +281,7 @@ def test_bench_cli_small_sweep_writes_json_markdown_and_pngs(runner, tiny_pair, 
     assert [line.split(" | ")[0] for line in table[1:9]].count("| adaptive") == 2  # header + 8 points
     sweep = markdown.split("## Adaptive K against target-only and every static K")[1].split("\n## ")[0]
     assert sweep.count("\n| 1 | ") == 1 and sweep.count("\n| 2 | ") == 1
+    assert "| paired / best | paired / target-only |" in sweep
     assert "Recommended speculative.schedule: {1: " in markdown
     for name in ("speedup_acceptance.png", "latency_concurrency.png"):
         with Image.open(out_dir / name) as image:
@@ -398,6 +429,10 @@ def test_sweep_summary_pairs_adaptive_with_each_point_sample_by_sample():
     assert row["adaptive_vs_target_only_paired"] == pytest.approx(2.0)  # the pairs: 2, 2, 0.4
     # points that did not run the same samples do not pair
     assert paired_ratio(adaptive, _point(2, 1, 30, 3.0)) is None
+    best.samples = best.samples[:2]
+    assert paired_ratio(adaptive, best) is None
+    # a sample that timed nothing (no tokens) pairs with nothing, on either side
+    assert paired_median([0.0, 2.0, 3.0], [1.0, 1.0, 0.0]) == pytest.approx(2.0)
 
 
 @pytest.mark.slow
@@ -513,3 +548,12 @@ def test_a_steady_load_sends_each_request_with_its_budget_and_keeps_in_flight_re
     generations = system.generate(requests, SamplingParams(max_new_tokens=64), in_flight=2)
     assert most[0] == 2 and sorted(sent) == sorted(zip("abcdef", (3, 5, 2, 4, 6, 1), strict=True))
     assert [len(g.token_ids) for g in generations] == [3, 5, 2, 4, 6, 1]
+
+
+def test_bench_lists_measure_a_value_given_twice_once_and_refuse_what_is_not_a_list(runner, tmp_path):
+    from trtspec.cli import _int_list
+
+    assert _int_list(None, None, "4,2,4,1") == (4, 2, 1)  # a K run twice would pool twice the samples
+    result = runner.invoke(cli, ["bench", "demo", "--num-draft-tokens", "2,x", "--out", str(tmp_path / "b")])
+    assert result.exit_code != 0 and "'2,x' is not a comma-separated list of integers" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "b").exists()

@@ -173,7 +173,7 @@ def load_steps(client, pool, server, args) -> list[dict]:
                 "adaptive_first_group_tokens_per_s": round(first[0] / first[1], 1),
                 "adaptive_vs_best_pinned": round(best[ADAPTIVE] / max(pinned.values()), 3),
                 "adaptive_vs_target_only": round(best[ADAPTIVE] / pinned[0], 3) if 0 in pinned else None,
-                "paired_vs_pinned": {str(p): round(r, 3) for p, r in paired.items()},
+                "paired_vs_pinned": {str(p): round(r, 3) for p, r in paired.items() if r is not None},
                 "passes": {str(p): [round(v, 1) for v in values] for p, values in passes.items()},
                 "chosen": adaptive_metrics(server).get(str(n)),
             }

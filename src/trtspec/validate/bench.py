@@ -187,7 +187,7 @@ def paired_median(numerator: Sequence[float], denominator: Sequence[float]) -> f
     moves by 10-25% from one second to the next, the median of the pairs is the steadier ratio of the two."""
     if len(numerator) != len(denominator):
         raise ValueError(f"{len(numerator)} samples against {len(denominator)}: not paired")
-    pairs = [a / b for a, b in zip(numerator, denominator, strict=True) if b > 0]
+    pairs = [a / b for a, b in zip(numerator, denominator, strict=True) if a > 0 and b > 0]  # 0: not timed
     return statistics.median(pairs) if pairs else None
 
 
