@@ -221,11 +221,11 @@ def test_round_costs_per_k_in_target_only_rounds():
     assert best_k(0.7, 4, policy, jump.costs(16, 4)) == 0  # nothing pays at that price: target-only
     assert best_k(0.7, 4, policy) > 0  # where the policy's ratios alone would have drafted
     # The unit measured on slow rounds (the machine was busy), K 1 and 3 on quick ones: no K costs less than a
-    # target-only round
+    # target-only round plus its K draft steps (the line's 4 ms per K): 16, 20, 24 ms over 12
     slow_unit = RoundCosts(policy, decay=0.0, prior_rounds=2)
     for k, ms in ((0, 12), (0, 12), (0, 12), (1, 10), (3, 18), (1, 10), (3, 18)):  # line 6 ms + 4 ms per K
         slow_unit.record(3, k, ms / 1000)
-    assert slow_unit.costs(3, 3) == pytest.approx([1.0, 1.0, 14 / 12, 18 / 12])
+    assert slow_unit.costs(3, 3) == pytest.approx([1.0, 16 / 12, 20 / 12, 24 / 12])
 
 
 def test_a_rounds_cost_is_its_whole_cycle_and_mixed_or_idle_rounds_are_left_out():
@@ -265,6 +265,13 @@ def _free_drafts(engine: SpeculativeEngine) -> SpeculativeEngine:
     return engine
 
 
+def _policy_ratios(engine: SpeculativeEngine) -> SpeculativeEngine:
+    """The engine pricing K by its policy's ratios alone: what it drafts then follows the acceptance, not the
+    timings of a machine that may be busy."""
+    engine.adaptive = AdaptiveState(engine.k_policy, measure=False)
+    return engine
+
+
 def test_adaptive_default_is_exact_climbs_with_a_perfect_draft_and_drops_a_random_one(tiny_pair):
     target, draft = tiny_pair
     params = SamplingParams(max_new_tokens=MAX_NEW, ignore_eos=True)  # no num_draft_tokens: adaptive
@@ -272,7 +279,7 @@ def test_adaptive_default_is_exact_climbs_with_a_perfect_draft_and_drops_a_rando
     (perfect,) = same.generate([PROMPTS[0]], params)
     hist = perfect.stats.num_draft_histogram
     assert hist[4] >= 3 and perfect.stats.acceptance_rate == 1.0  # from the prior's K 2 up to max_draft_len
-    poor = SpeculativeEngine.from_pretrained(target, draft, max_draft_len=4)
+    poor = _policy_ratios(SpeculativeEngine.from_pretrained(target, draft, max_draft_len=4))
     (result,) = poor.generate([PROMPTS[0]], params.with_(max_new_tokens=64))
     assert result.token_ids == hf_greedy(target, PROMPTS[0], 64)
     assert result.stats.num_draft_histogram[0] > 30  # switched off after a few rejections
@@ -432,6 +439,62 @@ def test_served_adaptive_k_falls_back_to_target_only_where_it_is_cheaper_and_spe
     assert costs[1] == pytest.approx(2.0, rel=0.05)  # what a draft token costs at 16 rows: one target step
     again = serve(1, 400)
     assert drafting(again) > 0.9
+
+
+class SlowSpellRounds(PricedRounds):
+    """PricedRounds whose first ``slow`` speculative rounds ran in a slow spell of the CPU, at 3x their cost."""
+
+    def __init__(self, slow: int):
+        super().__init__()
+        self.slow = slow
+
+    def cost(self, batch: int, k: int) -> float:
+        if k and self.slow:
+            self.slow -= 1
+            return 3 * super().cost(batch, k)
+        return super().cost(batch, k)
+
+
+def serve_alone(loop, rounds, new_tokens: int) -> list[int]:
+    """One request of ``new_tokens`` through ``loop``: the K of each of its rounds after the prefill."""
+    start = len(rounds.log)
+    loop.add("alone", [1, 2, 3], SamplingParams(max_new_tokens=new_tokens))
+    while loop.busy:
+        loop.step()
+    return [k for _, k in rounds.log[start + 1 :]]
+
+
+def test_speculative_costs_measured_in_a_slow_spell_are_measured_again_and_drafting_resumes():
+    """A few slow speculative rounds (the CPU's slow spell, a server's first responses) switch drafting off at one
+    stream, where it pays most. Only target-only rounds are timed after that, so the stale costs would hold for
+    good; the re-measure (RoundCosts.explore_due) drafts again after explore_every rounds, finds the true costs
+    and keeps drafting. Where target-only truly wins, re-measures back off: the wait doubles each time."""
+    from trtspec.engines.loop import GenerationLoop
+
+    rounds, policy = SlowSpellRounds(slow=3), KPolicy()
+    state = AdaptiveState(policy, clock=lambda: rounds.now)
+    loop = GenerationLoop(rounds, max_seq_len=100_000, k_policy=policy, adaptive=state)
+    ks = serve_alone(loop, rounds, 400)
+    off = ks.index(
+        0, 2
+    )  # the first round is the unit, then the slow spell's speculative rounds switch it off
+    assert rounds.slow == 0 and all(k == 0 for k in ks[off : off + RoundCosts.explore_every - 1])
+    resumed = ks[off + RoundCosts.explore_every :]
+    assert sum(k > 0 for k in resumed) / len(resumed) > 0.9 and resumed[-2] == 4  # the best K here
+    # the re-measured costs, the slow spell aged out: 1 + 0.15 K
+    assert state.costs.costs(1, 4) == pytest.approx([1.0, 1.15, 1.30, 1.45, 1.60], rel=0.02)
+
+    # target-only is cheaper (a draft token costs a whole target step): a re-measure after 16, 32, 64 ... rounds off
+    costs = RoundCosts(KPolicy())
+    due = [costs.explore_due(16, 0, 4) for _ in range(16 + 32 + 64 + 3 * RoundCosts.explore_rounds)]
+    starts = [i for i, d in enumerate(due) if d and (i == 0 or not due[i - 1])]
+    assert starts == [15, 15 + 4 + 31, 15 + 4 + 31 + 4 + 63]
+    assert due.count(True) == 3 * RoundCosts.explore_rounds
+    assert not costs.explore_due(
+        16, 0, 0
+    )  # nothing the policy would draft (low acceptance): nothing to measure
+    costs.explore_due(16, 2, 0)  # drafting again resets the wait
+    assert [costs.explore_due(16, 0, 4) for _ in range(16)].index(True) == 15
 
 
 def test_a_round_with_another_groups_prefill_is_not_charged_to_the_timed_batch():

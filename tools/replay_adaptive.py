@@ -4,6 +4,7 @@
     python tools/replay_adaptive.py                      # the demo pair, the shipped prompts, 64 new tokens
     python tools/replay_adaptive.py builders/demo.yaml --costs 1.3:0.15,1.1:0.12 --concurrency 1,2,4
     python tools/replay_adaptive.py --bench bench/demo/bench.json --noise 0.1   # a bench run's measured costs
+    python tools/replay_adaptive.py --noise 0.1 --drift 0.15 --seeds 5            # noisy, drifting clocks
 
 Greedy draft-target decoding is deterministic: at each position of the target's greedy continuation the draft's
 greedy guess matches it or not, and a round with K drafts accepts the leading run of matches (as
@@ -25,7 +26,8 @@ prompt; the round costs its K's cost. Prompts run twice (a warm-up pass for the 
 then the measured pass, as ``trtspec bench`` measures adaptive in steady state).
 
 Prints, per cost table and concurrency: the best static K and its tokens per target-only round, and adaptive's
-ratio to it with exact and with learned costs (its mean K and share of rounds without drafting).
+ratio to it with exact and with learned costs (its mean K and share of rounds without drafting; with
+``--seeds N``, the mean over N noise seeds and the worst of them).
 """
 
 from __future__ import annotations
@@ -43,6 +45,10 @@ from trtspec.builders.align_report import draft_matches
 from trtspec.engines.adaptive import AdaptiveState, KController, KPolicy, group_k, policy_for
 from trtspec.recipe import DEMO_RECIPE, load_recipe
 from trtspec.validate.inputs import load_requests
+
+DRIFT_ROUNDS = (
+    200  # --drift: rounds over which the CPU's speed wanders (a few seconds of a CPU pair's rounds)
+)
 
 
 def traces(recipe, max_tokens: int) -> list[list[bool]]:
@@ -80,12 +86,17 @@ def replay(
     policy: KPolicy,
     learn: bool = False,
     noise: float = 0.0,
+    drift: float = 0.0,
+    seed: int = 0,
 ):
     """(tokens per target-only round, mean K, share of rounds at K=0) of the measured (second) pass. ``learn``:
     K comes from AdaptiveState.choose, as in the loop (costs learned from the rounds run, each timed at its
-    cost), instead of ``choose`` with ``costs``; ``noise``: each timing off by a log-normal factor of that sigma."""
+    cost), instead of ``choose`` with ``costs``; ``noise``: each timing off by a log-normal factor of that sigma;
+    ``drift``: and by the CPU's speed, whose log wanders with that sigma over ~DRIFT_ROUNDS rounds (AR(1)), so
+    rounds timed far apart disagree (a target-only unit measured in a fast spell, a K in a slow one)."""
     state = AdaptiveState(policy)
-    rng = random.Random(0)
+    rng = random.Random(seed)
+    keep, speed = math.exp(-1.0 / DRIFT_ROUNDS), 0.0
     max_k = len(costs) - 1
     for _ in range(2):
         queue = list(range(len(matches)))
@@ -110,7 +121,8 @@ def replay(
                     state.pool.update(num_draft, accepted)
                 row[1] += accepted + 1
                 tokens += accepted + 1
-            state.costs.record(len(active), k, costs[k] * math.exp(rng.gauss(0.0, noise)))
+            speed = keep * speed + math.sqrt(1.0 - keep * keep) * rng.gauss(0.0, drift)
+            state.costs.record(len(active), k, costs[k] * math.exp(speed + rng.gauss(0.0, noise)))
             cost, rounds, ks, off = cost + costs[k], rounds + 1, ks + k, off + (k == 0)
             active = [row for row in active if row[1] < len(row[0])]
     return tokens / cost, ks / rounds, off / rounds
@@ -152,6 +164,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--noise", type=float, default=0.0, help="sigma of the learned costs' log-normal timing noise"
     )
+    parser.add_argument(
+        "--drift",
+        type=float,
+        default=0.0,
+        help=f"sigma of the CPU's log speed, wandering over ~{DRIFT_ROUNDS} rounds",
+    )
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        help="replay learned costs with this many noise seeds: their mean and worst",
+    )
     args = parser.parse_args(argv)
     recipe = load_recipe(args.recipe)
     matches = traces(recipe, args.max_tokens)
@@ -184,11 +208,27 @@ def main(argv: list[str] | None = None) -> None:
         best = max(static, key=static.get)
         line = f"{name:>18} {concurrency:4d}  K={best:<3d} {static[best]:7.3f} "
         for mode in ratios:
-            adaptive, mean_k, off = replay(
-                matches, costs, concurrency, group_k, policy, mode == "learned", args.noise
-            )
-            ratios[mode].append(adaptive / static[best])
-            line += f" {adaptive / static[best]:6.3f} ({mean_k:4.2f}, {off:4.1%})"
+            seeds = range(args.seeds if mode == "learned" else 1)  # exact costs: nothing random
+            runs = [
+                replay(
+                    matches,
+                    costs,
+                    concurrency,
+                    group_k,
+                    policy,
+                    mode == "learned",
+                    args.noise,
+                    args.drift,
+                    seed,
+                )
+                for seed in seeds
+            ]
+            found = [adaptive / static[best] for adaptive, _, _ in runs]
+            ratios[mode] += found
+            mean_k, off = (sum(run[i] for run in runs) / len(runs) for i in (1, 2))
+            line += f" {sum(found) / len(found):6.3f} ({mean_k:4.2f}, {off:4.1%})"
+            if len(found) > 1:
+                line += f" worst {min(found):5.3f}"
         print(line)
     for mode, values in ratios.items():
         print(

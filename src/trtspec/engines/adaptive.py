@@ -306,6 +306,12 @@ class _CostTable:
 
     def record(self, k: int, seconds: float) -> None:
         self.units += k == 0
+        if (
+            k
+        ):  # every other K's own rounds age too: a K not run lately is priced by the line, not its old rounds
+            for other, aged in self.by_k.items():
+                if other and other != k:
+                    aged[0], aged[1] = (1 - self.decay) * aged[0], (1 - self.decay) * aged[1]
         cell = self.by_k.setdefault(k, [0.0, 0.0])
         cell[0], cell[1] = (1 - self.decay) * cell[0] + 1.0, (1 - self.decay) * cell[1] + seconds
         if k:
@@ -352,9 +358,10 @@ class _CostTable:
             return (t + prior_rounds * (a1 + b * k)) / (n + prior_rounds)
 
         a0 = t0 / n0 if n0 else a1 / verify_cost_ratio
-        # A round that drafts does a target-only round's work and more: a K priced below the unit is noise in
-        # the unit's few rounds, and would make drafting look better than free.
-        return [1.0] + [max(seconds(k) / a0, 1.0) for k in range(1, max_k + 1)], a0
+        # A round that drafts does a target-only round's work and its K draft steps more (the line's slope per
+        # K): a K priced below that is noise in the unit's few rounds, and would make drafting look free, so a
+        # draft accepted at 0.05 would draft on at K 2 (1.05 tokens per round at the price of one).
+        return [1.0] + [max(seconds(k), a0 + b * k) / a0 for k in range(1, max_k + 1)], a0
 
 
 class RoundCosts:
@@ -367,11 +374,13 @@ class RoundCosts:
     costs come from its own rounds once they fit a line and include ``unit_rounds`` target-only ones (one noisy
     unit would scale every K), from its bucket's until then. (On the 2-core CPU machine a K=3 round took 18 ms at
     batch 4 and 22 ms at batch 7; with the bucket alone, a K looked cheap or dear by the batch size that had last
-    run it, as a batch of 8 drained.) ``decay`` weighs the rounds (~1/decay last ones count; each K's own average
-    forgets only when that K runs again). A round that ran several batches (rows in different sampling groups)
+    run it, as a batch of 8 drained.) ``decay`` weighs the rounds (~1/decay last speculative ones count, of every K:
+    a K's own average fades as others run, so one not run lately is priced by the line; the target-only unit
+    forgets only as target-only rounds run). A round that ran several batches (rows in different sampling groups)
     is left out: its time is not one batch's."""
 
     unit_every, unit_rounds, refresh_every = 8, 3, 256
+    explore_every, explore_rounds = 16, 4
 
     def __init__(
         self, policy: KPolicy, decay: float = 0.05, prior_rounds: float = 8.0, clock=time.perf_counter
@@ -382,6 +391,10 @@ class RoundCosts:
         self.by_bucket: dict[int, _CostTable] = {}  # batch.bit_length() -> its batch sizes' rounds
         # batch size -> speculative rounds since its last target-only one
         self.since_unit: dict[int, int] = {}
+        # batch size -> [rounds off since the last re-measure, rounds between re-measures, re-measuring rounds
+        # left] while measured costs keep drafting off there (explore_due)
+        self.off: dict[int, list[int]] = {}
+        self.exploring: set[int] = set()  # batch sizes whose current round re-measures (explore_due)
         self._pending: tuple[int, int, float, int] | None = None
         self._mixed = False
         # Seconds per token a draft takes in to catch up (its cache behind the row: a prompt it never saw, the
@@ -405,6 +418,36 @@ class RoundCosts:
         due = first or since >= (self.refresh_every if units >= self.unit_rounds else self.unit_every)
         self.since_unit[batch] = 0 if due else since
         return due
+
+    def explore_due(self, batch: int, k: int, candidate: int) -> bool:
+        """Measured costs chose ``k`` = 0 at this batch size where the policy's ratios would draft ``candidate``:
+        should this round draft ``candidate`` anyway, timed, to measure its cost again? Once costs switch drafting
+        off, only target-only rounds are timed, so a speculative cost measured high by a few noisy rounds (a
+        slow spell of the CPU, a server's first responses) would keep it off for good, even at one stream where
+        drafting pays most. So after ``explore_every`` rounds off, ``explore_rounds`` rounds in a row draft (the
+        first may be a draft's catch-up, which is timed apart), and the wait doubles with each re-measure that
+        leaves drafting off, up to ``refresh_every`` rounds: where target-only truly wins (a large batch), the
+        re-measures cost a few rounds in a few hundred. Drafting again (``k`` > 0) resets the wait."""
+        due = self._explore_due(batch, k, candidate)
+        (self.exploring.add if due else self.exploring.discard)(batch)
+        return due
+
+    def _explore_due(self, batch: int, k: int, candidate: int) -> bool:
+        if k:
+            self.off.pop(batch, None)
+            return False
+        state = self.off.get(batch)
+        if state is not None and state[2]:
+            state[2] -= 1
+            return True
+        if not candidate:
+            return False
+        state = self.off.setdefault(batch, [0, self.explore_every, 0])
+        state[0] += 1
+        if state[0] < state[1]:
+            return False
+        state[:] = [0, min(2 * state[1], self.refresh_every), self.explore_rounds - 1]
+        return True
 
     def begin_round(self) -> None:
         """The loop starts a round: the previous round's time is now known, its whole cycle (its forwards, the
@@ -514,7 +557,8 @@ class AdaptiveState:
         measured: the first catch-ups measure it)."""
         priced = self.costs.priced(batch, max_k) if self.measure else None
         per_token = self.costs.catch_up.per_token
-        if priced is None or per_token is None:
+        # a re-measure drafts whatever its catch-up costs: the costs that would refuse it are what it re-measures
+        if priced is None or per_token is None or batch in self.costs.exploring:
             return True
         costs, unit = priced
         return catch_up_pays(behind, remaining, acceptance, k, costs, unit, per_token, batch)
@@ -541,7 +585,14 @@ class AdaptiveState:
         costs = self.costs.costs(batch, max_k) if self.measure else None
         k = group_k(controllers, in_flight, costs)
         self._decided(batch, k, controllers, costs, max_k)
-        return 0 if self.measure and timed and self.costs.unit_due(batch, k) else k
+        self.costs.exploring.discard(batch)
+        if not (self.measure and timed):
+            return k
+        if self.costs.unit_due(batch, k):
+            return 0
+        # where measured costs switched drafting off, what the policy's ratios would draft (explore_due)
+        candidate = group_k(controllers, in_flight) if k == 0 and costs is not None else 0
+        return candidate if self.costs.explore_due(batch, k, candidate) else k
 
     def worth_probing(self, batch: int, max_k: int, in_flight: int) -> bool:
         """Whether a probe can change anything at this batch size: some K pays at a high acceptance (0.95) by
