@@ -221,11 +221,11 @@ def test_round_costs_per_k_in_target_only_rounds():
     assert best_k(0.7, 4, policy, jump.costs(16, 4)) == 0  # nothing pays at that price: target-only
     assert best_k(0.7, 4, policy) > 0  # where the policy's ratios alone would have drafted
     # The unit measured on slow rounds (the machine was busy), K 1 and 3 on quick ones: no K costs less than a
-    # target-only round plus its K draft steps (the line's 4 ms per K): 16, 20, 24 ms over 12
+    # target-only round
     slow_unit = RoundCosts(policy, decay=0.0, prior_rounds=2)
     for k, ms in ((0, 12), (0, 12), (0, 12), (1, 10), (3, 18), (1, 10), (3, 18)):  # line 6 ms + 4 ms per K
         slow_unit.record(3, k, ms / 1000)
-    assert slow_unit.costs(3, 3) == pytest.approx([1.0, 16 / 12, 20 / 12, 24 / 12])
+    assert slow_unit.costs(3, 3) == pytest.approx([1.0, 1.0, 14 / 12, 18 / 12])
 
 
 def test_a_rounds_cost_is_its_whole_cycle_and_mixed_or_idle_rounds_are_left_out():
@@ -434,7 +434,7 @@ def test_served_adaptive_k_falls_back_to_target_only_where_it_is_cheaper_and_spe
     assert drafting(alone) > 0.9 and max(k for _, k in alone) >= 3
     crowd = serve(16, 200)
     assert sum(k > 0 for _, k in crowd[:6]) <= 2  # the unit round, at most one speculative one, then off
-    assert drafting(crowd[6:]) < 0.1  # only the probes of requests that drafted nothing for a while
+    assert drafting(crowd[6:]) < 0.1  # probes, and re-measures of the costs that switched it off
     costs = state.costs.costs(16, 4)
     assert costs[1] == pytest.approx(2.0, rel=0.05)  # what a draft token costs at 16 rows: one target step
     again = serve(1, 400)
@@ -465,36 +465,55 @@ def serve_alone(loop, rounds, new_tokens: int) -> list[int]:
 
 
 def test_speculative_costs_measured_in_a_slow_spell_are_measured_again_and_drafting_resumes():
-    """A few slow speculative rounds (the CPU's slow spell, a server's first responses) switch drafting off at one
-    stream, where it pays most. Only target-only rounds are timed after that, so the stale costs would hold for
-    good; the re-measure (RoundCosts.explore_due) drafts again after explore_every rounds, finds the true costs
-    and keeps drafting. Where target-only truly wins, re-measures back off: the wait doubles each time."""
+    """Slow speculative rounds (the CPU's slow spell, a server's first responses) switch drafting off at one stream,
+    where it pays most. Only target-only rounds are timed after that, so the stale costs would hold for good; the
+    re-measure (RoundCosts.explore_due) drafts again on the 16th round off, times K=1 at its true cost and keeps
+    drafting. Where target-only truly wins, re-measures back off: the wait doubles each time."""
     from trtspec.engines.loop import GenerationLoop
 
     rounds, policy = SlowSpellRounds(slow=3), KPolicy()
     state = AdaptiveState(policy, clock=lambda: rounds.now)
     loop = GenerationLoop(rounds, max_seq_len=100_000, k_policy=policy, adaptive=state)
     ks = serve_alone(loop, rounds, 400)
-    off = ks.index(
-        0, 2
-    )  # the first round is the unit, then the slow spell's speculative rounds switch it off
-    assert rounds.slow == 0 and all(k == 0 for k in ks[off : off + RoundCosts.explore_every - 1])
+    # the first round is the unit; a slow speculative round switches drafting off
+    off = ks.index(0, 2)
+    assert all(k == 0 for k in ks[off : off + RoundCosts.explore_every - 1])
     resumed = ks[off + RoundCosts.explore_every :]
-    assert sum(k > 0 for k in resumed) / len(resumed) > 0.9 and resumed[-2] == 4  # the best K here
-    # the re-measured costs, the slow spell aged out: 1 + 0.15 K
-    assert state.costs.costs(1, 4) == pytest.approx([1.0, 1.15, 1.30, 1.45, 1.60], rel=0.02)
+    assert rounds.slow == 0 and sum(k > 0 for k in resumed) / len(resumed) > 0.9
+    assert state.costs.costs(1, 4)[1] == pytest.approx(1.15, rel=0.02)  # K=1 re-measured: 1 + 0.15
 
-    # target-only is cheaper (a draft token costs a whole target step): a re-measure after 16, 32, 64 ... rounds off
+    # target-only is cheaper: a re-measure on the 16th, 32nd, 64th round off, each explore_rounds long
+    every, length = RoundCosts.explore_every, RoundCosts.explore_rounds
     costs = RoundCosts(KPolicy())
-    due = [costs.explore_due(16, 0, 4) for _ in range(16 + 32 + 64 + 3 * RoundCosts.explore_rounds)]
+    due = [costs.explore_due(16, 0, 4) for _ in range(7 * every + 3 * length)]
     starts = [i for i, d in enumerate(due) if d and (i == 0 or not due[i - 1])]
-    assert starts == [15, 15 + 4 + 31, 15 + 4 + 31 + 4 + 63]
-    assert due.count(True) == 3 * RoundCosts.explore_rounds
-    assert not costs.explore_due(
-        16, 0, 0
-    )  # nothing the policy would draft (low acceptance): nothing to measure
+    # each wait counts from the round after the last re-measure round: every, then 2 * every, then 4 * every
+    second = every - 1 + length + 2 * every - 1
+    assert starts == [every - 1, second, second + length + 4 * every - 1]
+    assert due.count(True) == 3 * length
+    # nothing the policy would draft (low acceptance): nothing to measure, not even a re-measure under way
+    costs = RoundCosts(KPolicy())
+    assert [costs.explore_due(16, 0, 4) for _ in range(every)][-1]
+    assert not costs.explore_due(16, 0, 0)
     costs.explore_due(16, 2, 0)  # drafting again resets the wait
-    assert [costs.explore_due(16, 0, 4) for _ in range(16)].index(True) == 15
+    assert [costs.explore_due(16, 0, 4) for _ in range(every)].index(True) == every - 1
+
+
+def test_a_re_measure_prices_a_drafts_catch_up_by_the_policys_ratios():
+    """The measured costs that switched drafting off would also refuse the catch-up a re-measure needs; the
+    policy's ratios, which chose the re-measured K, decide it instead, so a long prompt at a large batch is still
+    not taken in."""
+    state = AdaptiveState(KPolicy(draft_cost_ratio=0.1))
+    for k, seconds in ((0, 0.010), (0, 0.010), (0, 0.010), (1, 0.030), (3, 0.050), (1, 0.030), (3, 0.050)):
+        state.costs.record(1, k, seconds)
+        state.costs.record(16, k, seconds)
+    state.costs.catch_up.per_token = 0.0005
+    args = dict(max_k=4, k=2, acceptance=0.8, remaining=200, behind=20)
+    assert not state.catch_up_pays(1, **args)  # K=2 measured at 4x a target-only round: never pays
+    state.costs.exploring.add(1)
+    assert state.catch_up_pays(1, **args)
+    state.costs.exploring.add(16)
+    assert not state.catch_up_pays(16, **{**args, "behind": 300})
 
 
 def test_a_round_with_another_groups_prefill_is_not_charged_to_the_timed_batch():

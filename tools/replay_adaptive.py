@@ -121,7 +121,8 @@ def replay(
                     state.pool.update(num_draft, accepted)
                 row[1] += accepted + 1
                 tokens += accepted + 1
-            speed = keep * speed + math.sqrt(1.0 - keep * keep) * rng.gauss(0.0, drift)
+            if drift:  # (no draw without drift: a seed then gives the noise it gave before --drift existed)
+                speed = keep * speed + math.sqrt(1.0 - keep * keep) * rng.gauss(0.0, drift)
             state.costs.record(len(active), k, costs[k] * math.exp(speed + rng.gauss(0.0, noise)))
             cost, rounds, ks, off = cost + costs[k], rounds + 1, ks + k, off + (k == 0)
             active = [row for row in active if row[1] < len(row[0])]

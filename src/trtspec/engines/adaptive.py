@@ -306,9 +306,8 @@ class _CostTable:
 
     def record(self, k: int, seconds: float) -> None:
         self.units += k == 0
-        if (
-            k
-        ):  # every other K's own rounds age too: a K not run lately is priced by the line, not its old rounds
+        # every other K's own rounds age too: a K not run lately is priced by the line, not its old rounds
+        if k:
             for other, aged in self.by_k.items():
                 if other and other != k:
                     aged[0], aged[1] = (1 - self.decay) * aged[0], (1 - self.decay) * aged[1]
@@ -317,6 +316,14 @@ class _CostTable:
         if k:
             for i, value in enumerate((1.0, k, k * k, seconds, k * seconds)):
                 self.sums[i] = (1 - self.decay) * self.sums[i] + value
+
+    def age_speculative(self, rounds: int) -> None:
+        """Age the speculative rounds (each K's own and the line's sums) as ``rounds`` rounds would."""
+        keep = (1 - self.decay) ** rounds
+        for k, cell in self.by_k.items():
+            if k:
+                cell[0], cell[1] = keep * cell[0], keep * cell[1]
+        self.sums = [keep * value for value in self.sums]
 
     def line(self) -> tuple[float, float] | None:
         """(a1, b) of the speculative rounds' line. While the recent ones ran (nearly) one K, or the fit is not a
@@ -358,10 +365,9 @@ class _CostTable:
             return (t + prior_rounds * (a1 + b * k)) / (n + prior_rounds)
 
         a0 = t0 / n0 if n0 else a1 / verify_cost_ratio
-        # A round that drafts does a target-only round's work and its K draft steps more (the line's slope per
-        # K): a K priced below that is noise in the unit's few rounds, and would make drafting look free, so a
-        # draft accepted at 0.05 would draft on at K 2 (1.05 tokens per round at the price of one).
-        return [1.0] + [max(seconds(k), a0 + b * k) / a0 for k in range(1, max_k + 1)], a0
+        # A round that drafts does a target-only round's work and more: a K priced below the unit is noise in
+        # the unit's few rounds, and would make drafting look better than free.
+        return [1.0] + [max(seconds(k) / a0, 1.0) for k in range(1, max_k + 1)], a0
 
 
 class RoundCosts:
@@ -380,7 +386,7 @@ class RoundCosts:
     is left out: its time is not one batch's."""
 
     unit_every, unit_rounds, refresh_every = 8, 3, 256
-    explore_every, explore_rounds = 16, 4
+    explore_every, explore_rounds = 16, 2
 
     def __init__(
         self, policy: KPolicy, decay: float = 0.05, prior_rounds: float = 8.0, clock=time.perf_counter
@@ -424,10 +430,13 @@ class RoundCosts:
         should this round draft ``candidate`` anyway, timed, to measure its cost again? Once costs switch drafting
         off, only target-only rounds are timed, so a speculative cost measured high by a few noisy rounds (a
         slow spell of the CPU, a server's first responses) would keep it off for good, even at one stream where
-        drafting pays most. So after ``explore_every`` rounds off, ``explore_rounds`` rounds in a row draft (the
-        first may be a draft's catch-up, which is timed apart), and the wait doubles with each re-measure that
-        leaves drafting off, up to ``refresh_every`` rounds: where target-only truly wins (a large batch), the
-        re-measures cost a few rounds in a few hundred. Drafting again (``k`` > 0) resets the wait."""
+        drafting pays most. So on the ``explore_every``-th round off, ``explore_rounds`` rounds in a row draft (the
+        first may be a draft's catch-up, which is timed apart and priced by the policy's ratios), the rounds timed
+        before age by the rounds spent off, and the wait doubles with each re-measure that leaves drafting off, up
+        to ``refresh_every`` rounds: where target-only truly wins (a large batch), re-measures end up 2 rounds in
+        ~256. The wait is per batch size, so a load whose batch size keeps changing re-measures more often.
+        Drafting again (``k`` > 0) resets the wait; a round the policy's ratios would not draft in (``candidate``
+        0: a low acceptance, which probes measure) counts for nothing."""
         due = self._explore_due(batch, k, candidate)
         (self.exploring.add if due else self.exploring.discard)(batch)
         return due
@@ -436,16 +445,20 @@ class RoundCosts:
         if k:
             self.off.pop(batch, None)
             return False
-        state = self.off.get(batch)
-        if state is not None and state[2]:
-            state[2] -= 1
-            return True
         if not candidate:
             return False
         state = self.off.setdefault(batch, [0, self.explore_every, 0])
+        if state[2]:
+            state[2] -= 1
+            return True
         state[0] += 1
         if state[0] < state[1]:
             return False
+        # The speculative rounds timed before drafting stopped are as old as the rounds spent off: they age by
+        # them, so the re-measure's rounds outweigh them.
+        for table in (self.by_batch.get(batch), self.by_bucket.get(batch.bit_length())):
+            if table is not None:
+                table.age_speculative(state[0])
         state[:] = [0, min(2 * state[1], self.refresh_every), self.explore_rounds - 1]
         return True
 
@@ -557,10 +570,13 @@ class AdaptiveState:
         measured: the first catch-ups measure it)."""
         priced = self.costs.priced(batch, max_k) if self.measure else None
         per_token = self.costs.catch_up.per_token
-        # a re-measure drafts whatever its catch-up costs: the costs that would refuse it are what it re-measures
-        if priced is None or per_token is None or batch in self.costs.exploring:
+        if priced is None or per_token is None:
             return True
         costs, unit = priced
+        if batch in self.costs.exploring:
+            # a re-measure (RoundCosts.explore_due) prices the catch-up by the policy's ratios, which chose its K:
+            # the measured costs would refuse what it re-measures
+            costs = linear_costs(self.policy.draft_cost_ratio, self.policy.verify_cost_ratio, max_k)
         return catch_up_pays(behind, remaining, acceptance, k, costs, unit, per_token, batch)
 
     def draft_prices(self, batch: int, max_k: int) -> Costs | None:
