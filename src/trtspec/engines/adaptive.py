@@ -52,7 +52,8 @@ K only (a server whose requests all leave K to it), no line fits; the line throu
 prices every K from the unit and that K's rounds, so a batch size met for the first time (a jump in load) has
 measured costs after two timed rounds and falls back to target-only where drafting does not pay. Each batch size
 has its own measurements, its power-of-two bucket's until they suffice (RoundCosts); the policy's ratios hold
-until anything is measured. docs/adaptive-k.md has the whole account.
+until anything is measured. Where measured costs switched drafting off, a couple of timed rounds re-measure now
+and then (RoundCosts.explore_due), so a price set by a slow spell of the machine does not hold for good. docs/adaptive-k.md has the whole account.
 """
 
 from __future__ import annotations
