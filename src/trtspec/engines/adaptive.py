@@ -53,7 +53,8 @@ prices every K from the unit and that K's rounds, so a batch size met for the fi
 measured costs after two timed rounds and falls back to target-only where drafting does not pay. Each batch size
 has its own measurements, its power-of-two bucket's until they suffice (RoundCosts); the policy's ratios hold
 until anything is measured. Where measured costs switched drafting off, a couple of timed rounds re-measure now
-and then (RoundCosts.explore_due), so a price set by a slow spell of the machine does not hold for good. docs/adaptive-k.md has the whole account.
+and then (RoundCosts.explore_due), so a price set by a slow spell of the machine does not hold for good.
+docs/adaptive-k.md has the whole account.
 """
 
 from __future__ import annotations
@@ -307,16 +308,14 @@ class _CostTable:
 
     def record(self, k: int, seconds: float) -> None:
         self.units += k == 0
-        # every other K's own rounds age too: a K not run lately is priced by the line, not its old rounds
         if k:
-            for other, aged in self.by_k.items():
-                if other and other != k:
-                    aged[0], aged[1] = (1 - self.decay) * aged[0], (1 - self.decay) * aged[1]
+            # every K's rounds age, not only this K's: a K not run lately is priced by the line, not its old rounds
+            self.age_speculative(1)
+            added = (1.0, k, k * k, seconds, k * seconds)
+            self.sums = [total + value for total, value in zip(self.sums, added, strict=True)]
+        keep = 1.0 if k else 1 - self.decay  # a speculative K's own rounds aged above
         cell = self.by_k.setdefault(k, [0.0, 0.0])
-        cell[0], cell[1] = (1 - self.decay) * cell[0] + 1.0, (1 - self.decay) * cell[1] + seconds
-        if k:
-            for i, value in enumerate((1.0, k, k * k, seconds, k * seconds)):
-                self.sums[i] = (1 - self.decay) * self.sums[i] + value
+        cell[0], cell[1] = keep * cell[0] + 1.0, keep * cell[1] + seconds
 
     def age_speculative(self, rounds: int) -> None:
         """Age the speculative rounds (each K's own and the line's sums) as ``rounds`` rounds would."""
