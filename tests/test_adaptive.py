@@ -165,7 +165,7 @@ def test_a_batch_shares_the_k_best_for_its_rows_together():
 
 def test_round_costs_per_k_in_target_only_rounds():
     policy = KPolicy(draft_cost_ratio=0.2, verify_cost_ratio=1.0)
-    costs = RoundCosts(policy, decay=0.0, prior_rounds=2)
+    costs = RoundCosts(policy, decay=0.0, line_decay=0.0, prior_rounds=2)
     assert costs.costs(1, 8) is None  # nothing measured: the policy's ratios apply
     assert best_k(0.9, 8, policy) == best_k(0.9, 8, policy, linear_costs(0.2, 1.0, 8))
     for _ in range(3):  # batch 1: speculative rounds 12 ms + 1 ms per draft token
@@ -207,14 +207,14 @@ def test_round_costs_per_k_in_target_only_rounds():
     for k in (0, 0, 0, 2):
         costs.record(6, k, 0.030 if k == 0 else 0.050)
     assert costs.costs(6, 2) == pytest.approx([1.0, 40 / 30, 50 / 30]) != costs.costs(4, 2)
-    noisy = RoundCosts(policy, decay=0.0)
+    noisy = RoundCosts(policy, decay=0.0, line_decay=0.0)
     noisy.record(2, 1, 0.02)
     noisy.record(2, 4, 0.01)  # more draft tokens, less time: noise, not a cost
     assert noisy.costs(2, 8) is None
     # A batch size never seen before (the load jumped to 16): its first round measured the unit (10 ms), its
     # next ones ran K 3 only (40 ms: a compute-bound verification of 4 tokens per row): no line, but the line
     # through the unit, 10 ms + 10 ms per K, prices every K
-    jump = RoundCosts(policy, decay=0.0, prior_rounds=2)
+    jump = RoundCosts(policy, decay=0.0, line_decay=0.0, prior_rounds=2)
     for k in (0, 3, 3):
         jump.record(16, k, 0.010 if k == 0 else 0.040)
     assert jump.costs(16, 4) == pytest.approx([1.0, 2.0, 3.0, 4.0, 5.0])
@@ -222,7 +222,7 @@ def test_round_costs_per_k_in_target_only_rounds():
     assert best_k(0.7, 4, policy) > 0  # where the policy's ratios alone would have drafted
     # The unit measured on slow rounds (the machine was busy), K 1 and 3 on quick ones: no K costs less than a
     # target-only round
-    slow_unit = RoundCosts(policy, decay=0.0, prior_rounds=2)
+    slow_unit = RoundCosts(policy, decay=0.0, line_decay=0.0, prior_rounds=2)
     for k, ms in ((0, 12), (0, 12), (0, 12), (1, 10), (3, 18), (1, 10), (3, 18)):  # line 6 ms + 4 ms per K
         slow_unit.record(3, k, ms / 1000)
     assert slow_unit.costs(3, 3) == pytest.approx([1.0, 1.0, 14 / 12, 18 / 12])
@@ -232,7 +232,7 @@ def test_a_rounds_cost_is_its_whole_cycle_and_mixed_or_idle_rounds_are_left_out(
     """A round is charged from its start to the next round's start (its forwards, the bookkeeping and what the
     caller did with its events, such as a server building and sending responses), not its forwards alone."""
     clock = iter([1.0, 1.5, 2.0, 2.1, 3.0])
-    costs = RoundCosts(KPolicy(), decay=0.0, clock=lambda: next(clock))
+    costs = RoundCosts(KPolicy(), decay=0.0, line_decay=0.0, clock=lambda: next(clock))
     costs.begin_round()  # nothing before it
     costs.start(1, 0)  # 1.0
     costs.begin_round()  # 1.5: the K 0 round took 0.5 s
@@ -344,7 +344,7 @@ def test_a_loop_whose_requests_all_draft_measures_target_only_rounds_now_and_the
     """The unit of the round costs (a target-only round) is measured, not assumed: a batch size's first timed
     round, then every unit_every-th speculative round until unit_rounds of them are measured, then every
     refresh_every."""
-    costs = RoundCosts(KPolicy(), decay=0.0)
+    costs = RoundCosts(KPolicy(), decay=0.0, line_decay=0.0)
     every = RoundCosts.unit_every
     assert costs.unit_due(4, 3) and costs.unit_due(5, 3)  # each batch size's first round
     due = [costs.unit_due(4, 3) for _ in range(3 * every)]
@@ -468,7 +468,7 @@ def test_speculative_costs_measured_in_a_slow_spell_are_measured_again_and_draft
     """Slow speculative rounds (the CPU's slow spell, a server's first responses) switch drafting off at one stream,
     where it pays most. Only target-only rounds are timed after that, so the stale costs would hold for good; the
     re-measure (RoundCosts.explore_due) drafts again on the 16th round off, times K=1 at its true cost and keeps
-    drafting. Where target-only truly wins, re-measures back off: the wait doubles each time."""
+    drafting, and slope probes re-measure the other K. Where target-only truly wins, re-measures back off: the wait doubles each time."""
     from trtspec.engines.loop import GenerationLoop
 
     rounds, policy = SlowSpellRounds(slow=3), KPolicy()
@@ -481,6 +481,8 @@ def test_speculative_costs_measured_in_a_slow_spell_are_measured_again_and_draft
     resumed = ks[off + RoundCosts.explore_every :]
     assert rounds.slow == 0 and sum(k > 0 for k in resumed) / len(resumed) > 0.9
     assert state.costs.costs(1, 4)[1] == pytest.approx(1.15, rel=0.02)  # K=1 re-measured: 1 + 0.15
+    # the slow spell also fitted the line (K 4, 3, 1): slope probes refit it, so K=4 is priced right again
+    assert state.costs.costs(1, 4)[4] == pytest.approx(1.6, rel=0.02)
 
     # target-only is cheaper: a re-measure on the 16th, 32nd, 64th round off, each explore_rounds long
     every, length = RoundCosts.explore_every, RoundCosts.explore_rounds
@@ -685,3 +687,26 @@ def test_a_row_that_sat_out_a_round_or_two_drafts_on_whatever_a_catch_up_costs()
             loop.step()
     ks = [k for b, k in rounds.log[start:] if b == 8]
     assert sum(k > 0 for k in ks) > 0.8 * len(ks)
+
+
+def test_rounds_of_one_k_are_given_a_slope_and_the_loop_finds_the_best_k():
+    """A speculative round costs 1.4 target-only rounds plus 0.2 per draft token; at acceptance 0.8 K=5 pays most
+    (1.54x), K=3 4% less. Rounds of one K fit no line, and the line through the unit that prices them then puts
+    the 0.4 beyond a target-only round into the slope: long K looks dear, so the loop drafts K=3 and, drafting it
+    alone, never learns better. Slope probes (K +- 2 every slope_every rounds) give the line its slope."""
+    policy, now = KPolicy(), [0.0]
+    state = AdaptiveState(policy, clock=lambda: now[0])
+    rows = [KController(policy, 8, prior=0.8)]
+    ran = []
+    for _ in range(400):
+        state.begin_round()
+        k = state.choose(rows, 1, 1, 8)
+        state.timed(1, k, looked_up=False)
+        now[0] += 0.010 * (1.4 + 0.2 * k if k else 1.0)
+        ran.append(k)
+    costs = state.costs.costs(1, 8)
+    assert costs[3:7] == pytest.approx([2.0, 2.2, 2.4, 2.6], rel=0.01)
+    last = ran[-120:]
+    assert state.decisions[1].k in (4, 5) and last.count(state.decisions[1].k) > 0.75 * len(last)
+    # the probes: K +- 2 in turn, one round in slope_every while the rounds lack a slope
+    assert 0.05 < sum(k in (2, 3, 6, 7) for k in last) / len(last) < 1 / RoundCosts.slope_every + 0.05

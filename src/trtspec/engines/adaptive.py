@@ -50,7 +50,8 @@ before one ran); a loop whose requests all draft runs a target-only round at a b
 and every few speculative rounds until it has measured a few (``RoundCosts.unit_due``). Where the rounds ran one
 K only (a server whose requests all leave K to it), no line fits; the line through the unit, a0 + c * K, then
 prices every K from the unit and that K's rounds, so a batch size met for the first time (a jump in load) has
-measured costs after two timed rounds and falls back to target-only where drafting does not pay. Each batch size
+measured costs after two timed rounds and falls back to target-only where drafting does not pay; every few rounds
+of one K, a round drafts a neighbour K (RoundCosts.slope_probe), so the line fits and follows. Each batch size
 has its own measurements, its power-of-two bucket's until they suffice (RoundCosts); the policy's ratios hold
 until anything is measured. Where measured costs switched drafting off, a couple of timed rounds re-measure now
 and then (RoundCosts.explore_due), so a price set by a slow spell of the machine does not hold for good.
@@ -299,8 +300,8 @@ def catch_up_pays(
 class _CostTable:
     """The measured rounds of one batch size, or of one power-of-two bucket of them (RoundCosts)."""
 
-    def __init__(self, decay: float):
-        self.decay = decay
+    def __init__(self, decay: float, line_decay: float):
+        self.decay, self.line_decay = decay, line_decay
         self.sums = [0.0] * 5  # weighted [n, k, k^2, t, k*t] of rounds with K >= 1
         self.by_k: dict[int, list[float]] = {}  # K -> weighted [n, t]
         self.fitted: tuple[float, float] | None = None  # the last (a1, b) a fit gave
@@ -323,14 +324,24 @@ class _CostTable:
         for k, cell in self.by_k.items():
             if k:
                 cell[0], cell[1] = keep * cell[0], keep * cell[1]
+        keep = (1 - self.line_decay) ** rounds
         self.sums = [keep * value for value in self.sums]
+
+    def spread(self) -> float:
+        """The variance of K over the speculative rounds (weighted as the line weighs them)."""
+        n, k, kk, _, _ = self.sums
+        return kk / n - (k / n) ** 2 if n else 0.0
+
+    def has_slope(self) -> bool:
+        """Whether the recent speculative rounds ran enough different K to fit a slope (RoundCosts.slope_probe)."""
+        return self.spread() >= 0.5
 
     def line(self) -> tuple[float, float] | None:
         """(a1, b) of the speculative rounds' line. While the recent ones ran (nearly) one K, or the fit is not a
         cost (a1 or b not positive: noise), the last fitted line holds (None before one)."""
         n, k, kk, t, kt = self.sums
-        spread = kk / n - (k / n) ** 2 if n else 0.0  # variance of K: a slope needs rounds of different K
-        if spread >= 0.5:
+        spread = self.spread()  # a slope needs rounds of different K
+        if self.has_slope():
             slope = (kt / n - (k / n) * (t / n)) / spread
             intercept = t / n - slope * k / n
             if slope > 0 and intercept > 0:
@@ -380,19 +391,28 @@ class RoundCosts:
     costs come from its own rounds once they fit a line and include ``unit_rounds`` target-only ones (one noisy
     unit would scale every K), from its bucket's until then. (On the 2-core CPU machine a K=3 round took 18 ms at
     batch 4 and 22 ms at batch 7; with the bucket alone, a K looked cheap or dear by the batch size that had last
-    run it, as a batch of 8 drained.) ``decay`` weighs the rounds (~1/decay last speculative ones count, of every K:
-    a K's own average fades as others run, so one not run lately is priced by the line; the target-only unit
-    forgets only as target-only rounds run). A round that ran several batches (rows in different sampling groups)
-    is left out: its time is not one batch's."""
+    run it, as a batch of 8 drained.) ``decay`` weighs each K's own rounds (~1/decay last speculative ones count, of
+    every K: a K's own average fades as others run, so one not run lately is priced by the line; the target-only
+    unit forgets only as target-only rounds run), ``line_decay`` the line's (~1/line_decay rounds: a slope from
+    rounds that mostly ran one K, slope_probe's few others among them, needs more of them than an average does;
+    tools/replay_adaptive.py with noisy timings drafted closer to the best K with 0.02 than with 0.05 or 0.01).
+    A round that ran several batches (rows in different sampling groups) is left out: its time is not one
+    batch's."""
 
     unit_every, unit_rounds, refresh_every = 8, 3, 256
     explore_every, explore_rounds = 16, 2
+    slope_every, slope_step = 6, 2
 
     def __init__(
-        self, policy: KPolicy, decay: float = 0.05, prior_rounds: float = 8.0, clock=time.perf_counter
+        self,
+        policy: KPolicy,
+        decay: float = 0.05,
+        line_decay: float = 0.02,
+        prior_rounds: float = 8.0,
+        clock=time.perf_counter,
     ):
         self.verify_cost_ratio = policy.verify_cost_ratio
-        self.decay, self.prior_rounds, self.clock = decay, prior_rounds, clock
+        self.decay, self.line_decay, self.prior_rounds, self.clock = decay, line_decay, prior_rounds, clock
         self.by_batch: dict[int, _CostTable] = {}  # batch size -> its rounds
         self.by_bucket: dict[int, _CostTable] = {}  # batch.bit_length() -> its batch sizes' rounds
         # batch size -> speculative rounds since its last target-only one
@@ -401,6 +421,8 @@ class RoundCosts:
         # left] while measured costs keep drafting off there (explore_due)
         self.off: dict[int, list[int]] = {}
         self.exploring: set[int] = set()  # batch sizes whose current round re-measures (explore_due)
+        # batch size -> [speculative rounds since its last slope probe, probes so far] (slope_probe)
+        self.since_slope: dict[int, list[int]] = {}
         self._pending: tuple[int, int, float, int] | None = None
         self._mixed = False
         # Seconds per token a draft takes in to catch up (its cache behind the row: a prompt it never saw, the
@@ -462,6 +484,31 @@ class RoundCosts:
         state[:] = [0, min(2 * state[1], self.refresh_every), self.explore_rounds - 1]
         return True
 
+    def slope_probe(self, batch: int, k: int, cap: int) -> int:
+        """The K this batch size's round, about to draft ``k`` (>= 1) of at most ``cap``, drafts instead, to give
+        its line a slope: ``k`` itself, or every ``slope_every``-th speculative round while the recent rounds ran
+        (nearly) one K, ``k`` +- ``slope_step`` in turn. Rounds of one K fit no line, and the line through the
+        unit that prices them then assumes a speculative round costs a target-only one beyond its draft steps,
+        which it does not (1.3-1.6x on the 2-core CPU machine): it priced a long K dear and a short one cheap, so
+        the loop drafted shorter than the best K and, running that K alone, never learned better (the replay's
+        cost line 1.4 + 0.2 K at concurrency 4: mean K 2.8-3.9 where K=5 is best). A fitted line that rounds of
+        one K no longer refit would keep its shape however stale. The probe's K is a neighbour of a K that pays,
+        so it costs a few percent of one round in ``slope_every``."""
+        table = self.by_batch.get(batch)
+        if table is None or not k or table.has_slope():
+            return k
+        since = self.since_slope.setdefault(batch, [0, 0])
+        since[0] += 1
+        if since[0] < self.slope_every:
+            return k
+        since[0] = 0
+        since[1] += 1
+        steps = (self.slope_step, -self.slope_step) if since[1] % 2 else (-self.slope_step, self.slope_step)
+        for step in (*steps, 1, -1):
+            if 1 <= k + step <= cap:
+                return k + step
+        return k
+
     def begin_round(self) -> None:
         """The loop starts a round: the previous round's time is now known, its whole cycle (its forwards, the
         bookkeeping after them, and what the caller did with its events before asking for this round: building
@@ -490,7 +537,7 @@ class RoundCosts:
 
     def record(self, batch: int, k: int, seconds: float) -> None:
         for tables, key in ((self.by_batch, batch), (self.by_bucket, batch.bit_length())):
-            tables.setdefault(key, _CostTable(self.decay)).record(k, seconds)
+            tables.setdefault(key, _CostTable(self.decay, self.line_decay)).record(k, seconds)
 
     def costs(self, batch: int, max_k: int) -> list[float] | None:
         """Round cost per K in 0..max_k in target-only rounds of this batch size (None: nothing measured): a
@@ -595,7 +642,9 @@ class AdaptiveState:
         self, controllers: Sequence[KController], in_flight: int, batch: int, max_k: int, timed: bool = True
     ) -> int:
         """The K of the adaptive rows of a batch of ``batch`` rows (group_k with this batch size's measured
-        costs), or 0 for a round that measures the target-only unit (RoundCosts.unit_due). ``timed``: the round
+        costs), or 0 for a round that measures the target-only unit (RoundCosts.unit_due), the policy's K where a
+        re-measure is due (RoundCosts.explore_due), or a neighbour K that gives the line a slope
+        (RoundCosts.slope_probe). ``timed``: the round
         will be timed as one batch of these rows, all adaptive (a pinned row drafts anyway; a round of several
         batches or with a prompt's prefill is not timed), so a target-only round would measure the unit."""
         costs = self.costs.costs(batch, max_k) if self.measure else None
@@ -608,7 +657,9 @@ class AdaptiveState:
             return 0
         # where measured costs switched drafting off, what the policy's ratios would draft (explore_due)
         candidate = group_k(controllers, in_flight) if k == 0 and costs is not None else 0
-        return candidate if self.costs.explore_due(batch, k, candidate) else k
+        if self.costs.explore_due(batch, k, candidate):
+            return candidate
+        return self.costs.slope_probe(batch, k, _cap(controllers, in_flight))
 
     def worth_probing(self, batch: int, max_k: int, in_flight: int) -> bool:
         """Whether a probe can change anything at this batch size: some K pays at a high acceptance (0.95) by
