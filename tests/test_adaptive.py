@@ -710,3 +710,31 @@ def test_rounds_of_one_k_are_given_a_slope_and_the_loop_finds_the_best_k():
     assert state.decisions[1].k in (4, 5) and last.count(state.decisions[1].k) > 0.75 * len(last)
     # the probes: K +- 2 in turn, one round in slope_every while the rounds lack a slope
     assert 0.05 < sum(k in (2, 3, 6, 7) for k in last) / len(last) < 1 / RoundCosts.slope_every + 0.05
+
+
+def test_a_unit_measured_in_a_slow_spell_is_measured_again_when_a_k_costs_less():
+    """The target-only unit is measured in a slow spell (3x): every K then measures below it and costs the floor
+    of 1, so a draft accepted at 0.1 (K=1: 1.1 tokens per round) would look worth drafting until the unit's refresh
+    256 rounds later. A K measured below the unit says the unit is wrong: it is measured again within unit_every
+    rounds, and the bad draft stops."""
+    policy, now = KPolicy(), [0.0]
+    state = AdaptiveState(policy, clock=lambda: now[0])
+    slow_units = [3]
+
+    def run(rows, count):
+        ran = []
+        for _ in range(count):
+            state.begin_round()
+            k = state.choose(rows, 1, 1, 4)
+            state.timed(1, k, looked_up=False)
+            slow = not k and slow_units[0] > 0
+            slow_units[0] -= slow
+            now[0] += 0.010 * (3.0 if slow else 1.0 + 0.15 * k + (0.25 if k else 0.0))
+            ran.append(k)
+        return ran
+
+    run([KController(policy, 4, prior=0.9)], 40)  # a good draft: three unit rounds, all slow
+    assert slow_units[0] == 0
+    bad = run([KController(policy, 4, prior=0.1)], 60)
+    assert state.costs.costs(1, 4)[1] == pytest.approx(1.4, rel=0.02)  # the unit again 10 ms: K=1 1.25 + 0.15
+    assert bad[-30:].count(0) >= 29

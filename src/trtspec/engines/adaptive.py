@@ -336,6 +336,12 @@ class _CostTable:
         """Whether the recent speculative rounds ran enough different K to fit a slope (RoundCosts.slope_probe)."""
         return self.spread() >= 0.5
 
+    def below_unit(self, k: int) -> bool:
+        """Whether K's own recent rounds (two or more) average below the target-only unit."""
+        n0, t0 = self.by_k.get(0, (0.0, 0.0))
+        n, t = self.by_k.get(k, (0.0, 0.0))
+        return n0 > 0 and n >= 2 and t / n < t0 / n0
+
     def line(self) -> tuple[float, float] | None:
         """(a1, b) of the speculative rounds' line. While the recent ones ran (nearly) one K, or the fit is not a
         cost (a1 or b not positive: noise), the last fitted line holds (None before one)."""
@@ -434,7 +440,11 @@ class RoundCosts:
         unit (a0)? Every ``unit_every`` speculative rounds while fewer than ``unit_rounds`` target-only rounds
         were measured (a speculative round costs well over a target-only one beyond its draft steps, ~1.3-1.6x
         on the 2-core CPU machine, so assuming a0 = a1 made speculation look cheap where it did not pay), then
-        every ``refresh_every`` to follow drift. A loop whose requests all draft never runs one otherwise."""
+        every ``refresh_every`` to follow drift. And every ``unit_every`` while the K about to run measures below
+        the unit: a round that drafts does a target-only round's work and more, so the unit was measured slow (a
+        slow spell of the CPU). Its old rounds are then dropped and this round measures it anew; kept, they priced
+        every K near the unit at the floor of 1 until refresh_every, which made a draft accepted at 0.05 look worth
+        drafting. A loop whose requests all draft never runs a target-only round otherwise."""
         if k == 0:
             return False
         table = self.by_batch.get(batch)
@@ -443,7 +453,10 @@ class RoundCosts:
         # must be known within a few rounds, and without a unit a speculative round's cost means nothing.
         first = units == 0 and batch not in self.since_unit
         since = self.since_unit.get(batch, 0) + 1
-        due = first or since >= (self.refresh_every if units >= self.unit_rounds else self.unit_every)
+        stale = units >= self.unit_rounds and table.below_unit(k)
+        due = first or since >= (self.unit_every if units < self.unit_rounds or stale else self.refresh_every)
+        if due and stale:
+            table.by_k[0] = [0.0, 0.0]
         self.since_unit[batch] = 0 if due else since
         return due
 
