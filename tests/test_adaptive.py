@@ -738,3 +738,38 @@ def test_a_unit_measured_in_a_slow_spell_is_measured_again_when_a_k_costs_less()
     bad = run([KController(policy, 4, prior=0.1)], 60)
     assert state.costs.costs(1, 4)[1] == pytest.approx(1.4, rel=0.02)  # the unit again 10 ms: K=1 1.25 + 0.15
     assert bad[-30:].count(0) >= 29
+
+
+def test_a_dropped_unit_is_replaced_by_recorded_rounds_only():
+    """The unit found wrong is dropped when its next round is recorded, not when that round is chosen: a unit
+    round whose time is lost (the loop ran out of work after it) leaves the old unit, still flagged, and the next
+    unit round comes within unit_every rounds. The new unit counts as measured after unit_rounds new rounds."""
+    costs = RoundCosts(KPolicy(), decay=0.0, line_decay=0.0)
+    for k, seconds in ((0, 0.03), (0, 0.03), (0, 0.03), (1, 0.012), (1, 0.012)):
+        costs.record(1, k, seconds)
+    # K=1 at 0.4 of the unit: a unit round within unit_every rounds, not refresh_every
+    assert [costs.unit_due(1, 1) for _ in range(RoundCosts.unit_every)][-1]
+    costs.idle()  # the unit round's time is lost
+    table = costs.by_batch[1]
+    assert table.by_k[0] == [3.0, pytest.approx(0.09)] and table.unit_dropped
+    due = [costs.unit_due(1, 1) for _ in range(RoundCosts.unit_every)]
+    assert due.index(True) == RoundCosts.unit_every - 1
+    costs.record(1, 0, 0.010)
+    assert table.by_k[0] == [1.0, 0.010] and table.units == 1 and costs.by_bucket[1].by_k[0] == [1.0, 0.010]
+    assert costs.costs(1, 1) == pytest.approx([1.0, 1.2])  # priced by the new unit
+    # a K within 0.9 of the unit is noise, not a wrong unit
+    near = RoundCosts(KPolicy(), decay=0.0, line_decay=0.0)
+    for k, seconds in ((0, 0.010), (0, 0.010), (0, 0.010), (1, 0.0095), (1, 0.0095)):
+        near.record(1, k, seconds)
+    assert not any(near.unit_due(1, 1) for _ in range(RoundCosts.unit_every * 4))
+
+
+def test_slope_probes_step_by_slope_step_within_the_cap_or_not_at_all():
+    costs = RoundCosts(KPolicy())
+    costs.record(5, 0, 0.01)
+    every = RoundCosts.slope_every
+    probes = [costs.slope_probe(5, 3, 8) for _ in range(4 * every)]
+    assert [k for k in probes if k != 3] == [5, 1, 5, 1]
+    assert {costs.slope_probe(5, 1, 8) for _ in range(2 * every)} == {1, 3}  # no K=-1: up each time
+    assert {costs.slope_probe(5, 1, 2) for _ in range(2 * every)} == {1}  # K=2 would be a step of 1
+    assert costs.slope_probe(5, 0, 8) == 0

@@ -305,9 +305,12 @@ class _CostTable:
         self.sums = [0.0] * 5  # weighted [n, k, k^2, t, k*t] of rounds with K >= 1
         self.by_k: dict[int, list[float]] = {}  # K -> weighted [n, t]
         self.fitted: tuple[float, float] | None = None  # the last (a1, b) a fit gave
-        self.units = 0  # target-only rounds recorded
+        self.units = 0  # target-only rounds recorded (since the last drop_unit)
+        self.unit_dropped = False  # the next target-only round replaces the unit's rounds (drop_unit)
 
     def record(self, k: int, seconds: float) -> None:
+        if k == 0 and self.unit_dropped:
+            self.by_k[0], self.units, self.unit_dropped = [0.0, 0.0], 0, False
         self.units += k == 0
         if k:
             # every K's rounds age, not only this K's: a K not run lately is priced by the line, not its old rounds
@@ -318,13 +321,14 @@ class _CostTable:
         cell = self.by_k.setdefault(k, [0.0, 0.0])
         cell[0], cell[1] = keep * cell[0] + 1.0, keep * cell[1] + seconds
 
-    def age_speculative(self, rounds: int) -> None:
-        """Age the speculative rounds (each K's own and the line's sums) as ``rounds`` rounds would."""
+    def age_speculative(self, rounds: int, line_decay: float | None = None) -> None:
+        """Age the speculative rounds (each K's own and the line's sums) as ``rounds`` rounds would (the line's
+        at ``line_decay``, its own by default)."""
         keep = (1 - self.decay) ** rounds
         for k, cell in self.by_k.items():
             if k:
                 cell[0], cell[1] = keep * cell[0], keep * cell[1]
-        keep = (1 - self.line_decay) ** rounds
+        keep = (1 - (self.line_decay if line_decay is None else line_decay)) ** rounds
         self.sums = [keep * value for value in self.sums]
 
     def spread(self) -> float:
@@ -336,11 +340,19 @@ class _CostTable:
         """Whether the recent speculative rounds ran enough different K to fit a slope (RoundCosts.slope_probe)."""
         return self.spread() >= 0.5
 
-    def below_unit(self, k: int) -> bool:
-        """Whether K's own recent rounds (two or more) average below the target-only unit."""
+    def below_unit(self, k: int, margin: float = 0.9) -> bool:
+        """Whether K's own recent rounds (two or more) average below ``margin`` x the target-only unit. (A round
+        that drafts costs about a target-only one where its draft steps are cheap, on a GPU say, so a margin
+        keeps noise from flagging a unit that is right.)"""
         n0, t0 = self.by_k.get(0, (0.0, 0.0))
         n, t = self.by_k.get(k, (0.0, 0.0))
-        return n0 > 0 and n >= 2 and t / n < t0 / n0
+        return n0 > 0 and n >= 2 and t / n < margin * t0 / n0
+
+    def drop_unit(self) -> None:
+        """The unit's rounds are wrong (below_unit): the next target-only round replaces them, and the unit counts
+        as unmeasured until ``unit_rounds`` new ones ran. Dropped when that round is recorded, not now: a round
+        whose time is lost (the loop ran out of work) would leave no unit at all."""
+        self.unit_dropped = True
 
     def line(self) -> tuple[float, float] | None:
         """(a1, b) of the speculative rounds' line. While the recent ones ran (nearly) one K, or the fit is not a
@@ -441,10 +453,10 @@ class RoundCosts:
         were measured (a speculative round costs well over a target-only one beyond its draft steps, ~1.3-1.6x
         on the 2-core CPU machine, so assuming a0 = a1 made speculation look cheap where it did not pay), then
         every ``refresh_every`` to follow drift. And every ``unit_every`` while the K about to run measures below
-        the unit: a round that drafts does a target-only round's work and more, so the unit was measured slow (a
-        slow spell of the CPU). Its old rounds are then dropped and this round measures it anew; kept, they priced
-        every K near the unit at the floor of 1 until refresh_every, which made a draft accepted at 0.05 look worth
-        drafting. A loop whose requests all draft never runs a target-only round otherwise."""
+        0.9 of the unit: a round that drafts does a target-only round's work and more, so the unit was measured
+        slow (a slow spell of the CPU). Its old rounds are then dropped (_CostTable.drop_unit) and measured anew;
+        kept, they priced every K near the unit at the floor of 1 until refresh_every, which made a draft accepted
+        at 0.05 look worth drafting. A loop whose requests all draft never runs a target-only round otherwise."""
         if k == 0:
             return False
         table = self.by_batch.get(batch)
@@ -456,7 +468,10 @@ class RoundCosts:
         stale = units >= self.unit_rounds and table.below_unit(k)
         due = first or since >= (self.unit_every if units < self.unit_rounds or stale else self.refresh_every)
         if due and stale:
-            table.by_k[0] = [0.0, 0.0]
+            # its bucket holds the same slow rounds
+            for dropped in (table, self.by_bucket.get(batch.bit_length())):
+                if dropped is not None:
+                    dropped.drop_unit()
         self.since_unit[batch] = 0 if due else since
         return due
 
@@ -493,14 +508,16 @@ class RoundCosts:
         # them, so the re-measure's rounds outweigh them.
         for table in (self.by_batch.get(batch), self.by_bucket.get(batch.bit_length())):
             if table is not None:
-                table.age_speculative(state[0])
+                # the line by the K's own rate too: the re-measure's rounds must outweigh the old line's
+                table.age_speculative(state[0], line_decay=self.decay)
         state[:] = [0, min(2 * state[1], self.refresh_every), self.explore_rounds - 1]
         return True
 
     def slope_probe(self, batch: int, k: int, cap: int) -> int:
         """The K this batch size's round, about to draft ``k`` (>= 1) of at most ``cap``, drafts instead, to give
         its line a slope: ``k`` itself, or every ``slope_every``-th speculative round while the recent rounds ran
-        (nearly) one K, ``k`` +- ``slope_step`` in turn. Rounds of one K fit no line, and the line through the
+        (nearly) one K, ``k`` + ``slope_step`` and ``k`` - ``slope_step`` in turn (the one within 1..``cap`` where
+        the other is not; none where neither is). Rounds of one K fit no line, and the line through the
         unit that prices them then assumes a speculative round costs a target-only one beyond its draft steps,
         which it does not (1.3-1.6x on the 2-core CPU machine): it priced a long K dear and a short one cheap, so
         the loop drafted shorter than the best K and, running that K alone, never learned better (the replay's
@@ -517,10 +534,8 @@ class RoundCosts:
         since[0] = 0
         since[1] += 1
         steps = (self.slope_step, -self.slope_step) if since[1] % 2 else (-self.slope_step, self.slope_step)
-        for step in (*steps, 1, -1):
-            if 1 <= k + step <= cap:
-                return k + step
-        return k
+        # a step of 1 could not give the spread a slope needs (one round in slope_every: a variance of K ~0.14)
+        return next((k + step for step in steps if 1 <= k + step <= cap), k)
 
     def begin_round(self) -> None:
         """The loop starts a round: the previous round's time is now known, its whole cycle (its forwards, the
