@@ -300,6 +300,8 @@ def catch_up_pays(
 class _CostTable:
     """The measured rounds of one batch size, or of one power-of-two bucket of them (RoundCosts)."""
 
+    min_spread = 0.5  # the variance of K a slope needs: below it, noise in a few rounds would set the slope
+
     def __init__(self, decay: float, line_decay: float):
         self.decay, self.line_decay = decay, line_decay
         self.sums = [0.0] * 5  # weighted [n, k, k^2, t, k*t] of rounds with K >= 1
@@ -338,7 +340,7 @@ class _CostTable:
 
     def has_slope(self) -> bool:
         """Whether the recent speculative rounds ran enough different K to fit a slope (RoundCosts.slope_probe)."""
-        return self.spread() >= 0.5
+        return self.spread() >= self.min_spread
 
     def below_unit(self, k: int, margin: float = 0.9) -> bool:
         """Whether K's own recent rounds (two or more) average below ``margin`` x the target-only unit. (A round
@@ -358,8 +360,8 @@ class _CostTable:
         """(a1, b) of the speculative rounds' line. While the recent ones ran (nearly) one K, or the fit is not a
         cost (a1 or b not positive: noise), the last fitted line holds (None before one)."""
         n, k, kk, t, kt = self.sums
-        spread = self.spread()  # a slope needs rounds of different K
-        if self.has_slope():
+        spread = self.spread()
+        if spread >= self.min_spread:
             slope = (kt / n - (k / n) * (t / n)) / spread
             intercept = t / n - slope * k / n
             if slope > 0 and intercept > 0:
@@ -468,10 +470,8 @@ class RoundCosts:
         stale = units >= self.unit_rounds and table.below_unit(k)
         due = first or since >= (self.unit_every if units < self.unit_rounds or stale else self.refresh_every)
         if due and stale:
-            # its bucket holds the same slow rounds
-            for dropped in (table, self.by_bucket.get(batch.bit_length())):
-                if dropped is not None:
-                    dropped.drop_unit()
+            for dropped in self._tables(batch):  # its bucket holds the same slow rounds
+                dropped.drop_unit()
         self.since_unit[batch] = 0 if due else since
         return due
 
@@ -506,10 +506,9 @@ class RoundCosts:
             return False
         # The speculative rounds timed before drafting stopped are as old as the rounds spent off: they age by
         # them, so the re-measure's rounds outweigh them.
-        for table in (self.by_batch.get(batch), self.by_bucket.get(batch.bit_length())):
-            if table is not None:
-                # the line by the K's own rate too: the re-measure's rounds must outweigh the old line's
-                table.age_speculative(state[0], line_decay=self.decay)
+        for table in self._tables(batch):
+            # the line by the K's own rate too: the re-measure's rounds must outweigh the old line's
+            table.age_speculative(state[0], line_decay=self.decay)
         state[:] = [0, min(2 * state[1], self.refresh_every), self.explore_rounds - 1]
         return True
 
@@ -562,6 +561,11 @@ class RoundCosts:
     def idle(self) -> None:
         """The loop ran out of work: the last round's cycle would include the wait for the next request."""
         self._pending, self._mixed = None, False
+
+    def _tables(self, batch: int) -> list[_CostTable]:
+        """This batch size's table and its bucket's, those that exist."""
+        found = (self.by_batch.get(batch), self.by_bucket.get(batch.bit_length()))
+        return [table for table in found if table is not None]
 
     def record(self, batch: int, k: int, seconds: float) -> None:
         for tables, key in ((self.by_batch, batch), (self.by_bucket, batch.bit_length())):
@@ -672,9 +676,9 @@ class AdaptiveState:
         """The K of the adaptive rows of a batch of ``batch`` rows (group_k with this batch size's measured
         costs), or 0 for a round that measures the target-only unit (RoundCosts.unit_due), the policy's K where a
         re-measure is due (RoundCosts.explore_due), or a neighbour K that gives the line a slope
-        (RoundCosts.slope_probe). ``timed``: the round
-        will be timed as one batch of these rows, all adaptive (a pinned row drafts anyway; a round of several
-        batches or with a prompt's prefill is not timed), so a target-only round would measure the unit."""
+        (RoundCosts.slope_probe). ``timed``: the round will be timed as one batch of these rows, all adaptive (a
+        pinned row drafts anyway; a round of several batches or with a prompt's prefill is not timed), so a
+        target-only round would measure the unit."""
         costs = self.costs.costs(batch, max_k) if self.measure else None
         k = group_k(controllers, in_flight, costs)
         self._decided(batch, k, controllers, costs, max_k)
