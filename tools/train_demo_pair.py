@@ -51,6 +51,8 @@ CHAT_TEMPLATE = (
 EXCLUDED_PARTS = {"test", "tests", "idle_test", "site-packages", "encodings", "pydoc_data", "__pycache__"}
 HELDOUT_PERCENT = 5
 START = time.perf_counter()
+# Where models train (--device); evaluation and saving run on CPU.
+DEVICE = {"device": torch.device("cpu")}
 
 
 @dataclass(frozen=True)
@@ -93,11 +95,33 @@ class Plan:
     # is random token ids instead, which only the context predicts).
     copy_rows: int = 0
     random_copy_share: float = 0.0
+    # The final draft phase's rows (default: the joint phase's): long joint windows on a GPU leave the draft's
+    # greedy continuations at the length a request writes.
+    draft_seq_len: int = 0
+    draft_batch_size: int = 0
+    # Held-out windows for perplexity, 128 tokens whatever the training windows, so runs compare.
+    eval_seq_len: int = 128
+    # Every this many joint steps (0: never), log held-out loss and the repeat losses (``repeat_losses``).
+    probe_every: int = 0
 
 
 # Prompt lookup needs a target that copies from its context; 128-token windows of code did not teach one (see
 # TRAINING.md). Windows twice as long (the same tokens per step) leave room for a chunk and its repeat.
 COPYING = Plan(seq_len=256, batch_size=4, copy_rows=2, random_copy_share=0.5)
+
+# One GPU (bf16 autocast): windows of 512 tokens, where copying an identifier from 300 tokens back pays, and 16 k
+# tokens per step; ``--budget-s`` sets the joint steps from the measured step time.
+GPU = Plan(
+    seq_len=512,
+    batch_size=32,
+    draft_steps=2000,
+    onpolicy_sequences=4096,
+    onpolicy_batch=512,
+    draft_seq_len=128,
+    draft_batch_size=64,
+    probe_every=250,
+)
+GPU_COPYING = replace(GPU, copy_rows=8, random_copy_share=0.3)
 
 SMOKE = Plan(
     target=ModelShape(layers=2, hidden=64, intermediate=128, heads=2, kv_heads=1),
@@ -227,20 +251,33 @@ def lr_at(step: int, steps: int, peak: float) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def run_training(phase: str, models: dict, loss_fn, sample, steps: int, seed: int):
+def model_device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def train_step_losses(loss_fn, batch: torch.Tensor) -> dict:
+    """``loss_fn`` on ``batch`` moved to the models' device, in bf16 autocast on a GPU (fp32 master weights)."""
+    device = DEVICE["device"]
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        return loss_fn(batch.to(device, non_blocking=True))
+
+
+def run_training(phase: str, models: dict, loss_fn, sample, steps: int, seed: int, probe=None, probe_every=0):
     """AdamW over batches from ``sample(generator) -> [B, T+1]``. ``models`` maps a name to (model, peak_lr);
     ``loss_fn(batch[B, T+1])`` returns a loss per name. Each loss only reaches its own model's parameters, so
-    summing them trains each model on its own objective in one backward pass."""
+    summing them trains each model on its own objective in one backward pass. ``probe(step)`` runs every
+    ``probe_every`` steps and after the last."""
     gen = torch.Generator().manual_seed(seed)
     groups = [{"params": list(m.parameters()), "peak_lr": lr} for m, lr in models.values()]
-    opt = torch.optim.AdamW(groups, betas=(0.9, 0.95), weight_decay=0.1)
+    fused = DEVICE["device"].type == "cuda"
+    opt = torch.optim.AdamW(groups, betas=(0.9, 0.95), weight_decay=0.1, fused=fused or None)
     for model, _ in models.values():
         model.train()
     began, running = time.perf_counter(), {}
     for step in range(steps):
         for group in opt.param_groups:
             group["lr"] = lr_at(step, steps, group["peak_lr"])
-        losses = loss_fn(sample(gen))
+        losses = train_step_losses(loss_fn, sample(gen))
         opt.zero_grad(set_to_none=True)
         sum(losses.values()).backward()
         for model, _ in models.values():
@@ -251,9 +288,38 @@ def run_training(phase: str, models: dict, loss_fn, sample, steps: int, seed: in
         if step % 25 == 0 or step == steps - 1:
             per_step = (time.perf_counter() - began) / (step + 1)
             shown = ", ".join(f"{name} {value:.3f}" for name, value in running.items())
-            log(f"{phase} step {step + 1}/{steps}: {shown} ({per_step:.2f} s/step)")
+            log(f"{phase} step {step + 1}/{steps}: {shown} ({per_step:.3f} s/step)")
+        if probe and ((probe_every and (step + 1) % probe_every == 0) or step == steps - 1):
+            probe(step + 1)
     for model, _ in models.values():
         model.eval()
+
+
+def steps_for_budget(models: dict, loss_fn, sample, seconds: float) -> int:
+    """How many steps of ``loss_fn`` fit in ``seconds``, timed on the models themselves (3 warm-up steps, the
+    median of 10) with an AdamW at lr 0, which leaves every weight as it was: the real run's schedule then
+    knows its length from its first step."""
+    params = [p for m, _ in models.values() for p in m.parameters()]
+    opt = torch.optim.AdamW(params, lr=0.0, fused=DEVICE["device"].type == "cuda" or None)
+    gen = torch.Generator().manual_seed(12345)
+    timings = []
+    for _ in range(13):
+        sync()
+        began = time.perf_counter()
+        losses = train_step_losses(loss_fn, sample(gen))
+        opt.zero_grad(set_to_none=True)
+        sum(losses.values()).backward()
+        opt.step()
+        sync()
+        timings.append(time.perf_counter() - began)
+    opt.zero_grad(set_to_none=True)
+    per_step = sorted(timings[3:])[5]
+    return max(1, int(seconds / per_step))
+
+
+def sync() -> None:
+    if DEVICE["device"].type == "cuda":
+        torch.cuda.synchronize()
 
 
 def next_token_loss(model, batch: torch.Tensor) -> torch.Tensor:
@@ -305,14 +371,15 @@ def final_distill_losses(target, draft, temperature: float, argmax_weight: float
 @torch.no_grad()
 def target_continuations(target, stream: torch.Tensor, plan: Plan, seed: int) -> torch.Tensor:
     """The target's greedy continuations of ``plan.prompt_len``-token prompts at seeded offsets of the (train)
-    stream, each ``seq_len + 1`` tokens long (prompt included); shape [onpolicy_sequences, seq_len + 1]."""
+    stream, each ``seq_len + 1`` tokens long (prompt included, the draft phase's ``seq_len``); shape
+    [onpolicy_sequences, seq_len + 1], on CPU."""
     gen = torch.Generator().manual_seed(seed)
-    new_tokens = plan.seq_len + 1 - plan.prompt_len
+    new_tokens = (plan.draft_seq_len or plan.seq_len) + 1 - plan.prompt_len
     pool = []
     for first in range(0, plan.onpolicy_sequences, plan.onpolicy_batch):
         count = min(plan.onpolicy_batch, plan.onpolicy_sequences - first)
         starts = torch.randint(0, len(stream) - plan.prompt_len, (count,), generator=gen).tolist()
-        prompts = torch.stack([stream[s : s + plan.prompt_len] for s in starts])
+        prompts = torch.stack([stream[s : s + plan.prompt_len] for s in starts]).to(model_device(target))
         # Every row has the same length, so no padding and no attention mask are needed.
         out = target.generate(
             prompts,
@@ -321,7 +388,7 @@ def target_continuations(target, stream: torch.Tensor, plan: Plan, seed: int) ->
             min_new_tokens=new_tokens,
             do_sample=False,
         )
-        pool.append(out)
+        pool.append(out.cpu())
     return torch.cat(pool)
 
 
@@ -364,11 +431,13 @@ def curriculum_sampler(stream: torch.Tensor, plan: Plan, separator: list[int]):
 
 
 def mixed_sampler(stream: torch.Tensor, pool: torch.Tensor, plan: Plan):
-    """Batches of ``batch_size`` rows: half random stream windows, half rows of ``pool`` [N, seq_len + 1]."""
-    from_pool = plan.batch_size // 2
+    """Batches of ``batch_size`` rows: half random stream windows, half rows of ``pool`` [N, seq_len + 1] (the
+    draft phase's batch and length where the plan names them)."""
+    batch_size = plan.draft_batch_size or plan.batch_size
+    from_pool = batch_size // 2
 
     def sample(gen: torch.Generator) -> torch.Tensor:
-        windows = sample_batch(stream, plan.batch_size - from_pool, plan.seq_len, gen)
+        windows = sample_batch(stream, batch_size - from_pool, pool.shape[1] - 1, gen)
         rows = torch.randint(0, len(pool), (from_pool,), generator=gen)
         return torch.cat([windows, pool[rows]])
 
@@ -389,7 +458,8 @@ def round_trip_fp16(model):
 @torch.no_grad()
 def perplexity(model, windows: torch.Tensor) -> float:
     """exp(mean next-token cross-entropy) over ``windows`` [N, T+1], one window at a time."""
-    losses = [next_token_loss(model, w[None]).item() for w in windows]
+    device = model_device(model)
+    losses = [next_token_loss(model, w[None].to(device)).item() for w in windows]
     return math.exp(sum(losses) / len(losses))
 
 
@@ -531,7 +601,7 @@ def dir_mb(path: Path) -> float:
 
 def evaluate(target, draft, heldout: torch.Tensor, plan: Plan) -> dict:
     """Held-out perplexities, greedy acceptance at K=2/4, forward-time and MAC ratios."""
-    windows = heldout[: plan.eval_windows * (plan.seq_len + 1)].view(-1, plan.seq_len + 1)
+    windows = heldout[: plan.eval_windows * (plan.eval_seq_len + 1)].view(-1, plan.eval_seq_len + 1)
     metrics = {"target_ppl": perplexity(target, windows), "draft_ppl": perplexity(draft, windows)}
     log(f"held-out perplexity: target {metrics['target_ppl']:.2f}, draft {metrics['draft_ppl']:.2f}")
     prompts = heldout_prompts(heldout, plan.eval_prompts, plan.prompt_len, plan.seed)
@@ -625,7 +695,7 @@ def repeat_losses(
     for start in torch.randint(0, len(stream) - length, (chunks,), generator=gen).tolist():
         chunk = stream[start : start + length]
         rows.append(torch.cat([chunk, blank, chunk]))
-    batch = torch.stack(rows)
+    batch = torch.stack(rows).to(model_device(model))
     logits = model(input_ids=batch[:, :-1]).logits
     labels = batch[:, 1:]
     first, second = slice(0, length - 1), slice(length + len(separator), None)
@@ -721,7 +791,7 @@ def own_space_metrics(model, tokenizer, heldout_texts: list[str], plan: Plan) ->
     """Held-out next-token metrics in the model's own tokens: perplexity, top-1 accuracy, and bits per UTF-8
     byte of the text predicted (the one of the three that compares across vocabularies)."""
     stream = encode_stream(tokenizer, heldout_texts)
-    windows = stream[: plan.eval_windows * (plan.seq_len + 1)].view(-1, plan.seq_len + 1)
+    windows = stream[: plan.eval_windows * (plan.eval_seq_len + 1)].view(-1, plan.eval_seq_len + 1)
     nats = correct = text_bytes = 0
     for window in windows:
         logits = model(input_ids=window[None, :-1]).logits[0]  # [T, V]
@@ -926,6 +996,46 @@ def other_tokenizer_drafts(args, plan: Plan, tplan: TextPlan, train_texts, heldo
     return 0
 
 
+def override(plan: Plan, settings: list[str]) -> Plan:
+    """``plan`` with each ``FIELD=VALUE`` applied, the value parsed as the field's default type."""
+    fields = {name: type(getattr(plan, name)) for name in plan.__dataclass_fields__}
+    changes = {}
+    for setting in settings:
+        name, _, value = setting.partition("=")
+        if fields.get(name) not in (int, float):
+            raise SystemExit(f"--set {setting}: no numeric Plan field {name!r}; fields: {', '.join(fields)}")
+        changes[name] = fields[name](value)
+    return replace(plan, **changes)
+
+
+def joint_sampler(train: torch.Tensor, plan: Plan, blank_line: list[int]):
+    """The joint phase's batches: stream windows, with copy rows where the plan has them."""
+    if plan.copy_rows:
+        return curriculum_sampler(train, plan, blank_line)
+    return lambda gen: sample_batch(train, plan.batch_size, plan.seq_len, gen)
+
+
+def heldout_probe(target, draft, heldout: torch.Tensor, plan: Plan, blank_line: list[int]):
+    """``probe(step)``: the models' held-out perplexity (16 windows of ``plan.seq_len``) and ``repeat_losses``,
+    logged, so a run shows when (if ever) the target starts to copy from its context."""
+    windows = heldout[: 16 * (plan.seq_len + 1)].view(-1, plan.seq_len + 1)
+
+    @torch.no_grad()
+    def probe(step) -> None:
+        for model in (target, draft):
+            model.eval()
+        shown = []
+        for name, model in (("target", target), ("draft", draft)):
+            first, second, accuracy = repeat_losses(model, heldout, blank_line)
+            ppl = perplexity(model, windows)
+            shown.append(f"{name} ppl {ppl:.2f}, chunk/repeat {first:.3f}/{second:.3f} (argmax {accuracy:.3f})")
+        log(f"probe at step {step}: " + "; ".join(shown))
+        for model in (target, draft):
+            model.train()
+
+    return probe
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -955,13 +1065,48 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="train the pair with copy rows in the joint phase (Plan COPYING): a try at a target that copies",
     )
+    parser.add_argument("--gpu", action="store_true", help="the one-GPU plan (GPU, or GPU_COPYING)")
+    parser.add_argument("--device", default="cpu", help="where the models train, e.g. cuda (default: cpu)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a Plan field, e.g. --set seq_len=1024 (repeatable)",
+    )
+    parser.add_argument(
+        "--budget-s", type=float, help="set the joint steps to what fits in this many seconds (timed first)"
+    )
+    parser.add_argument(
+        "--max-epochs",
+        type=float,
+        default=16.0,
+        help="with --budget-s: at most this many passes over the train tokens (8 M parameters overfit 3.5 M tokens)",
+    )
+    parser.add_argument(
+        "--stdlib", type=Path, help="corpus folder (default: this Python's stdlib, which the split is defined on)"
+    )
+    parser.add_argument(
+        "--tokenizer", type=Path, help="use this folder's tokenizer instead of training one (e.g. the shipped)"
+    )
+    parser.add_argument(
+        "--train-only",
+        action="store_true",
+        help="save without evaluating (evaluation imports trtspec; run --evaluate where it is installed)",
+    )
     args = parser.parse_args(argv)
-    plan = SMOKE if args.smoke else COPYING if args.copy_curriculum else Plan()
+    plan = SMOKE if args.smoke else GPU if args.gpu else COPYING if args.copy_curriculum else Plan()
     if args.smoke and args.copy_curriculum:
         plan = replace(SMOKE, copy_rows=2, random_copy_share=0.5)
+    if args.gpu and args.copy_curriculum:
+        plan = GPU_COPYING
+    plan = override(plan, args.set)
     torch.set_num_threads(args.threads)
+    DEVICE["device"] = torch.device(args.device)
+    if DEVICE["device"].type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
     seed_everything(plan.seed)
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    stdlib = args.stdlib or Path(sysconfig.get_paths()["stdlib"])
     train_texts, heldout_texts = collect_corpus(stdlib)
     log(f"corpus: {stdlib} -> {len(train_texts)} train / {len(heldout_texts)} held-out files")
     if args.other_tokenizer_drafts:
@@ -972,25 +1117,34 @@ def main(argv: list[str] | None = None) -> int:
         return evaluate_saved(args.out, plan, train_texts, heldout_texts)
     if args.copying:
         return copying_saved(args.out, heldout_texts)
-    tokenizer = train_tokenizer(train_texts, plan.vocab_size, plan.max_positions)
+    if args.tokenizer:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    else:
+        tokenizer = train_tokenizer(train_texts, plan.vocab_size, plan.max_positions)
     train, heldout = encode_stream(tokenizer, train_texts), encode_stream(tokenizer, heldout_texts)
     log(
         f"tokenizer: byte-level BPE, vocab {len(tokenizer)}; {len(train):,} train / {len(heldout):,} held-out tokens"
     )
 
-    target = build_model(plan.target, plan, tokenizer, plan.seed + 1)
-    draft = build_model(plan.draft, plan, tokenizer, plan.seed + 2)
+    target = build_model(plan.target, plan, tokenizer, plan.seed + 1).to(DEVICE["device"])
+    draft = build_model(plan.draft, plan, tokenizer, plan.seed + 2).to(DEVICE["device"])
     log(
         f"target {sum(p.numel() for p in target.parameters()) / 1e6:.2f} M parameters (next-token loss), "
         f"draft {sum(p.numel() for p in draft.parameters()) / 1e6:.2f} M (KL to the target's logits)"
     )
     models = {"target": (target, plan.target_lr), "draft": (draft, plan.draft_lr)}
     joint = joint_losses(target, draft, plan.distill_temperature)
-    if plan.copy_rows:
-        windows = curriculum_sampler(train, plan, tokenizer("\n\n", add_special_tokens=False)["input_ids"])
-    else:
-        windows = lambda gen: sample_batch(train, plan.batch_size, plan.seq_len, gen)  # noqa: E731
-    run_training("joint", models, joint, windows, plan.target_steps, plan.seed + 1)
+    blank_line = tokenizer("\n\n", add_special_tokens=False)["input_ids"]
+    if args.budget_s:
+        steps = steps_for_budget(models, joint, joint_sampler(train, plan, blank_line), args.budget_s)
+        steps = min(steps, int(args.max_epochs * len(train) / (plan.batch_size * plan.seq_len)))
+        plan = replace(plan, target_steps=steps)
+        log(f"joint steps for {args.budget_s:.0f} s: {steps} (reproduce with --set target_steps={steps})")
+    probe = heldout_probe(target, draft, heldout, plan, blank_line)
+    windows = joint_sampler(train, plan, blank_line)
+    run_training("joint", models, joint, windows, plan.target_steps, plan.seed + 1, probe, plan.probe_every)
     # Distil from (and evaluate) the target's weights exactly as shipped.
     target = round_trip_fp16(target).requires_grad_(False)
     pool = target_continuations(target, train, plan, plan.seed + 3)
@@ -999,10 +1153,17 @@ def main(argv: list[str] | None = None) -> int:
     sample = mixed_sampler(train, pool, plan)
     run_training("draft", {"draft": (draft, plan.draft_lr)}, final, sample, plan.draft_steps, plan.seed + 2)
 
+    if plan.probe_every:
+        probe("final")
+    target, draft = target.cpu(), draft.cpu()
     with tempfile.TemporaryDirectory(dir=args.out.parent if args.out.parent.exists() else None) as tmp:
         staging = Path(tmp)
         save_model(target, tokenizer, staging / "target")
         save_model(draft, tokenizer, staging / "draft")
+        if args.train_only:
+            publish(staging, args.out)
+            log(f"saved {args.out / 'target'} and {args.out / 'draft'} (not evaluated: --train-only)")
+            return 0
         # Measure what ships: the saved files loaded back (see round_trip_fp16 for why not the objects above).
         _, target, draft = load_pair(staging)
         metrics = evaluate(target, draft, heldout, plan)
