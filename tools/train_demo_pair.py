@@ -1028,7 +1028,9 @@ def heldout_probe(target, draft, heldout: torch.Tensor, plan: Plan, blank_line: 
         for name, model in (("target", target), ("draft", draft)):
             first, second, accuracy = repeat_losses(model, heldout, blank_line)
             ppl = perplexity(model, windows)
-            shown.append(f"{name} ppl {ppl:.2f}, chunk/repeat {first:.3f}/{second:.3f} (argmax {accuracy:.3f})")
+            shown.append(
+                f"{name} ppl {ppl:.2f}, chunk/repeat {first:.3f}/{second:.3f} (argmax {accuracy:.3f})"
+            )
         log(f"probe at step {step}: " + "; ".join(shown))
         for model in (target, draft):
             model.train()
@@ -1084,10 +1086,14 @@ def main(argv: list[str] | None = None) -> int:
         help="with --budget-s: at most this many passes over the train tokens (8 M parameters overfit 3.5 M tokens)",
     )
     parser.add_argument(
-        "--stdlib", type=Path, help="corpus folder (default: this Python's stdlib, which the split is defined on)"
+        "--stdlib",
+        type=Path,
+        help="corpus folder (default: this Python's stdlib, which the split is defined on)",
     )
     parser.add_argument(
-        "--tokenizer", type=Path, help="use this folder's tokenizer instead of training one (e.g. the shipped)"
+        "--tokenizer",
+        type=Path,
+        help="use this folder's tokenizer instead of training one (e.g. the shipped)",
     )
     parser.add_argument(
         "--train-only",
