@@ -102,7 +102,8 @@ def test_target_predicts_unseen_code_better_than_draft(pair):
 
 def test_draft_agrees_with_target_argmax_on_unseen_code(pair):
     """Greedy acceptance is the draft agreeing with the target's argmax; teacher-forced here (one forward each).
-    The shipped pair agrees on 0.71 of the snippet's positions; the earlier 1-layer draft managed 0.53."""
+    The shipped pair agrees on 0.65 of the snippet's positions (its target also copies from the context, which the
+    2-layer draft did not learn); the first shipped pair's 1-layer draft managed 0.53."""
     import torch
 
     tokenizer, target, draft = pair
@@ -111,7 +112,7 @@ def test_draft_agrees_with_target_argmax_on_unseen_code(pair):
         target_choice = target(input_ids=ids).logits.argmax(-1)  # [1, T]
         draft_choice = draft(input_ids=ids).logits.argmax(-1)
     agreement = (target_choice == draft_choice).float().mean().item()
-    assert agreement >= 0.65, agreement
+    assert agreement >= 0.6, agreement
 
 
 def test_greedy_continuation_is_code_like(pair):

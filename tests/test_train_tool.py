@@ -1,4 +1,5 @@
-"""tools/train_demo_pair.py's copy curriculum: what its rows hold (the training itself runs for half an hour)."""
+"""tools/train_demo_pair.py: its copy curriculum, plan overrides and step budget (the training itself runs for minutes
+to half an hour)."""
 
 from __future__ import annotations
 
@@ -68,3 +69,45 @@ def test_the_curriculum_gives_random_copies_only_in_its_first_share_of_steps(tra
     assert all(batch.shape == (4, 65) for batch in batches)
     assert kinds[0] == kinds[1] == [True, True, True, False]  # 2 windows, a code copy, a random copy
     assert kinds[2] == kinds[3] == [True, True, True, True]
+
+
+def test_set_overrides_a_numeric_plan_field_with_its_type_and_names_an_unknown_one(train):
+    plan = train.override(train.GPU, ["seq_len=512", "batch_size=32", "target_lr=3e-3"])
+    assert (plan.seq_len, plan.batch_size, plan.target_lr) == (512, 32, 3e-3)
+    assert isinstance(plan.seq_len, int) and plan.copy_rows == train.GPU.copy_rows
+    with pytest.raises(SystemExit, match="'seq_lenn'"):
+        train.override(train.GPU, ["seq_lenn=3"])
+    with pytest.raises(SystemExit, match="'target'"):  # a model shape is not a number
+        train.override(train.GPU, ["target=3"])
+
+
+def test_the_draft_phase_takes_its_own_batch_and_row_length(train):
+    plan = train.replace(train.GPU, draft_batch_size=6)
+    stream = torch.arange(10_000) % 997 + 4
+    pool = torch.zeros(5, 129, dtype=torch.long)  # continuations 128 + 1 long, joint windows 512
+    batch = train.mixed_sampler(stream, pool, plan)(torch.Generator().manual_seed(0))
+    assert batch.shape == (6, 129) and (batch[3:] == 0).all() and (batch[:3] != 0).all()
+
+
+def test_the_step_budget_times_real_steps_and_leaves_the_weights_as_they_were(train):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    stream = torch.arange(2_000) % 60 + 4
+
+    def loss_fn(batch):
+        return {"m": train.next_token_loss(model, batch)}
+
+    def sample(gen):
+        return train.sample_batch(stream, 2, 16, gen)
+
+    fast = train.steps_for_budget({"m": (model, 1e-3)}, loss_fn, sample, 10.0)
+    slow = train.steps_for_budget({"m": (model, 1e-3)}, loss_fn, sample, 0.0)
+    assert fast > 10 and slow == 1
+    assert all(torch.equal(p, before[name]) for name, p in model.named_parameters())
+    assert all(p.grad is None for p in model.parameters())
