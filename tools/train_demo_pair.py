@@ -924,7 +924,10 @@ def text_summary(results: dict, seconds: dict, plan: Plan, tplan: TextPlan) -> s
             "held-out bits per byte / bytes per token",
             lambda m: f"{m['bits_per_byte']:.3f} / {m['bytes_per_token']:.2f}",
         ),
-        ("decode step, engine forward (LeanCausalLM), 2 threads", lambda m: f"{m['draft_lean_ms']:.2f} ms"),
+        (
+            f"decode step, engine forward (LeanCausalLM), {torch.get_num_threads()} threads",
+            lambda m: f"{m['draft_lean_ms']:.2f} ms",
+        ),
     ]
     for k in (2, 4):
         rows += [
