@@ -44,9 +44,11 @@ def write_prompts(path: Path, count: int) -> Path:
 
 @pytest.fixture(scope="module")
 def misaligned(tmp_path_factory) -> Path:
-    """The demo draft's shape, trained from nothing for a few seconds on English prose (pydoc's topic texts), not
-    on the code the demo target continues: a draft for the right tokenizer that the target rarely agrees with."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    """The demo draft moved to another domain: 60 steps on English prose (pydoc's topic texts), not on the code the
+    demo target continues, leave it accepted at about 0.06 at K=4 on this test's held-out prompts. (A draft of its shape trained from
+    nothing on prose did not gain within this test's budget against the demo target, which copies from its
+    context and writes less repetitive code than the previous one.)"""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out = tmp_path_factory.mktemp("misaligned")
     for path in (DEMO_DIR / "draft").iterdir():
@@ -56,7 +58,7 @@ def misaligned(tmp_path_factory) -> Path:
     prose = (STDLIB / "pydoc_data" / "topics.py").read_text(encoding="utf-8")[:200_000]
     stream = torch.tensor(tokenizer(prose).input_ids)
     torch.manual_seed(0)
-    draft = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(out)).float()  # the config says fp16
+    draft = AutoModelForCausalLM.from_pretrained(DEMO_DIR / "draft", dtype=torch.float32)
     optimizer = torch.optim.AdamW(draft.parameters(), lr=3e-3)
     gen = torch.Generator().manual_seed(0)
     for _ in range(60):
@@ -95,7 +97,7 @@ def aligned(tmp_path_factory, misaligned):
     from click.testing import CliRunner
 
     args = ["align", str(recipe), "--prompts", str(prompts), "--out", str(tmp / "out"), "--work-dir",
-            str(tmp / "work"), "--budget", "10", "--max-new-tokens", "16", "--epochs", "30", "--lr", "3e-3",
+            str(tmp / "work"), "--budget", "10", "--max-new-tokens", "16", "--epochs", "30", "--lr", "1e-3",
             "--held-out", "0.2", "--json"]  # fmt: skip
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # two threads stall whenever another process takes a core of a shared machine
