@@ -44,10 +44,10 @@ def write_prompts(path: Path, count: int) -> Path:
 
 @pytest.fixture(scope="module")
 def misaligned(tmp_path_factory) -> Path:
-    """The demo draft moved to another domain: 60 steps on English prose (pydoc's topic texts), not on the code the
-    demo target continues, leave it accepted at about 0.06 at K=4 on this test's held-out prompts. (A draft of its shape trained from
-    nothing on prose did not gain within this test's budget against the demo target, which copies from its
-    context and writes less repetitive code than the previous one.)"""
+    """The demo draft moved to another domain, as a draft fine-tuned for other text is: 60 steps on English prose
+    (pydoc's topic texts), not on the code the demo target continues, leave it a draft for the right tokenizer
+    that the target rarely agrees with (about 0.06 at K=4 on this test's held-out prompts), which align can bring
+    back within the test's budget."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out = tmp_path_factory.mktemp("misaligned")

@@ -102,8 +102,8 @@ def test_target_predicts_unseen_code_better_than_draft(pair):
 
 def test_draft_agrees_with_target_argmax_on_unseen_code(pair):
     """Greedy acceptance is the draft agreeing with the target's argmax; teacher-forced here (one forward each).
-    The shipped pair agrees on 0.65 of the snippet's positions (its target also copies from the context, which the
-    2-layer draft did not learn); the first shipped pair's 1-layer draft managed 0.53."""
+    The shipped pair agrees on 0.65 of the snippet's positions: its target also copies from the context, which the
+    2-layer draft does not."""
     import torch
 
     tokenizer, target, draft = pair

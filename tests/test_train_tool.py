@@ -84,7 +84,7 @@ def test_set_overrides_a_numeric_plan_field_with_its_type_and_names_an_unknown_o
 def test_the_draft_phase_takes_its_own_batch_and_row_length(train):
     plan = train.replace(train.GPU, draft_batch_size=6)
     stream = torch.arange(10_000) % 997 + 4
-    pool = torch.zeros(5, 129, dtype=torch.long)  # continuations 128 + 1 long, joint windows 512
+    pool = torch.zeros(5, 129, dtype=torch.long)  # continuations 128 + 1 long, joint windows 1024
     batch = train.mixed_sampler(stream, pool, plan)(torch.Generator().manual_seed(0))
     assert batch.shape == (6, 129) and (batch[3:] == 0).all() and (batch[:3] != 0).all()
 
@@ -100,14 +100,44 @@ def test_the_step_budget_times_real_steps_and_leaves_the_weights_as_they_were(tr
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     stream = torch.arange(2_000) % 60 + 4
 
+    calls = []
+
     def loss_fn(batch):
+        calls.append(batch.shape)
         return {"m": train.next_token_loss(model, batch)}
 
     def sample(gen):
         return train.sample_batch(stream, 2, 16, gen)
 
     fast = train.steps_for_budget({"m": (model, 1e-3)}, loss_fn, sample, 10.0)
+    assert len(calls) == 13  # 3 warm-up steps and 10 timed ones
     slow = train.steps_for_budget({"m": (model, 1e-3)}, loss_fn, sample, 0.0)
     assert fast > 10 and slow == 1
     assert all(torch.equal(p, before[name]) for name, p in model.named_parameters())
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_a_probe_runs_every_probe_every_steps_and_after_the_last_and_never_at_zero(train):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2
+    )
+    model = LlamaForCausalLM(config)
+    stream = torch.arange(2_000) % 60 + 4
+
+    def loss_fn(batch):
+        return {"m": train.next_token_loss(model, batch)}
+
+    def sample(gen):
+        return train.sample_batch(stream, 2, 8, gen)
+
+    for every, expected in ((2, [2, 4, 5]), (0, [])):
+        probed = []
+        train.run_training("t", {"m": (model, 1e-3)}, loss_fn, sample, 5, 0, probed.append, every)
+        assert probed == expected, every
+
+
+def test_set_refuses_a_value_of_the_wrong_type_in_one_line(train):
+    with pytest.raises(SystemExit, match="seq_len takes a int, not '1e3'"):
+        train.override(train.GPU, ["seq_len=1e3"])

@@ -1,8 +1,9 @@
 #!/usr/bin/env python
-"""Train trtspec's shipped demo pair from nothing on CPU: a byte-level BPE tokenizer, a Llama target, and a
-2-layer Llama draft distilled from the target's logits, all on CPython's standard-library sources.
+"""Train trtspec's shipped demo pair from nothing: a byte-level BPE tokenizer, a Llama target, and a 2-layer Llama
+draft distilled from the target's logits, all on CPython's standard-library sources.
 
-    python tools/train_demo_pair.py                      # full run (2285 s on 2 threads of a busy shared machine)
+    python tools/train_demo_pair.py --gpu --copy-curriculum --device cuda  # the shipped pair (260 s on one H200)
+    python tools/train_demo_pair.py                      # the CPU plan (2285 s on 2 threads of a busy shared machine)
     python tools/train_demo_pair.py --smoke --out /tmp/x # ~1-2 min end-to-end check of the pipeline
     python tools/train_demo_pair.py --other-tokenizer-drafts  # issue 28's drafts: draft-othertok, draft-sametok
     python tools/train_demo_pair.py --copy-curriculum --out /tmp/copy  # copy rows in the joint phase (TRAINING.md)
@@ -51,8 +52,6 @@ CHAT_TEMPLATE = (
 EXCLUDED_PARTS = {"test", "tests", "idle_test", "site-packages", "encodings", "pydoc_data", "__pycache__"}
 HELDOUT_PERCENT = 5
 START = time.perf_counter()
-# Where models train (--device); evaluation and saving run on CPU.
-DEVICE = {"device": torch.device("cpu")}
 
 
 @dataclass(frozen=True)
@@ -109,7 +108,7 @@ class Plan:
 # TRAINING.md). Windows twice as long (the same tokens per step) leave room for a chunk and its repeat.
 COPYING = Plan(seq_len=256, batch_size=4, copy_rows=2, random_copy_share=0.5)
 
-# One GPU (bf16 autocast), what the shipped pair was trained with: windows of 1024 tokens, where copying an
+# One GPU (bf16 autocast); with copy rows (GPU_COPYING) the shipped pair's run: windows of 1024 tokens, where copying an
 # identifier from hundreds of tokens back pays, 16 k tokens a step, 9 passes over the train tokens (more overfit:
 # held-out perplexity rose after ~7 of 16), then 5000 draft steps of 64 x 128 tokens on 4096 continuations.
 GPU = Plan(
@@ -258,9 +257,9 @@ def model_device(model) -> torch.device:
     return next(model.parameters()).device
 
 
-def train_step_losses(loss_fn, batch: torch.Tensor) -> dict:
-    """``loss_fn`` on ``batch`` moved to the models' device, in bf16 autocast on a GPU (fp32 master weights)."""
-    device = DEVICE["device"]
+def train_step_losses(loss_fn, batch: torch.Tensor, device: torch.device) -> dict:
+    """``loss_fn`` on ``batch`` moved to ``device`` (the models'), in bf16 autocast on a GPU (fp32 master
+    weights)."""
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
         return loss_fn(batch.to(device, non_blocking=True))
 
@@ -269,18 +268,18 @@ def run_training(phase: str, models: dict, loss_fn, sample, steps: int, seed: in
     """AdamW over batches from ``sample(generator) -> [B, T+1]``. ``models`` maps a name to (model, peak_lr);
     ``loss_fn(batch[B, T+1])`` returns a loss per name. Each loss only reaches its own model's parameters, so
     summing them trains each model on its own objective in one backward pass. ``probe(step)`` runs every
-    ``probe_every`` steps and after the last."""
+    ``probe_every`` steps and after the last (never with ``probe_every`` 0)."""
     gen = torch.Generator().manual_seed(seed)
     groups = [{"params": list(m.parameters()), "peak_lr": lr} for m, lr in models.values()]
-    fused = DEVICE["device"].type == "cuda"
-    opt = torch.optim.AdamW(groups, betas=(0.9, 0.95), weight_decay=0.1, fused=fused or None)
+    device = model_device(next(iter(models.values()))[0])
+    opt = torch.optim.AdamW(groups, betas=(0.9, 0.95), weight_decay=0.1, fused=device.type == "cuda" or None)
     for model, _ in models.values():
         model.train()
     began, running = time.perf_counter(), {}
     for step in range(steps):
         for group in opt.param_groups:
             group["lr"] = lr_at(step, steps, group["peak_lr"])
-        losses = train_step_losses(loss_fn, sample(gen))
+        losses = train_step_losses(loss_fn, sample(gen), device)
         opt.zero_grad(set_to_none=True)
         sum(losses.values()).backward()
         for model, _ in models.values():
@@ -292,7 +291,7 @@ def run_training(phase: str, models: dict, loss_fn, sample, steps: int, seed: in
             per_step = (time.perf_counter() - began) / (step + 1)
             shown = ", ".join(f"{name} {value:.3f}" for name, value in running.items())
             log(f"{phase} step {step + 1}/{steps}: {shown} ({per_step:.3f} s/step)")
-        if probe and ((probe_every and (step + 1) % probe_every == 0) or step == steps - 1):
+        if probe and probe_every and ((step + 1) % probe_every == 0 or step == steps - 1):
             probe(step + 1)
     for model, _ in models.values():
         model.eval()
@@ -303,26 +302,27 @@ def steps_for_budget(models: dict, loss_fn, sample, seconds: float) -> int:
     median of 10) with an AdamW at lr 0, which leaves every weight as it was: the real run's schedule then
     knows its length from its first step."""
     params = [p for m, _ in models.values() for p in m.parameters()]
-    opt = torch.optim.AdamW(params, lr=0.0, fused=DEVICE["device"].type == "cuda" or None)
+    device = model_device(next(iter(models.values()))[0])
+    opt = torch.optim.AdamW(params, lr=0.0, fused=device.type == "cuda" or None)
     gen = torch.Generator().manual_seed(12345)
     timings = []
     for _ in range(13):
-        sync()
+        sync(device)
         began = time.perf_counter()
-        losses = train_step_losses(loss_fn, sample(gen))
+        losses = train_step_losses(loss_fn, sample(gen), device)
         opt.zero_grad(set_to_none=True)
         sum(losses.values()).backward()
         opt.step()
-        sync()
+        sync(device)
         timings.append(time.perf_counter() - began)
     opt.zero_grad(set_to_none=True)
     per_step = sorted(timings[3:])[5]
     return max(1, int(seconds / per_step))
 
 
-def sync() -> None:
-    if DEVICE["device"].type == "cuda":
-        torch.cuda.synchronize()
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def next_token_loss(model, batch: torch.Tensor) -> torch.Tensor:
@@ -659,8 +659,9 @@ def summary(plan: Plan, metrics: dict, target, draft, out: Path, n_train: int, n
             f"- target 5-token verification forward: {metrics['target_verify5_ms']:.2f} ms"
             f" ({metrics['target_verify5_ms'] / metrics['target_step_ms']:.2f}x a 1-token step)",
             f"- corpus: {n_train:,} train / {n_heldout:,} held-out tokens, vocab {plan.vocab_size};"
-            f" target {plan.target_steps} steps, draft {plan.draft_steps} more steps (half on {plan.onpolicy_sequences}"
-            f" target greedy continuations) of {plan.batch_size} x {plan.seq_len} tokens; total {time.perf_counter() - START:.0f} s on {torch.get_num_threads()} threads",
+            f" target {plan.target_steps} steps of {plan.batch_size} x {plan.seq_len} tokens, draft {plan.draft_steps}"
+            f" more steps (half on {plan.onpolicy_sequences} target greedy continuations) of"
+            f" {plan.draft_batch_size or plan.batch_size} x {plan.draft_seq_len or plan.seq_len} tokens; total {time.perf_counter() - START:.0f} s on {torch.get_num_threads()} threads",
         ]
     )
 
@@ -1010,7 +1011,12 @@ def override(plan: Plan, settings: list[str]) -> Plan:
         name, _, value = setting.partition("=")
         if fields.get(name) not in (int, float):
             raise SystemExit(f"--set {setting}: no numeric Plan field {name!r}; fields: {', '.join(fields)}")
-        changes[name] = fields[name](value)
+        try:
+            changes[name] = fields[name](value)
+        except ValueError:
+            raise SystemExit(
+                f"--set {setting}: {name} takes a {fields[name].__name__}, not {value!r}"
+            ) from None
     return replace(plan, **changes)
 
 
@@ -1114,8 +1120,8 @@ def main(argv: list[str] | None = None) -> int:
         plan = GPU_COPYING
     plan = override(plan, args.set)
     torch.set_num_threads(args.threads)
-    DEVICE["device"] = torch.device(args.device)
-    if DEVICE["device"].type == "cuda":
+    device = torch.device(args.device)  # the pair's training; evaluation, saving and text drafts run on CPU
+    if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
     seed_everything(plan.seed)
     stdlib = args.stdlib or Path(sysconfig.get_paths()["stdlib"])
@@ -1140,8 +1146,8 @@ def main(argv: list[str] | None = None) -> int:
         f"tokenizer: byte-level BPE, vocab {len(tokenizer)}; {len(train):,} train / {len(heldout):,} held-out tokens"
     )
 
-    target = build_model(plan.target, plan, tokenizer, plan.seed + 1).to(DEVICE["device"])
-    draft = build_model(plan.draft, plan, tokenizer, plan.seed + 2).to(DEVICE["device"])
+    target = build_model(plan.target, plan, tokenizer, plan.seed + 1).to(device)
+    draft = build_model(plan.draft, plan, tokenizer, plan.seed + 2).to(device)
     log(
         f"target {sum(p.numel() for p in target.parameters()) / 1e6:.2f} M parameters (next-token loss), "
         f"draft {sum(p.numel() for p in draft.parameters()) / 1e6:.2f} M (KL to the target's logits)"
