@@ -215,6 +215,12 @@ def encode_stream(tokenizer, texts: list[str]) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.long)
 
 
+def stream_windows(stream: torch.Tensor, count: int, length: int) -> torch.Tensor:
+    """The stream's first ``count`` non-overlapping windows of ``length`` tokens plus the shifted label;
+    shape [count, length + 1]."""
+    return stream[: count * (length + 1)].view(-1, length + 1)
+
+
 def sample_batch(stream: torch.Tensor, batch_size: int, seq_len: int, gen: torch.Generator) -> torch.Tensor:
     """Random windows of the stream; shape [batch_size, seq_len + 1] (inputs plus the shifted labels)."""
     starts = torch.randint(0, len(stream) - seq_len - 1, (batch_size,), generator=gen)
@@ -604,7 +610,7 @@ def dir_mb(path: Path) -> float:
 
 def evaluate(target, draft, heldout: torch.Tensor, plan: Plan) -> dict:
     """Held-out perplexities, greedy acceptance at K=2/4, forward-time and MAC ratios."""
-    windows = heldout[: plan.eval_windows * (plan.eval_seq_len + 1)].view(-1, plan.eval_seq_len + 1)
+    windows = stream_windows(heldout, plan.eval_windows, plan.eval_seq_len)
     metrics = {"target_ppl": perplexity(target, windows), "draft_ppl": perplexity(draft, windows)}
     log(f"held-out perplexity: target {metrics['target_ppl']:.2f}, draft {metrics['draft_ppl']:.2f}")
     prompts = heldout_prompts(heldout, plan.eval_prompts, plan.prompt_len, plan.seed)
@@ -795,7 +801,7 @@ def own_space_metrics(model, tokenizer, heldout_texts: list[str], plan: Plan) ->
     """Held-out next-token metrics in the model's own tokens: perplexity, top-1 accuracy, and bits per UTF-8
     byte of the text predicted (the one of the three that compares across vocabularies)."""
     stream = encode_stream(tokenizer, heldout_texts)
-    windows = stream[: plan.eval_windows * (plan.eval_seq_len + 1)].view(-1, plan.eval_seq_len + 1)
+    windows = stream_windows(stream, plan.eval_windows, plan.eval_seq_len)
     nats = correct = text_bytes = 0
     for window in windows:
         logits = model(input_ids=window[None, :-1]).logits[0]  # [T, V]
@@ -1030,7 +1036,7 @@ def joint_sampler(train: torch.Tensor, plan: Plan, blank_line: list[int]):
 def heldout_probe(target, draft, heldout: torch.Tensor, plan: Plan, blank_line: list[int]):
     """``probe(step)``: the models' held-out perplexity (16 windows of ``plan.seq_len``) and ``repeat_losses``,
     logged, so a run shows when (if ever) the target starts to copy from its context."""
-    windows = heldout[: 16 * (plan.seq_len + 1)].view(-1, plan.seq_len + 1)
+    windows = stream_windows(heldout, 16, plan.seq_len)
 
     @torch.no_grad()
     def probe(step) -> None:
@@ -1160,7 +1166,7 @@ def main(argv: list[str] | None = None) -> int:
         steps = min(steps, int(args.max_epochs * len(train) / (plan.batch_size * plan.seq_len)))
         plan = replace(plan, target_steps=steps)
         log(f"joint steps for {args.budget_s:.0f} s: {steps} (reproduce with --set target_steps={steps})")
-    probe = heldout_probe(target, draft, heldout, plan, blank_line)
+    probe = heldout_probe(target, draft, heldout, plan, blank_line) if plan.probe_every else None
     windows = joint_sampler(train, plan, blank_line)
     run_training("joint", models, joint, windows, plan.target_steps, plan.seed + 1, probe, plan.probe_every)
     # Distil from (and evaluate) the target's weights exactly as shipped.
@@ -1171,7 +1177,7 @@ def main(argv: list[str] | None = None) -> int:
     sample = mixed_sampler(train, pool, plan)
     run_training("draft", {"draft": (draft, plan.draft_lr)}, final, sample, plan.draft_steps, plan.seed + 2)
 
-    if plan.probe_every:
+    if probe:
         probe("final")
     target, draft = target.cpu(), draft.cpu()
     with tempfile.TemporaryDirectory(dir=args.out.parent if args.out.parent.exists() else None) as tmp:
