@@ -9,19 +9,23 @@ import pytest
 from test_engine import MAX_NEW, PROMPTS, hf_greedy
 
 from trtspec.core.errors import RecipeError
-from trtspec.core.metrics import AcceptanceStats
+from trtspec.core.metrics import AcceptanceStats, expected_tokens_per_round
 from trtspec.engines.adaptive import (
     AcceptancePool,
     AdaptiveState,
     KController,
     KPolicy,
     RoundCosts,
+    RowSpread,
     best_k,
+    expected_max_normal,
     group_k,
+    group_tokens_per_k,
     linear_costs,
     policy_for,
     probe_due,
     schedule_cap,
+    waited_acceptances,
 )
 from trtspec.engines.engine import SpeculativeEngine
 from trtspec.engines.sampling import SamplingParams
@@ -161,6 +165,129 @@ def test_a_batch_shares_the_k_best_for_its_rows_together():
     assert group_k([high, capped], in_flight=2) == 1  # every row's max_k caps the shared K
     low.rounds_off = policy.probe_every
     assert group_k([low], in_flight=1) == 0 and probe_due(low, in_flight=1)  # off long enough: the row probes
+
+
+def test_rows_whose_caller_waits_for_them_all_are_judged_by_the_row_expected_to_finish_last():
+    policy = KPolicy(draft_cost_ratio=0.3)
+    # One row: its own tokens per round (the geometric model), whatever its budget; rows alike: the same.
+    alone = [expected_tokens_per_round(0.6, k) for k in range(5)]
+    assert group_tokens_per_k([0.6], 4, [40]) == pytest.approx(alone) == group_tokens_per_k([0.6], 4)
+    assert group_tokens_per_k([0.6, 0.6], 4, [40, 40]) == pytest.approx(alone)
+    # Steady load: the mean acceptance. Equal budgets: the slower row ends the group. At 0.2, K 1 gives 1.2
+    # tokens per round for 1.3 of the cost.
+    assert group_tokens_per_k([0.9, 0.2], 2) == pytest.approx(
+        [expected_tokens_per_round(0.55, k) for k in range(3)]
+    )
+    assert group_tokens_per_k([0.9, 0.2], 2, [64, 64]) == pytest.approx([1.0, 1.2, 1.24])
+    assert best_k([0.9, 0.2], 8, policy) == 1  # a steady load's throughput: the mean acceptance 0.55
+    assert best_k([0.9, 0.2], 8, policy, remaining=[64, 64]) == 0
+    # A row far behind ends the group even if it accepts more: 100 tokens at 0.9 (K 5: 4.69 per round, 21.3
+    # rounds) against 10 at 0.2 (1.25 per round, 8 rounds at most), so the group drafts the high row's K.
+    assert best_k([0.9, 0.2], 8, policy, remaining=[100, 10]) == best_k(0.9, 8, policy) == 5
+    high, low = KController(policy, max_k=8, prior=0.9), KController(policy, max_k=8, prior=0.2)
+    assert group_k([high, low], in_flight=2, remaining=[64, 64]) == 0
+    assert group_k([high, low], in_flight=2) == 1
+
+
+def test_rows_that_just_started_are_judged_by_the_slowest_of_as_many_requests():
+    """Fresh rows carry the pooled estimate alike, yet one of them will accept least and end the group: each is
+    lowered by the spread between requests times the expected largest of as many normal draws, in proportion to
+    the share of its estimate that is the prior."""
+    policy = KPolicy()
+    fresh = [KController(policy, max_k=8, prior=0.58) for _ in range(8)]
+    assert waited_acceptances(fresh[:1], 0.15) == [pytest.approx(0.58)]  # a row alone is its own group
+    assert expected_max_normal(8) == pytest.approx(1.4236, rel=0.01)  # the exact expected largest of 8
+    assert expected_max_normal(1) == 0.0
+    lowered = 0.58 - 0.15 * expected_max_normal(8)
+    assert waited_acceptances(fresh, 0.15) == pytest.approx([lowered] * 8)
+    seasoned = KController(policy, max_k=8, prior=0.58)
+    for _ in range(30):  # its own positions outweigh the prior's 10
+        seasoned.update(num_draft=2, num_accepted=1)
+    assert seasoned.estimate.prior_share < 0.4
+    assert (
+        waited_acceptances([seasoned] + fresh[1:], 0.15)[0]
+        > seasoned.acceptance - 0.15 * expected_max_normal(8) * 0.4
+    )
+    # The demo pair's groups of 8 on its grounded set: K 1 costs 1.44 target-only rounds, which the pooled
+    # acceptance 0.58 pays for in a steady load (1.58 / 1.44 = 1.10) but the slowest of 8 does not.
+    costs = [1.0] + [1.0 + 0.44 * k for k in range(1, 9)]
+    assert group_k(fresh, 8, costs) == 1
+    assert group_k(fresh, 8, costs, remaining=[64] * 8, spread=0.15) == 0
+    assert group_k(fresh[:1], 1, costs, remaining=[64], spread=0.15) == 1
+
+
+def test_the_spread_between_requests_is_measured_less_the_noise_of_few_positions():
+    spread = RowSpread(prior=0.15)
+    assert spread.value == 0.15
+    spread.record(2, RowSpread.minimum - 1)  # too few positions to say anything
+    assert spread.value == 0.15
+    for rate in [0.3, 0.7] * 20:  # a true spread of 0.2, each rate over 400 positions
+        spread.record(rate * 400, 400)
+    noise = (0.21 / 400) ** 0.5  # what binomial noise alone would spread: taken out
+    assert 0.2 - noise < spread.value < 0.2
+    alike = RowSpread(prior=0.15)
+    for _ in range(40):  # requests alike, each measured over 10 positions: only noise
+        alike.record(5, 10)
+    assert alike.value < 0.03
+
+
+class UnevenRounds:
+    """Rows accept by their prompt: a prompt that starts with 9 has every draft token rejected, any other has
+    every one accepted. A round costs 10 ms, and 30% more per draft token (a fake clock: a CPU pair at a batch of a few rows)."""
+
+    num_slots, vocab_size, max_draft_len, has_draft, device = 4, 0, 4, True, "cpu"
+
+    def __init__(self):
+        self.now, self.log = 0.0, []
+
+    def run(self, rows, num_draft, params, generator):
+        from trtspec.engines.rounds import Outcome
+
+        k = max(num_draft)
+        self.now += 0.010 * (1 + 0.3 * k)
+        self.log.append(k)
+        outcomes = []
+        for row, n in zip(rows, num_draft, strict=True):
+            accepted = 0 if row.tokens[0] == 9 else n
+            row.tokens += [7] * (accepted + 1)
+            outcomes.append(Outcome([7] * (accepted + 1), n, accepted))
+        return outcomes
+
+    def release(self, slot: int) -> None:
+        pass
+
+    def draft_behind(self, row) -> int:
+        return 0
+
+
+def test_a_batch_the_caller_waits_for_drafts_only_where_that_shortens_the_slowest_row():
+    """Two rows started together with one budget, one whose drafts are all accepted and one whose are all rejected:
+    the mean acceptance says drafting pays, but the call ends with the rejecting row, which gains nothing from it.
+    A loop told that its caller waits for every row (close) drafts in few rounds (those where the rejecting row's
+    estimate, held up by the pooled prior its accepting neighbour sets, nears break-even) and ends sooner than one
+    that is not, which drafts in most rounds."""
+    from trtspec.engines.loop import GenerationLoop
+
+    def makespan(close: bool, k: int | None = None) -> tuple[float, list[int]]:
+        rounds, policy = UnevenRounds(), KPolicy()
+        state = AdaptiveState(policy, clock=lambda: rounds.now)
+        loop = GenerationLoop(rounds, max_seq_len=100_000, k_policy=policy, adaptive=state)
+        for prompt in ([1, 2, 3], [9, 2, 3]):
+            loop.add(prompt[0], prompt, SamplingParams(max_new_tokens=300, num_draft_tokens=k))
+        if close:
+            loop.close()
+        while loop.busy:
+            loop.step()
+        return rounds.now, rounds.log
+
+    target_only, _ = makespan(close=True, k=0)
+    waited, log = makespan(close=True)
+    steady, steady_log = makespan(close=False)
+    assert len(log) == len(steady_log) == 300  # the rejecting row gains one token a round either way
+    assert sum(k > 0 for k in steady_log) > 0.5 * len(steady_log)
+    assert steady > 1.15 * target_only
+    assert sum(k > 0 for k in log) < 0.35 * len(log)
+    assert waited < 0.95 * steady
 
 
 def test_round_costs_per_k_in_target_only_rounds():
@@ -773,3 +900,27 @@ def test_slope_probes_step_by_slope_step_within_the_cap_or_not_at_all():
     assert {costs.slope_probe(5, 1, 8) for _ in range(2 * every)} == {1, 3}  # no K=-1: up each time
     assert {costs.slope_probe(5, 1, 2) for _ in range(2 * every)} == {1}  # K=2 would be a step of 1
     assert costs.slope_probe(5, 0, 8) == 0
+
+
+def test_an_engine_call_closes_its_loop_once_its_last_prompt_joined(tiny_pair, monkeypatch):
+    """The engine's caller waits for every prompt of a call: its loop is closed when the last one joins (at once
+    for a batch; for a steady load, when the queue of prompts runs out), and the output stays exact."""
+    from trtspec.engines.loop import GenerationLoop
+
+    added, closed_after = [], []
+    add, close = GenerationLoop.add, GenerationLoop.close
+    monkeypatch.setattr(
+        GenerationLoop, "add", lambda self, *a, **kw: (added.append(1), add(self, *a, **kw))[1]
+    )
+    monkeypatch.setattr(
+        GenerationLoop, "close", lambda self: (closed_after.append(len(added)), close(self))[1]
+    )
+    target, draft = tiny_pair
+    engine = SpeculativeEngine.from_pretrained(target, draft, max_draft_len=4)
+    params = SamplingParams(max_new_tokens=8, ignore_eos=True)
+    batch = engine.generate(PROMPTS[:2], params)
+    assert closed_after == [2]
+    steady = list(engine.generate_stream(PROMPTS[:3], params, in_flight=1))[-1].results
+    assert closed_after == [2, 5]
+    assert [r.token_ids for r in batch] == [hf_greedy(target, p, 8) for p in PROMPTS[:2]]
+    assert steady[2].token_ids == hf_greedy(target, PROMPTS[2], 8)

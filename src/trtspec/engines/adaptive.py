@@ -35,7 +35,13 @@ token accepted independently at the row's rate) rates a long K by its high-accep
 less (demo pair at concurrency 8: K=4 at 1.44x K=2's tokens by the model, 1.36x measured, for 1.47x the cost).
 Judging by the mean acceptance drafts shorter for mixed batches; tools/replay_adaptive.py on the demo pair's
 greedy acceptance with six bench runs' measured costs: 0.94-1.01x of the best static K at concurrency 1-16
-against 0.89-1.01x.
+against 0.89-1.01x. That is a steady load's measure, where a row that finishes makes way for another. Rows whose
+caller waits for them all (an engine call's batch: loop.GenerationLoop.close) are judged by the row expected to
+finish last instead (``remaining``: the group's rounds at K = 0, its longest budget, over its rounds at K, the most
+any row needs at its own acceptance): the call lasts as long as that row, tokens a faster row gains sooner shorten
+nothing, and every round drafted costs the whole batch. (The demo pair's grounded set in groups of 8, static K=1:
+69 rounds at batch 8, then 0.38 s at batches 1-7 while the rows that accepted less finished; 1.47 s against
+target-only's 1.38 s, where the mean acceptance priced K=1 at 1.18x.)
 
 By measured cost: ``RoundCosts`` gives each K's round cost in target-only rounds of the same batch size,
 measured from the rounds the loop ran, each over its whole cycle (start to the next round's start: the forwards,
@@ -60,9 +66,12 @@ docs/adaptive-k.md has the whole account.
 
 from __future__ import annotations
 
+import functools
+import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from statistics import NormalDist
 
 from trtspec.core.metrics import expected_tokens_per_round, round_cost
 
@@ -86,6 +95,11 @@ class KPolicy:
     # 2 CPU cores), and are accepted at about ``lookup_prior`` before a request's own rounds say otherwise.
     verify_token_ratio: float = 0.1
     lookup_prior: float = 0.5
+    # The standard deviation of acceptance between requests, until finished requests measure it (RowSpread): rows
+    # whose caller waits for them all are judged by the slowest, whom a row's pooled prior cannot tell apart. (The
+    # demo pair at K=1, 64 tokens: 0.15 between the grounded set's 20 requests and between the default set's 10,
+    # binomial noise taken out.)
+    row_spread: float = 0.15
     schedule: Mapping[int, int] | None = field(default=None)
 
 
@@ -111,16 +125,42 @@ def linear_costs(draft_cost_ratio: float, verify_cost_ratio: float, max_k: int) 
     return [1.0] + [round_cost(k, draft_cost_ratio, verify_cost_ratio) for k in range(1, max_k + 1)]
 
 
-def best_k(acceptance: float | Sequence[float], cap: int, policy: KPolicy, costs: Costs | None = None) -> int:
+def group_tokens_per_k(
+    acceptances: Sequence[float], cap: int, remaining: Sequence[int] | None = None
+) -> list[float]:
+    """What drafting K gives rows batched together, in tokens per round, for K in 0..cap: at the rows' mean
+    acceptance (a steady load, whose finished rows make way for new ones), or, for rows whose caller waits for
+    them all (``remaining``: each row's tokens left), the group's rounds at K = 0 (its longest budget) over its
+    rounds at K (the row expected to finish last). See the module docstring. Expected tokens per round at
+    acceptance a are 1 + a + ... + a^K (core.metrics.expected_tokens_per_round), summed here K by K."""
+    rows = [sum(acceptances) / len(acceptances)] if remaining is None else list(acceptances)
+    budgets = [1] if remaining is None else [max(n, 1) for n in remaining]
+    tokens, powers, out = [1.0] * len(rows), [1.0] * len(rows), [1.0]
+    for _ in range(cap):
+        for i, a in enumerate(rows):
+            powers[i] *= a
+            tokens[i] += powers[i]
+        out.append(max(budgets) / max(n / t for n, t in zip(budgets, tokens, strict=True)))
+    return out
+
+
+def best_k(
+    acceptance: float | Sequence[float],
+    cap: int,
+    policy: KPolicy,
+    costs: Costs | None = None,
+    remaining: Sequence[int] | None = None,
+) -> int:
     """The K in 0..cap with the best expected speedup (expected tokens per round over the round's cost) at this
-    acceptance, or at the mean of rows batched together (see the module docstring); 0 unless one beats
-    1 + min_gain. ``costs``: measured (RoundCosts: at least cap + 1 entries), else the policy's ratios."""
+    acceptance, or for rows batched together (group_tokens_per_k: their mean acceptance, or with
+    ``remaining`` the row expected to finish last); 0 unless one beats 1 + min_gain. ``costs``: measured
+    (RoundCosts: at least cap + 1 entries), else the policy's ratios."""
     rows = [acceptance] if isinstance(acceptance, int | float) else list(acceptance)
-    mean = sum(rows) / len(rows)
     costs = costs or linear_costs(policy.draft_cost_ratio, policy.verify_cost_ratio, cap)
     best, best_speedup = 0, 1.0 + policy.min_gain
+    tokens = group_tokens_per_k(rows, cap, remaining)
     for k in range(1, cap + 1):
-        speedup = expected_tokens_per_round(mean, k) / costs[k]
+        speedup = tokens[k] / costs[k]
         if speedup > best_speedup:
             best, best_speedup = k, speedup
     return best
@@ -142,6 +182,11 @@ class Acceptance:
         prior = self.prior.value if isinstance(self.prior, Acceptance) else self.prior
         return (accepted + self.weight * prior) / (judged + self.weight)
 
+    @property
+    def prior_share(self) -> float:
+        """The share of ``value`` that is the prior (1 before anything is judged)."""
+        return self.weight / (self.counts[1] + self.weight)
+
     def update(self, num_draft: int, num_accepted: int) -> None:
         judged = min(num_accepted + 1, num_draft)  # the target stops judging at the first rejection
         keep = (1.0 - self.decay) ** judged
@@ -152,6 +197,34 @@ class Acceptance:
         """Forget as much as one judged position would, with nothing judged."""
         accepted, seen = self.counts
         self.counts = ((1.0 - self.decay) * accepted, (1.0 - self.decay) * seen)
+
+
+class RowSpread:
+    """The standard deviation of acceptance between requests: each finished request's own rate (accepted /
+    judged over its rounds, from ``minimum`` judged positions), the last ~1/decay requests weighted, less the
+    binomial noise of rates measured over few positions, shrunk toward ``prior`` (``weight`` requests' worth)."""
+
+    minimum = 8
+
+    def __init__(self, prior: float, weight: float = 4.0, decay: float = 0.05):
+        self.prior, self.weight, self.decay = prior, weight, decay
+        self.sums = (0.0, 0.0, 0.0, 0.0)  # weighted requests, rates, squared rates, binomial variances
+
+    def record(self, accepted: float, judged: float) -> None:
+        if judged < self.minimum:
+            return
+        rate = accepted / judged
+        added = (1.0, rate, rate * rate, rate * (1 - rate) / judged)
+        keep = 1 - self.decay
+        self.sums = tuple(keep * total + value for total, value in zip(self.sums, added, strict=True))
+
+    @property
+    def value(self) -> float:
+        n, rates, squares, noise = self.sums
+        if n == 0:
+            return self.prior
+        measured = math.sqrt(max(squares / n - (rates / n) ** 2 - noise / n, 0.0))
+        return (n * measured + self.weight * self.prior) / (n + self.weight)
 
 
 class AcceptancePool(Acceptance):
@@ -207,6 +280,7 @@ class KController:
             policy.prior if prior is None else prior, policy.prior_weight, policy.smoothing
         )
         self.rounds_off = 0  # consecutive rounds that drafted nothing
+        self.lifetime = (0, 0)  # (accepted, judged) over the request's rounds, nothing forgotten: RowSpread's
 
     @property
     def acceptance(self) -> float:
@@ -220,6 +294,8 @@ class KController:
             return
         self.rounds_off = 0
         self.estimate.update(num_draft, num_accepted)
+        accepted, judged = self.lifetime
+        self.lifetime = (accepted + num_accepted, judged + min(num_accepted + 1, num_draft))
 
     def choose(self, in_flight: int, costs: Costs | None = None) -> int:
         """This round's K for a loop with ``in_flight`` sequences: min(best for the acceptance, schedule, max_k),
@@ -238,13 +314,45 @@ def _cap(controllers: Sequence[KController], in_flight: int) -> int:
     return capped(min(c.max_k for c in controllers), controllers[0].policy.schedule, in_flight)
 
 
-def group_k(controllers: Sequence[KController], in_flight: int, costs: Costs | None = None) -> int:
-    """One K for adaptive rows batched in one round: the best for their acceptances together, capped by the
-    schedule for ``in_flight`` and every row's max_k (0: no K pays; rows then probe on their own, ``probe_due``).
-    The controllers share one policy (the loop's)."""
-    return best_k(
-        [c.acceptance for c in controllers], _cap(controllers, in_flight), controllers[0].policy, costs
-    )
+def expected_max_normal(n: int) -> float:
+    """The expected largest of ``n`` standard normal draws (Blom's approximation; 0 for one)."""
+    return NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
+
+
+def waited_acceptances(controllers: Sequence[KController], spread: float) -> list[float]:
+    """Each row's acceptance as the group it ends weighs it (rows whose caller waits for them all): lowered by
+    the expected shortfall of the slowest of them (``spread``, the standard deviation between requests, times
+    the expected largest of as many normal draws) in proportion to the share of its estimate that is the pooled
+    prior. Rows that just started are alike by their estimates, yet one of them accepts least and ends the group;
+    as their own rounds tell them apart, the estimates carry it."""
+    shortfall = spread * expected_max_normal(len(controllers))
+    return [max(c.acceptance - shortfall * c.estimate.prior_share, 0.0) for c in controllers]
+
+
+def group_k(
+    controllers: Sequence[KController],
+    in_flight: int,
+    costs: Costs | None = None,
+    remaining: Sequence[int] | None = None,
+    spread: float = 0.0,
+) -> int:
+    """One K for adaptive rows batched in one round: the best for their acceptances together (``remaining``: the
+    rows' tokens left, where their caller waits for them all, with ``spread`` the standard deviation of
+    acceptance between requests: best_k over waited_acceptances), capped by the schedule for ``in_flight`` and
+    every row's max_k (0: no K pays; rows then probe on their own, ``probe_due``). The controllers share one
+    policy (the loop's)."""
+    acceptances = group_acceptances(controllers, remaining, spread)
+    return best_k(acceptances, _cap(controllers, in_flight), controllers[0].policy, costs, remaining)
+
+
+def group_acceptances(
+    controllers: Sequence[KController], remaining: Sequence[int] | None, spread: float
+) -> list[float]:
+    """The rows' acceptances as group_k judges them: their estimates, or where their caller waits for them all
+    (``remaining``), waited_acceptances."""
+    if remaining is None:
+        return [c.acceptance for c in controllers]
+    return waited_acceptances(controllers, spread)
 
 
 def probe_due(controller: KController, in_flight: int) -> bool:
@@ -475,7 +583,7 @@ class RoundCosts:
         self.since_unit[batch] = 0 if due else since
         return due
 
-    def explore_due(self, batch: int, k: int, candidate: int) -> bool:
+    def explore_due(self, batch: int, k: int, candidate: int | Callable[[], int]) -> bool:
         """Measured costs chose ``k`` = 0 at this batch size where the policy's ratios would draft ``candidate``:
         should this round draft ``candidate`` anyway, timed, to measure its cost again? Once costs switch drafting
         off, only target-only rounds are timed, so a speculative cost measured high by a few noisy rounds (a
@@ -486,16 +594,17 @@ class RoundCosts:
         to ``refresh_every`` rounds: where target-only truly wins (a large batch), re-measures end up 2 rounds in
         ~256. The wait is per batch size, so a load whose batch size keeps changing re-measures more often.
         Drafting again (``k`` > 0) resets the wait; a round the policy's ratios would not draft in (``candidate``
-        0: a low acceptance, which probes measure) counts for nothing."""
+        0: a low acceptance, which probes measure) counts for nothing. ``candidate`` may be a function giving it,
+        called only where a round off is counted."""
         due = self._explore_due(batch, k, candidate)
         (self.exploring.add if due else self.exploring.discard)(batch)
         return due
 
-    def _explore_due(self, batch: int, k: int, candidate: int) -> bool:
+    def _explore_due(self, batch: int, k: int, candidate: int | Callable[[], int]) -> bool:
         if k:
             self.off.pop(batch, None)
             return False
-        if not candidate:
+        if not (candidate() if callable(candidate) else candidate):
             return False
         state = self.off.setdefault(batch, [0, self.explore_every, 0])
         if state[2]:
@@ -620,6 +729,9 @@ class AdaptiveState:
         # target-only units: lookup's cost per proposed token is what its verification costs where it runs.
         self.lookup_costs = RoundCosts(policy, clock=clock)
         self.pool = AcceptancePool(policy)
+        self.spread = RowSpread(
+            policy.row_spread
+        )  # between the draft's requests, for groups a caller waits for
         # prompt lookup's acceptance, pooled the same way (a request's own estimate shrinks toward it)
         self.lookup_pool = Acceptance(policy.lookup_prior, policy.prior_weight, 0.005)
         self.decisions: dict[int, Decision] = {}
@@ -671,27 +783,41 @@ class AdaptiveState:
         return dict(self.decisions), dict(self.rounds_by_k)
 
     def choose(
-        self, controllers: Sequence[KController], in_flight: int, batch: int, max_k: int, timed: bool = True
+        self,
+        controllers: Sequence[KController],
+        in_flight: int,
+        batch: int,
+        max_k: int,
+        timed: bool = True,
+        remaining: Sequence[int] | None = None,
     ) -> int:
         """The K of the adaptive rows of a batch of ``batch`` rows (group_k with this batch size's measured
-        costs), or 0 for a round that measures the target-only unit (RoundCosts.unit_due), the policy's K where a
-        re-measure is due (RoundCosts.explore_due), or a neighbour K that gives the line a slope
-        (RoundCosts.slope_probe). ``timed``: the round will be timed as one batch of these rows, all adaptive (a
-        pinned row drafts anyway; a round of several batches or with a prompt's prefill is not timed), so a
-        target-only round would measure the unit."""
+        costs; ``remaining``: the rows' tokens left, where their caller waits for them all), or 0 for a round
+        that measures the target-only unit (RoundCosts.unit_due), the policy's K where a re-measure is due
+        (RoundCosts.explore_due), or a neighbour K that gives the line a slope (RoundCosts.slope_probe).
+        ``timed``: the round will be timed as one batch of these rows, all adaptive (a pinned row drafts anyway;
+        a round of several batches or with a prompt's prefill is not timed), so a target-only round would
+        measure the unit."""
         costs = self.costs.costs(batch, max_k) if self.measure else None
-        k = group_k(controllers, in_flight, costs)
-        self._decided(batch, k, controllers, costs, max_k)
+        judged = group_acceptances(controllers, remaining, self.spread.value)
+        cap = _cap(controllers, in_flight)
+        k = best_k(judged, cap, self.policy, costs, remaining)
+        self._decided(batch, k, controllers, judged, costs, max_k, remaining)
         self.costs.exploring.discard(batch)
         if not (self.measure and timed):
             return k
         if self.costs.unit_due(batch, k):
             return 0
-        # where measured costs switched drafting off, what the policy's ratios would draft (explore_due)
-        candidate = group_k(controllers, in_flight) if k == 0 and costs is not None else 0
+
+        @functools.cache
+        def candidate() -> (
+            int
+        ):  # where measured costs switched drafting off, what the policy's ratios would draft
+            return best_k(judged, cap, self.policy, None, remaining) if costs is not None else 0
+
         if self.costs.explore_due(batch, k, candidate):
-            return candidate
-        return self.costs.slope_probe(batch, k, _cap(controllers, in_flight))
+            return candidate()
+        return self.costs.slope_probe(batch, k, cap)
 
     def worth_probing(self, batch: int, max_k: int, in_flight: int) -> bool:
         """Whether a probe can change anything at this batch size: some K pays at a high acceptance (0.95) by
@@ -707,8 +833,10 @@ class AdaptiveState:
         target's prefill alone and a K cut to the budget count as what ran, not as what was chosen)."""
         self.rounds_by_k[batch, k] = self.rounds_by_k.get((batch, k), 0) + 1
 
-    def _decided(self, batch: int, k: int, controllers, costs: Costs | None, max_k: int) -> None:
+    def _decided(
+        self, batch: int, k: int, controllers, judged: list[float], costs: Costs | None, max_k: int, remaining
+    ) -> None:
         acceptance = sum(c.acceptance for c in controllers) / len(controllers)
         prices = costs or linear_costs(self.policy.draft_cost_ratio, self.policy.verify_cost_ratio, max_k)
-        speedup = expected_tokens_per_round(acceptance, k) / prices[k]
+        speedup = group_tokens_per_k(judged, k, remaining)[k] / prices[k]
         self.decisions[batch] = Decision(k, acceptance, prices[k], speedup, costs is not None)

@@ -157,6 +157,8 @@ class StreamingGenerator(ABC):
             joined = [waiting.popleft() for _ in range(min(count, len(waiting)))]
             for b in joined:
                 loop.add(b, prompts[b], own[b], eos_ids=eos_ids, generator=generator)
+            if joined and not waiting:
+                loop.close()  # the last prompt joined: the call returns when every one is done
             return joined
 
         join(in_flight or len(prompts))

@@ -21,7 +21,8 @@ entry model feeds one loop from a thread (triton_repo/models/loop_thread.py); th
 orchestrator runs one loop per request on that request's thread.
 
 K per round: a request that pins ``num_draft_tokens`` drafts that many; one that gives none is adaptive
-(engines/adaptive.py: its running acceptance, capped by the policy's schedule for the rows in flight).
+(engines/adaptive.py: its running acceptance, capped by the policy's schedule for the rows in flight; in a
+``close``d loop, the row expected to finish last).
 
 Proposers (core/lookup.py): the loop's ``proposer``, or the request's own. Prompt lookup runs here, once for every
 runtime: a row that uses it gets its looked-up tokens as the round's given proposal, and the runtime verifies them
@@ -235,10 +236,18 @@ class GenerationLoop:
         self.lock = threading.Lock()
         self._shared_generator = new_generator(SamplingParams(temperature=1.0), rounds.device)
         self.rounds_run = 0
+        self.closed = False  # close(): no request will be added
 
     @property
     def busy(self) -> bool:
         return bool(self.active or self.queued)
+
+    def close(self) -> None:
+        """No request will be added, and the caller waits for all it added (an engine call's batch): once none
+        is queued, adaptive K judges each batch by the row expected to finish last (the rows' remaining budgets,
+        adaptive.group_tokens_per_k), since that row ends the call, instead of by the mean acceptance, which
+        a steady load's throughput follows. A loop that is never closed (a server's) keeps the mean."""
+        self.closed = True
 
     def add(
         self,
@@ -343,6 +352,8 @@ class GenerationLoop:
         return [self._finished(r, "cancelled") for r in queued + leaving]
 
     def _retire(self, request: _Active) -> None:
+        if request.controller is not None and not request.params.seeded:
+            self.adaptive.spread.record(*request.controller.lifetime)
         self.active.remove(request)
         self.rounds.release(request.row.slot)
         self.free_slots.append(request.row.slot)
@@ -389,19 +400,28 @@ class GenerationLoop:
         random draws it consumes, so its tokens must not depend on them."""
         adaptive = [r.controller for r in group if r.controller is not None]
         no_prefill = all(r.rounds for r in group)  # a prefill round's time is the prompt's, not the K's
-        shared = 0
+        shared, remaining = 0, None
         if adaptive and group[0].params.seeded:
             shared = group_k(adaptive, 1)
         elif adaptive:
             # a unit round measures only where the round is timed as one batch and every row is adaptive
             unit = only_group and no_prefill and len(adaptive) == len(group)
-            shared = self.adaptive.choose(adaptive, len(self.active), len(group), self.max_draft_len, unit)
-        # per-row probes (adaptive.probe_due) only where drafting could pay at this batch size
+            if self.closed and not self.queued:
+                remaining = [r.params.max_new_tokens - len(r.generated) for r in group if r.controller]
+            shared = self.adaptive.choose(
+                adaptive, len(self.active), len(group), self.max_draft_len, unit, remaining
+            )
+        # Per-row probes (adaptive.probe_due) only where drafting could pay at this batch size. In a group its
+        # caller waits for, only by the row with the most tokens left (the one expected to finish last): another
+        # row's estimate does not move the group's K, and its probe makes its draft take in all it skipped.
         probes = shared == 0 and (
             group[0].params.seeded
             or self.adaptive.worth_probing(len(group), self.max_draft_len, len(self.active))
         )
-        num_draft = [self._num_draft(r, running, shared, probes) for r in group]
+        last = None
+        if probes and remaining is not None:
+            last = max(group, key=lambda r: r.params.max_new_tokens - len(r.generated))
+        num_draft = [self._num_draft(r, running, shared, probes and last in (None, r)) for r in group]
         behind = self._catch_ups(group, num_draft)
         probing = adaptive and shared == 0 and any(num_draft)  # a few rows' probes: no K's cost to learn
         proposals = self._lookups(group, num_draft, running)
