@@ -809,11 +809,13 @@ class AdaptiveState:
         if self.costs.unit_due(batch, k):
             return 0
 
+        # Where measured costs switched drafting off, what the policy's ratios would draft. Not in a group of
+        # rows that its caller waits for: a re-measure there makes every row's draft take in all it skipped, and
+        # a later call of one row, or a server's loop, re-measures these costs.
         @functools.cache
-        def candidate() -> (
-            int
-        ):  # where measured costs switched drafting off, what the policy's ratios would draft
-            return best_k(judged, cap, self.policy, None, remaining) if costs is not None else 0
+        def candidate() -> int:
+            waited_group = remaining is not None and len(controllers) > 1
+            return 0 if costs is None or waited_group else best_k(judged, cap, self.policy, None, remaining)
 
         if self.costs.explore_due(batch, k, candidate):
             return candidate()

@@ -411,17 +411,17 @@ class GenerationLoop:
             shared = self.adaptive.choose(
                 adaptive, len(self.active), len(group), self.max_draft_len, unit, remaining
             )
-        # Per-row probes (adaptive.probe_due) only where drafting could pay at this batch size. In a group its
-        # caller waits for, only by the row with the most tokens left (the one expected to finish last): another
-        # row's estimate does not move the group's K, and its probe makes its draft take in all it skipped.
+        # Per-row probes (adaptive.probe_due) only where drafting could pay at this batch size, and not in a group
+        # of rows its caller waits for: one row's estimate hardly moves the group's K, and each probe makes its
+        # draft take in all it skipped (rows probing in turn: a costly round in every few on the demo pair's
+        # groups of 16).
+        waited_group = remaining is not None and len(group) > 1
         probes = shared == 0 and (
             group[0].params.seeded
-            or self.adaptive.worth_probing(len(group), self.max_draft_len, len(self.active))
+            or not waited_group
+            and self.adaptive.worth_probing(len(group), self.max_draft_len, len(self.active))
         )
-        last = None
-        if probes and remaining is not None:
-            last = max(group, key=lambda r: r.params.max_new_tokens - len(r.generated))
-        num_draft = [self._num_draft(r, running, shared, probes and last in (None, r)) for r in group]
+        num_draft = [self._num_draft(r, running, shared, probes) for r in group]
         behind = self._catch_ups(group, num_draft)
         probing = adaptive and shared == 0 and any(num_draft)  # a few rows' probes: no K's cost to learn
         proposals = self._lookups(group, num_draft, running)
