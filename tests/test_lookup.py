@@ -197,3 +197,22 @@ def test_one_lookup_length_for_a_batch_pays_only_if_its_rows_gain_more_than_the_
     assert n == 4 and speedup == pytest.approx(best_lookup_len([0.8], [4], 1, policy)[1])
     # measured costs (lookup rounds of this batch size) replace the prior ratio: a dear verification declines
     assert best_lookup_len([0.8], [4], 1, policy, costs=[1.0, 3.0, 3.5, 4.0, 4.5]) == (0, 1.0)
+
+
+def test_a_lookup_for_rows_their_caller_waits_for_pays_only_where_it_advances_the_row_that_ends_them():
+    """Rows whose caller waits for them all gain from a lookup round only as the group they end does: a match for
+    the row with the most tokens left shortens the call, a match for a row ahead of it does not (the mean counts
+    both alike)."""
+    from trtspec.engines.adaptive import KPolicy, best_lookup_len
+
+    policy = KPolicy(verify_token_ratio=0.1)
+    matched_one = ([0.8, 0.0], [4, 0], 2, policy)
+    assert best_lookup_len(*matched_one)[0] == 4  # the mean: 1 + 2.36 / 2 = 2.18 tokens for 1.4
+    assert best_lookup_len(*matched_one, remaining=[40, 40]) == (0, 1.0)  # the other row ends the call
+    assert best_lookup_len(*matched_one, remaining=[30, 40]) == (0, 1.0)  # ... and is behind
+    behind = best_lookup_len(*matched_one, remaining=[50, 40])  # the matched row is the one behind
+    assert behind[0] > 0 and behind[1] == pytest.approx(50 / 40 / (1 + 0.1 * behind[0]))
+    # Every row matched alike: as one row.
+    assert best_lookup_len([0.8] * 2, [4] * 2, 2, policy, remaining=[40, 40]) == best_lookup_len(
+        [0.8], [4], 1, policy
+    )

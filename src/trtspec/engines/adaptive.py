@@ -134,14 +134,20 @@ def group_tokens_per_k(
     rounds at K (the row expected to finish last). See the module docstring. Expected tokens per round at
     acceptance a are 1 + a + ... + a^K (core.metrics.expected_tokens_per_round), summed here K by K."""
     rows = [sum(acceptances) / len(acceptances)] if remaining is None else list(acceptances)
-    budgets = [1] if remaining is None else [max(n, 1) for n in remaining]
     tokens, powers, out = [1.0] * len(rows), [1.0] * len(rows), [1.0]
     for _ in range(cap):
         for i, a in enumerate(rows):
             powers[i] *= a
             tokens[i] += powers[i]
-        out.append(max(budgets) / max(n / t for n, t in zip(budgets, tokens, strict=True)))
+        out.append(tokens[0] if remaining is None else waited_tokens(tokens, remaining))
     return out
+
+
+def waited_tokens(tokens: Sequence[float], remaining: Sequence[int]) -> float:
+    """Rows' expected tokens per round as the group they end gains them, where its caller waits for them all:
+    its rounds at one token each (its longest budget) over its rounds at these (the most any row needs)."""
+    budgets = [max(n, 1) for n in remaining]
+    return max(budgets) / max(n / t for n, t in zip(budgets, tokens, strict=True))
 
 
 def best_k(
@@ -240,21 +246,27 @@ def best_lookup_len(
     batch: int,
     policy: KPolicy,
     costs: Costs | None = None,
+    remaining: Sequence[int] | None = None,
 ) -> tuple[int, float]:
     """How many looked-up tokens the rows of a batch of ``batch`` rows propose (each at most its ``available``),
     and the round's expected speedup over target-only: the length with the most expected tokens per round over
     the round's cost (measured lookup rounds of this batch size, else 1 + verify_token_ratio per token). One
     length for the batch: a batched verification is as wide as its longest proposal for every row, so a length
-    pays only if the rows that look up gain more than the whole batch pays. (0, 1.0) unless one beats
-    1 + min_gain."""
+    pays only if the rows that look up gain more than the whole batch pays: their mean gain over the batch, or
+    where the caller waits for every row (``remaining``: each row's tokens left; then ``acceptances`` and
+    ``available`` cover every row, 0 for one without a match), the group's (waited_tokens). (0, 1.0) unless one
+    beats 1 + min_gain."""
     best, best_speedup = 0, 1.0 + policy.min_gain
     for n in range(1, max(available, default=0) + 1):
         # a wider verification never costs less than a target step: a measured cost below 1 is noise
         cost = max(costs[n], 1.0) if costs else 1.0 + policy.verify_token_ratio * n
-        gained = sum(
-            expected_tokens_per_round(a, min(n, m)) - 1.0 for a, m in zip(acceptances, available, strict=True)
-        )
-        speedup = (batch + gained) / batch / cost
+        tokens = [
+            expected_tokens_per_round(a, min(n, m)) for a, m in zip(acceptances, available, strict=True)
+        ]
+        if remaining is None:
+            speedup = (batch + sum(tokens) - len(tokens)) / batch / cost
+        else:
+            speedup = waited_tokens(tokens, remaining) / cost
         if speedup > best_speedup:
             best, best_speedup = n, speedup
     return (best, best_speedup) if best else (0, 1.0)

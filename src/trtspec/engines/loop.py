@@ -406,8 +406,8 @@ class GenerationLoop:
         elif adaptive:
             # a unit round measures only where the round is timed as one batch and every row is adaptive
             unit = only_group and no_prefill and len(adaptive) == len(group)
-            if self.closed and not self.queued:
-                remaining = [r.params.max_new_tokens - len(r.generated) for r in group if r.controller]
+            if (waited := self._waited(group)) is not None:
+                remaining = [n for n, r in zip(waited, group, strict=True) if r.controller]
             shared = self.adaptive.choose(
                 adaptive, len(self.active), len(group), self.max_draft_len, unit, remaining
             )
@@ -435,6 +435,13 @@ class GenerationLoop:
             catch_up = sum(b for b, k in zip(behind, drafted, strict=True) if k)
             self.adaptive.timed(len(group), max(num_draft), looked_up, catch_up)
         return num_draft, proposals
+
+    def _waited(self, group: list[_Active]) -> list[int] | None:
+        """Each row's tokens left where the caller waits for every row (a closed loop with none queued: adaptive K
+        judges the group by the row expected to finish last), else None."""
+        if not self.closed or self.queued:
+            return None
+        return [r.params.max_new_tokens - len(r.generated) for r in group]
 
     def _catch_ups(self, group: list[_Active], num_draft: list[int]) -> list[int]:
         """Per row, the tokens its draft takes in this round beyond a round's own (a prompt it never saw, the
@@ -484,12 +491,14 @@ class GenerationLoop:
         # load, so it prices by the policy's ratios alone, as one row.
         shared = [i for i in rows if found[i] and not group[i].params.seeded]
         probe_round = self.rounds_run % self.k_policy.probe_every == 0
-        n_shared, speedup_shared = best_lookup_len(
-            [group[i].lookup.value for i in shared],
-            [len(found[i]) for i in shared],
+        ours = set(shared)
+        n_shared, speedup_shared = best_lookup_len(  # every row of the group: 0 for one that proposes nothing
+            [r.lookup.value if i in ours else 0.0 for i, r in enumerate(group)],
+            [len(found[i]) if i in ours else 0 for i in range(len(group))],
             len(group),
             self.k_policy,
             costs,
+            self._waited(group),
         )
         for i in rows:
             request = group[i]
