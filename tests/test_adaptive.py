@@ -226,8 +226,10 @@ def test_the_spread_between_requests_is_measured_less_the_noise_of_few_positions
     noise = (0.21 / 400) ** 0.5  # what binomial noise alone would spread: taken out
     assert 0.2 - noise < spread.value < 0.2
     alike = RowSpread(prior=0.15)
-    for _ in range(40):  # requests alike, each measured over 10 positions: only noise
-        alike.record(5, 10)
+    for i in range(
+        40
+    ):  # requests alike at 0.5, each measured over 10 positions: 0.1 of spread is noise alone
+        alike.record(4 + 2 * (i % 2), 10)
     assert alike.value < 0.03
 
 
@@ -288,6 +290,64 @@ def test_a_batch_the_caller_waits_for_drafts_only_where_that_shortens_the_slowes
     assert steady > 1.15 * target_only
     assert sum(k > 0 for k in log) < 0.35 * len(log)
     assert waited < 0.95 * steady
+
+
+class SwitchingRounds(UnevenRounds):
+    """UnevenRounds whose rows reject every draft token while ``rejecting`` is set, and accept every one after."""
+
+    rejecting = True
+
+    def run(self, rows, num_draft, params, generator):
+        for row in rows:
+            row.tokens[0] = 9 if self.rejecting else 1
+        return super().run(rows, num_draft, params, generator)
+
+
+def test_calls_whose_caller_waits_for_every_row_draft_again_once_the_draft_is_accepted_again():
+    """An engine's adaptive state outlives its calls. After calls whose drafts were all rejected switched drafting
+    off, calls whose drafts are all accepted draft again: in the first, the row that ends the call probes now and
+    then (one row, once in probe_every rounds) and the pool follows its probes; the next drafts from its start."""
+    from trtspec.engines.loop import GenerationLoop
+
+    rounds, policy = SwitchingRounds(), KPolicy()
+    state = AdaptiveState(policy, clock=lambda: rounds.now)
+
+    def call() -> list[int]:
+        start = len(rounds.log)
+        loop = GenerationLoop(rounds, max_seq_len=100_000, k_policy=policy, adaptive=state)
+        for i in range(2):
+            loop.add(i, [1, 2, 3], SamplingParams(max_new_tokens=200))
+        loop.close()
+        while loop.busy:
+            loop.step()
+        return rounds.log[start + 1 :]
+
+    for _ in range(2):
+        call()
+    off = call()
+    assert sum(k > 0 for k in off) <= len(off) // policy.probe_every + 2  # the probes, a re-measure or two
+    rounds.rejecting = False
+    probed = call()
+    assert sum(k > 0 for k in probed) > 0 and len(probed) < 199  # probes, then drafting late in the call
+    assert state.pool.value > 0.7
+    again = call()
+    assert len(again) < 60 and sum(k > 0 for k in again) > 0.9 * len(again)
+
+
+def test_a_closed_loop_judges_by_the_row_that_ends_it_only_once_nothing_is_queued():
+    from trtspec.engines.loop import GenerationLoop
+
+    rounds = UnevenRounds()
+    loop = GenerationLoop(rounds, max_seq_len=100_000)
+    for i in range(6):  # 4 slots: 2 queued
+        loop.add(i, [1, 2, 3], SamplingParams(max_new_tokens=8))
+    loop.step()
+    assert loop._waited(loop.active) is None  # open
+    loop.close()
+    assert loop._waited(loop.active) is None  # closed, 2 still queued
+    while loop.queued:
+        loop.step()
+    assert loop._waited(loop.active) == [8 - len(r.generated) for r in loop.active]
 
 
 def test_round_costs_per_k_in_target_only_rounds():

@@ -212,6 +212,9 @@ def test_a_lookup_for_rows_their_caller_waits_for_pays_only_where_it_advances_th
     assert best_lookup_len(*matched_one, remaining=[30, 40]) == (0, 1.0)  # ... and is behind
     behind = best_lookup_len(*matched_one, remaining=[50, 40])  # the matched row is the one behind
     assert behind[0] > 0 and behind[1] == pytest.approx(50 / 40 / (1 + 0.1 * behind[0]))
+    # The other row drafts with its draft model instead (2 tokens a round): the matched row must keep up with it.
+    drafting = best_lookup_len(*matched_one, remaining=[40, 40], floors=[1.0, 2.0])
+    assert drafting[0] >= 2 and drafting[1] == pytest.approx(2.0 / (1 + 0.1 * drafting[0]))
     # Every row matched alike: as one row.
     assert best_lookup_len([0.8] * 2, [4] * 2, 2, policy, remaining=[40, 40]) == best_lookup_len(
         [0.8], [4], 1, policy

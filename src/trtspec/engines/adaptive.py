@@ -247,6 +247,7 @@ def best_lookup_len(
     policy: KPolicy,
     costs: Costs | None = None,
     remaining: Sequence[int] | None = None,
+    floors: Sequence[float] | None = None,
 ) -> tuple[int, float]:
     """How many looked-up tokens the rows of a batch of ``batch`` rows propose (each at most its ``available``),
     and the round's expected speedup over target-only: the length with the most expected tokens per round over
@@ -254,7 +255,8 @@ def best_lookup_len(
     length for the batch: a batched verification is as wide as its longest proposal for every row, so a length
     pays only if the rows that look up gain more than the whole batch pays: their mean gain over the batch, or
     where the caller waits for every row (``remaining``: each row's tokens left; then ``acceptances`` and
-    ``available`` cover every row, 0 for one without a match), the group's (waited_tokens). (0, 1.0) unless one
+    ``available`` cover every row, 0 for one without a match; ``floors``: each row's expected tokens per round
+    without a lookup, above 1 for a row that drafts instead), the group's (waited_tokens). (0, 1.0) unless one
     beats 1 + min_gain."""
     best, best_speedup = 0, 1.0 + policy.min_gain
     for n in range(1, max(available, default=0) + 1):
@@ -266,6 +268,7 @@ def best_lookup_len(
         if remaining is None:
             speedup = (batch + sum(tokens) - len(tokens)) / batch / cost
         else:
+            tokens = tokens if floors is None else [max(t, f) for t, f in zip(tokens, floors, strict=True)]
             speedup = waited_tokens(tokens, remaining) / cost
         if speedup > best_speedup:
             best, best_speedup = n, speedup
@@ -716,7 +719,8 @@ class RoundCosts:
 
 @dataclass(frozen=True)
 class Decision:
-    """Adaptive K's last choice for one batch size, and why: the rows' mean acceptance, the chosen K's round cost
+    """Adaptive K's last choice for one batch size, and why: the rows' mean acceptance (where their caller waits for
+    them all, the lowest as judged: waited_acceptances), the chosen K's round cost
     in target-only rounds of that batch size (1 for K 0), its expected speedup over target-only (expected tokens
     per round / round cost; 1 for K 0), and whether the costs were measured (else the policy's ratios)."""
 
@@ -741,9 +745,8 @@ class AdaptiveState:
         # target-only units: lookup's cost per proposed token is what its verification costs where it runs.
         self.lookup_costs = RoundCosts(policy, clock=clock)
         self.pool = AcceptancePool(policy)
-        self.spread = RowSpread(
-            policy.row_spread
-        )  # between the draft's requests, for groups a caller waits for
+        # the spread of acceptance between the draft's requests, for groups their caller waits for
+        self.spread = RowSpread(policy.row_spread)
         # prompt lookup's acceptance, pooled the same way (a request's own estimate shrinks toward it)
         self.lookup_pool = Acceptance(policy.lookup_prior, policy.prior_weight, 0.005)
         self.decisions: dict[int, Decision] = {}
@@ -821,13 +824,11 @@ class AdaptiveState:
         if self.costs.unit_due(batch, k):
             return 0
 
-        # Where measured costs switched drafting off, what the policy's ratios would draft. Not in a group of
-        # rows that its caller waits for: a re-measure there makes every row's draft take in all it skipped, and
-        # a later call of one row, or a server's loop, re-measures these costs.
         @functools.cache
-        def candidate() -> int:
-            waited_group = remaining is not None and len(controllers) > 1
-            return 0 if costs is None or waited_group else best_k(judged, cap, self.policy, None, remaining)
+        def candidate() -> (
+            int
+        ):  # where measured costs switched drafting off, what the policy's ratios would draft
+            return best_k(judged, cap, self.policy, None, remaining) if costs is not None else 0
 
         if self.costs.explore_due(batch, k, candidate):
             return candidate()
@@ -850,7 +851,8 @@ class AdaptiveState:
     def _decided(
         self, batch: int, k: int, controllers, judged: list[float], costs: Costs | None, max_k: int, remaining
     ) -> None:
-        acceptance = sum(c.acceptance for c in controllers) / len(controllers)
+        acceptances = [c.acceptance for c in controllers]
+        acceptance = sum(acceptances) / len(acceptances) if remaining is None else min(judged)
         prices = costs or linear_costs(self.policy.draft_cost_ratio, self.policy.verify_cost_ratio, max_k)
         speedup = group_tokens_per_k(judged, k, remaining)[k] / prices[k]
         self.decisions[batch] = Decision(k, acceptance, prices[k], speedup, costs is not None)

@@ -49,7 +49,7 @@ import torch
 
 from trtspec.core.errors import RequestError
 from trtspec.core.lookup import LookupSpec, lookup, uses_draft, uses_lookup
-from trtspec.core.metrics import AcceptanceStats
+from trtspec.core.metrics import AcceptanceStats, expected_tokens_per_round
 from trtspec.core.token_rules import KEEP_END
 from trtspec.engines.adaptive import (
     Acceptance,
@@ -411,17 +411,16 @@ class GenerationLoop:
             shared = self.adaptive.choose(
                 adaptive, len(self.active), len(group), self.max_draft_len, unit, remaining
             )
-        # Per-row probes (adaptive.probe_due) only where drafting could pay at this batch size, and not in a group
-        # of rows its caller waits for: one row's estimate hardly moves the group's K, and each probe makes its
-        # draft take in all it skipped (rows probing in turn: a costly round in every few on the demo pair's
-        # groups of 16).
-        waited_group = remaining is not None and len(group) > 1
+        # Per-row probes (adaptive.probe_due) only where drafting could pay at this batch size.
         probes = shared == 0 and (
             group[0].params.seeded
-            or not waited_group
-            and self.adaptive.worth_probing(len(group), self.max_draft_len, len(self.active))
+            or self.adaptive.worth_probing(len(group), self.max_draft_len, len(self.active))
         )
-        num_draft = [self._num_draft(r, running, shared, probes) for r in group]
+        if probes and remaining is not None and len(group) > 1:
+            prober = self._waited_prober(group)
+            num_draft = [self._num_draft(r, running, shared, r is prober) for r in group]
+        else:
+            num_draft = [self._num_draft(r, running, shared, probes) for r in group]
         behind = self._catch_ups(group, num_draft)
         probing = adaptive and shared == 0 and any(num_draft)  # a few rows' probes: no K's cost to learn
         proposals = self._lookups(group, num_draft, running)
@@ -435,6 +434,28 @@ class GenerationLoop:
             catch_up = sum(b for b, k in zip(behind, drafted, strict=True) if k)
             self.adaptive.timed(len(group), max(num_draft), looked_up, catch_up)
         return num_draft, proposals
+
+    @staticmethod
+    def _draft_tokens(request: _Active, k: int) -> float:
+        """Expected tokens per round of a row that drafts ``k`` with its draft model if it takes no lookup (1 for
+        a row that cannot)."""
+        estimate = request.controller.estimate if request.controller else request.draft_estimate
+        if not k or estimate is None or not uses_draft(request.proposer):
+            return 1.0
+        return expected_tokens_per_round(estimate.value, k)
+
+    def _waited_prober(self, group: list[_Active]) -> _Active | None:
+        """The one row that may probe in a group its caller waits for, once in probe_every rounds: the row with
+        the most tokens left (it ends the call; another row's estimate does not move the group's K), of those
+        the one whose draft is least behind (a row that probed before catches up on a few tokens, not its
+        prompt). Rows probing in turn made every few rounds one in which a draft took in all it had skipped (the
+        demo pair's groups of 16: 0.89x-0.92x target-only with per-row probes). None where no row may."""
+        if self.rounds_run % self.k_policy.probe_every:
+            return None
+        return max(
+            group,
+            key=lambda r: (r.params.max_new_tokens - len(r.generated), -self.rounds.draft_behind(r.row)),
+        )
 
     def _waited(self, group: list[_Active]) -> list[int] | None:
         """Each row's tokens left where the caller waits for every row (a closed loop with none queued: adaptive K
@@ -492,13 +513,17 @@ class GenerationLoop:
         shared = [i for i in rows if found[i] and not group[i].params.seeded]
         probe_round = self.rounds_run % self.k_policy.probe_every == 0
         ours = set(shared)
+        waited = self._waited(group)
         n_shared, speedup_shared = best_lookup_len(  # every row of the group: 0 for one that proposes nothing
             [r.lookup.value if i in ours else 0.0 for i, r in enumerate(group)],
             [len(found[i]) if i in ours else 0 for i in range(len(group))],
             len(group),
             self.k_policy,
             costs,
-            self._waited(group),
+            waited,
+            None
+            if waited is None
+            else [self._draft_tokens(r, k) for r, k in zip(group, num_draft, strict=True)],
         )
         for i in rows:
             request = group[i]
