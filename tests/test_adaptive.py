@@ -329,7 +329,7 @@ def test_calls_whose_caller_waits_for_every_row_draft_again_once_the_draft_is_ac
     rounds.rejecting = False
     probed = call()
     assert sum(k > 0 for k in probed) > 0 and len(probed) < 199  # probes, then drafting late in the call
-    assert state.pool.value > 0.7
+    assert state.pool.value > 0.5  # from 0.2: the probes were accepted
     again = call()
     assert len(again) < 60 and sum(k > 0 for k in again) > 0.9 * len(again)
 
@@ -686,6 +686,11 @@ def test_speculative_costs_measured_in_a_slow_spell_are_measured_again_and_draft
     assert not costs.explore_due(16, 0, 0)
     costs.explore_due(16, 2, 0)  # drafting again resets the wait
     assert [costs.explore_due(16, 0, 4) for _ in range(every)].index(True) == every - 1
+    # rows whose caller waits for them all: the wait starts at its longest (each re-measure there makes every
+    # row's draft take in all it skipped)
+    costs = RoundCosts(KPolicy())
+    patient = [costs.explore_due(16, 0, 4, patient=True) for _ in range(RoundCosts.refresh_every)]
+    assert patient.index(True) == RoundCosts.refresh_every - 1
 
 
 def test_a_re_measure_prices_a_drafts_catch_up_by_the_policys_ratios():

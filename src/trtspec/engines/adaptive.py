@@ -598,7 +598,9 @@ class RoundCosts:
         self.since_unit[batch] = 0 if due else since
         return due
 
-    def explore_due(self, batch: int, k: int, candidate: int | Callable[[], int]) -> bool:
+    def explore_due(
+        self, batch: int, k: int, candidate: int | Callable[[], int], patient: bool = False
+    ) -> bool:
         """Measured costs chose ``k`` = 0 at this batch size where the policy's ratios would draft ``candidate``:
         should this round draft ``candidate`` anyway, timed, to measure its cost again? Once costs switch drafting
         off, only target-only rounds are timed, so a speculative cost measured high by a few noisy rounds (a
@@ -610,18 +612,20 @@ class RoundCosts:
         ~256. The wait is per batch size, so a load whose batch size keeps changing re-measures more often.
         Drafting again (``k`` > 0) resets the wait; a round the policy's ratios would not draft in (``candidate``
         0: a low acceptance, which probes measure) counts for nothing. ``candidate`` may be a function giving it,
-        called only where a round off is counted."""
-        due = self._explore_due(batch, k, candidate)
+        called only where a round off is counted. ``patient``: the wait starts at ``refresh_every`` (rows whose
+        caller waits for them all: there every row's draft takes in all it skipped, a round's worth or more of a
+        batch's time, which re-measures every 16-128 rounds would cost over and over)."""
+        due = self._explore_due(batch, k, candidate, patient)
         (self.exploring.add if due else self.exploring.discard)(batch)
         return due
 
-    def _explore_due(self, batch: int, k: int, candidate: int | Callable[[], int]) -> bool:
+    def _explore_due(self, batch: int, k: int, candidate: int | Callable[[], int], patient: bool) -> bool:
         if k:
             self.off.pop(batch, None)
             return False
         if not (candidate() if callable(candidate) else candidate):
             return False
-        state = self.off.setdefault(batch, [0, self.explore_every, 0])
+        state = self.off.setdefault(batch, [0, self.refresh_every if patient else self.explore_every, 0])
         if state[2]:
             state[2] -= 1
             return True
@@ -830,7 +834,9 @@ class AdaptiveState:
         ):  # where measured costs switched drafting off, what the policy's ratios would draft
             return best_k(judged, cap, self.policy, None, remaining) if costs is not None else 0
 
-        if self.costs.explore_due(batch, k, candidate):
+        if self.costs.explore_due(
+            batch, k, candidate, patient=remaining is not None and len(controllers) > 1
+        ):
             return candidate()
         return self.costs.slope_probe(batch, k, cap)
 
