@@ -233,123 +233,6 @@ def test_the_spread_between_requests_is_measured_less_the_noise_of_few_positions
     assert alike.value < 0.03
 
 
-class UnevenRounds:
-    """Rows accept by their prompt: a prompt that starts with 9 has every draft token rejected, any other has
-    every one accepted. A round costs 10 ms, and 30% more per draft token (a fake clock: a CPU pair at a batch of a few rows)."""
-
-    num_slots, vocab_size, max_draft_len, has_draft, device = 4, 0, 4, True, "cpu"
-
-    def __init__(self):
-        self.now, self.log = 0.0, []
-
-    def run(self, rows, num_draft, params, generator):
-        from trtspec.engines.rounds import Outcome
-
-        k = max(num_draft)
-        self.now += 0.010 * (1 + 0.3 * k)
-        self.log.append(k)
-        outcomes = []
-        for row, n in zip(rows, num_draft, strict=True):
-            accepted = 0 if row.tokens[0] == 9 else n
-            row.tokens += [7] * (accepted + 1)
-            outcomes.append(Outcome([7] * (accepted + 1), n, accepted))
-        return outcomes
-
-    def release(self, slot: int) -> None:
-        pass
-
-    def draft_behind(self, row) -> int:
-        return 0
-
-
-def test_a_batch_the_caller_waits_for_drafts_only_where_that_shortens_the_slowest_row():
-    """Two rows started together with one budget, one whose drafts are all accepted and one whose are all rejected:
-    the mean acceptance says drafting pays, but the call ends with the rejecting row, which gains nothing from it.
-    A loop told that its caller waits for every row (close) drafts in few rounds (those where the rejecting row's
-    estimate, held up by the pooled prior its accepting neighbour sets, nears break-even) and ends sooner than one
-    that is not, which drafts in most rounds."""
-    from trtspec.engines.loop import GenerationLoop
-
-    def makespan(close: bool, k: int | None = None) -> tuple[float, list[int]]:
-        rounds, policy = UnevenRounds(), KPolicy()
-        state = AdaptiveState(policy, clock=lambda: rounds.now)
-        loop = GenerationLoop(rounds, max_seq_len=100_000, k_policy=policy, adaptive=state)
-        for prompt in ([1, 2, 3], [9, 2, 3]):
-            loop.add(prompt[0], prompt, SamplingParams(max_new_tokens=300, num_draft_tokens=k))
-        if close:
-            loop.close()
-        while loop.busy:
-            loop.step()
-        return rounds.now, rounds.log
-
-    target_only, _ = makespan(close=True, k=0)
-    waited, log = makespan(close=True)
-    steady, steady_log = makespan(close=False)
-    assert len(log) == len(steady_log) == 300  # the rejecting row gains one token a round either way
-    assert sum(k > 0 for k in steady_log) > 0.5 * len(steady_log)
-    assert steady > 1.15 * target_only
-    assert sum(k > 0 for k in log) < 0.35 * len(log)
-    assert waited < 0.95 * steady
-
-
-class SwitchingRounds(UnevenRounds):
-    """UnevenRounds whose rows reject every draft token while ``rejecting`` is set, and accept every one after."""
-
-    rejecting = True
-
-    def run(self, rows, num_draft, params, generator):
-        for row in rows:
-            row.tokens[0] = 9 if self.rejecting else 1
-        return super().run(rows, num_draft, params, generator)
-
-
-def test_calls_whose_caller_waits_for_every_row_draft_again_once_the_draft_is_accepted_again():
-    """An engine's adaptive state outlives its calls. After calls whose drafts were all rejected switched drafting
-    off, calls whose drafts are all accepted draft again: in the first, the row that ends the call probes now and
-    then (one row, once in probe_every rounds) and the pool follows its probes; the next drafts from its start."""
-    from trtspec.engines.loop import GenerationLoop
-
-    rounds, policy = SwitchingRounds(), KPolicy()
-    state = AdaptiveState(policy, clock=lambda: rounds.now)
-
-    def call() -> list[int]:
-        start = len(rounds.log)
-        loop = GenerationLoop(rounds, max_seq_len=100_000, k_policy=policy, adaptive=state)
-        for i in range(2):
-            loop.add(i, [1, 2, 3], SamplingParams(max_new_tokens=200))
-        loop.close()
-        while loop.busy:
-            loop.step()
-        return rounds.log[start + 1 :]
-
-    for _ in range(2):
-        call()
-    off = call()
-    assert sum(k > 0 for k in off) <= len(off) // policy.probe_every + 2  # the probes, a re-measure or two
-    rounds.rejecting = False
-    probed = call()
-    assert sum(k > 0 for k in probed) > 0 and len(probed) < 199  # probes, then drafting late in the call
-    assert state.pool.value > 0.5  # from 0.2: the probes were accepted
-    again = call()
-    assert len(again) < 60 and sum(k > 0 for k in again) > 0.9 * len(again)
-
-
-def test_a_closed_loop_judges_by_the_row_that_ends_it_only_once_nothing_is_queued():
-    from trtspec.engines.loop import GenerationLoop
-
-    rounds = UnevenRounds()
-    loop = GenerationLoop(rounds, max_seq_len=100_000)
-    for i in range(6):  # 4 slots: 2 queued
-        loop.add(i, [1, 2, 3], SamplingParams(max_new_tokens=8))
-    loop.step()
-    assert loop._waited(loop.active) is None  # open
-    loop.close()
-    assert loop._waited(loop.active) is None  # closed, 2 still queued
-    while loop.queued:
-        loop.step()
-    assert loop._waited(loop.active) == [8 - len(r.generated) for r in loop.active]
-
-
 def test_round_costs_per_k_in_target_only_rounds():
     policy = KPolicy(draft_cost_ratio=0.2, verify_cost_ratio=1.0)
     costs = RoundCosts(policy, decay=0.0, line_decay=0.0, prior_rounds=2)
@@ -584,16 +467,121 @@ class PricedRounds:
         self.log.append((len(rows), k))
         outcomes = []
         for row, n in zip(rows, num_draft, strict=True):
-            accepted = min(n, 3)
+            accepted = self.accepted(row, n)
             row.tokens += [7] * (accepted + 1)
             outcomes.append(Outcome([7] * (accepted + 1), n, accepted))
         return outcomes
+
+    def accepted(self, row, num_draft: int) -> int:
+        return min(num_draft, 3)
 
     def release(self, slot: int) -> None:
         pass
 
     def draft_behind(self, row) -> int:
         return 0  # its round costs are injected: no draft cache to catch up
+
+
+class UnevenRounds(PricedRounds):
+    """PricedRounds whose rows accept by their prompt: a prompt that starts with 9 has every draft token rejected,
+    any other has every one accepted. A round costs 10 ms, and 30% more per draft token (a CPU pair at a batch of
+    a few rows)."""
+
+    num_slots = 4
+
+    def cost(self, batch: int, k: int) -> float:
+        return 0.010 * (1 + 0.3 * k)
+
+    def accepted(self, row, num_draft: int) -> int:
+        return 0 if row.tokens[0] == 9 else num_draft
+
+
+def test_a_batch_the_caller_waits_for_drafts_only_where_that_shortens_the_slowest_row():
+    """Two rows started together with one budget, one whose drafts are all accepted and one whose are all rejected:
+    the mean acceptance says drafting pays, but the call ends with the rejecting row, which gains nothing from it.
+    A loop told that its caller waits for every row (close) drafts in few rounds (those where the rejecting row's
+    estimate, held up by the pooled prior its accepting neighbour sets, nears break-even) and ends sooner than one
+    that is not, which drafts in most rounds."""
+    from trtspec.engines.loop import GenerationLoop
+
+    def makespan(close: bool, k: int | None = None) -> tuple[float, list[int]]:
+        rounds, policy = UnevenRounds(), KPolicy()
+        state = AdaptiveState(policy, clock=lambda: rounds.now)
+        loop = GenerationLoop(rounds, max_seq_len=100_000, k_policy=policy, adaptive=state)
+        for prompt in ([1, 2, 3], [9, 2, 3]):
+            loop.add(prompt[0], prompt, SamplingParams(max_new_tokens=300, num_draft_tokens=k))
+        if close:
+            loop.close()
+        while loop.busy:
+            loop.step()
+        return rounds.now, [k for _, k in rounds.log]
+
+    target_only, _ = makespan(close=True, k=0)
+    waited, log = makespan(close=True)
+    steady, steady_log = makespan(close=False)
+    assert len(log) == len(steady_log) == 300  # the rejecting row gains one token a round either way
+    assert sum(k > 0 for k in steady_log) > 0.5 * len(steady_log)
+    assert steady > 1.15 * target_only
+    assert sum(k > 0 for k in log) < 0.35 * len(log)
+    assert waited < 0.95 * steady
+
+
+class SwitchingRounds(UnevenRounds):
+    """UnevenRounds whose rows reject every draft token while ``rejecting`` is set, and accept every one after."""
+
+    rejecting = True
+
+    def run(self, rows, num_draft, params, generator):
+        for row in rows:
+            row.tokens[0] = 9 if self.rejecting else 1
+        return super().run(rows, num_draft, params, generator)
+
+
+def test_calls_whose_caller_waits_for_every_row_draft_again_once_the_draft_is_accepted_again():
+    """An engine's adaptive state outlives its calls. After calls whose drafts were all rejected switched drafting
+    off, calls whose drafts are all accepted draft again: in the first, the row that ends the call probes now and
+    then (one row, once in probe_every rounds) and the pool follows its probes; the next drafts from its start."""
+    from trtspec.engines.loop import GenerationLoop
+
+    rounds, policy = SwitchingRounds(), KPolicy()
+    state = AdaptiveState(policy, clock=lambda: rounds.now)
+
+    def call() -> list[int]:
+        start = len(rounds.log)
+        loop = GenerationLoop(rounds, max_seq_len=100_000, k_policy=policy, adaptive=state)
+        for i in range(2):
+            loop.add(i, [1, 2, 3], SamplingParams(max_new_tokens=200))
+        loop.close()
+        while loop.busy:
+            loop.step()
+        return [k for _, k in rounds.log[start + 1 :]]
+
+    for _ in range(2):
+        call()
+    off = call()
+    assert sum(k > 0 for k in off) <= len(off) // policy.probe_every + 2  # the probes, a re-measure or two
+    rounds.rejecting = False
+    probed = call()
+    assert sum(k > 0 for k in probed) > 0 and len(probed) < 199  # probes, then drafting late in the call
+    assert state.pool.value > 0.5  # from 0.2: the probes were accepted
+    again = call()
+    assert len(again) < 60 and sum(k > 0 for k in again) > 0.9 * len(again)
+
+
+def test_a_closed_loop_judges_by_the_row_that_ends_it_only_once_nothing_is_queued():
+    from trtspec.engines.loop import GenerationLoop
+
+    rounds = UnevenRounds()
+    loop = GenerationLoop(rounds, max_seq_len=100_000)
+    for i in range(6):  # 4 slots: 2 queued
+        loop.add(i, [1, 2, 3], SamplingParams(max_new_tokens=8))
+    loop.step()
+    assert loop._waited(loop.active) is None  # open
+    loop.close()
+    assert loop._waited(loop.active) is None  # closed, 2 still queued
+    while loop.queued:
+        loop.step()
+    assert loop._waited(loop.active) == [8 - len(r.generated) for r in loop.active]
 
 
 def test_served_adaptive_k_falls_back_to_target_only_where_it_is_cheaper_and_speculates_again_when_load_drops():
