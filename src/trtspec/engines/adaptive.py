@@ -172,6 +172,12 @@ def best_k(
     return best
 
 
+def judged_positions(num_draft: int, num_accepted: int) -> int:
+    """The draft positions the target judged in a round: the accepted ones and the first rejected one (the target
+    stops judging at the first rejection)."""
+    return min(num_accepted + 1, num_draft)
+
+
 class Acceptance:
     """Accepted / judged draft positions, both decayed by (1 - decay) per judged position, plus ``weight``
     pseudo-positions at ``prior`` (a value, or another Acceptance read at each use) that are never forgotten."""
@@ -194,7 +200,7 @@ class Acceptance:
         return self.weight / (self.counts[1] + self.weight)
 
     def update(self, num_draft: int, num_accepted: int) -> None:
-        judged = min(num_accepted + 1, num_draft)  # the target stops judging at the first rejection
+        judged = judged_positions(num_draft, num_accepted)
         keep = (1.0 - self.decay) ** judged
         accepted, seen = self.counts
         self.counts = (keep * accepted + num_accepted, keep * seen + judged)
@@ -310,7 +316,7 @@ class KController:
         self.rounds_off = 0
         self.estimate.update(num_draft, num_accepted)
         accepted, judged = self.lifetime
-        self.lifetime = (accepted + num_accepted, judged + min(num_accepted + 1, num_draft))
+        self.lifetime = (accepted + num_accepted, judged + judged_positions(num_draft, num_accepted))
 
     def choose(self, in_flight: int, costs: Costs | None = None) -> int:
         """This round's K for a loop with ``in_flight`` sequences: min(best for the acceptance, schedule, max_k),
@@ -811,7 +817,7 @@ class AdaptiveState:
         remaining: Sequence[int] | None = None,
     ) -> int:
         """The K of the adaptive rows of a batch of ``batch`` rows (group_k with this batch size's measured
-        costs; ``remaining``: the rows' tokens left, where their caller waits for them all), or 0 for a round
+        costs; ``remaining``: the rows' tokens left, where their caller waits for several rows), or 0 for a round
         that measures the target-only unit (RoundCosts.unit_due), the policy's K where a re-measure is due
         (RoundCosts.explore_due), or a neighbour K that gives the line a slope (RoundCosts.slope_probe).
         ``timed``: the round will be timed as one batch of these rows, all adaptive (a pinned row drafts anyway;
@@ -828,15 +834,12 @@ class AdaptiveState:
         if self.costs.unit_due(batch, k):
             return 0
 
+        # where measured costs switched drafting off, what the policy's ratios would draft (explore_due)
         @functools.cache
-        def candidate() -> (
-            int
-        ):  # where measured costs switched drafting off, what the policy's ratios would draft
+        def candidate() -> int:
             return best_k(judged, cap, self.policy, None, remaining) if costs is not None else 0
 
-        if self.costs.explore_due(
-            batch, k, candidate, patient=remaining is not None and len(controllers) > 1
-        ):
+        if self.costs.explore_due(batch, k, candidate, patient=remaining is not None):
             return candidate()
         return self.costs.slope_probe(batch, k, cap)
 

@@ -198,6 +198,12 @@ class _Active:
     lookup_off: int = 0  # rounds since a match was last proposed
     draft_estimate: Acceptance | None = None  # the draft's acceptance where K is pinned and lookup competes
 
+    @property
+    def draft_acceptance(self) -> Acceptance | None:
+        """The draft's running acceptance for this request (its adaptive K's estimate, else the one kept where K
+        is pinned and lookup competes; None: neither)."""
+        return self.controller.estimate if self.controller else self.draft_estimate
+
     def group_key(self) -> tuple:
         """Rows one batched sampling step can serve together."""
         p = self.params
@@ -416,7 +422,7 @@ class GenerationLoop:
             group[0].params.seeded
             or self.adaptive.worth_probing(len(group), self.max_draft_len, len(self.active))
         )
-        if probes and remaining is not None and len(group) > 1:
+        if probes and remaining is not None:
             prober = self._waited_prober(group)
             num_draft = [self._num_draft(r, running, shared, r is prober) for r in group]
         else:
@@ -439,7 +445,7 @@ class GenerationLoop:
     def _draft_tokens(request: _Active, k: int) -> float:
         """Expected tokens per round of a row that drafts ``k`` with its draft model if it takes no lookup (1 for
         a row that cannot)."""
-        estimate = request.controller.estimate if request.controller else request.draft_estimate
+        estimate = request.draft_acceptance
         if not k or estimate is None or not uses_draft(request.proposer):
             return 1.0
         return expected_tokens_per_round(estimate.value, k)
@@ -458,9 +464,10 @@ class GenerationLoop:
         )
 
     def _waited(self, group: list[_Active]) -> list[int] | None:
-        """Each row's tokens left where the caller waits for every row (a closed loop with none queued: adaptive K
-        judges the group by the row expected to finish last), else None."""
-        if not self.closed or self.queued:
+        """Each row's tokens left where the caller waits for every row of a group of several (a closed loop with
+        none queued: adaptive K judges the group by the row expected to finish last), else None (a row alone
+        is its own group: the rule gives what its own acceptance does)."""
+        if not self.closed or self.queued or len(group) < 2:
             return None
         return [r.params.max_new_tokens - len(r.generated) for r in group]
 
@@ -545,7 +552,7 @@ class GenerationLoop:
                     num_draft[i] = 0
                 continue
             if request.proposer == "draft+ngram" and num_draft[i] > 0:
-                estimate = request.controller.estimate if request.controller else request.draft_estimate
+                estimate = request.draft_acceptance
                 draft_costs = (
                     None
                     if request.params.seeded
