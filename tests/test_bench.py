@@ -4,6 +4,8 @@ and a small sweep on the in-process engine (target-only, static K and adaptive K
 from __future__ import annotations
 
 import json
+from collections import Counter
+from itertools import pairwise
 
 import pytest
 import yaml
@@ -110,12 +112,12 @@ def test_sweep_warms_adaptive_up_untimed_then_interleaves_every_point_group_by_g
         advance=steps.append,
     )
     warm = [("a", 0, 4), ("ab", None, 3), ("cd", None, 3)]
-    # each group of 2 runs under every point back to back, the first point rotating: adaptive, 0, 2
+    # each group of 2 runs under every point back to back (adaptive, 0, 2), in balanced_orders
     interleaved = [
         ("ab", None, 3), ("ab", 0, 3), ("ab", 2, 3),  # pass 1, group 1
         ("cd", 0, 3), ("cd", 2, 3), ("cd", None, 3),  # pass 1, group 2
         ("ab", 2, 3), ("ab", None, 3), ("ab", 0, 3),  # pass 2, group 1
-        ("cd", None, 3), ("cd", 0, 3), ("cd", 2, 3),  # pass 2, group 2
+        ("cd", 2, 3), ("cd", 0, 3), ("cd", None, 3),  # pass 2, group 2: the first order's mirror
     ]  # fmt: skip
     assert calls == warm + interleaved
     # the warm-up pass is not a point: each point pools its two groups of two passes
@@ -123,6 +125,19 @@ def test_sweep_warms_adaptive_up_untimed_then_interleaves_every_point_group_by_g
     # one timing sample per group and pass, in the order run: sample i of every point ran the same group
     assert all([tokens for tokens, _ in p.samples] == [6, 5, 6, 5] for p in points)
     assert len(steps) == sweep_steps(len(reqs), [2], 2, True) == 5
+
+
+@pytest.mark.parametrize("n", range(1, 8))
+def test_every_point_runs_right_after_every_other_equally_often(n):
+    """What a point leaves behind (the CPU caches it filled, another engine's weights in them) must fall on every
+    point alike: rotated, four points A, B, C, D put A right after D in three orders of four."""
+    from trtspec.validate.bench import balanced_orders
+
+    orders = balanced_orders(n)
+    assert all(sorted(order) == list(range(n)) for order in orders)
+    after = Counter(pair for order in orders for pair in pairwise(order))
+    assert set(after) == {(a, b) for a in range(n) for b in range(n) if a != b}
+    assert len(set(after.values())) <= 1  # every ordered pair alike
 
 
 def test_the_draft_alone_and_every_proposer_pair_sample_by_sample_with_target_only():

@@ -163,8 +163,9 @@ def _sweep_notes(system, num_requests: int, options: BenchOptions) -> list[str]:
         else "group of `concurrency` requests"
     )
     notes.append(
-        f"Points are interleaved: each {sample} runs under every point back to back (the "
-        f"first point rotating), in passes ({passes}); each point pools its groups and passes."
+        f"Points are interleaved: each {sample} runs under every point back to back (in orders where "
+        f"each point follows every other equally often), in passes ({passes}); each point pools its groups and "
+        "passes."
     )
     if system.adaptive:
         notes.append(
