@@ -6,11 +6,12 @@ served by a real tritonserver on free loopback ports. Requests are streamed over
 
 1. Load steps (one server): at each concurrency, `concurrency` requests that leave K to the server (adaptive, the
    default) run first, on nothing but what the server has learned so far; then --repeats passes over every point
-   (adaptive and each pinned K, target-only K=0 included), their order rotating pass by pass. A point's figure is
-   its best pass (tokens/s), so a pass that met a busy machine does not decide it; beside it, adaptive against each
-   pinned point pass by pass (the median of the paired ratios: the two ran back to back). A pass is one group of
-   `concurrency` requests sent at once (--load groups), or `concurrency` clients each sending --per-stream requests
-   back to back, of varied lengths (--load streams: a steady load, where requests join and leave at any round).
+   (adaptive and each pinned K, target-only K=0 included), in balanced orders pass by pass (each point right after
+   every other equally often). A point's figure is its best pass (tokens/s), so a pass that met a busy machine
+   does not decide it; beside it, adaptive against each pinned point pass by pass (the median of the paired
+   ratios: the two ran in the same pass). A pass is one group of `concurrency` requests sent at once (--load
+   groups), or `concurrency` clients each sending --per-stream requests back to back, of varied lengths (--load
+   streams: a steady load, where requests join and leave at any round).
 2. Jump (a fresh server): adaptive requests one at a time, then at once `--jump` of them: the first groups after the
    jump, against pinned target-only at that load measured right after them.
 
@@ -37,7 +38,7 @@ from pathlib import Path
 
 from bench_engine import PROMPTS
 
-from trtspec.validate.bench import LOADS, budget, paired_median
+from trtspec.validate.bench import LOADS, balanced_orders, budget, paired_median
 
 ADAPTIVE = "adaptive"
 
@@ -158,9 +159,9 @@ def load_steps(client, pool, server, args) -> list[dict]:
     for n in [int(c) for c in args.concurrency.split(",")]:
         first = measure(client, pool, n, None, args)
         passes: dict = {p: [] for p in points}
+        orders = balanced_orders(len(points))
         for rep in range(1 if args.short else args.repeats):
-            for i in range(len(points)):
-                point = points[(i + rep) % len(points)]
+            for point in (points[i] for i in orders[rep % len(orders)]):
                 tokens, seconds = measure(client, pool, n, None if point == ADAPTIVE else point, args, rep)
                 passes[point].append(tokens / seconds)
         best = {p: max(v) for p, v in passes.items()}
