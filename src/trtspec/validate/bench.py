@@ -500,8 +500,9 @@ def balanced_orders(n: int) -> list[list[int]]:
     """Orders of ``n`` points in which each comes right after every other equally often (a Williams design:
     ``n`` orders for an even ``n``, and for an odd one those and their mirrors), so that what a point leaves behind
     falls on every point alike: the CPU caches it filled, or another engine's weights in them. Rotation alone does
-    not: with the points A, target-only, K=2 and the draft alone rotated, A ran right after the draft alone in
-    three groups of four, and at one stream its rounds took 3% longer than K=2's."""
+    not: rotating adaptive, target-only, K=2 and the draft alone puts adaptive right after the draft alone in
+    three orders of four, where its rounds run on colder caches (docs/benchmarks.md, "The bench's order of
+    points")."""
     steps, low, high = [0], 1, n - 1
     while len(steps) < n:
         steps.append(low)
