@@ -222,7 +222,7 @@ def test_server_metrics_split_acceptance_by_proposer():
 
 
 def test_the_sweep_runs_each_proposer_at_every_k_and_target_only_once():
-    from trtspec.validate.bench import BenchResult, run_sweep, sweep_runs, sweep_steps
+    from trtspec.validate.bench import BenchResult, balanced_orders, run_sweep, sweep_runs, sweep_steps
     from trtspec.validate.systems import Generation, Request
 
     calls, steps = [], []
@@ -241,9 +241,10 @@ def test_the_sweep_runs_each_proposer_at_every_k_and_target_only_once():
         Recorder(), reqs, ks=[2], concurrency=[2], max_new_tokens=3, adaptive=True, advance=steps.append,
         proposers=proposers,
     )  # fmt: skip
-    # the warm-up call, one untimed adaptive pass per proposer, then every point once in sweep_runs' order
+    # the warm-up call, one untimed adaptive pass per proposer, then every point once in the first balanced order
+    runs = sweep_runs([2], proposers, True)
     assert calls == [(0, None), (None, "draft"), (None, "ngram")] + [
-        (k, p) for p, k in sweep_runs([2], proposers, True)
+        (runs[i][1], runs[i][0]) for i in balanced_orders(len(runs))[0]
     ]
     assert len(steps) == sweep_steps(2, [2], 1, True, 1, 2) == 3
     result = BenchResult("s", 3, 2, points, proposer="draft")
