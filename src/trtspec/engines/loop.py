@@ -407,12 +407,13 @@ class GenerationLoop:
         adaptive = [r.controller for r in group if r.controller is not None]
         no_prefill = all(r.rounds for r in group)  # a prefill round's time is the prompt's, not the K's
         shared, remaining = 0, None
+        waited = self._waited(group)
         if adaptive and group[0].params.seeded:
             shared = group_k(adaptive, 1)
         elif adaptive:
             # a unit round measures only where the round is timed as one batch and every row is adaptive
             unit = only_group and no_prefill and len(adaptive) == len(group)
-            if (waited := self._waited(group)) is not None:
+            if waited is not None:
                 remaining = [n for n, r in zip(waited, group, strict=True) if r.controller]
             shared = self.adaptive.choose(
                 adaptive, len(self.active), len(group), self.max_draft_len, unit, remaining
@@ -429,7 +430,7 @@ class GenerationLoop:
             num_draft = [self._num_draft(r, running, shared, probes) for r in group]
         behind = self._catch_ups(group, num_draft)
         probing = adaptive and shared == 0 and any(num_draft)  # a few rows' probes: no K's cost to learn
-        proposals = self._lookups(group, num_draft, running)
+        proposals = self._lookups(group, num_draft, running, waited)
         drafted = [0 if proposals and proposals[i] is not None else k for i, k in enumerate(num_draft)]
         if adaptive and not group[0].params.seeded:
             self.adaptive.ran(len(group), max(drafted))
@@ -492,10 +493,10 @@ class GenerationLoop:
         return behind
 
     def _lookups(
-        self, group: list[_Active], num_draft: list[int], running: bool
+        self, group: list[_Active], num_draft: list[int], running: bool, waited: list[int] | None
     ) -> list[list[int] | None] | None:
         """Prompt lookup for the group's rows that use it (see the module docstring); sets their num_draft to the
-        proposal's length. None where no row takes a lookup."""
+        proposal's length (``waited``: the group's _waited). None where no row takes a lookup."""
         proposals: list[list[int] | None] = [None] * len(group)
         rows = [i for i, r in enumerate(group) if r.lookup is not None]
         if not rows:
@@ -520,7 +521,6 @@ class GenerationLoop:
         shared = [i for i in rows if found[i] and not group[i].params.seeded]
         probe_round = self.rounds_run % self.k_policy.probe_every == 0
         ours = set(shared)
-        waited = self._waited(group)
         n_shared, speedup_shared = best_lookup_len(  # every row of the group: 0 for one that proposes nothing
             [r.lookup.value if i in ours else 0.0 for i, r in enumerate(group)],
             [len(found[i]) if i in ours else 0 for i in range(len(group))],
