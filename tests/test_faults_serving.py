@@ -143,7 +143,8 @@ def test_the_health_watch_names_a_python_model_without_a_stub_and_a_model_that_s
 ):
     """serve's HealthWatch over a stand-in server (the real one: test_serve_stops_a_server_whose_model_process_
     died_and_exits_with_one_line): a python model with no live stub at once, a model not ready on the third
-    poll in a row (one answer in between starts the count again), and a server that exited."""
+    poll in a row (one answer in between starts the count again), a server that another process stopped (its
+    stubs go as it unloads), and a server that exited."""
     from trtspec.triton_repo.server import NOT_READY_POLLS, HealthWatch, python_models
 
     repo = tmp_path / "repo"
@@ -163,6 +164,10 @@ def test_the_health_watch_names_a_python_model_without_a_stub_and_a_model_that_s
     assert watch.failure() == (
         "model 'entry' stopped serving: its python backend stub died, and tritonserver does not restart it"
     )
+    # a server that another process stopped unloads its models, and their stubs go: the signal is the reason
+    log_text, server.log_text = server.log_text, lambda: "Signal (15) received.\n"
+    assert watch.failure() == "tritonserver is stopping: another process sent it signal 15 (SIGTERM)"
+    server.log_text = log_text
     watch.python_models = set()
     answers["ensemble"] = [False, False, True] + [False] * NOT_READY_POLLS
     assert [watch.failure() for _ in range(3 + NOT_READY_POLLS)] == [None] * (2 + NOT_READY_POLLS) + [
@@ -170,6 +175,23 @@ def test_the_health_watch_names_a_python_model_without_a_stub_and_a_model_that_s
     ]
     server.proc.poll = lambda: 1
     assert watch.failure() == "tritonserver exited unexpectedly: the reason"
+
+
+def test_the_reason_of_a_server_stopped_by_a_signal_is_the_signal():
+    """tritonserver 2.51's own lines when another process sent it SIGTERM: it unloads cleanly, so its last line
+    ("Timeout 13: Found 0 live models ...") would otherwise pass for the reason."""
+    from trtspec.triton_repo.server import failure_reason
+
+    log = (
+        'I1128 01:29:43.816140 6388 http_server.cc:362] "Started Metrics Service at 127.0.0.1:35059"\n'
+        "Signal (15) received.\n"
+        'I1128 01:29:45.662555 6388 server.cc:305] "Waiting for in-flight requests to complete."\n'
+        'I1128 01:29:47.663546 6388 server.cc:345] "Timeout 13: Found 0 live models and 0 in-flight '
+        'non-inference requests"\n'
+    )
+    assert failure_reason(log) == "another process sent it signal 15 (SIGTERM)"
+    assert failure_reason(log.replace("(15)", "(99)")) == "another process sent it signal 99"
+    assert "Timeout 13" in failure_reason(log.replace("Signal (15) received.\n", ""))
 
 
 # ---------------------------------------------------------------- a real server: clients that go away

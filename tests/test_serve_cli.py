@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -240,6 +241,36 @@ def test_ctrl_c_while_the_models_load_stops_cleanly(repo, tmp_path):
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0, log.read_text()
         assert "stopped while loading the models" in log.read_text() and "ready:" not in log.read_text()
+        time.sleep(0.5)
+        assert not session_processes(server), "tritonserver or a stub is still running"
+    finally:
+        _kill_serve(proc)
+
+
+def test_a_server_stopped_by_another_process_is_named_so_in_one_line(repo, tmp_path):
+    """Someone else's SIGTERM (an operator's pkill, an orchestrator) makes tritonserver unload cleanly, and its
+    last log lines then say nothing of why: serve's one line names the signal, exits 2, and leaves nothing."""
+    http, grpc, metrics = free_ports(3)
+    log = tmp_path / "serve.log"
+    cmd = [sys.executable, "-m", "trtspec", "serve", str(repo)]
+    cmd += ["--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait_ready(proc, http, log)
+        deadline = time.monotonic() + 30
+        while "try:" not in log.read_text() and time.monotonic() < deadline:  # serve is watching now
+            time.sleep(0.2)
+        (server,) = _children(proc.pid)
+        os.kill(server, signal.SIGTERM)
+        assert proc.wait(timeout=60) == 2, log.read_text()
+        last = log.read_text().strip().splitlines()[-1]
+        # whether serve's watch saw it unloading (its stubs gone) or gone
+        assert re.match(
+            r"Error: tritonserver (exited unexpectedly|is stopping): another process sent it signal 15 \(SIGTERM\)"
+            r"(; tritonserver was stopped)? \(log: ",
+            last,
+        ), log.read_text()
         time.sleep(0.5)
         assert not session_processes(server), "tritonserver or a stub is still running"
     finally:

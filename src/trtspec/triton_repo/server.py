@@ -31,6 +31,8 @@ NGC_BACKENDS = Path("/opt/tritonserver/backends")
 EXIT_TIMEOUT_S = 15
 STOP_GRACE_S = EXIT_TIMEOUT_S + 10.0  # SIGINT, then SIGKILL of the whole session after this bound
 _FAILED_LOAD = re.compile(r"failed to load '([^']+)'.*?: (.*)$")
+# tritonserver's own line when it gets SIGINT or SIGTERM
+_SIGNALLED = re.compile(r"^Signal \((\d+)\) received\.", re.MULTILINE)
 HEALTH_POLL_S = 1.0  # how often `trtspec serve` checks a running server (HealthWatch)
 NOT_READY_POLLS = 3  # polls in a row a model may miss ready (a timeout under load) before it counts as broken
 READY_TIMEOUT_S = 5.0  # one readiness poll; a busy server answers /ready in milliseconds
@@ -201,8 +203,23 @@ def python_models(repo: Path) -> set[str]:
     return {p.parent.name for p in Path(repo).glob("*/config.pbtxt") if backend.search(p.read_text())}
 
 
+def stop_signal(log_text: str) -> str | None:
+    """'another process sent it signal 15 (SIGTERM)' once tritonserver has logged a stop signal, else None."""
+    signalled = _SIGNALLED.search(log_text)
+    if not signalled:
+        return None
+    number = int(signalled.group(1))
+    with contextlib.suppress(ValueError):
+        return f"another process sent it signal {number} ({signal.Signals(number).name})"
+    return f"another process sent it signal {number}"
+
+
 def failure_reason(log_text: str) -> str:
-    """The one line that says why Triton did not load the repository (its own words)."""
+    """The one line that says why Triton did not load the repository or stopped (its own words). A signal comes
+    first: tritonserver then unloads cleanly, and its last lines say nothing of why."""
+    signalled = stop_signal(log_text)
+    if signalled:
+        return signalled
     lines = log_text.splitlines()
     for line in lines:
         match = _FAILED_LOAD.search(line)
@@ -427,6 +444,8 @@ class HealthWatch:
         live = python_stubs(proc.pid)  # a stub that died is a zombie: tritonserver does not reap it
         dead = [(pid, model) for pid, model in self.server.stubs.items() if pid not in live]
         dead += [(None, model) for model in sorted(self.python_models - set(live.values()))]
+        if dead and (signalled := stop_signal(self.server.log_text())):  # its stubs go as it unloads
+            return f"tritonserver is stopping: {signalled}"
         if dead:
             pid, model = dead[0]
             which = f"its python backend stub (pid {pid})" if pid else "its python backend stub"
