@@ -530,18 +530,6 @@ class _CostTable:
         return [1.0] + [max(seconds(k) / a0, 1.0) for k in range(1, max_k + 1)], a0
 
 
-@dataclass
-class _SlopeProbes:
-    """One batch size's slope probes (RoundCosts.slope_probe): speculative rounds since the last probe, probes so
-    far, the pause after the last burst and the rounds of it left, and the line that burst left."""
-
-    since: int = 0
-    count: int = 0
-    pause: int = 0
-    paused: int = 0
-    line: tuple[float, float] | None = None
-
-
 class RoundCosts:
     """Measured round cost per batch size: ``begin_round()`` as a round starts, ``start(batch, k)`` for its batch,
     ``idle()`` when the loop runs out of work;
@@ -563,7 +551,6 @@ class RoundCosts:
     unit_every, unit_rounds, refresh_every = 8, 3, 256
     explore_every, explore_rounds = 16, 2
     slope_every, slope_step = 6, 2
-    slope_burst, slope_agree = 8, 0.1
 
     def __init__(
         self,
@@ -583,8 +570,8 @@ class RoundCosts:
         # left] while measured costs keep drafting off there (explore_due)
         self.off: dict[int, list[int]] = {}
         self.exploring: set[int] = set()  # batch sizes whose current round re-measures (explore_due)
-        self.slopes: dict[int, _SlopeProbes] = {}  # batch size -> its slope probes (slope_probe)
-        self._slope_batch: int | None = None  # the batch size slope_probe was last asked about
+        # batch size -> [speculative rounds since its last slope probe, probes so far] (slope_probe)
+        self.since_slope: dict[int, list[int]] = {}
         self._pending: tuple[int, int, float, int] | None = None
         self._mixed = False
         # Seconds per token a draft takes in to catch up (its cache behind the row: a prompt it never saw, the
@@ -668,52 +655,20 @@ class RoundCosts:
         which it does not (1.3-1.6x on the 2-core CPU machine): it priced a long K dear and a short one cheap, so
         the loop drafted shorter than the best K and, running that K alone, never learned better (the replay's
         cost line 1.4 + 0.2 K at concurrency 4: mean K 2.8-3.9 where K=5 is best). A fitted line that rounds of
-        one K no longer refit would keep its shape however stale. The probe's K is a neighbour of a K that pays.
-
-        Probes come in bursts of ``slope_burst``. A burst that leaves the line pricing the K it probed around within
-        ``slope_agree`` of the last burst's prices doubles the pause before the next, from ``slope_every`` up to
-        ``refresh_every`` speculative rounds; one that moved them ends the pauses. Where the loop settles on one K
-        at one batch size (one stream) the probes then cost a little of one round in hundreds, where at one in
-        six they cost about 2% (docs/benchmarks.md). A round at another batch size than the last asked about
-        also ends this batch size's pause: under a steady load the batch size changes every few rounds and the
-        rows' lengths with it, and a line refreshed rarely there priced K wrong (it drafted less, 0.93x the best
-        at 8 streams against 0.95-0.97)."""
+        one K no longer refit would keep its shape however stale. The probe's K is a neighbour of a K that pays,
+        so it costs a few percent of one round in ``slope_every``."""
         table = self.by_batch.get(batch)
-        if table is None or not k:
+        if table is None or not k or table.has_slope():
             return k
-        probes = self.slopes.setdefault(batch, _SlopeProbes())
-        if batch != self._slope_batch:
-            probes.pause = probes.paused = 0
-        self._slope_batch = batch
-        if probes.paused:
-            probes.paused -= 1
+        since = self.since_slope.setdefault(batch, [0, 0])
+        since[0] += 1
+        if since[0] < self.slope_every:
             return k
-        if table.has_slope():
-            return k
-        probes.since += 1
-        if probes.since < self.slope_every:
-            return k
-        probes.since = 0
-        probes.count += 1
-        steps = (self.slope_step, -self.slope_step) if probes.count % 2 else (-self.slope_step, self.slope_step)
+        since[0] = 0
+        since[1] += 1
+        steps = (self.slope_step, -self.slope_step) if since[1] % 2 else (-self.slope_step, self.slope_step)
         # a step of 1 could not give the spread a slope needs (one round in slope_every: a variance of K ~0.14)
-        probe = next((k + step for step in steps if 1 <= k + step <= cap), k)
-        if probes.count % self.slope_burst == 0:
-            self._end_burst(table, probes, k, cap)
-        return probe
-
-    def _end_burst(self, table: _CostTable, probes: _SlopeProbes, k: int, cap: int) -> None:
-        """A burst of slope probes ended: pause twice as long as before if the refit line prices ``k`` and the K
-        it probed within ``slope_agree`` of the last burst's line, else not at all."""
-        line = table.line()
-        around = [j for j in (k - self.slope_step, k, k + self.slope_step) if 1 <= j <= cap]
-        agree = (
-            line is not None
-            and probes.line is not None
-            and all(abs((line[0] + line[1] * j) / (probes.line[0] + probes.line[1] * j) - 1) <= self.slope_agree for j in around)
-        )
-        probes.pause = min(2 * probes.pause or self.slope_every, self.refresh_every) if agree else 0
-        probes.paused, probes.line = probes.pause, line
+        return next((k + step for step in steps if 1 <= k + step <= cap), k)
 
     def begin_round(self) -> None:
         """The loop starts a round: the previous round's time is now known, its whole cycle (its forwards, the
