@@ -5,6 +5,7 @@
     python tools/replay_adaptive.py builders/demo.yaml --costs 1.3:0.15,1.1:0.12 --concurrency 1,2,4
     python tools/replay_adaptive.py --bench bench/demo/bench.json --noise 0.1   # a bench run's measured costs
     python tools/replay_adaptive.py --noise 0.1 --drift 0.15 --seeds 5            # noisy, drifting clocks
+    python tools/replay_adaptive.py --load groups --concurrency 2,4,8              # lockstep groups
 
 Greedy draft-target decoding is deterministic: at each position of the target's greedy continuation the draft's
 greedy guess matches it or not, and a round with K drafts accepts the leading run of matches (as
@@ -22,7 +23,10 @@ on the batch size (RoundCosts keeps each size's rounds apart) is not replayed: b
 
 At concurrency N, N requests run as one batch: each round drafts the K that group_k picks for the batch
 (static: that K), every row advances by its own accepted tokens + 1, and a finished request's slot takes the next
-prompt; the round costs its K's cost. Prompts run twice (a warm-up pass for the pooled acceptance and the costs,
+prompt; the round costs its K's cost. With ``--load groups``, N prompts start together and the next N when all
+of them have finished (an engine call's batch): each round's K is judged by the row expected to finish last
+(group_k's ``remaining``, with the spread between requests that finished requests measure), and the batch shrinks
+as rows finish, every round still at its K's one cost. Prompts run twice (a warm-up pass for the pooled acceptance and the costs,
 then the measured pass, as ``trtspec bench`` measures adaptive in steady state).
 
 Prints, per cost table and concurrency: the best static K and its tokens per target-only round, and adaptive's
@@ -73,9 +77,9 @@ def traces(recipe, max_tokens: int) -> list[list[bool]]:
         return draft_matches(draft, examples)
 
 
-Chooser = Callable[
-    [Sequence[KController], int, list[float]], int
-]  # (the batch's controllers, size, costs) -> K
+# (the batch's controllers, size, costs, each row's tokens left where its caller waits for them all, the spread of
+# acceptance between requests) -> K
+Chooser = Callable[[Sequence[KController], int, list[float], Sequence[int] | None, float], int]
 
 
 def replay(
@@ -88,8 +92,12 @@ def replay(
     noise: float = 0.0,
     drift: float = 0.0,
     seed: int = 0,
+    load: str = "streams",
 ):
-    """(tokens per target-only round, mean K, share of rounds at K=0) of the measured (second) pass. ``learn``:
+    """(tokens per target-only round, mean K, share of rounds at K=0) of the measured (second) pass. ``load``
+    "streams": a finished request's slot takes the next prompt; "groups": ``concurrency`` prompts start together
+    and the next group starts when all of them have finished (an engine call's batch: each round's K is judged by
+    the row expected to finish last, group_k's ``remaining``), the batch shrinking as rows finish. ``learn``:
     K comes from AdaptiveState.choose, as in the loop (costs learned from the rounds run, each timed at its
     cost), instead of ``choose`` with ``costs``; ``noise``: each timing off by a log-normal factor of that sigma;
     ``drift``: and by the CPU's speed, whose log wanders with that sigma over ~DRIFT_ROUNDS rounds (AR(1)), so
@@ -103,13 +111,16 @@ def replay(
         active: list[list] = []  # [trace, position, controller]
         tokens = cost = rounds = ks = off = 0
         while queue or active:
-            while queue and len(active) < concurrency:
+            joining = load == "streams" or not active  # a group starts when the last one has finished
+            while joining and queue and len(active) < concurrency:
                 active.append([matches[queue.pop(0)], 0, KController(policy, max_k, state.pool)])
             rows = [row[2] for row in active]
+            waited = load == "groups" and len(active) > 1
+            remaining = [len(row[0]) - row[1] for row in active] if waited else None
             if learn:
-                k = state.choose(rows, len(active), len(active), max_k)
+                k = state.choose(rows, len(active), len(active), max_k, True, remaining)
             else:
-                k = choose(rows, len(active), costs)
+                k = choose(rows, len(active), costs, remaining, state.spread.value)
             for row in active:
                 trace, position, controller = row
                 num_draft = min(k, len(trace) - position - 1)
@@ -125,6 +136,9 @@ def replay(
                 speed = keep * speed + math.sqrt(1.0 - keep * keep) * rng.gauss(0.0, drift)
             state.costs.record(len(active), k, costs[k] * math.exp(speed + rng.gauss(0.0, noise)))
             cost, rounds, ks, off = cost + costs[k], rounds + 1, ks + k, off + (k == 0)
+            for row in active:
+                if row[1] >= len(row[0]):
+                    state.spread.record(*row[2].lifetime)  # as the loop does when a request finishes
             active = [row for row in active if row[1] < len(row[0])]
     return tokens / cost, ks / rounds, off / rounds
 
@@ -172,6 +186,12 @@ def main(argv: list[str] | None = None) -> None:
         help=f"sigma of the CPU's log speed, wandering over ~{DRIFT_ROUNDS} rounds",
     )
     parser.add_argument(
+        "--load",
+        choices=["streams", "groups"],
+        default="streams",
+        help="a steady load (a finished request's slot takes the next prompt) or lockstep groups",
+    )
+    parser.add_argument(
         "--seeds",
         type=int,
         default=1,
@@ -203,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     for name, concurrency, costs in cases:
         static = {
-            k: replay(matches, costs, concurrency, lambda _rows, _n, _costs, k=k: k, policy)[0]
+            k: replay(matches, costs, concurrency, lambda *_, k=k: k, policy, load=args.load)[0]
             for k in range(len(costs))
         }
         best = max(static, key=static.get)
@@ -221,6 +241,7 @@ def main(argv: list[str] | None = None) -> None:
                     args.noise,
                     args.drift,
                     seed,
+                    args.load,
                 )
                 for seed in seeds
             ]
