@@ -26,8 +26,8 @@ At concurrency N, N requests run as one batch: each round drafts the K that grou
 prompt; the round costs its K's cost. With ``--load groups``, N prompts start together and the next N when all
 of them have finished (an engine call's batch): each round's K is judged by the row expected to finish last
 (group_k's ``remaining``, with the spread between requests that finished requests measure), and the batch shrinks
-as rows finish, every round still at its K's one cost. Prompts run twice (a warm-up pass for the pooled acceptance and the costs,
-then the measured pass, as ``trtspec bench`` measures adaptive in steady state).
+as rows finish, every round still at its K's one cost. Prompts run twice (a warm-up pass for the pooled
+acceptance and the costs, then the measured pass, as ``trtspec bench`` measures adaptive in steady state).
 
 Prints, per cost table and concurrency: the best static K and its tokens per target-only round, and adaptive's
 ratio to it with exact and with learned costs (its mean K and share of rounds without drafting; with
