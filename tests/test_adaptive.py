@@ -568,6 +568,29 @@ def test_calls_whose_caller_waits_for_every_row_draft_again_once_the_draft_is_ac
     assert len(again) < 60 and sum(k > 0 for k in again) > 0.9 * len(again)
 
 
+def test_a_group_the_caller_waits_for_probes_once_in_probe_every_rounds_per_pair_of_rows():
+    """A probe widens every row's verification and tells about one row: a group of 8 whose drafts are all
+    rejected probes once in 4 x probe_every rounds. (A pair probes once in 2 x probe_every: the prober is the
+    row least behind, the one that probed last, and it is due again probe_every rounds after its probe.)"""
+    from trtspec.engines.loop import GenerationLoop
+
+    def probes(rows: int) -> int:
+        rounds, policy = UnevenRounds(), KPolicy(prior=0.05)
+        rounds.num_slots = rows
+        loop = GenerationLoop(rounds, max_seq_len=100_000, k_policy=policy, adaptive=AdaptiveState(policy))
+        for i in range(rows):
+            loop.add(i, [9, 2, i], SamplingParams(max_new_tokens=400))
+        loop.close()
+        count = 0
+        while loop.busy:
+            count += sum(e.num_draft > 0 for e in loop.step()) == 1
+        return count
+
+    every = KPolicy().probe_every
+    assert 400 // (2 * every) - 1 <= probes(2) <= 400 // (2 * every) + 1
+    assert 400 // (4 * every) - 1 <= probes(8) <= 400 // (4 * every) + 1
+
+
 def test_a_closed_loop_judges_by_the_row_that_ends_it_only_once_nothing_is_queued():
     from trtspec.engines.loop import GenerationLoop
 
@@ -674,11 +697,14 @@ def test_speculative_costs_measured_in_a_slow_spell_are_measured_again_and_draft
     assert not costs.explore_due(16, 0, 0)
     costs.explore_due(16, 2, 0)  # drafting again resets the wait
     assert [costs.explore_due(16, 0, 4) for _ in range(every)].index(True) == every - 1
-    # rows whose caller waits for them all: the wait starts at its longest (each re-measure there makes every
-    # row's draft take in all it skipped)
+    # rows whose caller waits for them all: the wait is at its longest from the start, refresh_every rounds per
+    # pair of rows (each re-measure there makes every row's draft take in all it skipped)
     costs = RoundCosts(KPolicy())
-    patient = [costs.explore_due(16, 0, 4, patient=True) for _ in range(RoundCosts.refresh_every)]
-    assert patient.index(True) == RoundCosts.refresh_every - 1
+    longest = RoundCosts.refresh_every
+    assert [costs.explore_due(2, 0, 4, patient=True) for _ in range(longest)].index(True) == longest - 1
+    assert [costs.explore_due(3, 0, 4, patient=True) for _ in range(longest)].index(True) == longest - 1
+    patient = [costs.explore_due(16, 0, 4, patient=True) for _ in range(8 * longest)]
+    assert patient.index(True) == 8 * longest - 1
 
 
 def test_a_re_measure_prices_a_drafts_catch_up_by_the_policys_ratios():
