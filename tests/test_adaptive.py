@@ -265,9 +265,10 @@ def test_round_costs_per_k_in_target_only_rounds():
     # + 24 ms per token
     for k in (1, 4, 0, 0):
         costs.record(7, k, 0.040 if k == 0 else 0.048 + 0.024 * k)
-    # Until then the bucket's: a0 (3 x 20 + 2 x 40) / 5 = 28 ms; the line through (1, 30) (4, 48) (1, 72)
-    # (4, 144) ms is 36 + 15 K; K 1's rounds (30 + 72) / 2 pulled by 2 rounds of the line's 51: 51; K 2: 66
-    bucket = pytest.approx([1.0, 51 / 28, 66 / 28])
+    # Until then the bucket's: a0 as its speculative rounds' time had it, (3 x 20 + 40) / 4 = 25 ms (the second
+    # 40 ms round comes after drafting stopped); the line through (1, 30) (4, 48) (1, 72) (4, 144) ms is
+    # 36 + 15 K; K 1's rounds (30 + 72) / 2 pulled by 2 rounds of the line's 51: 51; K 2: 66
+    bucket = pytest.approx([1.0, 51 / 25, 66 / 25])
     assert costs.costs(7, 2) == bucket and costs.costs(6, 2) == bucket
     costs.record(7, 0, 0.040)
     assert costs.costs(7, 2) == pytest.approx([1.0, 1.8, 2.4])  # its own
@@ -660,6 +661,24 @@ def serve_alone(loop, rounds, new_tokens: int) -> list[int]:
     while loop.busy:
         loop.step()
     return [k for _, k in rounds.log[start + 1 :]]
+
+
+def test_a_ks_price_holds_through_a_stretch_of_target_only_rounds_after_drafting_stopped():
+    """A K is priced against the unit of its own time: the target-only rounds timed among the speculative ones
+    move it, a stretch of them after drafting stopped (nothing speculative timed, the machine's speed wandering)
+    does not, so the price that switched drafting off is the one that switches it on again."""
+    costs = RoundCosts(KPolicy(), decay=0.05, line_decay=0.0, prior_rounds=2)
+    for k in (0, 0, 0, 1, 2, 0, 1, 2, 1, 2, 0):  # 10 ms target-only, 13 ms + 3 ms per draft token
+        costs.record(2, k, 0.010 if k == 0 else 0.013 + 0.003 * k)
+    before = costs.costs(2, 2)
+    assert before == pytest.approx([1.0, 1.6, 1.9], rel=0.05)
+    for _ in range(40):  # drafting off; the machine speeds up: target-only rounds take 8 ms
+        costs.record(2, 0, 0.008)
+    assert costs.costs(2, 2) == pytest.approx(before)
+    assert costs.by_batch[2].unit() == pytest.approx(0.008, rel=0.15)  # the unit itself follows
+    for k in [1, 2] * 40:  # drafting again at the new speed: its rounds, against the unit of their time
+        costs.record(2, k, (0.013 + 0.003 * k) * 0.8)
+    assert costs.costs(2, 2) == pytest.approx(before, rel=0.05)
 
 
 def test_speculative_costs_measured_in_a_slow_spell_are_measured_again_and_drafting_resumes():

@@ -430,6 +430,7 @@ class _CostTable:
     """The measured rounds of one batch size, or of one power-of-two bucket of them (RoundCosts)."""
 
     min_spread = 0.5  # the variance of K a slope needs: below it, noise in a few rounds would set the slope
+    era = 1  # a target-only round right after a speculative one still prices it (unit_due's come singly)
 
     def __init__(self, decay: float, line_decay: float):
         self.decay, self.line_decay = decay, line_decay
@@ -438,10 +439,19 @@ class _CostTable:
         self.fitted: tuple[float, float] | None = None  # the last (a1, b) a fit gave
         self.units = 0  # target-only rounds recorded (since the last drop_unit)
         self.unit_dropped = False  # the next target-only round replaces the unit's rounds (drop_unit)
+        # The unit of the speculative rounds' own time, which prices them: as it stood at the last speculative
+        # round or at a target-only round timed among them (unit_due's come singly: ``era``), not as a stretch
+        # of target-only rounds after drafting stopped moves it. (Against the current unit, the prices wandered with
+        # the machine through such a stretch, with no speculative round timed: on the 2-core Intel Xeon, K=2 at
+        # 2 streams from 1.75 target-only rounds to 1.93-2.32 over 8 groups, holding drafting off, then
+        # 1.70-1.87 once it ran.)
+        self.unit_at_spec: float | None = None
+        self.since_spec = 0  # target-only rounds recorded since the last speculative one
 
     def record(self, k: int, seconds: float) -> None:
         if k == 0 and self.unit_dropped:
             self.by_k[0], self.units, self.unit_dropped = [0.0, 0.0], 0, False
+            self.unit_at_spec = None
         self.units += k == 0
         if k:
             # every K's rounds age, not only this K's: a K not run lately is priced by the line, not its old rounds
@@ -451,6 +461,14 @@ class _CostTable:
         keep = 1.0 if k else 1 - self.decay  # a speculative K's own rounds aged above
         cell = self.by_k.setdefault(k, [0.0, 0.0])
         cell[0], cell[1] = keep * cell[0] + 1.0, keep * cell[1] + seconds
+        self.since_spec = 0 if k else self.since_spec + 1
+        if self.since_spec <= self.era and self.sums[0]:
+            self.unit_at_spec = self.unit()
+
+    def unit(self) -> float | None:
+        """The target-only rounds' average seconds (None before one)."""
+        n0, t0 = self.by_k.get(0, (0.0, 0.0))
+        return t0 / n0 if n0 else None
 
     def age_speculative(self, rounds: int, line_decay: float | None = None) -> None:
         """Age the speculative rounds (each K's own and the line's sums) as ``rounds`` rounds would (the line's
@@ -513,8 +531,8 @@ class _CostTable:
         """Each K's cost in target-only rounds (RoundCosts.costs) and a target-only round's seconds (measured,
         else the line's K=0 point priced by the verification ratio), or None without a line (``through_unit``:
         the line through the unit, which needs a target-only round and one speculative K)."""
-        n0, t0 = self.by_k.get(0, (0.0, 0.0))
-        unit_line = self.through_unit(t0 / n0) if n0 else None
+        unit = self.unit_at_spec if self.unit_at_spec is not None else self.unit()
+        unit_line = self.through_unit(unit) if unit is not None else None
         line = unit_line if through_unit else self.line()
         if line is None:
             return None
@@ -524,7 +542,7 @@ class _CostTable:
             n, t = self.by_k.get(k, (0.0, 0.0))
             return (t + prior_rounds * (a1 + b * k)) / (n + prior_rounds)
 
-        a0 = t0 / n0 if n0 else a1 / verify_cost_ratio
+        a0 = unit if unit is not None else a1 / verify_cost_ratio
         # A round that drafts does a target-only round's work and more: a K priced below the unit is noise in
         # the unit's few rounds, and would make drafting look better than free.
         return [1.0] + [max(seconds(k) / a0, 1.0) for k in range(1, max_k + 1)], a0
