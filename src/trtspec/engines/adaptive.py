@@ -376,6 +376,13 @@ def group_acceptances(
     return waited_acceptances(controllers, spread)
 
 
+def row_pairs(rows: int) -> int:
+    """Pairs of rows in a group its caller waits for (at least one): its probes and re-measures come once per so
+    many waits, since each makes the whole batch pay (a wider verification, every draft's catch-up) to learn
+    about one row or one K."""
+    return max(rows // 2, 1)
+
+
 def probe_due(controller: KController, in_flight: int) -> bool:
     """A row off for probe_every rounds drafts one token to measure again, where the schedule lets it draft. Per
     row, not per batch: its draft catches up on its own tokens only (a whole batch probing at once would make
@@ -493,9 +500,9 @@ class _CostTable:
         """Whether K's own recent rounds (two or more) average below ``margin`` x the target-only unit. (A round
         that drafts costs about a target-only one where its draft steps are cheap, on a GPU say, so a margin
         keeps noise from flagging a unit that is right.)"""
-        n0, t0 = self.by_k.get(0, (0.0, 0.0))
+        unit = self.unit()
         n, t = self.by_k.get(k, (0.0, 0.0))
-        return n0 > 0 and n >= 2 and t / n < margin * t0 / n0
+        return unit is not None and n >= 2 and t / n < margin * unit
 
     def drop_unit(self) -> None:
         """The unit's rounds are wrong (below_unit): the next target-only round replaces them, and the unit counts
@@ -652,7 +659,7 @@ class RoundCosts:
         if not (candidate() if callable(candidate) else candidate):
             return False
         # a waited group's re-measure makes every row's draft take in all it skipped: the wait grows with the rows
-        longest = self.refresh_every * (max(batch // 2, 1) if patient else 1)
+        longest = self.refresh_every * (row_pairs(batch) if patient else 1)
         state = self.off.setdefault(batch, [0, longest if patient else self.explore_every, 0])
         if state[2]:
             state[2] -= 1

@@ -61,6 +61,7 @@ from trtspec.engines.adaptive import (
     draft_speedup,
     group_k,
     probe_due,
+    row_pairs,
 )
 from trtspec.engines.rounds import Outcome, Rounds, Row
 from trtspec.engines.sampling import SamplingParams, check_num_draft_tokens
@@ -461,7 +462,7 @@ class GenerationLoop:
         drafting round's excess over target-only while it tells about one row (the demo pair on the 2-core
         Intel Xeon: a probe round took 14.0 ms at batch 8 against 10.7 ms for a round off, 18.7 ms at batch 16
         against 15.5 ms)."""
-        if self.rounds_run % (self.k_policy.probe_every * max(len(group) // 2, 1)):
+        if self.rounds_run % (self.k_policy.probe_every * row_pairs(len(group))):
             return None
         return max(
             group,
