@@ -479,6 +479,9 @@ class PricedRounds:
     def release(self, slot: int) -> None:
         pass
 
+    def move(self, row, slot: int) -> None:
+        pass  # no state per slot
+
     def draft_behind(self, row) -> int:
         return 0  # its round costs are injected: no draft cache to catch up
 
@@ -857,6 +860,10 @@ class CatchUpRounds(PricedRounds):
 
     def release(self, slot: int) -> None:
         self.seen.pop(slot, None)
+
+    def move(self, row, slot: int) -> None:
+        if row.slot in self.seen:
+            self.seen[slot] = self.seen.pop(row.slot)
 
     def draft_behind(self, row) -> int:
         return len(row.tokens) - self.seen.get(row.slot, 0)

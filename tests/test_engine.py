@@ -159,6 +159,41 @@ def test_a_steady_load_keeps_in_flight_prompts_in_the_loop_with_their_own_budget
         engine.generate(prompts, params)
 
 
+@pytest.mark.parametrize("lean", [True, False])
+def test_rows_that_finish_apart_leave_the_rest_on_the_lowest_slots_with_their_caches(
+    tiny_pair, lean, monkeypatch
+):
+    """When a row leaves from below others, the row on the highest slot moves into its place (rounds.Rounds.move),
+    so the batch's caches stay consecutive (views, not a gather per layer). Each row's output is still the
+    target's greedy continuation (its target cache moved), and a draft equal to the target accepts every token
+    as without the moves (its draft cache moved too)."""
+    from trtspec.engines.loop import GenerationLoop
+    from trtspec.engines.speculative import TorchRounds
+
+    moves = []
+    move = TorchRounds.move
+    monkeypatch.setattr(
+        TorchRounds, "move", lambda self, row, slot: moves.append((row.slot, slot)) or move(self, row, slot)
+    )
+    target = tiny_pair[0]
+    engine = SpeculativeEngine.from_pretrained(target, target, max_draft_len=4, max_seq_len=128, lean=lean)
+    params = SamplingParams(max_new_tokens=MAX_NEW, num_draft_tokens=2, ignore_eos=True)
+    budgets = [3, MAX_NEW, 12]
+
+    def results():
+        return list(engine.generate_stream(PROMPTS, params, max_new_tokens=budgets))[-1].results
+
+    compacted = results()
+    # the first row ends first and the third takes its slot; the third ends next and the second takes it
+    assert moves == [(2, 0), (1, 0)]
+    monkeypatch.setattr(GenerationLoop, "_compact", lambda self: None)
+    in_place = results()
+    for prompt, budget, result, alone in zip(PROMPTS, budgets, compacted, in_place, strict=True):
+        assert result.token_ids == hf_greedy(target, prompt, budget)
+        assert (result.stats.drafted, result.stats.accepted) == (alone.stats.drafted, alone.stats.accepted)
+        assert result.stats.accepted == result.stats.drafted > 0
+
+
 def test_num_draft_tokens_above_max_draft_len_is_refused(tiny_pair):
     engine = SpeculativeEngine.from_pretrained(*tiny_pair, max_draft_len=4)
     with pytest.raises(RequestError, match="num_draft_tokens=5 is larger than the engine's max_draft_len=4"):

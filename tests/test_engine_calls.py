@@ -428,3 +428,19 @@ def test_a_failed_draft_ahead_is_a_miss_and_the_next_round_drafts_afresh():
                         together=together_failing_ahead, first_token_alone=True)  # fmt: skip
     assert [t for r in rounds for t in r.new_tokens] == toy_greedy([4, 9, 12], 12)
     assert rec.together_calls > 0 and all(k <= 3 for _, k, _ in rec.draft_calls)  # every draft is a fresh one
+
+
+def test_a_row_moved_to_a_freed_slot_keeps_what_the_draft_engine_saw_of_it():
+    """The loop compacts its rows (rounds.Rounds.move): the row's per-slot state follows it, so its draft is not
+    re-fed the whole row, and the slot it left holds nothing for its next row."""
+    rounds = _batch_rounds(FnCalls(toy_draft("every_third_wrong"), toy_target))
+    rows = [Row([4, 9, 12], 0, max_len=50), Row([5, 6], 1, max_len=50), Row([7, 8, 9, 10], 2, max_len=50)]
+    rounds.run(rows, [3, 2, 2], SamplingParams(num_draft_tokens=3), None)
+    behind = rounds.draft_behind(rows[2])
+    assert behind < len(rows[2].tokens)
+    rounds.release(0)
+    rounds.move(rows[2], 0)
+    rows[2].slot = 0
+    assert rounds.draft_behind(rows[2]) == behind
+    newcomer = Row([3, 3, 3], 2, max_len=50)
+    assert rounds.draft_behind(newcomer) == 3

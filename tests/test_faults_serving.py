@@ -68,6 +68,9 @@ class TimedRounds:
     def release(self, slot):
         self.released.append(slot)
 
+    def move(self, row, slot):
+        pass  # no state per slot
+
     def draft_behind(self, row):
         return 0  # a scripted draft is always current
 

@@ -46,7 +46,7 @@ class ScriptedRounds:
     scripts = {1: [[5, 6, 7], [8, 9], [10, 11, 12]], 2: [[20], [21, 22], [23]]}
 
     def __init__(self):
-        self.released = []
+        self.released, self.moved = [], []
 
     def run(self, rows, num_draft, params, generator):
         outcomes = []
@@ -59,6 +59,9 @@ class ScriptedRounds:
 
     def release(self, slot):
         self.released.append(slot)
+
+    def move(self, row, slot):
+        self.moved.append((row.slot, slot))
 
     def draft_behind(self, row):
         return 0  # a scripted draft is always current
@@ -106,21 +109,45 @@ def test_requests_wait_for_a_free_slot_and_a_cancelled_one_frees_it(scripted):
 
 
 def test_a_row_joining_a_freed_slot_runs_in_slot_order_so_the_batch_reads_its_caches_as_views():
-    """A batch over consecutive slots in order reads the KV caches as views; a row that took a freed low slot
-    after its neighbours must not come last (models.LeanCausalLM would gather every layer's cache)."""
+    """A batch over consecutive slots in order reads the KV caches as views (models.LeanCausalLM gathers every
+    layer's cache otherwise): a joining row takes the lowest free slot, the one a row left below the others, and
+    runs in its place, so no row has to move."""
     rounds = ScriptedRounds()
     rounds.num_slots = 3
     seen = []
     run_rows = rounds.run
-    rounds.run = lambda rows, *args: seen.append([r.slot for r in rows]) or run_rows(rows, *args)
+    rounds.run = lambda rows, *args: (
+        seen.append([(r.slot, r.tokens[0]) for r in rows]) or run_rows(rows, *args)
+    )
     loop = GenerationLoop(rounds, max_seq_len=64)
     loop.add("short", [1], SamplingParams(max_new_tokens=3))
-    for request_id in ("b", "c", "joins"):
-        loop.add(request_id, [2], SamplingParams(max_new_tokens=50))
+    for request_id, prompt in (("b", [2]), ("c", [3]), ("joins", [4])):
+        loop.add(request_id, prompt, SamplingParams(max_new_tokens=50))
+    rounds.scripts = {**rounds.scripts, 3: rounds.scripts[2], 4: rounds.scripts[2]}
     for _ in range(3):
         loop.step()
-    assert seen[0] == [0, 1, 2] and rounds.released == [0]  # "short" left slot 0 after its first round
-    assert seen[1:] == [[0, 1, 2], [0, 1, 2]]  # "joins" took slot 0 and runs first, not after b and c
+    assert seen[0] == [(0, 1), (1, 2), (2, 3)] and rounds.released == [0]  # "short" left slot 0 in round one
+    assert rounds.moved == []
+    assert seen[1:] == [[(0, 4), (1, 2), (2, 3)]] * 2  # "joins" took slot 0 and runs first, not after b and c
+
+
+def test_a_draining_batch_stays_on_its_lowest_slots():
+    """A batch whose rows finish apart, with nothing queued (an engine call's group): after each departure the
+    row on the highest slot moves into the hole, so the rows left run on slots 0..n-1, and each row's tokens
+    follow it (the scripted round keeps them on the row). Rows that finish in the same round move nowhere."""
+    rounds = ScriptedRounds()
+    rounds.num_slots = 4
+    seen = []
+    run_rows = rounds.run
+    rounds.run = lambda rows, *args: seen.append([r.slot for r in rows]) or run_rows(rows, *args)
+    loop = GenerationLoop(rounds, max_seq_len=64)
+    budgets = {"a": 50, "b": 3, "c": 50, "d": 6}
+    got = run(loop, {0: [(i, [2], SamplingParams(max_new_tokens=n), {}) for i, n in budgets.items()]})
+    assert all(slots == list(range(len(slots))) for slots in seen)
+    assert rounds.moved == [(3, 1), (2, 1)]  # "d" into b's slot; then "c" into the slot d left
+    for request_id, budget in budgets.items():
+        tokens, result = got[request_id]
+        assert tokens == result.token_ids == ([20, 21, 22, 23] * 20)[:budget]
 
 
 def test_a_failed_round_ends_every_request_with_one_line_and_the_thread_keeps_serving(scripted, monkeypatch):

@@ -121,6 +121,43 @@ def test_greedy_output_with_a_draft_of_another_tokenizer_is_the_targets(tiny_pai
     assert sum(r.stats.drafted for r in results) > 0  # translated proposals reached the target
 
 
+def test_a_row_moved_to_a_freed_slot_keeps_its_drafts_tokens(tiny_pair, other_draft, tokenizers, monkeypatch):
+    """Rows that finish apart: the loop moves the row on the highest slot into the hole (rounds.Rounds.move), and
+    the draft's own tokens and cache go with it: every row is the target's greedy continuation, and accepts what
+    it accepts without the moves."""
+    from trtspec.engines.loop import GenerationLoop
+    from trtspec.engines.speculative import TorchRounds
+
+    moves = []
+    move = TorchRounds.move
+    monkeypatch.setattr(
+        TorchRounds, "move", lambda self, row, slot: moves.append(slot) or move(self, row, slot)
+    )
+    target, _ = tiny_pair
+    engine = SpeculativeEngine.from_pretrained(
+        target, other_draft, max_draft_len=4, max_seq_len=128, heterogeneous_vocab=True
+    )
+    prompts = [tokenizers[0](p)["input_ids"] for p in [*PROMPTS, "import os\n"]]
+    budgets = [3, 24, 12]
+    params = SamplingParams(max_new_tokens=24, num_draft_tokens=3, ignore_eos=True)
+    fed = []  # tokens the draft computed: a row whose draft state stayed behind would be fed its text again
+    forward = engine.draft.forward
+    monkeypatch.setattr(engine.draft, "forward", lambda *a: fed.append(sum(a[3])) or forward(*a))
+
+    def results():
+        fed.clear()
+        return list(engine.generate_stream(prompts, params, max_new_tokens=budgets))[-1].results, sum(fed)
+
+    compacted, compacted_fed = results()
+    assert moves and all(slot == 0 for slot in moves)
+    monkeypatch.setattr(GenerationLoop, "_compact", lambda self: None)
+    in_place, in_place_fed = results()
+    for prompt, budget, result, alone in zip(prompts, budgets, compacted, in_place, strict=True):
+        assert result.token_ids == hf_greedy(target, prompt, budget)
+        assert (result.stats.drafted, result.stats.accepted) == (alone.stats.drafted, alone.stats.accepted)
+    assert sum(r.stats.drafted for r in compacted) > 0 and compacted_fed == in_place_fed
+
+
 def test_opting_in_on_a_pair_sharing_one_tokenizer_changes_nothing(tiny_pair):
     engine = SpeculativeEngine.from_pretrained(
         *tiny_pair, max_draft_len=4, max_seq_len=128, heterogeneous_vocab=True

@@ -154,6 +154,12 @@ class EngineCallRounds:
         self.views.pop(slot, None)
         self.drafted_len.pop(slot, None)
 
+    def move(self, row: Row, slot: int) -> None:
+        """The engines keep no slots: only what is kept here per slot follows the row."""
+        for kept in (self.ready, self.views, self.drafted_len):
+            if row.slot in kept:
+                kept[slot] = kept.pop(row.slot)
+
     def draft_behind(self, row: Row) -> int:
         """Tokens the draft engine has not seen for the row (none where a draft-ahead is waiting)."""
         if row.slot in self.ready:

@@ -14,7 +14,7 @@ in-process, the Triton orchestrator's BLS calls to the engine models). Everythin
 Each ``step``: 1. admit queued requests into free slots (their prompt is prefilled by this round), 2. retire
 cancelled requests, 3. run one round for all active rows, grouped by what a batched sampling step shares (greedy
 rows together; sampled rows by temperature/top_k/top_p and random generator), 4. record stats and cut each row's
-new tokens at its stops and emit them, 5. release the slots of finished rows. Rows do not wait for each other: a
+new tokens at its stops and emit them, 5. release the slots of finished rows (before the next round, rows on higher slots move into the holes no newcomer took: rounds.Rounds.move). Rows do not wait for each other: a
 row keeps its own state (rounds.Row), so a joining row changes nothing in the others' tokens. The engine's and the
 TensorRT-LLM runner's ``generate_stream`` add their prompts and step until done; the Triton ``torch`` runtime's
 entry model feeds one loop from a thread (triton_repo/models/loop_thread.py); the ``tensorrtllm`` runtime's
@@ -39,6 +39,7 @@ client's TTFT); a row joining a running batch gets its first token with that bat
 
 from __future__ import annotations
 
+import bisect
 import threading
 import time
 from collections import deque
@@ -350,12 +351,13 @@ class GenerationLoop:
                 self._retire(request)
             while self.queued and self.free_slots:
                 request = self.queued.popleft()
-                request.row.slot = self.free_slots.pop(0)
+                request.row.slot = self.free_slots.pop(0)  # the lowest: a hole a row left, if any
                 self.active.append(request)
             # Rows in slot order: a batch over consecutive slots reads its caches as views, where rows out of
             # order (a row that joined a running batch in a freed slot) make every layer gather them, a copy of
             # the batch's whole cache per forward (the demo target at 16 rows: +30-50% on a target-only round).
             self.active.sort(key=lambda request: request.row.slot)
+            self._compact()  # the holes no newcomer filled
         return [self._finished(r, "cancelled") for r in queued + leaving]
 
     def _retire(self, request: _Active) -> None:
@@ -364,7 +366,20 @@ class GenerationLoop:
         self.active.remove(request)
         self.rounds.release(request.row.slot)
         self.free_slots.append(request.row.slot)
-        self.free_slots.sort()  # low slots first: rows that stay contiguous use the cache's cheaper views
+        self.free_slots.sort()
+
+    def _compact(self) -> None:
+        """Rows on the lowest slots: while a slot below an active row is free, the row on the highest slot moves
+        into the lowest free one (engines/rounds.py ``Rounds.move``). A batch over consecutive slots reads the
+        torch pair's caches as views; a hole makes every layer of every forward gather them, and a group whose
+        rows draft finishes row by row."""
+        while self.active and self.free_slots and self.free_slots[0] < self.active[-1].row.slot:
+            last, slot = self.active.pop(), self.free_slots.pop(0)
+            self.rounds.move(last.row, slot)
+            self.free_slots.append(last.row.slot)
+            last.row.slot = slot
+            bisect.insort(self.active, last, key=lambda request: request.row.slot)
+        self.free_slots.sort()
 
     def _finished(self, request: _Active, reason: str) -> RowEvent:
         result = GenerationResult(

@@ -157,6 +157,11 @@ class LeanCausalLM:
         self.k_cache[:, slot, :, :length] = self.k_cache[:, source, :, :length]
         self.v_cache[:, slot, :, :length] = self.v_cache[:, source, :, :length]
 
+    def move(self, source: int, slot: int, length: int) -> None:
+        """The sequence in ``source`` now lives in ``slot``: its cache positions [0, length) are copied there
+        (``source`` is left to its next sequence, which overwrites it from position 0)."""
+        self.copy_prefix(source, slot, length)
+
     @torch.inference_mode()
     def forward(self, tokens, slots, starts, num_new, logit_index) -> torch.Tensor:
         """tokens [B, T] int64 (row b's first num_new[b] are real); slots/starts/num_new: B ints;
@@ -286,6 +291,10 @@ class HFCausalLM:
             raise ValueError(f"cache slot {source} holds nothing to copy")
         self.caches[slot] = copy.deepcopy(self.caches[source])
         truncate_cache(self.caches[slot], length)
+
+    def move(self, source: int, slot: int, length: int) -> None:
+        """Same contract as LeanCausalLM.move: the slot's cache object changes hands, nothing is copied."""
+        self.caches[slot], self.caches[source] = self.caches[source], None
 
     @torch.inference_mode()
     def forward(self, tokens, slots, starts, num_new, logit_index) -> torch.Tensor:

@@ -319,6 +319,17 @@ class TorchRounds:
         """The next row in the slot starts at length 0 and overwrites the cache; its draft tokens start over."""
         self.draft_rows.pop(slot, None)
 
+    def move(self, row: Row, slot: int) -> None:
+        """Each model's cache of the row, up to what it holds, into ``slot`` (with a translator, the draft's
+        tokens go along)."""
+        self.target.move(row.slot, slot, row.target_len)
+        state = self.draft_rows.pop(row.slot, None)
+        if state is not None:
+            state.slot = slot
+            self.draft_rows[slot] = state
+        if self.draft is not None:
+            self.draft.move(row.slot, slot, row.draft_len if state is None else state.draft_len)
+
     def draft_behind(self, row: Row) -> int:
         """Uncached tokens of the row in the draft (with a translator: target tokens since the draft's last sync,
         beside what its own cache lacks)."""
