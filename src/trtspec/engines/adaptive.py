@@ -66,10 +66,10 @@ docs/adaptive-k.md has the whole account.
 
 from __future__ import annotations
 
-import functools
 import math
+import operator
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
@@ -134,20 +134,25 @@ def group_tokens_per_k(
     rounds at K (the row expected to finish last). See the module docstring. Expected tokens per round at
     acceptance a are 1 + a + ... + a^K (core.metrics.expected_tokens_per_round), summed here K by K."""
     rows = [sum(acceptances) / len(acceptances)] if remaining is None else list(acceptances)
+    budgets = None if remaining is None else waited_budgets(remaining)
     tokens, powers, out = [1.0] * len(rows), [1.0] * len(rows), [1.0]
-    for _ in range(cap):
-        for i, a in enumerate(rows):
-            powers[i] *= a
-            tokens[i] += powers[i]
-        out.append(tokens[0] if remaining is None else waited_tokens(tokens, remaining))
+    for _ in range(cap):  # row by row in map()s: a round's choice runs this over every row of a batch
+        powers = list(map(operator.mul, powers, rows))
+        tokens = list(map(operator.add, tokens, powers))
+        out.append(tokens[0] if budgets is None else waited_tokens(tokens, budgets))
     return out
 
 
-def waited_tokens(tokens: Sequence[float], remaining: Sequence[int]) -> float:
+def waited_budgets(remaining: Sequence[int]) -> list[int]:
+    """Each row's tokens left as waited_tokens counts them (at least one: a round still runs)."""
+    return [max(n, 1) for n in remaining]
+
+
+def waited_tokens(tokens: Sequence[float], budgets: Sequence[int]) -> float:
     """Rows' expected tokens per round as the group they end gains them, where its caller waits for them all:
-    its rounds at one token each (its longest budget) over its rounds at these (the most any row needs)."""
-    budgets = [max(n, 1) for n in remaining]
-    return max(budgets) / max(n / t for n, t in zip(budgets, tokens, strict=True))
+    its rounds at one token each (its longest budget) over its rounds at these (the most any row needs).
+    ``budgets``: waited_budgets of the rows' tokens left."""
+    return max(budgets) / max(map(operator.truediv, budgets, tokens))
 
 
 def best_k(
@@ -163,9 +168,14 @@ def best_k(
     (RoundCosts: at least cap + 1 entries), else the policy's ratios."""
     rows = [acceptance] if isinstance(acceptance, int | float) else list(acceptance)
     costs = costs or linear_costs(policy.draft_cost_ratio, policy.verify_cost_ratio, cap)
-    best, best_speedup = 0, 1.0 + policy.min_gain
-    tokens = group_tokens_per_k(rows, cap, remaining)
-    for k in range(1, cap + 1):
+    return peak_k(group_tokens_per_k(rows, cap, remaining), costs, policy.min_gain)
+
+
+def peak_k(tokens: Sequence[float], costs: Costs, min_gain: float) -> int:
+    """The K (an index of ``tokens``, expected tokens per round per K) with the best tokens over cost, 0 unless
+    one beats 1 + ``min_gain``."""
+    best, best_speedup = 0, 1.0 + min_gain
+    for k in range(1, len(tokens)):
         speedup = tokens[k] / costs[k]
         if speedup > best_speedup:
             best, best_speedup = k, speedup
@@ -265,17 +275,18 @@ def best_lookup_len(
     without a lookup, above 1 for a row that drafts instead), the group's (waited_tokens). (0, 1.0) unless one
     beats 1 + min_gain."""
     best, best_speedup = 0, 1.0 + policy.min_gain
+    budgets = None if remaining is None else waited_budgets(remaining)
     for n in range(1, max(available, default=0) + 1):
         # a wider verification never costs less than a target step: a measured cost below 1 is noise
         cost = max(costs[n], 1.0) if costs else 1.0 + policy.verify_token_ratio * n
         tokens = [
             expected_tokens_per_round(a, min(n, m)) for a, m in zip(acceptances, available, strict=True)
         ]
-        if remaining is None:
+        if budgets is None:
             speedup = (batch + sum(tokens) - len(tokens)) / batch / cost
         else:
             tokens = tokens if floors is None else [max(t, f) for t, f in zip(tokens, floors, strict=True)]
-            speedup = waited_tokens(tokens, remaining) / cost
+            speedup = waited_tokens(tokens, budgets) / cost
         if speedup > best_speedup:
             best, best_speedup = n, speedup
     return (best, best_speedup) if best else (0, 1.0)
@@ -602,6 +613,9 @@ class RoundCosts:
         # Seconds per token a draft takes in to catch up (its cache behind the row: a prompt it never saw, the
         # tokens of rounds it sat out); None until a timed round measured one (CatchUp).
         self.catch_up = CatchUp()
+        self._priced: dict[
+            tuple[int, int], tuple[list[float], float] | None
+        ] = {}  # priced, until a table changes
 
     def unit_due(self, batch: int, k: int) -> bool:
         """Should this batch size's round, about to draft ``k`` (>= 1), run target-only instead, to measure the
@@ -629,9 +643,7 @@ class RoundCosts:
         self.since_unit[batch] = 0 if due else since
         return due
 
-    def explore_due(
-        self, batch: int, k: int, candidate: int | Callable[[], int], patient: bool = False
-    ) -> bool:
+    def explore_due(self, batch: int, k: int, candidate: int, patient: bool = False) -> bool:
         """Measured costs chose ``k`` = 0 at this batch size where the policy's ratios would draft ``candidate``:
         should this round draft ``candidate`` anyway, timed, to measure its cost again? Once costs switch drafting
         off, only target-only rounds are timed, so a speculative cost measured high by a few noisy rounds (a
@@ -642,8 +654,7 @@ class RoundCosts:
         to ``refresh_every`` rounds: where target-only truly wins (a large batch), re-measures end up 2 rounds in
         ~256. The wait is per batch size, so a load whose batch size keeps changing re-measures more often.
         Drafting again (``k`` > 0) resets the wait; a round the policy's ratios would not draft in (``candidate``
-        0: a low acceptance, which probes measure) counts for nothing. ``candidate`` may be a function giving it,
-        called only where a round off is counted. ``patient``: the wait is ``refresh_every`` rounds per pair of
+        0: a low acceptance, which probes measure) counts for nothing. ``patient``: the wait is ``refresh_every`` rounds per pair of
         rows (rows whose caller waits for them all: there every row's draft takes in all it skipped, a round's
         worth or more of a batch's time, which re-measures every 16-128 rounds would cost over and over; on the
         2-core Intel Xeon a group's first drafting round, whose 16 drafts took in their prompts alone, took
@@ -652,11 +663,11 @@ class RoundCosts:
         (self.exploring.add if due else self.exploring.discard)(batch)
         return due
 
-    def _explore_due(self, batch: int, k: int, candidate: int | Callable[[], int], patient: bool) -> bool:
+    def _explore_due(self, batch: int, k: int, candidate: int, patient: bool) -> bool:
         if k:
             self.off.pop(batch, None)
             return False
-        if not (candidate() if callable(candidate) else candidate):
+        if not candidate:
             return False
         # a waited group's re-measure makes every row's draft take in all it skipped: the wait grows with the rows
         longest = self.refresh_every * (row_pairs(batch) if patient else 1)
@@ -669,6 +680,7 @@ class RoundCosts:
             return False
         # The speculative rounds timed before drafting stopped are as old as the rounds spent off: they age by
         # them, so the re-measure's rounds outweigh them.
+        self._priced.clear()
         for table in self._tables(batch):
             # the line by the K's own rate too: the re-measure's rounds must outweigh the old line's
             table.age_speculative(state[0], line_decay=self.decay)
@@ -731,6 +743,7 @@ class RoundCosts:
         return [table for table in found if table is not None]
 
     def record(self, batch: int, k: int, seconds: float) -> None:
+        self._priced.clear()
         for tables, key in ((self.by_batch, batch), (self.by_bucket, batch.bit_length())):
             tables.setdefault(key, _CostTable(self.decay, self.line_decay)).record(k, seconds)
 
@@ -743,7 +756,14 @@ class RoundCosts:
         return None if priced is None else priced[0]
 
     def priced(self, batch: int, max_k: int) -> tuple[list[float], float] | None:
-        """``costs`` and the seconds of the target-only round they are counted in, from the same table."""
+        """``costs`` and the seconds of the target-only round they are counted in, from the same table. Kept
+        until the tables change (a round recorded, a re-measure's aging): a round asks more than once."""
+        key = (batch, max_k)
+        if key not in self._priced:
+            self._priced[key] = self._price(batch, max_k)
+        return self._priced[key]
+
+    def _price(self, batch: int, max_k: int) -> tuple[list[float], float] | None:
         own = self.by_batch.get(batch)
         if own is not None and own.units < self.unit_rounds:
             own = None
@@ -790,6 +810,7 @@ class AdaptiveState:
         self.lookup_pool = Acceptance(policy.lookup_prior, policy.prior_weight, 0.005)
         self.decisions: dict[int, Decision] = {}
         self.rounds_by_k: dict[tuple[int, int], int] = {}
+        self._linear: dict[int, list[float]] = {}  # _ratios
 
     def begin_round(self) -> None:
         self.costs.begin_round()
@@ -855,22 +876,29 @@ class AdaptiveState:
         costs = self.costs.costs(batch, max_k) if self.measure else None
         judged = group_acceptances(controllers, remaining, self.spread.value)
         cap = _cap(controllers, in_flight)
-        k = best_k(judged, cap, self.policy, costs, remaining)
-        self._decided(batch, k, controllers, judged, costs, max_k, remaining)
+        # once a round: with rows whose caller waits for them all, K by K over every row
+        tokens = group_tokens_per_k(judged, cap, remaining)
+        prices = costs or self._ratios(max_k)  # cap <= max_k: each row's K is at most the engine's
+        k = peak_k(tokens, prices, self.policy.min_gain)
+        self._decided(batch, k, controllers, judged, tokens, prices, costs is not None, remaining)
         self.costs.exploring.discard(batch)
         if not (self.measure and timed):
             return k
         if self.costs.unit_due(batch, k):
             return 0
-
         # where measured costs switched drafting off, what the policy's ratios would draft (explore_due)
-        @functools.cache
-        def candidate() -> int:
-            return best_k(judged, cap, self.policy, None, remaining) if costs is not None else 0
-
+        candidate = 0 if costs is None or k else peak_k(tokens, self._ratios(max_k), self.policy.min_gain)
         if self.costs.explore_due(batch, k, candidate, patient=remaining is not None):
-            return candidate()
+            return candidate
         return self.costs.slope_probe(batch, k, cap)
+
+    def _ratios(self, max_k: int) -> list[float]:
+        """The policy's round costs for K in 0..max_k (linear_costs), computed once per max_k."""
+        if max_k not in self._linear:
+            self._linear[max_k] = linear_costs(
+                self.policy.draft_cost_ratio, self.policy.verify_cost_ratio, max_k
+            )
+        return self._linear[max_k]
 
     def worth_probing(self, batch: int, max_k: int, in_flight: int) -> bool:
         """Whether a probe can change anything at this batch size: some K pays at a high acceptance (0.95) by
@@ -887,10 +915,15 @@ class AdaptiveState:
         self.rounds_by_k[batch, k] = self.rounds_by_k.get((batch, k), 0) + 1
 
     def _decided(
-        self, batch: int, k: int, controllers, judged: list[float], costs: Costs | None, max_k: int, remaining
+        self,
+        batch: int,
+        k: int,
+        controllers,
+        judged: list[float],
+        tokens,
+        prices: Costs,
+        measured: bool,
+        remaining,
     ) -> None:
-        acceptances = [c.acceptance for c in controllers]
-        acceptance = sum(acceptances) / len(acceptances) if remaining is None else min(judged)
-        prices = costs or linear_costs(self.policy.draft_cost_ratio, self.policy.verify_cost_ratio, max_k)
-        speedup = group_tokens_per_k(judged, k, remaining)[k] / prices[k]
-        self.decisions[batch] = Decision(k, acceptance, prices[k], speedup, costs is not None)
+        acceptance = sum(judged) / len(judged) if remaining is None else min(judged)
+        self.decisions[batch] = Decision(k, acceptance, prices[k], tokens[k] / prices[k], measured)
