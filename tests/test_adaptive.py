@@ -729,6 +729,23 @@ def test_speculative_costs_measured_in_a_slow_spell_are_measured_again_and_draft
     assert patient.index(True) == 8 * longest - 1
 
 
+def test_prices_asked_twice_in_a_round_are_the_same_and_follow_every_change_to_the_rounds():
+    """RoundCosts.priced keeps its prices until the rounds change: a recorded round, or a re-measure aging the
+    rounds timed before it (a K whose own rounds sit off the line then leans toward the line)."""
+    costs = RoundCosts(KPolicy())
+    for k, seconds in ((0, 0.010),) * 3 + ((1, 0.015), (3, 0.020), (2, 0.021)) * 4:
+        costs.record(4, k, seconds)
+    before = costs.costs(4, 3)
+    assert costs.costs(4, 3) is before  # asked again in the same round: not priced again
+    costs.record(4, 2, 0.021)
+    recorded = costs.costs(4, 3)
+    assert recorded[2] > before[2]  # one more round of K=2 above the line: priced higher
+    # K=0 chosen where the policy's ratios would draft: the re-measure that comes ages the rounds before it
+    while not costs.explore_due(4, 0, 2):
+        pass
+    assert costs.costs(4, 3)[2] < recorded[2]  # its own rounds now weigh less against the line
+
+
 def test_a_re_measure_prices_a_drafts_catch_up_by_the_policys_ratios():
     """The measured costs that switched drafting off would also refuse the catch-up a re-measure needs; the
     policy's ratios, which chose the re-measured K, decide it instead, so a long prompt at a large batch is still

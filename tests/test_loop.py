@@ -40,18 +40,20 @@ def run(loop: GenerationLoop, adds: dict[int, list[tuple]]) -> dict:
 
 class ScriptedRounds:
     """A runtime whose round emits each row's next tokens from a script (row b: script[prompt[0]]): all the loop
-    needs from a runtime (engines/rounds.py)."""
+    needs from a runtime (engines/rounds.py). Where a row is in its script is kept per slot, as a KV cache is, so
+    a row whose slot changed without ``move`` would start its script over."""
 
     num_slots, vocab_size, max_draft_len, has_draft, device = 2, 1000, 4, True, "cpu"
     scripts = {1: [[5, 6, 7], [8, 9], [10, 11, 12]], 2: [[20], [21, 22], [23]]}
 
     def __init__(self):
         self.released, self.moved = [], []
+        self.script_rounds = {}  # slot -> the last script round its row ran
 
     def run(self, rows, num_draft, params, generator):
         outcomes = []
         for row in rows:
-            row.script_round = n = getattr(row, "script_round", -1) + 1
+            self.script_rounds[row.slot] = n = self.script_rounds.get(row.slot, -1) + 1
             tokens = self.scripts[row.tokens[0]][n % 3]
             row.tokens += tokens
             outcomes.append(Outcome(tokens, len(tokens) - 1, len(tokens) - 1))
@@ -59,9 +61,11 @@ class ScriptedRounds:
 
     def release(self, slot):
         self.released.append(slot)
+        self.script_rounds.pop(slot, None)
 
     def move(self, row, slot):
         self.moved.append((row.slot, slot))
+        self.script_rounds[slot] = self.script_rounds.pop(row.slot)
 
     def draft_behind(self, row):
         return 0  # a scripted draft is always current
@@ -133,21 +137,55 @@ def test_a_row_joining_a_freed_slot_runs_in_slot_order_so_the_batch_reads_its_ca
 
 def test_a_draining_batch_stays_on_its_lowest_slots():
     """A batch whose rows finish apart, with nothing queued (an engine call's group): after each departure the
-    row on the highest slot moves into the hole, so the rows left run on slots 0..n-1, and each row's tokens
-    follow it (the scripted round keeps them on the row). Rows that finish in the same round move nowhere."""
+    row on the highest slot moves into the hole, so the rows left run on slots 0..n-1, and each row's script goes
+    with it (the scripted runtime keeps it per slot). "a" and "c" finish in the same round: "c" does not move into
+    the slot "a" leaves."""
     rounds = ScriptedRounds()
     rounds.num_slots = 4
+    rounds.scripts = {**rounds.scripts, 3: [[30, 31], [32], [33, 34, 35]]}
     seen = []
     run_rows = rounds.run
     rounds.run = lambda rows, *args: seen.append([r.slot for r in rows]) or run_rows(rows, *args)
     loop = GenerationLoop(rounds, max_seq_len=64)
-    budgets = {"a": 50, "b": 3, "c": 50, "d": 6}
-    got = run(loop, {0: [(i, [2], SamplingParams(max_new_tokens=n), {}) for i, n in budgets.items()]})
+    budgets = {"a": (50, [2]), "b": (3, [3]), "c": (50, [3]), "d": (6, [2])}
+    got = run(
+        loop, {0: [(i, prompt, SamplingParams(max_new_tokens=n), {}) for i, (n, prompt) in budgets.items()]}
+    )
     assert all(slots == list(range(len(slots))) for slots in seen)
     assert rounds.moved == [(3, 1), (2, 1)]  # "d" into b's slot; then "c" into the slot d left
-    for request_id, budget in budgets.items():
+    for request_id, (budget, prompt) in budgets.items():
         tokens, result = got[request_id]
-        assert tokens == result.token_ids == ([20, 21, 22, 23] * 20)[:budget]
+        script = [t for tokens in rounds.scripts[prompt[0]] for t in tokens]
+        assert tokens == result.token_ids == (script * 20)[:budget]
+
+
+def test_a_cancelled_rows_slot_is_taken_by_the_row_on_the_highest_slot():
+    rounds = ScriptedRounds()
+    rounds.num_slots = 3
+    loop = GenerationLoop(rounds, max_seq_len=64)
+    for request_id in ("a", "b", "c"):
+        loop.add(request_id, [2], SamplingParams(max_new_tokens=50))
+    loop.step()
+    loop.cancel("a")
+    loop.step()
+    assert rounds.released == [0] and rounds.moved == [(2, 0)]
+    assert sorted(r.row.slot for r in loop.active) == [0, 1]
+
+
+def test_rows_of_several_sampling_groups_are_not_moved():
+    """Each sampling group runs as a batch of its own: a sampled row moved into a greedy row's hole would split
+    the sampled rows' consecutive slots and leave the greedy ones split anyway."""
+    rounds = ScriptedRounds()
+    rounds.num_slots = 4
+    loop = GenerationLoop(rounds, max_seq_len=64)
+    loop.add("greedy-short", [2], SamplingParams(max_new_tokens=1))
+    loop.add("greedy", [2], SamplingParams(max_new_tokens=50))
+    for request_id in ("sampled-1", "sampled-2"):
+        loop.add(request_id, [2], SamplingParams(max_new_tokens=50, temperature=0.7, seed=1))
+    for _ in range(3):
+        loop.step()
+    assert rounds.released == [0] and rounds.moved == []
+    assert sorted(r.row.slot for r in loop.active) == [1, 2, 3]
 
 
 def test_a_failed_round_ends_every_request_with_one_line_and_the_thread_keeps_serving(scripted, monkeypatch):

@@ -152,6 +152,8 @@ def waited_tokens(tokens: Sequence[float], budgets: Sequence[int]) -> float:
     """Rows' expected tokens per round as the group they end gains them, where its caller waits for them all:
     its rounds at one token each (its longest budget) over its rounds at these (the most any row needs).
     ``budgets``: waited_budgets of the rows' tokens left."""
+    if len(budgets) != len(tokens):
+        raise ValueError(f"{len(tokens)} rows' tokens per round for {len(budgets)} budgets")
     return max(budgets) / max(map(operator.truediv, budgets, tokens))
 
 
@@ -654,9 +656,10 @@ class RoundCosts:
         to ``refresh_every`` rounds: where target-only truly wins (a large batch), re-measures end up 2 rounds in
         ~256. The wait is per batch size, so a load whose batch size keeps changing re-measures more often.
         Drafting again (``k`` > 0) resets the wait; a round the policy's ratios would not draft in (``candidate``
-        0: a low acceptance, which probes measure) counts for nothing. ``patient``: the wait is ``refresh_every`` rounds per pair of
-        rows (rows whose caller waits for them all: there every row's draft takes in all it skipped, a round's
-        worth or more of a batch's time, which re-measures every 16-128 rounds would cost over and over; on the
+        0: a low acceptance, which probes measure) counts for nothing. ``patient``: the wait is ``refresh_every``
+        rounds per pair of rows (rows whose caller waits for them all: there every row's draft takes in all it
+        skipped, a round's worth or more of a batch's time, which re-measures every 16-128 rounds would cost over
+        and over; on the
         2-core Intel Xeon a group's first drafting round, whose 16 drafts took in their prompts alone, took
         200 ms against 15.5 ms for a round off)."""
         due = self._explore_due(batch, k, candidate, patient)
@@ -810,7 +813,7 @@ class AdaptiveState:
         self.lookup_pool = Acceptance(policy.lookup_prior, policy.prior_weight, 0.005)
         self.decisions: dict[int, Decision] = {}
         self.rounds_by_k: dict[tuple[int, int], int] = {}
-        self._linear: dict[int, list[float]] = {}  # _ratios
+        self._linear: dict[int, tuple[float, ...]] = {}  # _ratios
 
     def begin_round(self) -> None:
         self.costs.begin_round()
@@ -842,7 +845,7 @@ class AdaptiveState:
         if batch in self.costs.exploring:
             # a re-measure (RoundCosts.explore_due) prices the catch-up by the policy's ratios, which chose its K:
             # the measured costs would refuse what it re-measures
-            costs = linear_costs(self.policy.draft_cost_ratio, self.policy.verify_cost_ratio, max_k)
+            costs = self._ratios(max_k)
         return catch_up_pays(behind, remaining, acceptance, k, costs, unit, per_token, batch)
 
     def draft_prices(self, batch: int, max_k: int) -> Costs | None:
@@ -880,7 +883,7 @@ class AdaptiveState:
         tokens = group_tokens_per_k(judged, cap, remaining)
         prices = costs or self._ratios(max_k)  # cap <= max_k: each row's K is at most the engine's
         k = peak_k(tokens, prices, self.policy.min_gain)
-        self._decided(batch, k, controllers, judged, tokens, prices, costs is not None, remaining)
+        self._decided(batch, k, judged, tokens, prices, costs is not None, remaining)
         self.costs.exploring.discard(batch)
         if not (self.measure and timed):
             return k
@@ -892,11 +895,11 @@ class AdaptiveState:
             return candidate
         return self.costs.slope_probe(batch, k, cap)
 
-    def _ratios(self, max_k: int) -> list[float]:
+    def _ratios(self, max_k: int) -> tuple[float, ...]:
         """The policy's round costs for K in 0..max_k (linear_costs), computed once per max_k."""
         if max_k not in self._linear:
-            self._linear[max_k] = linear_costs(
-                self.policy.draft_cost_ratio, self.policy.verify_cost_ratio, max_k
+            self._linear[max_k] = tuple(
+                linear_costs(self.policy.draft_cost_ratio, self.policy.verify_cost_ratio, max_k)
             )
         return self._linear[max_k]
 
@@ -918,12 +921,12 @@ class AdaptiveState:
         self,
         batch: int,
         k: int,
-        controllers,
-        judged: list[float],
-        tokens,
+        judged: Sequence[float],
+        tokens: Sequence[float],
         prices: Costs,
         measured: bool,
-        remaining,
+        remaining: Sequence[int] | None,
     ) -> None:
+        """Record the choice (Decision): ``tokens`` and ``prices`` per K, as the choice read them."""
         acceptance = sum(judged) / len(judged) if remaining is None else min(judged)
         self.decisions[batch] = Decision(k, acceptance, prices[k], tokens[k] / prices[k], measured)

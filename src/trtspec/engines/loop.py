@@ -11,10 +11,11 @@ The round (propose + verify) is the runtime's, behind engines/rounds.py ``Rounds
 (speculative.TorchRounds), and engines behind calls (engine_calls.EngineCallRounds: TensorRT-LLM's ModelRunnerCpp
 in-process, the Triton orchestrator's BLS calls to the engine models). Everything else is here, once.
 
-Each ``step``: 1. admit queued requests into free slots (their prompt is prefilled by this round), 2. retire
-cancelled requests, 3. run one round for all active rows, grouped by what a batched sampling step shares (greedy
-rows together; sampled rows by temperature/top_k/top_p and random generator), 4. record stats and cut each row's
-new tokens at its stops and emit them, 5. release the slots of finished rows (before the next round, rows on higher slots move into the holes no newcomer took: rounds.Rounds.move). Rows do not wait for each other: a
+Each ``step``: 1. retire cancelled requests, admit queued ones into the lowest free slots (their prompt is
+prefilled by this round) and move rows into the holes no newcomer took (engines/rounds.py says why and when), 2. run one
+round for all active rows, grouped by what a batched sampling step shares (greedy rows together; sampled rows by
+temperature/top_k/top_p and random generator), 3. record stats and cut each row's new tokens at its stops and emit
+them, 4. release the slots of finished rows. Rows do not wait for each other: a
 row keeps its own state (rounds.Row), so a joining row changes nothing in the others' tokens. The engine's and the
 TensorRT-LLM runner's ``generate_stream`` add their prompts and step until done; the Triton ``torch`` runtime's
 entry model feeds one loop from a thread (triton_repo/models/loop_thread.py); the ``tensorrtllm`` runtime's
@@ -341,7 +342,8 @@ class GenerationLoop:
         return [RowEvent(r.request_id, [], r.stats, error=message) for r in requests]
 
     def _admit_and_cancel(self) -> list[RowEvent]:
-        """Retire the cancelled requests (queued or active), then fill the free slots from the queue."""
+        """Retire the cancelled requests (queued or active), fill the free slots from the queue, then move rows
+        into the holes no newcomer filled (_compact)."""
         with self.lock:
             cancelled, self.cancelled = self.cancelled, set()
             queued = [r for r in self.queued if r.request_id in cancelled]
@@ -353,11 +355,9 @@ class GenerationLoop:
                 request = self.queued.popleft()
                 request.row.slot = self.free_slots.pop(0)  # the lowest: a hole a row left, if any
                 self.active.append(request)
-            # Rows in slot order: a batch over consecutive slots reads its caches as views, where rows out of
-            # order (a row that joined a running batch in a freed slot) make every layer gather them, a copy of
-            # the batch's whole cache per forward (the demo target at 16 rows: +30-50% on a target-only round).
+            # rows in slot order (engines/rounds.py): a row that joined in a freed slot runs in its place
             self.active.sort(key=lambda request: request.row.slot)
-            self._compact()  # the holes no newcomer filled
+        self._compact()  # outside the lock: add() and cancel() need not wait for a cache copy
         return [self._finished(r, "cancelled") for r in queued + leaving]
 
     def _retire(self, request: _Active) -> None:
@@ -369,17 +369,20 @@ class GenerationLoop:
         self.free_slots.sort()
 
     def _compact(self) -> None:
-        """Rows on the lowest slots: while a slot below an active row is free, the row on the highest slot moves
-        into the lowest free one (engines/rounds.py ``Rounds.move``). A batch over consecutive slots reads the
-        torch pair's caches as views; a hole makes every layer of every forward gather them, and a group whose
-        rows draft finishes row by row."""
+        """Rows on the lowest slots (engines/rounds.py says why): while a slot below an active row is free, the row
+        on the highest slot moves into the lowest free one. Only while every row is in one sampling group: each
+        group runs as a batch of its own, and a row moved into another group's hole would break up its own group's
+        consecutive slots."""
+        if len({request.group_key() for request in self.active}) > 1:
+            return
         while self.active and self.free_slots and self.free_slots[0] < self.active[-1].row.slot:
-            last, slot = self.active.pop(), self.free_slots.pop(0)
-            self.rounds.move(last.row, slot)
-            self.free_slots.append(last.row.slot)
+            last, slot = self.active[-1], self.free_slots[0]
+            self.rounds.move(last.row, slot)  # first: a failed move leaves the loop's records as they were
+            self.active.pop()
+            self.free_slots[0] = last.row.slot
             last.row.slot = slot
             bisect.insort(self.active, last, key=lambda request: request.row.slot)
-        self.free_slots.sort()
+            self.free_slots.sort()
 
     def _finished(self, request: _Active, reason: str) -> RowEvent:
         result = GenerationResult(

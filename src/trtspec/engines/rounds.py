@@ -17,10 +17,13 @@ row b drafts up to ``num_draft[b]`` tokens, the target verifies them, and the ro
 for every runtime); the runtime verifies those without its draft model. Everything around the round (admission into slots, stops and the EOS convention, stats,
 streaming events, cancellation, adaptive K) is the loop's and exists once.
 
-The loop keeps its rows on the lowest slots: when a row leaves from below others, the row on the highest slot moves
-into its place (``move``). A batch over consecutive slots reads the torch pair's caches as views; a batch with a
-hole makes every layer of every forward gather the batch's whole cache (the demo target at 14 of 16 rows: a K=1
-round 15.7 ms against 11.9 ms for all 16), where a move copies one row's cache once.
+The loop keeps its rows on the lowest slots, in slot order: a joining row takes the lowest free slot, and when a
+row leaves from below others and no newcomer takes its slot, the row on the highest slot moves into it (``move``).
+A batch over consecutive slots in order reads the torch pair's caches as views; a batch with a hole, or out of
+order, makes every layer of every forward gather the batch's whole cache (the demo target at 14 of 16 rows: a K=1
+round 15.7 ms against 11.9 ms for all 16). A move carries one row's caches once (the torch pair copies them; the
+HF fallback and engines behind calls hand over or re-key what they keep). Rows move only while they are all in
+one sampling group: each group runs as a batch of its own.
 """
 
 from __future__ import annotations
