@@ -12,11 +12,11 @@ The round (propose + verify) is the runtime's, behind engines/rounds.py ``Rounds
 in-process, the Triton orchestrator's BLS calls to the engine models). Everything else is here, once.
 
 Each ``step``: 1. retire cancelled requests, admit queued ones into the lowest free slots (their prompt is
-prefilled by this round) and move rows into the holes no newcomer took (engines/rounds.py says why and when), 2. run one
-round for all active rows, grouped by what a batched sampling step shares (greedy rows together; sampled rows by
-temperature/top_k/top_p and random generator), 3. record stats and cut each row's new tokens at its stops and emit
-them, 4. release the slots of finished rows. Rows do not wait for each other: a
-row keeps its own state (rounds.Row), so a joining row changes nothing in the others' tokens. The engine's and the
+prefilled by this round) and move rows into the holes no newcomer took (engines/rounds.py says why and when),
+2. run one round for all active rows, grouped by what a batched sampling step shares (greedy rows together;
+sampled rows by temperature/top_k/top_p and random generator), 3. record stats and cut each row's new tokens at
+its stops and emit them, 4. release the slots of finished rows. Rows do not wait for each other: a row keeps its
+own state (rounds.Row), so a joining row changes nothing in the others' tokens. The engine's and the
 TensorRT-LLM runner's ``generate_stream`` add their prompts and step until done; the Triton ``torch`` runtime's
 entry model feeds one loop from a thread (triton_repo/models/loop_thread.py); the ``tensorrtllm`` runtime's
 orchestrator runs one loop per request on that request's thread.
