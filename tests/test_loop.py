@@ -216,6 +216,48 @@ def test_a_failed_round_ends_every_request_with_one_line_and_the_thread_keeps_se
     assert events[-1].result.token_ids == [20, 21]
 
 
+def test_a_request_cancelled_in_a_step_that_fails_still_ends_as_cancelled(scripted, monkeypatch):
+    """The events a step made before its round (or a move) failed are delivered by fail_all, before the error
+    that ends every other request: a client that cancelled gets its "cancelled", not silence."""
+    for request_id in ("a", "b"):
+        scripted.add(request_id, [1], SamplingParams(max_new_tokens=50))
+    scripted.step()
+    scripted.cancel("a")
+
+    def kernel_failed(self):
+        raise RuntimeError("kernel failed")
+
+    monkeypatch.setattr(GenerationLoop, "_round", kernel_failed)
+    with pytest.raises(RuntimeError):
+        scripted.step()
+    events = scripted.fail_all("internal error")
+    assert [(e.request_id, e.error or e.result.finish_reason) for e in events] == [
+        ("a", "cancelled"),
+        ("b", "internal error"),
+    ]
+    assert scripted.fail_all("again") == []  # nothing is delivered twice
+
+
+def test_a_failed_move_ends_the_requests_with_the_loops_records_whole():
+    rounds = ScriptedRounds()
+    rounds.num_slots = 3
+
+    def out_of_memory(row, slot):
+        raise RuntimeError("out of memory (simulated)")
+
+    rounds.move = out_of_memory
+    loop = GenerationLoop(rounds, max_seq_len=64)
+    loop.add("short", [2], SamplingParams(max_new_tokens=1))
+    for request_id in ("b", "c"):
+        loop.add(request_id, [2], SamplingParams(max_new_tokens=50))
+    finished = [e.request_id for e in loop.step() if e.finished]
+    assert finished == ["short"]
+    with pytest.raises(RuntimeError, match="out of memory"):
+        loop.step()  # "c" was to move into slot 0
+    assert [r.row.slot for r in loop.active] == [1, 2] and loop.free_slots == [0]
+    assert sorted(e.request_id for e in loop.fail_all("internal error")) == ["b", "c"]
+
+
 def test_the_thread_runs_on_step_once_after_each_steps_events(scripted):
     log, done = [], threading.Event()
     thread = LoopThread(scripted, on_step=lambda: log.append("step"))

@@ -246,6 +246,7 @@ class GenerationLoop:
         self._shared_generator = new_generator(SamplingParams(temperature=1.0), rounds.device)
         self.rounds_run = 0
         self.closed = False  # close(): no request will be added
+        self.undelivered: list[RowEvent] = []  # the events of the step under way (step, fail_all)
 
     @property
     def busy(self) -> bool:
@@ -322,16 +323,21 @@ class GenerationLoop:
             self.cancelled.add(request_id)
 
     def step(self) -> list[RowEvent]:
-        """Admit, retire the cancelled, run one round for the active rows; the events of this step."""
-        events = self._admit_and_cancel()
+        """Retire the cancelled, admit, move rows into holes, run one round for the active rows; the events of
+        this step."""
+        # kept until the step returns them: should a move or the round fail, fail_all delivers them still
+        self.undelivered = self._admit_and_cancel()
+        self._compact()
         if self.active:
-            events += self._round()
+            self.undelivered += self._round()
+        events, self.undelivered = self.undelivered, []
         if not self.busy:
             self.adaptive.idle()
         return events
 
     def fail_all(self, message: str) -> list[RowEvent]:
-        """End every request with ``message`` (after a round failed: the caches' state is unknown)."""
+        """End every request with ``message`` (after a step failed: the caches' state is unknown), after the
+        events the failed step had already made (a request cancelled in it ends as cancelled)."""
         with self.lock:
             requests, self.queued, self.cancelled = [*self.active, *self.queued], deque(), set()
         for request in self.active:
@@ -339,11 +345,11 @@ class GenerationLoop:
         self.active = []
         self.free_slots = list(range(self.rounds.num_slots))
         self.adaptive.idle()  # the failed round's time is no K's
-        return [RowEvent(r.request_id, [], r.stats, error=message) for r in requests]
+        made, self.undelivered = self.undelivered, []
+        return made + [RowEvent(r.request_id, [], r.stats, error=message) for r in requests]
 
     def _admit_and_cancel(self) -> list[RowEvent]:
-        """Retire the cancelled requests (queued or active), fill the free slots from the queue, then move rows
-        into the holes no newcomer filled (_compact)."""
+        """Retire the cancelled requests (queued or active), then fill the free slots from the queue."""
         with self.lock:
             cancelled, self.cancelled = self.cancelled, set()
             queued = [r for r in self.queued if r.request_id in cancelled]
@@ -357,7 +363,6 @@ class GenerationLoop:
                 self.active.append(request)
             # rows in slot order (engines/rounds.py): a row that joined in a freed slot runs in its place
             self.active.sort(key=lambda request: request.row.slot)
-        self._compact()  # outside the lock: add() and cancel() need not wait for a cache copy
         return [self._finished(r, "cancelled") for r in queued + leaving]
 
     def _retire(self, request: _Active) -> None:
