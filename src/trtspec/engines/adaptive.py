@@ -615,9 +615,8 @@ class RoundCosts:
         # Seconds per token a draft takes in to catch up (its cache behind the row: a prompt it never saw, the
         # tokens of rounds it sat out); None until a timed round measured one (CatchUp).
         self.catch_up = CatchUp()
-        self._priced: dict[
-            tuple[int, int], tuple[list[float], float] | None
-        ] = {}  # priced, until a table changes
+        # (batch, max_k) -> priced(), kept until a table changes
+        self._priced: dict[tuple[int, int], tuple[list[float], float] | None] = {}
 
     def unit_due(self, batch: int, k: int) -> bool:
         """Should this batch size's round, about to draft ``k`` (>= 1), run target-only instead, to measure the
@@ -659,9 +658,8 @@ class RoundCosts:
         0: a low acceptance, which probes measure) counts for nothing. ``patient``: the wait is ``refresh_every``
         rounds per pair of rows (rows whose caller waits for them all: there every row's draft takes in all it
         skipped, a round's worth or more of a batch's time, which re-measures every 16-128 rounds would cost over
-        and over; on the
-        2-core Intel Xeon a group's first drafting round, whose 16 drafts took in their prompts alone, took
-        200 ms against 15.5 ms for a round off)."""
+        and over; on the 2-core Intel Xeon a group's first drafting round, whose 16 drafts took in their prompts
+        alone, took 200 ms against 15.5 ms for a round off)."""
         due = self._explore_due(batch, k, candidate, patient)
         (self.exploring.add if due else self.exploring.discard)(batch)
         return due

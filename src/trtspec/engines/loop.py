@@ -378,9 +378,10 @@ class GenerationLoop:
         on the highest slot moves into the lowest free one. Only while every row is in one sampling group: each
         group runs as a batch of its own, and a row moved into another group's hole would break up its own group's
         consecutive slots."""
-        if len({request.group_key() for request in self.active}) > 1:
+        # the hole first: every step comes here, and most leave none
+        if not self._hole() or len({request.group_key() for request in self.active}) > 1:
             return
-        while self.active and self.free_slots and self.free_slots[0] < self.active[-1].row.slot:
+        while self._hole():
             last, slot = self.active[-1], self.free_slots[0]
             self.rounds.move(last.row, slot)  # first: a failed move leaves the loop's records as they were
             self.active.pop()
@@ -388,6 +389,10 @@ class GenerationLoop:
             last.row.slot = slot
             bisect.insort(self.active, last, key=lambda request: request.row.slot)
             self.free_slots.sort()
+
+    def _hole(self) -> bool:
+        """Whether a slot below the highest active row is free."""
+        return bool(self.active and self.free_slots) and self.free_slots[0] < self.active[-1].row.slot
 
     def _finished(self, request: _Active, reason: str) -> RowEvent:
         result = GenerationResult(
