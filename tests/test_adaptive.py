@@ -22,9 +22,11 @@ from trtspec.engines.adaptive import (
     group_k,
     group_tokens_per_k,
     linear_costs,
+    normal_order,
     policy_for,
     probe_due,
     schedule_cap,
+    tail_rounds,
     waited_acceptances,
 )
 from trtspec.engines.engine import SpeculativeEngine
@@ -190,20 +192,30 @@ def test_rows_whose_caller_waits_for_them_all_are_judged_by_the_row_expected_to_
 
 
 def test_rows_that_just_started_are_judged_by_the_slowest_of_as_many_requests():
-    """Fresh rows carry the pooled estimate alike, yet one of them will accept least and end the group: each is
-    lowered by the spread between requests times the expected largest of as many normal draws, in proportion to
-    the share of its estimate that is the prior."""
+    """Fresh rows carry the pooled estimate alike, yet one of them will accept least and end the group: ranked by
+    their estimates, the lowest is lowered by the spread between requests times the expected largest of as many
+    normal draws, the next by the second largest, and so on, in proportion to the share of its estimate that is
+    the prior."""
     policy = KPolicy()
     fresh = [KController(policy, max_k=8, prior=0.58) for _ in range(8)]
     assert waited_acceptances(fresh[:1], 0.15) == [pytest.approx(0.58)]  # a row alone is its own group
     assert expected_max_normal(8) == pytest.approx(1.4236, rel=0.01)  # the exact expected largest of 8
     assert expected_max_normal(1) == 0.0
-    lowered = 0.58 - 0.15 * expected_max_normal(8)
-    assert waited_acceptances(fresh, 0.15) == pytest.approx([lowered] * 8)
+    draws = normal_order(8)
+    assert draws[0] == expected_max_normal(8) and list(draws) == sorted(draws, reverse=True)
+    assert sum(draws) == pytest.approx(0.0, abs=1e-12)  # the fastest raised as much as the slowest lowered
+    judged = waited_acceptances(fresh, 0.15)
+    assert sorted(judged) == pytest.approx([0.58 - 0.15 * z for z in draws])
+    assert min(judged) == pytest.approx(0.58 - 0.15 * expected_max_normal(8))
+    # of rows alike, the one with the most tokens left is the slowest (it ends the group)
+    remaining = [64, 64, 64, 64, 64, 64, 90, 64]
+    assert min(waited_acceptances(fresh, 0.15, remaining)) == waited_acceptances(fresh, 0.15, remaining)[6]
     seasoned = KController(policy, max_k=8, prior=0.58)
-    for _ in range(30):  # its own positions outweigh the prior's 10
+    for _ in range(
+        30
+    ):  # its own positions outweigh the prior's 10: accepts less than the rest, so it ranks lowest
         seasoned.update(num_draft=2, num_accepted=1)
-    assert seasoned.estimate.prior_share < 0.4
+    assert seasoned.estimate.prior_share < 0.4 and seasoned.acceptance < 0.58
     assert (
         waited_acceptances([seasoned] + fresh[1:], 0.15)[0]
         > seasoned.acceptance - 0.15 * expected_max_normal(8) * 0.4
@@ -213,7 +225,54 @@ def test_rows_that_just_started_are_judged_by_the_slowest_of_as_many_requests():
     costs = [1.0] + [1.0 + 0.44 * k for k in range(1, 9)]
     assert group_k(fresh, 8, costs) == 1
     assert group_k(fresh, 8, costs, remaining=[64] * 8, spread=0.15) == 0
-    assert group_k(fresh[:1], 1, costs, remaining=[64], spread=0.15) == 1
+
+
+def test_a_group_whose_rows_finish_apart_is_priced_by_what_its_smaller_batches_cost():
+    """Rows whose caller waits for them all finish apart, and after the first ones the batch is smaller: where a
+    smaller batch's round costs less, the slowest row's last rounds cost less than a whole batch's."""
+    assert tail_rounds([40, 40, 40], [0.5, 0.7, 1.0]) == 40  # rows that finish together: all rounds whole
+    assert tail_rounds([30, 36, 40], [1.0, 1.0, 1.0]) == 40  # rounds as dear at any size: the slowest row's
+    assert tail_rounds([30, 36, 40], [0.5, 0.7, 1.0]) == pytest.approx(30 + 6 * 0.7 + 4 * 0.5)
+    rows, budgets = [0.5, 0.6, 0.8], [64, 64, 64]
+    whole = [[1.0] * 3 for _ in range(3)]
+    assert group_tokens_per_k(rows, 2, budgets, whole) == pytest.approx(group_tokens_per_k(rows, 2, budgets))
+    cheaper = [[1.0, 1.0, 1.0], [0.5, 0.7, 1.0], [0.6, 0.8, 1.0]]
+    tokens = group_tokens_per_k(rows, 2, budgets, cheaper)
+    ends = sorted(64 / expected_tokens_per_round(a, 1) for a in rows)
+    assert tokens[1] == pytest.approx(64 / tail_rounds(ends, cheaper[1]))
+    assert tokens[0] == 1.0 and tokens[1] > group_tokens_per_k(rows, 2, budgets)[1]
+    # budgets apart: target-only's rows finish apart too, priced by its own shrinking rounds (shrink[0])
+    apart = group_tokens_per_k([0.6, 0.6], 1, [64, 32], [[0.5, 1.0], [0.5, 1.0]])
+    assert apart[0] == 1.0 and apart[1] == pytest.approx(expected_tokens_per_round(0.6, 1))
+    with pytest.raises(ValueError, match="3 rows' acceptances for 2 budgets"):
+        group_tokens_per_k(rows, 2, budgets[:2])
+
+    def state_with(small_batch_ms: float, smaller: tuple[int, ...] = (3, 2, 1)) -> AdaptiveState:
+        """Batch 4 measured: 10 ms target-only, 15.2 ms + 4 ms per draft token beyond one; the ``smaller``
+        batch sizes at ``small_batch_ms`` per target-only round and the same share per K."""
+        state = AdaptiveState(KPolicy())
+        for batch, unit in ((4, 10.0),) + tuple((b, small_batch_ms) for b in smaller):
+            scale = unit / 10.0
+            for k in (0, 0, 0, 1, 3, 1, 3):
+                ms = 10.0 if k == 0 else 15.2 + 4.0 * (k - 1)
+                state.costs.record(batch, k, scale * ms / 1000)
+        return state
+
+    # Four fresh rows at the pooled 0.7 (spread 0.15): the slowest at 0.55 makes K=1 pay 1.55 / 1.52 = 1.02,
+    # under the 5% margin, where every round costs a batch of 4; with rounds of 1-3 rows at 0.6 of that, the
+    # group's time at K=1 is 4% shorter and drafting pays.
+    fresh = [KController(KPolicy(), max_k=4) for _ in range(4)]
+    assert state_with(10.0).choose(fresh, 4, 4, 4, timed=False, remaining=[64] * 4) == 0
+    cheap = state_with(6.0)
+    assert cheap.choose(fresh, 4, 4, 4, timed=False, remaining=[64] * 4) > 0
+    assert cheap.decisions[4].expected_speedup > 1.05
+    # a steady load's rows (no caller waiting) and a batch with rows the call does not wait for: no shrink
+    assert cheap.choose(fresh[:3], 4, 4, 4, timed=False, remaining=[64] * 3) == 0
+    assert state_with(10.0).costs.costs(4, 4) == cheap.costs.costs(4, 4)
+    # Only sizes measured on their own count: batch 3 unmeasured is priced by its bucket (2-3), which holds batch
+    # 2's rounds, yet counts as a whole batch; a size below a cheaper one costs no more than it.
+    assert state_with(6.0, smaller=(2,))._shrink(4, 4, 4)[1] == pytest.approx([0.6, 0.6, 1.0, 1.0])
+    assert state_with(6.0, smaller=(2,)).costs.costs(3, 4) == cheap.costs.costs(2, 4)
 
 
 def test_the_spread_between_requests_is_measured_less_the_noise_of_few_positions():
@@ -740,6 +799,12 @@ def test_prices_asked_twice_in_a_round_are_the_same_and_follow_every_change_to_t
     costs.record(4, 2, 0.021)
     recorded = costs.costs(4, 3)
     assert recorded[2] > before[2]  # one more round of K=2 above the line: priced higher
+    bucket_priced = costs.costs(6, 3)  # batch 6 never ran: its bucket's (4-7), so far batch 4's rounds
+    assert bucket_priced == recorded
+    costs.record(1, 0, 0.004)  # a round in another bucket changes neither price
+    assert costs.costs(4, 3) is recorded and costs.costs(6, 3) is bucket_priced
+    costs.record(5, 2, 0.030)  # a round of batch 5 is in the bucket: batch 6's price follows it
+    assert costs.costs(6, 3)[2] > bucket_priced[2]
     # K=0 chosen where the policy's ratios would draft: the re-measure that comes ages the rounds before it
     while not costs.explore_due(4, 0, 2):
         pass

@@ -66,6 +66,7 @@ docs/adaptive-k.md has the whole account.
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 import time
@@ -126,20 +127,32 @@ def linear_costs(draft_cost_ratio: float, verify_cost_ratio: float, max_k: int) 
 
 
 def group_tokens_per_k(
-    acceptances: Sequence[float], cap: int, remaining: Sequence[int] | None = None
+    acceptances: Sequence[float],
+    cap: int,
+    remaining: Sequence[int] | None = None,
+    shrink: Sequence[Sequence[float]] | None = None,
 ) -> list[float]:
     """What drafting K gives rows batched together, in tokens per round, for K in 0..cap: at the rows' mean
     acceptance (a steady load, whose finished rows make way for new ones), or, for rows whose caller waits for
-    them all (``remaining``: each row's tokens left), the group's rounds at K = 0 (its longest budget) over its
-    rounds at K (the row expected to finish last). See the module docstring. Expected tokens per round at
-    acceptance a are 1 + a + ... + a^K (core.metrics.expected_tokens_per_round), summed here K by K."""
+    them all (``remaining``: each row's tokens left), the group's target-only time over its time at K
+    (waited_tokens; ``shrink[K]``: what a round of K costs as rows finish, see there). See the module docstring.
+    Expected tokens per round at acceptance a are 1 + a + ... + a^K (core.metrics.expected_tokens_per_round),
+    summed here K by K."""
     rows = [sum(acceptances) / len(acceptances)] if remaining is None else list(acceptances)
     budgets = None if remaining is None else waited_budgets(remaining)
+    if budgets is not None and len(budgets) != len(rows):
+        raise ValueError(f"{len(rows)} rows' acceptances for {len(budgets)} budgets")
+    base = None if budgets is None or shrink is None else tail_rounds(sorted(budgets), shrink[0])
     tokens, powers, out = [1.0] * len(rows), [1.0] * len(rows), [1.0]
-    for _ in range(cap):  # row by row in map()s: a round's choice runs this over every row of a batch
+    for k in range(1, cap + 1):  # row by row in map()s: a round's choice runs this over every row of a batch
         powers = list(map(operator.mul, powers, rows))
         tokens = list(map(operator.add, tokens, powers))
-        out.append(tokens[0] if budgets is None else waited_tokens(tokens, budgets))
+        if budgets is None:
+            out.append(tokens[0])
+        elif base is None:
+            out.append(waited_tokens(tokens, budgets))
+        else:
+            out.append(base / tail_rounds(sorted(map(operator.truediv, budgets, tokens)), shrink[k]))
     return out
 
 
@@ -150,11 +163,27 @@ def waited_budgets(remaining: Sequence[int]) -> list[int]:
 
 def waited_tokens(tokens: Sequence[float], budgets: Sequence[int]) -> float:
     """Rows' expected tokens per round as the group they end gains them, where its caller waits for them all:
-    its rounds at one token each (its longest budget) over its rounds at these (the most any row needs).
-    ``budgets``: waited_budgets of the rows' tokens left."""
+    its rounds at one token each (its longest budget) over its rounds at these (the most any row needs), every
+    round priced as one of the whole batch. ``budgets``: waited_budgets of the rows' tokens left. (Adaptive K
+    prices the rounds after the first rows finish by what a smaller batch costs where it has measured one:
+    group_tokens_per_k's ``shrink``.)"""
     if len(budgets) != len(tokens):
         raise ValueError(f"{len(tokens)} rows' tokens per round for {len(budgets)} budgets")
     return max(budgets) / max(map(operator.truediv, budgets, tokens))
+
+
+def tail_rounds(ends: Sequence[float], shrink: Sequence[float]) -> float:
+    """A group's time in rounds of the whole batch, its rows finishing after ``ends`` rounds (ascending): each
+    stretch between two finishes costs its rounds times ``shrink[b - 1]``, a round's cost with b rows left over
+    its cost with all of them. Rows that finish apart leave a smaller batch, which costs less a round (the demo
+    pair on the 2-core Intel Xeon, K=1: 0.95x a round of 4 at 3 rows, 0.72x at 2, 0.57x at 1); pricing every
+    round as a whole batch's made the slowest row's last rounds look dear and kept groups of 2-4 from drafting
+    where drafting ran 1.07-1.14x faster."""
+    total, before, left = 0.0, 0.0, len(ends)
+    for end in ends:
+        total += (end - before) * shrink[left - 1]
+        before, left = end, left - 1
+    return total
 
 
 def best_k(
@@ -350,17 +379,34 @@ def _cap(controllers: Sequence[KController], in_flight: int) -> int:
 
 def expected_max_normal(n: int) -> float:
     """The expected largest of ``n`` standard normal draws (Blom's approximation; 0 for one)."""
-    return NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
+    return normal_order(n)[0]
 
 
-def waited_acceptances(controllers: Sequence[KController], spread: float) -> list[float]:
-    """Each row's acceptance as the group it ends weighs it (rows whose caller waits for them all): lowered by
-    the expected shortfall of the slowest of them (``spread``, the standard deviation between requests, times
-    the expected largest of as many normal draws) in proportion to the share of its estimate that is the pooled
-    prior. Rows that just started are alike by their estimates, yet one of them accepts least and ends the group;
-    as their own rounds tell them apart, the estimates carry it."""
-    shortfall = spread * expected_max_normal(len(controllers))
-    return [max(c.acceptance - shortfall * c.estimate.prior_share, 0.0) for c in controllers]
+@functools.cache
+def normal_order(n: int) -> tuple[float, ...]:
+    """The expected draws of ``n`` standard normal ones, largest first (Blom's approximation)."""
+    return tuple(NormalDist().inv_cdf((n - i - 0.375) / (n + 0.25)) for i in range(n))
+
+
+def waited_acceptances(
+    controllers: Sequence[KController], spread: float, remaining: Sequence[int] | None = None
+) -> list[float]:
+    """Each row's acceptance as the group it ends weighs it (rows whose caller waits for them all): rows that
+    just started are alike by their estimates, yet as many requests spread around their mean (``spread``, the
+    standard deviation between requests), and the one that accepts least ends the group. So the row with the
+    lowest estimate is lowered by the expected largest of as many normal draws times the spread, the next by the
+    second largest, and so on (the fastest is raised as much as the slowest is lowered), each in proportion to
+    the share of its estimate that is the pooled prior: as the rows' own rounds tell them apart, the estimates
+    carry it. Of rows alike, the one with the most tokens left (``remaining``) counts as the slowest."""
+    order = sorted(
+        range(len(controllers)),
+        key=lambda i: (controllers[i].acceptance, -remaining[i] if remaining else 0),
+    )
+    judged = [0.0] * len(controllers)
+    for draw, i in zip(normal_order(len(controllers)), order, strict=True):
+        estimate = controllers[i].estimate
+        judged[i] = min(max(estimate.value - spread * draw * estimate.prior_share, 0.0), 1.0)
+    return judged
 
 
 def group_k(
@@ -386,7 +432,7 @@ def group_acceptances(
     (``remaining``), waited_acceptances."""
     if remaining is None:
         return [c.acceptance for c in controllers]
-    return waited_acceptances(controllers, spread)
+    return waited_acceptances(controllers, spread, remaining)
 
 
 def row_pairs(rows: int) -> int:
@@ -744,7 +790,10 @@ class RoundCosts:
         return [table for table in found if table is not None]
 
     def record(self, batch: int, k: int, seconds: float) -> None:
-        self._priced.clear()
+        # the prices this round changes: its batch size's own and those its bucket prices
+        bucket = batch.bit_length()
+        for key in [key for key in self._priced if key[0].bit_length() == bucket]:
+            del self._priced[key]
         for tables, key in ((self.by_batch, batch), (self.by_bucket, batch.bit_length())):
             tables.setdefault(key, _CostTable(self.decay, self.line_decay)).record(k, seconds)
 
@@ -763,6 +812,15 @@ class RoundCosts:
         if key not in self._priced:
             self._priced[key] = self._price(batch, max_k)
         return self._priced[key]
+
+    def own_priced(self, batch: int, max_k: int) -> tuple[list[float], float] | None:
+        """``priced`` where this batch size's own rounds price it (its unit_rounds target-only rounds and a
+        speculative one), else None: a size priced by its bucket carries other sizes' rounds (a bucket of 8-15
+        rows holds mostly 8's where a load of 8 ran), which would price 15 rows at about half of 16."""
+        own = self.by_batch.get(batch)
+        if own is None or own.units < self.unit_rounds or not any(n for k, (n, _) in own.by_k.items() if k):
+            return None
+        return self.priced(batch, max_k)
 
     def _price(self, batch: int, max_k: int) -> tuple[list[float], float] | None:
         own = self.by_batch.get(batch)
@@ -877,8 +935,12 @@ class AdaptiveState:
         costs = self.costs.costs(batch, max_k) if self.measure else None
         judged = group_acceptances(controllers, remaining, self.spread.value)
         cap = _cap(controllers, in_flight)
+        # where every row of the batch is one the caller waits for, the batch shrinks as they finish
+        shrink = None
+        if remaining is not None and costs is not None and len(remaining) == batch:
+            shrink = self._shrink(batch, max_k, cap)
         # once a round: with rows whose caller waits for them all, K by K over every row
-        tokens = group_tokens_per_k(judged, cap, remaining)
+        tokens = group_tokens_per_k(judged, cap, remaining, shrink)
         prices = costs or self._ratios(max_k)  # cap <= max_k: each row's K is at most the engine's
         k = peak_k(tokens, prices, self.policy.min_gain)
         self._decided(batch, k, judged, tokens, prices, costs is not None, remaining)
@@ -892,6 +954,23 @@ class AdaptiveState:
         if self.costs.explore_due(batch, k, candidate, patient=remaining is not None):
             return candidate
         return self.costs.slope_probe(batch, k, cap)
+
+    def _shrink(self, batch: int, max_k: int, cap: int) -> list[list[float]] | None:
+        """Per K in 0..cap, a round's measured cost with b rows (index b - 1) over its cost with ``batch``
+        (group_tokens_per_k's ``shrink``): 1 where a batch size is not priced by its own rounds
+        (RoundCosts.own_priced), and never more than with one row more (noise in a rarely run size would price a
+        smaller batch dearer). None without this batch size's price."""
+        full = self.costs.priced(batch, max_k)
+        if full is None:
+            return None
+        costs, unit = full
+        shrink = [[1.0] * batch for _ in range(cap + 1)]
+        for rows in range(batch - 1, 0, -1):
+            priced = self.costs.own_priced(rows, max_k)
+            for k, shares in enumerate(shrink):
+                share = 1.0 if priced is None else priced[0][k] * priced[1] / (costs[k] * unit)
+                shares[rows - 1] = min(share, shares[rows])
+        return shrink
 
     def _ratios(self, max_k: int) -> tuple[float, ...]:
         """The policy's round costs for K in 0..max_k (linear_costs), computed once per max_k."""
