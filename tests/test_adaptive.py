@@ -227,6 +227,27 @@ def test_rows_that_just_started_are_judged_by_the_slowest_of_as_many_requests():
     assert group_k(fresh, 8, costs, remaining=[64] * 8, spread=0.15) == 0
 
 
+def measured_state(small_batch_ms: float, smaller: tuple[int, ...] = (3, 2, 1)) -> AdaptiveState:
+    """An AdaptiveState whose batch 4 measured 10 ms target-only and 15.2 ms + 4 ms per draft token beyond one
+    (K=1 1.52 target-only rounds), and the ``smaller`` batch sizes ``small_batch_ms`` per target-only round with
+    the same share per K."""
+    state = AdaptiveState(KPolicy())
+    for batch, unit in ((4, 10.0),) + tuple((b, small_batch_ms) for b in smaller):
+        scale = unit / 10.0
+        for k in (0, 0, 0, 1, 3, 1, 3):
+            ms = 10.0 if k == 0 else 15.2 + 4.0 * (k - 1)
+            state.costs.record(batch, k, scale * ms / 1000)
+    return state
+
+
+def learned(controllers: list[KController]) -> list[KController]:
+    """The rows as if each had judged as many draft positions of its own as the prior weighs (KController.lifetime),
+    their estimates unchanged: past the start where a waited group drafts at break-even (adaptive.learning)."""
+    for controller in controllers:
+        controller.lifetime = (7, controller.policy.prior_weight)
+    return controllers
+
+
 def test_a_group_whose_rows_finish_apart_is_priced_by_what_its_smaller_batches_cost():
     """Rows whose caller waits for them all finish apart, and after the first ones the batch is smaller: where a
     smaller batch's round costs less, the slowest row's last rounds cost less than a whole batch's."""
@@ -247,32 +268,41 @@ def test_a_group_whose_rows_finish_apart_is_priced_by_what_its_smaller_batches_c
     with pytest.raises(ValueError, match="3 rows' acceptances for 2 budgets"):
         group_tokens_per_k(rows, 2, budgets[:2])
 
-    def state_with(small_batch_ms: float, smaller: tuple[int, ...] = (3, 2, 1)) -> AdaptiveState:
-        """Batch 4 measured: 10 ms target-only, 15.2 ms + 4 ms per draft token beyond one; the ``smaller``
-        batch sizes at ``small_batch_ms`` per target-only round and the same share per K."""
-        state = AdaptiveState(KPolicy())
-        for batch, unit in ((4, 10.0),) + tuple((b, small_batch_ms) for b in smaller):
-            scale = unit / 10.0
-            for k in (0, 0, 0, 1, 3, 1, 3):
-                ms = 10.0 if k == 0 else 15.2 + 4.0 * (k - 1)
-                state.costs.record(batch, k, scale * ms / 1000)
-        return state
-
     # Four fresh rows at the pooled 0.7 (spread 0.15): the slowest at 0.55 makes K=1 pay 1.55 / 1.52 = 1.02,
     # under the 5% margin, where every round costs a batch of 4; with rounds of 1-3 rows at 0.6 of that, the
     # group's time at K=1 is 4% shorter and drafting pays.
-    fresh = [KController(KPolicy(), max_k=4) for _ in range(4)]
-    assert state_with(10.0).choose(fresh, 4, 4, 4, timed=False, remaining=[64] * 4) == 0
-    cheap = state_with(6.0)
+    # (The rows have judged what the prior weighs: a group still learning would draft at break-even anyway.)
+    fresh = learned([KController(KPolicy(), max_k=4) for _ in range(4)])
+    assert measured_state(10.0).choose(fresh, 4, 4, 4, timed=False, remaining=[64] * 4) == 0
+    cheap = measured_state(6.0)
     assert cheap.choose(fresh, 4, 4, 4, timed=False, remaining=[64] * 4) > 0
     assert cheap.decisions[4].expected_speedup > 1.05
-    # a steady load's rows (no caller waiting) and a batch with rows the call does not wait for: no shrink
+    # a batch with a row the call does not wait for (3 of 4 waited): no shrink
     assert cheap.choose(fresh[:3], 4, 4, 4, timed=False, remaining=[64] * 3) == 0
-    assert state_with(10.0).costs.costs(4, 4) == cheap.costs.costs(4, 4)
+    assert measured_state(10.0).costs.costs(4, 4) == cheap.costs.costs(4, 4)
     # Only sizes measured on their own count: batch 3 unmeasured is priced by its bucket (2-3), which holds batch
     # 2's rounds, yet counts as a whole batch; a size below a cheaper one costs no more than it.
-    assert state_with(6.0, smaller=(2,))._shrink(4, 4, 4)[1] == pytest.approx([0.6, 0.6, 1.0, 1.0])
-    assert state_with(6.0, smaller=(2,)).costs.costs(3, 4) == cheap.costs.costs(2, 4)
+    assert measured_state(6.0, smaller=(2,))._shrink(4, 4, 4)[1] == pytest.approx([0.6, 0.6, 1.0, 1.0])
+    assert measured_state(6.0, smaller=(2,)).costs.costs(3, 4) == cheap.costs.costs(2, 4)
+
+
+def test_a_waited_group_drafts_at_break_even_until_its_rows_have_judged_what_the_prior_weighs():
+    """Fresh rows carry the pool's estimate alike, and a group judged near break-even by it learns nothing while
+    it does not draft: it drafts at break-even (no margin) until its rows' own rounds have judged as many positions
+    as the prior weighs; then the margin holds again. A steady load's rows keep the margin from the start."""
+    state = measured_state(10.0)  # K=1 priced 1.52: the slowest of 4 fresh rows at 0.55 gives 1.02
+    fresh = [KController(KPolicy(), max_k=4) for _ in range(4)]
+    assert state.choose(fresh, 4, 4, 4, timed=False, remaining=[64] * 4) == 1
+    assert 1.0 < state.decisions[4].expected_speedup < 1.05
+    learned(fresh[:1])  # one row has learned, the others have judged nothing yet: still learning
+    assert state.choose(fresh, 4, 4, 4, timed=False, remaining=[64] * 4) == 1
+    assert state.choose(learned(fresh), 4, 4, 4, timed=False, remaining=[64] * 4) == 0
+    # below break-even it does not draft, learning or not
+    doubtful = [KController(KPolicy(), max_k=4, prior=0.5) for _ in range(4)]
+    assert state.choose(doubtful, 4, 4, 4, timed=False, remaining=[64] * 4) == 0
+    # a steady load at the same expectation (the rows' mean 0.55, K=1 1.55 / 1.52 = 1.02): the margin holds
+    steady = [KController(KPolicy(), max_k=4, prior=0.55) for _ in range(4)]
+    assert state.choose(steady, 4, 4, 4, timed=False) == 0
 
 
 def test_the_spread_between_requests_is_measured_less_the_noise_of_few_positions():

@@ -36,12 +36,14 @@ less (demo pair at concurrency 8: K=4 at 1.44x K=2's tokens by the model, 1.36x 
 Judging by the mean acceptance drafts shorter for mixed batches; tools/replay_adaptive.py on the demo pair's
 greedy acceptance with six bench runs' measured costs: 0.94-1.01x of the best static K at concurrency 1-16
 against 0.89-1.01x. That is a steady load's measure, where a row that finishes makes way for another. Rows whose
-caller waits for them all (an engine call's batch: loop.GenerationLoop.close) are judged by the row expected to
-finish last instead (``remaining``: the group's rounds at K = 0, its longest budget, over its rounds at K, the most
-any row needs at its own acceptance): the call lasts as long as that row, tokens a faster row gains sooner shorten
-nothing, and every round drafted costs the whole batch. (The demo pair's grounded set in groups of 8, static K=1:
-69 rounds at batch 8, then 0.38 s at batches 1-7 while the rows that accepted less finished; 1.47 s against
-target-only's 1.38 s, where the mean acceptance priced K=1 at 1.18x.)
+caller waits for them all (an engine call's batch: loop.GenerationLoop.close) are judged by the time until the
+last of them ends instead (``remaining``: each row's rounds at its acceptance, the rows spread as as many
+requests are, and each stretch between two rows' ends priced at the batch size still running: waited_acceptances,
+tail_rounds): the call lasts as long as that row, tokens a faster row gains sooner shorten nothing, and every
+round drafted costs the whole batch. (The demo pair's grounded set in groups of 8, static K=1: 69 rounds at batch
+8, then 0.38 s at batches 1-7 while the rows that accepted less finished; 1.47 s against target-only's 1.38 s,
+where the mean acceptance priced K=1 at 1.18x.) Such a group drafts at break-even until its rows have judged what
+the prior weighs (``learning``): only its own rounds tell it whether it pays.
 
 By measured cost: ``RoundCosts`` gives each K's round cost in target-only rounds of the same batch size,
 measured from the rounds the loop ran, each over its whole cycle (start to the next round's start: the forwards,
@@ -433,6 +435,13 @@ def group_acceptances(
     if remaining is None:
         return [c.acceptance for c in controllers]
     return waited_acceptances(controllers, spread, remaining)
+
+
+def learning(controllers: Sequence[KController]) -> bool:
+    """Whether some row has judged fewer draft positions of its own than the pooled prior weighs: its estimate
+    is still mostly what other requests accepted (AdaptiveState.choose lets such a waited group draft at
+    break-even)."""
+    return any(c.lifetime[1] < c.policy.prior_weight for c in controllers)
 
 
 def row_pairs(rows: int) -> int:
@@ -926,7 +935,8 @@ class AdaptiveState:
         remaining: Sequence[int] | None = None,
     ) -> int:
         """The K of the adaptive rows of a batch of ``batch`` rows (group_k with this batch size's measured
-        costs; ``remaining``: the rows' tokens left, where their caller waits for several rows), or 0 for a round
+        costs; ``remaining``: the rows' tokens left, where their caller waits for several rows, with the batch's
+        smaller sizes' costs (_shrink) and break-even while the rows are ``learning``), or 0 for a round
         that measures the target-only unit (RoundCosts.unit_due), the policy's K where a re-measure is due
         (RoundCosts.explore_due), or a neighbour K that gives the line a slope (RoundCosts.slope_probe).
         ``timed``: the round will be timed as one batch of these rows, all adaptive (a pinned row drafts anyway;
@@ -943,6 +953,13 @@ class AdaptiveState:
         tokens = group_tokens_per_k(judged, cap, remaining, shrink)
         prices = costs or self._ratios(max_k)  # cap <= max_k: each row's K is at most the engine's
         k = peak_k(tokens, prices, self.policy.min_gain)
+        if not k and remaining is not None and learning(controllers):
+            # A waited group judged near break-even by the pool alone drafts until its rows have judged what the
+            # prior weighs: only its own rounds tell a group that pays from one that does not (the default sets
+            # in groups: K=2 ran 1.1-1.4x on raw groups, 0.8-1.0x on chat ones), and a group that never drafts
+            # learns nothing but a probe's one position in probe_every rounds. Drafting at break-even costs
+            # little; the margin guards against the noise of a group's own estimates, which it does not have yet.
+            k = peak_k(tokens, prices, 0.0)
         self._decided(batch, k, judged, tokens, prices, costs is not None, remaining)
         self.costs.exploring.discard(batch)
         if not (self.measure and timed):
