@@ -211,9 +211,8 @@ def test_rows_that_just_started_are_judged_by_the_slowest_of_as_many_requests():
     remaining = [64, 64, 64, 64, 64, 64, 90, 64]
     assert min(waited_acceptances(fresh, 0.15, remaining)) == waited_acceptances(fresh, 0.15, remaining)[6]
     seasoned = KController(policy, max_k=8, prior=0.58)
-    for _ in range(
-        30
-    ):  # its own positions outweigh the prior's 10: accepts less than the rest, so it ranks lowest
+    # its own positions outweigh the prior's 10: it accepts less than the rest, so it ranks lowest
+    for _ in range(30):
         seasoned.update(num_draft=2, num_accepted=1)
     assert seasoned.estimate.prior_share < 0.4 and seasoned.acceptance < 0.58
     assert (
@@ -225,6 +224,16 @@ def test_rows_that_just_started_are_judged_by_the_slowest_of_as_many_requests():
     costs = [1.0] + [1.0 + 0.44 * k for k in range(1, 9)]
     assert group_k(fresh, 8, costs) == 1
     assert group_k(fresh, 8, costs, remaining=[64] * 8, spread=0.15) == 0
+    assert group_k(fresh[:1], 1, costs, remaining=[64], spread=0.15) == 1  # alone: its own acceptance
+    # A row whose own rounds narrowed its estimate (prior share 0.1) among fresh ones: the group's slowest does not
+    # jump as its estimate crosses theirs; the largest draw stays with a fresh row, which it takes lowest.
+    slowest = []
+    for estimate in (0.579, 0.581):
+        narrowed = KController(policy, max_k=8, prior=0.58)
+        narrowed.estimate.counts = (estimate * 100 - 10 * 0.58, 90.0)
+        assert narrowed.acceptance == pytest.approx(estimate) and narrowed.estimate.prior_share == 0.1
+        slowest.append(min(waited_acceptances([narrowed] + fresh[1:], 0.15)))
+    assert slowest == pytest.approx([0.58 - 0.15 * expected_max_normal(8)] * 2)
 
 
 def measured_state(small_batch_ms: float, smaller: tuple[int, ...] = (3, 2, 1)) -> AdaptiveState:
@@ -277,8 +286,15 @@ def test_a_group_whose_rows_finish_apart_is_priced_by_what_its_smaller_batches_c
     cheap = measured_state(6.0)
     assert cheap.choose(fresh, 4, 4, 4, timed=False, remaining=[64] * 4) > 0
     assert cheap.decisions[4].expected_speedup > 1.05
-    # a batch with a row the call does not wait for (3 of 4 waited): no shrink
-    assert cheap.choose(fresh[:3], 4, 4, 4, timed=False, remaining=[64] * 3) == 0
+    # A batch with a row the call does not wait for (3 of 4 waited): no shrink (batch 4's, whose first share
+    # below the whole batch is at 2 rows here, would price 3 waited rows' group at K=1 1.09x).
+    partial = measured_state(6.0, smaller=(2, 1))
+    assert partial.choose(fresh[:3], 4, 4, 4, timed=False, remaining=[64] * 3) == 0
+    # A batch size priced by its bucket (batch 4 never ran; batch 5 did): no shrink either
+    bucket_only = AdaptiveState(KPolicy())
+    for k in (0, 0, 0, 1, 3, 1, 3):
+        bucket_only.costs.record(5, k, 0.010 if k == 0 else 0.0152 + 0.004 * (k - 1))
+    assert bucket_only.costs.costs(4, 4) is not None and bucket_only._shrink(4, 4, 4) is None
     assert measured_state(10.0).costs.costs(4, 4) == cheap.costs.costs(4, 4)
     # Only sizes measured on their own count: batch 3 unmeasured is priced by its bucket (2-3), which holds batch
     # 2's rounds, yet counts as a whole batch; a size below a cheaper one costs no more than it.

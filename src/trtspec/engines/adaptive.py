@@ -37,13 +37,14 @@ Judging by the mean acceptance drafts shorter for mixed batches; tools/replay_ad
 greedy acceptance with six bench runs' measured costs: 0.94-1.01x of the best static K at concurrency 1-16
 against 0.89-1.01x. That is a steady load's measure, where a row that finishes makes way for another. Rows whose
 caller waits for them all (an engine call's batch: loop.GenerationLoop.close) are judged by the time until the
-last of them ends instead (``remaining``: each row's rounds at its acceptance, the rows spread as as many
-requests are, and each stretch between two rows' ends priced at the batch size still running: waited_acceptances,
-tail_rounds): the call lasts as long as that row, tokens a faster row gains sooner shorten nothing, and every
-round drafted costs the whole batch. (The demo pair's grounded set in groups of 8, static K=1: 69 rounds at batch
-8, then 0.38 s at batches 1-7 while the rows that accepted less finished; 1.47 s against target-only's 1.38 s,
-where the mean acceptance priced K=1 at 1.18x.) Such a group drafts at break-even until its rows have judged what
-the prior weighs (``learning``): only its own rounds tell it whether it pays.
+last of them ends instead (``remaining``: each row's rounds at its acceptance, the rows spread as much as
+requests differ, and each stretch between two rows' ends priced at the batch size still running:
+waited_acceptances, tail_rounds): the call lasts until its last row ends, tokens a faster row gains sooner
+shorten nothing, and every round drafted costs every row still running. (The demo pair's grounded set in groups
+of 8, static K=1: 69 rounds at batch 8, then 0.38 s at batches 1-7 while the rows that accepted less finished;
+1.47 s against target-only's 1.38 s, where the mean acceptance priced K=1 at 1.18x.) Such a group drafts at
+break-even until its rows have judged what the prior weighs (``learning``): only its own rounds tell it whether
+it pays.
 
 By measured cost: ``RoundCosts`` gives each K's round cost in target-only rounds of the same batch size,
 measured from the rounds the loop ran, each over its whole cycle (start to the next round's start: the forwards,
@@ -178,9 +179,10 @@ def tail_rounds(ends: Sequence[float], shrink: Sequence[float]) -> float:
     """A group's time in rounds of the whole batch, its rows finishing after ``ends`` rounds (ascending): each
     stretch between two finishes costs its rounds times ``shrink[b - 1]``, a round's cost with b rows left over
     its cost with all of them. Rows that finish apart leave a smaller batch, which costs less a round (the demo
-    pair on the 2-core Intel Xeon, K=1: 0.95x a round of 4 at 3 rows, 0.72x at 2, 0.57x at 1); pricing every
-    round as a whole batch's made the slowest row's last rounds look dear and kept groups of 2-4 from drafting
-    where drafting ran 1.07-1.14x faster."""
+    pair on the 2-core Intel Xeon, K=1: 0.95x a round of 4 at 3 rows, 0.72x at 2, 0.57x at 1), so the slowest
+    row's last rounds cost less than whole ones; in groups of 2-4, as much as drafting gains there."""
+    if len(shrink) != len(ends):
+        raise ValueError(f"a shrink for {len(shrink)} rows priced {len(ends)} rows' ends")
     total, before, left = 0.0, 0.0, len(ends)
     for end in ends:
         total += (end - before) * shrink[left - 1]
@@ -399,13 +401,20 @@ def waited_acceptances(
     lowest estimate is lowered by the expected largest of as many normal draws times the spread, the next by the
     second largest, and so on (the fastest is raised as much as the slowest is lowered), each in proportion to
     the share of its estimate that is the pooled prior: as the rows' own rounds tell them apart, the estimates
-    carry it. Of rows alike, the one with the most tokens left (``remaining``) counts as the slowest."""
+    carry it. Rows rank by how low the largest draw would take them, so a row whose own rounds narrow its
+    estimate is not handed the largest draw for being a little lower, which would make the group's slowest row
+    jump as its estimate crosses another's. Of rows alike, the one with the most tokens left (``remaining``)
+    counts as the slowest."""
+    draws = normal_order(len(controllers))
     order = sorted(
         range(len(controllers)),
-        key=lambda i: (controllers[i].acceptance, -remaining[i] if remaining else 0),
+        key=lambda i: (
+            controllers[i].acceptance - spread * draws[0] * controllers[i].estimate.prior_share,
+            -remaining[i] if remaining else 0,
+        ),
     )
     judged = [0.0] * len(controllers)
-    for draw, i in zip(normal_order(len(controllers)), order, strict=True):
+    for draw, i in zip(draws, order, strict=True):
         estimate = controllers[i].estimate
         judged[i] = min(max(estimate.value - spread * draw * estimate.prior_share, 0.0), 1.0)
     return judged
@@ -974,10 +983,11 @@ class AdaptiveState:
 
     def _shrink(self, batch: int, max_k: int, cap: int) -> list[list[float]] | None:
         """Per K in 0..cap, a round's measured cost with b rows (index b - 1) over its cost with ``batch``
-        (group_tokens_per_k's ``shrink``): 1 where a batch size is not priced by its own rounds
-        (RoundCosts.own_priced), and never more than with one row more (noise in a rarely run size would price a
-        smaller batch dearer). None without this batch size's price."""
-        full = self.costs.priced(batch, max_k)
+        (group_tokens_per_k's ``shrink``), both from their own rounds (RoundCosts.own_priced: a bucket's price
+        carries other sizes' rounds); never more than with one row more, which is also what a size without rounds
+        of its own gets (noise in a rarely run size would price a smaller batch dearer). None where ``batch``
+        has no rounds of its own."""
+        full = self.costs.own_priced(batch, max_k)
         if full is None:
             return None
         costs, unit = full

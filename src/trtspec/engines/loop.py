@@ -254,9 +254,9 @@ class GenerationLoop:
 
     def close(self) -> None:
         """No request will be added, and the caller waits for all it added (an engine call's batch): once none
-        is queued, adaptive K judges each batch by the row expected to finish last (the rows' remaining budgets,
-        adaptive.group_tokens_per_k), since that row ends the call, instead of by the mean acceptance, which
-        a steady load's throughput follows. A loop that is never closed (a server's) keeps the mean."""
+        is queued, adaptive K judges each batch by the time until its last row ends (the rows' remaining
+        budgets, adaptive.group_tokens_per_k), since that row ends the call, instead of by the mean acceptance,
+        which a steady load's throughput follows. A loop that is never closed (a server's) keeps the mean."""
         self.closed = True
 
     def add(
