@@ -406,17 +406,18 @@ def waited_acceptances(
     jump as its estimate crosses another's. Of rows alike, the one with the most tokens left (``remaining``)
     counts as the slowest."""
     draws = normal_order(len(controllers))
+    estimates = [(c.acceptance, c.estimate.prior_share) for c in controllers]
     order = sorted(
         range(len(controllers)),
         key=lambda i: (
-            controllers[i].acceptance - spread * draws[0] * controllers[i].estimate.prior_share,
+            estimates[i][0] - spread * draws[0] * estimates[i][1],
             -remaining[i] if remaining else 0,
         ),
     )
     judged = [0.0] * len(controllers)
     for draw, i in zip(draws, order, strict=True):
-        estimate = controllers[i].estimate
-        judged[i] = min(max(estimate.value - spread * draw * estimate.prior_share, 0.0), 1.0)
+        value, share = estimates[i]
+        judged[i] = min(max(value - spread * draw * share, 0.0), 1.0)
     return judged
 
 
@@ -835,15 +836,19 @@ class RoundCosts:
         """``priced`` where this batch size's own rounds price it (its unit_rounds target-only rounds and a
         speculative one), else None: a size priced by its bucket carries other sizes' rounds (a bucket of 8-15
         rows holds mostly 8's where a load of 8 ran), which would price 15 rows at about half of 16."""
-        own = self.by_batch.get(batch)
-        if own is None or own.units < self.unit_rounds or not any(n for k, (n, _) in own.by_k.items() if k):
+        own = self._own(batch)
+        if own is None or not any(n for k, (n, _) in own.by_k.items() if k):
             return None
         return self.priced(batch, max_k)
 
-    def _price(self, batch: int, max_k: int) -> tuple[list[float], float] | None:
+    def _own(self, batch: int) -> _CostTable | None:
+        """This batch size's own table, once it has unit_rounds target-only rounds (one noisy unit would scale
+        every K), else None."""
         own = self.by_batch.get(batch)
-        if own is not None and own.units < self.unit_rounds:
-            own = None
+        return own if own is not None and own.units >= self.unit_rounds else None
+
+    def _price(self, batch: int, max_k: int) -> tuple[list[float], float] | None:
+        own = self._own(batch)
         bucket = self.by_bucket.get(batch.bit_length())
         for table, through_unit in ((own, False), (own, True), (bucket, False), (bucket, True)):
             if table is not None:
@@ -961,14 +966,13 @@ class AdaptiveState:
         # once a round: with rows whose caller waits for them all, K by K over every row
         tokens = group_tokens_per_k(judged, cap, remaining, shrink)
         prices = costs or self._ratios(max_k)  # cap <= max_k: each row's K is at most the engine's
-        k = peak_k(tokens, prices, self.policy.min_gain)
-        if not k and remaining is not None and learning(controllers):
-            # A waited group judged near break-even by the pool alone drafts until its rows have judged what the
-            # prior weighs: only its own rounds tell a group that pays from one that does not (the default sets
-            # in groups: K=2 ran 1.1-1.4x on raw groups, 0.8-1.0x on chat ones), and a group that never drafts
-            # learns nothing but a probe's one position in probe_every rounds. Drafting at break-even costs
-            # little; the margin guards against the noise of a group's own estimates, which it does not have yet.
-            k = peak_k(tokens, prices, 0.0)
+        # A waited group judged near break-even by the pool alone drafts (no margin) until its rows have judged
+        # what the prior weighs: only its own rounds tell a group that pays from one that does not (the default
+        # sets in groups: K=2 ran 1.1-1.4x on raw groups, 0.8-1.0x on chat ones), and a group that never drafts
+        # learns nothing but a probe's one position in probe_every rounds. Drafting at break-even costs little;
+        # the margin guards against the noise of a group's own estimates, which it does not have yet.
+        margin = 0.0 if remaining is not None and learning(controllers) else self.policy.min_gain
+        k = peak_k(tokens, prices, margin)
         self._decided(batch, k, judged, tokens, prices, costs is not None, remaining)
         self.costs.exploring.discard(batch)
         if not (self.measure and timed):
@@ -991,11 +995,12 @@ class AdaptiveState:
         if full is None:
             return None
         costs, unit = full
+        seconds = [cost * unit for cost in costs]
         shrink = [[1.0] * batch for _ in range(cap + 1)]
         for rows in range(batch - 1, 0, -1):
             priced = self.costs.own_priced(rows, max_k)
             for k, shares in enumerate(shrink):
-                share = 1.0 if priced is None else priced[0][k] * priced[1] / (costs[k] * unit)
+                share = 1.0 if priced is None else priced[0][k] * priced[1] / seconds[k]
                 shares[rows - 1] = min(share, shares[rows])
         return shrink
 
