@@ -247,9 +247,18 @@ def test_ctrl_c_while_the_models_load_stops_cleanly(repo, tmp_path):
         _kill_serve(proc)
 
 
-def test_a_server_stopped_by_another_process_is_named_so_in_one_line(repo, tmp_path):
+STOPPED = (
+    r"Error: tritonserver (exited unexpectedly|is stopping): another process sent it signal 15 \(SIGTERM\)"
+)
+CRASHED = r"Error: tritonserver exited unexpectedly: it crashed on signal 11 \(SIGSEGV\); its stack trace is in the log"
+
+
+@pytest.mark.parametrize(("signum", "line"), [(signal.SIGTERM, STOPPED), (signal.SIGSEGV, CRASHED)])
+def test_a_server_stopped_by_another_process_or_crashed_is_named_so_in_one_line(repo, tmp_path, signum, line):
     """Someone else's SIGTERM (an operator's pkill, an orchestrator) makes tritonserver unload cleanly, and its
-    last log lines then say nothing of why: serve's one line names the signal, exits 2, and leaves nothing."""
+    last log lines then say nothing of why; a crash (SIGSEGV here, a real one in tritonserver's own handler) ends
+    the log in a stack trace. Either way serve's one line names what happened, exits 2, and leaves nothing: no
+    process, and no shared-memory region, which a crashed server cannot remove itself."""
     http, grpc, metrics = free_ports(3)
     log = tmp_path / "serve.log"
     cmd = [sys.executable, "-m", "trtspec", "serve", str(repo)]
@@ -262,16 +271,14 @@ def test_a_server_stopped_by_another_process_is_named_so_in_one_line(repo, tmp_p
         while "try:" not in log.read_text() and time.monotonic() < deadline:  # serve is watching now
             time.sleep(0.2)
         (server,) = _children(proc.pid)
-        os.kill(server, signal.SIGTERM)
+        regions = mapped_shm(session_processes(server))
+        os.kill(server, signum)
         assert proc.wait(timeout=60) == 2, log.read_text()
         last = log.read_text().strip().splitlines()[-1]
         # whether serve's watch saw it unloading (its stubs gone) or gone
-        assert re.match(
-            r"Error: tritonserver (exited unexpectedly|is stopping): another process sent it signal 15 \(SIGTERM\)"
-            r"(; tritonserver was stopped)? \(log: ",
-            last,
-        ), log.read_text()
+        assert re.match(line + r"(; tritonserver was stopped)? \(log: ", last), log.read_text()
         time.sleep(0.5)
         assert not session_processes(server), "tritonserver or a stub is still running"
+        assert regions and not [r for r in regions if os.path.exists(r)]
     finally:
         _kill_serve(proc)

@@ -31,8 +31,10 @@ NGC_BACKENDS = Path("/opt/tritonserver/backends")
 EXIT_TIMEOUT_S = 15
 STOP_GRACE_S = EXIT_TIMEOUT_S + 10.0  # SIGINT, then SIGKILL of the whole session after this bound
 _FAILED_LOAD = re.compile(r"failed to load '([^']+)'.*?: (.*)$")
-# tritonserver's own line when it gets SIGINT or SIGTERM
+# tritonserver's own line on a signal it traps: SIGINT and SIGTERM stop it cleanly, while SIGSEGV and SIGABRT are
+# its own crash (it prints a stack trace and dumps core; server src/triton_signal.cc)
 _SIGNALLED = re.compile(r"^Signal \((\d+)\) received\.", re.MULTILINE)
+_CRASH_SIGNALS = {signal.SIGSEGV, signal.SIGABRT}
 HEALTH_POLL_S = 1.0  # how often `trtspec serve` checks a running server (HealthWatch)
 NOT_READY_POLLS = 3  # polls in a row a model may miss ready (a timeout under load) before it counts as broken
 READY_TIMEOUT_S = 5.0  # one readiness poll; a busy server answers /ready in milliseconds
@@ -203,21 +205,40 @@ def python_models(repo: Path) -> set[str]:
     return {p.parent.name for p in Path(repo).glob("*/config.pbtxt") if backend.search(p.read_text())}
 
 
-def stop_signal(log_text: str) -> str | None:
-    """'another process sent it signal 15 (SIGTERM)' once tritonserver has logged a stop signal, else None."""
+def _logged_signal(log_text: str) -> int | None:
     signalled = _SIGNALLED.search(log_text)
-    if not signalled:
-        return None
-    number = int(signalled.group(1))
+    return int(signalled.group(1)) if signalled else None
+
+
+def _signal_name(number: int) -> str:
     with contextlib.suppress(ValueError):
-        return f"another process sent it signal {number} ({signal.Signals(number).name})"
-    return f"another process sent it signal {number}"
+        return f"signal {number} ({signal.Signals(number).name})"
+    return f"signal {number}"
+
+
+def stop_signal(log_text: str) -> str | None:
+    """'another process sent it signal 15 (SIGTERM)' once tritonserver has logged a stop signal, else None (also
+    for a crash: see crash_signal)."""
+    number = _logged_signal(log_text)
+    if number is None or number in _CRASH_SIGNALS:
+        return None
+    return f"another process sent it {_signal_name(number)}"
+
+
+def crash_signal(log_text: str) -> str | None:
+    """'it crashed on signal 6 (SIGABRT); its stack trace is in the log' once tritonserver has logged a crash
+    signal, else None."""
+    number = _logged_signal(log_text)
+    if number is None or number not in _CRASH_SIGNALS:
+        return None
+    return f"it crashed on {_signal_name(number)}; its stack trace is in the log"
 
 
 def failure_reason(log_text: str) -> str:
     """The one line that says why Triton did not load the repository or stopped (its own words). A signal comes
-    first: tritonserver then unloads cleanly, and its last lines say nothing of why."""
-    signalled = stop_signal(log_text)
+    first: tritonserver then unloads cleanly, and its last lines say nothing of why; after a crash they are a stack
+    trace."""
+    signalled = stop_signal(log_text) or crash_signal(log_text)
     if signalled:
         return signalled
     lines = log_text.splitlines()
@@ -303,6 +324,9 @@ class TritonServer:
         self.layout = layout if layout and layout.get("mpi") else None
         self.proc: subprocess.Popen | None = None
         self.stubs: dict[int, str] = {}  # the python stubs once every model was ready: pid -> model
+        # their shared-memory regions, noted then too: a server that crashed takes its stubs along, and with them
+        # the only processes that would still say which regions were its own
+        self.regions: set[str] = set()
 
     @property
     def command(self) -> list[str]:
@@ -336,6 +360,7 @@ class TritonServer:
             self.stop()
             raise
         self.stubs = python_stubs(self.proc.pid)
+        self.regions = mapped_shm(session_processes(self.proc.pid))
         return self
 
     def log_text(self) -> str:
@@ -389,7 +414,7 @@ class TritonServer:
         proc, self.proc = self.proc, None
         if proc is None:
             return None
-        regions = mapped_shm(session_processes(proc.pid))
+        regions = self.regions | mapped_shm(session_processes(proc.pid))
         try:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGINT)
