@@ -62,6 +62,11 @@ def test_the_served_sweep_reports_every_point_and_adaptive_ks_choice_per_load():
         )
     jump = result["jump"]
     assert jump["streams"] == 4 and jump["adaptive_vs_target_only"] > 0 and jump["chosen"]["rounds"]
+    # the first group after the jump against target-only's first group on its own fresh server
+    assert (
+        jump["groups_vs_target_only"] == [jump["first_group_vs_target_only"]]
+        and jump["target_only_tokens_per_s"] > 0
+    )
     assert result["cpu"]
 
 
