@@ -98,7 +98,7 @@ def aligned(tmp_path_factory, misaligned):
 
     args = ["align", str(recipe), "--prompts", str(prompts), "--out", str(tmp / "out"), "--work-dir",
             str(tmp / "work"), "--budget", "10", "--max-new-tokens", "16", "--epochs", "30", "--lr", "1e-3",
-            "--held-out", "0.2", "--json"]  # fmt: skip
+            "--held-out", "0.2", "--validation", "0", "--json"]  # fmt: skip
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # two threads stall whenever another process takes a core of a shared machine
     try:
@@ -118,11 +118,12 @@ def test_misaligned_draft_gains_acceptance_on_held_out_prompts(aligned):
     gain = k4["after"]["acceptance_rate"] - k4["before"]["acceptance_rate"]
     assert gain > 0.05, k4
     assert k4["after"]["mean_accepted_length"] > k4["before"]["mean_accepted_length"]
-    assert aligned["record"]["steps"] > 0 and aligned["record"]["prompts_used"]["training"] == 26
-    # three validation prompts picked a trained step's weights, better there than the source draft's
+    assert aligned["record"]["steps"] > 0 and aligned["record"]["prompts_used"]["training"] == 29
+    # No validation split: with the few prompts a test can afford, whether a trained step beats the source draft
+    # by two standard errors turns on the CPU's rounding (scripted acceptances test the selection below), so the
+    # last step's weights are written.
     selection = report["selection"]
-    assert selection["validation_prompts"] == 3 and selection["selected_step"] > 0
-    assert selection["validation_acceptance"]["selected"] > selection["validation_acceptance"]["source"]
+    assert selection["validation_prompts"] == 0 and selection["selected_step"] == aligned["record"]["steps"]
     # the source draft was only read, and the work folder is gone after success
     assert digest(aligned["misaligned"]) == aligned["source"]
     assert not (aligned["tmp"] / "work").exists()
