@@ -27,6 +27,8 @@ import yaml
 
 from trtspec.core import trtllm
 
+pytestmark = pytest.mark.one_stack  # the image's files and entrypoint
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DOCKER = REPO_ROOT / "docker"
 NGC_DOCKERFILE = DOCKER / "Dockerfile"

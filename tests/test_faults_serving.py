@@ -37,6 +37,8 @@ from trtspec.engines.sampling import SamplingParams
 from trtspec.triton_repo.models import triton_io as io
 from trtspec.triton_repo.server import free_ports, python_stubs, session_processes
 
+pytestmark = pytest.mark.one_stack  # the server's process handling, the same on either transformers
+
 ROOT = Path(__file__).resolve().parents[1]
 ROUND_S = 0.02  # a scripted round: a served round's order of magnitude on CPU
 

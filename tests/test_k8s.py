@@ -21,6 +21,8 @@ from trtspec.triton_repo.k8s.monitoring import ACCEPTANCE_RATIO, QUEUE_COMPUTE_R
 from trtspec.triton_repo.k8s.plan import plan_rollout
 from trtspec.triton_repo.k8s.workloads import gate_args
 
+pytestmark = pytest.mark.one_stack  # manifests and the canary gate over HTTP
+
 CRDS = Path(__file__).parent / "k8s_crds"
 K8S_VERSION = "1.33"  # a current release; kubernetes-validate bundles its schemas
 CORE_KINDS = {"ConfigMap", "PersistentVolumeClaim", "Job", "Deployment", "Service", "HorizontalPodAutoscaler"}

@@ -293,6 +293,7 @@ def test_the_orchestrator_with_both_proposers_keeps_the_greedy_output_and_a_requ
 
 @pytest.mark.server
 @pytest.mark.slow
+@pytest.mark.one_stack
 def test_a_served_repository_without_a_draft_answers_by_lookup_through_tritonserver(
     tiny_pair, reference, tmp_path
 ):
@@ -457,6 +458,7 @@ def test_convert_both_models_of_a_recipe_without_a_draft_converts_the_target(
 
 @pytest.mark.server
 @pytest.mark.slow
+@pytest.mark.one_stack
 def test_a_served_trtllm_pytorch_repository_looks_up_through_the_ngram_config(
     tiny_pair, reference, tmp_path, monkeypatch
 ):

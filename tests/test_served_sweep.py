@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.one_stack  # a bench tool over the served adaptive policy
+
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "bench_served_adaptive.py"
 
 

@@ -212,6 +212,7 @@ def _served(repo, log, prompt_text: str, reference: list[int]):
 
 @pytest.mark.server
 @pytest.mark.slow
+@pytest.mark.one_stack  # the tokenizers' stop ids: the in-process tests above, on both stacks
 @pytest.mark.parametrize("stop", STOPS)
 @pytest.mark.parametrize("family", list(INSTRUCT))
 def test_triton_runtimes_stop_where_hf_greedy_stops_and_leave_the_stop_id_out(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from triton_server import PROMPTS, delta, grpc_stream, spec_metrics
 
-pytestmark = [pytest.mark.server, pytest.mark.slow]
+pytestmark = [pytest.mark.server, pytest.mark.slow, pytest.mark.one_stack]
 
 
 def test_metrics_count_what_the_responses_report(demo_server):
