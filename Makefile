@@ -46,7 +46,8 @@ test-pinned: venv real-model
 	$(BIN)/python -m pytest -q -ra
 
 # The newest releases run every test whose subject can change with them; `one_stack` tests (serving's process
-# handling, packaging, manifests, the bench tools) run once, above, which keeps `make test` inside CI's 30 minutes.
+# handling, packaging, manifests, the bench tools) run on the pinned stack only, which keeps `make test` inside
+# CI's 30 minutes.
 test-latest: venv-latest real-model
 	@echo "== tests on the newest releases ($(VENV_LATEST), constraints-latest.txt), one_stack tests left to the pinned stack"
 	$(VENV_LATEST)/bin/python -m pytest -q -ra -p no:cacheprovider -m "not one_stack"
@@ -69,7 +70,7 @@ test-one-stack: venv real-model
 	$(BIN)/python -m pytest -q -ra -m one_stack
 
 # The edit-and-rerun loop: the pinned stack without the tests that start a tritonserver or take long (`server`,
-# `slow` markers); `make test` still runs everything on both stacks.
+# `slow` markers); `make test` still runs everything (the one_stack tests on the pinned stack only).
 test-fast: venv
 	@echo "== fast tests on the pinned stack ($(VENV)): no tritonserver, nothing marked slow"
 	$(BIN)/python -m pytest -q -ra -m "not server and not slow"
