@@ -9,8 +9,9 @@ VENV ?= .venv
 VENV_LATEST ?= .venv-latest
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
+LATEST_PYTEST = $(VENV_LATEST)/bin/python -m pytest -q -ra -p no:cacheprovider -m "not one_stack"
 
-.PHONY: venv venv-latest real-model test test-fast test-pinned test-pinned-both test-one-stack test-latest lint demo clean-outputs
+.PHONY: venv venv-latest real-model test test-fast test-pinned test-pinned-both test-one-stack test-latest test-latest-logged lint demo clean-outputs
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -50,7 +51,7 @@ test-pinned: venv real-model
 # CI's 30 minutes.
 test-latest: venv-latest real-model
 	@echo "== tests on the newest releases ($(VENV_LATEST), constraints-latest.txt), one_stack tests left to the pinned stack"
-	$(VENV_LATEST)/bin/python -m pytest -q -ra -p no:cacheprovider -m "not one_stack"
+	$(LATEST_PYTEST)
 
 # `make test` keeps CI inside 30 minutes on 2 cores: the two stacks install side by side, their tests run side by
 # side (one torch thread each: most of a test's time is one process at a time, a tritonserver starting or a
@@ -58,8 +59,16 @@ test-latest: venv-latest real-model
 test:
 	$(MAKE) -j2 venv real-model
 	$(MAKE) lint
-	OMP_NUM_THREADS=1 $(MAKE) -j2 --output-sync=target test-pinned-both test-latest
+	OMP_NUM_THREADS=1 $(MAKE) -j2 test-pinned-both test-latest-logged
 	$(MAKE) test-one-stack
+
+# test-latest with its output held in a file until it ends, so that the pinned stack's progress beside it reads
+# whole.
+test-latest-logged: venv-latest real-model
+	@echo "== tests on the newest releases: their output follows when they end ($(VENV_LATEST)/pytest.log)"
+	@$(LATEST_PYTEST) > $(VENV_LATEST)/pytest.log 2>&1; \
+	  status=$$?; echo "== tests on the newest releases ($(VENV_LATEST), constraints-latest.txt), one_stack tests left to the pinned stack"; \
+	  cat $(VENV_LATEST)/pytest.log; exit $$status
 
 test-pinned-both: venv real-model
 	@echo "== tests on the pinned stack ($(VENV), constraints.txt) that the newest releases run too"
