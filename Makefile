@@ -47,8 +47,8 @@ test-pinned: venv real-model
 	$(BIN)/python -m pytest -q -ra
 
 # The newest releases run every test whose subject can change with them; `one_stack` tests (serving's process
-# handling, packaging, manifests, the bench tools) run on the pinned stack only, which keeps `make test` inside
-# CI's 30 minutes.
+# handling, packaging, manifests, the bench tools, served paths that tests on both stacks cover) run on the
+# pinned stack only, which keeps `make test` inside CI's 30 minutes.
 test-latest: venv-latest real-model
 	@echo "== tests on the newest releases ($(VENV_LATEST), constraints-latest.txt), one_stack tests left to the pinned stack"
 	$(LATEST_PYTEST)

@@ -16,6 +16,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -623,3 +624,53 @@ def test_a_one_minute_soak_loses_nothing_mixes_nothing_and_holds_memory_and_spee
     assert got.returncode == 0, got.stdout + got.stderr
     for check in ("lost", "finished once", "mixed up", "greedy = sequential", "memory", "speed"):
         assert f"ok   {check}" in got.stdout, got.stdout
+
+
+# ---------------------------------------------------------------- the python backend copy, shared by servers
+
+
+def fake_pytriton(root: Path) -> Path:
+    """The files _pytriton_backend_dir copies, as the wheel lays them out."""
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    for rel in ("backends/python/libtriton_python.so", "backends/python/triton_python_backend_utils.py",
+                f"python_backend_stubs/{version}/triton_python_backend_stub"):  # fmt: skip
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(rel)
+    return root
+
+
+def test_the_backend_copy_is_made_once_kept_while_in_use_and_refused_when_incomplete(tmp_path, monkeypatch):
+    """Servers of two venvs start at once under `make test`: a whole copy already in place is used as it is (never
+    replaced under a running server), one that another process renames into place first wins, and a copy someone
+    left incomplete is named in one line."""
+    from trtspec.core.errors import ServerError
+    from trtspec.triton_repo import server
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    root = fake_pytriton(tmp_path / "wheel")
+    first = server._pytriton_backend_dir(root)
+    stub = first / "python" / "triton_python_backend_stub"
+    assert stub.read_text().endswith("triton_python_backend_stub") and "pytriton" in first.name
+    inode = stub.stat().st_ino
+    assert server._pytriton_backend_dir(root) == first and stub.stat().st_ino == inode
+
+    # another process renames its whole copy into place between this one's check and its own rename
+    shutil.rmtree(first)
+    real_replace = os.replace
+
+    def after_the_other(src, dst):
+        other = Path(str(dst) + ".other")
+        shutil.copytree(src, other)
+        real_replace(other, dst)
+        return real_replace(src, dst)  # a non-empty directory: OSError, as on Linux
+
+    monkeypatch.setattr(server.os, "replace", after_the_other)
+    assert server._pytriton_backend_dir(root) == first and stub.is_file()
+    assert sorted(p.name for p in first.parent.iterdir()) == [first.name]  # this one's copy discarded
+
+    # a copy left without its stub cannot be replaced while it may be in use: named, with what to do
+    monkeypatch.setattr(server.os, "replace", real_replace)
+    stub.unlink()
+    with pytest.raises(ServerError, match=r"incomplete copy of the python backend; remove it and run again"):
+        server._pytriton_backend_dir(root)
+    assert sorted(p.name for p in first.parent.iterdir()) == [first.name]

@@ -22,7 +22,7 @@ from trtspec.triton_repo import llmapi
 from trtspec.triton_repo.deploy import deploy
 from trtspec.validate.triton_client import TritonClient, request_fields
 
-pytestmark = [pytest.mark.server, pytest.mark.slow, pytest.mark.one_stack]
+pytestmark = [pytest.mark.server, pytest.mark.slow]
 
 FAKE_LLMAPI_DIR = Path(__file__).parent / "fake_llmapi"
 

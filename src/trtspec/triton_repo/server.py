@@ -9,6 +9,7 @@ loads this interpreter's libpython and finds the virtualenv's packages (see trit
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import os
 import re
 import shutil
@@ -83,25 +84,36 @@ def free_ports(n: int = 3, host: str = "127.0.0.1") -> list[int]:
 
 
 def _pytriton_backend_dir(root: Path) -> Path:
-    """Assemble <cache>/backends/python from the nvidia-pytriton wheel (copied once, per Python version)."""
+    """Assemble <cache>/backends/python from the nvidia-pytriton wheel: copied once per wheel version and Python
+    version, and renamed into place whole, so that servers of several venvs starting at once (`make test` runs two
+    stacks side by side) never see a partial copy or lose one in use."""
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     stub = root / "python_backend_stubs" / version / "triton_python_backend_stub"
     if not stub.is_file():
         raise ServerError(
             f"nvidia-pytriton has no python backend stub for Python {version}; use Python 3.10-3.13"
         )
-    cache = (
-        Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "trtspec" / f"backends-py{version}"
-    )
-    target = cache / "python"
-    if not (target / "triton_python_backend_stub").is_file():
+    try:
+        wheel = importlib.metadata.version("nvidia-pytriton")
+    except importlib.metadata.PackageNotFoundError:
+        wheel = "unknown"
+    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "trtspec"
+    cache = base / f"backends-pytriton{wheel}-py{version}"
+    if not (cache / "python" / "triton_python_backend_stub").is_file():
         tmp = cache.with_name(cache.name + f".tmp{os.getpid()}")
-        (tmp / "python").mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        (tmp / "python").mkdir(parents=True)
         for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
             shutil.copy2(root / "backends" / "python" / name, tmp / "python" / name)
         shutil.copy2(stub, tmp / "python" / "triton_python_backend_stub")
-        shutil.rmtree(cache, ignore_errors=True)
-        os.replace(tmp, cache)
+        try:
+            os.replace(tmp, cache)
+        except OSError:  # another process renamed its whole copy into place first: the same files
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not (cache / "python" / "triton_python_backend_stub").is_file():
+                raise ServerError(
+                    f"{cache}: an incomplete copy of the python backend; remove it and run again"
+                ) from None
     return cache
 
 
