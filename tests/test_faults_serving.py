@@ -674,3 +674,26 @@ def test_the_backend_copy_is_made_once_kept_while_in_use_and_refused_when_incomp
     with pytest.raises(ServerError, match=r"incomplete copy of the python backend; remove it and run again"):
         server._pytriton_backend_dir(root)
     assert sorted(p.name for p in first.parent.iterdir()) == [first.name]
+
+
+@pytest.mark.server
+@pytest.mark.slow
+def test_a_port_taken_before_the_server_binds_it_means_another_try(tiny_pair, tmp_path, monkeypatch):
+    """The test sessions' helper against tritonserver's own refusal of a port in use: it starts on other ports."""
+    import triton_server
+
+    from trtspec.triton_repo.server import free_ports as real_free_ports
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    picks = iter([[*real_free_ports(2), taken.getsockname()[1]]])
+    monkeypatch.setattr(triton_server, "free_ports", lambda n: next(picks, None) or real_free_ports(n))
+    repo = triton_server.deploy_tiny_repo(tiny_pair, tmp_path / "repo")
+    try:
+        with triton_server.running_server(repo, tmp_path / "server.log") as server:
+            assert taken.getsockname()[1] not in (server.ports.http, server.ports.grpc, server.ports.metrics)
+            with urllib.request.urlopen(f"http://{server.ports.http_url}/v2/health/ready", timeout=10) as r:
+                assert r.status == 200
+    finally:
+        taken.close()

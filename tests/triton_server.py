@@ -12,15 +12,23 @@ from pathlib import Path
 
 import numpy as np
 
+from trtspec.core.errors import ServerError
 from trtspec.triton_repo.server import Ports, TritonServer, free_ports
 
 
 @contextlib.contextmanager
-def running_server(repo: Path, log_path: Path, timeout_s: float = 180.0):
-    """Start tritonserver on ``repo`` (127.0.0.1, free ports), yield the TritonServer, always stop it."""
-    http, grpc, metrics = free_ports(3)
-    server = TritonServer(repo, Ports(http, grpc, metrics), log_path)
-    server.start(timeout_s)
+def running_server(repo: Path, log_path: Path, timeout_s: float = 180.0, attempts: int = 3):
+    """Start tritonserver on ``repo`` (127.0.0.1, free ports), yield the TritonServer, always stop it. The server
+    binds its ports seconds after they were found free, and `make test` runs two test sessions side by side, so a
+    port the other session took meanwhile means another try on other ports."""
+    for attempt in range(1, attempts + 1):
+        server = TritonServer(repo, Ports(*free_ports(3)), log_path)
+        try:
+            server.start(timeout_s)  # stops the server itself when it fails
+            break
+        except ServerError as e:
+            if "already in use" not in str(e) or attempt == attempts:
+                raise
     try:
         yield server
     finally:
