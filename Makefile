@@ -10,6 +10,7 @@ VENV_LATEST ?= .venv-latest
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 LATEST_PYTEST = $(VENV_LATEST)/bin/python -m pytest -q -ra -p no:cacheprovider -m "not one_stack"
+LATEST_BANNER = == tests on the newest releases ($(VENV_LATEST), constraints-latest.txt), one_stack tests left to the pinned stack
 
 .PHONY: venv venv-latest real-model test test-fast test-pinned test-pinned-both test-one-stack test-latest test-latest-logged lint demo clean-outputs
 
@@ -50,7 +51,7 @@ test-pinned: venv real-model
 # handling, packaging, manifests, the bench tools, served paths that tests on both stacks cover) run on the
 # pinned stack only, which keeps `make test` inside CI's 30 minutes.
 test-latest: venv-latest real-model
-	@echo "== tests on the newest releases ($(VENV_LATEST), constraints-latest.txt), one_stack tests left to the pinned stack"
+	@echo "$(LATEST_BANNER)"
 	$(LATEST_PYTEST)
 
 # `make test` keeps CI inside 30 minutes on 2 cores: the two stacks install side by side, their tests run side by
@@ -67,7 +68,7 @@ test:
 test-latest-logged: venv-latest real-model
 	@echo "== tests on the newest releases: their output follows when they end ($(VENV_LATEST)/pytest.log)"
 	@$(LATEST_PYTEST) > $(VENV_LATEST)/pytest.log 2>&1; \
-	  status=$$?; echo "== tests on the newest releases ($(VENV_LATEST), constraints-latest.txt), one_stack tests left to the pinned stack"; \
+	  status=$$?; echo "$(LATEST_BANNER)"; \
 	  cat $(VENV_LATEST)/pytest.log; exit $$status
 
 test-pinned-both: venv real-model

@@ -520,8 +520,10 @@ def test_tritonserver_alone_keeps_a_model_whose_stub_died_ready_and_leaves_its_r
             # the other outcome: tritonserver aborted (a server still alive here fails the test)
             server.proc.wait(30)
             stream.close()
-            crash = crash_signal((tmp_path / "server.log").read_text(errors="replace"))
-            assert crash == "it crashed on signal 6 (SIGABRT); its stack trace is in the log"
+            assert (
+                crash_signal(server.log_text())
+                == "it crashed on signal 6 (SIGABRT); its stack trace is in the log"
+            )
             return
         with urllib.request.urlopen(f"{server.base_url}/v2/health/ready", timeout=10) as response:
             assert response.status == 200

@@ -99,7 +99,8 @@ def _pytriton_backend_dir(root: Path) -> Path:
         wheel = "unknown"
     base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "trtspec"
     cache = base / f"backends-pytriton{wheel}-py{version}"
-    if not (cache / "python" / "triton_python_backend_stub").is_file():
+    copied = cache / "python" / "triton_python_backend_stub"
+    if not copied.is_file():
         tmp = cache.with_name(cache.name + f".tmp{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         (tmp / "python").mkdir(parents=True)
@@ -110,7 +111,7 @@ def _pytriton_backend_dir(root: Path) -> Path:
             os.replace(tmp, cache)
         except OSError:  # another process renamed its whole copy into place first: the same files
             shutil.rmtree(tmp, ignore_errors=True)
-            if not (cache / "python" / "triton_python_backend_stub").is_file():
+            if not copied.is_file():
                 raise ServerError(
                     f"{cache}: an incomplete copy of the python backend; remove it and run again"
                 ) from None
