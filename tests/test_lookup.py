@@ -219,3 +219,63 @@ def test_a_lookup_for_rows_their_caller_waits_for_pays_only_where_it_advances_th
     assert best_lookup_len([0.8] * 2, [4] * 2, 2, policy, remaining=[40, 40]) == best_lookup_len(
         [0.8], [4], 1, policy
     )
+
+
+def test_a_waited_group_prices_lookup_by_each_rows_share_of_rounds_with_a_match():
+    """In a group its caller waits for, lookup is a rule for the rounds to come: each row gains in its share of
+    rounds with a match (``hits``), so rows that match in most rounds look up even in a round where the row that
+    ends the call found nothing (judged by this round alone, a large batch would almost never look up); a row that
+    never matches bounds the group at one token a round, and lookup's wider verification then only costs."""
+    from trtspec.core.metrics import expected_tokens_per_round
+    from trtspec.engines.adaptive import KPolicy, best_lookup_len
+
+    policy = KPolicy(verify_token_ratio=0.1)
+    acceptances, available, remaining = [0.8] * 16, [4, 4] + [0] * 14, [40] * 16
+    assert best_lookup_len(acceptances, available, 16, policy, remaining=remaining) == (0, 1.0)
+    # every row's next match is priced at its cap
+    n, speedup = best_lookup_len(acceptances, [4] * 16, 16, policy, remaining=remaining, hits=[0.85] * 16)
+    per_row = 0.85 * expected_tokens_per_round(0.8, n) + 0.15
+    some_match = 1 - 0.15**16
+    assert n > 0 and speedup == pytest.approx(per_row / (1 + some_match * 0.1 * n))
+    never = [0.85] * 15 + [0.0]
+    assert best_lookup_len(acceptances, [4] * 16, 16, policy, remaining=remaining, hits=never) == (0, 1.0)
+    # a round with no match anywhere costs a target step: a length's price counts only the rounds with one
+    n, speedup = best_lookup_len([0.8], [4], 1, policy, remaining=[40], hits=[0.5])
+    assert speedup == pytest.approx((0.5 * expected_tokens_per_round(0.8, n) + 0.5) / (1 + 0.5 * 0.1 * n))
+    with pytest.raises(ValueError, match="hit rates"):
+        best_lookup_len([0.8], [4], 1, policy, remaining=[40], hits=[0.5, 0.5])
+
+
+def test_an_engine_calls_rows_look_up_in_rounds_where_the_row_that_ends_the_call_found_no_match(tiny_pair):
+    """An engine call's rows (a closed loop: its caller waits for all of them) look up in rounds in which the row
+    with the most tokens left found no match, as their shares of rounds with a match make it pay; the output
+    stays the target's greedy one."""
+    from trtspec.engines.adaptive import AdaptiveState, KPolicy
+
+    target, _ = tiny_pair
+    # fixed estimates (a huge prior weight) and the policy's cost ratios: no clock decides the rounds
+    policy = KPolicy(lookup_prior=0.9, lookup_hit_prior=0.8, prior_weight=1e6, probe_every=10_000)
+    engine = SpeculativeEngine.from_pretrained(
+        target, None, max_draft_len=4, max_seq_len=128, proposer="ngram", k_policy=policy
+    )
+    engine.adaptive = AdaptiveState(policy, measure=False)
+    loop = engine.new_loop()
+    prompts = [REPEATING * 2, REPEATING[3:] * 2, [5, 6] + REPEATING * 2, REPEATING + [9, 10]]
+    for i, prompt in enumerate(prompts):
+        loop.add(i, prompt, SamplingParams(max_new_tokens=32), eos_ids=())
+    loop.close()
+    requests, results, unmatched_rounds = list(loop.queued), {}, 0
+    while loop.busy:
+        rows = [r for r in requests if r in loop.active]
+        last = max((r.params.max_new_tokens - len(r.generated) for r in rows), default=0)
+        behind_unmatched = any(
+            r.params.max_new_tokens - len(r.generated) == last
+            and not lookup(r.row.tokens, 4, loop.lookup_spec)
+            for r in rows
+        )
+        events = loop.step()
+        unmatched_rounds += behind_unmatched and any(e.num_draft for e in events)
+        results.update({e.request_id: e.result for e in events if e.finished})
+    assert unmatched_rounds > 0
+    for i, prompt in enumerate(prompts):
+        assert results[i].token_ids == hf_greedy(target, prompt, 32), i

@@ -199,6 +199,7 @@ class _Active:
     proposer: str = "draft"  # core/lookup.py PROPOSERS
     lookup: Acceptance | None = None  # prompt lookup's acceptance, where the request uses it
     lookup_off: int = 0  # rounds since a match was last proposed
+    lookup_hits: Acceptance | None = None  # the share of its searches that found a match
     draft_estimate: Acceptance | None = None  # the draft's acceptance where K is pinned and lookup competes
 
     @property
@@ -299,6 +300,10 @@ class GenerationLoop:
             request_id, row, params, k, stops, generator, start, stats, controller, proposer=proposer
         )
         request.lookup = lookup_estimate
+        if lookup_estimate is not None and not params.seeded:
+            request.lookup_hits = Acceptance(
+                self.adaptive.lookup_hits, self.k_policy.prior_weight, self.k_policy.smoothing
+            )
         if proposer == "draft+ngram" and has_draft and controller is None and k > 0:
             prior = self.k_policy.prior if params.seeded else self.adaptive.pool
             request.draft_estimate = Acceptance(prior, self.k_policy.prior_weight, self.k_policy.smoothing)
@@ -549,22 +554,36 @@ class GenerationLoop:
             seeded = group[i].params.seeded
             searching = caps[i] > 0 and (seeded or not hopeless)
             found[i] = lookup(group[i].row.tokens, caps[i], self.lookup_spec) if searching else []
+            if searching and not seeded:
+                group[i].lookup_hits.update(1, int(bool(found[i])))
+                self.adaptive.lookup_hits.update(1, int(bool(found[i])))
         # One length for the group (adaptive.best_lookup_len); a seeded request's choice must not depend on the
         # load, so it prices by the policy's ratios alone, as one row.
         shared = [i for i in rows if found[i] and not group[i].params.seeded]
         probe_round = self.rounds_run % self.k_policy.probe_every == 0
-        ours = set(shared)
-        n_shared, speedup_shared = best_lookup_len(  # every row of the group: 0 for one that proposes nothing
-            [r.lookup.value if i in ours else 0.0 for i, r in enumerate(group)],
-            [len(found[i]) if i in ours else 0 for i in range(len(group))],
-            len(group),
-            self.k_policy,
-            costs,
-            waited,
-            None
-            if waited is None
-            else [self._draft_tokens(r, k) for r, k in zip(group, num_draft, strict=True)],
-        )
+        n_shared, speedup_shared = 0, 1.0
+        if shared and waited is None:
+            ours = set(shared)
+            n_shared, speedup_shared = best_lookup_len(
+                [r.lookup.value if i in ours else 0.0 for i, r in enumerate(group)],
+                [len(found[i]) if i in ours else 0 for i in range(len(group))],
+                len(group),
+                self.k_policy,
+                costs,
+            )
+        elif shared:
+            # every row of the group, each priced by its share of rounds with a match (best_lookup_len)
+            ours = {i for i in rows if caps[i] > 0 and not group[i].params.seeded}
+            n_shared, speedup_shared = best_lookup_len(
+                [r.lookup.value if i in ours else 0.0 for i, r in enumerate(group)],
+                [(len(found[i]) or caps[i]) if i in ours else 0 for i in range(len(group))],
+                len(group),
+                self.k_policy,
+                costs,
+                waited,
+                [self._draft_tokens(r, k) for r, k in zip(group, num_draft, strict=True)],
+                [r.lookup_hits.value if i in ours else 0.0 for i, r in enumerate(group)],
+            )
         for i in rows:
             request = group[i]
             if request.params.seeded:
