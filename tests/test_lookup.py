@@ -242,6 +242,9 @@ def test_a_waited_group_prices_lookup_by_each_rows_share_of_rounds_with_a_match(
     # a round with no match anywhere costs a target step: a length's price counts only the rounds with one
     n, speedup = best_lookup_len([0.8], [4], 1, policy, remaining=[40], hits=[0.5])
     assert speedup == pytest.approx((0.5 * expected_tokens_per_round(0.8, n) + 0.5) / (1 + 0.5 * 0.1 * n))
+    # rows that draft instead make every round a drafting one: the wider verification is paid in every round
+    n, speedup = best_lookup_len([0.8] * 2, [4] * 2, 2, policy, None, [40] * 2, [1.0, 1.5], [0.5] * 2)
+    assert n > 0 and speedup == pytest.approx((0.5 * expected_tokens_per_round(0.8, n) + 0.5) / (1 + 0.1 * n))
     with pytest.raises(ValueError, match="hit rates"):
         best_lookup_len([0.8], [4], 1, policy, remaining=[40], hits=[0.5, 0.5])
 

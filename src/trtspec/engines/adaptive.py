@@ -306,45 +306,58 @@ def best_lookup_len(
 ) -> tuple[int, float]:
     """How many looked-up tokens the rows of a batch of ``batch`` rows propose (each at most its ``available``),
     and the round's expected speedup over target-only: the length with the most expected tokens per round over
-    the round's cost (measured lookup rounds of this batch size, else 1 + verify_token_ratio per token). One
-    length for the batch: a batched verification is as wide as its longest proposal for every row, so a length
-    pays only if the rows that look up gain more than the whole batch pays: their mean gain over the batch, or
-    where the caller waits for every row (``remaining``: each row's tokens left; then ``acceptances`` and
-    ``available`` cover every row, 0 for one that never looks up; ``floors``: each row's expected tokens per
-    round without a lookup, above 1 for a row that drafts instead), the group's (waited_tokens).
+    the round's cost (lookup_cost). One length for the batch: a batched verification is as wide as its longest
+    proposal for every row, so a length pays only if the rows that look up gain more than the whole batch pays:
+    their mean gain over the batch, or where the caller waits for every row (``remaining``: each row's tokens
+    left; then ``acceptances`` and ``available`` cover every row, 0 for one outside the shared length;
+    ``floors``: each row's expected tokens per round without a lookup, above 1 for a row that drafts instead),
+    the group's (waited_tokens).
 
     In a group its caller waits for, the choice is a rule for the rounds to come, not for this one: ``hits`` is
-    each row's share of rounds in which its search finds a match, and a row gains in that share of rounds (a
-    row without a match now has its next one priced at ``available``, its cap). Judged by this round's matches
-    alone, the group's slowest row would be one without a match in nearly every round of a large batch, and
-    lookup would never run, though each row finds matches in most rounds (the demo pair's grounded set in groups
-    of 16: adaptive lookup ran in 1% of rounds, while lookup at K=2 in every round ran 1.07x target-only). A
-    round in which no row matches costs a target step, so a length's cost is counted in the share of rounds with
-    a match in some row. (0, 1.0) unless one beats 1 + min_gain."""
+    each row's share of rounds in which its search finds a match, and a row gains in that share of rounds, each
+    match priced at its ``available`` (its cap). Judged by this round's matches alone, the group's slowest row
+    would be one without a match in nearly every round of a large batch, and lookup would never run, though each
+    row finds matches in most rounds (the demo pair's grounded set in groups of 16: 13.5 of 16 rows matched per
+    round, and a length was chosen in 6 of 622 rounds). Where no row drafts instead, a round in which no row
+    matches costs a target step, so a length's cost is counted in the share of rounds with a match in some row;
+    where rows draft, every round pays the wider verification. (0, 1.0) unless one beats 1 + min_gain."""
     best, best_speedup = 0, 1.0 + policy.min_gain
     budgets = None if remaining is None else waited_budgets(remaining)
     if hits is not None and len(hits) != len(acceptances):
         raise ValueError(f"{len(acceptances)} rows' acceptances for {len(hits)} hit rates")
-    # the share of rounds in which some row proposes (every round, judged by this one's matches)
-    some_match = 1.0 if hits is None else 1.0 - math.prod(1.0 - h for h in hits)
+    below = [1.0] * len(acceptances) if floors is None else list(floors)
+    # the share of rounds in which the verification is widened for a lookup
+    some_match = (
+        1.0 if hits is None or max(below, default=1.0) > 1.0 else 1.0 - math.prod(1.0 - h for h in hits)
+    )
     for n in range(1, max(available, default=0) + 1):
-        # a wider verification never costs less than a target step: a measured cost below 1 is noise
-        cost = max(costs[n], 1.0) if costs else 1.0 + policy.verify_token_ratio * n
+        cost = lookup_cost(n, policy, costs)
         tokens = [
             expected_tokens_per_round(a, min(n, m)) for a, m in zip(acceptances, available, strict=True)
         ]
         if budgets is None:
             speedup = (batch + sum(tokens) - len(tokens)) / batch / cost
         else:
-            tokens = tokens if floors is None else [max(t, f) for t, f in zip(tokens, floors, strict=True)]
+            tokens = [max(t, f) for t, f in zip(tokens, below, strict=True)]
             if hits is not None:
-                below = [1.0] * len(tokens) if floors is None else floors
                 tokens = [h * t + (1.0 - h) * f for h, t, f in zip(hits, tokens, below, strict=True)]
                 cost = 1.0 + some_match * (cost - 1.0)
             speedup = waited_tokens(tokens, budgets) / cost
         if speedup > best_speedup:
             best, best_speedup = n, speedup
     return (best, best_speedup) if best else (0, 1.0)
+
+
+def lookup_cost(n: int, policy: KPolicy, costs: Costs | None = None) -> float:
+    """A round verifying ``n`` looked-up tokens, in target steps: measured lookup rounds of this batch size, else
+    1 + verify_token_ratio per token. A wider verification never costs less than a target step: a measured cost
+    below 1 is noise."""
+    return max(costs[n], 1.0) if costs else 1.0 + policy.verify_token_ratio * n
+
+
+def lookup_speedup(acceptance: float, n: int, policy: KPolicy, costs: Costs | None = None) -> float:
+    """One row's expected speedup of verifying ``n`` looked-up tokens at this acceptance (as draft_speedup)."""
+    return expected_tokens_per_round(acceptance, n) / lookup_cost(n, policy, costs)
 
 
 def draft_speedup(acceptance: float, k: int, policy: KPolicy, costs: Costs | None = None) -> float:

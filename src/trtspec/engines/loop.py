@@ -62,6 +62,7 @@ from trtspec.engines.adaptive import (
     best_lookup_len,
     draft_speedup,
     group_k,
+    lookup_speedup,
     probe_due,
     row_pairs,
 )
@@ -576,7 +577,7 @@ class GenerationLoop:
             ours = {i for i in rows if caps[i] > 0 and not group[i].params.seeded}
             n_shared, speedup_shared = best_lookup_len(
                 [r.lookup.value if i in ours else 0.0 for i, r in enumerate(group)],
-                [(len(found[i]) or caps[i]) if i in ours else 0 for i in range(len(group))],
+                [caps[i] if i in ours else 0 for i in range(len(group))],
                 len(group),
                 self.k_policy,
                 costs,
@@ -590,6 +591,10 @@ class GenerationLoop:
                 n, speedup = best_lookup_len([request.lookup.value], [len(found[i])], 1, self.k_policy)
             else:
                 n, speedup = min(n_shared, len(found[i])), speedup_shared
+                if waited is not None and n:
+                    # the group's speedup is its rule's over the rounds to come; against the row's draft in
+                    # this round, the row's own lookup this round
+                    speedup = lookup_speedup(request.lookup.value, n, self.k_policy, costs)
             if n == 0 and found[i] and request.lookup_off >= self.k_policy.probe_every and probe_round:
                 # A probe: the acceptance and lookup's costs were measured where it last ran (a server's first
                 # rounds may price it off for good: a target-only round without responses to send is cheap).
