@@ -563,27 +563,20 @@ class GenerationLoop:
         shared = [i for i in rows if found[i] and not group[i].params.seeded]
         probe_round = self.rounds_run % self.k_policy.probe_every == 0
         n_shared, speedup_shared = 0, 1.0
-        if shared and waited is None:
-            ours = set(shared)
+        if shared:
+            # Every row of the group (0 for one outside the shared length): the rows with a match now, or where the
+            # caller waits for the group, every row that looks up, priced by its share of rounds with a match.
+            waits = waited is not None
+            ours = {i for i in rows if caps[i] > 0 and not group[i].params.seeded} if waits else set(shared)
             n_shared, speedup_shared = best_lookup_len(
                 [r.lookup.value if i in ours else 0.0 for i, r in enumerate(group)],
-                [len(found[i]) if i in ours else 0 for i in range(len(group))],
-                len(group),
-                self.k_policy,
-                costs,
-            )
-        elif shared:
-            # every row of the group, each priced by its share of rounds with a match (best_lookup_len)
-            ours = {i for i in rows if caps[i] > 0 and not group[i].params.seeded}
-            n_shared, speedup_shared = best_lookup_len(
-                [r.lookup.value if i in ours else 0.0 for i, r in enumerate(group)],
-                [caps[i] if i in ours else 0 for i in range(len(group))],
+                [(caps[i] if waits else len(found[i])) if i in ours else 0 for i in range(len(group))],
                 len(group),
                 self.k_policy,
                 costs,
                 waited,
-                [self._draft_tokens(r, k) for r, k in zip(group, num_draft, strict=True)],
-                [r.lookup_hits.value if i in ours else 0.0 for i, r in enumerate(group)],
+                [self._draft_tokens(r, k) for r, k in zip(group, num_draft, strict=True)] if waits else None,
+                [r.lookup_hits.value if i in ours else 0.0 for i, r in enumerate(group)] if waits else None,
             )
         for i in rows:
             request = group[i]
