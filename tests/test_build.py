@@ -170,6 +170,12 @@ def test_engines_only_without_checkpoints_says_what_to_do(runner, fake_trtllm, p
     result = runner.invoke(cli, ["build", str(pair), "--engines-dir", str(tmp_path / "e"), "--engines-only"])
     assert result.exit_code == 2
     assert "no finished checkpoint; run `trtspec build` without --engines-only" in result.output
+    assert not (tmp_path / "e").exists()  # the folders the build created for its output are gone again
+    (tmp_path / "mine").mkdir()  # ... and a folder the user had stays
+    result = runner.invoke(
+        cli, ["build", str(pair), "--engines-dir", str(tmp_path / "mine"), "--engines-only"]
+    )
+    assert result.exit_code == 2 and sorted(p.name for p in (tmp_path / "mine").iterdir()) == []
 
 
 @pytest.mark.conversion

@@ -183,6 +183,32 @@ def test_truncated_weights_are_one_line_model_errors(runner, tmp_path, tiny_pair
     assert "Traceback" not in result.output
 
 
+@pytest.mark.parametrize(
+    "config, needle",
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "must be a JSON object, got a list"),
+        ('{"hidden_size": 32}', 'no "model_type" string'),
+    ],
+)
+def test_a_broken_config_json_is_one_short_line_naming_it(
+    runner, tmp_path, tiny_pair, draft_with, config, needle
+):
+    """transformers' own errors would list every model type it knows (4,800 characters) or blame the weights."""
+    draft = draft_with()
+    (draft / "config.json").write_text(config)
+    for args in (
+        ["check", str(write_recipe(tmp_path / "r.yaml", tiny_pair[0], draft))],
+        ["generate", "--prompt", "x", "--target", str(tiny_pair[0]), "--draft", str(draft)],
+    ):
+        result = runner.invoke(cli, args)
+        assert result.exit_code == 2, result.output
+        line = result.output.strip()
+        assert f"{draft}/config.json: {needle}" in line and len(line.splitlines()) == 1 and len(line) < 300, (
+            line
+        )
+
+
 def test_model_without_weights(runner, tmp_path, tiny_pair, draft_with):
     draft = draft_with()
     (draft / "model.safetensors").unlink()
@@ -243,6 +269,11 @@ def test_limits(runner, tmp_path, tiny_pair):
         "exceeds max_position_embeddings of target 2048, draft 2048" in status_of(payload, "max_seq_len")[1]
     )
     assert status_of(payload, "draft fits")[0] == "fail"
+    # -q prints nothing but errors: each failed check is one, the passing and warning rows are not
+    quiet = runner.invoke(cli, ["check", str(recipe), "-q"])
+    assert quiet.exit_code == 1
+    failed = [c for c in payload["checks"] if c["status"] == "fail"]
+    assert quiet.output.strip().splitlines() == [f"FAIL {c['name']}: {c['message']}" for c in failed]
 
 
 def test_memory_estimate_and_gpu_limit(runner, tmp_path, tiny_pair):

@@ -113,6 +113,8 @@ def test_generate_errors_are_one_line(runner, tiny_pair, tmp_path):
         "no config.json": [*base, str(tmp_path), "--draft", str(draft)],
         "needs --draft": [*base, str(target)],
         "--draft DIR needs --target DIR": ["generate", "--prompt", "x", "--draft", str(draft)],
+        "--prompt is empty": ["generate", "--prompt", "", "--target", str(target), "--draft", str(draft)],
+        "an empty stop string": [*base, str(target), "--draft", str(draft), "--stop", "a", "--stop", ""],
     }
     other = make_model(
         tmp_path / "other",

@@ -87,6 +87,19 @@ def test_a_report_file_is_checked_before_any_work(tmp_path):
         check_output_file(tmp_path, "--report")
 
 
+def test_an_output_file_that_is_one_of_the_runs_inputs_is_refused(tmp_path):
+    """validate --report and bench --write-recipe must not write over the prompts or the recipe they read."""
+    from trtspec.outputs import check_output_file
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "x"}\n')
+    inputs = {"RECIPE": "demo", "--prompts": prompts}
+    with pytest.raises(OutputError, match=r"--report .*p.jsonl is the --prompts file this run reads"):
+        check_output_file(tmp_path / "sub" / ".." / "p.jsonl", "--report", inputs)
+    check_output_file(tmp_path / "report.md", "--report", inputs)
+    check_output_file(tmp_path / "report.md", "--report", {"--prompts": None})
+
+
 def test_an_output_folder_below_a_file_is_refused_before_any_work(tmp_path):
     (tmp_path / "plain").write_text("")
     with pytest.raises(OutputError, match=r"plain is a file, not a folder"):
@@ -113,6 +126,28 @@ def test_the_command_line_reports_a_refused_path_in_one_line(tiny_pair, tmp_path
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and str(tmp_path / "plain") in lines[0] and lines[0].startswith("Error: ")
+    assert (
+        str(tmp_path / "plain" / "repo") in lines[0] and ".tmp-" not in lines[0]
+    )  # the user's path, not ours
+
+
+def test_a_path_refused_at_write_time_is_named_as_the_user_gave_it(tmp_path):
+    """Where the up-front check cannot see it (root passes os.access everywhere; /proc refuses at write time),
+    the error names the output, not the hidden temp path beside it."""
+    from trtspec.outputs import atomic_dir, write_file_atomic
+
+    (tmp_path / "plain").write_text("")
+    with pytest.raises(
+        OutputError, match=r"plain/r.md: cannot be written there \(.*plain is a file, not a folder\)"
+    ) as err:
+        write_file_atomic(tmp_path / "plain" / "r.md", "x")
+    assert ".tmp-" not in str(err.value)
+    with (
+        pytest.raises(OutputError, match=r"plain/out: cannot be written there") as err,
+        atomic_dir(tmp_path / "plain" / "out"),
+    ):
+        pass
+    assert ".tmp-" not in str(err.value) and sorted(p.name for p in tmp_path.iterdir()) == ["plain"]
 
 
 def test_write_file_atomic_sets_the_mode_and_leaves_nothing_on_failure(tmp_path, monkeypatch):

@@ -151,6 +151,23 @@ def test_planted_mismatch_fails_with_first_divergence(engine_and_reference):
     assert f"| {prompts[1].id} | NO | 3 |" in validation_markdown(result)
 
 
+@pytest.mark.parametrize("command, option", [("validate", "--report"), ("bench", "--write-recipe")])
+def test_an_output_file_that_is_an_input_is_refused_before_any_work(
+    runner, recipe_path, tmp_path, command, option
+):
+    prompts = tmp_path / "p.jsonl"
+    text = '{"prompt": "def add(a, b):"}\n'
+    prompts.write_text(text)
+    for output, name in ((prompts, "--prompts"), (recipe_path, "RECIPE")):
+        before = output.read_text()
+        result = runner.invoke(
+            cli, [command, str(recipe_path), "--prompts", str(prompts), option, str(output)]
+        )
+        assert result.exit_code == 2, result.output
+        assert f"is the {name} file this run reads" in result.output and "Traceback" not in result.output
+        assert len(result.output.strip().splitlines()) == 1 and output.read_text() == before
+
+
 @pytest.mark.slow
 def test_cli_thresholds_exit_codes_and_reports(runner, recipe_path, tiny_pair, tmp_path):
     # A random draft accepts almost nothing: --min-acceptance fails (exit 1), but the report is still written.

@@ -17,7 +17,7 @@ import errno
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from trtspec.core.errors import NoSpaceError, OutputError
@@ -44,12 +44,16 @@ def check_output_dir(out: Path, marker: str, what: str, option: str) -> Path:
     return target
 
 
-def check_output_file(path: Path, option: str) -> None:
+def check_output_file(path: Path, option: str, inputs: Mapping[str, Path | str | None] | None = None) -> None:
     """OutputError now, before any work, if a file cannot be written at ``path`` (a file where a folder is
-    needed, a folder where the file should be, or a folder this user may not write)."""
+    needed, a folder where the file should be, a folder this user may not write, or one of the run's ``inputs``:
+    the option or argument that names it -> its path)."""
     target = Path(path).absolute()
     if target.is_dir():
         raise OutputError(f"{option} {path} is a folder; pass a file path")
+    for name, source in (inputs or {}).items():
+        if source is not None and Path(source).is_file() and Path(source).resolve() == target.resolve():
+            raise OutputError(f"{option} {path} is the {name} file this run reads; choose another {option}")
     _check_parent(target, path, option)
 
 
@@ -88,10 +92,13 @@ def atomic_dir(out_dir: Path, create: bool = True, need_bytes: int | None = None
     so a half-written folder never exists under ``out_dir``. A full disk is a NoSpaceError naming ``out_dir`` and
     ``need_bytes``, the writer's estimate of the whole output."""
     out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_sibling(out_dir)
-    if create:
-        tmp.mkdir()
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        if create:
+            tmp.mkdir()
+    except OSError as err:
+        raise _unwritable(out_dir, err) from None
     try:
         yield tmp
         replace_dir(tmp, out_dir)
@@ -109,20 +116,34 @@ def write_file_atomic(path: Path | str, data: str | bytes, mode: int | None = No
     """Write ``data`` to ``path`` through a temp file beside it and a rename: never a half-written file.
     ``mode``: permissions to set (default: the umask's, like any new file)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_sibling(path)
     payload = data.encode() if isinstance(data, str) else data
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_bytes(payload)
         if mode is not None:
             tmp.chmod(mode)
         os.replace(tmp, path)
     except BaseException as err:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # there may be no folder to hold it
+            tmp.unlink(missing_ok=True)
         if is_disk_full(err):
             raise no_space_error(path, len(payload), 0, err) from None
+        if isinstance(err, OSError):
+            raise _unwritable(path, err) from None
         raise
     return path
+
+
+def _unwritable(path: Path, err: OSError) -> OutputError:
+    """The user's path, not the hidden temp one beside it that the system named (a full disk has its own)."""
+    if is_disk_full(err):
+        return no_space_error(path, None, 0, err)
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    why = f"{folder} is a file, not a folder" if folder.is_file() else err.strerror or str(err)
+    return OutputError(f"{path}: cannot be written there ({why}); choose another path", detail=f"{err!r}")
 
 
 def write_output_dir(

@@ -18,6 +18,11 @@ def show_check(report, out) -> None:
     if out.json:
         out.emit_json(report.to_json())
         return
+    if out.quiet:  # a failed check is an error: its line still shows
+        for r in report.results:
+            if r.status == "fail":
+                print(f"FAIL {r.name}: {r.message}", file=sys.stderr)
+        return
     from rich.table import Table
 
     from trtspec.builders.check_report import format_gib

@@ -299,7 +299,21 @@ def build(
         )
     if not engines_only and environment.conversion_roles(recipe):
         environment.require_conversion_stack()
+    # the folders this build creates: bad input found before any stage is written leaves none of them behind
+    created = [folder for folder in (out_dir, *out_dir.parents) if not folder.exists()]
     out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return _build_into(recipe, out_dir, engines_only, force, console)
+    except BaseException:
+        for folder in created:  # deepest first; a folder holding anything stays
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        raise
+
+
+def _build_into(recipe: Recipe, out_dir: Path, engines_only: bool, force: bool, console) -> BuildResult:
     clean_stale(out_dir)
     if recipe.triton.runtime == "trtllm-pytorch":
         return build_hf(recipe, out_dir, console, force)

@@ -35,9 +35,19 @@ def read_hf_config(model_dir: Path) -> dict:
             f"{model_dir}: no config.json; point the recipe's model at a Hugging Face checkpoint"
         )
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ModelError(f"{path}: not valid JSON ({err})") from None
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ModelError(f"{path}: not valid JSON ({err}); fix or re-export config.json") from None
+    if not isinstance(config, dict):
+        raise ModelError(
+            f"{path}: must be a JSON object, got a {type(config).__name__}; re-export config.json"
+        )
+    if not isinstance(config.get("model_type"), str):
+        raise ModelError(
+            f'{path}: no "model_type" string (e.g. "llama"), which transformers needs to read it; re-export '
+            "config.json"
+        )
+    return config
 
 
 def load_tokenizer(model_dir: Path, trust_remote_code: bool = False):
@@ -189,6 +199,8 @@ def _from_pretrained(model_dir: Path | str, what: str, trust_remote_code: bool, 
     what a broken or incomplete checkpoint raises (truncated weights, a config transformers cannot read)."""
     from transformers import AutoModelForCausalLM
 
+    if (Path(model_dir) / "config.json").is_file():
+        read_hf_config(model_dir)  # a broken config.json named as such, not as incomplete weights
     try:
         with _quiet_loading():
             # ignore_mismatched_sizes: a tensor of the wrong shape is reported in the info like a missing one,

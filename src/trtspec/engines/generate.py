@@ -60,6 +60,12 @@ class _Models:
 
 def resolve_models(spec: GenerateSpec) -> _Models:
     """Model directories and limits from --target/--draft or the recipe; refuses mismatched tokenizers."""
+    if not spec.prompt:
+        raise RequestError("--prompt is empty; give the text to continue")
+    if "" in spec.stop:
+        raise RequestError(
+            '--stop "": an empty stop string would end generation at once; drop it or give text'
+        )
     if spec.draft is not None and spec.target is None:
         raise RequestError("--draft DIR needs --target DIR (the recipe names its own draft)")
     if spec.no_draft and spec.num_draft_tokens:

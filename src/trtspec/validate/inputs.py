@@ -46,6 +46,10 @@ class RunOptions:
     max_tokens: int = 32
     system: SystemOptions = field(default_factory=SystemOptions)
 
+    def inputs(self) -> dict[str, Path | str | None]:
+        """The files the run reads, by the argument or option that names them: an output must not be one."""
+        return {"RECIPE": self.recipe, "--prompts": self.prompts}
+
 
 def open_system(recipe, options: SystemOptions, tokenizer=None, proposers: Collection[str] = ()):
     """The system under test named by ``options`` (tokenizer: the target's, for text-only endpoints; proposers:

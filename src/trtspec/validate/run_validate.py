@@ -42,7 +42,7 @@ def validate(options: ValidateOptions, on_progress: Callable[[str], None] | None
     proposer = options.proposer or recipe.speculative.proposer
     check_proposers(recipe, options.system, [proposer])
     if options.report:
-        check_output_file(options.report, "--report")  # before the run, not after it
+        check_output_file(options.report, "--report", options.inputs())  # before the run, not after it
     prompts, tokenizer, _, notes = load_run_requests(recipe, options, lookup=uses_lookup(proposer))
     # The system first: an unreachable endpoint fails before the reference model is loaded.
     system = open_system(recipe, options.system, tokenizer, [proposer])
