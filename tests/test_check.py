@@ -12,6 +12,7 @@ import yaml
 from tiny_models import make_model, make_tokenizer
 
 from trtspec.cli import cli
+from trtspec.core.model_dir import TOKENIZER_FILES
 
 
 def write_recipe(path: Path, target_dir: Path, draft_dir: Path, **sections) -> Path:
@@ -209,6 +210,18 @@ def test_a_broken_config_json_is_one_short_line_naming_it(
         )
 
 
+def test_a_model_without_tokenizer_files_says_which_files_it_needs(runner, tmp_path, tiny_pair, draft_with):
+    draft = draft_with()
+    for name in TOKENIZER_FILES + ("special_tokens_map.json",):
+        (draft / name).unlink(missing_ok=True)
+    result = runner.invoke(cli, ["check", str(write_recipe(tmp_path / "r.yaml", tiny_pair[0], draft))])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines() == [
+        f"Error: {draft}: no tokenizer files ({', '.join(TOKENIZER_FILES)}); copy the Hugging Face checkpoint's "
+        "tokenizer files into it"
+    ]
+
+
 def test_model_without_weights(runner, tmp_path, tiny_pair, draft_with):
     draft = draft_with()
     (draft / "model.safetensors").unlink()
@@ -340,6 +353,11 @@ def test_missing_model_directory(runner, tmp_path, tiny_pair):
     result = runner.invoke(cli, ["check", str(recipe)])
     assert result.exit_code == 2
     assert "draft.model: model directory" in result.output and "nowhere does not exist" in result.output
+    (tmp_path / "weights.bin").write_bytes(b"")
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_pair[0], tmp_path / "weights.bin")
+    result = runner.invoke(cli, ["check", str(recipe)])
+    assert result.exit_code == 2 and "draft.model: " in result.output
+    assert "weights.bin is a file, not a model folder" in result.output
 
 
 def test_model_directory_without_config(runner, tmp_path, tiny_pair):

@@ -148,3 +148,7 @@ def test_generate_errors_are_one_line(runner, tiny_pair, tmp_path):
         assert len(result.output.strip().splitlines()) == 1, result.output
     result = runner.invoke(cli, ["serve", str(tmp_path), "--http-port", "99999"])  # a click usage error
     assert result.exit_code == 2 and "is not in the range 0<=x<=65535" in result.output
+    for repo, needle in ((tmp_path / "nowhere", "does not exist"), (tmp_path, "not a model repository")):
+        result = runner.invoke(cli, ["serve", str(repo)])
+        assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
+        assert f"Error: {repo}: {needle}" in result.output

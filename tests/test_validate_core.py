@@ -159,8 +159,12 @@ def test_user_prompt_file_and_errors(tmp_path):
         good.write_text(text)
         with pytest.raises(PromptSetError, match=message):
             load_prompts(good)
-    with pytest.raises(PromptSetError, match="cannot read"):
+    with pytest.raises(
+        PromptSetError, match=r"missing.jsonl: no such prompt file, nor a shipped set \(raw\|"
+    ):
         load_prompts(tmp_path / "missing.jsonl")
+    with pytest.raises(PromptSetError, match="cannot read"):
+        load_prompts(tmp_path)  # a folder
 
 
 def test_common_prefix_len():

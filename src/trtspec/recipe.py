@@ -80,10 +80,14 @@ class ModelSpec(_Strict):
     @classmethod
     def _resolve(cls, value: Any, info: ValidationInfo) -> Path:
         base = Path((info.context or {}).get("base_dir", "."))
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("empty; give a Hugging Face checkpoint folder or demo:NAME")
         path = resolve_model_path(value, base)
         if (info.context or {}).get("check_paths", True) and not path.is_dir():
             fetch = info.data.get("fetch")
             hint = f"run `{fetch}`" if fetch else "point it at a Hugging Face checkpoint"
+            if path.exists():
+                raise ValueError(f"{path} is a file, not a model folder; {hint}")
             raise ValueError(f"model directory {path} does not exist; {hint}")
         return path
 
@@ -412,8 +416,13 @@ def _format_validation_error(path: Path | str, err: ValidationError) -> RecipeEr
         close = difflib.get_close_matches(str(loc[-1]), known, n=1)
         hint = f"did you mean '{close[0]}'? " if close else f"known: {', '.join(known)}; " if known else ""
         message = f"unknown field; {hint}builders/README.md documents every field"
+    elif first["type"] == "model_type" and first.get("input") is None:  # an empty section: YAML null
+        message = "empty section; give its fields or remove it"
     elif first["type"] != "missing" and not isinstance(first.get("input"), dict):  # not a whole section
-        message += f" (got {first.get('input')!r})"
+        value = first.get("input")
+        message += f" (got {value!r})"
+        if isinstance(value, str) and first["type"] in ("int_type", "float_type", "bool_type"):
+            message += "; a quoted value is text in YAML: remove the quotes"
     return RecipeError(path, field, message, detail=str(err))
 
 

@@ -54,8 +54,15 @@ def load_tokenizer(model_dir: Path, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+        with _quiet_loading():  # its notices (the legacy behaviour of a Llama tokenizer) would split the line
+            return AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
     except Exception as err:  # transformers raises many types for a broken/missing tokenizer
+        if not has_tokenizer(model_dir):
+            raise ModelError(
+                f"{model_dir}: no tokenizer files ({', '.join(TOKENIZER_FILES)}); copy the Hugging Face "
+                "checkpoint's tokenizer files into it",
+                detail=str(err),
+            ) from None
         raise ModelError(
             f"{model_dir}: no loadable tokenizer ({type(err).__name__}); the directory needs tokenizer.json "
             "or the tokenizer files of the Hugging Face checkpoint",

@@ -53,6 +53,8 @@ class ServeSpec:
 
 def read_manifest(repo: Path) -> dict:
     path = Path(repo) / MANIFEST
+    if not Path(repo).exists():
+        raise ServerError(f"{repo}: does not exist; create a model repository there with `trtspec deploy`")
     if not Path(repo).is_dir() or not repo_models(repo):
         raise ServerError(
             f"{repo}: not a model repository (no */config.pbtxt); create one with `trtspec deploy`"

@@ -70,6 +70,11 @@ def load_prompts(
         prompts = [p for shipped in paths for p in _read_prompt_file(shipped)]
     else:
         shipped = SHIPPED_SETS.get(str(path)) if not Path(path).exists() else None
+        if shipped is None and not Path(path).exists():
+            raise PromptSetError(
+                f"{path}: no such prompt file, nor a shipped set ({'|'.join(SHIPPED_SETS)}); pass a JSONL file or "
+                "a set's name"
+            )
         prompts = _read_prompt_file(shipped or Path(path))
     prompts = prompts[:limit] if limit else prompts
     return [p.as_chat() for p in prompts] if chat else prompts
