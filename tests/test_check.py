@@ -210,6 +210,14 @@ def test_a_broken_config_json_is_one_short_line_naming_it(
         )
 
 
+def test_a_remote_code_config_without_a_model_type_is_not_refused_for_it(tmp_path):
+    """transformers reads such a config through its auto_map's class (with trust_remote_code)."""
+    from trtspec.core.model_dir import read_model_config
+
+    (tmp_path / "config.json").write_text(json.dumps({"auto_map": {"AutoConfig": "cfg.MyConfig"}}))
+    assert read_model_config(tmp_path)["auto_map"]
+
+
 def test_a_model_without_tokenizer_files_says_which_files_it_needs(runner, tmp_path, tiny_pair, draft_with):
     draft = draft_with()
     for name in TOKENIZER_FILES + ("special_tokens_map.json",):

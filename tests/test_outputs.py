@@ -107,8 +107,8 @@ def test_an_output_folder_below_a_file_is_refused_before_any_work(tmp_path):
 
 
 def test_the_command_line_reports_a_refused_path_in_one_line(tiny_pair, tmp_path):
-    """An OSError on a user's path reaches the user as one line and exit 2, not a traceback (trtspec.cli.main);
-    here the folder check is disabled so that the system refuses the path itself."""
+    """A path the system refuses while the output is written reaches the user as one line naming it and exit 2,
+    not a traceback; here the folder check is disabled so that the system refuses the path itself."""
     import subprocess
     import sys
 
@@ -132,8 +132,8 @@ def test_the_command_line_reports_a_refused_path_in_one_line(tiny_pair, tmp_path
 
 
 def test_a_path_refused_at_write_time_is_named_as_the_user_gave_it(tmp_path):
-    """Where the up-front check cannot see it (root passes os.access everywhere; /proc refuses at write time),
-    the error names the output, not the hidden temp path beside it."""
+    """Where the up-front check cannot see it (root passes os.access everywhere, and /proc refuses only at write
+    time; here a file where a folder is needed), the error names the output, not the hidden temp path beside it."""
     from trtspec.outputs import atomic_dir, write_file_atomic
 
     (tmp_path / "plain").write_text("")
@@ -171,3 +171,18 @@ def test_write_file_atomic_sets_the_mode_and_leaves_nothing_on_failure(tmp_path,
         write_file_atomic(report, "new")
     assert report.read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.md", "run.sh"]
+
+
+def test_main_turns_an_os_error_with_a_path_into_one_line(monkeypatch, capsys):
+    """The last net (trtspec.cli.main) for a path the system refused outside the output writers."""
+    from trtspec import cli as cli_module
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", "/srv/models/t")
+
+    monkeypatch.setattr(cli_module.cli, "main", refuse)
+    with pytest.raises(SystemExit) as exit_:
+        cli_module.main(["check", "demo"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["Error: /srv/models/t: Permission denied; check the path and its permissions"]

@@ -143,6 +143,16 @@ def test_recipe_values_are_not_coerced_and_errors_name_the_field(tmp_path, tiny_
     assert "constrained-int" not in message and "{'" not in message
 
 
+def test_the_remove_the_quotes_hint_only_where_the_text_is_the_value_wanted(tmp_path, tiny_pair):
+    path = tmp_path / "r.yaml"
+    base = f"name: x\ntarget: {{model: {tiny_pair[0]}}}\ndraft: {{model: {tiny_pair[1]}}}\n"
+    for value, hint in (("'16'", True), ("abc", False), ("'1.5'", False), ("'true'", False)):
+        path.write_text(base + f"limits: {{max_batch_size: {value}}}\n")
+        with pytest.raises(RecipeError) as caught:
+            load_recipe(path)
+        assert ("remove the quotes" in caught.value.message) is hint, caught.value.message
+
+
 def test_verbose_adds_the_details_of_an_error(runner, tmp_path, tiny_pair):
     from trtspec.cli import cli
 

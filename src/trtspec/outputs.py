@@ -98,7 +98,7 @@ def atomic_dir(out_dir: Path, create: bool = True, need_bytes: int | None = None
         if create:
             tmp.mkdir()
     except OSError as err:
-        raise _unwritable(out_dir, err) from None
+        raise _unwritable(out_dir, err, need_bytes) from None
     try:
         yield tmp
         replace_dir(tmp, out_dir)
@@ -130,15 +130,15 @@ def write_file_atomic(path: Path | str, data: str | bytes, mode: int | None = No
         if is_disk_full(err):
             raise no_space_error(path, len(payload), 0, err) from None
         if isinstance(err, OSError):
-            raise _unwritable(path, err) from None
+            raise _unwritable(path, err, len(payload)) from None
         raise
     return path
 
 
-def _unwritable(path: Path, err: OSError) -> OutputError:
+def _unwritable(path: Path, err: OSError, need_bytes: int | None) -> OutputError:
     """The user's path, not the hidden temp one beside it that the system named (a full disk has its own)."""
     if is_disk_full(err):
-        return no_space_error(path, None, 0, err)
+        return no_space_error(path, need_bytes, 0, err)
     folder = path.parent
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent

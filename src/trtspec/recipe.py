@@ -421,9 +421,20 @@ def _format_validation_error(path: Path | str, err: ValidationError) -> RecipeEr
     elif first["type"] != "missing" and not isinstance(first.get("input"), dict):  # not a whole section
         value = first.get("input")
         message += f" (got {value!r})"
-        if isinstance(value, str) and first["type"] in ("int_type", "float_type", "bool_type"):
+        if isinstance(value, str) and _reads_as(first["type"], value):
             message += "; a quoted value is text in YAML: remove the quotes"
     return RecipeError(path, field, message, detail=str(err))
+
+
+def _reads_as(error_type: str, text: str) -> bool:
+    """Whether ``text`` unquoted is the number or boolean a field of this pydantic error type wants."""
+    if error_type == "bool_type":
+        return text.strip().lower() in ("true", "false")
+    convert = {"int_type": int, "float_type": float}.get(error_type)
+    try:
+        return convert is not None and convert(text) is not None
+    except ValueError:
+        return False
 
 
 def recipe_from_dict(

@@ -9,7 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.core.errors import ModelError
-from trtspec.core.model_dir import checkpoint_problem, count_parameters, load_tokenizer, read_hf_config
+from trtspec.core.model_dir import (
+    checkpoint_problem,
+    count_parameters,
+    error_line,
+    load_tokenizer,
+    read_model_config,
+)
 from trtspec.recipe import ModelSpec
 
 
@@ -42,13 +48,12 @@ def gather_facts(role: str, spec: ModelSpec) -> ModelFacts:
         raise ModelError(
             f"{path}: {role} model has no config.json; point {role}.model at a Hugging Face checkpoint"
         )
-    read_hf_config(path)
+    read_model_config(path)
     try:
         cfg = AutoConfig.from_pretrained(path, trust_remote_code=spec.trust_remote_code)
     except Exception as err:
-        first = (str(err).strip().splitlines() or [""])[0][:200]
         raise ModelError(
-            f"{path}/config.json: cannot be read as a model config ({first})", detail=repr(err)
+            f"{path}/config.json: cannot be read as a model config ({error_line(err)})", detail=repr(err)
         ) from None
     cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     counted = count_parameters(path)

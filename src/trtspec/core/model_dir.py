@@ -28,6 +28,13 @@ def has_tokenizer(model_dir: Path | str) -> bool:
     return any((Path(model_dir) / name).is_file() for name in TOKENIZER_FILES)
 
 
+def _any_tokenizer_file(model_dir: Path | str) -> bool:
+    """Any file a tokenizer may load from, beyond TOKENIZER_FILES (sentencepiece's spiece.model, a tiktoken file,
+    BPE merges): where one exists, a failed load is not a missing tokenizer."""
+    patterns = ("tokenizer*", "*.model", "*.tiktoken", "vocab.*", "merges.txt")
+    return has_tokenizer(model_dir) or any(any(Path(model_dir).glob(p)) for p in patterns)
+
+
 def read_hf_config(model_dir: Path) -> dict:
     path = Path(model_dir) / "config.json"
     if not path.is_file():
@@ -42,12 +49,25 @@ def read_hf_config(model_dir: Path) -> dict:
         raise ModelError(
             f"{path}: must be a JSON object, got a {type(config).__name__}; re-export config.json"
         )
-    if not isinstance(config.get("model_type"), str):
+    return config
+
+
+def read_model_config(model_dir: Path) -> dict:
+    """config.json as transformers will parse it: ``read_hf_config``'s object with a ``model_type`` (or a remote
+    code config class under ``auto_map``). Without one, transformers' own error lists every model type it knows."""
+    config = read_hf_config(model_dir)
+    remote = isinstance(config.get("auto_map"), dict) and "AutoConfig" in config["auto_map"]
+    if not isinstance(config.get("model_type"), str) and not remote:
         raise ModelError(
-            f'{path}: no "model_type" string (e.g. "llama"), which transformers needs to read it; re-export '
-            "config.json"
+            f'{Path(model_dir) / "config.json"}: no "model_type" string (e.g. "llama"), which transformers needs '
+            "to read it; re-export config.json"
         )
     return config
+
+
+def error_line(err: BaseException, limit: int = 200) -> str:
+    """The first line of a library's error, cut to ``limit`` characters: the part a one-line message can carry."""
+    return (str(err).strip().splitlines() or [""])[0][:limit]
 
 
 def load_tokenizer(model_dir: Path, trust_remote_code: bool = False):
@@ -57,7 +77,7 @@ def load_tokenizer(model_dir: Path, trust_remote_code: bool = False):
         with _quiet_loading():  # its notices (the legacy behaviour of a Llama tokenizer) would split the line
             return AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
     except Exception as err:  # transformers raises many types for a broken/missing tokenizer
-        if not has_tokenizer(model_dir):
+        if not _any_tokenizer_file(model_dir):
             raise ModelError(
                 f"{model_dir}: no tokenizer files ({', '.join(TOKENIZER_FILES)}); copy the Hugging Face "
                 "checkpoint's tokenizer files into it",
@@ -207,7 +227,7 @@ def _from_pretrained(model_dir: Path | str, what: str, trust_remote_code: bool, 
     from transformers import AutoModelForCausalLM
 
     if (Path(model_dir) / "config.json").is_file():
-        read_hf_config(model_dir)  # a broken config.json named as such, not as incomplete weights
+        read_model_config(model_dir)  # a broken config.json named as such, not as incomplete weights
     try:
         with _quiet_loading():
             # ignore_mismatched_sizes: a tensor of the wrong shape is reported in the info like a missing one,
@@ -220,10 +240,9 @@ def _from_pretrained(model_dir: Path | str, what: str, trust_remote_code: bool, 
                 **kwargs,
             )
     except Exception as err:  # noqa: BLE001 - transformers/safetensors raise many types for a broken checkpoint
-        first = (str(err).strip().splitlines() or [""])[0][:200]
         raise ModelError(
-            f"{model_dir}: cannot load {what} ({type(err).__name__}: {first}); check that its weight files "
-            "are complete",
+            f"{model_dir}: cannot load {what} ({type(err).__name__}: {error_line(err)}); check that its weight "
+            "files are complete",
             detail=repr(err),
         ) from None
 

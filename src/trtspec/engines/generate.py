@@ -59,7 +59,8 @@ class _Models:
 
 
 def resolve_models(spec: GenerateSpec) -> _Models:
-    """Model directories and limits from --target/--draft or the recipe; refuses mismatched tokenizers."""
+    """Model directories and limits from --target/--draft or the recipe; refuses mismatched tokenizers, and
+    options that cannot make a request (an empty prompt or stop string), before any model loads."""
     if not spec.prompt:
         raise RequestError("--prompt is empty; give the text to continue")
     if "" in spec.stop:

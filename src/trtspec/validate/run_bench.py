@@ -72,7 +72,8 @@ def bench(options: BenchOptions, on_progress: SweepProgress | None = None) -> Be
     out_dir = options.out_dir or Path("bench") / recipe.name
     check_output_dir(out_dir, *BENCH_OUTPUT)  # before the sweep, not after
     if options.write_recipe:
-        check_output_file(options.write_recipe, "--write-recipe", options.inputs())
+        # the recipe itself may be updated in place; the prompts may not be replaced by a recipe
+        check_output_file(options.write_recipe, "--write-recipe", {"--prompts": options.prompts})
     lookup = any(map(uses_lookup, proposers))
     prompts, tokenizer, requests, more_notes = load_run_requests(recipe, options, lookup=lookup)
     notes += more_notes
