@@ -152,3 +152,31 @@ def test_generate_errors_are_one_line(runner, tiny_pair, tmp_path):
         result = runner.invoke(cli, ["serve", str(repo)])
         assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
         assert f"Error: {repo}: {needle}" in result.output
+
+
+def test_usage_errors_are_one_line_through_the_entry_point():
+    """Click's own usage errors (a bad option value, an unknown command) through ``trtspec`` itself: one line with
+    where help is, exit 2; --version and --help still exit 0, and ``trtspec`` alone shows the help."""
+    import subprocess
+    import sys
+
+    def run(*args):
+        proc = subprocess.run(
+            [sys.executable, "-m", "trtspec", *args], capture_output=True, text=True, timeout=120
+        )
+        return proc.returncode, proc.stdout, proc.stderr.strip().splitlines()
+
+    assert run("bench", "--concurrency", "0") == (
+        2,
+        "",
+        [
+            "Error: Invalid value for '--concurrency': '0': give integers >= 1, e.g. 1,2,4; see `trtspec bench --help`"
+        ],
+    )
+    assert run("bogus") == (2, "", ["Error: No such command 'bogus'; see `trtspec --help`"])
+    code, out, err = run("--version")
+    assert code == 0 and out.startswith("trtspec, version ") and not err
+    code, out, _ = run("check", "--help")
+    assert code == 0 and out.startswith("Usage: trtspec check")
+    code, _, err = run()
+    assert code == 2 and err[0].startswith("Usage: trtspec") and "Commands:" in err

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import functools
 import inspect
 import io
+import os
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -797,13 +799,29 @@ _show_envvars(cli)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of ``trtspec`` and ``python -m trtspec``."""
+    """Entry point of ``trtspec`` and ``python -m trtspec``. Click runs outside its standalone mode so that every
+    error is shown here, as one line."""
     try:
-        cli.main(args=argv, prog_name="trtspec", standalone_mode=True)
+        status = cli.main(args=argv, prog_name="trtspec", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as err:  # ``trtspec`` alone: the help, as click shows it
+        err.show()
+        sys.exit(err.exit_code)
+    except (
+        click.UsageError
+    ) as err:  # a bad option or argument: the error and where help is, not the usage block
+        where = f"; see `{err.ctx.command_path} --help`" if err.ctx is not None else ""
+        click.echo(f"Error: {err.format_message().rstrip('.')}{where}", err=True)
+        sys.exit(err.exit_code)
+    except click.ClickException as err:  # CliError: a command's own error
+        err.show()
+        sys.exit(err.exit_code)
     except TrtspecError as err:  # raised outside a command's body (the commands turn theirs into CliError)
         CliError(err).show()
         sys.exit(err.exit_code)
-    except OSError as err:  # click's standalone mode handles only a broken pipe
+    except OSError as err:
+        if err.errno == errno.EPIPE:  # the reader went away (`trtspec ... | head`): nothing more to say
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(1)
         # A path the system refused (permissions, a file where a folder is needed, a full disk): one line naming
         # it, not a traceback; the commands' own checks catch the errors they expect before any work is done.
         if err.filename is None:
@@ -811,9 +829,10 @@ def main(argv: list[str] | None = None) -> None:
         where = err.filename if err.filename2 is None else f"{err.filename} -> {err.filename2}"
         click.echo(f"Error: {where}: {err.strerror or err}; check the path and its permissions", err=True)
         sys.exit(2)
-    except KeyboardInterrupt:  # pragma: no cover - interactive
+    except (click.Abort, KeyboardInterrupt):  # pragma: no cover - interactive (Ctrl-C arrives as Abort)
         click.echo("Interrupted.", err=True)
         sys.exit(130)
+    sys.exit(status if isinstance(status, int) else 0)  # --help and --version return 0; a command None
 
 
 __all__ = ["cli", "main", "Output", "output_options", "recipe_argument"]

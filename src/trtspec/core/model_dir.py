@@ -73,6 +73,8 @@ def error_line(err: BaseException, limit: int = 200) -> str:
 def load_tokenizer(model_dir: Path, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
+    if (Path(model_dir) / "config.json").is_file():
+        read_hf_config(model_dir)  # transformers 5 reads it for the tokenizer too: a broken one named as such
     try:
         with _quiet_loading():  # its notices (the legacy behaviour of a Llama tokenizer) would split the line
             return AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
