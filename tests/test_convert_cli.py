@@ -97,3 +97,42 @@ def test_quantize_awq_on_small_dims_is_a_clear_error(runner, recipe_file, tmp_pa
         "Error:" in result.output and "divisible by 128" in result.output and "Traceback" not in result.output
     )
     assert not (tmp_path / "q").exists()
+
+
+def test_calibration_data_named_on_the_command_line_is_checked_before_any_model_loads(
+    runner, recipe_file, tmp_path, monkeypatch
+):
+    """--calib-data is a path from the current folder (the recipe's calibration.dataset is from the recipe's),
+    refused in one line when missing or not UTF-8 text, before ModelOpt or the models load."""
+    from trtspec.cli import _calib_data
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "calib.txt").write_text("def f():\n    return 1\n")
+    monkeypatch.chdir(work)
+    assert _calib_data(None, None, "calib.txt") == str(work / "calib.txt") and _calib_data(
+        None, None, "builtin"
+    )
+    base = [
+        "quantize",
+        str(recipe_file),
+        "--model",
+        "target",
+        "--target-format",
+        "fp8",
+        "--out",
+        str(tmp_path / "q"),
+    ]
+    result = runner.invoke(cli, [*base, "--calib-data", "missing.txt"])
+    assert (
+        result.exit_code == 2
+        and "Invalid value for '--calib-data': missing.txt: no such file" in result.output
+    )
+    (work / "blob.jsonl").write_bytes(b"\xe8\x00\x01" * 10)
+    result = runner.invoke(cli, [*base, "--calib-data", "blob.jsonl"])
+    assert result.exit_code == 2, result.output
+    assert (
+        f"calibration file {work / 'blob.jsonl'} is not UTF-8 text (byte 0); save it as UTF-8"
+        in result.output
+    )
+    assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "q").exists()

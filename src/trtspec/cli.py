@@ -271,6 +271,17 @@ def convert(recipe, model, out_dir, dtype, tp_size, pp_size, device, no_verify, 
     _export_checkpoints(ExportSpec(recipe, model, shared, per_role, out=out_dir, verify=not no_verify), out)
 
 
+def _calib_data(ctx, param, value: str | None) -> str | None:
+    """A file named on the command line is the current folder's, not the recipe's (where the recipe's own
+    calibration.dataset resolves); the recipe checks what is in it."""
+    if value is None or value == "builtin":
+        return value
+    path = Path(value).expanduser().absolute()
+    if not path.is_file():
+        raise click.BadParameter(f"{value}: no such file; give 'builtin' or a .txt / .jsonl file")
+    return str(path)
+
+
 @cli.command()
 @recipe_argument
 @role_option("quantize")
@@ -284,6 +295,7 @@ def convert(recipe, model, out_dir, dtype, tp_size, pp_size, device, no_verify, 
 @click.option(
     "--calib-data",
     type=click.Path(dir_okay=False),
+    callback=_calib_data,
     help="'builtin' or a .txt / .jsonl file (one {\"text\": ...} per line).",
 )
 @click.option("--calib-size", type=click.IntRange(1), help="Number of calibration samples.")

@@ -189,6 +189,19 @@ class LimitsSpec(_Strict):
     max_seq_len: int = Field(1024, ge=2)
 
 
+def _require_utf8(path: Path, what: str, prefix_bytes: int = 1 << 20) -> None:
+    """ValueError now, before any model loads, if the file's start is not UTF-8 text (a binary file given by
+    mistake); the readers decode the whole file as UTF-8 later."""
+    import codecs
+
+    with open(path, "rb") as f:
+        head = f.read(prefix_bytes)
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=len(head) < prefix_bytes)
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{what} {path} is not UTF-8 text (byte {err.start}); save it as UTF-8") from None
+
+
 class CalibrationSpec(_Strict):
     dataset: str = Field("builtin", description="'builtin' (demo corpus) or a .txt / .jsonl file")
     size: int = Field(64, ge=1, description="number of calibration samples")
@@ -201,8 +214,12 @@ class CalibrationSpec(_Strict):
         if str(value) == "builtin":
             return "builtin"
         path = resolve_model_path(value, Path((info.context or {}).get("base_dir", ".")))
-        if (info.context or {}).get("check_paths", True) and not path.is_file():
-            raise ValueError(f"calibration file {path} does not exist; use 'builtin' or a .txt/.jsonl file")
+        if (info.context or {}).get("check_paths", True):
+            if not path.is_file():
+                raise ValueError(
+                    f"calibration file {path} does not exist; use 'builtin' or a .txt/.jsonl file"
+                )
+            _require_utf8(path, "calibration file")
         return str(path)
 
 
