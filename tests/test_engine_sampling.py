@@ -104,8 +104,8 @@ def test_top_k_1_is_greedy_whatever_the_temperature():
 @pytest.mark.parametrize(
     "fields, message",
     [
-        ({"temperature": float("inf")}, "temperature must be >= 0 (0 = greedy), got inf"),
-        ({"temperature": -1.0}, "temperature must be >= 0 (0 = greedy), got -1.0"),
+        ({"temperature": float("inf")}, "temperature must be a finite number >= 0 (0 = greedy), got inf"),
+        ({"temperature": -1.0}, "temperature must be a finite number >= 0 (0 = greedy), got -1.0"),
         ({"top_k": -2}, "top_k must be >= 0 (0 = off), got -2"),
         ({"top_p": 0.0}, "top_p must be in (0, 1], got 0.0"),
         ({"max_new_tokens": 0}, "max_new_tokens must be >= 1, got 0"),

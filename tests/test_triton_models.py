@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import types
 
 import numpy as np
 import pytest
@@ -75,9 +76,18 @@ def test_stop_words_are_read_as_strings_and_empty_ones_dropped():
         ({"text_input": "x", "max_tokens": -3}, "max_tokens must be > 0, got -3"),
         ({"text_input": "x", "max_tokens": 4, "num_draft_tokens": 5}, "num_draft_tokens 5 is out of range"),
         ({"text_input": "x", "max_tokens": 4, "num_draft_tokens": -1}, "max_draft_len 4"),
-        ({"text_input": "x", "max_tokens": 4, "temperature": -0.5}, "temperature must be >= 0"),
-        ({"text_input": "x", "max_tokens": 4, "temperature": float("nan")}, "temperature must be >= 0"),
-        ({"text_input": "x", "max_tokens": 4, "temperature": float("inf")}, "temperature must be >= 0"),
+        (
+            {"text_input": "x", "max_tokens": 4, "temperature": -0.5},
+            "temperature must be a finite number >= 0",
+        ),
+        (
+            {"text_input": "x", "max_tokens": 4, "temperature": float("nan")},
+            "temperature must be a finite number >= 0",
+        ),
+        (
+            {"text_input": "x", "max_tokens": 4, "temperature": float("inf")},
+            "temperature must be a finite number >= 0",
+        ),
         ({"text_input": "x", "max_tokens": 4, "top_k": -1}, "top_k must be >= 0"),
         ({"text_input": "x", "max_tokens": 4, "top_p": 0.0}, "top_p must be in (0, 1], got 0.0"),
         ({"text_input": "x", "max_tokens": 4, "top_p": 1.5}, "top_p must be in (0, 1], got 1.5"),
@@ -826,6 +836,8 @@ class _PbUtils:
         def log_warn(cls, message):
             cls.lines.append(message)
 
+        log_error = log_warn
+
 
 def test_responses_are_built_per_event_and_one_that_cannot_be_built_ends_only_its_request(
     tokenizer, monkeypatch
@@ -877,6 +889,54 @@ def test_a_request_becomes_loop_params_capped_at_max_seq_len_with_its_own_end_id
     fields |= {"end_id": np.array([9]), "stop_words": np.array([b"return"])}
     _, _, options = to_job(parse_request(fields, LIMITS), codec, LIMITS)
     assert options["eos_ids"] == (9,) and options["stop_sequences"] == codec.stop_ids(["return"])
+
+
+@pytest.mark.parametrize("end_id", [-5, 10**6])
+def test_an_end_id_outside_the_vocabulary_is_refused_in_one_line(tokenizer, end_id):
+    """Otherwise the torch runtime would drop the model's end ids for an id it can never emit, and TensorRT-LLM
+    would refuse it in its own words as an engine failure."""
+    from trtspec.triton_repo.models.request import to_job
+
+    fields = {"text_input": np.array([b"def"]), "max_tokens": np.array([8]), "end_id": np.array([end_id])}
+    with pytest.raises(RequestError) as err:
+        to_job(parse_request(fields, LIMITS), TextCodec(tokenizer, end_ids=(2,)), LIMITS)
+    assert err.value.message == (
+        f"end_id {end_id} is outside the vocabulary [0, {len(tokenizer)}); send a token id of this model, -1 for "
+        "no end id, or leave it out"
+    )
+
+
+@pytest.mark.parametrize("decoupled", [False, True])
+def test_an_unexpected_failure_fails_only_its_request_of_the_batch(monkeypatch, decoupled):
+    """The torch runtime's entry model: a request whose submission fails for a reason not its own gets one
+    INTERNAL line, the server log the traceback, and the batch's other requests are served."""
+    from trtspec.triton_repo.models import inflight, triton_io
+
+    monkeypatch.setattr(triton_io, "pb", lambda: _PbUtils)
+    _PbUtils.Logger.lines.clear()
+    sent: dict[str, list] = {}
+
+    class Request:
+        def __init__(self, name):
+            self.name = name
+
+        def get_response_sender(self):
+            return types.SimpleNamespace(send=lambda r, flags=0: sent.setdefault(self.name, []).append(r))
+
+    def submit(self, request, sender):
+        if request.name == "bad":
+            raise KeyError("slot 3")
+        sender.send(triton_io.error_response("fine", True))
+
+    model = inflight.TritonPythonModel()
+    model.decoupled = decoupled
+    monkeypatch.setattr(inflight.TritonPythonModel, "_submit", submit)
+    out = model.execute([Request("bad"), Request("good")])
+    responses = sent if decoupled else dict(zip(("bad", "good"), ([r] for r in out), strict=True))
+    ((bad,),) = [responses["bad"]]
+    assert bad.error.message == "internal error: KeyError: 'slot 3'" and bad.error.code == "INTERNAL"
+    assert responses["good"][0].error.message == "fine"
+    assert "Traceback" in _PbUtils.Logger.lines[-1] and "KeyError: 'slot 3'" in _PbUtils.Logger.lines[-1]
 
 
 def test_end_id_minus_one_the_fixed_length_advice_of_the_min_length_refusal_stops_on_no_token(tokenizer):

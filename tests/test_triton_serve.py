@@ -140,7 +140,10 @@ def test_eight_streams_joining_one_batch_equal_each_request_sent_alone(server):
         ({"text_input": "def", "max_tokens": 0}, "max_tokens must be > 0"),
         ({"text_input": "def", "max_tokens": 4, "num_draft_tokens": 9}, "max_draft_len 4"),
         ({"text_input": "def", "max_tokens": 4, "top_p": 1.5}, "top_p must be in (0, 1]"),
-        ({"text_input": "def", "max_tokens": 4, "temperature": -1.0}, "temperature must be >= 0"),
+        (
+            {"text_input": "def", "max_tokens": 4, "temperature": -1.0},
+            "temperature must be a finite number >= 0",
+        ),
     ],
 )
 def test_bad_requests_get_clear_client_errors_and_the_server_keeps_serving(server, body, message):

@@ -76,7 +76,7 @@ class SamplingParams:
                 math.isfinite(self.temperature) and self.temperature >= 0,
                 "temperature",
                 self.temperature,
-                "must be >= 0 (0 = greedy)",
+                "must be a finite number >= 0 (0 = greedy)",
             ),
             (self.top_k >= 0, "top_k", self.top_k, "must be >= 0 (0 = off)"),
             (0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]"),

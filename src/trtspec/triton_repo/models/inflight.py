@@ -96,7 +96,7 @@ def build_responses(request_id: Hashable, reply: Reply, event: RowEvent, cancel:
             for text, ids, last in reply.update(event)
         ]
     except Exception as err:  # noqa: BLE001 - one line to that client; the server log says which request
-        message = f"internal error: {type(err).__name__}: {err}"
+        message = io.internal_error(err)
         io.log_warning(f"request {request_id}: {message}")
         reply.closed = reply.failed = True
         if not event.finished:
@@ -370,6 +370,8 @@ class TritonPythonModel:
                 self._submit(request, sender)
             except RequestError as err:
                 sender.send(io.error_response(err.message), flags=final)
+            except Exception as err:  # noqa: BLE001 - this request fails alone; the batch's others go on
+                sender.send(io.internal_error_response(err), flags=final)
         return None
 
     def _execute_once(self, requests):
@@ -380,6 +382,8 @@ class TritonPythonModel:
                 self._submit(request, sender)
             except RequestError as err:
                 sender.send(io.error_response(err.message))
+            except Exception as err:  # noqa: BLE001 - this request fails alone; the batch's others go on
+                sender.send(io.internal_error_response(err))
         return [sender.wait() for sender in senders]
 
 

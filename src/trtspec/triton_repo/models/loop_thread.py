@@ -10,6 +10,7 @@ import torch
 from trtspec.engines.loop import GenerationLoop, RowEvent
 from trtspec.engines.sampling import SamplingParams
 from trtspec.triton_repo.models.cores import pin
+from trtspec.triton_repo.models.triton_io import internal_error
 
 Sink = Callable[[RowEvent], None]
 
@@ -73,7 +74,7 @@ class LoopThread:
             try:
                 events = self.loop.step()
             except Exception as err:  # noqa: BLE001 - every request gets the one line; the server log the rest
-                message = f"internal error: {type(err).__name__}: {err}"
+                message = internal_error(err)
                 if self.on_error is not None:
                     self.on_error(message)
                 events = self.loop.fail_all(message)

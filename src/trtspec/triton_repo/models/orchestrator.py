@@ -294,6 +294,8 @@ class Orchestrator:
             return io.error_response(err.message)
         except io.BlsError as err:  # an engine's failure, not the client's: INTERNAL
             return io.error_response(str(err), False)
+        except Exception as err:  # noqa: BLE001 - this request fails alone; the batch's others go on
+            return io.internal_error_response(err)
 
     def _serve_decoupled(self, request):
         final = io.pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -307,7 +309,7 @@ class Orchestrator:
         except io.BlsError as err:  # an engine's failure, not the client's: INTERNAL
             sender.send(io.error_response(str(err), False), flags=final)
         except Exception as err:  # noqa: BLE001 - the client gets one line; the server log keeps the rest
-            sender.send(io.error_response(f"internal error: {type(err).__name__}: {err}", False), flags=final)
+            sender.send(io.internal_error_response(err), flags=final)
         finally:
             with self.lock:
                 self.threads.discard(threading.current_thread())

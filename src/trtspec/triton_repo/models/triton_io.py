@@ -26,6 +26,24 @@ def log_warning(message: str) -> None:
     pb().Logger.log_warn(message)
 
 
+def log_error(message: str) -> None:
+    """An error in the server log (pb_utils.Logger)."""
+    pb().Logger.log_error(message)
+
+
+def internal_error(err: BaseException) -> str:
+    """The one line a client gets for a failure that is not its request's."""
+    return f"internal error: {type(err).__name__}: {err}"
+
+
+def internal_error_response(err: BaseException):
+    """``internal_error`` as an INTERNAL response; the server log gets the traceback."""
+    import traceback
+
+    log_error("".join(traceback.format_exception(err)).rstrip())
+    return error_response(internal_error(err), False)
+
+
 def log_info(message: str) -> None:
     """An info line in the server log (pb_utils.Logger)."""
     pb().Logger.log_info(message)
