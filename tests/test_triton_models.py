@@ -550,7 +550,7 @@ def test_outbox_raises_a_failed_send_in_the_request_thread():
 class _Codec:
     """The orchestrator's TextCodec, reduced to what _generate uses: every prompt is [5, 6], one char per id."""
 
-    eos_id, pad_id, end_ids = 2, 3, (2,)
+    eos_id, pad_id, end_ids, vocab_size = 2, 3, (2,), 32
 
     def encode(self, text):
         return [5, 6]

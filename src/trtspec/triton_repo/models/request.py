@@ -204,7 +204,7 @@ def to_job(req: GenerationRequest, codec, limits: Limits) -> tuple[list[int], Sa
     the codec refuses. max_tokens is capped to what max_seq_len leaves after the prompt (as TensorRT-LLM caps
     maxNewTokens); stop ids and the end token are core/token_rules.py's (a request's end_id replaces the model's
     end ids; the Triton interface returns neither)."""
-    vocab = len(codec.tokenizer)
+    vocab = codec.vocab_size
     if req.end_id is not None and not -1 <= req.end_id < vocab:
         raise RequestError(
             f"end_id {req.end_id} is outside the vocabulary [0, {vocab}); send a token id of this model, -1 for "

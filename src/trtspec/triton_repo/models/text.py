@@ -63,6 +63,11 @@ class TextCodec:
             end_ids=end_ids(params["tokenizer_dir"], tokenizer),
         )
 
+    @property
+    def vocab_size(self) -> int:
+        """How many token ids the tokenizer has, added tokens included: the ids a request may name."""
+        return len(self.tokenizer)
+
     def encode(self, text: str) -> list[int]:
         """A prompt's ids; RequestError when empty or longer than max_input_len."""
         return encode_prompt(
