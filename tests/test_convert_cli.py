@@ -113,16 +113,7 @@ def test_calibration_data_named_on_the_command_line_is_checked_before_any_model_
     assert _calib_data(None, None, "calib.txt") == str(work / "calib.txt") and _calib_data(
         None, None, "builtin"
     )
-    base = [
-        "quantize",
-        str(recipe_file),
-        "--model",
-        "target",
-        "--target-format",
-        "fp8",
-        "--out",
-        str(tmp_path / "q"),
-    ]
+    base = ["quantize", str(recipe_file), "--model=target", "--target-format=fp8", f"--out={tmp_path / 'q'}"]
     result = runner.invoke(cli, [*base, "--calib-data", "missing.txt"])
     assert (
         result.exit_code == 2
