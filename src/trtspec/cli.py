@@ -818,9 +818,8 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.NoArgsIsHelpError as err:  # ``trtspec`` alone: the help, as click shows it
         err.show()
         sys.exit(err.exit_code)
-    except (
-        click.UsageError
-    ) as err:  # a bad option or argument: the error and where help is, not the usage block
+    except click.UsageError as err:
+        # a bad option or argument: the error and where help is, not the usage block
         where = f"; see `{err.ctx.command_path} --help`" if err.ctx is not None else ""
         click.echo(f"Error: {err.format_message().rstrip('.')}{where}", err=True)
         sys.exit(err.exit_code)
