@@ -556,7 +556,7 @@ class PricedRounds:
     target step; at 8 and more rows the verification is compute-bound, so K draft tokens cost K more target
     steps. Every row accepts its first 3 draft tokens (of any K) and the target adds one."""
 
-    num_slots, vocab_size, max_draft_len, has_draft, device = 16, 0, 4, True, "cpu"
+    num_slots, vocab_size, max_draft_len, has_draft, max_top_k, device = 16, 0, 4, True, 0, "cpu"
 
     def __init__(self):
         self.now, self.log = 0.0, []  # log: (batch, K) of every round

@@ -9,6 +9,7 @@ import pytest
 import torch
 from toy_engines import toy_draft, toy_greedy, toy_target
 
+from trtspec.core.errors import RequestError
 from trtspec.core.token_rules import EngineStops
 from trtspec.engines.engine_calls import Draft, EngineCallRounds, one_after_the_other
 from trtspec.engines.loop import GenerationLoop
@@ -444,3 +445,20 @@ def test_a_row_moved_to_a_freed_slot_keeps_what_the_draft_engine_saw_of_it():
     assert rounds.draft_behind(rows[2]) == behind
     newcomer = Row([3, 3, 3], 2, max_len=50)
     assert rounds.draft_behind(newcomer) == 3
+
+
+def test_a_sampled_top_k_above_what_tensorrt_llm_keeps_is_refused_before_it_is_queued():
+    """The loop refuses a sampled request whose top_k is above its runtime's max_top_k, in one line; TensorRT-LLM
+    keeps at most 1024 tokens (TOP_K_MAX) and would clip a larger top_k with a log warning."""
+    script = Script(drafts=[[5]], targets=[[5, 6]])
+    rounds = EngineCallRounds(
+        FnCalls(script.draft, script.target), max_draft_len=4, num_slots=2, max_seq_len=100
+    )
+    loop = GenerationLoop(rounds, max_seq_len=100)
+    sampled = SamplingParams(max_new_tokens=4, temperature=0.8, top_k=1025)
+    with pytest.raises(RequestError) as err:
+        loop.add(0, [10, 11], sampled)
+    assert "top_k 1025 is above the engine's limit 1024" in err.value.message and not loop.busy
+    loop.add(1, [10, 11], sampled.with_(top_k=1024))
+    loop.add(2, [10, 11], sampled.with_(temperature=0.0))  # greedy: top_k plays no part
+    assert loop.busy

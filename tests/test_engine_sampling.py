@@ -145,6 +145,18 @@ def two_token_counts(target, draft, prompt: list[int], batch: int = 256, seeds: 
     return counts
 
 
+def test_the_torch_pair_samples_with_a_top_k_above_tensorrt_llms_limit(small_vocab_pair):
+    """Only engines behind TensorRT-LLM refuse a top_k above 1024 (tests/test_engine_calls.py); torch's top-k takes
+    any k, and a k at or above the vocabulary keeps every token."""
+    target, draft = small_vocab_pair
+    engine = SpeculativeEngine.from_pretrained(
+        target, draft, max_draft_len=2, max_batch_size=1, max_seq_len=16
+    )
+    params = SamplingParams(max_new_tokens=3, temperature=0.8, top_k=5000, seed=1, ignore_eos=True)
+    (result,) = engine.generate([[1, 2, 3]], params)
+    assert len(result.token_ids) == 3
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("bug", BUGS)
 def test_engine_samples_follow_the_target_distribution(monkeypatch, small_vocab_pair, bug):

@@ -52,7 +52,7 @@ class TimedRounds:
     row's tokens do not depend on the others. Records each round's rows (by prompt[0]) and the released slots;
     ``before_round(n)`` runs as round n starts."""
 
-    num_slots, vocab_size, max_draft_len, has_draft, device = 2, 10_000, 4, True, "cpu"
+    num_slots, vocab_size, max_draft_len, has_draft, max_top_k, device = 2, 10_000, 4, True, 0, "cpu"
 
     def __init__(self, before_round):
         self.before_round, self.ran, self.released = before_round, [], []

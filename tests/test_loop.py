@@ -43,7 +43,7 @@ class ScriptedRounds:
     needs from a runtime (engines/rounds.py). Where a row is in its script is kept per slot, as a KV cache is, so
     a row whose slot changed without ``move`` would start its script over."""
 
-    num_slots, vocab_size, max_draft_len, has_draft, device = 2, 1000, 4, True, "cpu"
+    num_slots, vocab_size, max_draft_len, has_draft, max_top_k, device = 2, 1000, 4, True, 0, "cpu"
     scripts = {1: [[5, 6, 7], [8, 9], [10, 11, 12]], 2: [[20], [21, 22], [23]]}
 
     def __init__(self):

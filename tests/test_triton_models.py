@@ -683,6 +683,32 @@ def test_the_orchestrators_whole_answer_starts_with_the_prompt_where_the_request
     assert answer == ("defxxx", [5, 6, 7, 7, 7])  # _Codec's prompt ids are [5, 6]
 
 
+def test_the_orchestrator_refuses_a_sampled_top_k_that_tensorrt_llm_would_clip(monkeypatch):
+    """TensorRT-LLM's top-k sampling keeps at most 1024 tokens and clips a larger top_k with a log warning, so the
+    request would be sampled otherwise than it asked: refused before any engine call. Greedy ignores top_k."""
+    from trtspec.triton_repo.models import orchestrator
+
+    calls = []
+
+    def bls(model, inputs, outputs):
+        calls.append(model)
+        ids = np.concatenate([np.asarray(inputs["input_ids"]), np.array([[7]], dtype=np.int32)], axis=1)
+        return {"output_ids": ids, "sequence_length": np.array([[ids.shape[1]]])}
+
+    monkeypatch.setattr(orchestrator.io, "bls", bls)
+    sampled = {"text_input": "def", "max_tokens": 2, "temperature": 0.8, "num_draft_tokens": 0}
+    with pytest.raises(RequestError) as err:
+        _orchestrator()._whole(parse_request(_inputs(**sampled, top_k=1025), LIMITS))
+    assert err.value.message == (
+        "top_k 1025 is above the engine's limit 1024 (it would sample from 1024 tokens); send top_k <= 1024, "
+        "or 0 for no top-k"
+    )
+    assert calls == []
+    assert _orchestrator()._whole(parse_request(_inputs(**sampled, top_k=1024), LIMITS))[1] == [7, 7]
+    greedy = sampled | {"temperature": 0.0, "top_k": 5000}
+    assert _orchestrator()._whole(parse_request(_inputs(**greedy), LIMITS))[1] == [7, 7]
+
+
 def test_the_orchestrator_runs_an_adaptive_request_through_the_loop_with_greedy_output_unchanged(monkeypatch):
     """A repository whose default K is adaptive and a request without num_draft_tokens: the loop's adaptive K
     (a jumpy policy: a rejection switches drafting off, the next probe on again) picks each round's K, the engine

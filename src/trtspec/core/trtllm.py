@@ -49,6 +49,9 @@ TRTLLM_VERSION_RANGE = (">=1.2.0", "<1.3.0")
 # docs/introduction/compatibility.md ("Container Name: trtllm-python-py3"): 26.04-26.07 ship TensorRT-LLM 1.2.1
 # with TensorRT 10.14.1.48 (26.03 has 1.2.0, 25.12-26.02 have 1.1.0); 26.07 is the newest of them.
 NGC_TRITON_TRTLLM_IMAGE = "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
+# The most tokens TensorRT-LLM's top-k sampling keeps: TOP_K_MAX in cpp/tensorrt_llm/kernels/samplingTopKKernels.h;
+# TopKSamplingLayer::setup clips a larger runtime top_k to it with a warning.
+TRTLLM_TOP_K_MAX = 1024
 
 
 def version_problem(version: str) -> str | None:

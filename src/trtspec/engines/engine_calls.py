@@ -43,6 +43,7 @@ import torch
 from trtspec.core.sequences import common_prefix_len
 from trtspec.core.token_rules import EngineStops, engine_stops, round_seeds
 from trtspec.core.translate import DraftView
+from trtspec.core.trtllm import TRTLLM_TOP_K_MAX
 from trtspec.core.vocab import draft_input_ids
 from trtspec.engines.rounds import Outcome, Row
 from trtspec.engines.sampling import SamplingParams, to_vocab
@@ -125,6 +126,9 @@ class EngineCallRounds:
     ):
         self.calls, self.max_draft_len, self.num_slots = calls, max_draft_len, num_slots
         self.has_draft = has_draft  # False: a target engine for external draft tokens alone (prompt lookup)
+        # TensorRT-LLM clips a larger top_k to this with a log warning, so the request would be sampled otherwise
+        # than it asked; the loop refuses it instead
+        self.max_top_k = TRTLLM_TOP_K_MAX
         # core/translate.py: the draft engine has a tokenizer of its own; its tokens reach the target as text, and
         # it stops at its own end token (the round's stop ids are target ids, which name other tokens there).
         # That is the draft tokenizer's eos, not rule 1's end ids: their other input, the draft's generation

@@ -282,6 +282,12 @@ class GenerationLoop:
         check_prompt(prompt, params.max_new_tokens, self.max_seq_len, vocab, self.seq_hint, "the prompt")
         if params.stop_strings and self.tokenizer is None:
             raise RequestError("stop_strings need a tokenizer; load the engine from a directory with one")
+        top = self.rounds.max_top_k
+        if top and not params.greedy and params.top_k > top:
+            raise RequestError(
+                f"top_k {params.top_k} is above the engine's limit {top} (it would sample from {top} tokens); "
+                f"send top_k <= {top}, or 0 for no top-k"
+            )
         if generator is None and not params.greedy:
             seeded = params.seed is not None
             generator = new_generator(params, self.rounds.device) if seeded else self._shared_generator

@@ -5,6 +5,7 @@
         vocab_size = 32000                # TensorRT-LLM's runner in-process, the Triton engine models by BLS)
         max_draft_len = 8
         has_draft = True
+        max_top_k = 0                     # the most tokens top-k sampling keeps (0: any)
         device = "cpu"
         def run(self, rows, num_draft, params, generator, proposals=None) -> list[Outcome]: ...
         def release(self, slot): ...
@@ -65,6 +66,7 @@ class Rounds(Protocol):
     vocab_size: int  # ids every model of the runtime can embed (0: the runtime checks them itself)
     max_draft_len: int  # the most draft tokens a row may ask for (0: target-only)
     has_draft: bool  # a draft model proposes (False: target-only, or given proposals only)
+    max_top_k: int  # the largest top_k the engines sample with (0: any); the loop refuses a larger one
     device: Any  # where a sampled request's torch.Generator lives
 
     def run(

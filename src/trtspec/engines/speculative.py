@@ -270,6 +270,7 @@ class TorchRounds:
         self.vocab_size = min(m.vocab_size for m in models if m is not None)
         self.max_draft_len = max_draft_len
         self.has_draft = draft is not None
+        self.max_top_k = 0  # torch's topk takes any k
         self.device = target.device
         self.draft_rows: dict[int, DraftRow] = {}  # per slot, with a translator: the draft's own tokens
 
