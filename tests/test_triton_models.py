@@ -592,8 +592,7 @@ def test_seeded_sampled_requests_are_never_drafted_ahead(monkeypatch, sampling, 
     monkeypatch.setattr(orchestrator.io, "bls", bls)
     model = _orchestrator(draft_ahead=True)
     fields = {"text_input": "def", "max_tokens": 12, "num_draft_tokens": 2} | sampling
-    with model._counted():  # served alone
-        model._whole(parse_request(_inputs(**fields), LIMITS))
+    model._whole(parse_request(_inputs(**fields), LIMITS))  # served alone
     assert draft_lens and max(draft_lens) <= 3  # K = 2, or K + 1 ahead (the last round drafts what is left)
     assert (3 in draft_lens) == ahead
 
@@ -707,6 +706,33 @@ def test_the_orchestrator_refuses_a_sampled_top_k_that_tensorrt_llm_would_clip(m
     assert _orchestrator()._whole(parse_request(_inputs(**sampled, top_k=1024), LIMITS))[1] == [7, 7]
     greedy = sampled | {"temperature": 0.0, "top_k": 5000}
     assert _orchestrator()._whole(parse_request(_inputs(**greedy), LIMITS))[1] == [7, 7]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_decoupled_request_the_loop_refuses_is_answered_while_every_slot_is_busy(monkeypatch, stream):
+    """The decoupled orchestrator serves max_concurrency requests at once; a request it refuses (here a prompt
+    longer than max_seq_len, which only the loop checks) is answered at once, not after a slot frees."""
+    from trtspec.triton_repo.models import orchestrator, triton_io
+
+    monkeypatch.setattr(triton_io, "pb", lambda: _PbUtils)
+    monkeypatch.setattr(
+        orchestrator.io, "bls", lambda *a: pytest.fail("no engine call for a refused request")
+    )
+    fields = _inputs(text_input="def", max_tokens=2, stream=stream)
+    monkeypatch.setattr(orchestrator.io, "read_inputs", lambda request, names: fields)
+    model = _orchestrator(
+        limits=Limits(max_draft_len=4, num_draft_tokens=3, max_seq_len=2), max_concurrency=1
+    )
+    sender = _Sender()
+    request = types.SimpleNamespace(get_response_sender=lambda: sender)
+    assert model.slots.acquire(timeout=1)  # the one slot is serving a long request
+    served = threading.Thread(target=model._serve_decoupled, args=(request,), daemon=True)
+    served.start()
+    served.join(timeout=10)
+    assert not served.is_alive()
+    ((response,),) = [sender.sent]
+    assert "the prompt" in response.error.message and response.error.code == "INVALID_ARG"
+    assert model.active == 0
 
 
 def test_the_orchestrator_runs_an_adaptive_request_through_the_loop_with_greedy_output_unchanged(monkeypatch):

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 
@@ -287,8 +287,7 @@ class Orchestrator:
                 raise RequestError(
                     "stream=true needs a decoupled orchestrator; deploy with triton.decoupled: true"
                 )
-            with self._counted():
-                text, ids, stats = self._whole(req, cancel_check(request))
+            text, ids, stats = self._whole(req, cancel_check(request))
             return self._response(text, ids, stats, req.return_perf_metrics)
         except RequestError as err:
             return io.error_response(err.message)
@@ -301,9 +300,8 @@ class Orchestrator:
         final = io.pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
         sender = request.get_response_sender()
         try:
-            with self.slots, self._counted():
-                req = parse_request(io.read_inputs(request, names.CLIENT_INPUTS), self.limits)
-                self._stream(req, sender, final)
+            req = parse_request(io.read_inputs(request, names.CLIENT_INPUTS), self.limits)
+            self._stream(req, sender, final)
         except RequestError as err:
             sender.send(io.error_response(err.message), flags=final)
         except io.BlsError as err:  # an engine's failure, not the client's: INTERNAL
@@ -316,12 +314,12 @@ class Orchestrator:
 
     def _stream(self, req: GenerationRequest, sender, final_flag) -> None:
         if not req.stream:  # a cancelled one stops within CANCEL_POLL_S and frees its slot
-            text, ids, stats = self._whole(req, cancel_check(sender))
+            text, ids, stats = self._whole(req, cancel_check(sender), self.slots)
             sender.send(self._response(text, ids, stats, req.return_perf_metrics), flags=final_flag)
             return
         stats, pending = None, []  # ids of rounds whose text is held back (an unfinished character)
         with Outbox(sender) as outbox:
-            for piece, ids, stats, _ in self._generate(req, incremental=True):
+            for piece, ids, stats, _ in self._generate(req, incremental=True, slot=self.slots):
                 pending += ids
                 if piece:
                     outbox.put(self._response(piece, pending, stats, req.return_perf_metrics))
@@ -331,11 +329,11 @@ class Orchestrator:
         sender.send(self._response("", pending, stats, req.return_perf_metrics), flags=final_flag)
 
     def _whole(
-        self, req: GenerationRequest, cancelled=lambda: False
+        self, req: GenerationRequest, cancelled=lambda: False, slot=nullcontext()
     ) -> tuple[str, list[int], AcceptanceStats]:
         """The complete answer of a non-streaming request: (text, ids, stats), the prompt's first where the request
         asks (request.whole_answer); what was generated when ``cancelled()`` turned true, if it did."""
-        ((text, ids, stats, _),) = self._generate(req, incremental=False, cancelled=cancelled)
+        ((text, ids, stats, _),) = self._generate(req, incremental=False, cancelled=cancelled, slot=slot)
         return text, ids, stats
 
     def _response(self, text: str, ids: list[int], stats: AcceptanceStats | None, with_metrics: bool):
@@ -361,9 +359,13 @@ class Orchestrator:
             translator=self.translator,
         )
 
-    def _generate(self, req: GenerationRequest, incremental: bool, cancelled=lambda: False):
+    def _generate(
+        self, req: GenerationRequest, incremental: bool, cancelled=lambda: False, slot=nullcontext()
+    ):
         """Yield (text piece, the round's token ids, stats so far, finished) per verified round; not incremental:
-        one (whole_answer's text and ids, stats, True) at the end (early if ``cancelled()``)."""
+        one (whole_answer's text and ids, stats, True) at the end (early if ``cancelled()``). ``slot`` is held
+        while the request generates (the decoupled model's limit on requests at once): one the loop refuses is
+        answered without waiting for it."""
         prompt, params, options = to_job(req, self.codec, self.limits)
         rounds = self._rounds(req)
         # The loop lives for this one request: it prices K by the policy's ratios (measure=False), as it would
@@ -383,14 +385,15 @@ class Orchestrator:
         stats, generated, text = None, [], self.codec.stream_decoder()
         reason = None  # the loop's finish reason; none: a failed engine call ended the request
         try:
-            for event in events:
-                stats = event.stats
-                generated += event.new_tokens
-                if event.result is not None:
-                    reason = event.result.finish_reason
-                if incremental and (event.new_tokens or event.finished):
-                    piece = text.push(event.new_tokens, event.finished)
-                    yield piece, list(event.new_tokens), stats, event.finished
+            with slot, self._counted():
+                for event in events:
+                    stats = event.stats
+                    generated += event.new_tokens
+                    if event.result is not None:
+                        reason = event.result.finish_reason
+                    if incremental and (event.new_tokens or event.finished):
+                        piece = text.push(event.new_tokens, event.finished)
+                        yield piece, list(event.new_tokens), stats, event.finished
         except GeneratorExit:  # a streamed request whose client cancelled (_stream stops reading)
             reason = reason or "cancelled"
             raise
