@@ -177,6 +177,18 @@ def test_engines_get_top_k_1_for_greedy_requests_and_the_sampling_values_otherwi
     assert knobs == pytest.approx(sent)
 
 
+def test_request_parameters_are_refused_by_name_since_no_entry_model_reads_them():
+    fields = _inputs(text_input="def", max_tokens=4)
+    assert parse_request(fields, LIMITS, {}).params.max_new_tokens == 4
+    with pytest.raises(RequestError) as err:
+        parse_request(fields, LIMITS, {"temprature": 0.5, "repetition_penalty": 1.2})
+    assert err.value.message == (
+        "'repetition_penalty', 'temprature': not an input of this model, so it would be ignored (a generate "
+        "endpoint passes a field that names no input as a request parameter); leave it out or send one of the "
+        "inputs in docs/triton-models.md"
+    )
+
+
 def test_several_values_for_a_scalar_input_are_refused():
     inputs = _inputs(text_input="x")
     inputs["max_tokens"] = np.array([[4, 5]], dtype=np.int32)
@@ -724,7 +736,7 @@ def test_a_decoupled_request_the_loop_refuses_is_answered_while_every_slot_is_bu
         limits=Limits(max_draft_len=4, num_draft_tokens=3, max_seq_len=2), max_concurrency=1
     )
     sender = _Sender()
-    request = types.SimpleNamespace(get_response_sender=lambda: sender)
+    request = types.SimpleNamespace(get_response_sender=lambda: sender, parameters=lambda: "{}")
     assert model.slots.acquire(timeout=1)  # the one slot is serving a long request
     served = threading.Thread(target=model._serve_decoupled, args=(request,), daemon=True)
     served.start()

@@ -144,6 +144,10 @@ def test_eight_streams_joining_one_batch_equal_each_request_sent_alone(server):
             {"text_input": "def", "max_tokens": 4, "temperature": -1.0},
             "temperature must be a finite number >= 0",
         ),
+        (  # fields that name no input reach the model as request parameters, which it would ignore
+            {"text_input": "def", "max_tokens": 4, "repetition_penalty": 1.2, "temprature": 0.5},
+            "'repetition_penalty', 'temprature': not an input of this model, so it would be ignored",
+        ),
     ],
 )
 def test_bad_requests_get_clear_client_errors_and_the_server_keeps_serving(server, body, message):
@@ -152,6 +156,30 @@ def test_bad_requests_get_clear_client_errors_and_the_server_keeps_serving(serve
     assert message in raw and "Traceback" not in raw
     status, _ = http_generate(server, {"text_input": "def", "max_tokens": 2})
     assert status == 200
+
+
+def test_a_setting_sent_as_a_request_parameter_is_refused_on_every_route(server):
+    """gRPC clients can set request parameters beside the inputs, and `ensemble` passes a client's on to its
+    step: the entry model refuses them by name there too, and Triton's own (priority, timeout) still pass."""
+    status, raw = http_generate(
+        server, {"text_input": "def", "max_tokens": 2, "min_p": 0.1}, model="ensemble"
+    )
+    assert status == 400 and "'min_p': not an input of this model" in raw
+    import tritonclient.grpc as grpcclient
+
+    text = grpcclient.InferInput("text_input", [1, 1], "BYTES")
+    text.set_data_from_numpy(np.array([[b"def"]], dtype=object))
+    budget = grpcclient.InferInput("max_tokens", [1, 1], "INT32")
+    budget.set_data_from_numpy(np.array([[2]], dtype=np.int32))
+    answers: queue.Queue = queue.Queue()
+    with grpcclient.InferenceServerClient(server.ports.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: answers.put(error))
+        client.async_stream_infer(MODEL, [text, budget], parameters={"min_p": 0.1})
+        refused = answers.get(timeout=60)
+        client.async_stream_infer(MODEL, [text, budget], priority=1, timeout=10**7)
+        served = answers.get(timeout=60)
+        client.stop_stream()
+    assert "'min_p': not an input of this model" in str(refused) and served is None
 
 
 def test_wrong_dtype_is_rejected(server):

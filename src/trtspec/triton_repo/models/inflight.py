@@ -340,7 +340,9 @@ class TritonPythonModel:
 
     def _submit(self, request, sender) -> GenerationRequest:
         """Parse, tokenise and queue ``request``; its responses go to ``sender``. RequestError for a bad one."""
-        req = parse_request(io.read_inputs(request, names.CLIENT_INPUTS), self.limits)
+        req = parse_request(
+            io.read_inputs(request, names.CLIENT_INPUTS), self.limits, io.read_parameters(request)
+        )
         if req.stream and not self.decoupled:
             raise RequestError(
                 "stream=true needs a decoupled orchestrator; deploy with triton.decoupled: true"

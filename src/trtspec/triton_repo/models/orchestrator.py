@@ -282,7 +282,9 @@ class Orchestrator:
 
     def _respond_once(self, request):
         try:
-            req = parse_request(io.read_inputs(request, names.CLIENT_INPUTS), self.limits)
+            req = parse_request(
+                io.read_inputs(request, names.CLIENT_INPUTS), self.limits, io.read_parameters(request)
+            )
             if req.stream:
                 raise RequestError(
                     "stream=true needs a decoupled orchestrator; deploy with triton.decoupled: true"
@@ -300,7 +302,9 @@ class Orchestrator:
         final = io.pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
         sender = request.get_response_sender()
         try:
-            req = parse_request(io.read_inputs(request, names.CLIENT_INPUTS), self.limits)
+            req = parse_request(
+                io.read_inputs(request, names.CLIENT_INPUTS), self.limits, io.read_parameters(request)
+            )
             self._stream(req, sender, final)
         except RequestError as err:
             sender.send(io.error_response(err.message), flags=final)

@@ -146,8 +146,24 @@ def _refuse_what_is_not_served(inputs: Mapping) -> None:
             )
 
 
-def parse_request(inputs: Mapping[str, object], limits: Limits) -> GenerationRequest:
-    """Validate one request's inputs (name -> numpy array or None when absent)."""
+def _refuse_parameters(parameters: Mapping[str, object]) -> None:
+    """RequestError for request parameters: no entry model reads any, so a setting sent as one (a generate body's
+    field that names no input, such as repetition_penalty or a misspelt temperature) would be silently ignored."""
+    if parameters:
+        listed = ", ".join(repr(name) for name in sorted(parameters))
+        raise RequestError(
+            f"{listed}: not an input of this model, so it would be ignored (a generate endpoint passes a field "
+            "that names no input as a request parameter); leave it out or send one of the inputs in "
+            "docs/triton-models.md"
+        )
+
+
+def parse_request(
+    inputs: Mapping[str, object], limits: Limits, parameters: Mapping[str, object] | None = None
+) -> GenerationRequest:
+    """Validate one request's inputs (name -> numpy array or None when absent) and its ``parameters``
+    (triton_io.read_parameters), which must be none."""
+    _refuse_parameters(parameters or {})
     text = _scalar(inputs, "text_input")
     if text is None:
         raise RequestError("input 'text_input' is required")

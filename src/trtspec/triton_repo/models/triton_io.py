@@ -63,6 +63,13 @@ def read_inputs(request, names) -> dict[str, np.ndarray | None]:
     return out
 
 
+def read_parameters(request) -> dict:
+    """The request's parameters (pb_utils' JSON string): what a client set beside the inputs. Triton keeps its own
+    (priority, timeout, sequence ids, triton_enable_empty_final_response) and passes the rest, among them every
+    field of a generate-endpoint body that names no input."""
+    return json.loads(request.parameters() or "{}")
+
+
 def tensor(name: str, array) -> object:
     return pb().Tensor(name, np.asarray(array))
 
