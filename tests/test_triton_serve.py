@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 from triton_server import MODEL, PROMPTS, deploy_tiny_repo, grpc_stream, hf_greedy, running_server, scrape
 
+from trtspec.triton_repo.server import Ports
+
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
 
@@ -296,3 +298,44 @@ def test_upstreams_end_to_end_client_and_readme_requests_are_served_with_the_pro
     ]:
         status, raw = http_generate(server, readme | refused, model="ensemble")
         assert status == 400 and message in raw, raw
+
+
+def test_a_non_decoupled_repository_batches_concurrent_requests_and_offers_what_it_serves(
+    tiny_pair, tmp_path
+):
+    """triton.decoupled false: execute answers its whole batch before it returns, so without the dynamic batcher
+    concurrent requests would run one after another. With it, requests that queue meanwhile reach one execute
+    and share its rounds: fewer executions than requests, each answer the one it gets alone. `serve` then
+    offers only whole answers, and tools/client.py's gRPC request is served."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from trtspec.triton_repo.serve import read_manifest, sample_requests
+
+    repo = deploy_tiny_repo(tiny_pair, tmp_path / "repo", decoupled=False)
+    offered = sample_requests(Ports(8000, 8001, 8002), decoupled=read_manifest(repo)["decoupled"])
+    assert offered and not any("stream" in line for line in offered)
+    client = Path(__file__).resolve().parents[1] / "tools" / "client.py"
+    with running_server(repo, tmp_path / "server.log") as srv:
+        bodies = [{"text_input": p, "max_tokens": 48} for p in PROMPTS]
+        alone = [http_generate(srv, body) for body in bodies]
+        assert all(status == 200 for status, _ in alone)
+        before = scrape(srv, "nv_inference_")
+        with ThreadPoolExecutor(len(bodies)) as pool:
+            together = list(pool.map(lambda body: http_generate(srv, body), bodies))
+        after = scrape(srv, "nv_inference_")
+        assert together == alone
+        labels = frozenset({("model", MODEL), ("version", "1")})
+        requests = after[("nv_inference_count", labels)] - before[("nv_inference_count", labels)]
+        executions = after[("nv_inference_exec_count", labels)] - before[("nv_inference_exec_count", labels)]
+        assert requests == len(bodies) and executions < requests
+        url = srv.ports.grpc_url
+        got = subprocess.run(
+            [sys.executable, str(client), "--url", url, "--max-tokens", "4", "def add(a, b):"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert got.returncode == 0 and got.stdout.startswith("def add(a, b):"), got.stderr

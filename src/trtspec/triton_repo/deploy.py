@@ -149,6 +149,7 @@ def manifest(recipe: Recipe, runtime: str, models: list[str]) -> dict:
         "interface": llmapi.INTERFACE if runtime == "trtllm-pytorch" else "trtspec",
         "models": models,
         "max_draft_len": recipe.speculative.max_draft_len,
+        "decoupled": recipe.triton.decoupled,
         "ports": {
             "http": recipe.triton.http_port,
             "grpc": recipe.triton.grpc_port,

@@ -75,12 +75,15 @@ def resolve_ports(spec: ServeSpec, info: dict) -> Ports:
     )
 
 
-def sample_requests(ports: Ports, model: str = names.ENTRY_POINT) -> list[str]:
-    """Copy-paste requests that exercise the running repository."""
+def sample_requests(ports: Ports, model: str = names.ENTRY_POINT, decoupled: bool = True) -> list[str]:
+    """Copy-paste requests that exercise the running repository (streamed ones only where it is decoupled)."""
     host = "127.0.0.1" if ports.host in ("0.0.0.0", "::") else ports.host
     body = '{"text_input": "def add(a, b):", "max_tokens": 32, "num_draft_tokens": 4, "return_perf_metrics": true}'
+    whole = f"curl -s -X POST http://{host}:{ports.http}/v2/models/{model}/generate -d '{body}'"
+    if not decoupled:
+        return [whole, f"python tools/client.py --url {host}:{ports.grpc} 'def add(a, b):'"]
     return [
-        f"curl -s -X POST http://{host}:{ports.http}/v2/models/{model}/generate -d '{body}'",
+        whole,
         f"curl -s -N -X POST http://{host}:{ports.http}/v2/models/{model}/generate_stream "
         f"-d '{body[:-1]}, \"stream\": true}}'",
         f"python tools/client.py --url {host}:{ports.grpc} --stream 'def add(a, b):'",
@@ -135,7 +138,7 @@ def serve(spec: ServeSpec, echo=print) -> int:
         echo(
             f"HTTP     http://{ports.http_url}\ngRPC     {ports.grpc_url}\nmetrics  http://{ports.host}:{ports.metrics}/metrics"
         )
-        echo("try:\n  " + "\n  ".join(sample_requests(ports)))
+        echo("try:\n  " + "\n  ".join(sample_requests(ports, decoupled=info.get("decoupled", True))))
         echo(f"server log: {log}   (Ctrl-C stops the server)")
         watch = HealthWatch(server)
         try:

@@ -39,6 +39,7 @@ from trtspec.triton_repo.models.loop_thread import LoopThread
 from trtspec.triton_repo.models.request import (
     GenerationRequest,
     Limits,
+    check_stream,
     k_policy_from_parameters,
     lookup_from_parameters,
     parse_request,
@@ -343,10 +344,7 @@ class TritonPythonModel:
         req = parse_request(
             io.read_inputs(request, names.CLIENT_INPUTS), self.limits, io.read_parameters(request)
         )
-        if req.stream and not self.decoupled:
-            raise RequestError(
-                "stream=true needs a decoupled orchestrator; deploy with triton.decoupled: true"
-            )
+        check_stream(req, self.decoupled)
         prompt, params, options = to_job(req, self.codec, self.limits)
         request_id, reply = next(self.ids), Reply(req, self.codec, prompt)
 

@@ -44,6 +44,7 @@ from trtspec.triton_repo.models import triton_io as io
 from trtspec.triton_repo.models.request import (
     GenerationRequest,
     Limits,
+    check_stream,
     k_policy_from_parameters,
     lookup_from_parameters,
     parse_request,
@@ -285,10 +286,7 @@ class Orchestrator:
             req = parse_request(
                 io.read_inputs(request, names.CLIENT_INPUTS), self.limits, io.read_parameters(request)
             )
-            if req.stream:
-                raise RequestError(
-                    "stream=true needs a decoupled orchestrator; deploy with triton.decoupled: true"
-                )
+            check_stream(req, self.decoupled)
             text, ids, stats = self._whole(req, cancel_check(request))
             return self._response(text, ids, stats, req.return_perf_metrics)
         except RequestError as err:

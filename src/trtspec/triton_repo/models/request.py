@@ -202,6 +202,15 @@ def parse_request(
     )
 
 
+def check_stream(req: GenerationRequest, decoupled: bool) -> None:
+    """RequestError for stream=true to a model that sends one response per request (triton.decoupled false)."""
+    if req.stream and not decoupled:
+        raise RequestError(
+            "stream=true needs a model deployed with triton.decoupled: true (this one sends one response per "
+            "request); leave stream out or redeploy"
+        )
+
+
 def whole_answer(
     req: GenerationRequest, prompt: Sequence[int], text: str, ids: Sequence[int]
 ) -> tuple[str, list[int]]:
