@@ -123,6 +123,7 @@ def test_upstreams_inputs_that_ask_for_nothing_are_accepted(fields):
         ({"bad_words": "awful"}, "bad_words ['awful'] is not supported: trtspec bans no words"),
         ({"min_length": 64}, "min_length 64 is not supported: trtspec does not enforce a minimum length"),
         ({"min_tokens": 8}, "send end_id -1 (no end id then stops the request) with max_tokens 8"),
+        ({"min_length": -3}, "min_length must be >= 0, got -3; send 0 or leave it out for no minimum"),
     ],
 )
 def test_upstreams_inputs_that_ask_for_what_is_not_served_are_refused_in_one_line(fields, message):
@@ -186,6 +187,21 @@ def test_request_parameters_are_refused_by_name_since_no_entry_model_reads_them(
         "'repetition_penalty', 'temprature': not an input of this model, so it would be ignored (a generate "
         "endpoint passes a field that names no input as a request parameter); leave it out or send one of the "
         "inputs in docs/triton-models.md"
+    )
+
+
+@pytest.mark.parametrize(
+    "name, raw, offset",
+    [("text_input", b"def f(\xe9):", 6), ("stop_words", b"caf\xe9", 3), ("proposer", b"\xff\xfe", 0)],
+)
+def test_text_that_is_not_utf8_is_refused_not_replaced(name, raw, offset):
+    """Decoding with replacement would serve a prompt, stop word or proposer other than the one sent."""
+    inputs = _inputs(text_input="def", max_tokens=4)
+    inputs[name] = np.array([[raw]], dtype=object)
+    with pytest.raises(RequestError) as err:
+        parse_request(inputs, LIMITS)
+    assert err.value.message == (
+        f"input '{name}' is not UTF-8 text (byte 0x{raw[offset]:02x} at offset {offset}); send it encoded as UTF-8"
     )
 
 

@@ -79,31 +79,37 @@ class GenerationRequest:
     exclude_input_in_output: bool = True  # False: a whole answer starts with the prompt (whole_answer)
 
 
+def _text(name: str, raw: bytes) -> str:
+    """A STRING input's bytes as text; RequestError for bytes that are not UTF-8 (replacing them would serve a
+    prompt or a stop word other than the one sent)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise RequestError(
+            f"input '{name}' is not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start}); send it "
+            "encoded as UTF-8"
+        ) from None
+
+
 def _scalar(inputs: Mapping, name: str, default=None):
     value = inputs.get(name)
     if value is None:
         return default
     arr = np.asarray(value)
     if arr.size != 1:
-        raise RequestError(f"input '{name}' must hold one value per request, got shape {list(arr.shape)}")
+        raise RequestError(
+            f"input '{name}' must hold one value per request, got shape {list(arr.shape)}; send one prompt per "
+            "request (concurrent requests are batched by the server)"
+        )
     item = arr.reshape(-1)[0]
-    return (
-        item.decode("utf-8", "replace")
-        if isinstance(item, bytes)
-        else item.item()
-        if hasattr(item, "item")
-        else item
-    )
+    return _text(name, item) if isinstance(item, bytes) else item.item() if hasattr(item, "item") else item
 
 
 def _strings(inputs: Mapping, name: str) -> tuple[str, ...]:
     value = inputs.get(name)
     if value is None:
         return ()
-    items = [
-        v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
-        for v in np.asarray(value).reshape(-1)
-    ]
+    items = [_text(name, v) if isinstance(v, bytes) else str(v) for v in np.asarray(value).reshape(-1)]
     return tuple(s for s in items if s)
 
 
@@ -138,6 +144,8 @@ def _refuse_what_is_not_served(inputs: Mapping) -> None:
         )
     for name in ("min_length", "min_tokens"):
         least = int(_scalar(inputs, name, 0))
+        if least < 0:
+            raise RequestError(f"{name} must be >= 0, got {least}; send 0 or leave it out for no minimum")
         if least > 1:  # 1 is TensorRT-LLM's default, taken as no minimum (docs/triton-models.md)
             raise RequestError(
                 f"{name} {least} is not supported: trtspec does not enforce a minimum length with speculative "
