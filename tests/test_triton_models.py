@@ -645,11 +645,14 @@ class _Metrics:
     """Stands in for triton_io.SpecDecodeMetrics (pb_utils metrics need a server): what the model added."""
 
     def __init__(self):
-        self.added, self.finish_reasons = [], []
+        self.added, self.finish_reasons, self.refused = [], [], 0
 
     def add(self, counts, finish_reason: str, by_proposer: dict | None = None) -> None:
         self.added.append(counts)
         self.finish_reasons.append(finish_reason)
+
+    def refuse(self) -> None:
+        self.refused += 1
 
 
 def test_a_cancelled_non_streamed_request_stops_generating(monkeypatch):
@@ -760,7 +763,7 @@ def test_a_decoupled_request_the_loop_refuses_is_answered_while_every_slot_is_bu
     assert not served.is_alive()
     ((response,),) = [sender.sent]
     assert "the prompt" in response.error.message and response.error.code == "INVALID_ARG"
-    assert model.active == 0
+    assert model.active == 0 and model.metrics.refused == 1
 
 
 def test_the_orchestrator_runs_an_adaptive_request_through_the_loop_with_greedy_output_unchanged(monkeypatch):

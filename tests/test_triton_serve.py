@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from triton_server import MODEL, PROMPTS, deploy_tiny_repo, grpc_stream, hf_greedy, running_server, scrape
 
+from trtspec.triton_repo.models.triton_io import REQUESTS_REFUSED
 from trtspec.triton_repo.server import Ports
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
@@ -153,9 +154,12 @@ def test_eight_streams_joining_one_batch_equal_each_request_sent_alone(server):
     ],
 )
 def test_bad_requests_get_clear_client_errors_and_the_server_keeps_serving(server, body, message):
+    refused = (REQUESTS_REFUSED, frozenset({("model", MODEL)}))
+    before = scrape(server, REQUESTS_REFUSED)[refused]
     status, raw = http_generate(server, body)
     assert status == 400, raw
     assert message in raw and "Traceback" not in raw
+    assert scrape(server, REQUESTS_REFUSED)[refused] == before + 1  # Triton counts it a success
     status, _ = http_generate(server, {"text_input": "def", "max_tokens": 2})
     assert status == 200
 

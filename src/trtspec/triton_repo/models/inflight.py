@@ -318,12 +318,12 @@ class TritonPythonModel:
         self.limits = Limits.from_parameters(params)
         self.codec = TextCodec.from_parameters(params)
         self.decoupled = io.pb().using_decoupled_model_transaction_policy(config)
-        metrics = io.SpecDecodeMetrics(args["model_name"], self.limits.max_draft_len)
+        self.metrics = io.SpecDecodeMetrics(args["model_name"], self.limits.max_draft_len)
         threads = torch_threads(params)
         loop_cores, send_cores = (threads and split_cores(available_cores(), threads)) or (None, None)
         self.outbox = Outbox(
             lambda request_id: self.loop.cancel(request_id),
-            metrics,
+            self.metrics,
             send_cores,
             adaptive=lambda: self.loop.loop.adaptive.snapshot(),
             adaptive_metrics=io.AdaptiveMetrics(args["model_name"]),
@@ -369,7 +369,7 @@ class TritonPythonModel:
             try:
                 self._submit(request, sender)
             except RequestError as err:
-                sender.send(io.error_response(err.message), flags=final)
+                sender.send(io.refusal_response(err, self.metrics), flags=final)
             except Exception as err:  # noqa: BLE001 - this request fails alone; the batch's others go on
                 sender.send(io.internal_error_response(err), flags=final)
         return None
@@ -381,7 +381,7 @@ class TritonPythonModel:
             try:
                 self._submit(request, sender)
             except RequestError as err:
-                sender.send(io.error_response(err.message))
+                sender.send(io.refusal_response(err, self.metrics))
             except Exception as err:  # noqa: BLE001 - this request fails alone; the batch's others go on
                 sender.send(io.internal_error_response(err))
         return [sender.wait() for sender in senders]

@@ -290,7 +290,7 @@ class Orchestrator:
             text, ids, stats = self._whole(req, cancel_check(request))
             return self._response(text, ids, stats, req.return_perf_metrics)
         except RequestError as err:
-            return io.error_response(err.message)
+            return io.refusal_response(err, self.metrics)
         except io.BlsError as err:  # an engine's failure, not the client's: INTERNAL
             return io.error_response(str(err), False)
         except Exception as err:  # noqa: BLE001 - this request fails alone; the batch's others go on
@@ -305,7 +305,7 @@ class Orchestrator:
             )
             self._stream(req, sender, final)
         except RequestError as err:
-            sender.send(io.error_response(err.message), flags=final)
+            sender.send(io.refusal_response(err, self.metrics), flags=final)
         except io.BlsError as err:  # an engine's failure, not the client's: INTERNAL
             sender.send(io.error_response(str(err), False), flags=final)
         except Exception as err:  # noqa: BLE001 - the client gets one line; the server log keeps the rest

@@ -85,6 +85,12 @@ def error_response(message: str, invalid_argument: bool = True):
     return pb().InferenceResponse(output_tensors=[], error=error(message, invalid_argument))
 
 
+def refusal_response(err, metrics) -> object:
+    """A RequestError as the client's INVALID_ARG response, counted in ``metrics`` (SpecDecodeMetrics)."""
+    metrics.refuse()
+    return error_response(err.message)
+
+
 def bls(model: str, inputs: dict[str, object], outputs: list[str]) -> dict[str, np.ndarray]:
     """One synchronous BLS request; raises BlsError with the callee's message if it failed."""
     utils = pb()
@@ -160,6 +166,7 @@ BY_PROPOSER = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 SPEC_DECODE_PREFIX = "trtspec_spec_decode_"
 DRAFT_LEN_GAUGE = "trtspec_spec_decode_draft_len"
 REQUESTS_FINISHED = "trtspec_requests_finished_total"
+REQUESTS_REFUSED = "trtspec_requests_refused_total"
 
 
 class SpecDecodeMetrics:
@@ -206,6 +213,21 @@ class SpecDecodeMetrics:
         self.families.append(finished)
         for reason in FINISH_REASONS:
             self.finished[reason] = finished.Metric(labels={"model": model, "finish_reason": reason})
+        # Triton counts a refusal the model sends as a successful request, so this is where refusals show
+        refused = family(
+            name=REQUESTS_REFUSED,
+            description="Requests refused with INVALID_ARG before they reached the generation loop",
+            kind=family.COUNTER,
+        )
+        self.families.append(refused)
+        self.refused = refused.Metric(labels={"model": model})
+
+    def refuse(self) -> None:
+        """Count one refused request; a failure is logged, never the request's."""
+        try:
+            self.refused.increment(1)
+        except Exception as err:  # noqa: BLE001 - metrics must never fail a request
+            log_warning(f"refusal not counted: {type(err).__name__}: {err}")
 
     def add(self, counts, finish_reason: str, by_proposer: dict | None = None) -> None:
         """Add one finished request's counts (core.metrics.SpecDecodeCounts) and count it under ``finish_reason``
