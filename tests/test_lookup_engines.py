@@ -198,6 +198,9 @@ class _Metrics:
     def add(self, counts, finish_reason: str, by_proposer: dict | None = None) -> None:
         self.added.append((counts, by_proposer))
 
+    def refuse(self) -> None:
+        self.added.append("refused")
+
 
 class _Pb:
     @staticmethod

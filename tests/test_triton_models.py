@@ -181,12 +181,13 @@ def test_engines_get_top_k_1_for_greedy_requests_and_the_sampling_values_otherwi
 def test_request_parameters_are_refused_by_name_since_no_entry_model_reads_them():
     fields = _inputs(text_input="def", max_tokens=4)
     assert parse_request(fields, LIMITS, {}).params.max_new_tokens == 4
+    assert parse_request(fields, LIMITS, {"id": "42"}).params.max_new_tokens == 4  # Triton's request id
     with pytest.raises(RequestError) as err:
-        parse_request(fields, LIMITS, {"temprature": 0.5, "repetition_penalty": 1.2})
+        parse_request(fields, LIMITS, {"temprature": 0.5, "repetition_penalty": 1.2, "id": "42"})
     assert err.value.message == (
-        "'repetition_penalty', 'temprature': not an input of this model, so it would be ignored (a generate "
-        "endpoint passes a field that names no input as a request parameter); leave it out or send one of the "
-        "inputs in docs/triton-models.md"
+        "'repetition_penalty', 'temprature': not an input of this model, so it would be ignored (a request "
+        "parameter: a generate body's field that names no input, or one a client set); leave it out or send one "
+        "of the inputs in docs/triton-models.md"
     )
 
 
@@ -203,6 +204,20 @@ def test_text_that_is_not_utf8_is_refused_not_replaced(name, raw, offset):
     assert err.value.message == (
         f"input '{name}' is not UTF-8 text (byte 0x{raw[offset]:02x} at offset {offset}); send it encoded as UTF-8"
     )
+
+
+def test_a_stream_to_a_model_that_answers_once_is_refused_naming_the_setting():
+    from trtspec.triton_repo.models.request import check_stream
+
+    req = parse_request(_inputs(text_input="def", max_tokens=4, stream=True), LIMITS)
+    check_stream(req, decoupled=True)
+    with pytest.raises(RequestError) as err:
+        check_stream(req, decoupled=False)
+    assert err.value.message == (
+        "stream=true needs a model deployed with triton.decoupled: true (this one sends one response per "
+        "request); leave stream out or redeploy"
+    )
+    check_stream(parse_request(_inputs(text_input="def", max_tokens=4), LIMITS), decoupled=False)
 
 
 def test_several_values_for_a_scalar_input_are_refused():

@@ -166,11 +166,14 @@ def test_bad_requests_get_clear_client_errors_and_the_server_keeps_serving(serve
 
 def test_a_setting_sent_as_a_request_parameter_is_refused_on_every_route(server):
     """gRPC clients can set request parameters beside the inputs, and `ensemble` passes a client's on to its
-    step: the entry model refuses them by name there too, and Triton's own (priority, timeout) still pass."""
+    step: the entry model refuses them by name there too. Triton's own settings still pass: a stream request's
+    priority and timeout, and a generate body's request id."""
     status, raw = http_generate(
         server, {"text_input": "def", "max_tokens": 2, "min_p": 0.1}, model="ensemble"
     )
     assert status == 400 and "'min_p': not an input of this model" in raw
+    status, raw = http_generate(server, {"id": "42", "text_input": "def", "max_tokens": 2})
+    assert status == 200 and json.loads(raw)["id"] == "42"  # the generate extension's request id is Triton's
     import tritonclient.grpc as grpcclient
 
     text = grpcclient.InferInput("text_input", [1, 1], "BYTES")

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
-from contextlib import contextmanager, nullcontext
+from contextlib import closing, contextmanager, nullcontext
 
 import numpy as np
 
@@ -320,8 +320,10 @@ class Orchestrator:
             sender.send(self._response(text, ids, stats, req.return_perf_metrics), flags=final_flag)
             return
         stats, pending = None, []  # ids of rounds whose text is held back (an unfinished character)
-        with Outbox(sender) as outbox:
-            for piece, ids, stats, _ in self._generate(req, incremental=True, slot=self.slots):
+        # closed on leaving, however it is left, so the request's slot is freed then
+        rounds = closing(self._generate(req, incremental=True, slot=self.slots))
+        with Outbox(sender) as outbox, rounds as generated:
+            for piece, ids, stats, _ in generated:
                 pending += ids
                 if piece:
                     outbox.put(self._response(piece, pending, stats, req.return_perf_metrics))

@@ -98,8 +98,8 @@ def _scalar(inputs: Mapping, name: str, default=None):
     arr = np.asarray(value)
     if arr.size != 1:
         raise RequestError(
-            f"input '{name}' must hold one value per request, got shape {list(arr.shape)}; send one prompt per "
-            "request (concurrent requests are batched by the server)"
+            f"input '{name}' must hold one value per request, got shape {list(arr.shape)}; send one value of "
+            f"'{name}' per request (one prompt per request)"
         )
     item = arr.reshape(-1)[0]
     return _text(name, item) if isinstance(item, bytes) else item.item() if hasattr(item, "item") else item
@@ -154,14 +154,20 @@ def _refuse_what_is_not_served(inputs: Mapping) -> None:
             )
 
 
+# What a generate endpoint passes on as a parameter although Triton uses it: the request id, echoed in the answer.
+TRITON_USES = frozenset({"id"})
+
+
 def _refuse_parameters(parameters: Mapping[str, object]) -> None:
     """RequestError for request parameters: no entry model reads any, so a setting sent as one (a generate body's
-    field that names no input, such as repetition_penalty or a misspelt temperature) would be silently ignored."""
-    if parameters:
-        listed = ", ".join(repr(name) for name in sorted(parameters))
+    field that names no input, such as repetition_penalty or a misspelt temperature, or a gRPC client's
+    parameters) would be silently ignored."""
+    ignored = sorted(set(parameters) - TRITON_USES)
+    if ignored:
+        listed = ", ".join(repr(name) for name in ignored)
         raise RequestError(
-            f"{listed}: not an input of this model, so it would be ignored (a generate endpoint passes a field "
-            "that names no input as a request parameter); leave it out or send one of the inputs in "
+            f"{listed}: not an input of this model, so it would be ignored (a request parameter: a generate "
+            "body's field that names no input, or one a client set); leave it out or send one of the inputs in "
             "docs/triton-models.md"
         )
 
