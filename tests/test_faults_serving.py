@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from triton_server import MODEL, _inputs, hf_greedy, running_server, scrape
+from triton_server import MODEL, client_inputs, hf_greedy, running_server, scrape
 
 from trtspec.engines.loop import GenerationLoop
 from trtspec.engines.rounds import Outcome
@@ -316,7 +316,7 @@ class GrpcStream:
         self.responses, self.pieces, self.errors = 0, [], []
         self.arrived, self.first_at, self.finished_at = threading.Condition(), None, None
         self.client.start_stream(callback=self._on)
-        inputs = _inputs(grpcclient, prompt, stream=True, **fields)
+        inputs = client_inputs(grpcclient, prompt, stream=True, **fields)
         self.client.async_stream_infer(MODEL, inputs, enable_empty_final_response=True)
 
     def _on(self, result, error):
@@ -379,11 +379,11 @@ import sys, queue
 import numpy as np
 import tritonclient.grpc as grpcclient
 sys.path.insert(0, sys.argv[2])
-from triton_server import _inputs
+from triton_server import client_inputs
 results = queue.Queue()
 client = grpcclient.InferenceServerClient(sys.argv[1])
 client.start_stream(callback=lambda result, error: results.put(error))
-client.async_stream_infer("tensorrt_llm_bls", _inputs(grpcclient, sys.argv[3], max_tokens=int(sys.argv[4]),
+client.async_stream_infer("tensorrt_llm_bls", client_inputs(grpcclient, sys.argv[3], max_tokens=int(sys.argv[4]),
                           stream=True, end_id=np.int32(-1), num_draft_tokens=3), enable_empty_final_response=True)
 while results.get() is None:
     print("response", flush=True)

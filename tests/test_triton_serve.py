@@ -12,7 +12,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from triton_server import MODEL, PROMPTS, deploy_tiny_repo, grpc_stream, hf_greedy, running_server, scrape
+from triton_server import (
+    MODEL,
+    PROMPTS,
+    client_inputs,
+    deploy_tiny_repo,
+    grpc_stream,
+    hf_greedy,
+    running_server,
+    scrape,
+)
 
 from trtspec.triton_repo.models.triton_io import REQUESTS_REFUSED
 from trtspec.triton_repo.server import Ports
@@ -176,16 +185,13 @@ def test_a_setting_sent_as_a_request_parameter_is_refused_on_every_route(server)
     assert status == 200 and json.loads(raw)["id"] == "42"  # the generate extension's request id is Triton's
     import tritonclient.grpc as grpcclient
 
-    text = grpcclient.InferInput("text_input", [1, 1], "BYTES")
-    text.set_data_from_numpy(np.array([[b"def"]], dtype=object))
-    budget = grpcclient.InferInput("max_tokens", [1, 1], "INT32")
-    budget.set_data_from_numpy(np.array([[2]], dtype=np.int32))
+    request = client_inputs(grpcclient, "def", max_tokens=2)
     answers: queue.Queue = queue.Queue()
     with grpcclient.InferenceServerClient(server.ports.grpc_url) as client:
         client.start_stream(callback=lambda result, error: answers.put(error))
-        client.async_stream_infer(MODEL, [text, budget], parameters={"min_p": 0.1})
+        client.async_stream_infer(MODEL, request, parameters={"min_p": 0.1})
         refused = answers.get(timeout=60)
-        client.async_stream_infer(MODEL, [text, budget], priority=1, timeout=10**7)
+        client.async_stream_infer(MODEL, request, priority=1, timeout=10**7)
         served = answers.get(timeout=60)
         client.stop_stream()
     assert "'min_p': not an input of this model" in str(refused) and served is None

@@ -107,7 +107,8 @@ def hf_greedy(model_dir: Path):
     return run
 
 
-def _inputs(client_mod, prompt, max_tokens=12, **extra):
+def client_inputs(client_mod, prompt, max_tokens=12, **extra):
+    """``client_mod``'s InferInputs of one request: the prompt, max_tokens and ``extra`` inputs by name."""
     fields = {
         "text_input": np.array([[prompt.encode()]], dtype=object),
         "max_tokens": np.array([[max_tokens]], dtype=np.int32),
@@ -157,7 +158,7 @@ def grpc_stream(
     with grpcclient.InferenceServerClient(server.ports.grpc_url) as client:
         client.start_stream(callback=lambda result, error: results.put((result, error)))
         client.async_stream_infer(
-            model, _inputs(grpcclient, prompt, **extra), enable_empty_final_response=True
+            model, client_inputs(grpcclient, prompt, **extra), enable_empty_final_response=True
         )
         while True:
             result, error = results.get(timeout=60)

@@ -177,17 +177,19 @@ class SpecDecodeMetrics:
     exists from the start (at 0), so rate() over one has a series before its first increment."""
 
     def __init__(self, model: str, max_draft_len: int):
-        utils = pb()
-        family = utils.MetricFamily
+        family = pb().MetricFamily
+
+        def made(name: str, description: str, kind):
+            made_family = family(name=name, description=description, kind=kind)
+            self.families.append(made_family)
+            return made_family
+
         # A MetricFamily must outlive its Metrics: the metrics are attributes before the families, so they are
         # released first when this object is (attributes go in the order they were set).
-        self.counters, self.per_pos, self.draft_len, self.finished = {}, [], None, {}
+        self.counters, self.per_pos, self.draft_len, self.finished, self.refused = {}, [], None, {}, None
         self.families = []
         for field, description in SPEC_DECODE_COUNTERS.items():
-            fam = family(
-                name=f"{SPEC_DECODE_PREFIX}{field}_total", description=description, kind=family.COUNTER
-            )
-            self.families.append(fam)
+            fam = made(f"{SPEC_DECODE_PREFIX}{field}_total", description, family.COUNTER)
             if field == "num_accepted_tokens_per_pos":
                 self.per_pos = [
                     fam.Metric(labels={"model": model, "position": str(i)}) for i in range(max_draft_len)
@@ -198,28 +200,25 @@ class SpecDecodeMetrics:
                     self.counters[field, proposer] = fam.Metric(labels=labels)
             else:
                 self.counters[field, None] = fam.Metric(labels={"model": model})
-        gauge = family(
-            name=DRAFT_LEN_GAUGE,
-            description="Mean draft tokens per drafting round (K) of the last finished request that drafted",
-            kind=family.GAUGE,
+        gauge = made(
+            DRAFT_LEN_GAUGE,
+            "Mean draft tokens per drafting round (K) of the last finished request that drafted",
+            family.GAUGE,
         )
-        self.families.append(gauge)
         self.draft_len = gauge.Metric(labels={"model": model})
-        finished = family(
-            name=REQUESTS_FINISHED,
-            description="Requests that left the generation loop, by why they finished (`finish_reason`)",
-            kind=family.COUNTER,
+        finished = made(
+            REQUESTS_FINISHED,
+            "Requests that left the generation loop, by why they finished (`finish_reason`)",
+            family.COUNTER,
         )
-        self.families.append(finished)
         for reason in FINISH_REASONS:
             self.finished[reason] = finished.Metric(labels={"model": model, "finish_reason": reason})
         # Triton counts a refusal the model sends as a successful request, so this is where refusals show
-        refused = family(
-            name=REQUESTS_REFUSED,
-            description="Requests refused with INVALID_ARG before they reached the generation loop",
-            kind=family.COUNTER,
+        refused = made(
+            REQUESTS_REFUSED,
+            "Requests refused with INVALID_ARG before they reached the generation loop",
+            family.COUNTER,
         )
-        self.families.append(refused)
         self.refused = refused.Metric(labels={"model": model})
 
     def refuse(self) -> None:
