@@ -781,6 +781,34 @@ def test_a_decoupled_request_the_loop_refuses_is_answered_while_every_slot_is_bu
     assert model.active == 0 and model.metrics.refused == 1
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_decoupled_request_cancelled_while_it_waits_for_a_slot_never_takes_one(monkeypatch, stream):
+    """Its client gave up while every slot was busy: it ends "cancelled" with nothing generated, no engine call,
+    and the slot it never took stays with the request that holds it."""
+    from trtspec.triton_repo.models import orchestrator, triton_io
+
+    monkeypatch.setattr(triton_io, "pb", lambda: _PbUtils)
+    monkeypatch.setattr(
+        orchestrator.io, "bls", lambda *a: pytest.fail("no engine call for a cancelled request")
+    )
+    fields = _inputs(text_input="def", max_tokens=8, stream=stream)
+    monkeypatch.setattr(orchestrator.io, "read_inputs", lambda request, names: fields)
+    model = _orchestrator(max_concurrency=1)
+    sender = _Sender(cancel_after=0)  # the client has cancelled
+    request = types.SimpleNamespace(get_response_sender=lambda: sender, parameters=lambda: "{}")
+    assert model.slots.acquire(timeout=1)  # the one slot is serving a long request
+    served = threading.Thread(target=model._serve_decoupled, args=(request,), daemon=True)
+    served.start()
+    served.join(timeout=10)
+    assert not served.is_alive()
+    ((response,),) = [sender.sent]  # its final response, empty
+    assert response.error is None and list(response.tensors["output_ids"].reshape(-1)) == []
+    assert model.metrics.finish_reasons == ["cancelled"] and model.active == 0
+    assert not model.slots.acquire(blocking=False)  # still the long request's
+    model.slots.release()
+    assert model.slots.acquire(blocking=False)
+
+
 def test_the_orchestrator_runs_an_adaptive_request_through_the_loop_with_greedy_output_unchanged(monkeypatch):
     """A repository whose default K is adaptive and a request without num_draft_tokens: the loop's adaptive K
     (a jumpy policy: a rejection switches drafting off, the next probe on again) picks each round's K, the engine

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
-from contextlib import closing, contextmanager, nullcontext
+from contextlib import closing, contextmanager
 
 import numpy as np
 
@@ -321,7 +321,9 @@ class Orchestrator:
             return
         stats, pending = None, []  # ids of rounds whose text is held back (an unfinished character)
         # closed on leaving, however it is left, so the request's slot is freed then
-        rounds = closing(self._generate(req, incremental=True, slot=self.slots))
+        rounds = closing(
+            self._generate(req, incremental=True, cancelled=cancel_check(sender), slot=self.slots)
+        )
         with Outbox(sender) as outbox, rounds as generated:
             for piece, ids, stats, _ in generated:
                 pending += ids
@@ -333,7 +335,7 @@ class Orchestrator:
         sender.send(self._response("", pending, stats, req.return_perf_metrics), flags=final_flag)
 
     def _whole(
-        self, req: GenerationRequest, cancelled=lambda: False, slot=nullcontext()
+        self, req: GenerationRequest, cancelled=lambda: False, slot: threading.Semaphore | None = None
     ) -> tuple[str, list[int], AcceptanceStats]:
         """The complete answer of a non-streaming request: (text, ids, stats), the prompt's first where the request
         asks (request.whole_answer); what was generated when ``cancelled()`` turned true, if it did."""
@@ -364,12 +366,18 @@ class Orchestrator:
         )
 
     def _generate(
-        self, req: GenerationRequest, incremental: bool, cancelled=lambda: False, slot=nullcontext()
+        self,
+        req: GenerationRequest,
+        incremental: bool,
+        cancelled=lambda: False,
+        slot: threading.Semaphore | None = None,
     ):
         """Yield (text piece, the round's token ids, stats so far, finished) per verified round; not incremental:
         one (whole_answer's text and ids, stats, True) at the end (early if ``cancelled()``). ``slot`` is held
         while the request generates (the decoupled model's limit on requests at once): one the loop refuses is
-        answered without waiting for it."""
+        answered without waiting for it, and one whose client cancels while it waits never takes it (it ends
+        "cancelled", with nothing generated). A streamed request's ``cancelled`` is asked only while it waits:
+        once it runs, _stream notices a cancellation when it sends."""
         prompt, params, options = to_job(req, self.codec, self.limits)
         rounds = self._rounds(req)
         # The loop lives for this one request: it prices K by the policy's ratios (measure=False), as it would
@@ -388,8 +396,12 @@ class Orchestrator:
         events = _events(loop, (lambda: False) if incremental else cancelled)
         stats, generated, text = None, [], self.codec.stream_decoder()
         reason = None  # the loop's finish reason; none: a failed engine call ended the request
+        taken = False
         try:
-            with slot, self._counted():
+            taken = take_slot(slot, cancelled)
+            if not taken:
+                reason, events = "cancelled", ()
+            with self._counted():
                 for event in events:
                     stats = event.stats
                     generated += event.new_tokens
@@ -402,10 +414,23 @@ class Orchestrator:
             reason = reason or "cancelled"
             raise
         finally:  # finished, cancelled or failed: the request and the rounds that ran are counted
+            if taken and slot is not None:
+                slot.release()
             counts = SpecDecodeCounts.of(stats) if stats is not None else SpecDecodeCounts()
             self.metrics.add(counts, reason or "error", stats.by_proposer if stats is not None else None)
         if not incremental:
             yield *whole_answer(req, prompt, self.codec.decode(generated), generated), stats, True
+
+
+def take_slot(slot: threading.Semaphore | None, cancelled) -> bool:
+    """Wait for ``slot`` (None: no limit), asking ``cancelled()`` every CANCEL_POLL_S; False, holding nothing, when
+    the client cancelled first."""
+    if slot is None:
+        return True
+    while not slot.acquire(timeout=CANCEL_POLL_S):
+        if cancelled():
+            return False
+    return True
 
 
 def _events(loop: GenerationLoop, cancelled):
