@@ -754,28 +754,32 @@ def test_the_orchestrator_refuses_a_sampled_top_k_that_tensorrt_llm_would_clip(m
     assert _orchestrator()._whole(parse_request(_inputs(**greedy), LIMITS))[1] == [7, 7]
 
 
-@pytest.mark.parametrize("stream", [False, True])
-def test_a_decoupled_request_the_loop_refuses_is_answered_while_every_slot_is_busy(monkeypatch, stream):
-    """The decoupled orchestrator serves max_concurrency requests at once; a request it refuses (here a prompt
-    longer than max_seq_len, which only the loop checks) is answered at once, not after a slot frees."""
+def _served_while_every_slot_is_busy(monkeypatch, fields: dict, sender, **settings):
+    """A decoupled orchestrator with one slot, held by a long request, serves a request of ``fields`` to
+    ``sender`` without calling an engine; returns the orchestrator once that request's thread has ended."""
     from trtspec.triton_repo.models import orchestrator, triton_io
 
     monkeypatch.setattr(triton_io, "pb", lambda: _PbUtils)
-    monkeypatch.setattr(
-        orchestrator.io, "bls", lambda *a: pytest.fail("no engine call for a refused request")
-    )
-    fields = _inputs(text_input="def", max_tokens=2, stream=stream)
+    monkeypatch.setattr(orchestrator.io, "bls", lambda *a: pytest.fail("no engine call for this request"))
     monkeypatch.setattr(orchestrator.io, "read_inputs", lambda request, names: fields)
-    model = _orchestrator(
-        limits=Limits(max_draft_len=4, num_draft_tokens=3, max_seq_len=2), max_concurrency=1
-    )
-    sender = _Sender()
+    model = _orchestrator(max_concurrency=1, **settings)
     request = types.SimpleNamespace(get_response_sender=lambda: sender, parameters=lambda: "{}")
     assert model.slots.acquire(timeout=1)  # the one slot is serving a long request
     served = threading.Thread(target=model._serve_decoupled, args=(request,), daemon=True)
     served.start()
     served.join(timeout=10)
     assert not served.is_alive()
+    return model
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_decoupled_request_the_loop_refuses_is_answered_while_every_slot_is_busy(monkeypatch, stream):
+    """The decoupled orchestrator serves max_concurrency requests at once; a request it refuses (here a prompt
+    longer than max_seq_len, which only the loop checks) is answered at once, not after a slot frees."""
+    sender = _Sender()
+    fields = _inputs(text_input="def", max_tokens=2, stream=stream)
+    limits = Limits(max_draft_len=4, num_draft_tokens=3, max_seq_len=2)
+    model = _served_while_every_slot_is_busy(monkeypatch, fields, sender, limits=limits)
     ((response,),) = [sender.sent]
     assert "the prompt" in response.error.message and response.error.code == "INVALID_ARG"
     assert model.active == 0 and model.metrics.refused == 1
@@ -785,22 +789,9 @@ def test_a_decoupled_request_the_loop_refuses_is_answered_while_every_slot_is_bu
 def test_a_decoupled_request_cancelled_while_it_waits_for_a_slot_never_takes_one(monkeypatch, stream):
     """Its client gave up while every slot was busy: it ends "cancelled" with nothing generated, no engine call,
     and the slot it never took stays with the request that holds it."""
-    from trtspec.triton_repo.models import orchestrator, triton_io
-
-    monkeypatch.setattr(triton_io, "pb", lambda: _PbUtils)
-    monkeypatch.setattr(
-        orchestrator.io, "bls", lambda *a: pytest.fail("no engine call for a cancelled request")
-    )
-    fields = _inputs(text_input="def", max_tokens=8, stream=stream)
-    monkeypatch.setattr(orchestrator.io, "read_inputs", lambda request, names: fields)
-    model = _orchestrator(max_concurrency=1)
     sender = _Sender(cancel_after=0)  # the client has cancelled
-    request = types.SimpleNamespace(get_response_sender=lambda: sender, parameters=lambda: "{}")
-    assert model.slots.acquire(timeout=1)  # the one slot is serving a long request
-    served = threading.Thread(target=model._serve_decoupled, args=(request,), daemon=True)
-    served.start()
-    served.join(timeout=10)
-    assert not served.is_alive()
+    fields = _inputs(text_input="def", max_tokens=8, stream=stream)
+    model = _served_while_every_slot_is_busy(monkeypatch, fields, sender)
     ((response,),) = [sender.sent]  # its final response, empty
     assert response.error is None and list(response.tensors["output_ids"].reshape(-1)) == []
     assert model.metrics.finish_reasons == ["cancelled"] and model.active == 0
