@@ -791,7 +791,17 @@ def test_a_decoupled_request_cancelled_while_it_waits_for_a_slot_never_takes_one
     and the slot it never took stays with the request that holds it."""
     sender = _Sender(cancel_after=0)  # the client has cancelled
     fields = _inputs(text_input="def", max_tokens=8, stream=stream)
+    from trtspec.triton_repo.models.orchestrator import Orchestrator
+
+    counted, real = [], Orchestrator._counted
+
+    def counting(self):
+        counted.append(1)
+        return real(self)
+
+    monkeypatch.setattr(Orchestrator, "_counted", counting)
     model = _served_while_every_slot_is_busy(monkeypatch, fields, sender)
+    assert counted == []  # never active: the request that holds the slot may still draft ahead alone
     ((response,),) = [sender.sent]  # its final response, empty
     assert response.error is None and list(response.tensors["output_ids"].reshape(-1)) == []
     assert model.metrics.finish_reasons == ["cancelled"] and model.active == 0

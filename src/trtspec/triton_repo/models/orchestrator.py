@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
-from contextlib import closing, contextmanager
+from contextlib import closing, contextmanager, nullcontext
 
 import numpy as np
 
@@ -401,7 +401,8 @@ class Orchestrator:
             taken = take_slot(slot, cancelled)
             if not taken:
                 reason, events = "cancelled", ()
-            with self._counted():
+            # active while generating: a request cancelled as it waited never was
+            with self._counted() if taken else nullcontext():
                 for event in events:
                     stats = event.stats
                     generated += event.new_tokens
