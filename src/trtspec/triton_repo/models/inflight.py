@@ -42,7 +42,6 @@ from trtspec.triton_repo.models.request import (
     check_stream,
     k_policy_from_parameters,
     lookup_from_parameters,
-    parse_request,
     to_job,
     whole_answer,
 )
@@ -341,9 +340,7 @@ class TritonPythonModel:
 
     def _submit(self, request, sender) -> GenerationRequest:
         """Parse, tokenise and queue ``request``; its responses go to ``sender``. RequestError for a bad one."""
-        req = parse_request(
-            io.read_inputs(request, names.CLIENT_INPUTS), self.limits, io.read_parameters(request)
-        )
+        req = io.read_client_request(request, self.limits)
         check_stream(req, self.decoupled)
         prompt, params, options = to_job(req, self.codec, self.limits)
         request_id, reply = next(self.ids), Reply(req, self.codec, prompt)

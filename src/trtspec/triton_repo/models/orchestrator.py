@@ -39,7 +39,6 @@ from trtspec.core.metrics import AcceptanceStats, SpecDecodeCounts
 from trtspec.engines.adaptive import AdaptiveState, KPolicy
 from trtspec.engines.engine_calls import Call, Draft, EngineCallRounds
 from trtspec.engines.loop import GenerationLoop
-from trtspec.triton_repo import interface as names
 from trtspec.triton_repo.models import triton_io as io
 from trtspec.triton_repo.models.request import (
     GenerationRequest,
@@ -47,7 +46,6 @@ from trtspec.triton_repo.models.request import (
     check_stream,
     k_policy_from_parameters,
     lookup_from_parameters,
-    parse_request,
     to_job,
     whole_answer,
 )
@@ -283,9 +281,7 @@ class Orchestrator:
 
     def _respond_once(self, request):
         try:
-            req = parse_request(
-                io.read_inputs(request, names.CLIENT_INPUTS), self.limits, io.read_parameters(request)
-            )
+            req = io.read_client_request(request, self.limits)
             check_stream(req, self.decoupled)
             text, ids, stats = self._whole(req, cancel_check(request))
             return self._response(text, ids, stats, req.return_perf_metrics)
@@ -300,9 +296,7 @@ class Orchestrator:
         final = io.pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
         sender = request.get_response_sender()
         try:
-            req = parse_request(
-                io.read_inputs(request, names.CLIENT_INPUTS), self.limits, io.read_parameters(request)
-            )
+            req = io.read_client_request(request, self.limits)
             self._stream(req, sender, final)
         except RequestError as err:
             sender.send(io.refusal_response(err, self.metrics), flags=final)

@@ -8,7 +8,8 @@ import time
 import numpy as np
 
 from trtspec.core.metrics import FINISH_REASONS
-from trtspec.triton_repo.interface import PROPOSER_SOURCES
+from trtspec.triton_repo.interface import CLIENT_INPUTS, PROPOSER_SOURCES
+from trtspec.triton_repo.models.request import parse_request
 
 
 def pb():
@@ -68,6 +69,12 @@ def read_parameters(request) -> dict:
     (priority, timeout, sequence ids, triton_enable_empty_final_response) and passes the rest, among them every
     field of a generate-endpoint body that names no input."""
     return json.loads(request.parameters() or "{}")
+
+
+def read_client_request(request, limits):
+    """An entry model's request, its client inputs and parameters, as a validated request.GenerationRequest;
+    RequestError for a bad one."""
+    return parse_request(read_inputs(request, CLIENT_INPUTS), limits, read_parameters(request))
 
 
 def tensor(name: str, array) -> object:
