@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import queue
+import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -331,15 +332,26 @@ def test_a_non_decoupled_repository_batches_concurrent_requests_and_offers_what_
     assert offered and not any("stream" in line for line in offered)
     client = Path(__file__).resolve().parents[1] / "tools" / "client.py"
     with running_server(repo, tmp_path / "server.log") as srv:
+        labels = frozenset({("model", MODEL), ("version", "1")})
+
+        def counted(total: int) -> dict:
+            """/metrics once Triton has counted ``total`` inferences (it may report one a moment after the
+            answer), or after 10 s."""
+            deadline = time.monotonic() + 10
+            while (metrics := scrape(srv, "nv_inference_")).get(("nv_inference_count", labels), 0) < total:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            return metrics
+
         bodies = [{"text_input": p, "max_tokens": 48} for p in PROMPTS]
         alone = [http_generate(srv, body) for body in bodies]
         assert all(status == 200 for status, _ in alone)
-        before = scrape(srv, "nv_inference_")
+        before = counted(len(bodies))
         with ThreadPoolExecutor(len(bodies)) as pool:
             together = list(pool.map(lambda body: http_generate(srv, body), bodies))
-        after = scrape(srv, "nv_inference_")
+        after = counted(2 * len(bodies))
         assert together == alone
-        labels = frozenset({("model", MODEL), ("version", "1")})
         requests = after[("nv_inference_count", labels)] - before[("nv_inference_count", labels)]
         executions = after[("nv_inference_exec_count", labels)] - before[("nv_inference_exec_count", labels)]
         assert requests == len(bodies) and executions < requests
