@@ -569,6 +569,15 @@ def test_bench_lists_measure_a_value_given_twice_once_and_refuse_what_is_not_a_l
     from trtspec.cli import _int_list
 
     assert _int_list(None, None, "4,2,4,1") == (4, 2, 1)  # a K run twice would pool twice the samples
-    result = runner.invoke(cli, ["bench", "demo", "--num-draft-tokens", "2,x", "--out", str(tmp_path / "b")])
-    assert result.exit_code != 0 and "'2,x' is not a comma-separated list of integers" in result.output
-    assert "Traceback" not in result.output and not (tmp_path / "b").exists()
+    assert _int_list(None, None, " 1, 2") == (1, 2)
+    for option, value, said in [
+        ("--num-draft-tokens", "2,x", "'2,x' is not a comma-separated list of integers"),
+        # a typo, not a list of two:
+        ("--concurrency", "1,,2", "'1,,2' is not a comma-separated list of integers"),
+        ("--concurrency", "", "'' is not a comma-separated list of integers"),
+        ("--proposer", "draft,,ngram", "'draft,,ngram' is not a proposer"),
+        ("--proposer", "draft,lookup", "'lookup' is not a proposer"),
+    ]:
+        result = runner.invoke(cli, ["bench", "demo", option, value, "--out", str(tmp_path / "b")])
+        assert result.exit_code == 2 and said in result.output, (option, value, result.output)
+        assert "Traceback" not in result.output and not (tmp_path / "b").exists()

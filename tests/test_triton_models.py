@@ -1033,6 +1033,23 @@ def test_an_end_id_outside_the_vocabulary_is_refused_in_one_line(tokenizer, end_
     )
 
 
+@pytest.mark.parametrize("pad_id", [-1, 10**6])
+def test_a_pad_id_outside_the_vocabulary_is_refused_in_one_line(tokenizer, pad_id):
+    """TensorRT-LLM pads its output buffers with it; the torch runtime refuses the same requests so that a request
+    one runtime serves does not fail on the other."""
+    from trtspec.triton_repo.models.request import to_job
+
+    fields = {"text_input": np.array([b"def"]), "max_tokens": np.array([8]), "pad_id": np.array([pad_id])}
+    with pytest.raises(RequestError) as err:
+        to_job(parse_request(fields, LIMITS), TextCodec(tokenizer, end_ids=(2,)), LIMITS)
+    assert err.value.message == (
+        f"pad_id {pad_id} is outside the vocabulary [0, {len(tokenizer)}); send a token id of this model or leave "
+        "it out"
+    )
+    fields["pad_id"] = np.array([0])
+    assert to_job(parse_request(fields, LIMITS), TextCodec(tokenizer, end_ids=(2,)), LIMITS)[0]
+
+
 @pytest.mark.parametrize("decoupled", [False, True])
 def test_an_unexpected_failure_fails_only_its_request_of_the_batch(monkeypatch, decoupled):
     """The torch runtime's entry model: a request whose submission fails for a reason not its own gets one

@@ -617,7 +617,7 @@ def _int_list(ctx, param, value: str | None) -> tuple[int, ...] | None:
     if value is None:
         return None
     try:
-        values = tuple(int(v) for v in str(value).split(",") if v.strip())
+        values = tuple(int(v) for v in str(value).split(","))
     except ValueError:
         raise click.BadParameter(f"{value!r} is not a comma-separated list of integers, e.g. 1,2,4") from None
     if not values or min(values) < 1:
@@ -628,11 +628,11 @@ def _int_list(ctx, param, value: str | None) -> tuple[int, ...] | None:
 def _proposer_list(ctx, param, value: str | None) -> tuple[str, ...] | None:
     if value is None:
         return None
-    names = tuple(dict.fromkeys(v.strip() for v in str(value).split(",") if v.strip()))
+    names = tuple(dict.fromkeys(v.strip() for v in str(value).split(",")))
     bad = next((name for name in names if name not in PROPOSERS), None)
-    if bad is not None or not names:
+    if bad is not None:
         raise click.BadParameter(
-            f"{bad if bad is not None else value!r} is not a proposer; give a comma-separated list of "
+            f"{bad or value!r} is not a proposer; give a comma-separated list of "
             f"{', '.join(PROPOSERS)}, e.g. draft,ngram"
         )
     return names

@@ -249,6 +249,12 @@ def to_job(req: GenerationRequest, codec, limits: Limits) -> tuple[list[int], Sa
             f"end_id {req.end_id} is outside the vocabulary [0, {vocab}); send a token id of this model, -1 for "
             "no end id, or leave it out"
         )
+    # Refused on both runtimes alike, though only TensorRT-LLM's engines use it: a request one runtime serves must
+    # not fail on the other.
+    if req.pad_id is not None and not 0 <= req.pad_id < vocab:
+        raise RequestError(
+            f"pad_id {req.pad_id} is outside the vocabulary [0, {vocab}); send a token id of this model or leave it out"
+        )
     prompt = codec.encode(req.text)
     room = max(limits.max_seq_len - len(prompt), 1)
     params = req.params.with_(max_new_tokens=min(req.params.max_new_tokens, room))
