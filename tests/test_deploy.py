@@ -14,6 +14,7 @@ from trtspec.triton_repo import interface as names
 from trtspec.triton_repo.checks import check_repository
 from trtspec.triton_repo.deploy import MANIFEST, deploy, render_models
 from trtspec.triton_repo.render import parse_model_config, read_template, render_template, template_keys
+from trtspec.triton_repo.server import Ports
 from trtspec.triton_repo.values import UPSTREAM_TRTLLM_KEYS, plan_models
 
 
@@ -79,6 +80,25 @@ def test_torch_repo_renders_checks_and_writes_atomically(tiny_pair, tmp_path):
     # Redeploying replaces the repository in one rename.
     deploy(recipe, "torch", out)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["repo"]
+
+
+def test_serve_binds_what_the_recipe_deployed_unless_the_command_line_says_otherwise(tiny_pair, tmp_path):
+    """triton.host and the ports reach `trtspec serve` through the manifest; --host and the port options win."""
+    from trtspec.triton_repo.serve import ServeSpec, read_manifest, resolve_ports, sample_requests
+
+    triton = {"host": "0.0.0.0", "http_port": 9000, "grpc_port": 9001, "metrics_port": 9002}
+    out = tmp_path / "repo"
+    deploy(make_recipe(tiny_pair, triton=triton), "torch", out)
+    ports = resolve_ports(ServeSpec(repo=out), read_manifest(out))
+    assert (ports.host, ports.http, ports.grpc, ports.metrics) == ("0.0.0.0", 9000, 9001, 9002)
+    # A client on this machine reaches a bind-all server on loopback.
+    assert (ports.http_url, ports.grpc_url) == ("127.0.0.1:9000", "127.0.0.1:9001")
+    assert ports.metrics_url == "http://127.0.0.1:9002/metrics"
+    assert all("127.0.0.1:900" in line for line in sample_requests(ports))
+    given = resolve_ports(ServeSpec(repo=out, host="::1", http_port=7000), read_manifest(out))
+    assert (given.host, given.http, given.grpc) == ("::1", 7000, 9001)
+    # A repository trtspec did not write: the recipe's defaults.
+    assert resolve_ports(ServeSpec(repo=out), {}) == Ports(8000, 8001, 8002, "127.0.0.1")
 
 
 def test_refuses_to_overwrite_a_folder_that_is_not_a_repository(tiny_pair, tmp_path):

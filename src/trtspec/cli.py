@@ -487,7 +487,7 @@ def _port_option(kind: str):
 
 @cli.command()
 @click.argument("repo", type=click.Path(path_type=Path))
-@click.option("--host", help="Address to bind [default: 127.0.0.1].")
+@click.option("--host", help="Address to bind [default: the recipe's triton.host, 127.0.0.1].")
 @_port_option("http")
 @_port_option("grpc")
 @_port_option("metrics")

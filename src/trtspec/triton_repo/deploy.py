@@ -154,6 +154,7 @@ def manifest(recipe: Recipe, runtime: str, models: list[str]) -> dict:
             "http": recipe.triton.http_port,
             "grpc": recipe.triton.grpc_port,
             "metrics": recipe.triton.metrics_port,
+            "host": recipe.triton.host,
         },
         "world_size": {role: spec.world_size for role, spec in recipe.models().items()},
         "gpu_ids": {role: list(spec.devices) for role, spec in recipe.models().items()},

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trtspec.core.errors import ServerError
+from trtspec.recipe import TritonSpec
 from trtspec.triton_repo import interface as names
 from trtspec.triton_repo.deploy import MANIFEST
 from trtspec.triton_repo.server import (
@@ -66,18 +67,24 @@ def read_manifest(repo: Path) -> dict:
 
 
 def resolve_ports(spec: ServeSpec, info: dict) -> Ports:
-    ports = info.get("ports") or {}
+    """The command line's ports and host, else the ones the recipe deployed (the manifest's), else the recipe's
+    defaults (a repository trtspec did not write)."""
+    saved, default = info.get("ports") or {}, TritonSpec()
+
+    def pick(given, key: str, fallback):
+        return given if given is not None else saved.get(key, fallback)
+
     return Ports(
-        http=spec.http_port if spec.http_port is not None else ports.get("http", 8000),
-        grpc=spec.grpc_port if spec.grpc_port is not None else ports.get("grpc", 8001),
-        metrics=spec.metrics_port if spec.metrics_port is not None else ports.get("metrics", 8002),
-        host=spec.host or "127.0.0.1",
+        http=pick(spec.http_port, "http", default.http_port),
+        grpc=pick(spec.grpc_port, "grpc", default.grpc_port),
+        metrics=pick(spec.metrics_port, "metrics", default.metrics_port),
+        host=pick(spec.host or None, "host", default.host),
     )
 
 
 def sample_requests(ports: Ports, model: str = names.ENTRY_POINT, decoupled: bool = True) -> list[str]:
     """Copy-paste requests that exercise the running repository (streamed ones only where it is decoupled)."""
-    host = "127.0.0.1" if ports.host in ("0.0.0.0", "::") else ports.host
+    host = ports.reach_host
     body = '{"text_input": "def add(a, b):", "max_tokens": 32, "num_draft_tokens": 4, "return_perf_metrics": true}'
     whole = f"curl -s -X POST http://{host}:{ports.http}/v2/models/{model}/generate -d '{body}'"
     if not decoupled:
@@ -136,7 +143,8 @@ def serve(spec: ServeSpec, echo=print) -> int:
     try:
         echo(f"ready: {', '.join(repo_models(spec.repo))}")
         echo(
-            f"HTTP     http://{ports.http_url}\ngRPC     {ports.grpc_url}\nmetrics  http://{ports.host}:{ports.metrics}/metrics"
+            f"listening on {ports.host}\nHTTP     http://{ports.http_url}\ngRPC     {ports.grpc_url}\n"
+            f"metrics  {ports.metrics_url}"
         )
         echo("try:\n  " + "\n  ".join(sample_requests(ports, decoupled=info.get("decoupled", True))))
         echo(f"server log: {log}   (Ctrl-C stops the server)")

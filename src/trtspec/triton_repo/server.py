@@ -61,12 +61,21 @@ class Ports:
     host: str = "127.0.0.1"
 
     @property
+    def reach_host(self) -> str:
+        """The address a client on this machine connects to: a bind-all address is reached on loopback."""
+        return "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+
+    @property
     def http_url(self) -> str:
-        return f"{self.host}:{self.http}"
+        return f"{self.reach_host}:{self.http}"
 
     @property
     def grpc_url(self) -> str:
-        return f"{self.host}:{self.grpc}"
+        return f"{self.reach_host}:{self.grpc}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.reach_host}:{self.metrics}/metrics"
 
 
 def free_ports(n: int = 3, host: str = "127.0.0.1") -> list[int]:
@@ -382,15 +391,11 @@ class TritonServer:
     @property
     def base_url(self) -> str:
         """The HTTP endpoint as this machine reaches it."""
-        return f"http://{self._reach_host}:{self.ports.http}"
+        return f"http://{self.ports.http_url}"
 
     @property
     def metrics_url(self) -> str:
-        return f"http://{self._reach_host}:{self.ports.metrics}/metrics"
-
-    @property
-    def _reach_host(self) -> str:
-        return self.ports.host if self.ports.host != "0.0.0.0" else "127.0.0.1"
+        return self.ports.metrics_url
 
     def model_ready(self, model: str, timeout_s: float = 1.0) -> bool:
         return _http_ok(f"{self.base_url}/v2/models/{model}/ready", timeout_s)
