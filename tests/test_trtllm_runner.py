@@ -240,6 +240,25 @@ def test_padded_vocab_draft_logits_reach_the_target_padded_with_minus_inf(fake_t
         TrtllmSpeculativeRunner.from_engine_dirs(narrow_target, wide_draft, tokenizer_dir=wide)
 
 
+def test_a_tokenizer_that_does_not_load_is_named_not_dropped(fake_trtllm, engines, tmp_path):
+    """As the torch engine: a folder without tokenizer files serves ids only, a broken tokenizer is a ModelError,
+    and a draft with a tokenizer of its own needs the target's to reach it as text."""
+    import shutil
+
+    broken = shutil.copytree(engines["hf_target"], tmp_path / "broken_tok")
+    (broken / "tokenizer.json").write_text("{not json")
+    with pytest.raises(ModelError, match="broken_tok: no loadable tokenizer"):
+        TrtllmSpeculativeRunner.from_engine_dirs(engines["target"], engines["draft"], tokenizer_dir=broken)
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(engines["hf_target"] / "config.json", bare / "config.json")
+    assert TrtllmSpeculativeRunner.from_engine_dirs(engines["target"], tokenizer_dir=bare).tokenizer is None
+    with pytest.raises(ModelError, match="give the target's tokenizer"):
+        TrtllmSpeculativeRunner.from_engine_dirs(
+            engines["target"], engines["draft"], tokenizer_dir=bare, draft_tokenizer_dir=engines["hf_target"]
+        )
+
+
 def test_pair_checks_happen_before_loading(fake_trtllm, tmp_path, tiny_pair):
     target_hf, draft_hf = tiny_pair
     plain_target = write_engine(tmp_path / "t", target_hf, gather_logits=True)

@@ -92,6 +92,12 @@ def load_tokenizer(model_dir: Path, trust_remote_code: bool = False):
         ) from None
 
 
+def load_tokenizer_if_any(model_dir: Path | str, trust_remote_code: bool = False):
+    """The folder's tokenizer, or None when it has none (ids-only use still works); a tokenizer that is there but
+    does not load is a ModelError."""
+    return load_tokenizer(Path(model_dir), trust_remote_code) if has_tokenizer(model_dir) else None
+
+
 def end_ids(model_dir: Path | str, tokenizer) -> tuple[int, ...]:
     """The model folder's end ids (core/token_rules.py rule 1): generation_config.json's eos_token_id, else
     config.json's (transformers builds the generation config from it), else the tokenizer's eos."""

@@ -31,7 +31,7 @@ import torch
 
 from trtspec.core.errors import ModelError, RequestError
 from trtspec.core.lookup import LookupSpec, uses_lookup
-from trtspec.core.model_dir import loaded_end_ids
+from trtspec.core.model_dir import load_tokenizer_if_any, loaded_end_ids
 from trtspec.core.token_rules import request_stop_ids
 from trtspec.engines.adaptive import AdaptiveState, KPolicy
 from trtspec.engines.loop import (
@@ -237,7 +237,7 @@ class SpeculativeEngine(StreamingGenerator):
             trust_remote_code=trust_remote_code,
             lean=lean,
         )
-        tokenizer = _load_tokenizer(target_dir, trust_remote_code)
+        tokenizer = load_tokenizer_if_any(target_dir, trust_remote_code)
         translator = None
         if draft_dir is not None and tokenizer is not None:
             translator = draft_translator(
@@ -267,14 +267,6 @@ class SpeculativeEngine(StreamingGenerator):
         return TorchRounds(
             self.target, self.draft, max_draft_len=self.max_draft_len, translator=self.translator
         )
-
-
-def _load_tokenizer(model_dir: Path | str, trust_remote_code: bool):
-    """The target's tokenizer, or None when the directory has none (ids-only use still works); a tokenizer that
-    is there but does not load is a ModelError."""
-    from trtspec.core.model_dir import has_tokenizer, load_tokenizer
-
-    return load_tokenizer(Path(model_dir), trust_remote_code) if has_tokenizer(model_dir) else None
 
 
 def draft_translator(

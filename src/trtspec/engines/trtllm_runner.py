@@ -150,11 +150,16 @@ class TrtllmSpeculativeRunner(StreamingGenerator):
             draft = adapter.load_engine_runner(draft_engine_dir, device_ids=draft_ids, **opts)
         tokenizer, eos_ids, pad_id = _tokenizer_facts(tokenizer_dir, trust_remote_code)
         translator = None
-        if own and tokenizer is not None:
+        if own:
+            from trtspec.core.model_dir import load_tokenizer
             from trtspec.core.translate import Translator
 
-            draft_tokenizer, _, _ = _tokenizer_facts(draft_tokenizer_dir, trust_remote_code)
-            translator = Translator(tokenizer, draft_tokenizer)
+            if tokenizer is None:
+                raise ModelError(
+                    f"the draft tokenizes with its own tokenizer ({draft_tokenizer_dir}), so its tokens reach the "
+                    "target as text: give the target's tokenizer (tokenizer_dir, the recipe's target.model)"
+                )
+            translator = Translator(tokenizer, load_tokenizer(Path(draft_tokenizer_dir), trust_remote_code))
         return cls(
             target,
             draft,
@@ -314,16 +319,11 @@ def check_pair(
 
 def _tokenizer_facts(tokenizer_dir, trust_remote_code: bool) -> tuple[Any, tuple[int, ...], int | None]:
     """(tokenizer or None, the model's end ids (core/token_rules.py rule 1, model_dir.end_ids), the tokenizer's pad)
-    of the target's HF dir."""
+    of the target's HF dir; None where it has no tokenizer (ids only), ModelError for one that does not load."""
     if tokenizer_dir is None:
         return None, (), None
-    from transformers import AutoTokenizer
+    from trtspec.core.model_dir import end_ids, load_tokenizer_if_any
 
-    from trtspec.core.model_dir import end_ids
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError, KeyError, TypeError):
-        tokenizer = None
+    tokenizer = load_tokenizer_if_any(tokenizer_dir, trust_remote_code)
     pad_id = tokenizer.pad_token_id if tokenizer is not None else None
     return tokenizer, end_ids(tokenizer_dir, tokenizer), pad_id
