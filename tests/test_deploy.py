@@ -131,6 +131,29 @@ def _params(config) -> dict[str, str]:
     return {k: v.string_value for k, v in config.parameters.items()}
 
 
+@pytest.mark.parametrize("runtime", ["torch", "tensorrtllm"])
+def test_trust_remote_code_reaches_every_tokenizer_the_entry_model_loads(
+    tiny_pair, tmp_path, engines, runtime, monkeypatch
+):
+    """A recipe that asks for a model's own code gets it in the entry model of either runtime; one that does not,
+    never."""
+    from trtspec.core import model_dir
+    from trtspec.triton_repo.models.text import TextCodec
+
+    loads = []
+    real = model_dir.load_tokenizer
+    monkeypatch.setattr(model_dir, "load_tokenizer", lambda d, trust=False: loads.append(trust) or real(d))
+    for asked in (True, False):
+        target = {"model": str(tiny_pair[0]), "trust_remote_code": asked}
+        recipe = make_recipe(tiny_pair, target=target, triton={"runtime": runtime})
+        out = tmp_path / f"{runtime}-{asked}"
+        deploy(recipe, runtime, out, engine_dirs=engines if runtime == "tensorrtllm" else None)
+        params = _params(parse_model_config((out / names.ORCHESTRATOR / "config.pbtxt").read_text(), "entry"))
+        assert params["trust_remote_code"] == str(asked)
+        TextCodec.from_parameters(params)
+        assert loads[-1] is asked
+
+
 def test_tensorrtllm_repo_has_the_draft_target_values(tiny_pair, tmp_path, engines):
     recipe = make_recipe(
         tiny_pair,

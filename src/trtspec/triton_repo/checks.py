@@ -74,7 +74,7 @@ def _check_own_tokenizer(config) -> None:
             "redeploy with `trtspec deploy`"
         )
     for key in ("use_draft_logits", "draft_ahead"):
-        if params.get(key, "False").strip().lower() == "true":
+        if names.parameter_flag(params, key):
             raise CheckFailed(
                 f"{names.ORCHESTRATOR} parameter {key} is True beside draft_tokenizer_dir '{where}' (a draft with "
                 "its own tokenizer); redeploy with `trtspec deploy`"

@@ -7,6 +7,12 @@ talks to the TensorRT-LLM C++ backend and clients written for upstream's entry m
 
 from __future__ import annotations
 
+
+def parameter_flag(params, name: str, default: bool = False) -> bool:
+    """A boolean config.pbtxt parameter (rendered as True/False); ``default`` where the parameter is absent."""
+    return str(params.get(name, default)).strip().lower() == "true"
+
+
 # Model names of the repository (upstream's, so upstream clients and docs apply).
 TARGET_MODEL = "tensorrt_llm"
 DRAFT_MODEL = "tensorrt_llm_draft"

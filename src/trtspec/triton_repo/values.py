@@ -219,6 +219,8 @@ def orchestrator_values(
         "add_special_tokens": True,
         "skip_special_tokens": True,
         "max_input_len": recipe.limits.max_input_len,
+        # Every tokenizer the entry model loads (the target's, a draft's own) runs its code only where asked.
+        "trust_remote_code": any(spec.trust_remote_code for spec in recipe.models().values()),
     }
 
 
@@ -231,6 +233,7 @@ def in_process_values(recipe: Recipe, draft_tokenizer_dir: Path | None = None) -
     shared = ["triton_max_batch_size", "decoupled_mode", "max_draft_len", *k_values(recipe.speculative)]
     shared += ["use_draft_logits", "max_seq_len", "max_input_len"]
     shared += ["tokenizer_dir", "draft_tokenizer_dir", "skip_special_tokens", "add_special_tokens"]
+    shared += ["trust_remote_code"]
     own = {
         "target_model_dir": str(recipe.target.model),
         "draft_model_dir": str(draft.model) if draft else UNSET,
@@ -238,7 +241,6 @@ def in_process_values(recipe: Recipe, draft_tokenizer_dir: Path | None = None) -
         "target_dtype": torch_runtime_dtype(triton, recipe.target),
         "draft_dtype": torch_runtime_dtype(triton, draft) if draft else UNSET,
         "cpu_threads": triton.cpu_threads,
-        "trust_remote_code": any(spec.trust_remote_code for spec in recipe.models().values()),
     }
     return {k: orchestrator[k] for k in shared} | proposer_values(recipe.speculative) | own
 

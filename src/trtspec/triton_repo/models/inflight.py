@@ -288,14 +288,14 @@ def load_loop(
         "device": params["device"],
         "num_slots": num_slots,
         "max_seq_len": max_seq_len,
-        "trust_remote_code": params.get("trust_remote_code", "False").lower() == "true",
+        "trust_remote_code": names.parameter_flag(params, "trust_remote_code"),
     }
     target = load_causal_lm(params["target_model_dir"], dtype=params["target_dtype"], **opts)
     draft_dir = params.get("draft_model_dir", "")
     draft = load_causal_lm(draft_dir, dtype=params["draft_dtype"], **opts) if draft_dir else None
     translator = None
     if draft is not None and params.get("draft_tokenizer_dir"):
-        translator = translator_from_parameters(params, tokenizer, opts["trust_remote_code"])
+        translator = translator_from_parameters(params, tokenizer)
     proposer, lookup = lookup_from_parameters(params)
     engine = SpeculativeEngine(
         target,

@@ -39,6 +39,7 @@ from trtspec.core.metrics import AcceptanceStats, SpecDecodeCounts
 from trtspec.engines.adaptive import AdaptiveState, KPolicy
 from trtspec.engines.engine_calls import Call, Draft, EngineCallRounds
 from trtspec.engines.loop import GenerationLoop
+from trtspec.triton_repo.interface import parameter_flag
 from trtspec.triton_repo.models import triton_io as io
 from trtspec.triton_repo.models.request import (
     GenerationRequest,
@@ -224,7 +225,7 @@ class Orchestrator:
             vocab_rows={role: int(params.get(f"{role}_vocab_rows") or 0) for role in ("target", "draft")},
             metrics=io.SpecDecodeMetrics(args["model_name"], limits.max_draft_len),
             k_policy=k_policy_from_parameters(params),
-            draft_ahead=params.get("draft_ahead", "False").lower() == "true",
+            draft_ahead=parameter_flag(params, "draft_ahead"),
             max_concurrency=int(params.get("max_concurrency") or 8),
             decoupled=io.pb().using_decoupled_model_transaction_policy(json.loads(args["model_config"])),
             proposer=proposer,

@@ -42,7 +42,7 @@ class Limits:
             max_draft_len=int(params["max_draft_len"]),
             num_draft_tokens=None if k == names.ADAPTIVE else int(k),
             max_seq_len=int(params["max_seq_len"]),
-            use_draft_logits=params.get("use_draft_logits", "False").lower() == "true",
+            use_draft_logits=names.parameter_flag(params, "use_draft_logits"),
         )
 
 

@@ -13,10 +13,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from trtspec.core.errors import RequestError, ServerError
-
-
-def _flag(params: dict[str, str], name: str, default: bool) -> bool:
-    return params.get(name, str(default)).strip().lower() == "true"
+from trtspec.triton_repo.interface import parameter_flag
 
 
 class TextCodec:
@@ -54,11 +51,11 @@ class TextCodec:
                 "redeploy it with `trtspec deploy`"
             )
         max_input_len = params.get("max_input_len")
-        tokenizer = load_tokenizer(params["tokenizer_dir"])
+        tokenizer = load_tokenizer(params["tokenizer_dir"], parameter_flag(params, "trust_remote_code"))
         return cls(
             tokenizer,
-            add_special_tokens=_flag(params, "add_special_tokens", True),
-            skip_special_tokens=_flag(params, "skip_special_tokens", True),
+            add_special_tokens=parameter_flag(params, "add_special_tokens", True),
+            skip_special_tokens=parameter_flag(params, "skip_special_tokens", True),
             max_input_len=int(max_input_len) if max_input_len else None,
             end_ids=end_ids(params["tokenizer_dir"], tokenizer),
         )
@@ -215,7 +212,7 @@ class StreamDecoder:
         return piece or ""
 
 
-def translator_from_parameters(params: dict[str, str], target_tokenizer, trust_remote_code: bool = False):
+def translator_from_parameters(params: dict[str, str], target_tokenizer):
     """core.translate.Translator for a repository whose draft has its own tokenizer (the draft_tokenizer_dir
     parameter, values.orchestrator_values), else None: one tokenizer, draft tokens go by id (a repository rendered
     without the parameter too). A folder named there must hold the draft's tokenizer: ServerError otherwise."""
@@ -231,6 +228,7 @@ def translator_from_parameters(params: dict[str, str], target_tokenizer, trust_r
             "tokenizer; put the draft checkpoint's tokenizer files back, or redeploy with `trtspec deploy`"
         )
     tokenizer_dir = params.get("tokenizer_dir", "")
+    trust_remote_code = parameter_flag(params, "trust_remote_code")
     return draft_translator(
         target_tokenizer, tokenizer_dir, draft_dir, trust_remote_code, heterogeneous_vocab=True
     )
