@@ -236,7 +236,7 @@ def test_padded_vocab_draft_logits_reach_the_target_padded_with_minus_inf(fake_t
     )
     narrow_target = write_engine(tmp_path / "nt", narrow, max_draft_len=4)
     wide_draft = write_engine(tmp_path / "wd", wide)
-    with pytest.raises(ModelError, match="the draft has 352 vocab rows and the target 336"):
+    with pytest.raises(CheckpointError, match="the draft has 352 vocab rows and the target 336"):
         TrtllmSpeculativeRunner.from_engine_dirs(narrow_target, wide_draft, tokenizer_dir=wide)
 
 
@@ -267,7 +267,7 @@ def test_pair_checks_happen_before_loading(fake_trtllm, tmp_path, tiny_pair):
         TrtllmSpeculativeRunner.from_engine_dirs(plain_target, draft)
     target = write_engine(tmp_path / "t4", target_hf, max_draft_len=4, gather_logits=True)
     with pytest.raises(
-        CheckpointError, match="use_draft_logits needs both engines built with --gather_generation"
+        CheckpointError, match="draft engine lacks --gather_generation_logits, which use_draft_logits needs"
     ):
         TrtllmSpeculativeRunner.from_engine_dirs(target, draft, use_draft_logits=True)
     with pytest.raises(CheckpointError, match="cannot read the engine config"):

@@ -27,12 +27,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from trtspec.core.engine_config import DRAFT_TOKENS_EXTERNAL
 from trtspec.core.errors import CheckpointError, RecipeError
 from trtspec.core.vocab import vocab_pair_problem, vocab_rows
 from trtspec.recipe import Recipe
 
 ROLES = ("target", "draft")
-DRAFT_TOKENS_EXTERNAL = "draft_tokens_external"
 GEMM_PLUGIN_DTYPES = ("float16", "bfloat16", "float32")
 
 

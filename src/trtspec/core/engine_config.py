@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.core.errors import CheckpointError
+from trtspec.core.vocab import vocab_pair_problem, vocab_rows
 
 # SpeculativeDecodingMode is an IntFlag (auto() from 1): config.json holds these integers.
 SPECULATIVE_MODES = (
@@ -27,12 +28,13 @@ SPECULATIVE_MODES = (
     "save_hidden_states",
     "auto",
 )
+DRAFT_TOKENS_EXTERNAL = SPECULATIVE_MODES[1]  # the mode whose target takes draft tokens from outside
 
 
 def speculative_mode_name(value: Any, max_draft_len: int = 0) -> str:
     """Normalise config.json's speculative_decoding_mode (int flag, enum repr or name) to the CLI choice name."""
     if value is None:  # engines from before the field existed: draft support shows as max_draft_len only
-        return "draft_tokens_external" if max_draft_len > 0 else "none"
+        return DRAFT_TOKENS_EXTERNAL if max_draft_len > 0 else "none"
     if isinstance(value, int) and not isinstance(value, bool):
         index = value.bit_length() - 1
         return (
@@ -100,3 +102,58 @@ def read_engine_config(engine_dir: str | Path) -> dict[str, Any]:
         raise CheckpointError(
             f"{path}: not a TensorRT-LLM engine config ({type(err).__name__}: {err})"
         ) from None
+
+
+def engine_vocab_rows(facts: dict[str, Any]) -> int:
+    """Logit rows of an engine (read_engine_config facts): vocab_size padded to its tp_size."""
+    return vocab_rows(facts["vocab_size"], "tensorrtllm", facts["tp_size"] or 1, "none")
+
+
+def pair_problems(
+    target: dict[str, Any],
+    draft: dict[str, Any] | None,
+    *,
+    max_draft_len: int = 1,
+    max_batch_size: int | None = None,
+    use_draft_logits: bool = False,
+    fast_logits: bool = False,
+    own_tokenizer: bool = False,
+) -> list[str]:
+    """What makes built engines (read_engine_config facts) unusable for draft-target speculation, empty if nothing:
+    the one statement of these rules, for a repository's engines (deploy) and the in-process runner. No draft: the
+    target alone, drafting by prompt lookup. ``max_draft_len``: the K the caller needs; ``max_batch_size``: the
+    batch it needs, None to not check; ``own_tokenizer``: the draft tokenizes differently, so its vocabulary rows
+    never meet the target's."""
+    problems = []
+    mode, built_k = target["speculative_decoding_mode"], target["max_draft_len"]
+    if mode != DRAFT_TOKENS_EXTERNAL:
+        problems.append(
+            f"the target engine was built without draft support (speculative_decoding_mode {mode!r}, "
+            f"max_draft_len {built_k}); rebuild it with `trtspec build` (--speculative_decoding_mode "
+            f"{DRAFT_TOKENS_EXTERNAL} --max_draft_len K)"
+        )
+    elif built_k < max_draft_len:
+        problems.append(
+            f"target engine max_draft_len {built_k} < recipe max_draft_len {max_draft_len}; rebuild it with "
+            "`trtspec build`"
+        )
+    if draft is not None and not own_tokenizer:
+        rows = (engine_vocab_rows(target), engine_vocab_rows(draft))
+        vocab = vocab_pair_problem(*rows, "tensorrtllm", use_draft_logits, fast_logits)
+        if vocab is not None:
+            problems.append(vocab)
+    for role, facts in (("target", target), ("draft", draft)):
+        if facts is None:
+            continue
+        if max_batch_size is not None and (facts["max_batch_size"] or 0) < max_batch_size:
+            problems.append(
+                f"{role} engine max_batch_size {facts['max_batch_size']} < limits.max_batch_size "
+                f"{max_batch_size}; rebuild it with `trtspec build`"
+            )
+        if use_draft_logits and not facts["gather_generation_logits"]:
+            # Without gathered logits the runtime hangs (TensorRT-LLM issue 2798): refused up front.
+            problems.append(
+                f"{role} engine lacks --gather_generation_logits, which use_draft_logits needs; rebuild with "
+                "`trtspec build` or set speculative.use_draft_logits: false"
+            )
+    return problems

@@ -36,11 +36,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtspec.core import layout
-from trtspec.core.engine_config import read_engine_config
+from trtspec.core.engine_config import engine_vocab_rows, pair_problems, read_engine_config
 from trtspec.core.errors import CheckpointError, ModelError
 from trtspec.core.lookup import LookupSpec, uses_lookup
-from trtspec.core.vocab import vocab_pair_problem
-from trtspec.core.vocab import vocab_rows as model_vocab_rows
 from trtspec.engines import trtllm_engine as adapter
 from trtspec.engines.adaptive import AdaptiveState, KPolicy, policy_for
 from trtspec.engines.engine import StreamingGenerator
@@ -233,7 +231,7 @@ class TrtllmCalls:
     def __init__(self, target: adapter.EngineRunner, draft: adapter.EngineRunner | None):
         self.target, self.draft = target, draft
         self.draft_vocab = draft.vocab_size if draft is not None else 0
-        self.target_logit_rows = vocab_rows(target.facts)
+        self.target_logit_rows = engine_vocab_rows(target.facts)
 
     def propose(
         self, prefixes: list[list[int]], num_tokens: int, call: Call, want_logits: bool
@@ -275,11 +273,6 @@ def _stops(call: Call) -> dict:
     return {"end_id": call.stops.end_id, "pad_id": call.stops.pad_id, "stop_words": words}
 
 
-def vocab_rows(facts: dict) -> int:
-    """Logit rows of an engine (read_engine_config facts): vocab_size padded to its tp_size."""
-    return model_vocab_rows(facts["vocab_size"], "tensorrtllm", facts["tp_size"] or 1, "none")
-
-
 def check_pair(
     target_dir: Path,
     target: dict,
@@ -288,33 +281,15 @@ def check_pair(
     external: bool | None = None,
     own_tokenizer: bool = False,
 ) -> None:
-    """Engine-config checks of a draft-target pair (CheckpointError, one line), before any engine is loaded.
-    ``external``: the target gets draft tokens from outside (default: when there is a draft engine; prompt lookup
-    gives them without one); ``own_tokenizer``: the draft tokenizes differently, so its vocabulary rows need not
-    match the target's."""
+    """Engine-config checks of a draft-target pair (core.engine_config.pair_problems; CheckpointError, one line),
+    before any engine is loaded. ``external``: the target gets draft tokens from outside (default: when there is a
+    draft engine; prompt lookup gives them without one); ``own_tokenizer``: the draft tokenizes differently."""
     external = draft is not None if external is None else external
     if not external:
         return
-    if target["speculative_decoding_mode"] != "draft_tokens_external" or target["max_draft_len"] < 1:
-        raise CheckpointError(
-            f"{target_dir}: the target engine was built without draft support (speculative_decoding_mode "
-            f"{target['speculative_decoding_mode']!r}, max_draft_len {target['max_draft_len']}); rebuild it with "
-            "`trtspec build` (--speculative_decoding_mode draft_tokens_external --max_draft_len K)"
-        )
-    if draft is not None and not own_tokenizer:  # a draft with its own tokenizer never sees target ids
-        problem = vocab_pair_problem(
-            vocab_rows(target), vocab_rows(draft), "tensorrtllm", use_draft_logits, fast_logits=False
-        )
-        if problem is not None:
-            raise ModelError(f"{target_dir}: engines: {problem}")
-    engines = [e for e in (draft, target) if e is not None]
-    if use_draft_logits and not all(e["gather_generation_logits"] for e in engines):
-        # Without gathered logits the runtime hangs (TensorRT-LLM issue 2798): refuse up front.
-        raise CheckpointError(
-            f"{target_dir}: use_draft_logits needs {'both engines' if draft else 'the target engine'} built with "
-            "--gather_generation_logits; "
-            "rebuild with `trtspec build` or set speculative.use_draft_logits: false"
-        )
+    problems = pair_problems(target, draft, use_draft_logits=use_draft_logits, own_tokenizer=own_tokenizer)
+    if problems:
+        raise CheckpointError(f"{target_dir}: {problems[0]}", detail="\n".join(problems))
 
 
 def _tokenizer_facts(tokenizer_dir, trust_remote_code: bool) -> tuple[Any, tuple[int, ...], int | None]:

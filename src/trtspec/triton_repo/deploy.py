@@ -14,7 +14,6 @@ from trtspec.builders import support
 from trtspec.core import layout, trtllm
 from trtspec.core.errors import CheckFailed
 from trtspec.core.tokenizers import heterogeneous_problem
-from trtspec.core.vocab import vocab_pair_problem, vocab_rows
 from trtspec.outputs import write_output_dir
 from trtspec.recipe import Recipe
 from trtspec.triton_repo import interface as names
@@ -86,29 +85,17 @@ def engine_problems(recipe: Recipe, facts: dict[str, dict], own_tokenizer: bool 
     """What makes a built target/draft pair (or a target alone, for prompt lookup) unusable for this repository
     (empty if none); facts per role are read_engine_config's. ``own_tokenizer``: the draft has a tokenizer of its
     own, so its vocab rows never meet the target's."""
-    spec, problems = recipe.speculative, []
-    target, draft = facts["target"], facts.get("draft")
-    if target["speculative_decoding_mode"] != "draft_tokens_external":
-        problems.append(
-            "the target engine was not built with --speculative_decoding_mode draft_tokens_external"
-        )
-    if target["max_draft_len"] < spec.max_draft_len:
-        problems.append(
-            f"target engine max_draft_len {target['max_draft_len']} < recipe max_draft_len {spec.max_draft_len}"
-        )
-    if draft is not None and not own_tokenizer:  # none: prompt lookup alone, no pair
-        rows = [
-            vocab_rows(f["vocab_size"], "tensorrtllm", f["tp_size"] or 1, "none") for f in (target, draft)
-        ]
-        vocab = vocab_pair_problem(*rows, "tensorrtllm", spec.use_draft_logits, recipe.triton.fast_logits)
-        if vocab is not None:
-            problems.append(vocab)
-    for role, f in facts.items():
-        if (f["max_batch_size"] or 0) < recipe.limits.max_batch_size:
-            problems.append(f"{role} engine max_batch_size {f['max_batch_size']} < limits.max_batch_size")
-        if spec.use_draft_logits and not f["gather_generation_logits"]:
-            problems.append(f"{role} engine lacks --gather_generation_logits, which use_draft_logits needs")
-    return problems
+    from trtspec.core.engine_config import pair_problems
+
+    return pair_problems(
+        facts["target"],
+        facts.get("draft"),
+        max_draft_len=recipe.speculative.max_draft_len,
+        max_batch_size=recipe.limits.max_batch_size,
+        use_draft_logits=recipe.speculative.use_draft_logits,
+        fast_logits=recipe.triton.fast_logits,
+        own_tokenizer=own_tokenizer,
+    )
 
 
 def check_engine_dirs(recipe: Recipe, engine_dirs: dict[str, Path], own_tokenizer: bool = False) -> None:
@@ -119,7 +106,7 @@ def check_engine_dirs(recipe: Recipe, engine_dirs: dict[str, Path], own_tokenize
     problems = engine_problems(recipe, facts, own_tokenizer)
     if problems:
         raise CheckFailed(
-            f"engines {engine_dirs['target'].parent}: {problems[0]}; rebuild with `trtspec build`",
+            f"engines {engine_dirs['target'].parent}: {problems[0]}",
             detail="\n".join(problems),
         )
 

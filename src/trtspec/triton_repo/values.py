@@ -155,14 +155,10 @@ def engine_vocab_rows(engine_dirs: dict[str, Path]) -> dict:
     """Logit rows of the target and draft engines (role -> rows). With a padded-vocabulary pair the
     orchestrator pads the draft's logits to the target's rows and maps ids the draft lacks
     (core.vocab.vocab_pair_problem, core.vocab.draft_input_ids)."""
+    from trtspec.core.engine_config import engine_vocab_rows as rows_of
     from trtspec.core.engine_config import read_engine_config
-    from trtspec.core.vocab import vocab_rows
 
-    rows = {}
-    for role, path in engine_dirs.items():
-        facts = read_engine_config(path)
-        rows[role] = vocab_rows(facts["vocab_size"], "tensorrtllm", facts["tp_size"] or 1, "none")
-    return rows
+    return {role: rows_of(read_engine_config(path)) for role, path in engine_dirs.items()}
 
 
 def k_values(spec: SpeculativeSpec) -> dict:
