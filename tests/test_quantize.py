@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from checkpoint_oracle import verify_checkpoint
 from tiny_models import CORPUS, make_model
 
 from trtspec.builders import interpreter, support
@@ -80,7 +81,7 @@ def test_verifier_catches_swapped_fc_and_gate_in_a_quantized_checkpoint(awq_read
             tensors[prefix + "gate." + leaf], tensors[prefix + "fc." + leaf],
         )  # fmt: skip
     save_file(tensors, out / "rank0.safetensors")
-    assert not interpreter.verify_checkpoint(out, awq_ready_dir)["passed"]
+    assert not verify_checkpoint(out, awq_ready_dir)["passed"]
 
 
 @pytest.mark.parametrize("fmt", ["int4_awq", "w4a8_awq"])

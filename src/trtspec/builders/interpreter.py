@@ -24,7 +24,6 @@ from typing import Any
 
 from trtspec.core.errors import CheckpointError
 
-COLUMN_PARALLEL = ("attention.qkv", "mlp.fc", "mlp.gate", "lm_head", "transformer.vocab_embedding")
 ROW_PARALLEL = ("attention.dense", "mlp.proj")
 HF_LINEAR = {
     "attention.dense": "self_attn.o_proj",
@@ -488,18 +487,3 @@ def verify_against(ckpt_dir: Path, input_ids: list, reference: list) -> dict:
     result = compare_logits(reference_logits_for(model, input_ids), reference, TOLERANCES[algo])
     result["quant_algo"] = algo
     return result
-
-
-def verify_checkpoint(checkpoint_dir: Path, hf_dir: Path, *, prompts=None) -> dict:
-    """Interpreter logits of the checkpoint vs the HF model's (float32, CPU) on a few prompts; returns metrics.
-
-    Does not raise on a failed comparison (``passed`` is False); raises CheckpointError/ModelError on bad inputs.
-    """
-    from trtspec.core.model_dir import load_source_model, load_tokenizer
-
-    tokenizer = load_tokenizer(Path(hf_dir))
-    input_ids = tokenize_prompts(tokenizer, prompts or DEFAULT_PROMPTS)
-    hf_model = load_source_model(Path(hf_dir), device="cpu")
-    reference = reference_logits_for(hf_model, input_ids)
-    del hf_model
-    return verify_against(Path(checkpoint_dir), input_ids, reference)

@@ -68,10 +68,6 @@ class EnginePlan:
     build_config: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def speculative_decoding_mode(self) -> str | None:
-        return self.build_config.get("speculative_decoding_mode")
-
-    @property
     def max_draft_len(self) -> int:
         return int(self.build_config.get("max_draft_len", 0))
 

@@ -414,11 +414,6 @@ def _cap(controllers: Sequence[KController], in_flight: int) -> int:
     return capped(min(c.max_k for c in controllers), controllers[0].policy.schedule, in_flight)
 
 
-def expected_max_normal(n: int) -> float:
-    """The expected largest of ``n`` standard normal draws (Blom's approximation; 0 for one)."""
-    return normal_order(n)[0]
-
-
 @functools.cache
 def normal_order(n: int) -> tuple[float, ...]:
     """The expected draws of ``n`` standard normal ones, largest first (Blom's approximation)."""

@@ -164,7 +164,7 @@ def hpa(plan: RolloutPlan) -> dict:
     }
 
 
-def adapter_values(plan: RolloutPlan) -> dict:
+def adapter_values() -> dict:
     """prometheus-adapter's Helm values (rules.custom): the recorded ratio as a pods metric of the custom metrics
     API, under the same name the HPA asks for."""
     return {

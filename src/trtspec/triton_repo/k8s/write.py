@@ -79,7 +79,7 @@ def rollout_objects(plan: RolloutPlan, dashboard: dict) -> dict[str, dict]:
     for name, objects in (("production", production), ("canary", canary)):
         folder = _folder(objects, spec.namespace, ("../../base",))
         files |= {f"overlays/{name}/{k}": v for k, v in folder.items()}
-    files["monitoring/prometheus-adapter-values.yaml"] = mon.adapter_values(plan)
+    files["monitoring/prometheus-adapter-values.yaml"] = mon.adapter_values()
     return files
 
 
