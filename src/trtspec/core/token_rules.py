@@ -8,7 +8,8 @@
 3. **What an engine call gets** (``engine_stops``): TensorRT-LLM takes ONE end_id, so one stop id is the end_id
    and every other is a one-token stop word. The end_id is the tokenizer's eos when it is a stop id (the token
    the chat template ends a turn with: Llama-3-Instruct's <|eot_id|>, Qwen2.5's <|im_end|>), else the first stop
-   id; -1 (matches nothing) when there is none. pad_id: the request's, else the tokenizer's pad, else end_id.
+   id; -1 (matches nothing) when there is none. pad_id: the one given (the caller's: the request's, else the
+   tokenizer's pad), else end_id, or 0 when end_id is -1.
 4. **The end token in results** (``KEEP_END``): the stop id that ended a request is the last returned token of
    the in-process APIs (``generate``, ``SpeculativeEngine``, the TensorRT-LLM runner: Hugging Face generate's
    convention) and is left out of the ids and the text of the Triton client interface (TensorRT-LLM's end_id
