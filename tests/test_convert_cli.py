@@ -35,6 +35,50 @@ def test_convert_both_models_json(runner, recipe_file, tmp_path):
     assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["draft", "target"]
 
 
+def test_convert_replaces_only_a_checkpoint_and_files_are_readable_by_others(runner, recipe_file, tmp_path):
+    """--out never replaces a folder that holds anything but a checkpoint (a Hugging Face model folder, notes), and
+    the weights get a plain file's mode, not a temp file's private 0600."""
+    import os
+
+    kept = tmp_path / "mine"
+    kept.mkdir()
+    (kept / "thesis.txt").write_text("keep me")
+    (kept / "config.json").write_text("{}")
+    for cmd in (["convert", "--model", "draft"], ["quantize", "--model", "draft", "--draft-format", "fp8"]):
+        result = runner.invoke(cli, [cmd[0], str(recipe_file), *cmd[1:], "--no-verify", "--out", str(kept)])
+        assert result.exit_code == 2 and "Traceback" not in result.output
+        assert (
+            f"--out {kept} exists and is not a TensorRT-LLM checkpoint (no rank0.safetensors)"
+            in result.output
+        )
+        assert (kept / "thesis.txt").read_text() == "keep me"
+    both = tmp_path / "both"
+    (both / "draft").mkdir(parents=True)
+    (both / "draft" / "notes.txt").write_text("keep")
+    result = runner.invoke(cli, ["convert", str(recipe_file), "--no-verify", "--out", str(both)])
+    assert result.exit_code == 2 and (both / "draft" / "notes.txt").is_file()
+    assert not (both / "target").exists()  # refused before any work
+    out = tmp_path / "new" / "ck"
+    umask = os.umask(0o022)
+    try:
+        args = ["convert", str(recipe_file), "--model", "draft", "--no-verify", "--out", str(out)]
+        assert runner.invoke(cli, args).exit_code == 0
+        assert runner.invoke(cli, args).exit_code == 0  # a checkpoint is replaced
+    finally:
+        os.umask(umask)
+    assert (out / "rank0.safetensors").stat().st_mode & 0o777 == 0o644
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without a GPU")
+def test_cuda_without_a_gpu_is_one_line_before_any_folder_is_made(runner, recipe_file, tmp_path):
+    for cmd in (["convert"], ["quantize", "--target-format", "fp8"]):
+        out = tmp_path / "new" / "ck"
+        result = runner.invoke(cli, [*cmd, str(recipe_file), "--device", "cuda", "--out", str(out)])
+        assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+        assert "device 'cuda' was asked for but torch sees no GPU; use --device cpu" in result.output
+        assert not (tmp_path / "new").exists()
+
+
 def test_convert_draft_bf16_tp2_without_verify(runner, recipe_file, tmp_path):
     out = tmp_path / "d"
     args = ["convert", str(recipe_file), "--model", "draft", "--dtype", "bfloat16", "--tp-size", "2"]

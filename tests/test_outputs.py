@@ -76,6 +76,32 @@ def test_a_failing_fill_leaves_nothing_behind_and_keeps_the_earlier_output(tmp_p
     assert sorted(os.listdir(out)) == ["report.json"]
 
 
+def test_a_failed_write_removes_the_folders_it_made_for_its_output_and_only_those(tmp_path):
+    from trtspec.outputs import atomic_dir
+
+    (tmp_path / "kept").mkdir()
+    with pytest.raises(KeyboardInterrupt), atomic_dir(tmp_path / "kept" / "new" / "deeper" / "out") as tmp:
+        (tmp / "half.bin").write_bytes(b"x")
+        raise KeyboardInterrupt
+    assert [p.name for p in tmp_path.iterdir()] == ["kept"] and not any((tmp_path / "kept").iterdir())
+
+
+def test_a_finished_folder_gets_plain_modes_and_keeps_an_executable(tmp_path):
+    from trtspec.outputs import atomic_dir
+
+    umask = os.umask(0o022)
+    try:
+        with atomic_dir(tmp_path / "out") as tmp:
+            for name, mode in (("weights.safetensors", 0o600), ("run.sh", 0o755), ("sub/deep.bin", 0o600)):
+                (tmp / name).parent.mkdir(exist_ok=True)
+                (tmp / name).write_bytes(b"x")
+                (tmp / name).chmod(mode)
+    finally:
+        os.umask(umask)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "out").rglob("*") if p.is_file()}
+    assert modes == {"weights.safetensors": 0o644, "run.sh": 0o755, "deep.bin": 0o644}
+
+
 def test_a_report_file_is_checked_before_any_work(tmp_path):
     from trtspec.outputs import check_output_file
 

@@ -93,6 +93,8 @@ def atomic_dir(out_dir: Path, create: bool = True, need_bytes: int | None = None
     ``need_bytes``, the writer's estimate of the whole output."""
     out_dir = Path(out_dir)
     tmp = temp_sibling(out_dir)
+    made = _missing_parents(out_dir)
+    done = False
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         if create:
@@ -101,7 +103,9 @@ def atomic_dir(out_dir: Path, create: bool = True, need_bytes: int | None = None
         raise _unwritable(out_dir, err, need_bytes) from None
     try:
         yield tmp
+        plain_modes(tmp)
         replace_dir(tmp, out_dir)
+        done = True
     except Exception as err:
         if not is_disk_full(err):
             raise
@@ -110,6 +114,30 @@ def atomic_dir(out_dir: Path, create: bool = True, need_bytes: int | None = None
         raise no_space_error(out_dir, need_bytes or getattr(err, "need_bytes", None), written, err) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if not done:
+            for folder in made:  # the folders made for it, innermost first, while nothing else is in them
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+
+
+def _missing_parents(path: Path) -> list[Path]:
+    """The folders above ``path`` that do not exist yet, innermost first."""
+    missing, folder = [], path.parent
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing
+
+
+def plain_modes(folder: Path) -> None:
+    """Files under ``folder`` left with a temp file's private mode (0600: safetensors and ModelOpt write through
+    temp files) get the mode of any new file under this umask, so a server running as another user can read
+    them; other modes (an executable script's) are kept."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in Path(folder).rglob("*"):
+        if path.is_file() and not path.is_symlink() and path.stat().st_mode & 0o777 == 0o600:
+            path.chmod(0o666 & ~umask)
 
 
 def write_file_atomic(path: Path | str, data: str | bytes, mode: int | None = None) -> Path:

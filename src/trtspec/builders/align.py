@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -35,7 +34,7 @@ from trtspec.builders.align_data import DataSpec
 from trtspec.builders.align_train import Best, train
 from trtspec.builders.align_work import Clock, StageProgress, WorkDir, no_progress
 from trtspec.core.errors import CheckFailed, ModelError, OutputError, RecipeError, TrtspecError
-from trtspec.core.model_dir import count_parameters, load_hf_model, load_tokenizer
+from trtspec.core.model_dir import count_parameters, load_hf_model, load_tokenizer, require_device
 from trtspec.outputs import atomic_dir, check_output_dir, folder_bytes
 from trtspec.recipe import Recipe, load_recipe, recipe_copy
 
@@ -227,12 +226,9 @@ def write_draft(draft, source: Path, tmp: Path) -> None:
     dtype = getattr(torch, weights_dtype(source))
     draft.to(dtype).save_pretrained(scratch, safe_serialization=True)
     draft.float()
-    umask = os.umask(0)
-    os.umask(umask)
     for path in scratch.iterdir():
         if path.name.endswith(".safetensors") or path.name == "model.safetensors.index.json":
-            path.chmod(0o666 & ~umask)  # a plain file's mode, not the private one of a temp file
-            path.rename(tmp / path.name)
+            path.rename(tmp / path.name)  # outputs.atomic_dir gives them a plain file's mode
     shutil.rmtree(scratch)
     for path in Path(source).iterdir():
         weights = path.suffix in (".safetensors", ".bin", ".pt", ".pth") or path.name.endswith(".index.json")
@@ -265,8 +261,7 @@ def run_align(spec: AlignSpec, on_progress: StageProgress | None = None) -> Alig
     work_path = Path(spec.work_dir or default_work).absolute()
     if work_path == out or out in work_path.parents:
         raise OutputError(f"--work-dir {work_path} is inside --out {out}; choose a folder beside it")
-    if spec.device == "cuda" and not torch.cuda.is_available():
-        raise ModelError("--device cuda was asked for but torch sees no GPU; use --device cpu")
+    require_device(spec.device)
     refuse_two_tokenizers(recipe)
     refuse_failed_check(recipe)
     counts = align_data.count_prompts(spec.prompts, spec.data.held_out, spec.data.validation)

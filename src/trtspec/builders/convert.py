@@ -28,8 +28,12 @@ from trtspec.builders.export_pipeline import (
 )
 from trtspec.core import layout
 from trtspec.core.errors import CheckFailed, CheckpointError, ModelError
-from trtspec.core.model_dir import read_hf_config, require_matching_weights
+from trtspec.core.model_dir import read_hf_config, require_device, require_matching_weights
+from trtspec.outputs import check_output_dir
 from trtspec.recipe import CalibrationSpec, ModelSpec, load_recipe
+
+# Every TensorRT-LLM checkpoint has rank 0's weights; a Hugging Face folder never has this file.
+CHECKPOINT_MARKER = "rank0.safetensors"
 
 # modelopt 0.37's TensorRT-LLM export has no "qwen" decoder (tensorrt_llm_utils raises NotImplementedError);
 # Qwen2/3 are Llama-shaped (+ qkv bias / qk-norm), so they go through its "llama" path.
@@ -232,13 +236,19 @@ def checkpoint_dir(recipe_name: str, role: str, out: Path | None = None, several
 def export_models(
     recipe, roles: list[str], *, out: Path | None = None, verify: bool = True, console=None
 ) -> list:
-    """export_checkpoint for each role of the recipe (target and/or draft), with the recipe's calibration."""
+    """export_checkpoint for each role of the recipe (target and/or draft), with the recipe's calibration. An
+    ``out`` folder is replaced only where it holds nothing or a checkpoint: refused before any work otherwise."""
     if len(roles) > 1:
         _require_matching_weights(recipe, roles)
+    require_device(recipe.calibration.device)
+    dirs = {role: checkpoint_dir(recipe.name, role, out, several=len(roles) > 1) for role in roles}
+    if out is not None:
+        for path in dirs.values():
+            check_output_dir(path, CHECKPOINT_MARKER, "a TensorRT-LLM checkpoint", "--out")
     summaries = []
     for role in roles:
         spec = recipe.models()[role]
-        target_dir = checkpoint_dir(recipe.name, role, out, several=len(roles) > 1)
+        target_dir = dirs[role]
         summary = export_checkpoint(
             spec, target_dir, calibration=recipe.calibration, device=recipe.calibration.device,
             verify=verify, console=console, label=role,

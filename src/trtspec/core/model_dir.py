@@ -399,10 +399,19 @@ def _weight_file(model_dir: Path, tensor: str) -> Path:
     return model_dir
 
 
+def require_device(device: str) -> None:
+    """ModelError, before any model loads, for a CUDA device on a machine whose torch sees no GPU."""
+    import torch
+
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        raise ModelError(f"device {device!r} was asked for but torch sees no GPU; use --device cpu")
+
+
 def load_source_model(
     model_dir: Path, device: str = "cpu", dtype: str | None = None, trust_remote_code: bool = False
 ):
     """The HF causal LM in eval mode: float32 on CPU (calibration and reference logits), ``dtype`` on CUDA."""
+    require_device(device)
     read_hf_config(model_dir)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

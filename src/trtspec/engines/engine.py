@@ -27,11 +27,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from trtspec.core.errors import ModelError, RequestError
 from trtspec.core.lookup import LookupSpec, uses_lookup
-from trtspec.core.model_dir import load_tokenizer_if_any, loaded_end_ids
+from trtspec.core.model_dir import load_tokenizer_if_any, loaded_end_ids, require_device
 from trtspec.core.token_rules import request_stop_ids
 from trtspec.engines.adaptive import AdaptiveState, KPolicy
 from trtspec.engines.loop import (
@@ -227,8 +225,7 @@ class SpeculativeEngine(StreamingGenerator):
         lookup: LookupSpec = LookupSpec(),
         heterogeneous_vocab: bool = False,
     ) -> SpeculativeEngine:
-        if device == "cuda" and not torch.cuda.is_available():
-            raise ModelError("device 'cuda' was asked for but torch sees no GPU; use --device cpu")
+        require_device(device)
         opts = dict(
             device=device,
             dtype=dtype,
