@@ -101,6 +101,34 @@ def test_serve_binds_what_the_recipe_deployed_unless_the_command_line_says_other
     assert resolve_ports(ServeSpec(repo=out), {}) == Ports(8000, 8001, 8002, "127.0.0.1")
 
 
+def test_serve_refuses_ports_it_could_not_take_before_starting(tmp_path):
+    """Another server on the port would answer the readiness polls of this one (a false "ready"), and a host
+    with control characters broke the first poll with a traceback."""
+    import socket
+
+    from trtspec.core.errors import ServerError
+    from trtspec.triton_repo.server import TritonServer, check_ports, free_ports
+
+    http, grpc, metrics = free_ports(3)
+    check_ports(Ports(http, grpc, metrics))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", grpc))
+        busy.listen()
+        with pytest.raises(
+            ServerError, match=f"port {grpc} \\(grpc\\) on 127.0.0.1 is in use, perhaps by another"
+        ):
+            check_ports(Ports(http, grpc, metrics))
+        log = tmp_path / "server.log"
+        log.write_text("the running server's log")
+        with pytest.raises(ServerError, match="in use"):
+            TritonServer(tmp_path, Ports(http, grpc, metrics), log, install=object()).start(1)
+        assert log.read_text() == "the running server's log"
+    with pytest.raises(ServerError, match="ports must differ"):
+        check_ports(Ports(http, http, metrics))
+    with pytest.raises(ServerError, match="--host 'not a host': not an address this machine can bind"):
+        check_ports(Ports(http, grpc, metrics, "not a host"))
+
+
 def test_refuses_to_overwrite_a_folder_that_is_not_a_repository(tiny_pair, tmp_path):
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep me")

@@ -381,7 +381,7 @@ BAD = {
     "port clash": (
         "triton: {runtime: tensorrtllm}",
         "triton: {runtime: tensorrtllm, grpc_port: 8000}",
-        "triton.grpc_port: 8000 is also triton.http_port",
+        "triton: grpc_port 8000 is also http_port; the server needs three distinct ports",
     ),
     "port 0": (
         "triton: {runtime: tensorrtllm}",

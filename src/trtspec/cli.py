@@ -480,7 +480,7 @@ def _port_option(kind: str):
     """--<kind>-port of serve, range-checked like the recipe's triton.<kind>_port."""
     return click.option(
         f"--{kind}-port",
-        type=click.IntRange(0, 65535),
+        type=click.IntRange(1, 65535),
         help=f"[default: the recipe's triton.{kind}_port]",
     )
 

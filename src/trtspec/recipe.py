@@ -258,9 +258,21 @@ class TritonSpec(_Strict):
     enable_kv_cache_reuse: bool = True
     fast_logits: bool = Field(False, description="speculative_decoding_fast_logits with participant ids")
     host: str = "127.0.0.1"
-    http_port: int = Field(8000, ge=0, le=65535)
-    grpc_port: int = Field(8001, ge=0, le=65535)
-    metrics_port: int = Field(8002, ge=0, le=65535)
+    http_port: int = Field(8000, ge=1, le=65535)
+    grpc_port: int = Field(8001, ge=1, le=65535)
+    metrics_port: int = Field(8002, ge=1, le=65535)
+
+    @model_validator(mode="after")
+    def _distinct_ports(self) -> TritonSpec:
+        seen: dict[int, str] = {}
+        for kind in ("http", "grpc", "metrics"):
+            port = getattr(self, f"{kind}_port")
+            if port in seen:
+                raise ValueError(
+                    f"{kind}_port {port} is also {seen[port]}_port; the server needs three distinct ports"
+                )
+            seen[port] = kind
+        return self
 
 
 _K8S_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # a DNS-1123 label

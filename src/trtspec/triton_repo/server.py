@@ -9,6 +9,7 @@ loads this interpreter's libpython and finds the virtualenv's packages (see trit
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib.metadata
 import os
 import re
@@ -76,6 +77,37 @@ class Ports:
     @property
     def metrics_url(self) -> str:
         return f"http://{self.reach_host}:{self.metrics}/metrics"
+
+
+def check_ports(ports: Ports) -> None:
+    """ServerError, before tritonserver starts, for ports it could not take: two alike, one in use (another server
+    on it would answer the readiness polls), or a host this machine cannot bind."""
+    named = {"http": ports.http, "grpc": ports.grpc, "metrics": ports.metrics}
+    if len(set(named.values())) < len(named):
+        raise ServerError(
+            f"the http, grpc and metrics ports must differ (got {named}); pass distinct --*-port values"
+        )
+    for kind, port in named.items():
+        try:
+            family, kind_, proto, _, address = socket.getaddrinfo(ports.host, port, type=socket.SOCK_STREAM)[
+                0
+            ]
+            with socket.socket(family, kind_, proto) as probe:
+                probe.setsockopt(
+                    socket.SOL_SOCKET, socket.SO_REUSEADDR, 1
+                )  # a port in TIME_WAIT is free to serve
+                probe.bind(address)
+        except (socket.gaierror, UnicodeError, ValueError) as err:
+            raise ServerError(
+                f"--host {ports.host!r}: not an address this machine can bind ({err})"
+            ) from None
+        except OSError as err:
+            if err.errno == errno.EADDRINUSE:
+                raise ServerError(
+                    f"port {port} ({kind}) on {ports.host} is in use, perhaps by another server; stop it or pass "
+                    f"another --{kind}-port"
+                ) from None
+            raise ServerError(f"cannot bind {ports.host}:{port} ({kind}): {err.strerror or err}") from None
 
 
 def free_ports(n: int = 3, host: str = "127.0.0.1") -> list[int]:
@@ -367,6 +399,7 @@ class TritonServer:
             raise ServerError(
                 f"mpirun not found: the {self.layout['mode']} launch needs the NGC TensorRT-LLM Triton image"
             )
+        check_ports(self.ports)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(

@@ -113,24 +113,8 @@ def _fail(recipe: Recipe, field_path: str, message: str) -> RecipeError:
 
 
 def check_ports(recipe: Recipe) -> dict[str, int]:
-    """The three container ports: set (0 = any free port, which no probe or Service can name) and distinct."""
-    ports = {kind: getattr(recipe.triton, f"{kind}_port") for kind in ("http", "grpc", "metrics")}
-    seen: dict[int, str] = {}
-    for kind, port in ports.items():
-        if port == 0:
-            raise _fail(
-                recipe,
-                f"triton.{kind}_port",
-                "0 picks a free port at start, which a probe cannot name; set a port",
-            )
-        if port in seen:
-            raise _fail(
-                recipe,
-                f"triton.{kind}_port",
-                f"{port} is also triton.{seen[port]}_port; the pod needs three distinct ports",
-            )
-        seen[port] = kind
-    return ports
+    """The three container ports (the recipe holds them set and distinct, as probes and Services name them)."""
+    return {kind: getattr(recipe.triton, f"{kind}_port") for kind in ("http", "grpc", "metrics")}
 
 
 def pod_model_path(raw: str) -> str | None:
