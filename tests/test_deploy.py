@@ -129,6 +129,22 @@ def test_serve_refuses_ports_it_could_not_take_before_starting(tmp_path):
         check_ports(Ports(http, grpc, metrics, "not a host"))
 
 
+@pytest.mark.parametrize(("name", "why"), [("my repo", "a space"), ("répo", "non-ASCII characters")])
+def test_a_repository_path_the_python_backend_cannot_load_from_is_refused(tiny_pair, tmp_path, name, why):
+    """Each python model's stub takes its path as a command-line argument: deploy refuses such a path before
+    writing, and serve one written there (it waited out its load timeout)."""
+    from trtspec.core.errors import ServerError
+    from trtspec.triton_repo.server import TritonServer
+
+    with pytest.raises(OutputError, match=f"has {why}, which Triton's python backend cannot load models from"):
+        deploy(make_recipe(tiny_pair), "torch", tmp_path / name / "repo")
+    assert not (tmp_path / name).exists()
+    moved = tmp_path / name
+    deploy(make_recipe(tiny_pair), "torch", tmp_path / "repo").repo.rename(moved)
+    with pytest.raises(ServerError, match=f"has {why}"):
+        TritonServer(moved, Ports(1, 2, 3), tmp_path / "log", install=object()).start(1)
+
+
 def test_refuses_to_overwrite_a_folder_that_is_not_a_repository(tiny_pair, tmp_path):
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep me")

@@ -7,6 +7,7 @@ can call them and show the result its own way. ``out`` is cli.Output (json / qui
 from __future__ import annotations
 
 import contextlib
+import shlex
 import sys
 from collections.abc import Callable, Iterable, Iterator
 
@@ -89,7 +90,7 @@ def show_deploy(result, out) -> None:
         return
     console = out.console()
     console.print(f"wrote {result.repo} ({result.runtime} runtime): {', '.join(result.models)}")
-    console.print(f"serve it with: trtspec serve {result.repo}")
+    console.print(f"serve it with: trtspec serve {shlex.quote(str(result.repo))}")
 
 
 def show_rollout(result, out) -> None:

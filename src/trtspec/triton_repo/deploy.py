@@ -12,7 +12,7 @@ from pathlib import Path
 
 from trtspec.builders import support
 from trtspec.core import layout, trtllm
-from trtspec.core.errors import CheckFailed
+from trtspec.core.errors import CheckFailed, OutputError
 from trtspec.core.tokenizers import heterogeneous_problem
 from trtspec.outputs import write_output_dir
 from trtspec.recipe import Recipe
@@ -25,6 +25,7 @@ from trtspec.triton_repo.render import (
     read_template,
     render_template,
 )
+from trtspec.triton_repo.server import repo_path_problem
 from trtspec.triton_repo.values import ModelPlan, launch_layout, llmapi_plan, plan_models
 
 RUNTIMES = ("torch", "tensorrtllm", "trtllm-pytorch")
@@ -232,6 +233,9 @@ def deploy(
     if runtime not in RUNTIMES:
         raise CheckFailed(f"runtime '{runtime}' cannot be deployed; choose one of {', '.join(RUNTIMES)}")
     out = Path(out) if out else default_out_dir(recipe)
+    problem = repo_path_problem(out)
+    if problem is not None:
+        raise OutputError(f"--out {out}: {problem}; choose a folder whose path has neither")
     if engine_dirs is None and engines_dir is not None:
         engine_dirs = default_engine_dirs(recipe, engines_dir)
     plans, rendered = plan_and_render(recipe, runtime, engine_dirs, model_dirs, engines_dir)

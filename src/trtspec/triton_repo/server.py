@@ -79,6 +79,18 @@ class Ports:
         return f"http://{self.reach_host}:{self.metrics}/metrics"
 
 
+def repo_path_problem(repo: Path | str) -> str | None:
+    """Why tritonserver's python backend cannot load models from ``repo`` (None: it can). Each model's stub gets
+    its model.py path as a command-line argument, so a space splits it (the stub then dies parsing the next
+    argument), and the stub's Python fails on a non-ASCII path."""
+    path = str(Path(repo).absolute())
+    if any(ch.isspace() for ch in path):
+        return "its path has a space, which Triton's python backend cannot load models from"
+    if not path.isascii():
+        return "its path has non-ASCII characters, which Triton's python backend cannot load models from"
+    return None
+
+
 def check_ports(ports: Ports) -> None:
     """ServerError, before tritonserver starts, for ports it could not take: two alike, one in use (another server
     on it would answer the readiness polls), or a host this machine cannot bind."""
@@ -398,6 +410,11 @@ class TritonServer:
         if self.layout and not shutil.which("mpirun", path=self.env.get("PATH")):
             raise ServerError(
                 f"mpirun not found: the {self.layout['mode']} launch needs the NGC TensorRT-LLM Triton image"
+            )
+        problem = repo_path_problem(self.repo)
+        if problem is not None:
+            raise ServerError(
+                f"{self.repo}: {problem}; move the repository or redeploy it with `trtspec deploy --out`"
             )
         check_ports(self.ports)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
