@@ -210,6 +210,31 @@ def test_a_broken_config_json_is_one_short_line_naming_it(
         )
 
 
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("vocab_size", "1024"), ("vocab_size", None), ("num_hidden_layers", "10"), ("max_position_embeddings", "1024"),
+     ("hidden_size", 0), ("num_attention_heads", True)],
+)  # fmt: skip
+def test_a_config_size_that_is_not_a_positive_integer_is_one_line_naming_it(
+    runner, tmp_path, tiny_pair, draft_with, key, value
+):
+    """Each gave a TypeError traceback in check's comparisons; a published optional size left null still loads."""
+    draft = draft_with()
+    config = json.loads((draft / "config.json").read_text())
+    (draft / "config.json").write_text(json.dumps(config | {key: value}))
+    for args in (
+        ["check", str(write_recipe(tmp_path / "r.yaml", tiny_pair[0], draft))],
+        ["generate", "--prompt", "x", "--target", str(tiny_pair[0]), "--draft", str(draft)],
+    ):
+        result = runner.invoke(cli, args)
+        assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+        assert result.output.strip() == (
+            f"Error: {draft}/config.json: {key}: must be a positive integer (got {value!r}); fix config.json"
+        )
+    (draft / "config.json").write_text(json.dumps(config | {"head_dim": None}))
+    assert runner.invoke(cli, ["check", str(tmp_path / "r.yaml")]).exit_code == 0
+
+
 def test_a_remote_code_config_without_a_model_type_is_not_refused_for_it(tmp_path):
     """transformers reads such a config through its auto_map's class (with trust_remote_code)."""
     from trtspec.core.model_dir import read_model_config

@@ -136,7 +136,9 @@ def test_a_repository_path_the_python_backend_cannot_load_from_is_refused(tiny_p
     from trtspec.core.errors import ServerError
     from trtspec.triton_repo.server import TritonServer
 
-    with pytest.raises(OutputError, match=f"has {why}, which Triton's python backend cannot load models from"):
+    with pytest.raises(
+        OutputError, match=f"has {why}, which Triton's python backend cannot load models from"
+    ):
         deploy(make_recipe(tiny_pair), "torch", tmp_path / name / "repo")
     assert not (tmp_path / name).exists()
     moved = tmp_path / name

@@ -49,7 +49,26 @@ def read_hf_config(model_dir: Path) -> dict:
         raise ModelError(
             f"{path}: must be a JSON object, got a {type(config).__name__}; re-export config.json"
         )
+    for section in (config, config.get("text_config")):
+        if isinstance(section, dict):
+            _check_sizes(section, path)
     return config
+
+
+# Sizes every check reads as numbers; published configs leave the optional ones null (Mistral's head_dim).
+_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers")
+_OPTIONAL_SIZES = ("num_attention_heads", "num_key_value_heads", "intermediate_size", "max_position_embeddings")
+_OPTIONAL_SIZES += ("head_dim",)
+
+
+def _check_sizes(section: dict, path: Path) -> None:
+    """ModelError naming the field for a size that is not a positive integer (a quoted "1024" included)."""
+    for key in (*_SIZES, *_OPTIONAL_SIZES):
+        if key not in section or (section[key] is None and key in _OPTIONAL_SIZES):
+            continue
+        value = section[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ModelError(f"{path}: {key}: must be a positive integer (got {value!r}); fix config.json")
 
 
 def read_model_config(model_dir: Path) -> dict:
