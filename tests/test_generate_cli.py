@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from test_engine import hf_greedy
 from tiny_models import make_model, make_tokenizer
 
@@ -147,11 +148,40 @@ def test_generate_errors_are_one_line(runner, tiny_pair, tmp_path):
         assert needle in result.output and "Traceback" not in result.output
         assert len(result.output.strip().splitlines()) == 1, result.output
     result = runner.invoke(cli, ["serve", str(tmp_path), "--http-port", "99999"])  # a click usage error
-    assert result.exit_code == 2 and "is not in the range 0<=x<=65535" in result.output
+    assert result.exit_code == 2 and "is not in the range 1<=x<=65535" in result.output
     for repo, needle in ((tmp_path / "nowhere", "does not exist"), (tmp_path, "not a model repository")):
         result = runner.invoke(cli, ["serve", str(repo)])
         assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
         assert f"Error: {repo}: {needle}" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["generate", "--prompt", "caf\udce9"], "Invalid value for '--prompt': not UTF-8 text (a stray byte at character 3)"),
+        (["generate", "--prompt", "x", "--stop", "\udcff"], "Invalid value for '--stop': not UTF-8 text"),
+        (["generate", "--prompt", "x", "--seed", str(2**64)], "Invalid value for '--seed': 18446744073709551616 is not"),
+        (["generate", "--prompt", "x", "--temperature", "nan"], "Invalid value for '--temperature': 'nan' is not a finite"),
+        (["validate", "demo", "--min-acceptance", "nan"], "Invalid value for '--min-acceptance': 'nan' is not a finite"),
+        (["check", "demo", "--gpu-memory", "nan"], "Invalid value for '--gpu-memory': 'nan' is not a finite number"),
+        (["align", "demo", "--budget", "inf", "--prompts", "p.jsonl"], "'--budget': 'inf' is not a finite number"),
+    ],
+)  # fmt: skip
+def test_option_values_that_would_reach_a_traceback_or_pass_every_check_are_refused(runner, args, said):
+    """A shell passes a non-UTF-8 byte as a lone surrogate (a tokenizer's TypeError); a seed past 64 bits overflowed
+    torch's generator; nan passes every bound comparison, so a threshold of nan passed every run."""
+    result = runner.invoke(cli, args)
+    assert result.exit_code == 2 and said in result.output and "Traceback" not in result.output, result.output
+
+
+def test_a_seed_outside_64_bits_is_refused_by_the_sampling_rules():
+    from trtspec.core.errors import RequestError
+    from trtspec.engines.sampling import SamplingParams
+
+    for seed in (-1, 2**64):
+        with pytest.raises(RequestError, match=r"seed must be in \[0, 2\*\*64\)"):
+            SamplingParams(temperature=1.0, seed=seed)
+    assert SamplingParams(seed=2**64 - 1).seed == 2**64 - 1
 
 
 def test_usage_errors_are_one_line_through_the_entry_point():

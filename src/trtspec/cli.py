@@ -14,6 +14,7 @@ import errno
 import functools
 import inspect
 import io
+import math
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -140,6 +141,17 @@ def recipe_argument(func):
     return argument(with_recipe_help(func))
 
 
+class Finite(click.FloatRange):
+    """click.FloatRange that also refuses nan and inf (nan passes every bound comparison, so a threshold of nan
+    would pass every run)."""
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
 def out_dir_option(help: str, file_okay: bool = False):
     """--out: where a command writes (its parameter and TRTSPEC_<COMMAND>_OUT_DIR say out_dir)."""
     return click.option("--out", "out_dir", type=click.Path(file_okay=file_okay, path_type=Path), help=help)
@@ -190,7 +202,7 @@ runtime_option = click.option(
 )
 @click.option(
     "--gpu-memory",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Finite(min=0, min_open=True),
     metavar="GIB",
     help="Fail when the per-GPU estimate exceeds this.",
 )
@@ -369,8 +381,25 @@ def build(
 # --- generate ---
 
 
+def _utf8(ctx, param, value):
+    """A command-line text as UTF-8: the shell passes bytes, and one that is not UTF-8 reaches Python as a lone
+    surrogate, which a tokenizer refuses with a TypeError."""
+    for text in value if isinstance(value, tuple) else (value,):
+        if text is None:
+            continue
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise click.BadParameter(
+                f"not UTF-8 text (a stray byte at character {err.start}); pass UTF-8"
+            ) from None
+    return value
+
+
 @cli.command()
-@click.option("--prompt", required=True, help="Text to continue (with --chat: the user's message).")
+@click.option(
+    "--prompt", required=True, callback=_utf8, help="Text to continue (with --chat: the user's message)."
+)
 @click.option(
     "--chat",
     is_flag=True,
@@ -406,11 +435,11 @@ def build(
     type=click.IntRange(min=1),
     help="Engine limit [default: the recipe's, or 8].",
 )
-@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, help="0 = greedy.")
+@click.option("--temperature", type=Finite(min=0), default=0.0, help="0 = greedy.")
 @click.option("--top-k", type=click.IntRange(min=0), default=0, help="0 = off.")
-@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0)
-@click.option("--seed", type=int)
-@click.option("--stop", multiple=True, help="Stop string (repeatable).")
+@click.option("--top-p", type=Finite(0, 1, min_open=True), default=1.0)
+@click.option("--seed", type=click.IntRange(0, 2**64 - 1))
+@click.option("--stop", multiple=True, callback=_utf8, help="Stop string (repeatable).")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu")
 @click.option(
     "--dtype",
@@ -494,7 +523,7 @@ def _port_option(kind: str):
 @click.option(
     "--timeout",
     "timeout_s",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Finite(min=0, min_open=True),
     help="Seconds to wait for every model to load [default: 300, or 3600 under MPI (TensorRT-LLM engines)].",
 )
 @output_options
@@ -567,7 +596,7 @@ system_options = spec_group(
 
 def _threshold_option(name: str, default: float | None, what: str):
     return click.option(
-        f"--{name}", type=click.FloatRange(0, 1), default=default, help=f"Fail (exit 1) below this {what}."
+        f"--{name}", type=Finite(0, 1), default=default, help=f"Fail (exit 1) below this {what}."
     )
 
 
@@ -669,7 +698,7 @@ def _count_option(flag: str, help: str):
 )
 @click.option(
     "--draft-cost-ratio",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Finite(min=0, min_open=True),
     help="Draft step / target step time for the analytic bound [default: measured in-process].",
 )
 @out_dir_option("Folder for bench.json, bench.md and the plots [default: bench/<name>].")
@@ -733,7 +762,7 @@ def bench(out: Output, **options) -> None:
 @click.option(
     "--budget",
     "budget_min",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Finite(min=0, min_open=True),
     default=15.0,
     metavar="MINUTES",
     help="Wall time for data and training together (across resumed runs).",
@@ -741,14 +770,14 @@ def bench(out: Output, **options) -> None:
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", help="Where both models run.")
 @click.option(
     "--held-out",
-    type=click.FloatRange(0, 1, min_open=True, max_open=True),
+    type=Finite(0, 1, min_open=True, max_open=True),
     default=0.1,
     metavar="FRACTION",
     help="Share of the prompts (every 1/FRACTION-th) kept out of training for the report.",
 )
 @click.option(
     "--validation",
-    type=click.FloatRange(0, 1, max_open=True),
+    type=Finite(0, 1, max_open=True),
     default=0.1,
     metavar="FRACTION",
     help="Share of the other prompts kept out of training to pick the best step's weights (0: the last step's).",
@@ -759,7 +788,7 @@ def bench(out: Output, **options) -> None:
     default="kl",
     help="Forward KL(target || draft) or total variation, per token.",
 )
-@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=1e-4, help="AdamW learning rate.")
+@click.option("--lr", type=Finite(min=0, min_open=True), default=1e-4, help="AdamW learning rate.")
 @click.option(
     "--max-new-tokens", type=click.IntRange(min=2), default=64, help="Target tokens per continuation."
 )

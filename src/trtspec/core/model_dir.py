@@ -57,7 +57,12 @@ def read_hf_config(model_dir: Path) -> dict:
 
 # Sizes every check reads as numbers; published configs leave the optional ones null (Mistral's head_dim).
 _SIZES = ("vocab_size", "hidden_size", "num_hidden_layers")
-_OPTIONAL_SIZES = ("num_attention_heads", "num_key_value_heads", "intermediate_size", "max_position_embeddings")
+_OPTIONAL_SIZES = (
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+)
 _OPTIONAL_SIZES += ("head_dim",)
 
 

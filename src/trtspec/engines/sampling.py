@@ -80,6 +80,7 @@ class SamplingParams:
             ),
             (self.top_k >= 0, "top_k", self.top_k, "must be >= 0 (0 = off)"),
             (0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]"),
+            (self.seed is None or 0 <= self.seed < 2**64, "seed", self.seed, "must be in [0, 2**64)"),
         ]
         for ok, name, value, rule in checks:
             if not ok:
