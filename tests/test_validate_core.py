@@ -95,6 +95,20 @@ def test_planted_mismatch_is_caught_with_its_position():
     assert any("--min-control-match" in f for f in failures)
 
 
+def test_a_system_that_disagrees_from_the_first_token_on_every_prompt_is_named_as_another_model():
+    """The control gate passes on a server of another model (its own speculative and target-only runs agree);
+    the exact match against the reference is report-only, so a note says what it most likely means."""
+    from trtspec.validate.validation import other_model_note
+
+    ref = [[10, 11, 12], [20, 21, 22]]
+    other = _result([[5, 6, 7], [8, 9, 1]], [[5, 6, 7], [8, 9, 1]], ref)
+    assert other.failures() == []
+    assert "probably serving another model than this recipe's target" in other_model_note(other.outcomes, "t")
+    late = _result([[10, 6, 7], [8, 9, 1]], [[10, 6, 7], [8, 9, 1]], ref)  # one agrees at first: a precision
+    assert other_model_note(late.outcomes, "t") is None
+    assert other_model_note(other.outcomes[:1], "t") is None  # one prompt says too little
+
+
 def test_thresholds_pass_and_acceptance_gate():
     ref = [[1, 3, 4]]
     ok = _result([[1, 3, 4]], [[1, 3, 4]], ref, Thresholds(min_exact_match=1.0, min_acceptance=0.7))

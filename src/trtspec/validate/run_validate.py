@@ -36,7 +36,7 @@ def validate(options: ValidateOptions, on_progress: Callable[[str], None] | None
     line for each step of the run (reference, speculative, target-only)."""
     from trtspec.core.lookup import uses_lookup
     from trtspec.recipe import load_recipe
-    from trtspec.validate.validation import run_validation
+    from trtspec.validate.validation import other_model_note, run_validation
 
     recipe = load_recipe(options.recipe)
     proposer = options.proposer or recipe.speculative.proposer
@@ -65,6 +65,9 @@ def validate(options: ValidateOptions, on_progress: Callable[[str], None] | None
     finally:
         system.close()
     result.notes += notes
+    unrelated = other_model_note(result.outcomes, str(recipe.target.model))
+    if unrelated is not None:
+        result.notes.append(unrelated)
     if options.report:
         write_file_atomic(options.report, validation_markdown(result))
     return result

@@ -136,6 +136,17 @@ class ValidationResult:
         return out
 
 
+def other_model_note(outcomes: Sequence[PromptOutcome], target: str) -> str | None:
+    """A note when no output agrees with the reference even on its first token, over several prompts: the system
+    is most likely serving another model (a lower precision diverges later, not at once on every prompt)."""
+    if len(outcomes) < 2 or any(o.vs_reference.first_divergence != 0 for o in outcomes):
+        return None
+    return (
+        f"No output agrees with the reference ({target}) even on its first token: the system under test is "
+        "probably serving another model than this recipe's target."
+    )
+
+
 def k_label(num_draft_tokens: int | None) -> str:
     """A run's K as reports name it: the number, or "adaptive" for None (each request's own K)."""
     return "adaptive" if num_draft_tokens is None else str(num_draft_tokens)
