@@ -165,11 +165,14 @@ def test_generate_errors_are_one_line(runner, tiny_pair, tmp_path):
         (["validate", "demo", "--min-acceptance", "nan"], "Invalid value for '--min-acceptance': 'nan' is not a finite"),
         (["check", "demo", "--gpu-memory", "nan"], "Invalid value for '--gpu-memory': 'nan' is not a finite number"),
         (["align", "demo", "--budget", "inf", "--prompts", "p.jsonl"], "'--budget': 'inf' is not a finite number"),
+        (["validate", "demo", "--url", "127.0.0.1:99999"], "'127.0.0.1:99999': give HOST:PORT (gRPC) or http://HOST:PORT"),
+        (["bench", "demo", "--url", ""], "Invalid value for '--url': '': give HOST:PORT"),
     ],
 )  # fmt: skip
 def test_option_values_that_would_reach_a_traceback_or_pass_every_check_are_refused(runner, args, said):
     """A shell passes a non-UTF-8 byte as a lone surrogate (a tokenizer's TypeError); a seed past 64 bits overflowed
-    torch's generator; nan passes every bound comparison, so a threshold of nan passed every run."""
+    torch's generator; nan passes every bound comparison, so a threshold of nan passed every run; tritonclient wraps a
+    port past 65535, and an empty --url ran in-process."""
     result = runner.invoke(cli, args)
     assert result.exit_code == 2 and said in result.output and "Traceback" not in result.output, result.output
 

@@ -562,6 +562,20 @@ def request_options(max_tokens: int) -> Callable:
     )
 
 
+def _endpoint(ctx, param, value: str | None) -> str | None:
+    """--url as HOST:PORT or http(s)://HOST:PORT with a port Triton can listen on (tritonclient would wrap a
+    larger one silently, and an empty URL ran in-process)."""
+    if value is None:
+        return None
+    address = value.split("://", 1)[1] if "://" in value else value
+    host, _, port = address.rstrip("/").rpartition(":")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise click.BadParameter(
+            f"{value!r}: give HOST:PORT (gRPC) or http://HOST:PORT, with a port in 1..65535"
+        )
+    return value
+
+
 system_options = spec_group(
     "system",
     SystemOptions,
@@ -571,7 +585,7 @@ system_options = spec_group(
         default="auto",
         help="System under test; auto = triton when --url is given, else the in-process engine.",
     ),
-    click.option("--url", help="Triton endpoint HOST:PORT (gRPC) or http://HOST:PORT."),
+    click.option("--url", callback=_endpoint, help="Triton endpoint HOST:PORT (gRPC) or http://HOST:PORT."),
     click.option(
         "--protocol",
         type=click.Choice(["auto", "grpc", "http"]),
