@@ -137,7 +137,7 @@ def with_recipe_help(func):
 
 def recipe_argument(func):
     """The RECIPE argument (also read from TRTSPEC_RECIPE), explained at the end of the command's help."""
-    argument = click.argument("recipe", envvar="TRTSPEC_RECIPE", default="demo", metavar="RECIPE")
+    argument = click.argument("recipe", envvar="TRTSPEC_RECIPE", default="demo", metavar="[RECIPE]")
     return argument(with_recipe_help(func))
 
 

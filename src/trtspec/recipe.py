@@ -80,8 +80,8 @@ class ModelSpec(_Strict):
     @classmethod
     def _resolve(cls, value: Any, info: ValidationInfo) -> Path:
         base = Path((info.context or {}).get("base_dir", "."))
-        if isinstance(value, str) and not value.strip():
-            raise ValueError("empty; give a Hugging Face checkpoint folder or demo:NAME")
+        if not isinstance(value, str | Path) or not str(value).strip():
+            raise ValueError("give a Hugging Face checkpoint folder or demo:NAME")
         path = resolve_model_path(value, base)
         if (info.context or {}).get("check_paths", True) and not path.is_dir():
             fetch = info.data.get("fetch")
