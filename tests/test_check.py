@@ -235,6 +235,17 @@ def test_a_config_size_that_is_not_a_positive_integer_is_one_line_naming_it(
     assert runner.invoke(cli, ["check", str(tmp_path / "r.yaml")]).exit_code == 0
 
 
+def test_an_end_id_past_the_vocabulary_fails_check(runner, tmp_path, tiny_pair, draft_with):
+    draft = draft_with()
+    config = json.loads((draft / "config.json").read_text())
+    (draft / "config.json").write_text(json.dumps(config | {"eos_token_id": 99999}))
+    (draft / "generation_config.json").unlink(missing_ok=True)
+    result, payload = run_check(runner, write_recipe(tmp_path / "r.yaml", tiny_pair[0], draft))
+    assert result.exit_code == 1
+    status, message = status_of(payload, "vocab size (draft)")
+    assert status == "fail" and message.startswith("end id 99999 (eos_token_id of generation_config.json")
+
+
 def test_a_remote_code_config_without_a_model_type_is_not_refused_for_it(tmp_path):
     """transformers reads such a config through its auto_map's class (with trust_remote_code)."""
     from trtspec.core.model_dir import read_model_config

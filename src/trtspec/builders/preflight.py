@@ -37,6 +37,16 @@ def check_vocab(facts: ModelFacts, spec: ModelSpec) -> CheckResult:
             f"model vocab_size {facts.vocab_size} < tokenizer size {tok_size}: ids >= {facts.vocab_size} would "
             "index past the embedding; use the tokenizer that belongs to this checkpoint",
         )
+    from trtspec.core.model_dir import end_ids
+
+    outside = [i for i in end_ids(facts.path, facts.tokenizer) if not 0 <= i < facts.vocab_size]
+    if outside:
+        return CheckResult(
+            name,
+            "fail",
+            f"end id {outside[0]} (eos_token_id of generation_config.json or config.json) is not one of the model's "
+            f"{facts.vocab_size} token ids, so no output would end; fix eos_token_id",
+        )
     padded = padded_vocab_size(facts.vocab_size, spec.tp_size, spec.quantization)
     note = f"model {facts.vocab_size} >= tokenizer {tok_size}; engine lm_head rows {padded}"
     return CheckResult(
