@@ -85,9 +85,10 @@ def count_prompts(path: Path, held_out: float, validation: float = 0.0) -> dict[
     if total == 0:
         raise PromptSetError(f'{path}: no prompts; write one prompt per line (or JSONL with "prompt" lines)')
     if counts["held_out"] == 0 and held_out > 0:
+        # --held-out is below 1, so raising it helps only where the prompts could still train.
+        raise_it = f" or raise --held-out to at least {1 / total:.2f}" if total >= 2 else ""
         raise PromptSetError(
-            f"{path}: {total} prompts give no held-out prompt at --held-out {held_out}; add prompts or raise "
-            f"--held-out to at least {1 / total:.2f}"
+            f"{path}: {total} prompt(s) give no held-out prompt at --held-out {held_out}; add prompts{raise_it}"
         )
     if counts["validation"] == 0 and validation > 0:
         raise PromptSetError(
