@@ -290,5 +290,5 @@ def draft_translator(
         return Translator(target_tokenizer, draft_tokenizer)
     raise ModelError(
         f"draft {draft_dir} and target {target_dir} tokenizers differ: {result.message}; "
-        "set speculative.heterogeneous_vocab: true to draft through text"
+        "set speculative.heterogeneous_vocab: true in the pair's recipe to draft through text"
     )
