@@ -235,6 +235,29 @@ def test_a_config_size_that_is_not_a_positive_integer_is_one_line_naming_it(
     assert runner.invoke(cli, ["check", str(tmp_path / "r.yaml")]).exit_code == 0
 
 
+def test_published_size_quirks_are_read_as_sizes(tmp_path):
+    """Gemma 3n gives intermediate_size per layer inside text_config; Mistral leaves head_dim null."""
+    from trtspec.core.errors import ModelError
+    from trtspec.core.model_dir import read_hf_config
+
+    text = {
+        "vocab_size": 262400,
+        "hidden_size": 2048,
+        "num_hidden_layers": 30,
+        "intermediate_size": [8192] * 30,
+    }
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "gemma3n", "text_config": text, "head_dim": None})
+    )
+    assert read_hf_config(tmp_path)["text_config"]["intermediate_size"][0] == 8192
+    text["intermediate_size"] = [8192, "x"]
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma3n", "text_config": text}))
+    with pytest.raises(
+        ModelError, match=r"intermediate_size: must be a positive integer \(got \[8192, 'x'\]\)"
+    ):
+        read_hf_config(tmp_path)
+
+
 def test_an_end_id_past_the_vocabulary_fails_check(runner, tmp_path, tiny_pair, draft_with):
     draft = draft_with()
     config = json.loads((draft / "config.json").read_text())

@@ -97,6 +97,7 @@ def test_serve_binds_what_the_recipe_deployed_unless_the_command_line_says_other
     assert all("127.0.0.1:900" in line for line in sample_requests(ports))
     given = resolve_ports(ServeSpec(repo=out, host="::1", http_port=7000), read_manifest(out))
     assert (given.host, given.http, given.grpc) == ("::1", 7000, 9001)
+    assert (given.http_url, given.grpc_url) == ("[::1]:7000", "[::1]:9001")
     # A repository trtspec did not write: the recipe's defaults.
     assert resolve_ports(ServeSpec(repo=out), {}) == Ports(8000, 8001, 8002, "127.0.0.1")
 
@@ -309,7 +310,7 @@ def test_tensorrtllm_refuses_engines_that_do_not_fit(tiny_pair, tmp_path):
         deploy(recipe, "tensorrtllm", tmp_path / "r", engine_dirs=bad)
     assert not (tmp_path / "r").exists()
     short = {"target": fake_engine(tmp_path / "f" / "target", max_draft_len=2), "draft": bad["draft"]}
-    with pytest.raises(CheckFailed, match="max_draft_len 2 < recipe max_draft_len 4"):
+    with pytest.raises(CheckFailed, match="max_draft_len 2 < max_draft_len 4 asked for"):
         deploy(recipe, "tensorrtllm", tmp_path / "r", engine_dirs=short)
 
 

@@ -691,7 +691,8 @@ def test_the_backend_copy_is_made_once_kept_while_in_use_and_refused_when_incomp
 @pytest.mark.server
 @pytest.mark.slow
 def test_a_port_taken_before_the_server_binds_it_means_another_try(tiny_pair, tmp_path, monkeypatch):
-    """The test sessions' helper against tritonserver's own refusal of a port in use: it starts on other ports."""
+    """The test sessions' helper against a port in use (refused by serve's check before tritonserver starts, or
+    by tritonserver as it binds, both PortInUse): it starts on other ports."""
     import triton_server
 
     from trtspec.triton_repo.server import free_ports as real_free_ports

@@ -165,8 +165,9 @@ def test_generate_errors_are_one_line(runner, tiny_pair, tmp_path):
         (["validate", "demo", "--min-acceptance", "nan"], "Invalid value for '--min-acceptance': 'nan' is not a finite"),
         (["check", "demo", "--gpu-memory", "nan"], "Invalid value for '--gpu-memory': 'nan' is not a finite number"),
         (["align", "demo", "--budget", "inf", "--prompts", "p.jsonl"], "'--budget': 'inf' is not a finite number"),
-        (["validate", "demo", "--url", "127.0.0.1:99999"], "'127.0.0.1:99999': give HOST:PORT (gRPC) or http://HOST:PORT"),
-        (["bench", "demo", "--url", ""], "Invalid value for '--url': '': give HOST:PORT"),
+        (["validate", "demo", "--url", "127.0.0.1:99999"], "'127.0.0.1:99999' is not HOST:PORT with a port in 1..65535"),
+        (["bench", "demo", "--url", ""], "Invalid value for '--url': --url '' is not HOST:PORT"),
+        (["bench", "demo", "--url", "https://h:8000"], "scheme 'https' is not http or grpc"),
     ],
 )  # fmt: skip
 def test_option_values_that_would_reach_a_traceback_or_pass_every_check_are_refused(runner, args, said):
@@ -175,6 +176,14 @@ def test_option_values_that_would_reach_a_traceback_or_pass_every_check_are_refu
     port past 65535, and an empty --url ran in-process."""
     result = runner.invoke(cli, args)
     assert result.exit_code == 2 and said in result.output and "Traceback" not in result.output, result.output
+
+
+def test_urls_are_read_alike_by_the_option_and_the_client():
+    from trtspec.validate.triton_client import split_url
+
+    assert split_url("http://h:8000/") == ("http", "h:8000")
+    assert split_url("[::1]:8001") == ("grpc", "[::1]:8001")
+    assert split_url("grpc://h:8001", "http") == ("http", "h:8001")
 
 
 def test_a_seed_outside_64_bits_is_refused_by_the_sampling_rules():

@@ -119,7 +119,10 @@ def test_a_recipe_that_is_not_utf8_is_a_one_line_error(tmp_path):
         ),
         ("name: again", "line 4: not valid YAML: key 'name' is given twice; keep one"),
         ("target: {model: ''}", "target.model: give a Hugging Face checkpoint folder or demo:NAME (got '')"),
-        ("target: {model: null}", "target.model: give a Hugging Face checkpoint folder or demo:NAME (got None)"),
+        (
+            "target: {model: null}",
+            "target.model: give a Hugging Face checkpoint folder or demo:NAME (got None)",
+        ),
         (
             "limits: {max_batch_size: '16'}",
             "limits.max_batch_size: Input should be a valid integer (got '16'); a quoted value is text in YAML: "

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trtspec.core.errors import ServerError
+from trtspec.core.errors import PortInUse
 from trtspec.triton_repo.server import Ports, TritonServer, free_ports
 
 
@@ -26,8 +26,8 @@ def running_server(repo: Path, log_path: Path, timeout_s: float = 180.0, attempt
         try:
             server.start(timeout_s)  # stops the server itself when it fails
             break
-        except ServerError as e:
-            if "already in use" not in str(e) or attempt == attempts:
+        except PortInUse:
+            if attempt == attempts:
                 raise
     try:
         yield server

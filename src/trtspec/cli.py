@@ -563,16 +563,15 @@ def request_options(max_tokens: int) -> Callable:
 
 
 def _endpoint(ctx, param, value: str | None) -> str | None:
-    """--url as HOST:PORT or http(s)://HOST:PORT with a port Triton can listen on (tritonclient would wrap a
-    larger one silently, and an empty URL ran in-process)."""
+    """--url checked before any work (validate.triton_client.split_url's rule)."""
     if value is None:
         return None
-    address = value.split("://", 1)[1] if "://" in value else value
-    host, _, port = address.rstrip("/").rpartition(":")
-    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise click.BadParameter(
-            f"{value!r}: give HOST:PORT (gRPC) or http://HOST:PORT, with a port in 1..65535"
-        )
+    from trtspec.validate.triton_client import split_url
+
+    try:
+        split_url(value)
+    except TrtspecError as err:
+        raise click.BadParameter(err.message) from None
     return value
 
 

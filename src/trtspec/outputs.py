@@ -96,22 +96,26 @@ def atomic_dir(out_dir: Path, create: bool = True, need_bytes: int | None = None
     made = _missing_parents(out_dir)
     done = False
     try:
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        if create:
-            tmp.mkdir()
-    except OSError as err:
-        raise _unwritable(out_dir, err, need_bytes) from None
-    try:
-        yield tmp
-        plain_modes(tmp)
-        replace_dir(tmp, out_dir)
-        done = True
-    except Exception as err:
-        if not is_disk_full(err):
-            raise
-        written = folder_bytes(tmp)
-        shutil.rmtree(tmp, ignore_errors=True)  # before measuring: its space is free again for the next try
-        raise no_space_error(out_dir, need_bytes or getattr(err, "need_bytes", None), written, err) from None
+        try:
+            out_dir.parent.mkdir(parents=True, exist_ok=True)
+            if create:
+                tmp.mkdir()
+        except OSError as err:
+            raise _unwritable(out_dir, err, need_bytes) from None
+        try:
+            yield tmp
+            plain_modes(tmp)
+            replace_dir(tmp, out_dir)
+            done = True
+        except Exception as err:
+            if not is_disk_full(err):
+                raise
+            written = folder_bytes(tmp)
+            # before measuring: its space is free again for the next try
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise no_space_error(
+                out_dir, need_bytes or getattr(err, "need_bytes", None), written, err
+            ) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         if not done:
@@ -137,7 +141,10 @@ def plain_modes(folder: Path) -> None:
     os.umask(umask)
     for path in Path(folder).rglob("*"):
         if path.is_file() and not path.is_symlink() and path.stat().st_mode & 0o777 == 0o600:
-            path.chmod(0o666 & ~umask)
+            with contextlib.suppress(
+                OSError
+            ):  # a file of another owner keeps its mode; the output still lands
+                path.chmod(0o666 & ~umask)
 
 
 def write_file_atomic(path: Path | str, data: str | bytes, mode: int | None = None) -> Path:

@@ -134,7 +134,7 @@ def pair_problems(
         )
     elif built_k < max_draft_len:
         problems.append(
-            f"target engine max_draft_len {built_k} < recipe max_draft_len {max_draft_len}; rebuild it with "
+            f"target engine max_draft_len {built_k} < max_draft_len {max_draft_len} asked for; rebuild it with "
             "`trtspec build`"
         )
     if draft is not None and not own_tokenizer:

@@ -87,3 +87,7 @@ class NeedsConversionStack(TrtspecError):
 
 class ServerError(TrtspecError):
     """tritonserver could not be found, started, or did not load the repository."""
+
+
+class PortInUse(ServerError):
+    """A port tritonserver should listen on is taken (before it starts, or as it binds)."""

@@ -72,6 +72,12 @@ def _check_sizes(section: dict, path: Path) -> None:
         if key not in section or (section[key] is None and key in _OPTIONAL_SIZES):
             continue
         value = section[key]
+        if key == "intermediate_size" and isinstance(value, list):  # per layer (Gemma 3n)
+            value = value or None
+            if value is not None and all(
+                isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value
+            ):
+                continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ModelError(f"{path}: {key}: must be a positive integer (got {value!r}); fix config.json")
 

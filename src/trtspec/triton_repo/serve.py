@@ -84,16 +84,15 @@ def resolve_ports(spec: ServeSpec, info: dict) -> Ports:
 
 def sample_requests(ports: Ports, model: str = names.ENTRY_POINT, decoupled: bool = True) -> list[str]:
     """Copy-paste requests that exercise the running repository (streamed ones only where it is decoupled)."""
-    host = ports.reach_host
     body = '{"text_input": "def add(a, b):", "max_tokens": 32, "num_draft_tokens": 4, "return_perf_metrics": true}'
-    whole = f"curl -s -X POST http://{host}:{ports.http}/v2/models/{model}/generate -d '{body}'"
+    whole = f"curl -s -X POST http://{ports.http_url}/v2/models/{model}/generate -d '{body}'"
     if not decoupled:
-        return [whole, f"python tools/client.py --url {host}:{ports.grpc} 'def add(a, b):'"]
+        return [whole, f"python tools/client.py --url {ports.grpc_url} 'def add(a, b):'"]
     return [
         whole,
-        f"curl -s -N -X POST http://{host}:{ports.http}/v2/models/{model}/generate_stream "
+        f"curl -s -N -X POST http://{ports.http_url}/v2/models/{model}/generate_stream "
         f"-d '{body[:-1]}, \"stream\": true}}'",
-        f"python tools/client.py --url {host}:{ports.grpc} --stream 'def add(a, b):'",
+        f"python tools/client.py --url {ports.grpc_url} --stream 'def add(a, b):'",
     ]
 
 

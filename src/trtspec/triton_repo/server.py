@@ -25,7 +25,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trtspec.core.errors import ServerError
+from trtspec.core.errors import PortInUse, ServerError
 
 NGC_BACKENDS = Path("/opt/tritonserver/backends")
 # tritonserver's own bound on unloading models after SIGINT; python models took ~10 s on a loaded 2-core machine,
@@ -67,16 +67,21 @@ class Ports:
         return "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
 
     @property
+    def _url_host(self) -> str:
+        host = self.reach_host
+        return f"[{host}]" if ":" in host else host  # an IPv6 literal is bracketed in a URL
+
+    @property
     def http_url(self) -> str:
-        return f"{self.reach_host}:{self.http}"
+        return f"{self._url_host}:{self.http}"
 
     @property
     def grpc_url(self) -> str:
-        return f"{self.reach_host}:{self.grpc}"
+        return f"{self._url_host}:{self.grpc}"
 
     @property
     def metrics_url(self) -> str:
-        return f"http://{self.reach_host}:{self.metrics}/metrics"
+        return f"http://{self._url_host}:{self.metrics}/metrics"
 
 
 def repo_path_problem(repo: Path | str) -> str | None:
@@ -115,7 +120,7 @@ def check_ports(ports: Ports) -> None:
             ) from None
         except OSError as err:
             if err.errno == errno.EADDRINUSE:
-                raise ServerError(
+                raise PortInUse(
                     f"port {port} ({kind}) on {ports.host} is in use, perhaps by another server; stop it or pass "
                     f"another --{kind}-port"
                 ) from None
@@ -461,9 +466,11 @@ class TritonServer:
         deadline = time.monotonic() + timeout_s
         while pending:
             if self.proc.poll() is not None:
-                raise ServerError(
-                    f"tritonserver did not load {self.repo}: {failure_reason(self.log_text())}",
-                    detail=self.log_text()[-4000:],
+                reason = failure_reason(self.log_text())
+                # another process took a port between check_ports and the bind
+                error = PortInUse if "already in use" in reason else ServerError
+                raise error(
+                    f"tritonserver did not load {self.repo}: {reason}", detail=self.log_text()[-4000:]
                 )
             if time.monotonic() > deadline:
                 raise ServerError(

@@ -88,15 +88,22 @@ class EndpointResponse:
 
 
 def split_url(url: str, protocol: str = "auto") -> tuple[str, str]:
-    """``http://h:p`` -> ("http", "h:p"); ``grpc://h:p`` or ``h:p`` -> ("grpc", "h:p") unless ``protocol`` says."""
+    """``http://h:p`` -> ("http", "h:p"); ``grpc://h:p`` or ``h:p`` -> ("grpc", "h:p") unless ``protocol`` says.
+    RequestError for anything else: another scheme (https: the clients here speak plain HTTP), no port, or a port
+    Triton cannot listen on (tritonclient would wrap it)."""
     scheme, _, address = url.rpartition("://")
+    address = address.rstrip("/")
+    if scheme not in ("", "grpc", "http"):
+        raise RequestError(f"--url {url!r}: scheme {scheme!r} is not http or grpc (Triton's plain endpoints)")
     if protocol == "auto":
-        protocol = "http" if scheme in ("http", "https") else "grpc"
+        protocol = "http" if scheme == "http" else "grpc"
     if protocol not in ("grpc", "http"):
         raise RequestError(f"protocol {protocol!r} is not grpc or http")
-    if not address or ":" not in address:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
         raise RequestError(
-            f"--url {url!r} is not HOST:PORT (e.g. 127.0.0.1:8001 for gRPC, http://127.0.0.1:8000)"
+            f"--url {url!r} is not HOST:PORT with a port in 1..65535 (e.g. 127.0.0.1:8001 for gRPC, "
+            "http://127.0.0.1:8000)"
         )
     return protocol, address
 
