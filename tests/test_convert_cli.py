@@ -79,6 +79,26 @@ def test_cuda_without_a_gpu_is_one_line_before_any_folder_is_made(runner, recipe
         assert not (tmp_path / "new").exists()
 
 
+def test_quantize_quiet_prints_nothing_but_its_result(recipe_file, tmp_path):
+    """In a fresh process (ModelOpt warns once, on its first import): no ModelOpt warning that the pinned
+    transformers is incompatible (it is the stack the conversion path requires), no tokenizer length warning for
+    calibration text that is cut into windows anyway."""
+    import subprocess
+    import sys
+
+    calib = tmp_path / "calib.txt"
+    calib.write_text(" ".join(CORPUS * 40))  # one document longer than the tiny model's positions
+    args = ["quantize", str(recipe_file), "--model", "draft", "--draft-format", "fp8", "--no-verify", "-q"]
+    args += ["--calib-data", str(calib), "--out", str(tmp_path / "q")]
+    proc = subprocess.run(
+        [sys.executable, "-m", "trtspec", *args], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "incompatible with nvidia-modelopt" not in proc.stderr and "Token indices" not in proc.stderr, (
+        proc.stderr
+    )
+
+
 def test_convert_draft_bf16_tp2_without_verify(runner, recipe_file, tmp_path):
     out = tmp_path / "d"
     args = ["convert", str(recipe_file), "--model", "draft", "--dtype", "bfloat16", "--tp-size", "2"]

@@ -76,7 +76,8 @@ def calibration_batches(tokenizer, dataset: str, size: int, seq_len: int) -> lis
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     stream: list[int] = []
     for text in texts:
-        stream.extend(tokenizer(text, add_special_tokens=False).input_ids + eos)
+        # verbose=False: the stream is cut into windows below, so the tokenizer's length warning does not apply
+        stream.extend(tokenizer(text, add_special_tokens=False, verbose=False).input_ids + eos)
         if len(stream) >= size * seq_len:
             break
     windows = [stream[i : i + seq_len] for i in range(0, len(stream) - seq_len + 1, seq_len)][:size]

@@ -13,6 +13,7 @@ import contextlib
 import copy
 import gc
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,9 +99,21 @@ def export_bytes(spec: ModelSpec) -> int:
 # ---------------------------------------------------------------- quantization
 
 
+def modelopt_quantization():
+    """modelopt.torch.quantization, imported without ModelOpt's warning that transformers 4.57.3 is incompatible
+    with it: that pair is the stack TensorRT-LLM 1.2.1's image ships and the conversion path requires
+    (environment.require_conversion_stack), so the warning would only tell users their install is wrong."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="transformers version .* is incompatible with nvidia-modelopt"
+        )
+        import modelopt.torch.quantization as mtq
+    return mtq
+
+
 def quant_config(quantization: str, kv_cache_dtype: str) -> dict:
     """The modelopt quantization config of a recipe format (support.QUANT_FORMATS), plus the fp8 KV cache."""
-    import modelopt.torch.quantization as mtq
+    mtq = modelopt_quantization()
 
     name = support.QUANT_FORMATS[quantization][0]
     cfg = copy.deepcopy(getattr(mtq, name))
@@ -113,8 +126,9 @@ def quant_config(quantization: str, kv_cache_dtype: str) -> dict:
 
 def quantize_model(model, spec: ModelSpec, batches: list) -> Any:
     """Post-training quantization of ``model`` in place, calibrated on ``batches`` ([1, seq] token tensors)."""
-    import modelopt.torch.quantization as mtq
     import torch
+
+    mtq = modelopt_quantization()
 
     device = next(model.parameters()).device
 
