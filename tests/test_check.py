@@ -218,7 +218,8 @@ def test_a_broken_config_json_is_one_short_line_naming_it(
 def test_a_config_size_that_is_not_a_positive_integer_is_one_line_naming_it(
     runner, tmp_path, tiny_pair, draft_with, key, value
 ):
-    """Each gave a TypeError traceback in check's comparisons; a published optional size left null still loads."""
+    """Check compares these as numbers (a TypeError traceback otherwise); a published optional size left null
+    still loads."""
     draft = draft_with()
     config = json.loads((draft / "config.json").read_text())
     (draft / "config.json").write_text(json.dumps(config | {key: value}))

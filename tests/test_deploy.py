@@ -104,7 +104,7 @@ def test_serve_binds_what_the_recipe_deployed_unless_the_command_line_says_other
 
 def test_serve_refuses_ports_it_could_not_take_before_starting(tmp_path):
     """Another server on the port would answer the readiness polls of this one (a false "ready"), and a host
-    with control characters broke the first poll with a traceback."""
+    with control characters would break the first poll with a traceback."""
     import socket
 
     from trtspec.core.errors import ServerError
@@ -133,7 +133,7 @@ def test_serve_refuses_ports_it_could_not_take_before_starting(tmp_path):
 @pytest.mark.parametrize(("name", "why"), [("my repo", "a space"), ("répo", "non-ASCII characters")])
 def test_a_repository_path_the_python_backend_cannot_load_from_is_refused(tiny_pair, tmp_path, name, why):
     """Each python model's stub takes its path as a command-line argument: deploy refuses such a path before
-    writing, and serve one written there (it waited out its load timeout)."""
+    writing, and serve one written there (it would wait out its load timeout)."""
     from trtspec.core.errors import ServerError
     from trtspec.triton_repo.server import TritonServer
 

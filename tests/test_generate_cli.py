@@ -171,9 +171,9 @@ def test_generate_errors_are_one_line(runner, tiny_pair, tmp_path):
     ],
 )  # fmt: skip
 def test_option_values_that_would_reach_a_traceback_or_pass_every_check_are_refused(runner, args, said):
-    """A shell passes a non-UTF-8 byte as a lone surrogate (a tokenizer's TypeError); a seed past 64 bits overflowed
-    torch's generator; nan passes every bound comparison, so a threshold of nan passed every run; tritonclient wraps a
-    port past 65535, and an empty --url ran in-process."""
+    """A shell passes a non-UTF-8 byte as a lone surrogate (a tokenizer's TypeError); a seed past 64 bits overflows
+    torch's generator; nan passes every bound comparison, so a threshold of nan would pass every run; tritonclient
+    wraps a port past 65535, and an empty --url would run in-process."""
     result = runner.invoke(cli, args)
     assert result.exit_code == 2 and said in result.output and "Traceback" not in result.output, result.output
 
