@@ -1018,35 +1018,26 @@ def test_a_request_becomes_loop_params_capped_at_max_seq_len_with_its_own_end_id
     assert options["eos_ids"] == (9,) and options["stop_sequences"] == codec.stop_ids(["return"])
 
 
-@pytest.mark.parametrize("end_id", [-5, 10**6])
-def test_an_end_id_outside_the_vocabulary_is_refused_in_one_line(tokenizer, end_id):
-    """Otherwise the torch runtime would drop the model's end ids for an id it can never emit, and TensorRT-LLM
-    would refuse it in its own words as an engine failure."""
+@pytest.mark.parametrize(
+    ("name", "value", "remedy"),
+    [
+        ("end_id", -5, "send a token id of this model, -1 for no end id, or leave it out"),
+        ("end_id", 10**6, "send a token id of this model, -1 for no end id, or leave it out"),
+        ("pad_id", -1, "send a token id of this model or leave it out"),
+        ("pad_id", 10**6, "send a token id of this model or leave it out"),
+    ],
+)
+def test_an_end_or_pad_id_outside_the_vocabulary_is_refused_in_one_line(tokenizer, name, value, remedy):
+    """An end id the model can never emit would drop its own end ids on the torch runtime, and TensorRT-LLM would
+    refuse it as an engine failure in its own words. TensorRT-LLM pads its output buffers with pad_id; the torch
+    runtime refuses the same values, so a request one runtime serves does not fail on the other."""
     from trtspec.triton_repo.models.request import to_job
 
-    fields = {"text_input": np.array([b"def"]), "max_tokens": np.array([8]), "end_id": np.array([end_id])}
+    fields = {"text_input": np.array([b"def"]), "max_tokens": np.array([8]), name: np.array([value])}
     with pytest.raises(RequestError) as err:
         to_job(parse_request(fields, LIMITS), TextCodec(tokenizer, end_ids=(2,)), LIMITS)
-    assert err.value.message == (
-        f"end_id {end_id} is outside the vocabulary [0, {len(tokenizer)}); send a token id of this model, -1 for "
-        "no end id, or leave it out"
-    )
-
-
-@pytest.mark.parametrize("pad_id", [-1, 10**6])
-def test_a_pad_id_outside_the_vocabulary_is_refused_in_one_line(tokenizer, pad_id):
-    """TensorRT-LLM pads its output buffers with it; the torch runtime refuses the same requests so that a request
-    one runtime serves does not fail on the other."""
-    from trtspec.triton_repo.models.request import to_job
-
-    fields = {"text_input": np.array([b"def"]), "max_tokens": np.array([8]), "pad_id": np.array([pad_id])}
-    with pytest.raises(RequestError) as err:
-        to_job(parse_request(fields, LIMITS), TextCodec(tokenizer, end_ids=(2,)), LIMITS)
-    assert err.value.message == (
-        f"pad_id {pad_id} is outside the vocabulary [0, {len(tokenizer)}); send a token id of this model or leave "
-        "it out"
-    )
-    fields["pad_id"] = np.array([0])
+    assert err.value.message == f"{name} {value} is outside the vocabulary [0, {len(tokenizer)}); {remedy}"
+    fields[name] = np.array([0])
     assert to_job(parse_request(fields, LIMITS), TextCodec(tokenizer, end_ids=(2,)), LIMITS)[0]
 
 
