@@ -662,7 +662,7 @@ def _int_list(ctx, param, value: str | None) -> tuple[int, ...] | None:
         values = tuple(int(v) for v in str(value).split(","))
     except ValueError:
         raise click.BadParameter(f"{value!r} is not a comma-separated list of integers, e.g. 1,2,4") from None
-    if not values or min(values) < 1:
+    if min(values) < 1:
         raise click.BadParameter(f"{value!r}: give integers >= 1, e.g. 1,2,4")
     return tuple(dict.fromkeys(values))  # a value given twice is one point, measured once
 

@@ -141,9 +141,8 @@ def plain_modes(folder: Path) -> None:
     os.umask(umask)
     for path in Path(folder).rglob("*"):
         if path.is_file() and not path.is_symlink() and path.stat().st_mode & 0o777 == 0o600:
-            with contextlib.suppress(
-                OSError
-            ):  # a file of another owner keeps its mode; the output still lands
+            # a file of another owner keeps its mode; the output still lands
+            with contextlib.suppress(OSError):
                 path.chmod(0o666 & ~umask)
 
 

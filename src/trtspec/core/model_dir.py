@@ -62,24 +62,25 @@ _OPTIONAL_SIZES = (
     "num_key_value_heads",
     "intermediate_size",
     "max_position_embeddings",
+    "head_dim",
 )
-_OPTIONAL_SIZES += ("head_dim",)
 
 
 def _check_sizes(section: dict, path: Path) -> None:
-    """ModelError naming the field for a size that is not a positive integer (a quoted "1024" included)."""
+    """ModelError naming the field for a size that is not a positive integer (a quoted "1024" included); Gemma 3n
+    gives intermediate_size per layer, a list of them."""
     for key in (*_SIZES, *_OPTIONAL_SIZES):
-        if key not in section or (section[key] is None and key in _OPTIONAL_SIZES):
+        value = section.get(key)
+        if key not in section or (value is None and key in _OPTIONAL_SIZES):
             continue
-        value = section[key]
-        if key == "intermediate_size" and isinstance(value, list):  # per layer (Gemma 3n)
-            value = value or None
-            if value is not None and all(
-                isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value
-            ):
-                continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        per_layer = key == "intermediate_size" and isinstance(value, list)
+        sizes = value if per_layer else [value]
+        if not sizes or not all(_positive_int(v) for v in sizes):
             raise ModelError(f"{path}: {key}: must be a positive integer (got {value!r}); fix config.json")
+
+
+def _positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def read_model_config(model_dir: Path) -> dict:

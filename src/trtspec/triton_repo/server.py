@@ -106,13 +106,11 @@ def check_ports(ports: Ports) -> None:
         )
     for kind, port in named.items():
         try:
-            family, kind_, proto, _, address = socket.getaddrinfo(ports.host, port, type=socket.SOCK_STREAM)[
-                0
-            ]
-            with socket.socket(family, kind_, proto) as probe:
-                probe.setsockopt(
-                    socket.SOL_SOCKET, socket.SO_REUSEADDR, 1
-                )  # a port in TIME_WAIT is free to serve
+            first = socket.getaddrinfo(ports.host, port, type=socket.SOCK_STREAM)[0]
+            family, socktype, proto, _, address = first
+            with socket.socket(family, socktype, proto) as probe:
+                # a port in TIME_WAIT is free to serve; a live listener still refuses the bind
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 probe.bind(address)
         except (socket.gaierror, UnicodeError, ValueError) as err:
             raise ServerError(

@@ -112,7 +112,7 @@ def _fail(recipe: Recipe, field_path: str, message: str) -> RecipeError:
     return RecipeError(recipe.source or "<recipe>", field_path, message)
 
 
-def check_ports(recipe: Recipe) -> dict[str, int]:
+def container_ports(recipe: Recipe) -> dict[str, int]:
     """The three container ports (the recipe holds them set and distinct, as probes and Services name them)."""
     return {kind: getattr(recipe.triton, f"{kind}_port") for kind in ("http", "grpc", "metrics")}
 
@@ -177,7 +177,7 @@ def plan_rollout(recipe: Recipe, runtime: str | None, recipe_text: str) -> Rollo
             recipe, "triton.runtime", f"'{runtime}' cannot be rolled out; choose one of {', '.join(RUNTIMES)}"
         )
     spec = recipe.kubernetes
-    ports = check_ports(recipe)
+    ports = container_ports(recipe)
     gpus, how = placed_gpus(recipe, runtime)
     if spec.gpus is not None and spec.gpus != gpus:
         raise _fail(
