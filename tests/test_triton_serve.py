@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import queue
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -347,14 +348,31 @@ def test_a_non_decoupled_repository_batches_concurrent_requests_and_offers_what_
         bodies = [{"text_input": p, "max_tokens": 48} for p in PROMPTS]
         alone = [http_generate(srv, body) for body in bodies]
         assert all(status == 200 for status, _ in alone)
-        before = counted(len(bodies))
-        with ThreadPoolExecutor(len(bodies)) as pool:
-            together = list(pool.map(lambda body: http_generate(srv, body), bodies))
-        after = counted(2 * len(bodies))
-        assert together == alone
-        requests = after[("nv_inference_count", labels)] - before[("nv_inference_count", labels)]
-        executions = after[("nv_inference_exec_count", labels)] - before[("nv_inference_exec_count", labels)]
-        assert requests == len(bodies) and executions < requests
+        done = len(bodies)
+        start = threading.Barrier(len(bodies))
+
+        def together(body: dict):
+            start.wait(timeout=60)
+            return http_generate(srv, body)
+
+        # The requests are sent at one instant, but on a loaded machine one may still finish before the next
+        # reaches Triton; batching must show within a few bursts, and every burst answers as each does alone.
+        batched = []
+        for _ in range(3):
+            before = counted(done)
+            with ThreadPoolExecutor(len(bodies)) as pool:
+                assert list(pool.map(together, bodies)) == alone
+            done += len(bodies)
+            after = counted(done)
+            requests, executions = (
+                after[(name, labels)] - before[(name, labels)]
+                for name in ("nv_inference_count", "nv_inference_exec_count")
+            )
+            assert requests == len(bodies)
+            batched.append(executions < requests)
+            if batched[-1]:
+                break
+        assert any(batched), "no burst of concurrent requests shared an execution"
         url = srv.ports.grpc_url
         got = subprocess.run(
             [sys.executable, str(client), "--url", url, "--max-tokens", "4", "def add(a, b):"],
