@@ -319,9 +319,10 @@ def test_bench_cli_under_a_steady_load_says_so_and_times_each_request_from_its_i
     assert payload["load"] == "streams"
     for point in payload["points"]:
         # 8 requests (4 per stream) of 4-12 tokens; a request that waited for a place is timed from its issue, so
-        # its first token comes within a round or two, not after the requests before it (the last issued about
-        # three quarters into the point)
-        assert point["requests"] == 8 and point["ttft_p95_s"] < point["wall_s"] / 4, point
+        # its first token comes within a round or two, not after the requests before it. Timed from the point's
+        # start, the issues spread over three quarters of it and the median would be about 3/8 of it; the median,
+        # not p95, so that one pause of a loaded machine in one request's first round does not decide it.
+        assert point["requests"] == 8 and point["ttft_p50_s"] < point["wall_s"] / 4, point
     markdown = (out_dir / "bench.md").read_text()
     assert (
         "a steady load (`concurrency` requests in flight" in markdown
@@ -532,6 +533,8 @@ def test_a_steady_load_sends_each_request_with_its_budget_and_keeps_in_flight_re
     from trtspec.validate.triton_client import EndpointResponse
 
     open_now, most, sent, lock = [0], [0], [], threading.Lock()
+    # the first two requests are open together, however the threads are scheduled
+    first_two = threading.Barrier(2)
 
     class Client:  # TritonClient's surface that TritonSystem uses
         model, address, protocol, interface = "tensorrt_llm_bls", "127.0.0.1:1", "grpc", "trtspec"
@@ -550,6 +553,9 @@ def test_a_steady_load_sends_each_request_with_its_budget_and_keeps_in_flight_re
                 open_now[0] += 1
                 most[0] = max(most[0], open_now[0])
                 sent.append((text, max_tokens))
+                meet = len(sent) <= 2
+            if meet:
+                first_two.wait(timeout=10)
             time.sleep(0.02)
             with lock:
                 open_now[0] -= 1

@@ -59,6 +59,7 @@ def test_the_served_sweep_reports_every_point_and_adaptive_ks_choice_per_load():
         assert set(row["paired_vs_pinned"]) == {"0", "2"} and min(row["paired_vs_pinned"].values()) > 0
         assert {p: len(v) for p, v in row["passes"].items()} == {"adaptive": 1, "0": 1, "2": 1}
         chosen = row["chosen"]  # the server's own account of the batch size's last choice
+        assert chosen is not None, f"no adaptive series for batch {row['concurrency']}"
         assert (
             0 <= chosen["k"] <= 8 and sum(chosen["rounds"].values()) > 0 and chosen["measured"] in (0.0, 1.0)
         )
