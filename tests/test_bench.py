@@ -320,7 +320,7 @@ def test_bench_cli_under_a_steady_load_says_so_and_times_each_request_from_its_i
     for point in payload["points"]:
         # 8 requests (4 per stream) of 4-12 tokens; a request that waited for a place is timed from its issue, so
         # its first token comes within a round or two, not after the requests before it. Timed from the point's
-        # start, the issues spread over three quarters of it and the median would be about 3/8 of it; the median,
+        # start, the issues spread over three quarters of it and the median would be about a third of it; the median,
         # not p95, so that one pause of a loaded machine in one request's first round does not decide it.
         assert point["requests"] == 8 and point["ttft_p50_s"] < point["wall_s"] / 4, point
     markdown = (out_dir / "bench.md").read_text()

@@ -64,7 +64,8 @@ def test_the_served_sweep_reports_every_point_and_adaptive_ks_choice_per_load():
             0 <= chosen["k"] <= 8 and sum(chosen["rounds"].values()) > 0 and chosen["measured"] in (0.0, 1.0)
         )
     jump = result["jump"]
-    assert jump["streams"] == 4 and jump["adaptive_vs_target_only"] > 0 and jump["chosen"]["rounds"]
+    assert jump["chosen"] is not None and jump["chosen"]["rounds"], jump
+    assert jump["streams"] == 4 and jump["adaptive_vs_target_only"] > 0
     # the first group after the jump against target-only's first group on its own fresh server
     assert (
         jump["groups_vs_target_only"] == [jump["first_group_vs_target_only"]]

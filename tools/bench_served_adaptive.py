@@ -130,15 +130,15 @@ def measure(client, pool, n: int, k: int | None, args, offset: int = 0) -> tuple
     return group(client, pool, n, k, args.max_tokens, offset, args.texts)
 
 
-def chosen_at(server, client, pool, n: int, args) -> dict | None:
-    """The server's account of batch ``n``'s last K choice. A batch size has one only once all ``n`` requests of a
-    group met in a round; where none did (a first request ended before the last arrived), up to two more
-    adaptive groups, after the measured ones, give it one."""
-    for extra in range(3):
-        if (chosen := adaptive_metrics(server).get(str(n))) is not None or extra == 2:
-            return chosen
+def chosen_at(server, client, pool, n: int, args) -> tuple[dict | None, int]:
+    """The server's account of batch ``n``'s last K choice, and how many unmeasured groups it took. A batch size
+    has one only once all ``n`` requests of a group met in a round; where none did (a first request ended before
+    the last arrived), up to two more adaptive groups, after the measured ones, give it one."""
+    extra = 0
+    while (chosen := adaptive_metrics(server).get(str(n))) is None and extra < 2:
         group(client, pool, n, None, args.max_tokens, extra, args.texts)
-    return None
+        extra += 1
+    return chosen, extra
 
 
 def adaptive_metrics(server) -> dict[str, dict]:
@@ -185,6 +185,7 @@ def load_steps(client, pool, server, args) -> list[dict]:
                 tokens, seconds = measure(client, pool, n, None if point == ADAPTIVE else point, args, rep)
                 passes[point].append(tokens / seconds)
         best = {p: max(v) for p, v in passes.items()}
+        chosen, extra = chosen_at(server, client, pool, n, args)
         pinned = {p: v for p, v in best.items() if p != ADAPTIVE}
         paired = paired_ratios(passes)
         rows.append(
@@ -196,7 +197,8 @@ def load_steps(client, pool, server, args) -> list[dict]:
                 "adaptive_vs_target_only": round(best[ADAPTIVE] / pinned[0], 3) if 0 in pinned else None,
                 "paired_vs_pinned": {str(p): round(r, 3) for p, r in paired.items() if r is not None},
                 "passes": {str(p): [round(v, 1) for v in values] for p, values in passes.items()},
-                "chosen": chosen_at(server, client, pool, n, args),
+                "chosen": chosen,
+                "chosen_after_extra_groups": extra,
             }
         )
     return rows
@@ -225,7 +227,7 @@ def jump(recipe, tmp: Path, pool, args) -> dict:
             client = TritonClient(server.ports.grpc_url, "grpc")
             runs[k] = after_jump(client, pool, k, args)
             if k is None:
-                chosen = chosen_at(server, client, pool, args.jump, args)
+                chosen, extra = chosen_at(server, client, pool, args.jump, args)
     adaptive, target_only = ([t / s for t, s in runs[k]] for k in (None, 0))
     return {
         "streams": args.jump,
@@ -235,6 +237,7 @@ def jump(recipe, tmp: Path, pool, args) -> dict:
         "first_group_vs_target_only": round(adaptive[0] / target_only[0], 3),
         "groups_vs_target_only": [round(a / t, 3) for a, t in zip(adaptive, target_only, strict=True)],
         "chosen": chosen,
+        "chosen_after_extra_groups": extra,
     }
 
 
