@@ -143,8 +143,7 @@ def chosen_at(server, client, pool, n: int, args) -> tuple[dict | None, int]:
 
 def adaptive_metrics(server) -> dict[str, dict]:
     """The server's trtspec_adaptive_* series: {batch: {"k": ..., ..., "rounds": {K: count}}}."""
-    url = f"http://{server.ports.host}:{server.ports.metrics}/metrics"
-    with urllib.request.urlopen(url, timeout=30) as response:
+    with urllib.request.urlopen(server.metrics_url, timeout=30) as response:
         text = response.read().decode()
     out: dict[str, dict] = {}
     for match in re.finditer(r"^trtspec_adaptive_(\w+)\{([^}]*)\} (\S+)$", text, re.M):

@@ -173,9 +173,8 @@ def _unwritable(path: Path, err: OSError, need_bytes: int | None) -> OutputError
     """The user's path, not the hidden temp one beside it that the system named (a full disk has its own)."""
     if is_disk_full(err):
         return no_space_error(path, need_bytes, 0, err)
-    folder = path.parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
+    missing = _missing_parents(path)
+    folder = (missing[-1] if missing else path).parent  # the nearest folder that exists
     why = f"{folder} is a file, not a folder" if folder.is_file() else err.strerror or str(err)
     return OutputError(f"{path}: cannot be written there ({why}); choose another path", detail=f"{err!r}")
 
