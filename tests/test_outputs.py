@@ -212,3 +212,42 @@ def test_main_turns_an_os_error_with_a_path_into_one_line(monkeypatch, capsys):
     assert exit_.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["Error: /srv/models/t: Permission denied; check the path and its permissions"]
+
+
+@pytest.mark.parametrize("swallowed", [True, False])
+def test_a_ctrl_c_a_library_swallows_still_stops_the_command(tiny_pair, tmp_path, swallowed):
+    """A SIGINT that lands in a ``__del__`` is printed as "Exception ignored" and lost to the command; the
+    command must still exit 130 without renaming its output into place (here deploy's repository, whose last
+    step before the rename frees such an object). Without the swallow the same run writes the repository."""
+    import subprocess
+    import sys
+
+    from test_validate import write_recipe
+
+    recipe = write_recipe(tmp_path / "tiny.yaml", *tiny_pair)
+    out = tmp_path / "repo"
+    argv = ["deploy", str(recipe), "--runtime", "torch", "--out", str(out)]
+    script = (
+        "import os, signal, sys, time, trtspec.outputs as o\n"
+        "class Handle:\n"
+        "    def __del__(self):\n"
+        "        os.kill(os.getpid(), signal.SIGINT); time.sleep(0.5)\n"
+        "real = o.plain_modes\n"
+        "def plain_modes(folder):\n"
+        f"    if {swallowed}: Handle()\n"
+        "    real(folder)\n"
+        "o.plain_modes = plain_modes\n"
+        f"from trtspec.cli import main; sys.argv = ['trtspec']; main({argv!r})"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    if not swallowed:
+        assert proc.returncode == 0, proc.stderr
+        assert (out / "trtspec.json").is_file()
+        return
+    assert "Exception ignored" in proc.stderr and "KeyboardInterrupt" in proc.stderr  # the library lost it
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr.rstrip().endswith("Interrupted.")
+    assert not out.exists()
+    assert not [
+        p.name for p in tmp_path.iterdir() if p.name.startswith(".repo.")
+    ]  # no temp folder left either

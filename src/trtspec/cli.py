@@ -27,6 +27,7 @@ import click
 from trtspec import __version__
 from trtspec.core import layout
 from trtspec.core.errors import TrtspecError
+from trtspec.core.interrupts import raise_if_interrupted, record_interrupts
 from trtspec.core.lookup import PROPOSERS
 from trtspec.validate.bench import LOADS
 from trtspec.validate.inputs import SystemOptions
@@ -855,8 +856,10 @@ _show_envvars(cli)
 def main(argv: list[str] | None = None) -> None:
     """Entry point of ``trtspec`` and ``python -m trtspec``. Click runs outside its standalone mode so that every
     error is shown here, as one line."""
+    record_interrupts()
     try:
         status = cli.main(args=argv, prog_name="trtspec", standalone_mode=False)
+        raise_if_interrupted()  # a Ctrl-C a library swallowed still ends the command as an interrupt
     except click.exceptions.NoArgsIsHelpError as err:  # ``trtspec`` alone: the help, as click shows it
         err.show()
         sys.exit(err.exit_code)
@@ -882,7 +885,7 @@ def main(argv: list[str] | None = None) -> None:
         where = err.filename if err.filename2 is None else f"{err.filename} -> {err.filename2}"
         click.echo(f"Error: {where}: {err.strerror or err}; check the path and its permissions", err=True)
         sys.exit(2)
-    except (click.Abort, KeyboardInterrupt):  # pragma: no cover - interactive (Ctrl-C arrives as Abort)
+    except (click.Abort, KeyboardInterrupt):  # Ctrl-C (click turns it into Abort)
         click.echo("Interrupted.", err=True)
         sys.exit(130)
     sys.exit(status if isinstance(status, int) else 0)  # --help and --version return 0; a command None

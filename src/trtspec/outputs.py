@@ -6,6 +6,10 @@ rename. Single files are written whole the same way (``write_file_atomic``: a te
 For folders a user names with an option (``write_output_dir``): an existing destination is replaced only if it is
 an earlier output of the same kind (it holds ``marker``), never the current folder or one containing it.
 
+A Ctrl-C that a library swallowed while a folder was written still stops its rename (core/interrupts.py): a
+``__del__`` it cut short may not have flushed its file. Single files are left to commit: they are whole, and
+an interrupted training run writes its resume point with them.
+
 A disk that fills up while an output is written is one NoSpaceError naming the output, the space left and the
 space the step needs (``need_bytes``, the writer's estimate), after the partial output is removed.
 """
@@ -21,6 +25,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from trtspec.core.errors import NoSpaceError, OutputError
+from trtspec.core.interrupts import raise_if_interrupted
 
 # A full disk or a full quota. Writers in C++ or Rust (safetensors) raise their own types and keep only the
 # system's message, so it is matched as text too.
@@ -70,6 +75,7 @@ def _check_parent(target: Path, path, option: str) -> None:
 
 def replace_dir(tmp: Path, final: Path) -> None:
     """Move a finished folder into place; the previous one (if any) is removed only after the rename."""
+    raise_if_interrupted()
     old = None
     if final.exists():
         old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"

@@ -1,0 +1,41 @@
+"""A Ctrl-C stops the command even where a library swallows it.
+
+Python raises KeyboardInterrupt wherever the main thread is when SIGINT arrives. Inside a ``__del__`` or a
+weakref callback (a tokenizer or a safetensors handle being freed during a conversion) it is printed as
+"Exception ignored in ..." and lost, and the command would go on, rename its output into place and exit 0.
+The handler here records every SIGINT before raising, so the output folders and files are not committed
+(``outputs``) and the command exits 130 after one (``cli.main``).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+_seen = threading.Event()
+
+
+def _record_and_raise(signum, frame):
+    _seen.set()
+    raise KeyboardInterrupt
+
+
+def record_interrupts() -> None:
+    """Install the recording handler where Python's default one is (not where SIGINT is ignored, as in a
+    background job of a non-interactive shell, nor where a caller installed its own). From the main thread."""
+    _seen.clear()
+    if threading.current_thread() is threading.main_thread() and (
+        signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    ):
+        signal.signal(signal.SIGINT, _record_and_raise)
+
+
+def interrupted() -> bool:
+    """A SIGINT arrived since ``record_interrupts``, whether or not its KeyboardInterrupt reached anyone."""
+    return _seen.is_set()
+
+
+def raise_if_interrupted() -> None:
+    """KeyboardInterrupt where a SIGINT was swallowed: call before committing an output."""
+    if _seen.is_set():
+        raise KeyboardInterrupt
