@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -264,15 +265,24 @@ class TritonSpec(_Strict):
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> TritonSpec:
-        seen: dict[int, str] = {}
-        for kind in ("http", "grpc", "metrics"):
-            port = getattr(self, f"{kind}_port")
-            if port in seen:
-                raise ValueError(
-                    f"{kind}_port {port} is also {seen[port]}_port; the server needs three distinct ports"
-                )
-            seen[port] = kind
+        ports = {kind: getattr(self, f"{kind}_port") for kind in ("http", "grpc", "metrics")}
+        if clash := repeated_port(ports):
+            kind, earlier = clash
+            raise ValueError(
+                f"{kind}_port {ports[kind]} is also {earlier}_port; the server needs three distinct ports"
+            )
         return self
+
+
+def repeated_port(ports: Mapping[str, int]) -> tuple[str, str] | None:
+    """The first endpoint (http, grpc, metrics) whose port an earlier one has, and that one: tritonserver needs
+    three distinct ports, whether a recipe or serve's options name them."""
+    seen: dict[int, str] = {}
+    for kind, port in ports.items():
+        if port in seen:
+            return kind, seen[port]
+        seen[port] = kind
+    return None
 
 
 _K8S_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # a DNS-1123 label

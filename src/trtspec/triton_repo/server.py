@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtspec.core.errors import PortInUse, ServerError
+from trtspec.recipe import repeated_port
 
 NGC_BACKENDS = Path("/opt/tritonserver/backends")
 # tritonserver's own bound on unloading models after SIGINT; python models took ~10 s on a loaded 2-core machine,
@@ -60,6 +61,11 @@ class Ports:
     grpc: int
     metrics: int
     host: str = "127.0.0.1"
+
+    @property
+    def by_kind(self) -> dict[str, int]:
+        """The endpoints' ports by name, in tritonserver's order: http, grpc, metrics."""
+        return {"http": self.http, "grpc": self.grpc, "metrics": self.metrics}
 
     @property
     def reach_host(self) -> str:
@@ -99,12 +105,13 @@ def repo_path_problem(repo: Path | str) -> str | None:
 def check_ports(ports: Ports) -> None:
     """ServerError, before tritonserver starts, for ports it could not take: two alike, one in use (another server
     on it would answer the readiness polls), or a host this machine cannot bind."""
-    named = {"http": ports.http, "grpc": ports.grpc, "metrics": ports.metrics}
-    if len(set(named.values())) < len(named):
+    if clash := repeated_port(ports.by_kind):
+        kind, earlier = clash
         raise ServerError(
-            f"the http, grpc and metrics ports must differ (got {named}); pass distinct --*-port values"
+            f"the http, grpc and metrics ports must differ (the {kind} port {ports.by_kind[kind]} is also the "
+            f"{earlier} port); pass distinct --*-port values"
         )
-    for kind, port in named.items():
+    for kind, port in ports.by_kind.items():
         try:
             first = socket.getaddrinfo(ports.host, port, type=socket.SOCK_STREAM)[0]
             family, socktype, proto, _, address = first
@@ -205,14 +212,18 @@ def server_command(
         str(install.binary),
         f"--model-repository={Path(repo).resolve()}",
         f"--backend-directory={install.backend_dir}",
-        f"--http-address={ports.host}",
-        f"--grpc-address={ports.host}",
-        f"--metrics-address={ports.host}",
-        f"--http-port={ports.http}",
-        f"--grpc-port={ports.grpc}",
-        f"--metrics-port={ports.metrics}",
+        *_endpoint_args(ports),
         f"--exit-timeout-secs={exit_timeout_s}",
         "--disable-auto-complete-config",
+    ]
+
+
+def _endpoint_args(ports: Ports) -> list[str]:
+    """tritonserver's HTTP, gRPC and metrics endpoints: each bound to ``ports.host`` (its default is every
+    interface) on its port."""
+    kinds = ports.by_kind
+    return [f"--{kind}-address={ports.host}" for kind in kinds] + [
+        f"--{k}-port={p}" for k, p in kinds.items()
     ]
 
 
@@ -224,8 +235,7 @@ def _rank_args(
     if backend_dir is not None:
         args.append(f"--backend-directory={backend_dir}")
     if rank == 0:
-        args += [f"--{kind}-address={ports.host}" for kind in ("http", "grpc", "metrics")]
-        args += [f"--http-port={ports.http}", f"--grpc-port={ports.grpc}", f"--metrics-port={ports.metrics}"]
+        args += _endpoint_args(ports)
     else:
         # Worker ranks host only the engine models' ranks and serve no endpoint.
         args += ["--model-control-mode=explicit", *[f"--load-model={m}" for m in layout["rank_models"]]]
