@@ -236,6 +236,31 @@ def test_a_config_size_that_is_not_a_positive_integer_is_one_line_naming_it(
     assert runner.invoke(cli, ["check", str(tmp_path / "r.yaml")]).exit_code == 0
 
 
+@pytest.mark.parametrize(
+    ("key", "value", "kind"),
+    [("rms_norm_eps", "1e-6", "a number"), ("rope_theta", [10000], "a number"), ("attention_bias", 0, "true or false"),
+     ("hidden_act", 3, "a string"), ("tie_word_embeddings", "false", "true or false")],
+)  # fmt: skip
+def test_a_config_field_of_another_kind_than_its_default_is_one_line_naming_it(
+    runner, tmp_path, tiny_pair, draft_with, key, value, kind
+):
+    """transformers 4 keeps such a value and fails inside the forward (a TypeError traceback from generate) and
+    passes check; 5 refuses it while the tokenizer loads, which was reported as a broken tokenizer."""
+    draft = draft_with()
+    config = json.loads((draft / "config.json").read_text())
+    (draft / "config.json").write_text(json.dumps(config | {key: value}))
+    for args in (
+        ["check", str(write_recipe(tmp_path / "r.yaml", tiny_pair[0], draft))],
+        ["generate", "--prompt", "x", "--target", str(tiny_pair[0]), "--draft", str(draft)],
+    ):
+        result = runner.invoke(cli, args)
+        assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+        assert (
+            result.output.strip()
+            == f"Error: {draft}/config.json: {key}: must be {kind} (got {value!r}); fix config.json"
+        )
+
+
 def test_published_size_quirks_are_read_as_sizes(tmp_path):
     """Gemma 3n gives intermediate_size per layer inside text_config; Mistral leaves head_dim null."""
     from trtspec.core.errors import ModelError

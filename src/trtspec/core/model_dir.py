@@ -9,6 +9,7 @@ import this module without paying for them.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import warnings
@@ -93,7 +94,55 @@ def read_model_config(model_dir: Path) -> dict:
             f'{Path(model_dir) / "config.json"}: no "model_type" string (e.g. "llama"), which transformers needs '
             "to read it; re-export config.json"
         )
+    _check_field_types(config, Path(model_dir) / "config.json")
     return config
+
+
+def _check_field_types(config: dict, path: Path) -> None:
+    """ModelError naming the field for a value of another kind than its config class's default (a quoted number,
+    a number where a flag goes). transformers 4 keeps such a value and fails deep inside the forward; 5 refuses
+    it while another step loads (a tokenizer, the weights), which would then be reported as that step's
+    problem. Sizes are _check_sizes's; token ids may be lists; a null is left to the model's own rules."""
+    defaults = _config_defaults(config.get("model_type"))
+    for key, value in config.items():
+        default = defaults.get(key)
+        if default is None or value is None or key in (*_SIZES, *_OPTIONAL_SIZES) or key.endswith("token_id"):
+            continue
+        kind = _scalar_kind(default)
+        if _scalar_kind(value) != kind:
+            raise ModelError(f"{path}: {key}: must be {kind} (got {value!r}); fix config.json")
+
+
+def _scalar_kind(value) -> str:
+    if isinstance(value, bool):
+        return "true or false"
+    if isinstance(value, int | float):
+        return "a number"
+    return "a string" if isinstance(value, str) else "a list or an object"
+
+
+@functools.lru_cache(maxsize=32)
+def _config_defaults(model_type) -> dict:
+    """The scalar fields of ``model_type``'s config class as it is built with no arguments ({} for a type this
+    transformers does not know, or remote code: their own loading reports those)."""
+    if not isinstance(model_type, str):
+        return {}
+    from transformers import CONFIG_MAPPING
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            config = CONFIG_MAPPING[model_type]()
+    except Exception:  # noqa: BLE001 - an unknown type (KeyError) or a class that needs arguments
+        return {}
+    fields = vars(config)
+    scalars = {k: v for k, v in fields.items() if isinstance(v, bool | int | float | str)}
+    for nested in fields.values():  # transformers 5 reads a top-level rope_theta into its rope_parameters
+        if isinstance(nested, dict):
+            for k, v in nested.items():
+                if isinstance(v, bool | int | float | str):
+                    scalars.setdefault(k, v)
+    return scalars
 
 
 def error_line(err: BaseException, limit: int = 200) -> str:
@@ -105,7 +154,9 @@ def load_tokenizer(model_dir: Path, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
     if (Path(model_dir) / "config.json").is_file():
-        read_hf_config(model_dir)  # transformers 5 reads it for the tokenizer too: a broken one named as such
+        # transformers 5 reads it for the tokenizer too: a broken one named as such
+        config = read_hf_config(model_dir)
+        _check_field_types(config, Path(model_dir) / "config.json")
     try:
         with _quiet_loading():  # its notices (the legacy behaviour of a Llama tokenizer) would split the line
             return AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
