@@ -67,7 +67,7 @@ def load_engine(recipe):
     """The in-process engine configured like the torch runtime's entry model (values.in_process_values)."""
     import torch
 
-    from trtspec.engines.engine import SpeculativeEngine
+    from trtspec.engines.engine import SpeculativeEngine, served_max_seq_len
     from trtspec.recipe import torch_runtime_dtype
     from trtspec.triton_repo.models.cores import cpu_threads
 
@@ -81,7 +81,7 @@ def load_engine(recipe):
         dtype=torch_runtime_dtype(recipe.triton, recipe.target),
         max_draft_len=recipe.speculative.max_draft_len,
         max_batch_size=recipe.limits.max_batch_size,
-        max_seq_len=recipe.limits.max_seq_len + recipe.speculative.max_draft_len + 1,
+        max_seq_len=served_max_seq_len(recipe.limits.max_seq_len, recipe.speculative.max_draft_len),
         trust_remote_code=recipe.target.trust_remote_code,
     )
 

@@ -58,6 +58,13 @@ class StreamEvent:
     joined: list[int] = field(default_factory=list)
 
 
+def served_max_seq_len(max_seq_len: int, max_draft_len: int) -> int:
+    """The engine's length for a server whose requests are capped at ``max_seq_len`` before they reach it: room
+    for a verification of max_draft_len + 1 tokens past a request's last one, so a round near the cap can still
+    draft."""
+    return max_seq_len + max_draft_len + 1
+
+
 class StreamingGenerator(ABC):
     """``generate`` / ``generate_stream`` for every runtime that supplies a round (``new_rounds``: the PyTorch
     engine, the TensorRT-LLM runner). A batch is one loop run: every prompt added at once (or, with

@@ -276,14 +276,14 @@ def load_loop(
     parameters; ``on_step``, ``threads`` (torch_threads) and ``cores``: LoopThread's."""
     import torch
 
-    from trtspec.engines.engine import SpeculativeEngine
+    from trtspec.engines.engine import SpeculativeEngine, served_max_seq_len
     from trtspec.engines.models import load_causal_lm
     from trtspec.triton_repo.models.text import translator_from_parameters
 
     if threads is not None:
         torch.set_num_threads(threads)
     max_draft_len = int(params["max_draft_len"])
-    max_seq_len = int(params["max_seq_len"]) + max_draft_len + 1
+    max_seq_len = served_max_seq_len(int(params["max_seq_len"]), max_draft_len)
     opts = {
         "device": params["device"],
         "num_slots": num_slots,
