@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -592,3 +593,54 @@ def test_cpu_bf16_units_reads_the_cpu_flags():
 
     units = cpu_bf16_units()
     assert units is None or set(units) <= set(BF16_MATRIX_FLAGS)
+
+
+# Published configs' own quirks the field check must accept (shapes copied from their config.json files).
+_PUBLISHED = {
+    "llama-3.1": {
+        "model_type": "llama", "rope_theta": 500000, "eos_token_id": [128001, 128008, 128009],
+        "rope_scaling": {"factor": 8.0, "rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 8192},
+        "torch_dtype": "bfloat16", "attention_bias": False, "mlp_bias": False, "pretraining_tp": 1,
+    },
+    "qwen2.5": {
+        "model_type": "qwen2", "sliding_window": 131072, "use_sliding_window": False, "max_window_layers": 21,
+        "rope_theta": 1000000.0, "tie_word_embeddings": True, "bos_token_id": 151643, "rope_scaling": None,
+    },
+    "mistral": {"model_type": "mistral", "sliding_window": None, "head_dim": None, "rope_theta": 1000000.0},
+    "gemma-3": {
+        "model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"], "mm_tokens_per_image": 256,
+        "text_config": {"model_type": "gemma3_text", "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                        "sliding_window": 1024, "query_pre_attn_scalar": 256, "final_logit_softcapping": None},
+    },
+    "remote code": {"model_type": "my_arch", "auto_map": {"AutoConfig": "configuration_my.MyConfig"}, "x": "y"},
+    "a generation parameter": {"model_type": "llama", "early_stopping": "never", "num_beams": 1},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(_PUBLISHED))
+def test_published_config_quirks_pass_the_field_check(tmp_path, name):
+    from trtspec.core.model_dir import read_model_config
+
+    (tmp_path / "config.json").write_text(json.dumps(_PUBLISHED[name]))
+    assert read_model_config(tmp_path)["model_type"] == _PUBLISHED[name]["model_type"]
+
+
+@pytest.mark.parametrize(
+    ("config", "needle"),
+    [({"model_type": ["llama"], "auto_map": {"AutoConfig": "c.C"}}, None),
+     ({"model_type": "gemma3", "text_config": {"model_type": "gemma3_text", "rms_norm_eps": "1e-6"}},
+      "rms_norm_eps: must be a number (got '1e-6')")],
+)  # fmt: skip
+def test_the_field_check_on_odd_layouts_is_one_line_or_nothing(tmp_path, config, needle):
+    """A list for model_type (with remote code, which skips the model_type check) is left to the loaders, not a
+    TypeError; a multimodal text_config is checked against its own model_type."""
+    from trtspec.core.errors import ModelError
+    from trtspec.core.model_dir import read_model_config
+
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    if needle is None:
+        assert read_model_config(tmp_path) == config
+        return
+    with pytest.raises(ModelError, match=re.escape(needle)):
+        read_model_config(tmp_path)

@@ -251,3 +251,31 @@ def test_a_ctrl_c_a_library_swallows_still_stops_the_command(tiny_pair, tmp_path
     assert not [
         p.name for p in tmp_path.iterdir() if p.name.startswith(".repo.")
     ]  # no temp folder left either
+
+
+def test_a_ctrl_c_a_library_swallows_ends_a_command_that_writes_nothing_as_an_interrupt(tiny_pair, tmp_path):
+    """`check` commits no output and leaves through its own sys.exit, so only main's own check, after whatever
+    the command returned or raised, turns the lost interrupt into exit 130 (it exited with check's status)."""
+    import subprocess
+    import sys
+
+    from test_validate import write_recipe
+
+    recipe = write_recipe(tmp_path / "tiny.yaml", *tiny_pair)
+    script = (
+        "import os, signal, sys, time, trtspec.core.model_dir as m\n"
+        "class Handle:\n"
+        "    def __del__(self):\n"
+        "        os.kill(os.getpid(), signal.SIGINT); time.sleep(0.5)\n"
+        "real, calls = m.read_hf_config, []\n"
+        "def read_hf_config(path):\n"
+        "    if not calls: calls.append(Handle())\n"
+        "    calls[:] = [None]\n"
+        "    return real(path)\n"
+        "m.read_hf_config = read_hf_config\n"
+        f"from trtspec.cli import main; sys.argv = ['trtspec']; main(['check', {str(recipe)!r}])"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert "Exception ignored" in proc.stderr and "KeyboardInterrupt" in proc.stderr
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr.rstrip().endswith("Interrupted.")

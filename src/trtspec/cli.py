@@ -858,8 +858,11 @@ def main(argv: list[str] | None = None) -> None:
     error is shown here, as one line."""
     record_interrupts()
     try:
-        status = cli.main(args=argv, prog_name="trtspec", standalone_mode=False)
-        raise_if_interrupted()  # a Ctrl-C a library swallowed still ends the command as an interrupt
+        try:
+            status = cli.main(args=argv, prog_name="trtspec", standalone_mode=False)
+        finally:
+            # a Ctrl-C a library swallowed ends the command as an interrupt, whatever it returned or raised
+            raise_if_interrupted()
     except click.exceptions.NoArgsIsHelpError as err:  # ``trtspec`` alone: the help, as click shows it
         err.show()
         sys.exit(err.exit_code)

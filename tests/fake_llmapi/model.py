@@ -33,7 +33,7 @@ class TritonPythonModel:
         import triton_python_backend_utils as pb_utils
 
         from trtspec.core.lookup import LookupSpec
-        from trtspec.engines.engine import SpeculativeEngine
+        from trtspec.engines.engine import SpeculativeEngine, served_max_seq_len
 
         config = yaml.safe_load(
             (Path(args["model_repository"]) / args["model_version"] / "model.yaml").read_text()
@@ -56,7 +56,7 @@ class TritonPythonModel:
         self.max_batch_size = config["max_batch_size"]
         self.engine = SpeculativeEngine.from_pretrained(
             config["model"], draft_dir, max_draft_len=self.spec.max_draft_len,
-            max_seq_len=config["max_seq_len"] + self.spec.max_draft_len + 1,
+            max_seq_len=served_max_seq_len(config["max_seq_len"], self.spec.max_draft_len),
             proposer="ngram" if ngram else "draft", lookup=lookup,
         )  # fmt: skip
         self.decoupled = bool(triton["decoupled"])

@@ -22,6 +22,7 @@ import numpy as np
 
 from harness.steps import StepModel, StepRequest
 from trtspec.core.errors import RequestError
+from trtspec.engines.engine import served_max_seq_len
 from trtspec.triton_repo.interface import ENGINE_INPUTS
 from trtspec.triton_repo.models import triton_io as io
 from trtspec.triton_repo.models.cores import cpu_threads
@@ -148,7 +149,7 @@ class TritonPythonModel:
             device=params["device"],
             dtype=params["dtype"],
             num_slots=max(int(config.get("max_batch_size") or 1), 1),
-            max_seq_len=int(params["max_seq_len"]) + max_draft_len + 1,
+            max_seq_len=served_max_seq_len(int(params["max_seq_len"]), max_draft_len),
             max_draft_len=request_limit,
             trust_remote_code=params.get("trust_remote_code", "False").lower() == "true",
         )

@@ -251,15 +251,15 @@ def engine_stages(
             info = result["engines"][role] | {"tensorrt_llm_version": result["tensorrt_llm_version"]}
             seconds = info.get("seconds", round(time.perf_counter() - start, 3))
             stamps[role] = write_stamp(tmp, f"{role}.engine", fingerprint, seconds, info) | {"skipped": False}
-    except BaseException as err:
+        for _, (engine, _, tmp) in pending.items():
+            replace_dir(tmp, engine.engine_dir)
+    except BaseException as err:  # an interrupt included: no engine's temp folder is left behind
         for _, _, tmp in pending.values():
             shutil.rmtree(tmp, ignore_errors=True)
         if is_disk_full(err):  # an engine is about as large as its checkpoint
             need = sum(folder_bytes(engine.checkpoint_dir) for engine, _, _ in pending.values())
             raise no_space_error(out_dir, need, cause=err) from None
         raise
-    for _, (engine, _, tmp) in pending.items():
-        replace_dir(tmp, engine.engine_dir)
     return stamps
 
 

@@ -102,8 +102,10 @@ def _check_field_types(config: dict, path: Path) -> None:
     """ModelError naming the field for a value of another kind than its config class's default (a quoted number,
     a number where a flag goes). transformers 4 keeps such a value and fails deep inside the forward; 5 refuses
     it while another step loads (a tokenizer, the weights), which would then be reported as that step's
-    problem. Sizes are _check_sizes's; token ids may be lists; a null is left to the model's own rules."""
-    defaults = _config_defaults(config.get("model_type"))
+    problem. Sizes are _check_sizes's; token ids may be lists; a null is left to the model's own rules. A
+    multimodal config's text_config is checked against its own model_type."""
+    model_type = config.get("model_type")
+    defaults = _config_defaults(model_type) if isinstance(model_type, str) else {}
     for key, value in config.items():
         default = defaults.get(key)
         if default is None or value is None or key in (*_SIZES, *_OPTIONAL_SIZES) or key.endswith("token_id"):
@@ -111,6 +113,8 @@ def _check_field_types(config: dict, path: Path) -> None:
         kind = _scalar_kind(default)
         if _scalar_kind(value) != kind:
             raise ModelError(f"{path}: {key}: must be {kind} (got {value!r}); fix config.json")
+    if isinstance(config.get("text_config"), dict):
+        _check_field_types(config["text_config"], path)
 
 
 def _scalar_kind(value) -> str:
@@ -122,12 +126,12 @@ def _scalar_kind(value) -> str:
 
 
 @functools.lru_cache(maxsize=32)
-def _config_defaults(model_type) -> dict:
-    """The scalar fields of ``model_type``'s config class as it is built with no arguments ({} for a type this
-    transformers does not know, or remote code: their own loading reports those)."""
-    if not isinstance(model_type, str):
-        return {}
-    from transformers import CONFIG_MAPPING
+def _config_defaults(model_type: str) -> dict:
+    """The scalar fields of ``model_type``'s built-in config class as it is built with no arguments, less the
+    generation parameters transformers 4 still gives every config (generation_config.json's, which 5 drops
+    from it); {} for a type this transformers does not know (remote code of a type of its own: its loading
+    reports that). Remote code that names a built-in type is checked against the built-in class."""
+    from transformers import CONFIG_MAPPING, GenerationConfig
 
     try:
         with warnings.catch_warnings():
@@ -136,7 +140,10 @@ def _config_defaults(model_type) -> dict:
     except Exception:  # noqa: BLE001 - an unknown type (KeyError) or a class that needs arguments
         return {}
     fields = vars(config)
-    scalars = {k: v for k, v in fields.items() if isinstance(v, bool | int | float | str)}
+    generation = set(GenerationConfig().to_dict())
+    scalars = {
+        k: v for k, v in fields.items() if isinstance(v, bool | int | float | str) and k not in generation
+    }
     for nested in fields.values():  # transformers 5 reads a top-level rope_theta into its rope_parameters
         if isinstance(nested, dict):
             for k, v in nested.items():
