@@ -263,13 +263,17 @@ class TritonSpec(_Strict):
     grpc_port: int = Field(8001, ge=1, le=65535)
     metrics_port: int = Field(8002, ge=1, le=65535)
 
+    @property
+    def ports(self) -> dict[str, int]:
+        """The endpoints' ports by name, in tritonserver's order: http, grpc, metrics."""
+        return {"http": self.http_port, "grpc": self.grpc_port, "metrics": self.metrics_port}
+
     @model_validator(mode="after")
     def _distinct_ports(self) -> TritonSpec:
-        ports = {kind: getattr(self, f"{kind}_port") for kind in ("http", "grpc", "metrics")}
-        if clash := repeated_port(ports):
+        if clash := repeated_port(self.ports):
             kind, earlier = clash
             raise ValueError(
-                f"{kind}_port {ports[kind]} is also {earlier}_port; the server needs three distinct ports"
+                f"{kind}_port {self.ports[kind]} is also {earlier}_port; the server needs three distinct ports"
             )
         return self
 

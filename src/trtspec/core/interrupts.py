@@ -3,8 +3,8 @@
 Python raises KeyboardInterrupt wherever the main thread is when SIGINT arrives. Inside a ``__del__`` or a
 weakref callback (a tokenizer or a safetensors handle being freed during a conversion) it is printed as
 "Exception ignored in ..." and lost, and the command would go on, rename its output into place and exit 0.
-The handler here records every SIGINT before raising, so the output folders and files are not committed
-(``outputs``) and the command exits 130 after one (``cli.main``).
+The handler here records every SIGINT before raising, so no output folder is renamed into place
+(``outputs.replace_dir``) and the command exits 130 after one (``cli.main``).
 """
 
 from __future__ import annotations
@@ -30,12 +30,8 @@ def record_interrupts() -> None:
         signal.signal(signal.SIGINT, _record_and_raise)
 
 
-def interrupted() -> bool:
-    """A SIGINT arrived since ``record_interrupts``, whether or not its KeyboardInterrupt reached anyone."""
-    return _seen.is_set()
-
-
 def raise_if_interrupted() -> None:
-    """KeyboardInterrupt where a SIGINT was swallowed: call before committing an output."""
+    """KeyboardInterrupt if a SIGINT arrived since ``record_interrupts``, whether or not its own KeyboardInterrupt
+    reached anyone: call before committing an output."""
     if _seen.is_set():
         raise KeyboardInterrupt

@@ -138,12 +138,7 @@ def manifest(recipe: Recipe, runtime: str, models: list[str]) -> dict:
         "models": models,
         "max_draft_len": recipe.speculative.max_draft_len,
         "decoupled": recipe.triton.decoupled,
-        "ports": {
-            "http": recipe.triton.http_port,
-            "grpc": recipe.triton.grpc_port,
-            "metrics": recipe.triton.metrics_port,
-            "host": recipe.triton.host,
-        },
+        "ports": recipe.triton.ports | {"host": recipe.triton.host},
         "world_size": {role: spec.world_size for role, spec in recipe.models().items()},
         "gpu_ids": {role: list(spec.devices) for role, spec in recipe.models().items()},
         "launch": launch_layout(recipe, runtime),

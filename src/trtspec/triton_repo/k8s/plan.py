@@ -112,11 +112,6 @@ def _fail(recipe: Recipe, field_path: str, message: str) -> RecipeError:
     return RecipeError(recipe.source or "<recipe>", field_path, message)
 
 
-def container_ports(recipe: Recipe) -> dict[str, int]:
-    """The three container ports (the recipe holds them set and distinct, as probes and Services name them)."""
-    return {kind: getattr(recipe.triton, f"{kind}_port") for kind in ("http", "grpc", "metrics")}
-
-
 def pod_model_path(raw: str) -> str | None:
     """Where a recipe's model path points inside the pods (None: a demo model, inside the image)."""
     if raw.startswith(DEMO_SCHEME):
@@ -177,7 +172,9 @@ def plan_rollout(recipe: Recipe, runtime: str | None, recipe_text: str) -> Rollo
             recipe, "triton.runtime", f"'{runtime}' cannot be rolled out; choose one of {', '.join(RUNTIMES)}"
         )
     spec = recipe.kubernetes
-    ports = container_ports(recipe)
+    ports = (
+        recipe.triton.ports
+    )  # the three container ports, set and distinct, as probes and Services name them
     gpus, how = placed_gpus(recipe, runtime)
     if spec.gpus is not None and spec.gpus != gpus:
         raise _fail(
