@@ -156,6 +156,36 @@ def test_refuses_to_overwrite_a_folder_that_is_not_a_repository(tiny_pair, tmp_p
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
 
 
+def test_a_redeploy_keeps_a_config_tuned_by_hand_unless_forced(tiny_pair, tmp_path, runner):
+    """A repository served once (the python backend's bytecode beside model.py) is replaced by a redeploy; one
+    whose config.pbtxt a user tuned is not, until --force says so, and the command says which file and why."""
+    import yaml
+
+    from trtspec.cli import cli
+
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text(
+        yaml.safe_dump(
+            {"name": "tiny", "target": {"model": str(tiny_pair[0])}, "draft": {"model": str(tiny_pair[1])}}
+        )
+    )
+    out = tmp_path / "repo"
+    deploy_cmd = ["deploy", str(recipe), "--out", str(out)]
+    assert runner.invoke(cli, deploy_cmd).exit_code == 0
+    cache = out / names.ORCHESTRATOR / "1" / "__pycache__"
+    cache.mkdir()
+    (cache / "model.cpython-311.pyc").write_bytes(b"\0")
+    assert runner.invoke(cli, deploy_cmd).exit_code == 0 and not cache.exists()
+    tuned = out / names.ORCHESTRATOR / "config.pbtxt"
+    tuned.write_text(tuned.read_text().replace("count: 1", "count: 2"))
+    result = runner.invoke(cli, deploy_cmd)
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert f"{names.ORCHESTRATOR}/config.pbtxt was changed since trtspec wrote it" in result.output
+    assert "--force" in result.output and "count: 2" in tuned.read_text()
+    assert runner.invoke(cli, [*deploy_cmd, "--force"]).exit_code == 0
+    assert "count: 2" not in tuned.read_text()
+
+
 def test_torch_runtime_refuses_models_that_do_not_load(tiny_pair, tmp_path):
     """The torch engine models load the recipe's checkpoints at server start; deploy finds a broken one first."""
     import shutil

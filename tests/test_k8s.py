@@ -436,10 +436,20 @@ def test_an_existing_folder_is_replaced_only_when_it_is_a_rollout(tmp_path, runn
     assert (out / "mine.txt").read_text() == "keep"
     shutil.rmtree(out)
     assert runner.invoke(cli, ["deploy", str(recipe), "--k8s", str(out)]).exit_code == 0
-    (out / "base" / "stale.yaml").write_text("{}")
-    result = runner.invoke(cli, ["deploy", str(recipe), "--k8s", str(out), "--json"])
+    assert (
+        runner.invoke(cli, ["deploy", str(recipe), "--k8s", str(out)]).exit_code == 0
+    )  # as written: replaced
+    # An overlay the user patched is not lost to a regenerated rollout unless they say so.
+    patch = out / "overlays" / "production" / "kustomization.yaml"
+    patch.write_text(patch.read_text() + "# tuned\n")
+    result = runner.invoke(cli, ["deploy", str(recipe), "--k8s", str(out)])
+    assert (
+        result.exit_code == 2 and "overlays/production/kustomization.yaml was changed since" in result.output
+    )
+    assert patch.read_text().endswith("# tuned\n")
+    result = runner.invoke(cli, ["deploy", str(recipe), "--k8s", str(out), "--json", "--force"])
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output)["app"] == "llama-8b-1b" and not (out / "base" / "stale.yaml").exists()
+    assert json.loads(result.output)["app"] == "llama-8b-1b" and not patch.read_text().endswith("# tuned\n")
     assert runner.invoke(cli, ["deploy", str(recipe), "--k8s", str(out), "--out", "x"]).exit_code == 2
 
 

@@ -16,6 +16,7 @@ import yaml
 
 from trtspec.builders import support
 from trtspec.core.errors import CheckFailed, ServerError
+from trtspec.outputs import EDIT_RECORD
 from trtspec.recipe import recipe_from_dict
 from trtspec.triton_repo import llmapi
 from trtspec.triton_repo.deploy import MANIFEST, deploy
@@ -59,7 +60,7 @@ def test_deploy_writes_the_llmapi_model(pair, tmp_path):
     repo = tmp_path / "repo"
     result = deploy(recipe, None, repo)
     assert result.runtime == "trtllm-pytorch" and result.models == ["tensorrt_llm"]
-    assert sorted(p.name for p in repo.iterdir()) == ["tensorrt_llm", MANIFEST]
+    assert sorted(p.name for p in repo.iterdir()) == [EDIT_RECORD, "tensorrt_llm", MANIFEST]
     assert sorted(p.name for p in (repo / "tensorrt_llm" / "1").iterdir()) == ["model.py", "model.yaml"]
     data = yaml.safe_load((repo / "tensorrt_llm" / "1" / "model.yaml").read_text())
     assert data == {

@@ -7,24 +7,71 @@ import os
 import pytest
 
 from trtspec.core.errors import OutputError
-from trtspec.outputs import check_output_dir, write_output_dir
+from trtspec.outputs import EDIT_RECORD, check_output_dir, write_output_dir
 
 
 def _fill(tmp):
     (tmp / "report.json").write_text("{}")
+    (tmp / "sub").mkdir()
+    (tmp / "sub" / "config.txt").write_text("written")
 
 
-def _write(out):
-    return write_output_dir(out, "report.json", "a report", "--out", _fill)
+def _write(out, fill=_fill, force=False):
+    return write_output_dir(out, "report.json", "a report", "--out", fill, force=force)
 
 
 def test_writes_a_new_folder_and_replaces_an_earlier_one_whole(tmp_path):
     out = tmp_path / "a" / "b"
     assert _write(out) == out.absolute()
-    (out / "stale.txt").write_text("from the earlier run")
-    _write(out)
-    assert sorted(p.name for p in out.iterdir()) == ["report.json"]
+    (out / "sub" / "__pycache__").mkdir()  # what a served model.py leaves: not the user's
+    (out / "sub" / "__pycache__" / "m.cpython-311.pyc").write_bytes(b"\0")
+    (out / "report.json").unlink()  # a file the user removed is not lost by a rerun
+    (out / "report.json").write_text("{}")
+    _write(out, lambda tmp: (tmp / "report.json").write_text('{"new": 1}'))
+    assert sorted(p.name for p in out.iterdir()) == [EDIT_RECORD, "report.json"]
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["b"]  # no temp or old folder left
+
+
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        ("change", "sub/config.txt was changed since trtspec wrote it; "),
+        ("add", "notes.md was added since trtspec wrote it; "),
+        ("both", "notes.md was added since trtspec wrote it (1 more file changed or added); "),
+        ("record", f"{EDIT_RECORD} was changed since trtspec wrote it; "),
+    ],
+)
+def test_a_rerun_keeps_files_edited_or_added_since_and_names_them_unless_forced(tmp_path, edit, says):
+    """A tuned config or an overlay's patch in an earlier output is never lost to a rerun without --force."""
+    out = tmp_path / "out"
+    _write(out)
+    if edit in ("change", "both"):
+        (out / "sub" / "config.txt").write_text("tuned by hand")
+    if edit in ("add", "both"):
+        (out / "notes.md").write_text("mine")
+    if edit == "record":
+        (out / EDIT_RECORD).write_text("[not what trtspec wrote")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(OutputError) as err:
+        _write(out)
+    assert (
+        str(err.value)
+        == f"--out {out}: {says}move what you want to keep out of the folder, or pass --force to replace it"
+    )
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    _write(out, force=True)
+    assert (out / "sub" / "config.txt").read_text() == "written" and not (out / "notes.md").exists()
+    _write(out)  # as written again: a plain rerun replaces it
+
+
+def test_an_earlier_output_without_an_edit_record_is_replaced_as_it_is(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "report.json").write_text("{}")
+    (out / "stale.txt").write_text("from a run that kept no record")
+    _write(out)
+    assert sorted(p.name for p in out.iterdir()) == [EDIT_RECORD, "report.json", "sub"]
 
 
 def test_an_empty_existing_folder_is_used(tmp_path):
@@ -73,7 +120,7 @@ def test_a_failing_fill_leaves_nothing_behind_and_keeps_the_earlier_output(tmp_p
     with pytest.raises(RuntimeError, match="disk full"):
         write_output_dir(out, "report.json", "a report", "--out", broken)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
-    assert sorted(os.listdir(out)) == ["report.json"]
+    assert sorted(os.listdir(out)) == [EDIT_RECORD, "report.json", "sub"]
 
 
 def test_a_failed_write_removes_the_folders_it_made_for_its_output_and_only_those(tmp_path):

@@ -158,6 +158,15 @@ def out_dir_option(help: str, file_okay: bool = False):
     return click.option("--out", "out_dir", type=click.Path(file_okay=file_okay, path_type=Path), help=help)
 
 
+def force_option(what: str):
+    """--force: replace files a user edited or added in an earlier output folder (outputs.check_output_dir)."""
+    return click.option(
+        "--force",
+        is_flag=True,
+        help=f"Replace {what} even where files in it were edited or added since it was written.",
+    )
+
+
 def file_out_option(flag: str, help: str):
     """An optional file the command writes, checked to be writable before the command's work starts."""
     return click.option(flag, type=click.Path(dir_okay=False, path_type=Path), help=help)
@@ -478,6 +487,7 @@ def generate(out: Output, **options) -> None:
     help="Instead of the repository, write a Kubernetes rollout for the recipe to DIR: a kustomize base and "
     "overlays/{production,canary} for `kubectl apply -k` (docs/kubernetes.md).",
 )
+@force_option("an earlier repository or rollout")
 @output_options
 def deploy(
     recipe: str,
@@ -485,6 +495,7 @@ def deploy(
     out_dir: Path | None,
     engines_dir: Path,
     k8s_dir: Path | None,
+    force: bool,
     out: Output,
 ) -> None:
     """Write a Triton model repository: the entry point tensorrt_llm_bls, also served as upstream's `ensemble`
@@ -501,9 +512,11 @@ def deploy(
         from trtspec.triton_repo.k8s import write_rollout
 
         # The models live in the cluster (a volume or the image), not necessarily on this machine.
-        show_rollout(write_rollout(load_recipe(recipe, check_paths=False), runtime, k8s_dir), out)
+        show_rollout(
+            write_rollout(load_recipe(recipe, check_paths=False), runtime, k8s_dir, force=force), out
+        )
         return
-    show_deploy(write_repo(load_recipe(recipe), runtime, out_dir, engines_dir=engines_dir), out)
+    show_deploy(write_repo(load_recipe(recipe), runtime, out_dir, engines_dir=engines_dir, force=force), out)
 
 
 def _port_option(kind: str):
@@ -739,6 +752,7 @@ def _count_option(flag: str, help: str):
     "--write-recipe",
     "Write a copy of the recipe here with the recommended speculative.schedule (adaptive K by default).",
 )
+@force_option("an earlier report at --out")
 @system_options
 @output_options
 def bench(out: Output, **options) -> None:

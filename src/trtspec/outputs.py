@@ -4,7 +4,10 @@ The one owner of the swap every folder writer uses (``replace_dir``, ``atomic_di
 HF exports, deploy's repository, bench's report): the old folder is moved aside first and removed only after the
 rename. Single files are written whole the same way (``write_file_atomic``: a temp file beside, then a rename).
 For folders a user names with an option (``write_output_dir``): an existing destination is replaced only if it is
-an earlier output of the same kind (it holds ``marker``), never the current folder or one containing it.
+an earlier output of the same kind (it holds ``marker``), never the current folder or one containing it, and only
+if every file in it is as trtspec wrote it (``EDIT_RECORD``: path -> sha256, written with the folder). A file a
+user edited or added there (an overlay's patch, a tuned config.pbtxt) is not lost to a rerun: the rerun stops and
+names it, unless the command was told to replace it (``force``).
 
 A Ctrl-C that a library swallowed while a folder was written still stops its rename (core/interrupts.py): a
 ``__del__`` it cut short may not have flushed its file. Single files are left to commit: they are whole, and
@@ -18,6 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
+import json
 import os
 import shutil
 import uuid
@@ -32,9 +37,12 @@ from trtspec.core.interrupts import raise_if_interrupted
 NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 NO_SPACE_TEXTS = ("No space left on device", "Disk quota exceeded")
 
+EDIT_RECORD = ".trtspec-files.json"
 
-def check_output_dir(out: Path, marker: str, what: str, option: str) -> Path:
-    """``out`` as an absolute path, or OutputError if writing ``what`` there would replace something else."""
+
+def check_output_dir(out: Path, marker: str, what: str, option: str, force: bool = False) -> Path:
+    """``out`` as an absolute path, or OutputError if writing ``what`` there would replace something else:
+    another kind of folder, or (unless ``force``) files edited or added since trtspec wrote it."""
     target = Path(out).absolute()
     here, resolved = Path.cwd().resolve(), target.resolve()
     if resolved == here or resolved in here.parents:
@@ -45,8 +53,47 @@ def check_output_dir(out: Path, marker: str, what: str, option: str) -> Path:
         raise OutputError(f"{option} {out} exists and is not a folder; choose another {option}")
     if target.is_dir() and any(target.iterdir()) and not (target / marker).is_file():
         raise OutputError(f"{option} {out} exists and is not {what} (no {marker}); choose another {option}")
+    edits = [] if force or not target.is_dir() else edited_files(target)
+    if edits:
+        (path, how), more = edits[0], len(edits) - 1
+        others = f" ({more} more file{'s' if more > 1 else ''} changed or added)" if more else ""
+        raise OutputError(
+            f"{option} {out}: {path} was {how} since trtspec wrote it{others}; move what you want to keep out "
+            "of the folder, or pass --force to replace it"
+        )
     _check_parent(target, out, option)
     return target
+
+
+def file_digests(folder: Path) -> dict[str, str]:
+    """Every file under ``folder`` but the edit record and Python's bytecode caches (Triton's python backend
+    leaves them beside a served model.py): its path inside ``folder`` -> sha256 of its bytes."""
+    folder = Path(folder)
+    digests = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        name = path.relative_to(folder).as_posix()
+        if name != EDIT_RECORD and "__pycache__" not in path.relative_to(folder).parts:
+            digests[name] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return digests
+
+
+def edited_files(folder: Path) -> list[tuple[str, str]]:
+    """The files of an earlier output that are not as trtspec wrote them: (path, "changed" or "added"), in path
+    order. A folder with no edit record (written before trtspec kept one) has none; an unreadable record is
+    itself an edit."""
+    try:
+        recorded = json.loads((Path(folder) / EDIT_RECORD).read_text())
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError):
+        return [(EDIT_RECORD, "changed")]
+    if not isinstance(recorded, dict):
+        return [(EDIT_RECORD, "changed")]
+    return [
+        (name, "changed" if name in recorded else "added")
+        for name, digest in file_digests(folder).items()
+        if recorded.get(name) != digest
+    ]
 
 
 def check_output_file(path: Path, option: str, inputs: Mapping[str, Path | str | None] | None = None) -> None:
@@ -192,13 +239,15 @@ def write_output_dir(
     option: str,
     fill: Callable[[Path], None],
     need_bytes: int | None = None,
+    force: bool = False,
 ) -> Path:
     """``fill(tmp)`` writes the folder's files into a temp folder that then replaces ``out``; nothing of it is
     left behind if ``fill`` or the swap fails. ``need_bytes``: the folder's estimated size, for a full disk's
-    error."""
-    target = check_output_dir(out, marker, what, option)
+    error. ``force``: replace files a user edited or added in an earlier output (check_output_dir)."""
+    target = check_output_dir(out, marker, what, option, force)
     with atomic_dir(target, need_bytes=need_bytes) as tmp:
         fill(tmp)
+        (tmp / EDIT_RECORD).write_text(json.dumps(file_digests(tmp), indent=1, sort_keys=True) + "\n")
     return target
 
 

@@ -218,11 +218,13 @@ def deploy(
     engine_dirs=None,
     model_dirs=None,
     engines_dir: Path | None = None,
+    force: bool = False,
 ) -> DeployResult:
     """Write the repository for ``runtime`` (default: the recipe's triton.runtime) to ``out`` atomically.
 
     ``engine_dirs`` (tensorrtllm) and ``model_dirs`` (trtllm-pytorch) map role -> directory; by default they are
-    found under ``engines_dir`` (``engines/``) as ``trtspec build`` / ``quantize`` leave them.
+    found under ``engines_dir`` (``engines/``) as ``trtspec build`` / ``quantize`` leave them. ``force``: replace
+    files edited or added in an earlier repository there (a tuned config.pbtxt, a model of the user's own).
     """
     runtime = runtime or recipe.triton.runtime
     if runtime not in RUNTIMES:
@@ -243,5 +245,6 @@ def deploy(
         "--out",
         lambda tmp: _write_tree(tmp, plans, files),
         need_bytes=sum(len(text.encode()) for text in files.values()),
+        force=force,
     )
     return DeployResult(repo=out, runtime=runtime, models=[p.name for p in plans], manifest=info)

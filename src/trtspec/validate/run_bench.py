@@ -41,6 +41,7 @@ class BenchOptions(RunOptions):
     min_groups: int = 1  # more passes where a pass has fewer groups of `concurrency` requests
     proposers: tuple[str, ...] | None = None  # core/lookup.py PROPOSERS to sweep; None: the system's own
     load: str = "groups"  # bench.LOADS: groups issued together, or a steady load (streams)
+    force: bool = False  # replace files edited or added in an earlier report at out_dir
 
 
 # (description, points started, points in all) before each point of the sweep is measured
@@ -70,7 +71,7 @@ def bench(options: BenchOptions, on_progress: SweepProgress | None = None) -> Be
     proposers = options.proposers or (recipe.speculative.proposer,)
     check_proposers(recipe, options.system, proposers)
     out_dir = options.out_dir or Path("bench") / recipe.name
-    check_output_dir(out_dir, *BENCH_OUTPUT)  # before the sweep, not after
+    check_output_dir(out_dir, *BENCH_OUTPUT, force=options.force)  # before the sweep, not after
     if options.write_recipe:
         # the recipe itself may be updated in place; the prompts may not be replaced by a recipe
         check_output_file(options.write_recipe, "--write-recipe", {"--prompts": options.prompts})
@@ -90,7 +91,7 @@ def bench(options: BenchOptions, on_progress: SweepProgress | None = None) -> Be
     recipe_copy = None
     if options.write_recipe:  # built (and validated) before anything is written
         recipe_copy = options.write_recipe, recipe_with_schedule(options.recipe, result, options.write_recipe)
-    payload = write_bench(result, out_dir, recipe_copy)
+    payload = write_bench(result, out_dir, recipe_copy, force=options.force)
     return BenchOutcome(result, out_dir, None if recipe_copy is None else recipe_copy[0], payload)
 
 
@@ -279,7 +280,9 @@ def recipe_with_schedule(recipe_path: str, result, dest: Path) -> str:
     return recipe_copy(recipe_path, changes, dest, header)
 
 
-def write_bench(result: BenchResult, out_dir: Path, recipe_copy: tuple[Path, str] | None = None) -> dict:
+def write_bench(
+    result: BenchResult, out_dir: Path, recipe_copy: tuple[Path, str] | None = None, force: bool = False
+) -> dict:
     """Write bench.json, bench.md and the PNG plots into ``out_dir`` (a temp dir renamed into place), and
     ``recipe_copy`` (path, text) atomically; returns bench.json's document plus where each was written."""
     from trtspec.validate.bench_report import bench_markdown, bench_to_dict, write_plots
@@ -291,7 +294,7 @@ def write_bench(result: BenchResult, out_dir: Path, recipe_copy: tuple[Path, str
         (tmp / BENCH_MARKER).write_text(json.dumps(payload, indent=2, default=str) + "\n")
         (tmp / "bench.md").write_text(bench_markdown(result, [p.name for p in plots]))
 
-    write_output_dir(out_dir, *BENCH_OUTPUT, fill)
+    write_output_dir(out_dir, *BENCH_OUTPUT, fill, force=force)
     payload["out_dir"] = str(out_dir)
     if recipe_copy is not None:
         write_file_atomic(*recipe_copy)

@@ -151,9 +151,10 @@ def read_inputs(recipe: Recipe, dashboard_path: Path = DASHBOARD) -> tuple[str, 
 
 
 def write_rollout(
-    recipe: Recipe, runtime: str | None, out: Path, dashboard_path: Path = DASHBOARD
+    recipe: Recipe, runtime: str | None, out: Path, dashboard_path: Path = DASHBOARD, force: bool = False
 ) -> RolloutResult:
-    """Check the recipe's rollout values, then write the rollout to ``out`` atomically (nothing on an error)."""
+    """Check the recipe's rollout values, then write the rollout to ``out`` atomically (nothing on an error).
+    ``force``: replace files edited or added in an earlier rollout there (an overlay a user patched)."""
     text, dashboard = read_inputs(recipe, dashboard_path)
     plan = plan_rollout(recipe, runtime, text)
     files = rollout_files(plan, dashboard)
@@ -170,6 +171,7 @@ def write_rollout(
         "--k8s",
         fill,
         need_bytes=sum(len(t.encode()) for t in files.values()),
+        force=force,
     )
     return RolloutResult(
         dir=target,
