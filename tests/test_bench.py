@@ -368,6 +368,20 @@ def test_bench_refuses_an_out_folder_that_is_not_a_bench_report_before_running(
     result = runner.invoke(cli, ["bench", str(recipe), "--out", "."])
     assert result.exit_code == 2 and "is the current folder" in result.output
     assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+    # An earlier report whose bench.md the user annotated: refused before the sweep, unless --force.
+    from trtspec.outputs import write_output_dir
+    from trtspec.validate.run_bench import BENCH_OUTPUT
+
+    report = tmp_path / "report"
+    write_output_dir(
+        report, *BENCH_OUTPUT, lambda tmp: [(tmp / n).write_text("{}") for n in ("bench.json", "bench.md")]
+    )
+    (report / "bench.md").write_text("my notes")
+    result = runner.invoke(cli, ["bench", str(recipe), "--out", str(report)])
+    assert result.exit_code == 2 and "bench.md was changed since trtspec wrote it" in result.output
+    result = runner.invoke(cli, ["bench", str(recipe), "--out", str(report), "--force"])
+    assert "the sweep ran before --out was checked" in str(result.exception)
+    assert (report / "bench.md").read_text() == "my notes"
 
 
 def test_recommend_schedule_takes_the_largest_k_worth_running_and_never_grows_with_load():
