@@ -39,3 +39,21 @@ def test_draft_ahead_with_a_draft_that_is_always_right_keeps_the_target_greedy_o
         assert got["num_draft_tokens_total"] == got["num_accepted_tokens_total"] == drafted
         assert got["per_pos"][0] == got["num_drafts_total"] and sum(got["per_pos"]) == drafted
         assert got["draft_len"] > 0
+
+
+def test_a_non_decoupled_orchestrator_answers_concurrent_requests_in_one_execute(
+    tiny_pair, reference, tmp_path
+):
+    """triton.decoupled false for the tensorrtllm runtime: the entry model's dynamic batcher hands one execute the
+    requests that queued meanwhile, and they generate at once (the in-flight batcher sees them together), each
+    answered as it is alone: the target's greedy text."""
+    import json
+
+    from triton_server import batched_bursts, http_generate
+
+    deploy_harness(tiny_recipe(tiny_pair, decoupled=False), tmp_path / "repo")
+    with running_server(tmp_path / "repo", tmp_path / "server.log") as srv:
+        status, raw = http_generate(srv, {"text_input": PROMPTS[0], "max_tokens": 16})
+        assert status == 200 and json.loads(raw)["text_output"] == reference(PROMPTS[0], 16), raw
+        bodies = [{"text_input": p, "max_tokens": 16} for p in PROMPTS]
+        assert batched_bursts(srv, bodies), "no burst of concurrent requests shared an execution"

@@ -754,6 +754,40 @@ def test_the_orchestrator_refuses_a_sampled_top_k_that_tensorrt_llm_would_clip(m
     assert _orchestrator()._whole(parse_request(_inputs(**greedy), LIMITS))[1] == [7, 7]
 
 
+def test_a_batch_not_decoupled_generates_its_requests_at_once_and_answers_them_in_order(monkeypatch):
+    """Not decoupled, one execute holds the requests the dynamic batcher gathered: they must reach the engines
+    together (the C++ in-flight batcher batches what arrives at once), not one after another. Each request's first
+    target call waits at a barrier of three, which requests served in turn never pass."""
+    from trtspec.triton_repo.models import orchestrator, triton_io
+
+    monkeypatch.setattr(triton_io, "pb", lambda: _PbUtils)
+    barrier, first = threading.Barrier(3, timeout=10), set()
+
+    def bls(model, inputs, outputs):
+        ids = np.asarray(inputs["input_ids"])
+        if threading.get_ident() not in first:
+            first.add(threading.get_ident())
+            barrier.wait()  # BrokenBarrierError (an internal error response) if the three do not meet
+        if model == "t":
+            ids = np.concatenate([ids, np.array([[7]], dtype=ids.dtype)], axis=1)
+        return {"output_ids": ids, "sequence_length": np.array([[ids.shape[1]]])}
+
+    monkeypatch.setattr(orchestrator.io, "bls", bls)
+    requests = [object(), object(), object()]
+    asked = {id(request): n for n, request in enumerate(requests, start=1)}  # max_tokens 1, 2, 3
+
+    def fields(request, names):
+        return _inputs(text_input="def", max_tokens=asked[id(request)], num_draft_tokens=0)
+
+    monkeypatch.setattr(orchestrator.io, "read_inputs", fields)
+    monkeypatch.setattr(orchestrator.io, "read_parameters", lambda request: {})
+    model = _orchestrator(max_concurrency=3, decoupled=False)
+    responses = model.execute(requests)
+    assert [r.error for r in responses] == [None] * 3, [r.error.message for r in responses if r.error]
+    assert [r.tensors["output_ids"].tolist() for r in responses] == [[[7] * n] for n in (1, 2, 3)]
+    assert len(first) == 3 and model.active == 0
+
+
 def _served_while_every_slot_is_busy(monkeypatch, fields: dict, sender, **settings):
     """A decoupled orchestrator with one slot, held by a long request, serves a request of ``fields`` to
     ``sender`` without calling an engine; returns the orchestrator once that request's thread has ended."""

@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import json
 import queue
-import threading
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -17,10 +14,12 @@ import pytest
 from triton_server import (
     MODEL,
     PROMPTS,
+    batched_bursts,
     client_inputs,
     deploy_tiny_repo,
     grpc_stream,
     hf_greedy,
+    http_generate,
     running_server,
     scrape,
 )
@@ -42,17 +41,6 @@ def server(tiny_pair, tmp_path_factory):
     deploy_tiny_repo(tiny_pair, root / "repo")
     with running_server(root / "repo", root / "server.log") as srv:
         yield srv
-
-
-def http_generate(server, body: dict, stream: bool = False, model: str = MODEL):
-    url = f"http://{server.ports.http_url}/v2/models/{model}/generate" + ("_stream" if stream else "")
-    req = urllib.request.Request(url, data=json.dumps(body).encode())
-    try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            raw = resp.read().decode()
-            return resp.status, raw
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode()
 
 
 def test_grpc_greedy_equals_hf_reference_streaming_and_not(server, reference):
@@ -336,46 +324,8 @@ def test_a_non_decoupled_repository_batches_concurrent_requests_and_offers_what_
     assert offered and not any("stream" in line for line in offered)
     client = Path(__file__).resolve().parents[1] / "tools" / "client.py"
     with running_server(repo, tmp_path / "server.log") as srv:
-        labels = frozenset({("model", MODEL), ("version", "1")})
-
-        def counted(total: int) -> dict:
-            """/metrics once Triton has counted ``total`` inferences (it may report one a moment after the
-            answer), or after 10 s."""
-            deadline = time.monotonic() + 10
-            while (metrics := scrape(srv, "nv_inference_")).get(("nv_inference_count", labels), 0) < total:
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(0.1)
-            return metrics
-
         bodies = [{"text_input": p, "max_tokens": 48} for p in PROMPTS]
-        alone = [http_generate(srv, body) for body in bodies]
-        assert all(status == 200 for status, _ in alone)
-        done = len(bodies)
-        start = threading.Barrier(len(bodies))
-
-        def together(body: dict):
-            start.wait(timeout=60)
-            return http_generate(srv, body)
-
-        # The requests are sent at one instant, but on a loaded machine one may still finish before the next
-        # reaches Triton; batching must show within a few bursts, and every burst answers as each does alone.
-        batched = []
-        for _ in range(3):
-            before = counted(done)
-            with ThreadPoolExecutor(len(bodies)) as pool:
-                assert list(pool.map(together, bodies)) == alone
-            done += len(bodies)
-            after = counted(done)
-            requests, executions = (
-                after[(name, labels)] - before[(name, labels)]
-                for name in ("nv_inference_count", "nv_inference_exec_count")
-            )
-            assert requests == len(bodies)
-            batched.append(executions < requests)
-            if batched[-1]:
-                break
-        assert any(batched), "no burst of concurrent requests shared an execution"
+        assert batched_bursts(srv, bodies), "no burst of concurrent requests shared an execution"
         url = srv.ports.grpc_url
         got = subprocess.run(
             [sys.executable, str(client), "--url", url, "--max-tokens", "4", "def add(a, b):"],

@@ -7,7 +7,13 @@ with running_server(repo, tmp_path / "server.log") as server:
 from __future__ import annotations
 
 import contextlib
+import json
 import queue
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -217,3 +223,57 @@ def delta(after: dict, before: dict) -> dict:
         for k, v in after.items()
         if k != "draft_len"
     }
+
+
+def http_generate(server, body: dict, stream: bool = False, model: str = MODEL) -> tuple[int, str]:
+    """(HTTP status, body) of one request to ``model``'s generate (or generate_stream) endpoint."""
+    url = f"http://{server.ports.http_url}/v2/models/{model}/generate" + ("_stream" if stream else "")
+    req = urllib.request.Request(url, data=json.dumps(body).encode())
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            raw = resp.read().decode()
+            return resp.status, raw
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def batched_bursts(server, bodies: list[dict], tries: int = 3, model: str = MODEL) -> bool:
+    """Whether concurrent requests to a repository that is not decoupled share an execute: each of up to
+    ``tries`` bursts sends ``bodies`` at one instant over HTTP and must answer each as it is answered alone;
+    True once a burst took fewer executions than requests (Triton's /metrics). On a loaded machine one request
+    may finish before the next reaches Triton, so batching must show within a few bursts, not in each."""
+    labels = frozenset({("model", model), ("version", "1")})
+    alone = [http_generate(server, body, model=model) for body in bodies]
+    assert all(status == 200 for status, _ in alone), alone
+    done = len(bodies)
+
+    def counted(total: int) -> dict:
+        """/metrics once Triton has counted ``total`` inferences (it may report one a moment after the answer),
+        or after 10 s."""
+        deadline = time.monotonic() + 10
+        while (metrics := scrape(server, "nv_inference_")).get(("nv_inference_count", labels), 0) < total:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        return metrics
+
+    start = threading.Barrier(len(bodies))
+
+    def together(body: dict):
+        start.wait(timeout=60)
+        return http_generate(server, body, model=model)
+
+    for _ in range(tries):
+        before = counted(done)
+        with ThreadPoolExecutor(len(bodies)) as pool:
+            assert list(pool.map(together, bodies)) == alone
+        done += len(bodies)
+        after = counted(done)
+        requests, executions = (
+            after[(name, labels)] - before[(name, labels)]
+            for name in ("nv_inference_count", "nv_inference_exec_count")
+        )
+        assert requests == len(bodies)
+        if executions < requests:
+            return True
+    return False

@@ -2,9 +2,10 @@
 
 Per request: prompt -> ids, the one generation loop (engines/loop.py, one loop per request on the request's own
 thread) whose rounds are a draft call (K tokens) and one target verification through the engine models'
-TensorRT-LLM tensor interface (engines/engine_calls.py's one round over ``BlsCalls``), ids -> text. Beyond upstream's BLS: decoupled streaming of
-each verified round, concurrent requests (one thread each, bounded), per-request num_draft_tokens (adaptive K for
-requests without one where the repository's default is "adaptive"), sampling, stop words and return_perf_metrics.
+TensorRT-LLM tensor interface (engines/engine_calls.py's one round over ``BlsCalls``), ids -> text. Beyond
+upstream's BLS: decoupled streaming of each verified round, concurrent requests (one thread each, bounded; not
+decoupled, an execute's whole batch at once), per-request num_draft_tokens (adaptive K for requests without one
+where the repository's default is "adaptive"), sampling, stop words and return_perf_metrics.
 
 Speed: a round costs two BLS calls (draft, target) and nothing else. With draft_ahead (the default), a request
 served alone also drafts the next round while the target verifies this one (engine_calls.py): when the target
@@ -207,6 +208,9 @@ class Orchestrator:
         self.lock = threading.Lock()
         self.active = 0  # requests being generated
         self.pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="draft-ahead")
+        # Not decoupled: the requests of one execute generate at once, as decoupled ones do; the slots bound them.
+        # A pool of its own: a request waiting on a draft-ahead future must not hold that pool's thread.
+        self.batch_pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="request")
 
     @classmethod
     def from_args(cls, args: dict) -> Orchestrator:
@@ -237,7 +241,7 @@ class Orchestrator:
 
     def execute(self, requests):
         if not self.decoupled:
-            return [self._respond_once(r) for r in requests]
+            return list(self.batch_pool.map(self._respond_once, requests))
         for request in requests:
             thread = threading.Thread(target=self._serve_decoupled, args=(request,), daemon=True)
             with self.lock:
@@ -249,6 +253,7 @@ class Orchestrator:
         for thread in list(self.threads):
             thread.join(timeout=10)
         self.pool.shutdown(wait=False)
+        self.batch_pool.shutdown(wait=False)
 
     @contextmanager
     def _counted(self):
