@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from itertools import pairwise
+from pathlib import Path
 
 import pytest
 import yaml
@@ -601,3 +602,38 @@ def test_bench_lists_measure_a_value_given_twice_once_and_refuse_what_is_not_a_l
         result = runner.invoke(cli, ["bench", "demo", option, value, "--out", str(tmp_path / "b")])
         assert result.exit_code == 2 and said in result.output, (option, value, result.output)
         assert "Traceback" not in result.output and not (tmp_path / "b").exists()
+
+
+def test_a_report_whose_folder_was_edited_during_the_sweep_goes_beside_it_and_a_recipe_copy_inside_it_counts(
+    tmp_path,
+):
+    """--out was checked before the sweep; a file added there while it ran (an editor's swap file) must not cost
+    the measured sweep: the report goes to a new folder beside it and says why. A --write-recipe copy inside
+    --out is part of the report's own write, so it does not block the next bench."""
+    from trtspec.outputs import EDIT_RECORD
+    from trtspec.validate.run_bench import write_bench
+
+    result = BenchResult(
+        "s", 10, 1, [_point(0, 1, 10, 1.0), _point(2, 1, 10, 0.5)], draft_cost_ratio={1: 0.1}
+    )
+    out = tmp_path / "report"
+    payload = write_bench(result, out, (out / "tuned.yaml", "name: tuned\n"))
+    assert payload["out_dir"] == str(out) and payload["recipe_written"] == str(out / "tuned.yaml")
+    assert (out / "tuned.yaml").read_text() == "name: tuned\n" and "tuned.yaml" in (
+        out / EDIT_RECORD
+    ).read_text()
+    assert write_bench(result, out, (out / "tuned.yaml", "name: again\n"))["out_dir"] == str(
+        out
+    )  # not blocked
+    (out / ".bench.md.swp").write_bytes(b"vim")
+    payload = write_bench(result, out)
+    moved = Path(payload["out_dir"])
+    assert moved.parent == tmp_path and moved.name.startswith("report-") and (moved / "bench.json").is_file()
+    assert payload["moved"].startswith(f"--out {out}: .bench.md.swp was added since trtspec wrote it")
+    assert payload["moved"].endswith(f"this run's report went to {moved} instead")
+    assert (out / ".bench.md.swp").read_bytes() == b"vim" and (
+        out / "tuned.yaml"
+    ).read_text() == "name: again\n"
+    assert (
+        write_bench(result, out, force=True)["out_dir"] == str(out) and not (out / ".bench.md.swp").exists()
+    )

@@ -184,6 +184,10 @@ def test_a_redeploy_keeps_a_config_tuned_by_hand_unless_forced(tiny_pair, tmp_pa
     assert "--force" in result.output and "count: 2" in tuned.read_text()
     assert runner.invoke(cli, [*deploy_cmd, "--force"]).exit_code == 0
     assert "count: 2" not in tuned.read_text()
+    # the container's entry point (docker/entrypoint.sh) runs plain `trtspec deploy`: its environment says so
+    tuned.write_text(tuned.read_text().replace("count: 1", "count: 2"))
+    assert runner.invoke(cli, deploy_cmd, env={"TRTSPEC_DEPLOY_FORCE": "1"}).exit_code == 0
+    assert "count: 2" not in tuned.read_text()
 
 
 def test_torch_runtime_refuses_models_that_do_not_load(tiny_pair, tmp_path):

@@ -38,7 +38,9 @@ def test_writes_a_new_folder_and_replaces_an_earlier_one_whole(tmp_path):
         ("change", "sub/config.txt was changed since trtspec wrote it; "),
         ("add", "notes.md was added since trtspec wrote it; "),
         ("both", "notes.md was added since trtspec wrote it (1 more file changed or added); "),
-        ("record", f"{EDIT_RECORD} was changed since trtspec wrote it; "),
+        ("record", f"{EDIT_RECORD}, trtspec's record of the files it wrote there, cannot be read; "),
+        ("file link", "linked.txt was added since trtspec wrote it; "),
+        ("folder link", "sub/elsewhere was added since trtspec wrote it; "),
     ],
 )
 def test_a_rerun_keeps_files_edited_or_added_since_and_names_them_unless_forced(tmp_path, edit, says):
@@ -51,6 +53,12 @@ def test_a_rerun_keeps_files_edited_or_added_since_and_names_them_unless_forced(
         (out / "notes.md").write_text("mine")
     if edit == "record":
         (out / EDIT_RECORD).write_text("[not what trtspec wrote")
+    if edit == "file link":  # a link the rerun would remove, even to a file of the same bytes
+        (out / "linked.txt").symlink_to(out / "report.json")
+    if edit == "folder link":  # never followed: a linked folder's files are not the output's
+        (tmp_path / "data").mkdir()
+        (tmp_path / "data" / "weights.bin").write_bytes(b"w")
+        (out / "sub" / "elsewhere").symlink_to(tmp_path / "data", target_is_directory=True)
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     with pytest.raises(OutputError) as err:
         _write(out)
@@ -59,10 +67,37 @@ def test_a_rerun_keeps_files_edited_or_added_since_and_names_them_unless_forced(
         == f"--out {out}: {says}move what you want to keep out of the folder, or pass --force to replace it"
     )
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == (
+        ["data", "out"] if edit == "folder link" else ["out"]
+    )
     _write(out, force=True)
     assert (out / "sub" / "config.txt").read_text() == "written" and not (out / "notes.md").exists()
+    assert not (out / "linked.txt").is_symlink() and not (out / "sub" / "elsewhere").is_symlink()
     _write(out)  # as written again: a plain rerun replaces it
+
+
+def test_a_removed_file_is_no_edit_and_an_unreadable_one_is_named(tmp_path, monkeypatch):
+    """Writing a removed file again loses nothing; a file that cannot be read cannot be vouched for (as root,
+    file modes do not stop a read, so the read itself fails here)."""
+    from trtspec import outputs
+
+    out = tmp_path / "out"
+    _write(out)
+    (out / "sub" / "config.txt").unlink()
+    _write(out)
+    assert (out / "sub" / "config.txt").read_text() == "written"
+    real = outputs._digest
+
+    def digest(path):
+        if path.name == "config.txt":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)
+
+    monkeypatch.setattr(outputs, "_digest", digest)
+    with pytest.raises(OutputError, match=r"out: sub/config.txt cannot be read; move what you want"):
+        _write(out)
+    monkeypatch.undo()
+    _write(out, force=True)
 
 
 def test_an_earlier_output_without_an_edit_record_is_replaced_as_it_is(tmp_path):

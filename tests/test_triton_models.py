@@ -774,7 +774,8 @@ def test_a_batch_not_decoupled_generates_its_requests_at_once_and_answers_them_i
 
     monkeypatch.setattr(orchestrator.io, "bls", bls)
     requests = [object(), object(), object()]
-    asked = {id(request): n for n, request in enumerate(requests, start=1)}  # max_tokens 1, 2, 3
+    # max_tokens 3, 2, 1: the last request ends first, and its answer must still come last
+    asked = {id(request): n for request, n in zip(requests, (3, 2, 1), strict=True)}
 
     def fields(request, names):
         return _inputs(text_input="def", max_tokens=asked[id(request)], num_draft_tokens=0)
@@ -784,7 +785,7 @@ def test_a_batch_not_decoupled_generates_its_requests_at_once_and_answers_them_i
     model = _orchestrator(max_concurrency=3, decoupled=False)
     responses = model.execute(requests)
     assert [r.error for r in responses] == [None] * 3, [r.error.message for r in responses if r.error]
-    assert [r.tensors["output_ids"].tolist() for r in responses] == [[[7] * n] for n in (1, 2, 3)]
+    assert [r.tensors["output_ids"].tolist() for r in responses] == [[[7] * n] for n in (3, 2, 1)]
     assert len(first) == 3 and model.active == 0
 
 

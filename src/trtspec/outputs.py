@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
-from trtspec.core.errors import NoSpaceError, OutputError
+from trtspec.core.errors import EditedOutput, NoSpaceError, OutputError
 from trtspec.core.interrupts import raise_if_interrupted
 
 # A full disk or a full quota. Writers in C++ or Rust (safetensors) raise their own types and keep only the
@@ -38,11 +38,12 @@ NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 NO_SPACE_TEXTS = ("No space left on device", "Disk quota exceeded")
 
 EDIT_RECORD = ".trtspec-files.json"
+UNREADABLE = "unreadable"
 
 
 def check_output_dir(out: Path, marker: str, what: str, option: str, force: bool = False) -> Path:
     """``out`` as an absolute path, or OutputError if writing ``what`` there would replace something else:
-    another kind of folder, or (unless ``force``) files edited or added since trtspec wrote it."""
+    another kind of folder, or (unless ``force``) files edited or added since trtspec wrote it (EditedOutput)."""
     target = Path(out).absolute()
     here, resolved = Path.cwd().resolve(), target.resolve()
     if resolved == here or resolved in here.parents:
@@ -57,43 +58,81 @@ def check_output_dir(out: Path, marker: str, what: str, option: str, force: bool
     if edits:
         (path, how), more = edits[0], len(edits) - 1
         others = f" ({more} more file{'s' if more > 1 else ''} changed or added)" if more else ""
-        raise OutputError(
-            f"{option} {out}: {path} was {how} since trtspec wrote it{others}; move what you want to keep out "
-            "of the folder, or pass --force to replace it"
+        raise EditedOutput(
+            f"{option} {out}: {_edit_text(path, how)}{others}; move what you want to keep out of the folder, "
+            "or pass --force to replace it"
         )
     _check_parent(target, out, option)
     return target
 
 
+def _edit_text(path: str, how: str) -> str:
+    if path == EDIT_RECORD:
+        return f"{EDIT_RECORD}, trtspec's record of the files it wrote there, cannot be read"
+    return f"{path} cannot be read" if how == UNREADABLE else f"{path} was {how} since trtspec wrote it"
+
+
+def _entries(folder: Path) -> tuple[dict[str, Path], list[str]]:
+    """What an output folder holds, by path inside it: every file and every symbolic link (to a file or a
+    folder; not followed), leaving out the edit record and Python's bytecode caches (Triton's python backend
+    writes them beside a served model.py); and the folders that could not be listed."""
+    entries, unlisted = {}, []
+
+    def unreadable(err: OSError) -> None:
+        unlisted.append(Path(err.filename).relative_to(folder).as_posix())
+
+    for top, dirs, files in os.walk(folder, onerror=unreadable):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for name in [*files, *(d for d in dirs if os.path.islink(os.path.join(top, d)))]:
+            path = Path(top, name)
+            entries[path.relative_to(folder).as_posix()] = path
+    entries.pop(EDIT_RECORD, None)
+    return entries, unlisted
+
+
+def _digest(path: Path) -> str:
+    """A link's target, or the sha256 of a file's bytes (read in chunks: an added file may be large)."""
+    if path.is_symlink():
+        return f"link:{os.readlink(path)}"
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def file_digests(folder: Path) -> dict[str, str]:
-    """Every file under ``folder`` but the edit record and Python's bytecode caches (Triton's python backend
-    leaves them beside a served model.py): its path inside ``folder`` -> sha256 of its bytes."""
-    folder = Path(folder)
-    digests = {}
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        name = path.relative_to(folder).as_posix()
-        if name != EDIT_RECORD and "__pycache__" not in path.relative_to(folder).parts:
-            digests[name] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return digests
+    """The edit record of a folder trtspec has just written: each entry (``_entries``) -> its digest."""
+    return {name: _digest(path) for name, path in sorted(_entries(Path(folder))[0].items())}
 
 
 def edited_files(folder: Path) -> list[tuple[str, str]]:
-    """The files of an earlier output that are not as trtspec wrote them: (path, "changed" or "added"), in path
-    order. A folder with no edit record (written before trtspec kept one) has none; an unreadable record is
-    itself an edit."""
+    """The entries of an earlier output that are not as trtspec wrote them, in path order: (path, "changed",
+    "added" or UNREADABLE). A folder with no edit record (written before trtspec kept one) has none; an unreadable
+    record is itself one. A removed file is not: nothing of the user's is lost by writing it again."""
+    folder = Path(folder)
     try:
-        recorded = json.loads((Path(folder) / EDIT_RECORD).read_text())
+        recorded = json.loads((folder / EDIT_RECORD).read_text())
     except FileNotFoundError:
         return []
     except (OSError, ValueError):
-        return [(EDIT_RECORD, "changed")]
+        return [(EDIT_RECORD, UNREADABLE)]
     if not isinstance(recorded, dict):
-        return [(EDIT_RECORD, "changed")]
-    return [
-        (name, "changed" if name in recorded else "added")
-        for name, digest in file_digests(folder).items()
-        if recorded.get(name) != digest
-    ]
+        return [(EDIT_RECORD, UNREADABLE)]
+    entries, unlisted = _entries(folder)
+    edits = [(name, UNREADABLE) for name in unlisted]
+    for name, path in sorted(entries.items()):
+        if name not in recorded:
+            edits.append((name, "added"))  # no need to read it
+            continue
+        try:
+            same = _digest(path) == recorded[name]
+        except OSError:
+            edits.append((name, UNREADABLE))
+            continue
+        if not same:
+            edits.append((name, "changed"))
+    return sorted(edits)
 
 
 def check_output_file(path: Path, option: str, inputs: Mapping[str, Path | str | None] | None = None) -> None:

@@ -270,6 +270,8 @@ def show_bench(outcome, out) -> None:
     which = f" (proposer {result.primary})" if len(result.proposers) > 1 else ""
     console.print(f"recommended num_draft_tokens{which}: {recommended}")
     console.print(f"recommended speculative.schedule: {schedule}")
+    if outcome.moved:
+        console.print(outcome.moved, style="yellow", markup=False)
     console.print(
         f"wrote {outcome.out_dir}/bench.json, bench.md, speedup_acceptance.png, latency_concurrency.png"
     )

@@ -58,6 +58,10 @@ class OutputError(TrtspecError):
     """An output path that cannot be written, or whose writing would replace something that is not ours."""
 
 
+class EditedOutput(OutputError):
+    """An earlier output holds files a user edited or added since trtspec wrote it; a rerun would lose them."""
+
+
 class NoSpaceError(OutputError):
     """The disk filled up while an output was written; the partial output is gone. ``need_bytes``: what the step
     needs in all, when it can tell (outputs.no_space_error)."""

@@ -207,7 +207,7 @@ def orchestrator_values(
         "draft_vocab_rows": vocab_rows.get("draft", 0),
         "draft_ahead": recipe.draft_ahead_for(runtime) and draft_tokenizer_dir is None,
         "max_seq_len": recipe.limits.max_seq_len,
-        # Requests in flight at once in decoupled mode: one per engine batch slot.
+        # Requests in flight at once (decoupled, or one execute's batch): one per engine batch slot.
         "max_concurrency": batch,
         # The entry model tokenises and detokenises in-process (models/text.py TextCodec).
         "tokenizer_dir": _tokenizer_dir(recipe),

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from trtspec.core.errors import TrtspecError
+from trtspec.core.errors import EditedOutput, TrtspecError
 from trtspec.outputs import check_output_dir, check_output_file, write_file_atomic, write_output_dir
 from trtspec.validate.bench import BenchResult
 from trtspec.validate.inputs import (
@@ -57,6 +58,7 @@ class BenchOutcome:
     out_dir: Path
     recipe_written: Path | None
     payload: dict
+    moved: str | None = None  # why the report is not at --out (files edited there during the sweep)
 
 
 def bench(options: BenchOptions, on_progress: SweepProgress | None = None) -> BenchOutcome:
@@ -92,7 +94,10 @@ def bench(options: BenchOptions, on_progress: SweepProgress | None = None) -> Be
     if options.write_recipe:  # built (and validated) before anything is written
         recipe_copy = options.write_recipe, recipe_with_schedule(options.recipe, result, options.write_recipe)
     payload = write_bench(result, out_dir, recipe_copy, force=options.force)
-    return BenchOutcome(result, out_dir, None if recipe_copy is None else recipe_copy[0], payload)
+    written = payload.get("recipe_written")
+    return BenchOutcome(
+        result, Path(payload["out_dir"]), written and Path(written), payload, payload.get("moved")
+    )
 
 
 def _sweep_grid(options: BenchOptions, recipe, notes: list[str]) -> BenchOptions:
@@ -284,19 +289,45 @@ def write_bench(
     result: BenchResult, out_dir: Path, recipe_copy: tuple[Path, str] | None = None, force: bool = False
 ) -> dict:
     """Write bench.json, bench.md and the PNG plots into ``out_dir`` (a temp dir renamed into place), and
-    ``recipe_copy`` (path, text) atomically; returns bench.json's document plus where each was written."""
+    ``recipe_copy`` (path, text) atomically (inside the folder's own write where it lies in ``out_dir``); returns
+    bench.json's document plus where each was written.
+
+    ``out_dir`` was checked before the sweep. Should a file there have been edited or added while it ran (an
+    editor's swap file beside the earlier bench.md), the measured sweep is not thrown away: it goes to a new
+    folder beside ``out_dir``, and ``moved`` says why."""
     from trtspec.validate.bench_report import bench_markdown, bench_to_dict, write_plots
 
     payload = bench_to_dict(result)
+    inside = None
+    if recipe_copy is not None and Path(recipe_copy[0]).absolute().is_relative_to(Path(out_dir).absolute()):
+        inside = Path(recipe_copy[0]).absolute().relative_to(Path(out_dir).absolute())
 
     def fill(tmp: Path) -> None:
         plots = write_plots(result, tmp)
         (tmp / BENCH_MARKER).write_text(json.dumps(payload, indent=2, default=str) + "\n")
         (tmp / "bench.md").write_text(bench_markdown(result, [p.name for p in plots]))
+        if inside is not None:
+            (tmp / inside).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / inside).write_text(recipe_copy[1])
 
-    write_output_dir(out_dir, *BENCH_OUTPUT, fill, force=force)
-    payload["out_dir"] = str(out_dir)
-    if recipe_copy is not None:
+    try:
+        written = write_output_dir(out_dir, *BENCH_OUTPUT, fill, force=force)
+    except EditedOutput as err:
+        written = write_output_dir(_beside(Path(out_dir)), *BENCH_OUTPUT, fill)
+        payload["moved"] = f"{err}; this run's report went to {written} instead"
+    payload["out_dir"] = str(written)
+    if inside is not None:
+        payload["recipe_written"] = str(written / inside)
+    elif recipe_copy is not None:
         write_file_atomic(*recipe_copy)
         payload["recipe_written"] = str(recipe_copy[0])
     return payload
+
+
+def _beside(out_dir: Path) -> Path:
+    """A new folder next to ``out_dir``: its name and the time (-2, -3, ... within one second)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    candidates = (
+        out_dir.with_name(f"{out_dir.name}-{stamp}{f'-{n}' if n > 1 else ''}") for n in itertools.count(1)
+    )
+    return next(path for path in candidates if not path.exists())

@@ -177,7 +177,7 @@ class Orchestrator:
     """The entry model's request handling. ``target``/``draft``: the engine models' names (``draft`` None: none,
     prompt lookup proposes alone); ``vocab_rows``: their logits' rows by role (draft logits are padded to the
     target's); ``metrics``: where finished requests' counts go (triton_io.SpecDecodeMetrics); ``max_concurrency``:
-    requests generated at once (decoupled); ``proposer``/``lookup``: who proposes for requests that do not say,
+    requests generated at once; ``proposer``/``lookup``: who proposes for requests that do not say,
     and prompt lookup's n-gram sizes; ``translator``: core.translate.Translator for a draft with its own
     tokenizer (None: one tokenizer)."""
 
@@ -208,7 +208,8 @@ class Orchestrator:
         self.lock = threading.Lock()
         self.active = 0  # requests being generated
         self.pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="draft-ahead")
-        # Not decoupled: the requests of one execute generate at once, as decoupled ones do; the slots bound them.
+        # Not decoupled: the requests of one execute generate at once, as decoupled ones do, at most max_concurrency
+        # (the pool's size; a batch is at most max_batch_size requests, which is what max_concurrency is rendered from).
         # A pool of its own: a request waiting on a draft-ahead future must not hold that pool's thread.
         self.batch_pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="request")
 
