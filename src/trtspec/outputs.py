@@ -90,15 +90,20 @@ def _entries(folder: Path) -> tuple[dict[str, Path], list[str]]:
     return entries, unlisted
 
 
-def _digest(path: Path) -> str:
-    """A link's target, or the sha256 of a file's bytes (read in chunks: an added file may be large)."""
-    if path.is_symlink():
-        return f"link:{os.readlink(path)}"
-    h = hashlib.sha256()
+def hash_file(digest, path: Path | str):
+    """``digest`` (a hashlib object) updated with the bytes of the file at ``path``, read in chunks (weights and
+    prompt files may be large); returns ``digest``."""
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+            digest.update(chunk)
+    return digest
+
+
+def _digest(path: Path) -> str:
+    """A link's target, or the sha256 of a file's bytes."""
+    if path.is_symlink():
+        return f"link:{os.readlink(path)}"
+    return hash_file(hashlib.sha256(), path).hexdigest()
 
 
 def file_digests(folder: Path) -> dict[str, str]:

@@ -35,7 +35,7 @@ from trtspec.builders.align_train import Best, train
 from trtspec.builders.align_work import Clock, StageProgress, WorkDir, no_progress
 from trtspec.core.errors import CheckFailed, ModelError, OutputError, RecipeError, TrtspecError
 from trtspec.core.model_dir import count_parameters, load_hf_model, load_tokenizer, require_device
-from trtspec.outputs import atomic_dir, check_output_dir, folder_bytes
+from trtspec.outputs import atomic_dir, check_output_dir, folder_bytes, hash_file
 from trtspec.recipe import Recipe, load_recipe, recipe_copy
 
 MARKER = "align.json"
@@ -66,10 +66,7 @@ def default_dirs(recipe: Recipe) -> tuple[Path, Path]:
 
 def run_key(spec: AlignSpec, recipe: Recipe) -> str:
     """What a work folder belongs to: the recipe, the prompt file's bytes and every data/training setting."""
-    digest = hashlib.sha256()
-    with open(spec.prompts, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
+    digest = hash_file(hashlib.sha256(), spec.prompts)
     settings = {
         k: v for k, v in asdict(spec).items() if k not in ("out", "work_dir", "budget_min", "prompts")
     }

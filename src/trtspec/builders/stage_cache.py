@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.core.errors import CheckpointError
-from trtspec.outputs import atomic_dir, write_file_atomic
+from trtspec.outputs import atomic_dir, hash_file, write_file_atomic
 
 STAMP = ".trtspec-stage.json"
 CONTENT_HASH_LIMIT = 64 * 1024 * 1024  # bytes
@@ -37,9 +37,7 @@ def tree_hash(root: Path) -> str:
         stat = path.stat()
         h.update(f"{path.relative_to(root).as_posix()}\0{stat.st_size}\0".encode())
         if stat.st_size <= CONTENT_HASH_LIMIT:
-            with open(path, "rb") as f:
-                for chunk in iter(lambda f=f: f.read(1 << 20), b""):
-                    h.update(chunk)
+            hash_file(h, path)
         else:
             h.update(str(stat.st_mtime_ns).encode())
     return h.hexdigest()[:16]

@@ -298,9 +298,10 @@ def write_bench(
     from trtspec.validate.bench_report import bench_markdown, bench_to_dict, write_plots
 
     payload = bench_to_dict(result)
-    inside = None
-    if recipe_copy is not None and Path(recipe_copy[0]).absolute().is_relative_to(Path(out_dir).absolute()):
-        inside = Path(recipe_copy[0]).absolute().relative_to(Path(out_dir).absolute())
+    inside = None  # the recipe copy's path inside out_dir, where it lies there
+    if recipe_copy is not None:
+        copy, folder = Path(recipe_copy[0]).absolute(), Path(out_dir).absolute()
+        inside = copy.relative_to(folder) if copy.is_relative_to(folder) else None
 
     def fill(tmp: Path) -> None:
         plots = write_plots(result, tmp)

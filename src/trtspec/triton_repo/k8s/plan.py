@@ -172,9 +172,8 @@ def plan_rollout(recipe: Recipe, runtime: str | None, recipe_text: str) -> Rollo
             recipe, "triton.runtime", f"'{runtime}' cannot be rolled out; choose one of {', '.join(RUNTIMES)}"
         )
     spec = recipe.kubernetes
-    ports = (
-        recipe.triton.ports
-    )  # the three container ports, set and distinct, as probes and Services name them
+    # the three container ports, set and distinct, as probes and Services name them
+    ports = recipe.triton.ports
     gpus, how = placed_gpus(recipe, runtime)
     if spec.gpus is not None and spec.gpus != gpus:
         raise _fail(
