@@ -21,10 +21,13 @@ from trtspec.core.token_rules import (
     EngineStops,
     comparable,
     engine_stops,
+    generator_seed,
     model_end_ids,
     request_stop_ids,
     round_seeds,
 )
+from trtspec.engines.loop import new_generator
+from trtspec.engines.sampling import SamplingParams
 from trtspec.triton_repo.models.text import TextCodec
 
 LLAMA3 = (128001, 128008, 128009)  # <|end_of_text|>, <|eom_id|>, <|eot_id|>; the tokenizer's eos: <|eot_id|>
@@ -235,3 +238,19 @@ def test_triton_runtimes_stop_where_hf_greedy_stops_and_leave_the_stop_id_out(
     for runtime in ("torch", "tensorrtllm"):
         served_text, served_ids = _served(tmp_path / runtime, tmp_path / f"{runtime}.log", PROMPT, reference)
         assert (runtime, served_ids, served_text) == (runtime, reference[:-1], text)
+
+
+def test_every_bit_of_a_64_bit_seed_gives_its_own_stream():
+    # torch's CPU generator keeps the low 32 bits of a raw seed: s, s + 2**32 and s + 2**63 would share a stream
+    seeds = [5, 5 + 2**32, 5 + 2**63, 2**64 - 1, 0]
+    mixed = [generator_seed(s) for s in seeds]
+    assert len({m & 0xFFFF_FFFF for m in mixed}) == len(seeds) and all(0 <= m < 2**64 for m in mixed)
+    streams = {tuple(torch.rand(4, generator=torch.Generator().manual_seed(m)).tolist()) for m in mixed}
+    assert len(streams) == len(seeds)
+    assert generator_seed(7) == generator_seed(7)
+    # and the engine's request generators use it
+    draws = {
+        tuple(torch.rand(4, generator=new_generator(SamplingParams(temperature=1.0, seed=s), "cpu")).tolist())
+        for s in (5, 5 + 2**32)
+    }
+    assert len(draws) == 2

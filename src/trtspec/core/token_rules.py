@@ -20,7 +20,9 @@
    models) get one per call of a round (the target's, the draft's, and a draft drafting ahead for the next
    round), each a draw from the request's random generator: distinct per call and per round (no two calls replay
    one stream of draws; the acceptance test must not be correlated with the draft's sample), reproducible for a
-   seeded request. Greedy calls get none.
+   seeded request. Greedy calls get none. The request's generator is seeded through ``generator_seed``, so every
+   bit of a 64-bit seed counts: torch's CPU generator (mt19937) keeps only the low 32 bits of its seed, and
+   seeds s and s + 2**32 would otherwise give one stream.
 """
 
 from __future__ import annotations
@@ -80,6 +82,18 @@ def comparable(tokens: Sequence[int], stop_ids: Iterable[int]) -> list[int]:
         if token in stops:
             return list(tokens[:index])
     return list(tokens)
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def generator_seed(seed: int) -> int:
+    """Rule 5: what a request's torch.Generator is seeded with for its seed in [0, 2**64): splitmix64's
+    finalizer, a bijection on 64 bits whose low 32 bits each depend on all 64 bits of the seed."""
+    z = (seed + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
 
 
 def round_seeds(greedy: bool, generator, calls: int = 2) -> tuple[int | None, ...]:

@@ -52,7 +52,7 @@ import torch
 from trtspec.core.errors import RequestError
 from trtspec.core.lookup import LookupSpec, lookup, uses_draft, uses_lookup
 from trtspec.core.metrics import AcceptanceStats, expected_tokens_per_round
-from trtspec.core.token_rules import KEEP_END
+from trtspec.core.token_rules import KEEP_END, generator_seed
 from trtspec.engines.adaptive import (
     Acceptance,
     AdaptiveState,
@@ -158,7 +158,7 @@ def new_generator(params: SamplingParams, device) -> torch.Generator | None:
         return None
     generator = torch.Generator(device=device)
     if params.seed is not None:
-        generator.manual_seed(params.seed)
+        generator.manual_seed(generator_seed(params.seed))
     else:
         generator.seed()
     return generator
