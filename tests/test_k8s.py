@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from trtspec.cli import cli
-from trtspec.recipe import DEMO_RECIPE, load_recipe
+from trtspec.recipe import ASSETS_DIR, DEMO_RECIPE, load_recipe
 from trtspec.triton_repo.k8s import write_rollout
 from trtspec.triton_repo.k8s.monitoring import ACCEPTANCE_RATIO, QUEUE_COMPUTE_RATIO, TOKENS_PER_ROUND
 from trtspec.triton_repo.k8s.plan import plan_rollout
@@ -191,11 +191,29 @@ def test_8b_1b_tensorrtllm_tp2_rollout(tmp_path):
     assert builder["resources"]["limits"] == {"nvidia.com/gpu": 2}
     assert build_script.index("trtspec check") < build_script.index("trtspec build")
     (marker,) = re.findall(r"^marker=(\S+)$", build_script, re.M)
-    assert marker.startswith("/workspace/engines/llama-8b-1b/") and 'if [ -f "$marker" ]' in build_script
+    # each key builds into, and serves from, a folder of its own: a canary's build never overwrites production's
+    key = json.loads((tmp_path / "kubernetes" / "trtspec-rollout.json").read_text())["key"]
+    engines = f"/workspace/engines/{key}"
+    assert marker.startswith(engines + "/") and 'if [ -f "$marker" ]' in build_script
+    assert f"--engines-dir {engines}\n" in build_script and f"--engines-dir {engines} " in script
+    assert "--timeout 3600" in script  # serve waits as long as the startup probe allows
     (wait,) = pod["initContainers"]
-    assert marker in wait["args"][2]
-    key = build["metadata"]["name"].rsplit("-", 1)[1]
-    assert key in marker
+    assert marker in wait["args"][2] and build["metadata"]["name"] in wait["args"][2]
+    # the HPA owns the production replica count: an apply must not scale it back
+    assert (
+        "replicas" not in deployment["spec"]
+        and files["overlays/canary/deployment.yaml"]["spec"]["replicas"] == 1
+    )
+    for manifest in (deployment, build):
+        template = manifest["spec"]["template"]["spec"]
+        assert (
+            template["securityContext"]["runAsNonRoot"] and template["securityContext"]["runAsUser"] == 1000
+        )
+        for container in containers(template):
+            assert container["securityContext"] == {
+                "allowPrivilegeEscalation": False,
+                "capabilities": {"drop": ["ALL"]},
+            }
     claims = {v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v}
     assert claims == {"hf-models", files["base/engines-pvc.yaml"]["metadata"]["name"]}
     assert deployment["metadata"]["annotations"]["trtspec.dev/recipe-digest"] in build_script
@@ -205,6 +223,69 @@ def test_8b_1b_tensorrtllm_tp2_rollout(tmp_path):
     text = PAIR_8B_1B.replace("trtspec:0.1.0-trtllm1.2.1", "trtspec:0.1.1-trtllm1.2.1")
     _, files2 = rollout(other, write_recipe(other, text))
     assert files2["base/build-job.yaml"]["metadata"]["name"] != build["metadata"]["name"]
+    assert (
+        f"/workspace/engines/{key}/"
+        not in files2["base/build-job.yaml"]["spec"]["template"]["spec"]["containers"][0]["args"][2]
+    )
+
+
+def test_a_changed_job_is_a_new_job_and_the_same_engines(tmp_path):
+    """A Job's pod template cannot change in place (kubectl apply fails on it): a kubernetes value that reaches a
+    Job (a threshold, a node selector) names a new Job, which finds the engines of the same key already built."""
+    _, before = rollout(tmp_path, write_recipe(tmp_path, PAIR_8B_1B))
+    other = tmp_path / "other"
+    other.mkdir()
+    text = PAIR_8B_1B.replace("min_acceptance: 0.55", "min_acceptance: 0.5\n  node_selector: {pool: h100}")
+    _, after = rollout(other, write_recipe(other, text))
+    for path in ("base/build-job.yaml", "overlays/canary/gate-job.yaml"):
+        assert after[path]["metadata"]["name"] != before[path]["metadata"]["name"], path
+    builds = [
+        f["base/build-job.yaml"]["spec"]["template"]["spec"]["containers"][0]["args"][2]
+        for f in (before, after)
+    ]
+    assert [re.findall(r"^marker=(\S+)$", b, re.M) for b in builds][0] == re.findall(
+        r"^marker=(\S+)$", builds[1], re.M
+    )
+    # and rendering the same recipe again names the same Jobs
+    again = tmp_path / "again"
+    again.mkdir()
+    _, same = rollout(again, write_recipe(again, PAIR_8B_1B))
+    assert (
+        same["base/build-job.yaml"]["metadata"]["name"] == before["base/build-job.yaml"]["metadata"]["name"]
+    )
+    assert all(
+        len(f[p]["metadata"]["name"]) <= 63
+        for f in (before, after)
+        for p in ("base/build-job.yaml", "overlays/canary/gate-job.yaml")
+    )
+
+
+def test_an_app_name_starts_with_a_letter(tmp_path, runner):
+    """Services are RFC 1035 labels: a recipe named 8b-1b gets app trtspec-8b-1b, and kubernetes.app: 8b is
+    refused by name."""
+    text = PAIR_8B_1B.replace("name: llama-8b-1b", "name: 8b-1b")
+    _, files = rollout(tmp_path, write_recipe(tmp_path, text))
+    check_schemas(files)
+    assert files["base/service.yaml"]["metadata"]["name"] == "trtspec-8b-1b"
+    bad = write_recipe(tmp_path, PAIR_8B_1B.replace("  gpus: 2\n", "  gpus: 2\n  app: 8b\n"), "bad.yaml")
+    result = runner.invoke(cli, ["deploy", str(bad), "--k8s", str(tmp_path / "out")])
+    assert (
+        result.exit_code == 2
+        and "kubernetes.app" in result.output
+        and len(result.output.strip().splitlines()) == 1
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_trtllm_pytorch_rollout_has_no_rules_on_counters_it_does_not_export(tmp_path):
+    text = PAIR_8B_1B.replace("runtime: tensorrtllm", "runtime: trtllm-pytorch")
+    _, files = rollout(tmp_path, write_recipe(tmp_path, text))
+    check_schemas(files)
+    rules = [r for g in files["base/prometheusrule.yaml"]["spec"]["groups"] for r in g["rules"]]
+    assert [r.get("record") or r.get("alert") for r in rules] == [
+        QUEUE_COMPUTE_RATIO,
+        "TrtspecReplicaNotServing",
+    ]
 
 
 def test_docker_files_pin_the_same_ngc_image(tmp_path):
@@ -243,10 +324,8 @@ def test_monitoring_objects(tmp_path):
         rule["seriesQuery"].startswith(QUEUE_COMPUTE_RATIO + "{")
         and rule["name"]["as"] == QUEUE_COMPUTE_RATIO
     )
-    # the dashboard is docker/grafana's, pointed at the cluster's datasource
-    repo_dashboard = json.loads(
-        (Path(__file__).resolve().parents[1] / "docker/grafana/dashboards/trtspec.json").read_text()
-    )
+    # the dashboard is the one docker/compose.yaml's Grafana loads, pointed at the cluster's datasource
+    repo_dashboard = json.loads((ASSETS_DIR / "grafana" / "trtspec.json").read_text())
     dashboard = json.loads(files["base/grafana-dashboard.yaml"]["data"]["trtspec.json"])
     assert [p["title"] for p in dashboard["panels"]] == [p["title"] for p in repo_dashboard["panels"]]
     uids = set(re.findall(r'"uid": "([^"]+)"', json.dumps(dashboard["panels"])))
@@ -299,6 +378,11 @@ def test_multi_node_is_a_leader_worker_set(tmp_path):
     leader = template["leaderTemplate"]["spec"]["containers"][0]
     assert "LWS_LEADER_ADDRESS" in leader["args"][2] and "exec trtspec serve" in leader["args"][2]
     assert files["overlays/production/hpa.yaml"]["spec"]["scaleTargetRef"]["kind"] == "LeaderWorkerSet"
+    assert "replicas" not in lws["spec"]  # the HPA's
+    # a headless Service per group (<set>-<group>), never one named like the rollout's Services
+    assert lws["spec"]["networkConfig"] == {"subdomainPolicy": "UniquePerReplica"}
+    canary = files["overlays/canary/leaderworkerset.yaml"]
+    assert canary["spec"]["networkConfig"] == {"subdomainPolicy": "UniquePerReplica"}
     assert files["base/service.yaml"]["spec"]["selector"]["leaderworkerset.sigs.k8s.io/worker-index"] == "0"
 
 

@@ -290,6 +290,7 @@ def repeated_port(ports: Mapping[str, int]) -> tuple[str, str] | None:
 
 
 _K8S_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # a DNS-1123 label
+_K8S_SERVICE_NAME = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"  # an RFC 1035 label: Services must start with a letter
 _K8S_QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|Pi|M|G|T|P)?$"
 
 
@@ -297,7 +298,9 @@ class KubernetesSpec(_Strict):
     """``trtspec deploy --k8s``: the Kubernetes rollout (triton_repo/k8s). No part of the recipe's digest: how a
     pair is rolled out does not change what is built."""
 
-    app: str | None = Field(None, max_length=40, pattern=_K8S_NAME, description="object names; default: name")
+    app: str | None = Field(
+        None, max_length=40, pattern=_K8S_SERVICE_NAME, description="object names; default: name"
+    )
     namespace: str | None = Field(None, max_length=63, pattern=_K8S_NAME)
     image: str | None = Field(None, description="trtspec image by tag or digest; default: docker/'s builds")
     gpus: int | None = Field(None, ge=0, le=512, description="GPUs per replica: what the recipe places")

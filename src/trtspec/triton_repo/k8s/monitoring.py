@@ -39,15 +39,18 @@ def recording_rules(plan: RolloutPlan) -> list[dict]:
     """Per pod: queue over compute time (NVIDIA's autoscaling rule; clamp_min keeps an idle pod at 0, not NaN);
     acceptance = accepted / drafted, and tokens per round = (accepted + target forwards) / target forwards
     (core.metrics' definitions; empty while a pod drafts nothing, so an idle pod raises no alert)."""
+    queue = {
+        "record": QUEUE_COMPUTE_RATIO,
+        "expr": f"{rate(plan, QUEUE_US, '1m')} / clamp_min({rate(plan, COMPUTE_US, '1m')}, 1)",
+    }
+    if not plan.exports_spec_metrics:
+        return [queue]
     n = spec_decode_names()
     forwards = (
         f"({rate(plan, n['num_drafts'], '5m')} + {rate(plan, n['num_rounds_without_speculation'], '5m')})"
     )
     return [
-        {
-            "record": QUEUE_COMPUTE_RATIO,
-            "expr": f"{rate(plan, QUEUE_US, '1m')} / clamp_min({rate(plan, COMPUTE_US, '1m')}, 1)",
-        },
+        queue,
         {
             "record": ACCEPTANCE_RATIO,
             "expr": f"{rate(plan, n['num_accepted_tokens'], '5m')} / ({rate(plan, n['num_draft_tokens'], '5m')} > 0)",
@@ -61,12 +64,22 @@ def recording_rules(plan: RolloutPlan) -> list[dict]:
 
 def alerts(plan: RolloutPlan) -> list[dict]:
     """Acceptance under the recipe's floor, a replica whose metrics stopped answering, and one that answers only
-    with errors (a dead python stub that tritonserver keeps reporting ready: docs/faults.md)."""
+    with errors (a dead python stub that tritonserver keeps reporting ready: docs/faults.md). Without trtspec's
+    counters (trtllm-pytorch) only the second."""
     floor = plan.recipe.kubernetes.min_acceptance
     finished = spec_decode_names()["finished"]
     app = plan.app
     failed = rate(plan, finished, "5m", ',finish_reason="error"')
     answered = rate(plan, finished, "5m", ',finish_reason=~"stop|length"')
+    not_serving = {
+        "alert": "TrtspecReplicaNotServing",
+        "expr": f'up{{job="{app}"}} == 0',
+        "for": "2m",
+        "labels": {"severity": "critical"},
+        "annotations": {"summary": f"{app}: {{{{ $labels.pod }}}} stopped answering on its metrics port"},
+    }
+    if not plan.exports_spec_metrics:
+        return [not_serving]
     return [
         {
             "alert": "TrtspecAcceptanceLow",
@@ -79,13 +92,7 @@ def alerts(plan: RolloutPlan) -> list[dict]:
                 "Compare with the canary's gate, or align the draft on recent prompts (trtspec align).",
             },
         },
-        {
-            "alert": "TrtspecReplicaNotServing",
-            "expr": f'up{{job="{app}"}} == 0',
-            "for": "2m",
-            "labels": {"severity": "critical"},
-            "annotations": {"summary": f"{app}: {{{{ $labels.pod }}}} stopped answering on its metrics port"},
-        },
+        not_serving,
         {
             "alert": "TrtspecReplicaFailingRequests",
             "expr": f"{failed} > 0 unless {answered} > 0",
@@ -196,7 +203,8 @@ def _with_datasource(node, uid: str):
 
 
 def dashboard_configmap(plan: RolloutPlan, dashboard: dict) -> dict:
-    """docker/grafana's dashboard for Grafana's sidecar, which loads ConfigMaps labelled grafana_dashboard."""
+    """trtspec's dashboard (package data, which docker/compose.yaml's Grafana mounts) for Grafana's sidecar,
+    which loads ConfigMaps labelled grafana_dashboard."""
     import json
 
     data = _with_datasource(copy.deepcopy(dashboard), plan.recipe.kubernetes.grafana_datasource)

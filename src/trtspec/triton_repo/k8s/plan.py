@@ -72,15 +72,30 @@ class RolloutPlan:
         return f"{REPO_MOUNT}/{self.recipe.name}"
 
     @property
+    def engines_dir(self) -> str:
+        """This key's own folder in the engines volume: a canary's build never writes over the engines production
+        serves, and a rolled-back Deployment finds its own engines again."""
+        return f"{ENGINES_MOUNT}/{self.key}"
+
+    @property
     def engines_marker(self) -> str:
         """The file the build Job writes last: engines for this recipe and image are complete."""
-        return f"{ENGINES_MOUNT}/{self.recipe.name}/.trtspec-k8s/{self.key}.json"
+        return f"{self.engines_dir}/.trtspec-k8s-built.json"
+
+    @property
+    def exports_spec_metrics(self) -> bool:
+        """Whether the serving pods export trtspec's counters (trtllm-pytorch serves upstream's model, which has
+        none): the rules and alerts that read them are written only then."""
+        return self.runtime != "trtllm-pytorch"
 
 
 def default_app(name: str) -> str:
-    """A recipe name as a Kubernetes name: lowercase letters, digits and '-', at most 40 characters."""
-    app = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:40].strip("-")
-    return app or "trtspec"
+    """A recipe name as a Service name (an RFC 1035 label: lowercase letters, digits and '-', starting with a
+    letter), at most 40 characters."""
+    app = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")
+    if app and not app[0].isalpha():
+        app = f"trtspec-{app}"
+    return app[:40].strip("-") or "trtspec"
 
 
 def default_image(runtime: str, device: str) -> tuple[str, str | None]:

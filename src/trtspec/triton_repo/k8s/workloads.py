@@ -8,6 +8,8 @@ shlex.quote only.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shlex
 
 from trtspec.triton_repo.k8s.plan import (
@@ -48,12 +50,19 @@ def meta(plan: RolloutPlan, name: str, component: str, track: str | None = None,
     return {"name": name, "labels": labels(plan, component, track), **extra}
 
 
+def job_name(plan: RolloutPlan, role: str, spec: dict) -> str:
+    """A Job's name carries a hash of the Job as written (its spec and the rollout key): a Job's pod template
+    cannot change in place, so a changed Job (a new threshold, a node selector) is a new Job."""
+    written = json.dumps(spec, sort_keys=True)
+    return f"{plan.app}-{role}-{hashlib.sha256(f'{plan.key}|{written}'.encode()).hexdigest()[:10]}"
+
+
 def build_job_name(plan: RolloutPlan) -> str:
-    return f"{plan.app}-build-{plan.key}"
+    return build_job(plan)["metadata"]["name"]
 
 
 def gate_job_name(plan: RolloutPlan) -> str:
-    return f"{plan.app}-canary-gate-{plan.key}"
+    return gate_job(plan)["metadata"]["name"]
 
 
 def recipe_configmap_name(plan: RolloutPlan) -> str:
@@ -131,9 +140,24 @@ def resources(plan: RolloutPlan, gpus: int, serving: bool = True) -> dict:
     return out
 
 
+# What Pod Security's "restricted" level asks of every container; the image's user runs them all, sshd included.
+CONTAINER_SECURITY = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+}
+
+
 def pod_spec(plan: RolloutPlan, containers: list, vols: list, gpus: int, **extra) -> dict:
+    for container in [*containers, *extra.get("initContainers", [])]:
+        container["securityContext"] = dict(CONTAINER_SECURITY)
     spec = {
-        "securityContext": {"fsGroup": CONTAINER_UID},
+        # numeric, so the kubelet can verify runAsNonRoot against the image's named user (uid 1000)
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": CONTAINER_UID,
+            "fsGroup": CONTAINER_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
         "containers": containers,
         "volumes": vols,
         **extra,
@@ -164,12 +188,13 @@ def serve_script(plan: RolloutPlan) -> str:
     """deploy the repository into the pod's scratch folder, then become tritonserver's supervisor (``exec``: the
     pod's stop signal reaches ``trtspec serve``, which stops tritonserver and its stubs cleanly)."""
     p, q = plan.ports, shlex.quote
-    engines = f" --engines-dir {ENGINES_MOUNT}" if plan.builds else ""
+    engines = f" --engines-dir {q(plan.engines_dir)}" if plan.builds else ""
+    timeout = plan.recipe.kubernetes.startup_timeout_s  # the startup probe's bound, so serve waits as long
     return (
         "set -euo pipefail\n"
         f'trtspec deploy "$TRTSPEC_RECIPE" --runtime {q(plan.runtime)}{engines} --out {q(plan.repo_path)}\n'
         f"exec trtspec serve {q(plan.repo_path)} --host 0.0.0.0 --http-port {p['http']} --grpc-port {p['grpc']} "
-        f"--metrics-port {p['metrics']}\n"
+        f"--metrics-port {p['metrics']} --timeout {timeout}\n"
     )
 
 
@@ -242,7 +267,12 @@ def annotations(plan: RolloutPlan) -> dict[str, str]:
     return out | ({"trtspec.dev/base-image": plan.base_image} if plan.base_image else {})
 
 
-def deployment(plan: RolloutPlan, track: str, replicas: int) -> dict:
+def replicas_field(replicas: int | None) -> dict:
+    """None: the HPA owns the count, and an apply that named one would scale the workload back to it."""
+    return {} if replicas is None else {"replicas": replicas}
+
+
+def deployment(plan: RolloutPlan, track: str, replicas: int | None) -> dict:
     """The serving pods of one track ("stable" or "canary"); rollback is `kubectl rollout undo` to a revision."""
     name = plan.app if track == "stable" else f"{plan.app}-{track}"
     return {
@@ -250,7 +280,7 @@ def deployment(plan: RolloutPlan, track: str, replicas: int) -> dict:
         "kind": "Deployment",
         "metadata": meta(plan, name, "server", track, annotations=annotations(plan)),
         "spec": {
-            "replicas": replicas,
+            **replicas_field(replicas),
             "revisionHistoryLimit": 10,
             "selector": {"matchLabels": server_selector(plan, track)},
             # A new pod is ready before an old one goes: with GPUs that needs one replica's GPUs spare.
@@ -285,8 +315,6 @@ def service(plan: RolloutPlan, track: str | None = None) -> dict:
 def build_script(plan: RolloutPlan) -> str:
     """check, then build into the engines volume, then the marker; nothing when the marker says the engines of
     this recipe and image are there. `trtspec build` itself skips the stages that are up to date."""
-    import json
-
     q = shlex.quote
     record = json.dumps(
         {
@@ -305,7 +333,7 @@ def build_script(plan: RolloutPlan) -> str:
         "  exit 0\n"
         "fi\n"
         f'trtspec check "$TRTSPEC_RECIPE" --runtime {q(plan.runtime)}\n'
-        f'trtspec build "$TRTSPEC_RECIPE" --runtime {q(plan.runtime)} --engines-dir {ENGINES_MOUNT}\n'
+        f'trtspec build "$TRTSPEC_RECIPE" --runtime {q(plan.runtime)} --engines-dir {q(plan.engines_dir)}\n'
         'mkdir -p "$(dirname "$marker")"\n'
         f'printf \'%s\\n\' {q(record)} > "$marker.tmp" && mv "$marker.tmp" "$marker"\n'
     )
@@ -322,17 +350,19 @@ def build_job(plan: RolloutPlan) -> dict:
         "resources": resources(plan, plan.gpus_per_pod, serving=False),
         "volumeMounts": mounts,
     }
+    spec = {
+        "backoffLimit": 1,
+        "template": {
+            "metadata": {"labels": labels(plan, "build")},
+            "spec": pod_spec(plan, [container], vols, plan.gpus_per_pod, restartPolicy="Never"),
+        },
+    }
+    name = job_name(plan, "build", spec)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": meta(plan, build_job_name(plan), "build", annotations=annotations(plan)),
-        "spec": {
-            "backoffLimit": 1,
-            "template": {
-                "metadata": {"labels": labels(plan, "build")},
-                "spec": pod_spec(plan, [container], vols, plan.gpus_per_pod, restartPolicy="Never"),
-            },
-        },
+        "metadata": meta(plan, name, "build", annotations=annotations(plan)),
+        "spec": spec,
     }
 
 
@@ -390,15 +420,18 @@ def gate_job(plan: RolloutPlan) -> dict:
     }
     wait = {"name": "wait-for-canary", "image": plan.image, "args": ["python3", "-c", WAIT_READY_PY, ready]}
     pod = pod_spec(plan, [gate], vols, gpus, initContainers=[wait], restartPolicy="Never")
+    spec = {
+        "backoffLimit": 0,  # a failed gate is an answer, not a flake to retry
+        "activeDeadlineSeconds": plan.recipe.kubernetes.startup_timeout_s + 3600,
+        "template": {"metadata": {"labels": labels(plan, "gate", "canary")}, "spec": pod},
+    }
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": meta(plan, gate_job_name(plan), "gate", "canary", annotations=annotations(plan)),
-        "spec": {
-            "backoffLimit": 0,  # a failed gate is an answer, not a flake to retry
-            "activeDeadlineSeconds": plan.recipe.kubernetes.startup_timeout_s + 3600,
-            "template": {"metadata": {"labels": labels(plan, "gate", "canary")}, "spec": pod},
-        },
+        "metadata": meta(
+            plan, job_name(plan, "canary-gate", spec), "gate", "canary", annotations=annotations(plan)
+        ),
+        "spec": spec,
     }
 
 
@@ -419,7 +452,8 @@ def ssh_setup() -> str:
 
 def hostfile_script(plan: RolloutPlan) -> str:
     """The leader's MPI hostfile from LeaderWorkerSet's variables (worker i of a group is the leader's host name
-    with -i appended: LeaderWorkerSet names pods <set>-<group> and <set>-<group>-<i> under one headless Service),
+    with -i appended: LeaderWorkerSet names pods <set>-<group> and <set>-<group>-<i> under the group's headless
+    Service, <set>-<group>),
     then a wait until every worker's sshd answers, since mpirun starts their ranks through it."""
     slots = plan.recipe.kubernetes.gpus_per_node
     return ssh_setup() + (
@@ -458,7 +492,7 @@ def ssh_volume(plan: RolloutPlan) -> tuple[dict, dict]:
     return {"name": "mpi-ssh", "secret": secret}, mount
 
 
-def leader_worker_set(plan: RolloutPlan, track: str, replicas: int) -> dict:
+def leader_worker_set(plan: RolloutPlan, track: str, replicas: int | None) -> dict:
     """One replica = one leader pod (tritonserver and mpirun) + nodes-1 worker pods (sshd); every pod writes the
     same repository first, since ranks on the workers load the engine models from it."""
     name = plan.app if track == "stable" else f"{plan.app}-{track}"
@@ -494,7 +528,10 @@ def leader_worker_set(plan: RolloutPlan, track: str, replicas: int) -> dict:
         "kind": "LeaderWorkerSet",
         "metadata": meta(plan, name, "server", track, annotations=annotations(plan)),
         "spec": {
-            "replicas": replicas,
+            **replicas_field(replicas),
+            # A headless Service per group, named after its leader pod: LeaderWorkerSet's shared one would be
+            # named like the set, which the rollout's own Service (<app>, <app>-canary) already is.
+            "networkConfig": {"subdomainPolicy": "UniquePerReplica"},
             "startupPolicy": "LeaderCreated",
             "rolloutStrategy": {
                 "type": "RollingUpdate",
@@ -510,7 +547,7 @@ def leader_worker_set(plan: RolloutPlan, track: str, replicas: int) -> dict:
     }
 
 
-def serving_workload(plan: RolloutPlan, track: str, replicas: int) -> dict:
+def serving_workload(plan: RolloutPlan, track: str, replicas: int | None) -> dict:
     if plan.nodes > 1:
         return leader_worker_set(plan, track, replicas)
     return deployment(plan, track, replicas)

@@ -24,7 +24,8 @@ from trtspec.triton_repo.k8s.plan import RolloutPlan, plan_rollout
 
 MARKER = "trtspec-rollout.json"
 KUSTOMIZATION = "kustomization.yaml"
-DASHBOARD = Path(__file__).resolve().parents[4] / "docker" / "grafana" / "dashboards" / "trtspec.json"
+# package data, so a rollout can be written from an installed trtspec (the image); docker/compose.yaml mounts it
+DASHBOARD = Path(__file__).resolve().parents[2] / "assets" / "grafana" / "trtspec.json"
 
 
 @dataclass
@@ -69,7 +70,8 @@ def rollout_objects(plan: RolloutPlan, dashboard: dict) -> dict[str, dict]:
         "prometheusrule.yaml": mon.prometheus_rule(plan),
         "grafana-dashboard.yaml": mon.dashboard_configmap(plan, dashboard),
     }
-    production = {workload: wl.serving_workload(plan, "stable", spec.min_replicas), "hpa.yaml": mon.hpa(plan)}
+    # no replica count: the HPA keeps it between min_replicas and max_replicas
+    production = {workload: wl.serving_workload(plan, "stable", None), "hpa.yaml": mon.hpa(plan)}
     canary = {
         workload: wl.serving_workload(plan, "canary", spec.canary_replicas),
         "service.yaml": wl.service(plan, "canary"),
@@ -145,7 +147,7 @@ def read_inputs(recipe: Recipe, dashboard_path: Path = DASHBOARD) -> tuple[str, 
         dashboard = json.loads(Path(dashboard_path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
         raise TrtspecError(
-            f"{dashboard_path}: cannot read the Grafana dashboard ({err}); run from a trtspec source checkout"
+            f"{dashboard_path}: cannot read the Grafana dashboard ({err}); reinstall trtspec"
         ) from None
     return text, dashboard
 
