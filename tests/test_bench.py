@@ -338,6 +338,8 @@ def test_bench_refuses_k_above_max_draft_len(runner, tiny_pair, tmp_path):
     recipe = write_recipe(tmp_path / "tiny.yaml", target, draft, max_draft_len=2)
     result = runner.invoke(cli, ["bench", str(recipe), "--num-draft-tokens", "1,4"])
     assert result.exit_code == 2 and "max_draft_len 2" in result.output
+    # the one line alone: no blank line from a progress display that never showed
+    assert result.stdout == "" and len(result.output.splitlines()) == 1, repr(result.output)
     result = runner.invoke(cli, ["bench", str(recipe), "--concurrency", "1,x"])
     assert result.exit_code == 2 and "comma-separated" in result.output
 

@@ -247,6 +247,31 @@ def test_a_config_field_of_the_wrong_kind_is_one_line_naming_it(
     assert runner.invoke(cli, ["check", str(tmp_path / "r.yaml")]).exit_code == 0
 
 
+def test_a_model_type_transformers_does_not_know_is_one_whole_line(runner, tmp_path, tiny_pair, draft_with):
+    """Named with its field and what to do, not transformers' error cut mid-word."""
+    draft = draft_with()
+    config = json.loads((draft / "config.json").read_text())
+    (draft / "config.json").write_text(json.dumps(config | {"model_type": "foobar"}))
+    for args in (
+        ["check", str(write_recipe(tmp_path / "r.yaml", tiny_pair[0], draft))],
+        ["generate", "--prompt", "x", "--target", str(tiny_pair[0]), "--draft", str(draft)],
+    ):
+        result = runner.invoke(cli, args)
+        assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
+        assert (
+            f'Error: {draft}/config.json: model_type "foobar" is not a family transformers' in result.output
+        )
+        assert "docs/pairs.md" in result.output
+
+
+def test_a_library_error_is_cut_at_a_word():
+    from trtspec.core.model_dir import error_line
+
+    assert error_line(ValueError("short\nsecond line")) == "short"
+    cut = error_line(ValueError("word " * 100), limit=23)
+    assert cut == "word word word word ..." and len(cut) <= 23 + 4
+
+
 def test_published_size_quirks_are_read_as_sizes(tmp_path):
     """Gemma 3n gives intermediate_size per layer inside text_config; Mistral leaves head_dim null."""
     from trtspec.core.errors import ModelError

@@ -8,7 +8,7 @@ import pytest
 from harness.repo import engine_config, fake_engine
 from tritonclient.grpc import model_config_pb2
 
-from trtspec.core.errors import CheckFailed, OutputError
+from trtspec.core.errors import CheckFailed, OutputError, RecipeError, ServerError
 from trtspec.recipe import recipe_from_dict
 from trtspec.triton_repo import interface as names
 from trtspec.triton_repo.checks import check_repository
@@ -102,6 +102,44 @@ def test_serve_binds_what_the_recipe_deployed_unless_the_command_line_says_other
     assert resolve_ports(ServeSpec(repo=out), {}) == Ports(8000, 8001, 8002, "127.0.0.1")
 
 
+def test_serve_refuses_a_broken_manifest_naming_its_field(tiny_pair, tmp_path):
+    """A manifest trtspec wrote and someone broke is named, never served with defaults in silence; only a
+    repository without one (not trtspec's) takes the defaults."""
+    from trtspec.triton_repo.serve import ServeSpec, read_manifest, resolve_ports
+
+    out = tmp_path / "repo"
+    deploy(make_recipe(tiny_pair), "torch", out)
+    manifest = out / "trtspec.json"
+    good = json.loads(manifest.read_text())
+    for field, value in [("http", "abc"), ("grpc", 0), ("metrics", True), ("host", "not a host!")]:
+        manifest.write_text(json.dumps(good | {"ports": good["ports"] | {field: value}}))
+        with pytest.raises(ServerError, match=f"trtspec.json: ports.{field}: .*{value!r}"):
+            resolve_ports(ServeSpec(repo=out), read_manifest(out))
+    # the command line's value is the one served, so the manifest's broken one does not matter then
+    assert resolve_ports(ServeSpec(repo=out, http_port=7000), {"ports": {"http": "abc"}}).http == 7000
+    manifest.write_text("{bad")
+    with pytest.raises(ServerError, match="trtspec.json: cannot be read as JSON"):
+        read_manifest(out)
+    manifest.write_text("[]")
+    with pytest.raises(ServerError, match="trtspec.json: must be a JSON object"):
+        read_manifest(out)
+    manifest.unlink()
+    assert read_manifest(out) == {}
+
+
+@pytest.mark.parametrize("host", ["not a host!", "", "-lead.example", "a..b", "x" * 64])
+def test_a_recipe_host_that_cannot_be_an_address_is_refused_by_name(tiny_pair, host):
+    with pytest.raises(RecipeError, match="triton.host"):
+        make_recipe(tiny_pair, triton={"host": host})
+
+
+@pytest.mark.parametrize(
+    "host", ["127.0.0.1", "0.0.0.0", "::", "::1", "localhost", "triton-0.triton.llm.svc."]
+)
+def test_a_recipe_host_may_be_an_ip_address_or_a_host_name(tiny_pair, host):
+    assert make_recipe(tiny_pair, triton={"host": host}).triton.host == host
+
+
 def test_serve_refuses_ports_it_could_not_take_before_starting(tmp_path):
     """Another server on the port would answer the readiness polls of this one (a false "ready"), and a host
     with control characters would break the first poll with a traceback."""
@@ -126,7 +164,7 @@ def test_serve_refuses_ports_it_could_not_take_before_starting(tmp_path):
         assert log.read_text() == "the running server's log"
     with pytest.raises(ServerError, match="ports must differ"):
         check_ports(Ports(http, http, metrics))
-    with pytest.raises(ServerError, match="--host 'not a host': not an address this machine can bind"):
+    with pytest.raises(ServerError, match="host 'not a host': not an address this machine can bind"):
         check_ports(Ports(http, grpc, metrics, "not a host"))
 
 

@@ -99,6 +99,42 @@ def test_generate_no_draft_on_a_recipe_with_k_is_target_only(runner):
     assert stats["drafted"] == 0 and stats["draft_forwards"] == 0
 
 
+def test_a_prompt_over_the_recipes_max_input_len_is_one_line_everywhere(runner, tmp_path):
+    """generate checks limits.max_input_len as validate and bench do, and a prompt longer than the tokenizer's
+    model_max_length adds no transformers warning to the line."""
+    text = (
+        "def f(x):\n    return x\n" * 200
+    )  # 1801 demo tokens: over the demo's 384, and its tokenizer's 1024
+    prompts = tmp_path / "long.jsonl"
+    prompts.write_text(json.dumps({"prompt": text}) + "\n")
+    for args in (
+        ["generate", "--prompt", text, "--max-new-tokens", "4"],
+        ["validate", "demo", "--prompts", str(prompts), "--max-tokens", "4"],
+        ["bench", "demo", "--prompts", str(prompts), "--max-tokens", "4", "--out", str(tmp_path / "b")],
+    ):
+        result = runner.invoke(cli, args)
+        assert result.exit_code == 2, (args[0], result.output)
+        assert result.output.count("\n") == 1 and "limits.max_input_len 384" in result.output, result.output
+    assert not (tmp_path / "b").exists()
+    # the warning itself, caught where transformers logs it
+    import logging
+
+    from trtspec.core.model_dir import load_tokenizer
+    from trtspec.recipe import load_recipe
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("transformers.tokenization_utils_base")
+    logger.addHandler(handler)
+    try:
+        tokenizer = load_tokenizer(load_recipe("demo").target.model)
+        assert len(tokenizer(text)["input_ids"]) > tokenizer.model_max_length
+    finally:
+        logger.removeHandler(handler)
+    assert not [r for r in records if "longer than the specified maximum" in r.getMessage()]
+
+
 def test_generate_errors_are_one_line(runner, tiny_pair, tmp_path):
     target, draft = tiny_pair
     base = ["generate", "--prompt", "x", "--target"]

@@ -247,7 +247,7 @@ def test_a_tokenizer_that_does_not_load_is_named_not_dropped(fake_trtllm, engine
 
     broken = shutil.copytree(engines["hf_target"], tmp_path / "broken_tok")
     (broken / "tokenizer.json").write_text("{not json")
-    with pytest.raises(ModelError, match="broken_tok: no loadable tokenizer"):
+    with pytest.raises(ModelError, match="broken_tok/tokenizer.json: not valid JSON"):
         TrtllmSpeculativeRunner.from_engine_dirs(engines["target"], engines["draft"], tokenizer_dir=broken)
     bare = tmp_path / "bare"
     bare.mkdir()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -258,7 +259,7 @@ class TritonSpec(_Strict):
     kv_cache_free_gpu_mem_fraction: PerModel = PerModel()
     enable_kv_cache_reuse: bool = True
     fast_logits: bool = Field(False, description="speculative_decoding_fast_logits with participant ids")
-    host: str = "127.0.0.1"
+    host: str = Field("127.0.0.1", description="address tritonserver binds: an IP address or a host name")
     http_port: int = Field(8000, ge=1, le=65535)
     grpc_port: int = Field(8001, ge=1, le=65535)
     metrics_port: int = Field(8002, ge=1, le=65535)
@@ -268,6 +269,13 @@ class TritonSpec(_Strict):
         """The endpoints' ports by name, in tritonserver's order: http, grpc, metrics."""
         return {"http": self.http_port, "grpc": self.grpc_port, "metrics": self.metrics_port}
 
+    @field_validator("host")
+    @classmethod
+    def _host(cls, value: str) -> str:
+        if problem := host_problem(value):
+            raise ValueError(problem)
+        return value
+
     @model_validator(mode="after")
     def _distinct_ports(self) -> TritonSpec:
         if clash := repeated_port(self.ports):
@@ -276,6 +284,27 @@ class TritonSpec(_Strict):
                 f"{kind}_port {self.ports[kind]} is also {earlier}_port; the server needs three distinct ports"
             )
         return self
+
+
+_HOST_LABEL = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
+
+
+def host_problem(host: object) -> str | None:
+    """Why ``host`` cannot be an address to bind (None: an IP address, or a host name as RFC 1123 writes one);
+    whether this machine has it is the server's check."""
+    import ipaddress
+
+    if not isinstance(host, str) or not host:
+        return f"must be an IP address or a host name (got {host!r})"
+    try:
+        ipaddress.ip_address(host)
+        return None
+    except ValueError:
+        pass
+    name = host[:-1] if host.endswith(".") else host
+    if len(name) > 253 or not all(_HOST_LABEL.match(label) for label in name.split(".")):
+        return f"not an IP address or a host name (got {host!r}); use one such as 127.0.0.1 or 0.0.0.0"
+    return None
 
 
 def repeated_port(ports: Mapping[str, int]) -> tuple[str, str] | None:

@@ -346,4 +346,5 @@ def _bars(out, *, transient: bool, columns=(), disable: bool = False):
     try:
         yield show
     finally:
-        progress.stop()
+        if tasks:  # rich's stop prints a newline to a non-terminal even when nothing was shown
+            progress.stop()

@@ -94,6 +94,15 @@ def read_model_config(model_dir: Path) -> dict:
             f'{Path(model_dir) / "config.json"}: no "model_type" string (e.g. "llama"), which transformers needs '
             "to read it; re-export config.json"
         )
+    if not remote:
+        from transformers import CONFIG_MAPPING, __version__
+
+        if config["model_type"] not in CONFIG_MAPPING:
+            raise ModelError(
+                f'{Path(model_dir) / "config.json"}: model_type "{config["model_type"]}" is not a family '
+                f"transformers {__version__} knows; docs/pairs.md lists the families trtspec serves, and a "
+                "newer transformers may know more"
+            )
     _check_field_types(config, Path(model_dir) / "config.json")
     return config
 
@@ -153,8 +162,16 @@ def _config_defaults(model_type: str) -> dict:
 
 
 def error_line(err: BaseException, limit: int = 200) -> str:
-    """The first line of a library's error, cut to ``limit`` characters: the part a one-line message can carry."""
-    return (str(err).strip().splitlines() or [""])[0][:limit]
+    """The first line of a library's error, cut to ``limit`` characters at a word (marked "..."): the part a
+    one-line message can carry."""
+    line = (str(err).strip().splitlines() or [""])[0]
+    if len(line) <= limit:
+        return line
+    return line[:limit].rsplit(" ", 1)[0].rstrip(",;:") + " ..."
+
+
+# A tokenizer folder's JSON files: one that does not parse is named, rather than the tokenizer as a whole.
+TOKENIZER_JSON = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
 
 
 def load_tokenizer(model_dir: Path, trust_remote_code: bool = False):
@@ -166,7 +183,7 @@ def load_tokenizer(model_dir: Path, trust_remote_code: bool = False):
         _check_field_types(config, Path(model_dir) / "config.json")
     try:
         with _quiet_loading():  # its notices (the legacy behaviour of a Llama tokenizer) would split the line
-            return AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+            tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
     except Exception as err:  # transformers raises many types for a broken/missing tokenizer
         if not _any_tokenizer_file(model_dir):
             raise ModelError(
@@ -174,11 +191,24 @@ def load_tokenizer(model_dir: Path, trust_remote_code: bool = False):
                 "checkpoint's tokenizer files into it",
                 detail=str(err),
             ) from None
+        for name in TOKENIZER_JSON:
+            path = Path(model_dir) / name
+            try:
+                json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+            except (OSError, ValueError) as bad:
+                raise ModelError(
+                    f"{path}: not valid JSON ({error_line(bad)}); copy the checkpoint's tokenizer files again",
+                    detail=str(err),
+                ) from None
         raise ModelError(
-            f"{model_dir}: no loadable tokenizer ({type(err).__name__}); the directory needs tokenizer.json "
-            "or the tokenizer files of the Hugging Face checkpoint",
+            f"{model_dir}: the tokenizer does not load ({type(err).__name__}: {error_line(err)}); the directory "
+            "needs tokenizer.json or the tokenizer files of the Hugging Face checkpoint",
             detail=str(err),
         ) from None
+    # Every prompt is checked against the recipe's limits, which may exceed the tokenizer's model_max_length;
+    # transformers' own once-per-tokenizer warning about it would split the one-line error that check gives.
+    tokenizer.deprecation_warnings["sequence-length-is-longer-than-the-specified-maximum"] = True
+    return tokenizer
 
 
 def load_tokenizer_if_any(model_dir: Path | str, trust_remote_code: bool = False):

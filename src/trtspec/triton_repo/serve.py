@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trtspec.core.errors import ServerError
-from trtspec.recipe import TritonSpec
+from trtspec.recipe import TritonSpec, host_problem
 from trtspec.triton_repo import interface as names
 from trtspec.triton_repo.deploy import MANIFEST
 from trtspec.triton_repo.server import (
@@ -60,19 +60,46 @@ def read_manifest(repo: Path) -> dict:
         raise ServerError(
             f"{repo}: not a model repository (no */config.pbtxt); create one with `trtspec deploy`"
         )
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+    if not path.exists():
         return {}  # a repository not written by trtspec: serve it with default ports
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ServerError(
+            f"{path}: cannot be read as JSON ({err}); write the repository again with trtspec deploy"
+        ) from None
+    if not isinstance(info, dict):
+        raise ServerError(f"{path}: must be a JSON object; write the repository again with trtspec deploy")
+    return info
 
 
 def resolve_ports(spec: ServeSpec, info: dict) -> Ports:
-    """The command line's ports and host, else the ones the recipe deployed (the manifest's), else the recipe's
-    defaults (a repository trtspec did not write)."""
+    """The command line's ports and host, else the ones the recipe deployed (the manifest's, checked as the
+    recipe's are: ServerError naming the manifest's field), else the recipe's defaults (a repository trtspec did
+    not write)."""
     saved, default = info.get("ports") or {}, TritonSpec()
+    where = Path(spec.repo) / MANIFEST
+    if not isinstance(saved, dict):
+        raise ServerError(
+            f"{where}: ports: must be an object; write the repository again with trtspec deploy"
+        )
 
     def pick(given, key: str, fallback):
-        return given if given is not None else saved.get(key, fallback)
+        if given is not None or key not in saved:
+            return given if given is not None else fallback
+        value = saved[key]
+        problem = (
+            host_problem(value)
+            if key == "host"
+            else None
+            if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 65535
+            else f"must be a port 1..65535 (got {value!r})"
+        )
+        if problem:
+            raise ServerError(
+                f"{where}: ports.{key}: {problem}; write the repository again with trtspec deploy"
+            )
+        return value
 
     return Ports(
         http=pick(spec.http_port, "http", default.http_port),

@@ -121,7 +121,8 @@ def check_ports(ports: Ports) -> None:
                 probe.bind(address)
         except (socket.gaierror, UnicodeError, ValueError) as err:
             raise ServerError(
-                f"--host {ports.host!r}: not an address this machine can bind ({err})"
+                f"host {ports.host!r}: not an address this machine can bind ({err}); pass --host with one it has "
+                "(127.0.0.1, or 0.0.0.0 for every interface)"
             ) from None
         except OSError as err:
             if err.errno == errno.EADDRINUSE:
