@@ -270,6 +270,9 @@ def test_a_library_error_is_cut_at_a_word():
     assert error_line(ValueError("short\nsecond line")) == "short"
     cut = error_line(ValueError("word " * 100), limit=23)
     assert cut == "word word word word ..." and len(cut) <= 23 + 4
+    # a long path keeps what fits rather than falling back to the last space far before the cut
+    path = error_line(OSError("no file '/data/" + "a" * 300 + "'"), limit=60)
+    assert path.startswith("no file '/data/aaaa") and len(path) == 60 + 4
 
 
 def test_published_size_quirks_are_read_as_sizes(tmp_path):

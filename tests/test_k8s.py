@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import shutil
 import subprocess
@@ -253,11 +254,61 @@ def test_a_changed_job_is_a_new_job_and_the_same_engines(tmp_path):
     assert (
         same["base/build-job.yaml"]["metadata"]["name"] == before["base/build-job.yaml"]["metadata"]["name"]
     )
-    assert all(
-        len(f[p]["metadata"]["name"]) <= 63
-        for f in (before, after)
-        for p in ("base/build-job.yaml", "overlays/canary/gate-job.yaml")
+    # the longest app (40 characters) still names every object within Kubernetes' 63
+    longest = PAIR_8B_1B.replace("  gpus: 2\n", "  gpus: 2\n  app: " + "a" * 40 + "\n")
+    far = tmp_path / "far"
+    far.mkdir()
+    _, named = rollout(far, write_recipe(far, longest))
+    names = [o["metadata"]["name"] for o in manifests(named).values()]
+    assert max(len(n) for n in names) <= 63 and any(len(n) == 63 for n in names), names
+
+
+def test_a_keys_first_build_starts_from_hard_links_to_the_recipes_last(tmp_path, monkeypatch):
+    """The build Job's script, run for real with a stand-in trtspec: a new key's folder is seeded from the newest
+    earlier build of the recipe (so trtspec build skips what did not change), the earlier build's files are
+    shared, not copied or changed, its logs stay behind, and the marker is written last."""
+    import trtspec.triton_repo.k8s.plan as plan_module
+    from trtspec.triton_repo.k8s.workloads import build_script
+
+    root = tmp_path / "engines"
+    monkeypatch.setattr(plan_module, "ENGINES_MOUNT", str(root))
+    recipe = write_recipe(tmp_path, PAIR_8B_1B)
+    plan = plan_rollout(load_recipe(recipe, check_paths=False), None, PAIR_8B_1B)
+    older, newer = root / "0000000000" / "llama-8b-1b", root / "1111111111" / "llama-8b-1b"
+    for folder, stamp in ((older, 100), (newer, 200)):
+        (folder / "target" / "engine").mkdir(parents=True)
+        (folder / "target" / "engine" / "rank0.engine").write_text(folder.parent.name)
+        (folder / "logs").mkdir()
+        (folder / "logs" / "trtllm-build.log").write_text("log")
+        os.utime(folder, (stamp, stamp))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "trtspec").write_text('#!/bin/sh\necho "$@" >> "$CALLS"\n')
+    (bin_dir / "trtspec").chmod(0o755)
+    calls = tmp_path / "calls"
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "TRTSPEC_RECIPE": str(recipe), "CALLS": str(calls)}
+    run = subprocess.run(
+        ["bash", "-c", build_script(plan)], env=env, capture_output=True, text=True, check=False
     )
+    assert run.returncode == 0, run.stderr
+    seeded = Path(plan.engines_dir) / "llama-8b-1b" / "target" / "engine" / "rank0.engine"
+    shared = newer / "target" / "engine" / "rank0.engine"
+    assert seeded.read_text() == "1111111111" and seeded.stat().st_ino == shared.stat().st_ino
+    assert not (Path(plan.engines_dir) / "llama-8b-1b" / "logs").exists() and (newer / "logs").is_dir()
+    assert [line.split()[0] for line in calls.read_text().splitlines()] == ["check", "build"]
+    assert f"--engines-dir {plan.engines_dir}" in calls.read_text() and Path(plan.engines_marker).is_file()
+    assert not list(root.glob(".seeding-*"))
+    # run again: the marker says the engines are there, so nothing runs
+    calls.unlink()
+    again = subprocess.run(
+        ["bash", "-c", build_script(plan)], env=env, capture_output=True, text=True, check=False
+    )
+    assert again.returncode == 0 and "nothing to build" in again.stdout and not calls.exists()
+
+
+def test_written_manifests_carry_no_yaml_anchors(tmp_path):
+    out, _ = rollout(tmp_path, write_recipe(tmp_path, PAIR_8B_1B))
+    assert not [p for p in out.rglob("*.yaml") if re.search(r"[&*]id\d{3}", p.read_text())]
 
 
 def test_an_app_name_starts_with_a_letter(tmp_path, runner):

@@ -247,7 +247,6 @@ def test_every_bit_of_a_64_bit_seed_gives_its_own_stream():
     assert len({m & 0xFFFF_FFFF for m in mixed}) == len(seeds) and all(0 <= m < 2**64 for m in mixed)
     streams = {tuple(torch.rand(4, generator=torch.Generator().manual_seed(m)).tolist()) for m in mixed}
     assert len(streams) == len(seeds)
-    assert generator_seed(7) == generator_seed(7)
     # and the engine's request generators use it
     draws = {
         tuple(torch.rand(4, generator=new_generator(SamplingParams(temperature=1.0, seed=s), "cpu")).tolist())

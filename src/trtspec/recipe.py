@@ -286,24 +286,19 @@ class TritonSpec(_Strict):
         return self
 
 
-_HOST_LABEL = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
+# What an address or a host name the resolver may know is written with (IPv6 with a zone, /etc/hosts names with
+# underscores); anything else can never be bound.
+_HOST = re.compile(r"^[A-Za-z0-9._:%-]{1,253}$")
 
 
 def host_problem(host: object) -> str | None:
-    """Why ``host`` cannot be an address to bind (None: an IP address, or a host name as RFC 1123 writes one);
-    whether this machine has it is the server's check."""
-    import ipaddress
-
-    if not isinstance(host, str) or not host:
-        return f"must be an IP address or a host name (got {host!r})"
-    try:
-        ipaddress.ip_address(host)
-        return None
-    except ValueError:
-        pass
-    name = host[:-1] if host.endswith(".") else host
-    if len(name) > 253 or not all(_HOST_LABEL.match(label) for label in name.split(".")):
-        return f"not an IP address or a host name (got {host!r}); use one such as 127.0.0.1 or 0.0.0.0"
+    """Why ``host`` can never be an address to bind (None: it may be; whether this machine has it is the
+    server's check)."""
+    if not isinstance(host, str) or not _HOST.match(host):
+        return (
+            f"not an IP address or a host name (got {host!r}); use one such as 127.0.0.1, or 0.0.0.0 for every "
+            "interface"
+        )
     return None
 
 

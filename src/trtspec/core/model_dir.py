@@ -162,12 +162,14 @@ def _config_defaults(model_type: str) -> dict:
 
 
 def error_line(err: BaseException, limit: int = 200) -> str:
-    """The first line of a library's error, cut to ``limit`` characters at a word (marked "..."): the part a
-    one-line message can carry."""
+    """The first line of a library's error, cut to ``limit`` characters (marked "..."), at a word where one ends
+    near the cut: the part a one-line message can carry."""
     line = (str(err).strip().splitlines() or [""])[0]
     if len(line) <= limit:
         return line
-    return line[:limit].rsplit(" ", 1)[0].rstrip(",;:") + " ..."
+    head = line[:limit]
+    word = head.rsplit(" ", 1)[0]
+    return (word if len(word) >= limit - 40 else head).rstrip(",;: ") + " ..."
 
 
 # A tokenizer folder's JSON files: one that does not parse is named, rather than the tokenizer as a whole.
@@ -207,7 +209,9 @@ def load_tokenizer(model_dir: Path, trust_remote_code: bool = False):
         ) from None
     # Every prompt is checked against the recipe's limits, which may exceed the tokenizer's model_max_length;
     # transformers' own once-per-tokenizer warning about it would split the one-line error that check gives.
-    tokenizer.deprecation_warnings["sequence-length-is-longer-than-the-specified-maximum"] = True
+    warned = getattr(tokenizer, "deprecation_warnings", None)  # a remote-code tokenizer may not have it
+    if isinstance(warned, dict):
+        warned["sequence-length-is-longer-than-the-specified-maximum"] = True
     return tokenizer
 
 

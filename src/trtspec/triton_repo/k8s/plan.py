@@ -32,8 +32,8 @@ CONTAINER_UID = 1000  # triton-server in the NGC image, trtspec in Dockerfile.cp
 @dataclass(frozen=True)
 class RolloutPlan:
     """One recipe's rollout: ``gpus`` per replica spread over ``nodes`` pods (1: a Deployment, more: a
-    LeaderWorkerSet), ``key`` names what is built once per recipe and image (the build and gate Jobs, the marker
-    the build leaves in the engines volume)."""
+    LeaderWorkerSet), ``key`` names what is built once per recipe and image (its folder in the engines volume and
+    the marker the build leaves there)."""
 
     recipe: Recipe
     runtime: str
@@ -72,10 +72,14 @@ class RolloutPlan:
         return f"{REPO_MOUNT}/{self.recipe.name}"
 
     @property
+    def engines_root(self) -> str:
+        return ENGINES_MOUNT
+
+    @property
     def engines_dir(self) -> str:
         """This key's own folder in the engines volume: a canary's build never writes over the engines production
         serves, and a rolled-back Deployment finds its own engines again."""
-        return f"{ENGINES_MOUNT}/{self.key}"
+        return f"{self.engines_root}/{self.key}"
 
     @property
     def engines_marker(self) -> str:

@@ -140,16 +140,15 @@ def resources(plan: RolloutPlan, gpus: int, serving: bool = True) -> dict:
     return out
 
 
-# What Pod Security's "restricted" level asks of every container; the image's user runs them all, sshd included.
-CONTAINER_SECURITY = {
-    "allowPrivilegeEscalation": False,
-    "capabilities": {"drop": ["ALL"]},
-}
+def container_security() -> dict:
+    """What Pod Security's "restricted" level asks of every container; the image's user runs them all, sshd
+    included."""
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
 
 def pod_spec(plan: RolloutPlan, containers: list, vols: list, gpus: int, **extra) -> dict:
     for container in [*containers, *extra.get("initContainers", [])]:
-        container["securityContext"] = dict(CONTAINER_SECURITY)
+        container["securityContext"] = container_security()
     spec = {
         # numeric, so the kubelet can verify runAsNonRoot against the image's named user (uid 1000)
         "securityContext": {
@@ -312,9 +311,31 @@ def service(plan: RolloutPlan, track: str | None = None) -> dict:
 # ---------------------------------------------------------------- jobs
 
 
+def seed_script(plan: RolloutPlan) -> str:
+    """A key's first build starts from hard links to the newest earlier build of the recipe (a folder of another
+    key, or the name's own folder an older rollout built into), so `trtspec build` skips the stages a new key
+    left unchanged (a new draft does not rebuild the target). trtspec replaces stages, manifests and stamps by a
+    rename, never in place, so the earlier build's files stay as they are; its logs, written in place, are left
+    out."""
+    q = shlex.quote
+    root, name, seeding = plan.engines_root, plan.recipe.name, f"{plan.engines_root}/.seeding-{plan.key}"
+    return (
+        f"dir={q(plan.engines_dir)}\n"
+        'if [ ! -d "$dir" ]; then\n'
+        f"  rm -rf {q(seeding)}\n"
+        f"  prev=$(ls -1td {q(root)}/*/{q(name)} {q(root + '/' + name)} 2>/dev/null | head -n 1 || true)\n"
+        '  if [ -n "$prev" ]; then\n'
+        f'    mkdir -p {q(seeding)} && cp -al "$prev" {q(seeding + "/" + name)}\n'
+        f'    rm -rf {q(seeding + "/" + name + "/logs")} && mv {q(seeding)} "$dir"\n'
+        '    echo "starting from the engines in $prev (hard links): trtspec build rebuilds what changed"\n'
+        "  fi\n"
+        "fi\n"
+    )
+
+
 def build_script(plan: RolloutPlan) -> str:
-    """check, then build into the engines volume, then the marker; nothing when the marker says the engines of
-    this recipe and image are there. `trtspec build` itself skips the stages that are up to date."""
+    """check, then build into this key's folder of the engines volume (seeded from the recipe's previous build),
+    then the marker; nothing when the marker says the engines of this recipe and image are there."""
     q = shlex.quote
     record = json.dumps(
         {
@@ -333,6 +354,7 @@ def build_script(plan: RolloutPlan) -> str:
         "  exit 0\n"
         "fi\n"
         f'trtspec check "$TRTSPEC_RECIPE" --runtime {q(plan.runtime)}\n'
+        f"{seed_script(plan)}"
         f'trtspec build "$TRTSPEC_RECIPE" --runtime {q(plan.runtime)} --engines-dir {q(plan.engines_dir)}\n'
         'mkdir -p "$(dirname "$marker")"\n'
         f'printf \'%s\\n\' {q(record)} > "$marker.tmp" && mv "$marker.tmp" "$marker"\n'

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from trtspec.core.errors import RecipeError, TrtspecError
 from trtspec.outputs import write_output_dir
-from trtspec.recipe import Recipe
+from trtspec.recipe import ASSETS_DIR, Recipe
 from trtspec.triton_repo.k8s import monitoring as mon
 from trtspec.triton_repo.k8s import workloads as wl
 from trtspec.triton_repo.k8s.plan import RolloutPlan, plan_rollout
@@ -25,7 +25,7 @@ from trtspec.triton_repo.k8s.plan import RolloutPlan, plan_rollout
 MARKER = "trtspec-rollout.json"
 KUSTOMIZATION = "kustomization.yaml"
 # package data, so a rollout can be written from an installed trtspec (the image); docker/compose.yaml mounts it
-DASHBOARD = Path(__file__).resolve().parents[2] / "assets" / "grafana" / "trtspec.json"
+DASHBOARD = ASSETS_DIR / "grafana" / "trtspec.json"
 
 
 @dataclass
@@ -120,6 +120,7 @@ def to_yaml(obj: dict) -> str:
         return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
     Dumper.add_representer(str, text)
+    Dumper.ignore_aliases = lambda self, data: True  # a dict used twice is written twice, never as &id001
     return yaml.dump(
         obj, Dumper=Dumper, sort_keys=False, default_flow_style=False, width=4096
     )  # PromQL on one line
