@@ -20,6 +20,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    TypeAdapter,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -39,6 +40,7 @@ Quantization = Literal["none", "fp8", "int8_sq", "int4_awq", "w4a8_awq"]
 KvCacheDtype = Literal["auto", "fp8"]
 Runtime = Literal["torch", "tensorrtllm", "trtllm-pytorch"]
 Device = Literal["cpu", "cuda"]
+Port = Annotated[int, Field(ge=1, le=65535)]  # a TCP port a server listens on (the recipe's and a manifest's)
 
 
 class _Strict(BaseModel):
@@ -190,6 +192,16 @@ class LimitsSpec(_Strict):
     max_input_len: int = Field(512, ge=1)
     max_seq_len: int = Field(1024, ge=2)
 
+    def prompt_problem(self, tokens: int) -> str | None:
+        """Why a prompt of ``tokens`` tokens cannot be served under these limits (None: it can), for every
+        command that takes prompts to say alike."""
+        if tokens > self.max_input_len:
+            return (
+                f"{tokens} tokens > the recipe's limits.max_input_len {self.max_input_len}; shorten it or raise "
+                "limits.max_input_len"
+            )
+        return None
+
 
 def _require_utf8(path: Path, what: str, prefix_bytes: int = 1 << 20) -> None:
     """ValueError now, before any model loads, if the file's start is not UTF-8 text (a binary file given by
@@ -260,9 +272,9 @@ class TritonSpec(_Strict):
     enable_kv_cache_reuse: bool = True
     fast_logits: bool = Field(False, description="speculative_decoding_fast_logits with participant ids")
     host: str = Field("127.0.0.1", description="address tritonserver binds: an IP address or a host name")
-    http_port: int = Field(8000, ge=1, le=65535)
-    grpc_port: int = Field(8001, ge=1, le=65535)
-    metrics_port: int = Field(8002, ge=1, le=65535)
+    http_port: Port = 8000
+    grpc_port: Port = 8001
+    metrics_port: Port = 8002
 
     @property
     def ports(self) -> dict[str, int]:
@@ -284,6 +296,15 @@ class TritonSpec(_Strict):
                 f"{kind}_port {self.ports[kind]} is also {earlier}_port; the server needs three distinct ports"
             )
         return self
+
+
+def port_problem(port: object) -> str | None:
+    """Why ``port`` is not a TCP port a server can listen on, by the recipe's own rule (``Port``; None: it is)."""
+    try:
+        TypeAdapter(Port).validate_python(port, strict=True)
+    except ValidationError as err:
+        return f"{err.errors()[0]['msg']} (got {port!r})"
+    return None
 
 
 # What an address or a host name the resolver may know is written with (IPv6 with a zone, /etc/hosts names with

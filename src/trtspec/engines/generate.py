@@ -20,6 +20,7 @@ from trtspec.engines.adaptive import KPolicy, policy_for
 
 if TYPE_CHECKING:
     from trtspec.engines.loop import GenerationResult
+    from trtspec.recipe import LimitsSpec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,7 +57,7 @@ class _Models:
     proposer: str | None = "draft"  # None: target-only
     lookup: LookupSpec = LookupSpec()
     heterogeneous_vocab: bool = False  # the recipe lets the draft have a tokenizer of its own
-    max_input_len: int | None = None  # the recipe's limits.max_input_len (None: --target, no recipe)
+    limits: LimitsSpec | None = None  # the recipe's (None: --target, no recipe)
 
 
 def resolve_models(spec: GenerateSpec) -> _Models:
@@ -128,7 +129,7 @@ def _from_recipe(spec: GenerateSpec) -> _Models:
         proposer=proposer,
         lookup=recipe.speculative.lookup,
         heterogeneous_vocab=recipe.speculative.heterogeneous_vocab,
-        max_input_len=recipe.limits.max_input_len,
+        limits=recipe.limits,
     )
 
 
@@ -186,11 +187,8 @@ def run_generate(spec: GenerateSpec, on_text: Callable[[str], None] | None = Non
 
     models = resolve_models(spec)
     prompt_ids = _encode(spec, models)  # before the models load: a chat needs a chat template
-    if models.max_input_len is not None and len(prompt_ids) > models.max_input_len:
-        raise RequestError(
-            f"--prompt: {len(prompt_ids)} tokens > the recipe's limits.max_input_len {models.max_input_len}; "
-            "shorten it or raise limits.max_input_len"
-        )
+    if models.limits is not None and (problem := models.limits.prompt_problem(len(prompt_ids))):
+        raise RequestError(f"--prompt: {problem}")
     engine = SpeculativeEngine.from_pretrained(
         models.target,
         models.draft,

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trtspec.core.errors import ServerError
-from trtspec.recipe import TritonSpec, host_problem
+from trtspec.recipe import TritonSpec, host_problem, port_problem
 from trtspec.triton_repo import interface as names
 from trtspec.triton_repo.deploy import MANIFEST
 from trtspec.triton_repo.server import (
@@ -88,14 +88,7 @@ def resolve_ports(spec: ServeSpec, info: dict) -> Ports:
         if given is not None or key not in saved:
             return given if given is not None else fallback
         value = saved[key]
-        problem = (
-            host_problem(value)
-            if key == "host"
-            else None
-            if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 65535
-            else f"must be a port 1..65535 (got {value!r})"
-        )
-        if problem:
+        if problem := host_problem(value) if key == "host" else port_problem(value):
             raise ServerError(
                 f"{where}: ports.{key}: {problem}; write the repository again with trtspec deploy"
             )

@@ -125,11 +125,8 @@ def check_requests_fit(prompts, requests, max_tokens: int, limits) -> None:
     """Every prompt fits the recipe's limits with ``max_tokens`` new tokens, checked before any model runs."""
     for prompt, request in zip(prompts, requests, strict=True):
         n = len(request.token_ids)
-        if n > limits.max_input_len:
-            raise TrtspecError(
-                f"prompt {prompt.id}: {n} tokens > the recipe's limits.max_input_len {limits.max_input_len}; "
-                "shorten it or raise limits.max_input_len"
-            )
+        if problem := limits.prompt_problem(n):
+            raise TrtspecError(f"prompt {prompt.id}: {problem}")
         if n + max_tokens > limits.max_seq_len:
             raise TrtspecError(
                 f"prompt {prompt.id}: {n} tokens + --max-tokens {max_tokens} > the recipe's limits.max_seq_len "
