@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -26,7 +27,15 @@ pytestmark = pytest.mark.one_stack  # manifests and the canary gate over HTTP
 
 CRDS = Path(__file__).parent / "k8s_crds"
 K8S_VERSION = "1.33"  # a current release; kubernetes-validate bundles its schemas
-CORE_KINDS = {"ConfigMap", "PersistentVolumeClaim", "Job", "Deployment", "Service", "HorizontalPodAutoscaler"}
+CORE_KINDS = {
+    "ConfigMap",
+    "PersistentVolumeClaim",
+    "Job",
+    "Deployment",
+    "Service",
+    "HorizontalPodAutoscaler",
+    "PodDisruptionBudget",
+}
 
 PAIR_8B_1B = """\
 name: llama-8b-1b
@@ -408,6 +417,14 @@ def test_canary_overlay_and_gate(tmp_path):
     assert (params["min_acceptance"], params["min_exact_match"]) == (0.55, 0.98)
     assert params["recipe"] == "/workspace/recipes/recipe.yaml" and params["device"] == "cuda"
     assert container["resources"]["limits"] == {"nvidia.com/gpu": 1}
+    # a node drain takes one production pod at a time, and never waits on the canary's
+    budget = files["overlays/production/pdb.yaml"]
+    assert budget["spec"]["maxUnavailable"] == 1 and "minAvailable" not in budget["spec"]
+    assert budget["spec"]["selector"]["matchLabels"].items() <= pod_labels["stable"].items()
+    assert not budget["spec"]["selector"]["matchLabels"].items() <= pod_labels["canary"].items()
+    assert not [
+        p for p in files if p.startswith("overlays/canary/") and "PodDisruptionBudget" in str(files[p])
+    ]
 
 
 MULTI_NODE = PAIR_8B_1B.replace("tp_size: 2}", "tp_size: 16}").replace("gpus: 2", "gpus: 16")
@@ -435,6 +452,10 @@ def test_multi_node_is_a_leader_worker_set(tmp_path):
     canary = files["overlays/canary/leaderworkerset.yaml"]
     assert canary["spec"]["networkConfig"] == {"subdomainPolicy": "UniquePerReplica"}
     assert files["base/service.yaml"]["spec"]["selector"]["leaderworkerset.sigs.k8s.io/worker-index"] == "0"
+    # the disruption budget counts every pod of a group, workers too: a group down is one eviction's worth
+    selector = files["overlays/production/pdb.yaml"]["spec"]["selector"]["matchLabels"]
+    for key in ("leaderTemplate", "workerTemplate"):
+        assert selector.items() <= template[key]["metadata"]["labels"].items()
 
 
 def containers(obj, found=None) -> list[dict]:
@@ -561,6 +582,24 @@ def test_bad_values_are_one_line_errors_and_nothing_is_written(tmp_path, runner,
     assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["pair.yaml"]
 
 
+def test_deploy_prints_each_apply_command_on_one_line(tmp_path, runner):
+    """The commands to copy are whole lines; where a build Job runs, the build-first sequence names the Job and
+    the namespace it is waited for in (a serving pod holds its GPUs while it waits for the Job)."""
+    out = tmp_path / "a folder with a fairly long name to wrap at eighty columns" / "rollout"
+    result = runner.invoke(cli, ["deploy", str(write_recipe(tmp_path, PAIR_8B_1B)), "--k8s", str(out)])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    job = json.loads((out / "trtspec-rollout.json").read_text())["jobs"]["build"]
+    folder = shlex.quote(str(out))
+    assert f"apply it with: kubectl apply -k {folder}/overlays/production" in lines
+    assert (
+        f"where no GPUs are spare for the build Job beside a new serving pod, build first: kubectl apply -k "
+        f"{folder}/overlays/build && kubectl wait -n llm --for=condition=complete --timeout=24h job/{job}"
+    ) in lines
+    result = runner.invoke(cli, ["deploy", "demo", "--k8s", str(tmp_path / "demo")])
+    assert result.exit_code == 0 and "overlays/canary" in result.output and "build first" not in result.output
+
+
 def test_an_existing_folder_is_replaced_only_when_it_is_a_rollout(tmp_path, runner):
     recipe = write_recipe(tmp_path, PAIR_8B_1B)
     out = tmp_path / "out"
@@ -596,9 +635,13 @@ def test_an_existing_folder_is_replaced_only_when_it_is_a_rollout(tmp_path, runn
 )
 @pytest.mark.parametrize("recipe", ["demo", "8b-1b"])
 def test_overlays_render_with_kustomize(tmp_path, recipe):
+    """Each overlay is the base plus its own objects, in the recipe's namespace; the build overlay (where a build
+    Job runs) is the base alone, so the Job can be applied and waited for before anything takes GPUs to serve."""
     source = "demo" if recipe == "demo" else write_recipe(tmp_path, PAIR_8B_1B)
     out, files = rollout(tmp_path, source)
-    for overlay in ("production", "canary"):
+    overlays = sorted({p.split("/")[1] for p in files if p.startswith("overlays/")})
+    assert overlays == (["canary", "production"] if recipe == "demo" else ["build", "canary", "production"])
+    for overlay in overlays:
         run = subprocess.run(
             ["kubectl", "kustomize", str(out / "overlays" / overlay)],
             capture_output=True,

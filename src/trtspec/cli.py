@@ -485,7 +485,7 @@ def generate(out: Output, **options) -> None:
     "k8s_dir",
     type=click.Path(file_okay=False, path_type=Path),
     help="Instead of the repository, write a Kubernetes rollout for the recipe to DIR: a kustomize base and "
-    "overlays/{production,canary} for `kubectl apply -k` (docs/kubernetes.md).",
+    "overlays/{production,canary,build} for `kubectl apply -k` (docs/kubernetes.md).",
 )
 @force_option("an earlier repository or rollout")
 @output_options

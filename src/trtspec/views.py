@@ -90,7 +90,7 @@ def show_deploy(result, out) -> None:
         return
     console = out.console()
     console.print(f"wrote {result.repo} ({result.runtime} runtime): {', '.join(result.models)}")
-    console.print(f"serve it with: trtspec serve {shlex.quote(str(result.repo))}")
+    console.print(f"serve it with: trtspec serve {shlex.quote(str(result.repo))}", soft_wrap=True)
 
 
 def show_rollout(result, out) -> None:
@@ -100,9 +100,22 @@ def show_rollout(result, out) -> None:
         return
     console = out.console()
     shape = "a LeaderWorkerSet across nodes" if result.multi_node else "a Deployment"
-    console.print(f"wrote {result.dir} ({result.runtime} runtime, {shape}, image {result.image})")
-    console.print(f"apply it with: kubectl apply -k {result.dir}/overlays/production")
-    console.print(f"a canary of it, gated by trtspec validate: kubectl apply -k {result.dir}/overlays/canary")
+    folder = shlex.quote(str(result.dir))
+    lines = [
+        f"wrote {result.dir} ({result.runtime} runtime, {shape}, image {result.image})",
+        f"apply it with: kubectl apply -k {folder}/overlays/production",
+        f"a canary of it, gated by trtspec validate: kubectl apply -k {folder}/overlays/canary",
+    ]
+    build = result.manifest["jobs"]["build"]
+    if build:  # a serving pod holds its GPUs while it waits for the build Job
+        namespace = result.manifest["namespace"]
+        wait = f"kubectl wait{f' -n {namespace}' if namespace else ''} --for=condition=complete --timeout=24h"
+        lines.append(
+            "where no GPUs are spare for the build Job beside a new serving pod, build first: "
+            f"kubectl apply -k {folder}/overlays/build && {wait} job/{build}"
+        )
+    for line in lines:  # commands to copy: never wrapped
+        console.print(line, soft_wrap=True, highlight=False)
 
 
 def align_table(report: dict):
@@ -130,7 +143,9 @@ def show_align(result, out) -> None:
     console.print(align_table(result.report))
     console.print(selection_line(result.report))
     console.print(f"wrote {result.out} (align.json, report.md, acceptance.png, recipe.yaml)")
-    console.print(f"use it with: trtspec validate {result.out / 'recipe.yaml'}")
+    console.print(
+        f"use it with: trtspec validate {shlex.quote(str(result.out / 'recipe.yaml'))}", soft_wrap=True
+    )
 
 
 def streams_text(out) -> bool:

@@ -1,4 +1,4 @@
-"""``trtspec deploy --k8s DIR``: a recipe -> a Kubernetes rollout (kustomize base + production and canary overlays).
+"""``trtspec deploy --k8s DIR``: a recipe -> a Kubernetes rollout (a kustomize base and its overlays).
 
 plan.py checks the recipe's rollout values and derives what every object shares (names, image, GPUs, volumes);
 workloads.py and monitoring.py turn that plan into manifest dicts; write.py lays them out as files and writes

@@ -289,6 +289,23 @@ def deployment(plan: RolloutPlan, track: str, replicas: int | None) -> dict:
     }
 
 
+def disruption_budget(plan: RolloutPlan) -> dict:
+    """Voluntary evictions (a node drain, a cluster upgrade) take one production pod at a time: across nodes a
+    whole group restarts, so the next eviction waits until it serves again. maxUnavailable, not minAvailable, so
+    a lone replica's node can still be drained, and a pod that is not ready (crash-looping) can always go."""
+    pods = {k: v for k, v in labels(plan, "server", "stable").items() if k != "app.kubernetes.io/part-of"}
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": meta(plan, plan.app, "server", "stable"),
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": pods},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
+
+
 def service(plan: RolloutPlan, track: str | None = None) -> dict:
     """HTTP, gRPC and metrics. The main Service (no ``track``) selects both tracks, so a canary takes the share
     of connections its ready pods are of all ready pods."""

@@ -1,10 +1,13 @@
-"""The rollout's files and their writing: a kustomize base (what both tracks share) and two overlays, written into
+"""The rollout's files and their writing: a kustomize base (what both tracks share) and its overlays, written into
 a temp folder and renamed into place (outputs.write_output_dir), after every check has passed.
 
     DIR/base/                 recipe ConfigMap, engines PVC, build Job, Service, PodMonitor, PrometheusRule,
                               Grafana dashboard ConfigMap
-    DIR/overlays/production/  base + the serving Deployment (LeaderWorkerSet across nodes) + its HPA
+    DIR/overlays/production/  base + the serving Deployment (LeaderWorkerSet across nodes), its HPA and
+                              PodDisruptionBudget
     DIR/overlays/canary/      base + the canary Deployment, its own Service and the gate Job
+    DIR/overlays/build/       base alone in the overlays' namespace (a build Job, where one runs): applied and
+                              waited for first where no GPUs are spare for the Job next to a new serving pod
     DIR/monitoring/           prometheus-adapter's Helm values (installed with the adapter, not by kustomize)
     DIR/trtspec-rollout.json  what wrote it, from which recipe and image
 """
@@ -71,14 +74,23 @@ def rollout_objects(plan: RolloutPlan, dashboard: dict) -> dict[str, dict]:
         "grafana-dashboard.yaml": mon.dashboard_configmap(plan, dashboard),
     }
     # no replica count: the HPA keeps it between min_replicas and max_replicas
-    production = {workload: wl.serving_workload(plan, "stable", None), "hpa.yaml": mon.hpa(plan)}
+    production = {
+        workload: wl.serving_workload(plan, "stable", None),
+        "hpa.yaml": mon.hpa(plan),
+        "pdb.yaml": wl.disruption_budget(plan),
+    }
     canary = {
         workload: wl.serving_workload(plan, "canary", spec.canary_replicas),
         "service.yaml": wl.service(plan, "canary"),
         "gate-job.yaml": wl.gate_job(plan),
     }
     files = {f"base/{k}": v for k, v in _folder(base).items()}
-    for name, objects in (("production", production), ("canary", canary)):
+    overlays = [("production", production), ("canary", canary)]
+    if plan.builds:
+        # A serving pod holds its GPUs while it waits for the build Job: on a full pool the two can wait on each
+        # other, so the build can run on its own first (docs/kubernetes.md).
+        overlays.append(("build", {}))
+    for name, objects in overlays:
         folder = _folder(objects, spec.namespace, ("../../base",))
         files |= {f"overlays/{name}/{k}": v for k, v in folder.items()}
     files["monitoring/prometheus-adapter-values.yaml"] = mon.adapter_values()
@@ -94,6 +106,7 @@ def rollout_manifest(plan: RolloutPlan, files: list[str]) -> dict:
         "recipe_digest": plan.recipe.digest(),
         "runtime": plan.runtime,
         "app": plan.app,
+        "namespace": plan.recipe.kubernetes.namespace,
         "image": plan.image,
         "base_image": plan.base_image,
         "key": plan.key,
