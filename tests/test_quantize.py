@@ -94,6 +94,21 @@ def test_awq_on_dimensions_not_divisible_by_128(tmp_path, shared_tokenizer_dir, 
 
 
 @pytest.mark.conversion
+def test_an_empty_calibration_file_is_refused_before_the_model_loads(tmp_path, monkeypatch):
+    """A large model's load takes minutes: the calibration file is read and tokenized first."""
+    from trtspec.builders import export_pipeline
+
+    loads = []
+    monkeypatch.setattr(export_pipeline, "load_source_model", lambda *args: loads.append(args))
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n")
+    spec = ModelSpec(model=make_model(tmp_path / "model", "llama"), quantization="int8_sq")
+    with pytest.raises(RecipeError, match="has no text"):
+        export_checkpoint(spec, tmp_path / "out", calibration=CalibrationSpec(dataset=str(empty)))
+    assert loads == [] and not (tmp_path / "out").exists()
+
+
+@pytest.mark.conversion
 def test_awq_tensor_parallel_splits_below_the_group_size(awq_ready_dir, tmp_path):
     spec = ModelSpec(model=awq_ready_dir, quantization="int4_awq", tp_size=2)
     with pytest.raises(ModelError, match=r"num_attention_heads\*head_dim/tp_size=64"):

@@ -215,10 +215,12 @@ def run_export(
     with atomic_dir(out_dir, need_bytes=export_bytes(spec)) as tmp:
         with stages("load", f"{spec.model} on {device}"):
             tokenizer = load_tokenizer(spec.model, spec.trust_remote_code)
+            # before the model: an unusable calibration file is refused without waiting for a large load
+            quantize = spec.quantization != "none"
+            batches = calibration_batches_for(tokenizer, calibration) if quantize else []
             model = load_source_model(spec.model, device, spec.dtype, spec.trust_remote_code)
             loaded = steps.on_load(model, tokenizer)
-        if spec.quantization != "none":
-            batches = calibration_batches_for(tokenizer, calibration)
+        if quantize:
             with stages("calibrate", f"{spec.quantization} on {len(batches)} x {batches[0].shape[1]} tokens"):
                 model = quantize_model(model, spec, batches)
         with stages("export", steps.export_what):
