@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from trtspec import __version__
 from trtspec.cli import cli
 from trtspec.recipe import ASSETS_DIR, DEMO_RECIPE, load_recipe
 from trtspec.triton_repo.k8s import write_rollout
@@ -596,8 +597,11 @@ def test_deploy_prints_each_apply_command_on_one_line(tmp_path, runner):
         f"where no GPUs are spare for the build Job beside a new serving pod, build first: kubectl apply -k "
         f"{folder}/overlays/build && kubectl wait -n llm --for=condition=complete --timeout=24h job/{job}"
     ) in lines
+    assert "names no registry" not in result.output
     result = runner.invoke(cli, ["deploy", "demo", "--k8s", str(tmp_path / "demo")])
     assert result.exit_code == 0 and "overlays/canary" in result.output and "build first" not in result.output
+    # the default image is a local build's tag: a cluster cannot pull it from anywhere
+    assert f"note: image trtspec:{__version__}-cpu names no registry" in result.output
 
 
 def test_an_existing_folder_is_replaced_only_when_it_is_a_rollout(tmp_path, runner):

@@ -106,6 +106,12 @@ def show_rollout(result, out) -> None:
         f"apply it with: kubectl apply -k {folder}/overlays/production",
         f"a canary of it, gated by trtspec validate: kubectl apply -k {folder}/overlays/canary",
     ]
+    if "/" not in result.image.split("@")[0]:  # Docker Hub's library/ has no trtspec image
+        lines.append(
+            f"note: image {result.image} names no registry, so nodes pull it only where it is already loaded "
+            "(kind load docker-image); push your build of docker/Dockerfile (Dockerfile.cpu for torch on CPU) and set "
+            "kubernetes.image to its tag"
+        )
     build = result.manifest["jobs"]["build"]
     if build:  # a serving pod holds its GPUs while it waits for the build Job
         namespace = result.manifest["namespace"]
