@@ -417,7 +417,8 @@ def test_canary_overlay_and_gate(tmp_path):
     assert params["system"] == "triton" and params["url"] == f"{canary_service['metadata']['name']}:8001"
     assert (params["min_acceptance"], params["min_exact_match"]) == (0.55, 0.98)
     assert params["recipe"] == "/workspace/recipes/recipe.yaml" and params["device"] == "cuda"
-    assert container["resources"]["limits"] == {"nvidia.com/gpu": 1}
+    # the reference runs on the target's GPUs (tp_size 2), where validate's --device cuda puts it
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": 2}
     # a node drain takes one production pod at a time, and never waits on the canary's
     budget = files["overlays/production/pdb.yaml"]
     assert budget["spec"]["maxUnavailable"] == 1 and "minAvailable" not in budget["spec"]
@@ -453,6 +454,9 @@ def test_multi_node_is_a_leader_worker_set(tmp_path):
     canary = files["overlays/canary/leaderworkerset.yaml"]
     assert canary["spec"]["networkConfig"] == {"subdomainPolicy": "UniquePerReplica"}
     assert files["base/service.yaml"]["spec"]["selector"]["leaderworkerset.sigs.k8s.io/worker-index"] == "0"
+    # the gate's reference gets one node's GPUs at most (a Job's pod does not span nodes)
+    (gate,) = files["overlays/canary/gate-job.yaml"]["spec"]["template"]["spec"]["containers"]
+    assert gate["resources"]["limits"] == {"nvidia.com/gpu": 8}
     # the disruption budget counts every pod of a group, workers too: a group down is one eviction's worth
     selector = files["overlays/production/pdb.yaml"]["spec"]["selector"]["matchLabels"]
     for key in ("leaderTemplate", "workerTemplate"):

@@ -268,6 +268,30 @@ def test_reference_stop_ids_and_greedy_continuation(engine_and_reference):
     assert 1 <= len(ids) <= 5
 
 
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without a GPU")
+def test_the_reference_runs_where_device_says_for_a_served_system_too(recipe_path):
+    """--device is the reference's device whatever the system under test (the canary gate asks for cuda): on a
+    machine without a GPU that is a one-line error, never a reference quietly run on CPU in float32."""
+    from trtspec.core.errors import ModelError
+    from trtspec.recipe import load_recipe
+    from trtspec.validate.inputs import SystemOptions, open_reference
+
+    served = SystemOptions(system="triton", url="127.0.0.1:8001", device="cuda")
+    with pytest.raises(ModelError, match="device 'cuda' was asked for but torch sees no GPU"):
+        open_reference(load_recipe(recipe_path), served)
+
+
+def test_the_reference_loads_onto_its_gpus():
+    """Straight onto one GPU; across every visible one, layer after layer, where there are several (a target
+    served with tensor parallelism rarely fits one GPU); a device the user named is kept."""
+    from trtspec.validate.reference import reference_device_map
+
+    assert reference_device_map("cpu", 0) is None
+    assert reference_device_map("cuda", 1) == "cuda"
+    assert reference_device_map("cuda", 4) == "sequential"
+    assert reference_device_map("cuda:1", 4) == "cuda:1"
+
+
 def test_a_prompt_file_that_is_not_utf8_is_a_one_line_error(tmp_path):
     from trtspec.core.errors import PromptSetError
 

@@ -379,15 +379,21 @@ def _from_pretrained(model_dir: Path | str, what: str, trust_remote_code: bool, 
 
 
 def load_hf_model(
-    model_dir: Path | str, dtype: str, trust_remote_code: bool = False, what: str = "the model"
+    model_dir: Path | str,
+    dtype: str,
+    trust_remote_code: bool = False,
+    what: str = "the model",
+    device_map: str | None = None,
 ):
-    """The HF causal LM on CPU in ``dtype``; a ModelError for a broken checkpoint or one whose tensors do not
-    match its config (transformers would fill a missing tensor with random values and drop an unexpected one)."""
+    """The HF causal LM in ``dtype``, on CPU unless ``device_map`` (from_pretrained's) places it; a ModelError for
+    a broken checkpoint or one whose tensors do not match its config (transformers would fill a missing tensor
+    with random values and drop an unexpected one)."""
     import torch
 
     if dtype not in TORCH_DTYPES:
         raise ModelError(f"dtype {dtype!r} is not one of {', '.join(TORCH_DTYPES)}")
-    return _load_checked(Path(model_dir), what, trust_remote_code, dtype=getattr(torch, dtype))
+    placement = {"device_map": device_map} if device_map else {}
+    return _load_checked(Path(model_dir), what, trust_remote_code, dtype=getattr(torch, dtype), **placement)
 
 
 def checkpoint_problem(model_dir: Path | str, trust_remote_code: bool = False, what: str = "the model"):

@@ -111,12 +111,10 @@ def open_reference(recipe, options: SystemOptions):
     from trtspec.validate.reference import HFReference
     from trtspec.validate.systems import runtime_dtype
 
-    # A CUDA system under test on a CPU-only machine still gets a CPU reference.
-    device = options.device if options.kind == "engine" else "cpu"
     return HFReference.from_pretrained(
         recipe.target.model,
-        device=device,
-        dtype=runtime_dtype(recipe, device, options.dtype),
+        device=options.device,
+        dtype=runtime_dtype(recipe, options.device, options.dtype),
         trust_remote_code=recipe.target.trust_remote_code,
     )
 

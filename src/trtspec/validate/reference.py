@@ -11,6 +11,16 @@ from pathlib import Path
 from trtspec.core.model_dir import load_tokenizer, loaded_end_ids
 
 
+def reference_device_map(device: str, gpus: int) -> str | None:
+    """from_pretrained's placement of the reference: None on CPU; on CUDA straight onto the GPU (no host copy of
+    the weights), and layer after layer over every visible GPU where there are several, since a target served
+    with tensor parallelism rarely fits one. Layers on several GPUs run the same kernels in turn, so the greedy
+    output is the one a single GPU would give."""
+    if not device.startswith("cuda"):
+        return None
+    return "sequential" if device == "cuda" and gpus > 1 else device
+
+
 class HFReference:
     """The target model under transformers; ``generate`` returns generated ids (prompt excluded, EOS kept)."""
 
@@ -26,11 +36,16 @@ class HFReference:
         dtype: str = "float32",
         trust_remote_code: bool = False,
     ) -> HFReference:
-        from trtspec.core.model_dir import load_hf_model
+        import torch
 
+        from trtspec.core.model_dir import load_hf_model, require_device
+
+        require_device(device)
         tokenizer = load_tokenizer(model_dir, trust_remote_code)
-        model = load_hf_model(model_dir, dtype, trust_remote_code, what="the reference model")
-        return cls(model.to(device).eval(), tokenizer)
+        gpus = torch.cuda.device_count() if device.startswith("cuda") else 0
+        placement = reference_device_map(device, gpus)
+        model = load_hf_model(model_dir, dtype, trust_remote_code, "the reference model", placement)
+        return cls((model if placement else model.to(device)).eval(), tokenizer)
 
     def stop_token_ids(self) -> set[int]:
         """The ids that end its greedy generation (core/token_rules.py rule 1, as generate applies it)."""

@@ -447,7 +447,9 @@ while True:
 def gate_job(plan: RolloutPlan) -> dict:
     vols, mounts = volumes(plan, engines=False, repo=False)
     ready = f"http://{plan.app}-canary:{plan.ports['http']}{READY_PATH}"
-    gpus = 1 if plan.device == "cuda" else 0  # the Hugging Face reference's GPU
+    # the Hugging Face reference's GPUs: the target's, on one node (validate spreads it over those it sees)
+    per_node = plan.recipe.kubernetes.gpus_per_node
+    gpus = min(plan.recipe.target.world_size, per_node) if plan.device == "cuda" else 0
     gate = {
         "name": "gate",
         "image": plan.image,
