@@ -201,9 +201,12 @@ def test_an_mpi_launch_is_served_like_a_single_one(repo, tmp_path):
         deadline = time.monotonic() + 30
         while "try:" not in log.read_text() and time.monotonic() < deadline:
             time.sleep(0.2)
-        text = " ".join(log.read_text().split())  # the console wraps long lines
-        assert "orchestrator: 1 MPI rank(s)" in text and "mpirun --allow-run-as-root -n 1" in text
-        assert f"HTTP http://127.0.0.1:{http}" in text and "ready: " in text
+        lines = log.read_text().splitlines()
+        (starting,) = [line for line in lines if line.startswith("starting: ")]
+        # the command is one line to copy, however long
+        assert "mpirun --allow-run-as-root -n 1" in starting and f"--http-port={http}" in starting
+        assert "orchestrator: 1 MPI rank(s)" in lines and "ready: ensemble, tensorrt_llm_bls" in lines
+        assert any(line.split() == ["HTTP", f"http://127.0.0.1:{http}"] for line in lines)
         got = json.loads(record.read_text())
         assert got["orchestrator"] == "1" and f"--http-port={http}" in got["argv"]
         assert "--http-address=127.0.0.1" in got["argv"]

@@ -546,7 +546,12 @@ def serve(out: Output, **options) -> None:
     from trtspec.triton_repo.serve import ServeSpec
     from trtspec.triton_repo.serve import serve as run_server
 
-    sys.exit(run_server(ServeSpec(**options), echo=out.console().print))
+    console = out.console()
+
+    def echo(text: str) -> None:  # commands and sample requests to copy: whole lines, printed as they are
+        console.print(text, soft_wrap=True, highlight=False, markup=False)
+
+    sys.exit(run_server(ServeSpec(**options), echo=echo))
 
 
 # --- validate / bench: the same request and system options, each command's own in between ---
