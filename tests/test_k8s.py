@@ -248,7 +248,7 @@ def test_a_changed_job_is_a_new_job_and_the_same_engines(tmp_path):
     other.mkdir()
     text = PAIR_8B_1B.replace("min_acceptance: 0.55", "min_acceptance: 0.5\n  node_selector: {pool: h100}")
     _, after = rollout(other, write_recipe(other, text))
-    for path in ("base/build-job.yaml", "overlays/canary/gate-job.yaml"):
+    for path in ("base/build-job.yaml", "overlays/gate/gate-job.yaml"):
         assert after[path]["metadata"]["name"] != before[path]["metadata"]["name"], path
     builds = [
         f["base/build-job.yaml"]["spec"]["template"]["spec"]["containers"][0]["args"][2]
@@ -407,7 +407,7 @@ def test_canary_overlay_and_gate(tmp_path):
     assert selects(main, pod_labels["stable"]) and selects(main, pod_labels["canary"])
     assert selects(canary_service, pod_labels["canary"]) and not selects(canary_service, pod_labels["stable"])
     assert {p["name"] for p in main["spec"]["ports"]} == {"http", "grpc", "metrics"}
-    gate = files["overlays/canary/gate-job.yaml"]
+    gate = files["overlays/gate/gate-job.yaml"]
     assert gate["spec"]["backoffLimit"] == 0
     (container,) = gate["spec"]["template"]["spec"]["containers"]
     args = container["args"]
@@ -436,9 +436,14 @@ def test_multi_node_is_a_leader_worker_set(tmp_path):
     text = MULTI_NODE.replace(
         "triton: {runtime: tensorrtllm}", "triton: {runtime: tensorrtllm, fast_logits: true}"
     )
-    _, files = rollout(tmp_path, write_recipe(tmp_path, text))
+    out, files = rollout(tmp_path, write_recipe(tmp_path, text))
     check_schemas(files)
     assert "overlays/production/deployment.yaml" not in files
+    # what `kubectl wait --for=condition=Available` takes (LeaderWorkerSet has that condition, as Deployment does)
+    assert json.loads((out / "trtspec-rollout.json").read_text())["workloads"] == {
+        "stable": "leaderworkerset/llama-8b-1b",
+        "canary": "leaderworkerset/llama-8b-1b-canary",
+    }
     lws = files["overlays/production/leaderworkerset.yaml"]
     template = lws["spec"]["leaderWorkerTemplate"]
     assert template["size"] == 2
@@ -455,7 +460,7 @@ def test_multi_node_is_a_leader_worker_set(tmp_path):
     assert canary["spec"]["networkConfig"] == {"subdomainPolicy": "UniquePerReplica"}
     assert files["base/service.yaml"]["spec"]["selector"]["leaderworkerset.sigs.k8s.io/worker-index"] == "0"
     # the gate's reference gets one node's GPUs at most (a Job's pod does not span nodes)
-    (gate,) = files["overlays/canary/gate-job.yaml"]["spec"]["template"]["spec"]["containers"]
+    (gate,) = files["overlays/gate/gate-job.yaml"]["spec"]["template"]["spec"]["containers"]
     assert gate["resources"]["limits"] == {"nvidia.com/gpu": 8}
     # the disruption budget counts every pod of a group, workers too: a group down is one eviction's worth
     selector = files["overlays/production/pdb.yaml"]["spec"]["selector"]["matchLabels"]
@@ -599,8 +604,19 @@ def test_deploy_prints_each_apply_command_on_one_line(tmp_path, runner):
     assert f"apply it with: kubectl apply -k {folder}/overlays/production" in lines
     assert (
         f"where no GPUs are spare for the build Job beside a new serving pod, build first: kubectl apply -k "
-        f"{folder}/overlays/build && kubectl wait -n llm --for=condition=complete --timeout=24h job/{job}"
+        f"{folder}/overlays/build && kubectl wait -n llm --timeout=24h --for=condition=complete job/{job}"
     ) in lines
+    # the gate Job's pod holds its GPUs while it waits: it is applied once the canary serves
+    assert (
+        "its gate, trtspec validate, once it serves: kubectl wait -n llm --timeout=24h --for=condition=Available "
+        f"deployment/llama-8b-1b-canary && kubectl apply -k {folder}/overlays/gate"
+    ) in lines
+    # a path is printed as written, brackets and all (rich would read "[prod]" as markup)
+    out = tmp_path / "x[prod]" / "rollout"
+    result = runner.invoke(cli, ["deploy", str(write_recipe(tmp_path, PAIR_8B_1B)), "--k8s", str(out)])
+    assert (
+        result.exit_code == 0 and f"kubectl apply -k {shlex.quote(str(out))}/overlays/canary" in result.output
+    )
     assert "names no registry" not in result.output
     result = runner.invoke(cli, ["deploy", "demo", "--k8s", str(tmp_path / "demo")])
     assert result.exit_code == 0 and "overlays/canary" in result.output and "build first" not in result.output
@@ -648,7 +664,8 @@ def test_overlays_render_with_kustomize(tmp_path, recipe):
     source = "demo" if recipe == "demo" else write_recipe(tmp_path, PAIR_8B_1B)
     out, files = rollout(tmp_path, source)
     overlays = sorted({p.split("/")[1] for p in files if p.startswith("overlays/")})
-    assert overlays == (["canary", "production"] if recipe == "demo" else ["build", "canary", "production"])
+    expected = ["canary", "gate", "production"]
+    assert overlays == (expected if recipe == "demo" else ["build", *expected])
     for overlay in overlays:
         run = subprocess.run(
             ["kubectl", "kustomize", str(out / "overlays" / overlay)],
@@ -666,7 +683,10 @@ def test_overlays_render_with_kustomize(tmp_path, recipe):
             for p, o in manifests(files).items()
             if p.startswith(f"overlays/{overlay}/")
         }
-        assert {(d["kind"], d["metadata"]["name"]) for d in rendered} == base | own
+        # the gate overlay is its Job alone: applied after the canary, it re-applies nothing
+        assert {(d["kind"], d["metadata"]["name"]) for d in rendered} == (
+            own if overlay == "gate" else base | own
+        )
         namespaces = {d["metadata"].get("namespace") for d in rendered}
         assert namespaces == ({"llm"} if recipe == "8b-1b" else {None})
 

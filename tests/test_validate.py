@@ -288,8 +288,31 @@ def test_the_reference_loads_onto_its_gpus():
 
     assert reference_device_map("cpu", 0) is None
     assert reference_device_map("cuda", 1) == "cuda"
-    assert reference_device_map("cuda", 4) == "sequential"
+    assert reference_device_map("cuda", 4) == "balanced_low_0"
     assert reference_device_map("cuda:1", 4) == "cuda:1"
+
+
+def test_a_reference_placed_by_a_device_map_loads_checked_and_generates_the_same(tiny_pair, tmp_path):
+    """The placed load (here accelerate's spread with only the CPU to spread over) keeps load_hf_model's weight
+    check and gives the reference the same greedy tokens as the plain load."""
+    import shutil
+
+    from trtspec.core.errors import ModelError
+    from trtspec.core.model_dir import load_hf_model
+    from trtspec.validate.reference import HFReference
+
+    target, _ = tiny_pair
+    plain = HFReference.from_pretrained(target)
+    placed = HFReference(
+        load_hf_model(target, "float32", device_map="balanced_low_0").eval(), plain.tokenizer
+    )
+    prompt = plain.tokenizer("def add(a, b):").input_ids
+    assert placed.generate(prompt, 8) == plain.generate(prompt, 8)
+    broken = shutil.copytree(target, tmp_path / "broken")
+    config = json.loads((broken / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps(config | {"num_hidden_layers": 3}))
+    with pytest.raises(ModelError, match="has no tensor model.layers.2"):
+        load_hf_model(broken, "float32", device_map="balanced_low_0")
 
 
 def test_a_prompt_file_that_is_not_utf8_is_a_one_line_error(tmp_path):

@@ -485,7 +485,8 @@ def generate(out: Output, **options) -> None:
     "k8s_dir",
     type=click.Path(file_okay=False, path_type=Path),
     help="Instead of the repository, write a Kubernetes rollout for the recipe to DIR: a kustomize base and "
-    "overlays/{production,canary,build} for `kubectl apply -k` (docs/kubernetes.md).",
+    "overlays/{production,canary,gate} (and build, where a build Job runs) for `kubectl apply -k` "
+    "(docs/kubernetes.md).",
 )
 @force_option("an earlier repository or rollout")
 @output_options
@@ -545,13 +546,10 @@ def serve(out: Output, **options) -> None:
     """Run tritonserver (the NGC image's, else nvidia-pytriton's) on REPO until Ctrl-C."""
     from trtspec.triton_repo.serve import ServeSpec
     from trtspec.triton_repo.serve import serve as run_server
+    from trtspec.views import print_line
 
     console = out.console()
-
-    def echo(text: str) -> None:  # commands and sample requests to copy: whole lines, printed as they are
-        console.print(text, soft_wrap=True, highlight=False, markup=False)
-
-    sys.exit(run_server(ServeSpec(**options), echo=echo))
+    sys.exit(run_server(ServeSpec(**options), echo=lambda text: print_line(console, text)))
 
 
 # --- validate / bench: the same request and system options, each command's own in between ---

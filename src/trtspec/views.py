@@ -83,14 +83,20 @@ def show_build(result, out) -> None:
     out.console().print(f"{what} ready in {result.out_dir} (ran: {', '.join(result.ran) or 'nothing'}).")
 
 
+def print_line(console, text: str) -> None:
+    """A line as written: a command or a path to copy is never wrapped at the console's width, and a path's
+    brackets are not read as rich markup."""
+    console.print(text, soft_wrap=True, highlight=False, markup=False)
+
+
 def show_deploy(result, out) -> None:
     """A triton_repo.deploy.DeployResult."""
     if out.json:
         out.emit_json({"repo": str(result.repo), **result.manifest})
         return
     console = out.console()
-    console.print(f"wrote {result.repo} ({result.runtime} runtime): {', '.join(result.models)}")
-    console.print(f"serve it with: trtspec serve {shlex.quote(str(result.repo))}", soft_wrap=True)
+    print_line(console, f"wrote {result.repo} ({result.runtime} runtime): {', '.join(result.models)}")
+    print_line(console, f"serve it with: trtspec serve {shlex.quote(str(result.repo))}")
 
 
 def show_rollout(result, out) -> None:
@@ -101,10 +107,16 @@ def show_rollout(result, out) -> None:
     console = out.console()
     shape = "a LeaderWorkerSet across nodes" if result.multi_node else "a Deployment"
     folder = shlex.quote(str(result.dir))
+    namespace = result.manifest["namespace"]
+    wait = f"kubectl wait{f' -n {namespace}' if namespace else ''} --timeout=24h"
+    canary = result.manifest["workloads"]["canary"]
     lines = [
         f"wrote {result.dir} ({result.runtime} runtime, {shape}, image {result.image})",
         f"apply it with: kubectl apply -k {folder}/overlays/production",
-        f"a canary of it, gated by trtspec validate: kubectl apply -k {folder}/overlays/canary",
+        f"a canary of it: kubectl apply -k {folder}/overlays/canary",
+        # the gate's pod holds GPUs while it waits: it is applied once the canary serves
+        f"its gate, trtspec validate, once it serves: {wait} --for=condition=Available {canary} && "
+        f"kubectl apply -k {folder}/overlays/gate",
     ]
     if "/" not in result.image.split("@")[0]:  # Docker Hub's library/ has no trtspec image
         lines.append(
@@ -114,14 +126,12 @@ def show_rollout(result, out) -> None:
         )
     build = result.manifest["jobs"]["build"]
     if build:  # a serving pod holds its GPUs while it waits for the build Job
-        namespace = result.manifest["namespace"]
-        wait = f"kubectl wait{f' -n {namespace}' if namespace else ''} --for=condition=complete --timeout=24h"
         lines.append(
             "where no GPUs are spare for the build Job beside a new serving pod, build first: "
-            f"kubectl apply -k {folder}/overlays/build && {wait} job/{build}"
+            f"kubectl apply -k {folder}/overlays/build && {wait} --for=condition=complete job/{build}"
         )
-    for line in lines:  # commands to copy: never wrapped
-        console.print(line, soft_wrap=True, highlight=False)
+    for line in lines:
+        print_line(console, line)
 
 
 def align_table(report: dict):
@@ -148,10 +158,8 @@ def show_align(result, out) -> None:
     console = out.console()
     console.print(align_table(result.report))
     console.print(selection_line(result.report))
-    console.print(f"wrote {result.out} (align.json, report.md, acceptance.png, recipe.yaml)")
-    console.print(
-        f"use it with: trtspec validate {shlex.quote(str(result.out / 'recipe.yaml'))}", soft_wrap=True
-    )
+    print_line(console, f"wrote {result.out} (align.json, report.md, acceptance.png, recipe.yaml)")
+    print_line(console, f"use it with: trtspec validate {shlex.quote(str(result.out / 'recipe.yaml'))}")
 
 
 def streams_text(out) -> bool:

@@ -13,12 +13,13 @@ from trtspec.core.model_dir import load_tokenizer, loaded_end_ids
 
 def reference_device_map(device: str, gpus: int) -> str | None:
     """from_pretrained's placement of the reference: None on CPU; on CUDA straight onto the GPU (no host copy of
-    the weights), and layer after layer over every visible GPU where there are several, since a target served
-    with tensor parallelism rarely fits one. Layers on several GPUs run the same kernels in turn, so the greedy
-    output is the one a single GPU would give."""
+    the weights), and its layers spread over every visible GPU where there are several, since a target served
+    with tensor parallelism rarely fits one. The spread leaves the first GPU lightest, where an in-process
+    engine under test already sits. Layers on several GPUs run the same kernels in turn, so the greedy output is
+    the one a single GPU would give; what fits no GPU stays in host memory (slow, still exact)."""
     if not device.startswith("cuda"):
         return None
-    return "sequential" if device == "cuda" and gpus > 1 else device
+    return "balanced_low_0" if device == "cuda" and gpus > 1 else device
 
 
 class HFReference:

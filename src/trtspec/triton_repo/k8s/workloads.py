@@ -40,10 +40,11 @@ def labels(plan: RolloutPlan, component: str, track: str | None = None) -> dict[
     return out | ({"trtspec.dev/track": track} if track else {})
 
 
-def server_selector(plan: RolloutPlan, track: str | None = None) -> dict[str, str]:
-    """The serving pods (both tracks unless ``track``); across nodes only the leaders, which run tritonserver."""
+def server_selector(plan: RolloutPlan, track: str | None = None, leaders: bool = True) -> dict[str, str]:
+    """The serving pods (both tracks unless ``track``); across nodes only the leaders, which run tritonserver,
+    unless ``leaders`` is False (every pod of a group)."""
     selector = {k: v for k, v in labels(plan, "server", track).items() if k != "app.kubernetes.io/part-of"}
-    return selector | ({LWS_WORKER_INDEX: "0"} if plan.nodes > 1 else {})
+    return selector | ({LWS_WORKER_INDEX: "0"} if plan.nodes > 1 and leaders else {})
 
 
 def meta(plan: RolloutPlan, name: str, component: str, track: str | None = None, **extra) -> dict:
@@ -271,9 +272,19 @@ def replicas_field(replicas: int | None) -> dict:
     return {} if replicas is None else {"replicas": replicas}
 
 
+def workload_name(plan: RolloutPlan, track: str) -> str:
+    return plan.app if track == "stable" else f"{plan.app}-{track}"
+
+
+def workload_ref(plan: RolloutPlan, track: str) -> str:
+    """kind/name of a track's serving workload, as kubectl names it."""
+    kind = "leaderworkerset" if plan.nodes > 1 else "deployment"
+    return f"{kind}/{workload_name(plan, track)}"
+
+
 def deployment(plan: RolloutPlan, track: str, replicas: int | None) -> dict:
     """The serving pods of one track ("stable" or "canary"); rollback is `kubectl rollout undo` to a revision."""
-    name = plan.app if track == "stable" else f"{plan.app}-{track}"
+    name = workload_name(plan, track)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -293,14 +304,13 @@ def disruption_budget(plan: RolloutPlan) -> dict:
     """Voluntary evictions (a node drain, a cluster upgrade) take one production pod at a time: across nodes a
     whole group restarts, so the next eviction waits until it serves again. maxUnavailable, not minAvailable, so
     a lone replica's node can still be drained, and a pod that is not ready (crash-looping) can always go."""
-    pods = {k: v for k, v in labels(plan, "server", "stable").items() if k != "app.kubernetes.io/part-of"}
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": meta(plan, plan.app, "server", "stable"),
         "spec": {
             "maxUnavailable": 1,
-            "selector": {"matchLabels": pods},
+            "selector": {"matchLabels": server_selector(plan, "stable", leaders=False)},
             "unhealthyPodEvictionPolicy": "AlwaysAllow",
         },
     }
@@ -447,9 +457,8 @@ while True:
 def gate_job(plan: RolloutPlan) -> dict:
     vols, mounts = volumes(plan, engines=False, repo=False)
     ready = f"http://{plan.app}-canary:{plan.ports['http']}{READY_PATH}"
-    # the Hugging Face reference's GPUs: the target's, on one node (validate spreads it over those it sees)
-    per_node = plan.recipe.kubernetes.gpus_per_node
-    gpus = min(plan.recipe.target.world_size, per_node) if plan.device == "cuda" else 0
+    # the Hugging Face reference's GPUs: a serving pod's (validate spreads the reference over those it sees)
+    gpus = plan.gpus_per_pod if plan.device == "cuda" else 0
     gate = {
         "name": "gate",
         "image": plan.image,
@@ -536,7 +545,7 @@ def ssh_volume(plan: RolloutPlan) -> tuple[dict, dict]:
 def leader_worker_set(plan: RolloutPlan, track: str, replicas: int | None) -> dict:
     """One replica = one leader pod (tritonserver and mpirun) + nodes-1 worker pods (sshd); every pod writes the
     same repository first, since ranks on the workers load the engine models from it."""
-    name = plan.app if track == "stable" else f"{plan.app}-{track}"
+    name = workload_name(plan, track)
     vols, mounts = volumes(plan)
     ssh_vol, ssh_mount = ssh_volume(plan)
     vols, mounts = [*vols, ssh_vol], [*mounts, ssh_mount]

@@ -5,9 +5,10 @@ a temp folder and renamed into place (outputs.write_output_dir), after every che
                               Grafana dashboard ConfigMap
     DIR/overlays/production/  base + the serving Deployment (LeaderWorkerSet across nodes), its HPA and
                               PodDisruptionBudget
-    DIR/overlays/canary/      base + the canary Deployment, its own Service and the gate Job
+    DIR/overlays/canary/      base + the canary Deployment and its own Service
     DIR/overlays/build/       base alone in the overlays' namespace (a build Job, where one runs): applied and
                               waited for first where no GPUs are spare for the Job next to a new serving pod
+    DIR/overlays/gate/        the canary's gate Job alone, applied once the canary serves
     DIR/monitoring/           prometheus-adapter's Helm values (installed with the adapter, not by kustomize)
     DIR/trtspec-rollout.json  what wrote it, from which recipe and image
 """
@@ -82,16 +83,16 @@ def rollout_objects(plan: RolloutPlan, dashboard: dict) -> dict[str, dict]:
     canary = {
         workload: wl.serving_workload(plan, "canary", spec.canary_replicas),
         "service.yaml": wl.service(plan, "canary"),
-        "gate-job.yaml": wl.gate_job(plan),
     }
     files = {f"base/{k}": v for k, v in _folder(base).items()}
-    overlays = [("production", production), ("canary", canary)]
+    # A pod that waits holds its GPUs. So the build Job can run alone before serving pods are applied (on a full
+    # pool the two would wait on each other), and the gate Job is applied once the canary serves.
+    overlays = [("production", production, True), ("canary", canary, True)]
     if plan.builds:
-        # A serving pod holds its GPUs while it waits for the build Job: on a full pool the two can wait on each
-        # other, so the build can run on its own first (docs/kubernetes.md).
-        overlays.append(("build", {}))
-    for name, objects in overlays:
-        folder = _folder(objects, spec.namespace, ("../../base",))
+        overlays.append(("build", {}, True))
+    overlays.append(("gate", {"gate-job.yaml": wl.gate_job(plan)}, False))
+    for name, objects, with_base in overlays:
+        folder = _folder(objects, spec.namespace, ("../../base",) if with_base else ())
         files |= {f"overlays/{name}/{k}": v for k, v in folder.items()}
     files["monitoring/prometheus-adapter-values.yaml"] = mon.adapter_values()
     return files
@@ -117,6 +118,8 @@ def rollout_manifest(plan: RolloutPlan, files: list[str]) -> dict:
             "build": wl.build_job_name(plan) if plan.builds else None,
             "gate": wl.gate_job_name(plan),
         },
+        # kubectl's names of the serving workloads (what `kubectl wait --for=condition=Available` takes)
+        "workloads": {track: wl.workload_ref(plan, track) for track in ("stable", "canary")},
         "files": files,
     }
 
