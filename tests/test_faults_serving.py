@@ -486,6 +486,7 @@ def test_among_16_streams_four_that_go_away_free_their_slots_and_change_no_other
         for i in (0, 5):
             streams[i].wait(lambda s: s.responses >= SEEN)
         seen = sum(streams[i].cancel() for i in (0, 5)) + sum(d.result() for d in drops)
+        gone = counters(served)  # every leaving client has gone; only their rounds draft
     newcomers = [GrpcStream(served, f"import m{i}", max_tokens=8, num_draft_tokens=0) for i in range(4)]
     try:
         got = {i: s.text() for i, s in streams.items() if i not in leaving}
@@ -499,7 +500,11 @@ def test_among_16_streams_four_that_go_away_free_their_slots_and_change_no_other
     assert max(s.first_at for s in newcomers) < first_end  # they ran beside the 12: four slots were free
     after = wait_for(served, before, "cancelled", 4)
     drafted_rounds = after["num_drafts"] - before["num_drafts"]
-    assert seen - 4 <= drafted_rounds <= seen + 4 * MAX_EXTRA_ROUNDS, (seen, drafted_rounds)
+    assert drafted_rounds >= seen - 4, (seen, drafted_rounds)
+    # Once their clients had gone, the four stopped within a few rounds each. Counted from the server's own count
+    # at that moment, not from what the clients had read: a test process slowed by the 12 streams' callbacks
+    # reads late, and the rounds whose responses were still on their way are not the server's delay.
+    assert after["num_drafts"] - gone["num_drafts"] <= 4 * MAX_EXTRA_ROUNDS, (seen, drafted_rounds, gone)
     assert after["length"] - before["length"] == 16 and after["error"] == before["error"]
 
 
