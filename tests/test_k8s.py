@@ -105,25 +105,14 @@ def strict(schema):
 
 
 def crd_errors(obj: dict) -> list[str]:
-    """The object checked against its CRD's v1 schema; pod templates inside (LeaderWorkerSet) against the core
-    PodTemplateSpec with kubernetes-validate."""
+    """The object checked against its CRD's v1 schema."""
     import jsonschema
-    import kubernetes_validate
 
     name = obj["kind"].lower()
     doc = json.loads((CRDS / f"{name}.json").read_text())
     assert obj["apiVersion"] == f"{doc['group']}/{doc['version']}"
     validator = jsonschema.Draft7Validator(strict(doc["schema"]))
-    errors = [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(obj)]
-    if obj["kind"] == "LeaderWorkerSet":
-        lwt = obj["spec"]["leaderWorkerTemplate"]
-        for key in ("leaderTemplate", "workerTemplate"):
-            pod_template = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": key.lower()}}
-            try:
-                kubernetes_validate.validate(pod_template | {"template": lwt[key]}, K8S_VERSION, strict=True)
-            except kubernetes_validate.ValidationError as err:
-                errors.append(f"{key}: {err.message}")
-    return errors
+    return [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(obj)]
 
 
 def check_schemas(files: dict) -> None:
@@ -432,42 +421,6 @@ def test_canary_overlay_and_gate(tmp_path):
 MULTI_NODE = PAIR_8B_1B.replace("tp_size: 2}", "tp_size: 16}").replace("gpus: 2", "gpus: 16")
 
 
-def test_multi_node_is_a_leader_worker_set(tmp_path):
-    text = MULTI_NODE.replace(
-        "triton: {runtime: tensorrtllm}", "triton: {runtime: tensorrtllm, fast_logits: true}"
-    )
-    out, files = rollout(tmp_path, write_recipe(tmp_path, text))
-    check_schemas(files)
-    assert "overlays/production/deployment.yaml" not in files
-    # what `kubectl wait --for=condition=Available` takes (LeaderWorkerSet has that condition, as Deployment does)
-    assert json.loads((out / "trtspec-rollout.json").read_text())["workloads"] == {
-        "stable": "leaderworkerset/llama-8b-1b",
-        "canary": "leaderworkerset/llama-8b-1b-canary",
-    }
-    lws = files["overlays/production/leaderworkerset.yaml"]
-    template = lws["spec"]["leaderWorkerTemplate"]
-    assert template["size"] == 2
-    for key in ("leaderTemplate", "workerTemplate"):
-        (container,) = template[key]["spec"]["containers"]
-        assert container["resources"]["limits"] == {"nvidia.com/gpu": 8}
-    leader = template["leaderTemplate"]["spec"]["containers"][0]
-    assert "LWS_LEADER_ADDRESS" in leader["args"][2] and "exec trtspec serve" in leader["args"][2]
-    assert files["overlays/production/hpa.yaml"]["spec"]["scaleTargetRef"]["kind"] == "LeaderWorkerSet"
-    assert "replicas" not in lws["spec"]  # the HPA's
-    # a headless Service per group (<set>-<group>), never one named like the rollout's Services
-    assert lws["spec"]["networkConfig"] == {"subdomainPolicy": "UniquePerReplica"}
-    canary = files["overlays/canary/leaderworkerset.yaml"]
-    assert canary["spec"]["networkConfig"] == {"subdomainPolicy": "UniquePerReplica"}
-    assert files["base/service.yaml"]["spec"]["selector"]["leaderworkerset.sigs.k8s.io/worker-index"] == "0"
-    # the gate's reference gets one node's GPUs at most (a Job's pod does not span nodes)
-    (gate,) = files["overlays/gate/gate-job.yaml"]["spec"]["template"]["spec"]["containers"]
-    assert gate["resources"]["limits"] == {"nvidia.com/gpu": 8}
-    # the disruption budget counts every pod of a group, workers too: a group down is one eviction's worth
-    selector = files["overlays/production/pdb.yaml"]["spec"]["selector"]["matchLabels"]
-    for key in ("leaderTemplate", "workerTemplate"):
-        assert selector.items() <= template[key]["metadata"]["labels"].items()
-
-
 def containers(obj, found=None) -> list[dict]:
     """Every container (init containers too) anywhere in a manifest."""
     found = [] if found is None else found
@@ -483,11 +436,10 @@ def containers(obj, found=None) -> list[dict]:
     return found
 
 
-@pytest.mark.parametrize("which", ["demo", "8b-1b", "multi-node"])
+@pytest.mark.parametrize("which", ["demo", "8b-1b"])
 def test_every_script_in_the_pods_parses(tmp_path, which):
     """bash -n on each container's script, and Python's compiler on the readiness wait."""
-    fast = MULTI_NODE.replace("runtime: tensorrtllm}", "runtime: tensorrtllm, fast_logits: true}")
-    source = {"demo": "demo", "8b-1b": PAIR_8B_1B, "multi-node": fast}[which]
+    source = {"demo": "demo", "8b-1b": PAIR_8B_1B}[which]
     _, files = rollout(tmp_path, source if source == "demo" else write_recipe(tmp_path, source))
     scripts = 0
     for container in containers(list(manifests(files).values())):
@@ -501,42 +453,32 @@ def test_every_script_in_the_pods_parses(tmp_path, which):
     assert scripts >= 2
 
 
-@pytest.mark.parametrize(
-    ("text", "runtime", "field", "says"),
-    [
-        (MULTI_NODE, None, "triton.fast_logits", "mpirun starts every rank"),
-        (
-            MULTI_NODE.replace("runtime: tensorrtllm", "runtime: trtllm-pytorch"),
-            None,
-            "kubernetes.gpus_per_node",
-            "runs on one node",
-        ),
-    ],
-)
-def test_multi_node_limits_are_one_line(tmp_path, runner, text, runtime, field, says):
-    result = runner.invoke(cli, ["deploy", str(write_recipe(tmp_path, text)), "--k8s", str(tmp_path / "out")])
-    assert result.exit_code == 2 and field in result.output and says in result.output
-    assert not (tmp_path / "out").exists()
+SPANS_NODES = {
+    # orchestrator mode, with or without fast logits (every rank started by mpirun), is single-node upstream
+    "tensorrtllm": MULTI_NODE,
+    "tensorrtllm fast logits": MULTI_NODE.replace(
+        "runtime: tensorrtllm}", "runtime: tensorrtllm, fast_logits: true}"
+    ),
+    "trtllm-pytorch": MULTI_NODE.replace("runtime: tensorrtllm", "runtime: trtllm-pytorch"),
+}
 
 
-@pytest.mark.parametrize(
-    ("text", "status", "says"),
-    [
-        (MULTI_NODE.replace("runtime: tensorrtllm", "runtime: trtllm-pytorch"), "warn", "runs on one node"),
-        (MULTI_NODE, "warn", "triton.fast_logits"),
-        (MULTI_NODE.replace("runtime: tensorrtllm}", "runtime: tensorrtllm, fast_logits: true}"), None, None),
-    ],
-)
-def test_check_says_up_front_where_a_replica_cannot_span_nodes(tmp_path, text, status, says):
-    """check names the multi-node limit deploy --k8s would refuse, before anything is built."""
+@pytest.mark.parametrize("case", SPANS_NODES)
+def test_a_replica_that_would_span_nodes_is_refused_in_one_line(tmp_path, runner, case):
+    """deploy --k8s refuses it before writing anything, and check says so up front, naming the field."""
     from trtspec.builders.preflight import check_nodes
 
-    results = check_nodes(load_recipe(write_recipe(tmp_path, text), check_paths=False))
-    if status is None:
-        assert results == []
-    else:
-        ((result),) = results
-        assert result.status == status and says in result.message
+    recipe = write_recipe(tmp_path, SPANS_NODES[case])
+    result = runner.invoke(cli, ["deploy", str(recipe), "--k8s", str(tmp_path / "out")])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert "kubernetes.gpus_per_node" in lines[0] and "16 GPUs span 2 nodes of 8" in lines[0]
+    assert "on one node" in lines[0] and "use nodes with 16 GPUs" in lines[0]
+    assert not (tmp_path / "out").exists()
+    ((warning),) = check_nodes(load_recipe(recipe, check_paths=False))
+    assert warning.status == "warn" and "kubernetes.gpus_per_node" in warning.message
+    fits = SPANS_NODES[case].replace("kubernetes:\n", "kubernetes:\n  gpus_per_node: 16\n")
+    assert check_nodes(load_recipe(write_recipe(tmp_path, fits, "fits.yaml"), check_paths=False)) == []
 
 
 # ---------------------------------------------------------------- bad values: one line, nothing written

@@ -349,7 +349,7 @@ class KubernetesSpec(_Strict):
     namespace: str | None = Field(None, max_length=63, pattern=_K8S_NAME)
     image: str | None = Field(None, description="trtspec image by tag or digest; default: docker/'s builds")
     gpus: int | None = Field(None, ge=0, le=512, description="GPUs per replica: what the recipe places")
-    gpus_per_node: int = Field(8, ge=1, le=64, description="past this a replica spans nodes")
+    gpus_per_node: int = Field(8, ge=1, le=64, description="a replica must fit one node")
     node_selector: dict[str, str] = Field(default_factory=dict)
     models_pvc: str | None = Field(None, max_length=63, pattern=_K8S_NAME, description="the checkpoints' PVC")
     engines_pvc: str | None = Field(None, max_length=63, pattern=_K8S_NAME, description="default: made")

@@ -105,13 +105,12 @@ def show_rollout(result, out) -> None:
         out.emit_json({"dir": str(result.dir), **result.manifest})
         return
     console = out.console()
-    shape = "a LeaderWorkerSet across nodes" if result.multi_node else "a Deployment"
     folder = shlex.quote(str(result.dir))
     namespace = result.manifest["namespace"]
     wait = f"kubectl wait{f' -n {namespace}' if namespace else ''} --timeout=24h"
     canary = result.manifest["workloads"]["canary"]
     lines = [
-        f"wrote {result.dir} ({result.runtime} runtime, {shape}, image {result.image})",
+        f"wrote {result.dir} ({result.runtime} runtime, image {result.image})",
         f"apply it with: kubectl apply -k {folder}/overlays/production",
         f"a canary of it: kubectl apply -k {folder}/overlays/canary",
         # the gate's pod holds GPUs while it waits: it is applied once the canary serves

@@ -268,18 +268,15 @@ def check_runtime(recipe: Recipe, trtllm_version: str | None = None) -> CheckRes
 
 
 def check_nodes(recipe: Recipe) -> list[CheckResult]:
-    """A Kubernetes replica that spans nodes (kubernetes.gpus_per_node) where TensorRT-LLM 1.2.x's launch cannot:
-    said up front, as ``deploy --k8s`` refuses it. GPUs: the target's, and the draft's on tensorrtllm."""
+    """A Kubernetes replica that would span nodes (kubernetes.gpus_per_node), which TensorRT-LLM 1.2.x's launch
+    cannot: said up front, as ``deploy --k8s`` refuses it. GPUs: the target's, and the draft's on tensorrtllm."""
     runtime = recipe.triton.runtime
     if runtime == "torch":
         return []
     devices = set(recipe.target.devices)
     if runtime == "tensorrtllm" and recipe.draft is not None:
         devices |= set(recipe.draft.devices)
-    k8s = recipe.kubernetes
-    problem = support.multi_node_problem(
-        runtime, len(devices), k8s.gpus_per_node, recipe.triton.fast_logits, k8s.access_mode
-    )
+    problem = support.multi_node_problem(runtime, len(devices), recipe.kubernetes.gpus_per_node)
     if problem is None:
         return []
     field, why = problem

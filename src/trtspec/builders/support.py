@@ -307,31 +307,26 @@ def replica_nodes(gpus: int, gpus_per_node: int) -> int:
     return max(1, -(-gpus // gpus_per_node))
 
 
-def multi_node_problem(
-    runtime: str, gpus: int, gpus_per_node: int, fast_logits: bool, access_mode: str
-) -> tuple[str, str] | None:
-    """(field, why) where a replica of ``gpus`` GPUs spans nodes of ``gpus_per_node`` and TensorRT-LLM 1.2.x's
-    launch (as trtspec deploys it) cannot: None where it fits one node or can span them (LeaderWorkerSet, mpirun
-    from the leader). ``check`` states it up front; ``deploy --k8s`` refuses it."""
+def multi_node_problem(runtime: str, gpus: int, gpus_per_node: int) -> tuple[str, str] | None:
+    """(field, why) where a replica of ``gpus`` GPUs would span nodes of ``gpus_per_node``, which no runtime trtspec
+    deploys can: None where it fits one node. ``check`` states it up front; ``deploy --k8s`` refuses it.
+
+    The tensorrtllm repository serves two engine models, so Triton's TensorRT-LLM backend runs in orchestrator
+    mode, which "currently only works for single node deployments" (tensorrtllm_backend's README); TensorRT-LLM
+    1.2.x's Triton LLM-API model (trtllm-pytorch) runs on one node too."""
     nodes = replica_nodes(gpus, gpus_per_node)
     if nodes == 1:
         return None
     spans = f"{gpus} GPUs span {nodes} nodes of {gpus_per_node} (kubernetes.gpus_per_node)"
-    if runtime == "trtllm-pytorch":
-        return (
-            "kubernetes.gpus_per_node",
-            f"{spans}: TensorRT-LLM 1.2.x's Triton LLM-API model runs on one node; use the tensorrtllm runtime "
-            f"or nodes with {gpus} GPUs",
-        )
-    if runtime == "tensorrtllm" and not fast_logits:
-        return (
-            "triton.fast_logits",
-            f"{spans}: trtspec's tensorrtllm launch spawns the engine workers inside one pod unless fast_logits "
-            "is true, where mpirun starts every rank; set triton.fast_logits: true or use bigger nodes",
-        )
-    if access_mode != "ReadWriteMany":
-        return "kubernetes.access_mode", f"{spans}, which all mount the engines volume; use ReadWriteMany"
-    return None
+    served_by = {
+        "trtllm-pytorch": "TensorRT-LLM 1.2.x's Triton LLM-API model runs on one node",
+        "tensorrtllm": "Triton's TensorRT-LLM backend serves a target and a draft engine in orchestrator mode, "
+        "which runs on one node",
+    }.get(runtime, f"the {runtime} runtime runs on one node")
+    return (
+        "kubernetes.gpus_per_node",
+        f"{spans}: {served_by}; use nodes with {gpus} GPUs or a smaller tp_size",
+    )
 
 
 def parse_version(text: str) -> tuple[int, int, int, int]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 
 from trtspec.triton_repo.k8s.plan import RolloutPlan
-from trtspec.triton_repo.k8s.workloads import LWS_API, meta, server_selector
+from trtspec.triton_repo.k8s.workloads import meta, server_selector
 
 QUEUE_COMPUTE_RATIO = "triton:queue_compute:ratio"
 ACCEPTANCE_RATIO = "trtspec:acceptance:ratio"
@@ -144,11 +144,7 @@ def hpa(plan: RolloutPlan) -> dict:
     """Replicas between kubernetes.min_replicas and max_replicas, keeping the pods' mean queue/compute ratio at the
     target. Scale-down waits 10 minutes: a new GPU replica takes minutes to load its engines."""
     spec = plan.recipe.kubernetes
-    target = (
-        {"apiVersion": LWS_API, "kind": "LeaderWorkerSet", "name": plan.app}
-        if plan.nodes > 1
-        else {"apiVersion": "apps/v1", "kind": "Deployment", "name": plan.app}
-    )
+    target = {"apiVersion": "apps/v1", "kind": "Deployment", "name": plan.app}
     return {
         "apiVersion": "autoscaling/v2",
         "kind": "HorizontalPodAutoscaler",

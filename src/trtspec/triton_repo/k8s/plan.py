@@ -13,7 +13,7 @@ import posixpath
 import re
 from dataclasses import dataclass, field
 
-from trtspec.builders.support import multi_node_problem, replica_nodes
+from trtspec.builders.support import multi_node_problem
 from trtspec.core.errors import RecipeError
 from trtspec.core.trtllm import NGC_TRITON_TRTLLM_IMAGE, TRTLLM_VERSION
 from trtspec.recipe import DEMO_SCHEME, Recipe
@@ -31,9 +31,8 @@ CONTAINER_UID = 1000  # triton-server in the NGC image, trtspec in Dockerfile.cp
 
 @dataclass(frozen=True)
 class RolloutPlan:
-    """One recipe's rollout: ``gpus`` per replica spread over ``nodes`` pods (1: a Deployment, more: a
-    LeaderWorkerSet), ``key`` names what is built once per recipe and image (its folder in the engines volume and
-    the marker the build leaves there)."""
+    """One recipe's rollout: ``gpus`` per replica (one pod of a Deployment), ``key`` names what is built once per
+    recipe and image (its folder in the engines volume and the marker the build leaves there)."""
 
     recipe: Recipe
     runtime: str
@@ -42,7 +41,6 @@ class RolloutPlan:
     base_image: str | None
     key: str
     gpus: int
-    nodes: int
     models_pvc: str | None
     engines_pvc: str | None
     create_engines_pvc: bool
@@ -53,10 +51,6 @@ class RolloutPlan:
     def builds(self) -> bool:
         """Whether a Job builds into the engines volume before serving (torch serves the checkpoints)."""
         return self.runtime != "torch"
-
-    @property
-    def gpus_per_pod(self) -> int:
-        return self.gpus if self.nodes == 1 else self.recipe.kubernetes.gpus_per_node
 
     @property
     def device(self) -> str:
@@ -163,17 +157,11 @@ def check_models(recipe: Recipe, raw: dict) -> bool:
     return needs_volume
 
 
-def check_nodes(recipe: Recipe, runtime: str, gpus: int) -> int:
-    """Pods per replica: 1, or ceil(gpus / kubernetes.gpus_per_node) where the runtime can span nodes."""
-    per_node = recipe.kubernetes.gpus_per_node
-    nodes = replica_nodes(gpus, per_node)
-    if nodes == 1:
-        return 1
-    k8s = recipe.kubernetes
-    problem = multi_node_problem(runtime, gpus, per_node, recipe.triton.fast_logits, k8s.access_mode)
+def check_nodes(recipe: Recipe, runtime: str, gpus: int) -> None:
+    """A replica is one pod on one node."""
+    problem = multi_node_problem(runtime, gpus, recipe.kubernetes.gpus_per_node)
     if problem is not None:
         raise _fail(recipe, *problem)
-    return nodes
 
 
 def rollout_key(recipe: Recipe, runtime: str, image: str) -> str:
@@ -200,7 +188,7 @@ def plan_rollout(recipe: Recipe, runtime: str | None, recipe_text: str) -> Rollo
             "kubernetes.gpus",
             f"{spec.gpus} does not match the {gpus} GPU(s) of {how}; set {gpus} or leave it out",
         )
-    nodes = check_nodes(recipe, runtime, gpus)
+    check_nodes(recipe, runtime, gpus)
     models = check_models(recipe, yaml.safe_load(recipe_text) or {})
     device = "cuda" if gpus else "cpu"
     image, base = (spec.image, None) if spec.image else default_image(runtime, device)
@@ -214,7 +202,6 @@ def plan_rollout(recipe: Recipe, runtime: str | None, recipe_text: str) -> Rollo
         base_image=base,
         key=rollout_key(recipe, runtime, image),
         gpus=gpus,
-        nodes=nodes,
         models_pvc=spec.models_pvc if models else None,
         engines_pvc=(spec.engines_pvc or f"{app}-engines") if builds else None,
         create_engines_pvc=builds and spec.engines_pvc is None,

@@ -1,5 +1,5 @@
 """The rollout's workloads as manifest dicts: the recipe ConfigMap, the engines volume, the build Job, the serving
-Deployment (or LeaderWorkerSet across nodes), its Services, and the canary's Deployment, Service and gate Job.
+Deployment, its Services and disruption budget, and the canary's Deployment, Service and gate Job.
 
 Containers keep the image's entry point (NVIDIA's banner and driver check, then docker/entrypoint.sh, which runs
 the arguments it is given), so they set ``args``, never ``command``. Values reach the shell scripts through
@@ -23,11 +23,7 @@ from trtspec.triton_repo.k8s.plan import (
 )
 
 GPU = "nvidia.com/gpu"
-LWS_API = "leaderworkerset.x-k8s.io/v1"
-LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
 READY_PATH, LIVE_PATH = "/v2/health/ready", "/v2/health/live"
-SSH_PORT = 2222  # the workers' sshd, which the leader's mpirun reaches (LeaderWorkerSet only)
-SSH_SECRET_MOUNT = "/etc/trtspec-mpi"
 PROBE_PERIOD_S = 10
 
 
@@ -40,11 +36,9 @@ def labels(plan: RolloutPlan, component: str, track: str | None = None) -> dict[
     return out | ({"trtspec.dev/track": track} if track else {})
 
 
-def server_selector(plan: RolloutPlan, track: str | None = None, leaders: bool = True) -> dict[str, str]:
-    """The serving pods (both tracks unless ``track``); across nodes only the leaders, which run tritonserver,
-    unless ``leaders`` is False (every pod of a group)."""
-    selector = {k: v for k, v in labels(plan, "server", track).items() if k != "app.kubernetes.io/part-of"}
-    return selector | ({LWS_WORKER_INDEX: "0"} if plan.nodes > 1 and leaders else {})
+def server_selector(plan: RolloutPlan, track: str | None = None) -> dict[str, str]:
+    """The serving pods (both tracks unless ``track``)."""
+    return {k: v for k, v in labels(plan, "server", track).items() if k != "app.kubernetes.io/part-of"}
 
 
 def meta(plan: RolloutPlan, name: str, component: str, track: str | None = None, **extra) -> dict:
@@ -142,8 +136,7 @@ def resources(plan: RolloutPlan, gpus: int, serving: bool = True) -> dict:
 
 
 def container_security() -> dict:
-    """What Pod Security's "restricted" level asks of every container; the image's user runs them all, sshd
-    included."""
+    """What Pod Security's "restricted" level asks of every container; the image's user runs them all."""
     return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
 
@@ -229,7 +222,7 @@ def triton_container(plan: RolloutPlan, mounts: list, script: str, extra_env: li
             {"name": kind, "containerPort": port, "protocol": "TCP"} for kind, port in plan.ports.items()
         ],
         **probes(plan),
-        "resources": resources(plan, plan.gpus_per_pod),
+        "resources": resources(plan, plan.gpus),
         "volumeMounts": mounts,
     }
     if not container["resources"]:
@@ -244,7 +237,7 @@ def server_pod_template(plan: RolloutPlan, track: str) -> dict:
         plan,
         [triton_container(plan, mounts, serve_script(plan))],
         vols,
-        plan.gpus_per_pod,
+        plan.gpus,
         initContainers=init,
         terminationGracePeriodSeconds=90,
     )
@@ -278,8 +271,7 @@ def workload_name(plan: RolloutPlan, track: str) -> str:
 
 def workload_ref(plan: RolloutPlan, track: str) -> str:
     """kind/name of a track's serving workload, as kubectl names it."""
-    kind = "leaderworkerset" if plan.nodes > 1 else "deployment"
-    return f"{kind}/{workload_name(plan, track)}"
+    return f"deployment/{workload_name(plan, track)}"
 
 
 def deployment(plan: RolloutPlan, track: str, replicas: int | None) -> dict:
@@ -301,16 +293,16 @@ def deployment(plan: RolloutPlan, track: str, replicas: int | None) -> dict:
 
 
 def disruption_budget(plan: RolloutPlan) -> dict:
-    """Voluntary evictions (a node drain, a cluster upgrade) take one production pod at a time: across nodes a
-    whole group restarts, so the next eviction waits until it serves again. maxUnavailable, not minAvailable, so
-    a lone replica's node can still be drained, and a pod that is not ready (crash-looping) can always go."""
+    """Voluntary evictions (a node drain, a cluster upgrade) take one production pod at a time. maxUnavailable,
+    not minAvailable, so a lone replica's node can still be drained, and a pod that is not ready (crash-looping)
+    can always go."""
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": meta(plan, plan.app, "server", "stable"),
         "spec": {
             "maxUnavailable": 1,
-            "selector": {"matchLabels": server_selector(plan, "stable", leaders=False)},
+            "selector": {"matchLabels": server_selector(plan, "stable")},
             "unhealthyPodEvictionPolicy": "AlwaysAllow",
         },
     }
@@ -396,14 +388,14 @@ def build_job(plan: RolloutPlan) -> dict:
         "imagePullPolicy": "IfNotPresent",
         "args": ["bash", "-c", build_script(plan)],
         "env": env(plan),
-        "resources": resources(plan, plan.gpus_per_pod, serving=False),
+        "resources": resources(plan, plan.gpus, serving=False),
         "volumeMounts": mounts,
     }
     spec = {
         "backoffLimit": 1,
         "template": {
             "metadata": {"labels": labels(plan, "build")},
-            "spec": pod_spec(plan, [container], vols, plan.gpus_per_pod, restartPolicy="Never"),
+            "spec": pod_spec(plan, [container], vols, plan.gpus, restartPolicy="Never"),
         },
     }
     name = job_name(plan, "build", spec)
@@ -458,7 +450,7 @@ def gate_job(plan: RolloutPlan) -> dict:
     vols, mounts = volumes(plan, engines=False, repo=False)
     ready = f"http://{plan.app}-canary:{plan.ports['http']}{READY_PATH}"
     # the Hugging Face reference's GPUs: a serving pod's (validate spreads the reference over those it sees)
-    gpus = plan.gpus_per_pod if plan.device == "cuda" else 0
+    gpus = plan.gpus if plan.device == "cuda" else 0
     gate = {
         "name": "gate",
         "image": plan.image,
@@ -483,121 +475,3 @@ def gate_job(plan: RolloutPlan) -> dict:
         ),
         "spec": spec,
     }
-
-
-# ---------------------------------------------------------------- across nodes
-
-
-SSH_DIR = "/tmp/trtspec-ssh"  # the Secret's key copied with the modes ssh and sshd insist on
-
-
-def ssh_setup() -> str:
-    m = SSH_SECRET_MOUNT
-    return (
-        f"mkdir -p -m 700 {SSH_DIR}\n"
-        f"install -m 600 {m}/id_ed25519 {SSH_DIR}/id_ed25519\n"
-        f"install -m 600 {m}/authorized_keys {SSH_DIR}/authorized_keys\n"
-    )
-
-
-def hostfile_script(plan: RolloutPlan) -> str:
-    """The leader's MPI hostfile from LeaderWorkerSet's variables (worker i of a group is the leader's host name
-    with -i appended: LeaderWorkerSet names pods <set>-<group> and <set>-<group>-<i> under the group's headless
-    Service, <set>-<group>),
-    then a wait until every worker's sshd answers, since mpirun starts their ranks through it."""
-    slots = plan.recipe.kubernetes.gpus_per_node
-    return ssh_setup() + (
-        'leader="$LWS_LEADER_ADDRESS"; first="${leader%%.*}"; rest="${leader#*.}"\n'
-        f'echo "$leader slots={slots}" > /tmp/hostfile\n'
-        "for i in $(seq 1 $((LWS_GROUP_SIZE - 1))); do\n"
-        f'  echo "$first-$i.$rest slots={slots}" >> /tmp/hostfile\n'
-        f'  until (exec 3<>"/dev/tcp/$first-$i.$rest/{SSH_PORT}") 2>/dev/null; do sleep 5; done\n'
-        "done\n"
-    )
-
-
-def sshd_command() -> str:
-    """sshd as the image's non-root user, on SSH_PORT, with the Secret's key as host key and login key."""
-    options = (
-        f"-o AuthorizedKeysFile={SSH_DIR}/authorized_keys -o StrictModes=no -o UsePAM=no "
-        f"-o PidFile={SSH_DIR}/sshd.pid"
-    )
-    return f"exec /usr/sbin/sshd -D -e -p {SSH_PORT} -h {SSH_DIR}/id_ed25519 {options}\n"
-
-
-def mpi_env() -> list[dict]:
-    """Open MPI (the NGC image's) reads its hostfile and remote launcher from these: `trtspec serve`'s mpirun
-    then starts ranks on the workers over ssh."""
-    ssh = f"ssh -p {SSH_PORT} -i {SSH_DIR}/id_ed25519 -o StrictHostKeyChecking=no"
-    return [
-        {"name": "OMPI_MCA_orte_default_hostfile", "value": "/tmp/hostfile"},
-        {"name": "OMPI_MCA_plm_rsh_agent", "value": ssh},
-    ]
-
-
-def ssh_volume(plan: RolloutPlan) -> tuple[dict, dict]:
-    """The Secret <app>-mpi-ssh (id_ed25519, authorized_keys), readable by the pod's group (fsGroup)."""
-    secret = {"secretName": f"{plan.app}-mpi-ssh", "defaultMode": 0o440}
-    mount = {"name": "mpi-ssh", "mountPath": SSH_SECRET_MOUNT, "readOnly": True}
-    return {"name": "mpi-ssh", "secret": secret}, mount
-
-
-def leader_worker_set(plan: RolloutPlan, track: str, replicas: int | None) -> dict:
-    """One replica = one leader pod (tritonserver and mpirun) + nodes-1 worker pods (sshd); every pod writes the
-    same repository first, since ranks on the workers load the engine models from it."""
-    name = workload_name(plan, track)
-    vols, mounts = volumes(plan)
-    ssh_vol, ssh_mount = ssh_volume(plan)
-    vols, mounts = [*vols, ssh_vol], [*mounts, ssh_mount]
-    leader_script = serve_script(plan).replace(
-        "set -euo pipefail\n", "set -euo pipefail\n" + hostfile_script(plan)
-    )
-    leader = triton_container(plan, mounts, leader_script, mpi_env())
-    deploy_line = serve_script(plan).splitlines()[1]
-    worker_script = f"set -euo pipefail\n{deploy_line}\n{ssh_setup()}{sshd_command()}"
-    worker = {
-        "name": "worker",
-        "image": plan.image,
-        "imagePullPolicy": "IfNotPresent",
-        "args": ["bash", "-c", worker_script],
-        "env": env(plan),
-        "ports": [{"name": "ssh", "containerPort": SSH_PORT, "protocol": "TCP"}],
-        "resources": resources(plan, plan.gpus_per_pod),
-        "volumeMounts": mounts,
-    }
-    init = [wait_for_engines(plan, mounts)]
-
-    def template(container: dict) -> dict:
-        spec = pod_spec(
-            plan, [container], vols, plan.gpus_per_pod, initContainers=init, terminationGracePeriodSeconds=90
-        )
-        return {"metadata": server_pod_metadata(plan, track), "spec": spec}
-
-    return {
-        "apiVersion": LWS_API,
-        "kind": "LeaderWorkerSet",
-        "metadata": meta(plan, name, "server", track, annotations=annotations(plan)),
-        "spec": {
-            **replicas_field(replicas),
-            # A headless Service per group, named after its leader pod: LeaderWorkerSet's shared one would be
-            # named like the set, which the rollout's own Service (<app>, <app>-canary) already is.
-            "networkConfig": {"subdomainPolicy": "UniquePerReplica"},
-            "startupPolicy": "LeaderCreated",
-            "rolloutStrategy": {
-                "type": "RollingUpdate",
-                "rollingUpdateConfiguration": {"maxSurge": 1, "maxUnavailable": 0},
-            },
-            "leaderWorkerTemplate": {
-                "size": plan.nodes,
-                "restartPolicy": "RecreateGroupOnPodRestart",
-                "leaderTemplate": template(leader),
-                "workerTemplate": template(worker),
-            },
-        },
-    }
-
-
-def serving_workload(plan: RolloutPlan, track: str, replicas: int | None) -> dict:
-    if plan.nodes > 1:
-        return leader_worker_set(plan, track, replicas)
-    return deployment(plan, track, replicas)

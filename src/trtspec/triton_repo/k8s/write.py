@@ -3,8 +3,7 @@ a temp folder and renamed into place (outputs.write_output_dir), after every che
 
     DIR/base/                 recipe ConfigMap, engines PVC, build Job, Service, PodMonitor, PrometheusRule,
                               Grafana dashboard ConfigMap
-    DIR/overlays/production/  base + the serving Deployment (LeaderWorkerSet across nodes), its HPA and
-                              PodDisruptionBudget
+    DIR/overlays/production/  base + the serving Deployment, its HPA and PodDisruptionBudget
     DIR/overlays/canary/      base + the canary Deployment and its own Service
     DIR/overlays/build/       base alone in the overlays' namespace (a build Job, where one runs): applied and
                               waited for first where no GPUs are spare for the Job next to a new serving pod
@@ -40,7 +39,6 @@ class RolloutResult:
     runtime: str
     app: str
     image: str
-    multi_node: bool
     files: list[str] = field(default_factory=list)
     manifest: dict = field(default_factory=dict)
 
@@ -62,7 +60,6 @@ def rollout_objects(plan: RolloutPlan, dashboard: dict) -> dict[str, dict]:
     """Every file of the rollout but the marker: its path in DIR -> the object (a manifest, a kustomization, or
     prometheus-adapter's values)."""
     spec = plan.recipe.kubernetes
-    workload = "leaderworkerset.yaml" if plan.nodes > 1 else "deployment.yaml"
     base = {"recipe-configmap.yaml": wl.recipe_configmap(plan)}
     if plan.create_engines_pvc:
         base["engines-pvc.yaml"] = wl.engines_pvc(plan)
@@ -76,12 +73,12 @@ def rollout_objects(plan: RolloutPlan, dashboard: dict) -> dict[str, dict]:
     }
     # no replica count: the HPA keeps it between min_replicas and max_replicas
     production = {
-        workload: wl.serving_workload(plan, "stable", None),
+        "deployment.yaml": wl.deployment(plan, "stable", None),
         "hpa.yaml": mon.hpa(plan),
         "pdb.yaml": wl.disruption_budget(plan),
     }
     canary = {
-        workload: wl.serving_workload(plan, "canary", spec.canary_replicas),
+        "deployment.yaml": wl.deployment(plan, "canary", spec.canary_replicas),
         "service.yaml": wl.service(plan, "canary"),
     }
     files = {f"base/{k}": v for k, v in _folder(base).items()}
@@ -112,7 +109,6 @@ def rollout_manifest(plan: RolloutPlan, files: list[str]) -> dict:
         "base_image": plan.base_image,
         "key": plan.key,
         "gpus_per_replica": plan.gpus,
-        "pods_per_replica": plan.nodes,
         # the Jobs to wait for: the build before serving, the gate before promoting a canary
         "jobs": {
             "build": wl.build_job_name(plan) if plan.builds else None,
@@ -197,7 +193,6 @@ def write_rollout(
         runtime=plan.runtime,
         app=plan.app,
         image=plan.image,
-        multi_node=plan.nodes > 1,
         files=sorted(files),
         manifest=json.loads(files[MARKER]),
     )
