@@ -317,7 +317,7 @@ def multi_node_problem(runtime: str, gpus: int, gpus_per_node: int) -> tuple[str
     nodes = replica_nodes(gpus, gpus_per_node)
     if nodes == 1:
         return None
-    spans = f"{gpus} GPUs span {nodes} nodes of {gpus_per_node} (kubernetes.gpus_per_node)"
+    spans = f"{gpus} GPUs span {nodes} nodes of {gpus_per_node}"
     served_by = {
         "trtllm-pytorch": "TensorRT-LLM 1.2.x's Triton LLM-API model runs on one node",
         "tensorrtllm": "Triton's TensorRT-LLM backend serves a target and a draft engine in orchestrator mode, "
