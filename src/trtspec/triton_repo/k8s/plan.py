@@ -66,14 +66,10 @@ class RolloutPlan:
         return f"{REPO_MOUNT}/{self.recipe.name}"
 
     @property
-    def engines_root(self) -> str:
-        return ENGINES_MOUNT
-
-    @property
     def engines_dir(self) -> str:
         """This key's own folder in the engines volume: a canary's build never writes over the engines production
         serves, and a rolled-back Deployment finds its own engines again."""
-        return f"{self.engines_root}/{self.key}"
+        return f"{ENGINES_MOUNT}/{self.key}"
 
     @property
     def engines_marker(self) -> str:

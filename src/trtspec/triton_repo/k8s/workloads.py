@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import posixpath
 import shlex
 
 from trtspec.triton_repo.k8s.plan import (
@@ -211,13 +212,13 @@ def probes(plan: RolloutPlan) -> dict:
     }
 
 
-def triton_container(plan: RolloutPlan, mounts: list, script: str, extra_env: list | None = None) -> dict:
+def triton_container(plan: RolloutPlan, mounts: list) -> dict:
     container = {
         "name": "triton",
         "image": plan.image,
         "imagePullPolicy": "IfNotPresent",
-        "args": ["bash", "-c", script],
-        "env": env(plan) + (extra_env or []),
+        "args": ["bash", "-c", serve_script(plan)],
+        "env": env(plan),
         "ports": [
             {"name": kind, "containerPort": port, "protocol": "TCP"} for kind, port in plan.ports.items()
         ],
@@ -235,7 +236,7 @@ def server_pod_template(plan: RolloutPlan, track: str) -> dict:
     init = [wait_for_engines(plan, mounts)] if plan.builds else []
     pod = pod_spec(
         plan,
-        [triton_container(plan, mounts, serve_script(plan))],
+        [triton_container(plan, mounts)],
         vols,
         plan.gpus,
         initContainers=init,
@@ -243,12 +244,11 @@ def server_pod_template(plan: RolloutPlan, track: str) -> dict:
     )
     if not init:
         del pod["initContainers"]
-    return {"metadata": server_pod_metadata(plan, track), "spec": pod}
-
-
-def server_pod_metadata(plan: RolloutPlan, track: str) -> dict:
     pod_annotations = annotations(plan) | {"kubectl.kubernetes.io/default-container": "triton"}
-    return {"labels": labels(plan, "server", track), "annotations": pod_annotations}
+    return {
+        "metadata": {"labels": labels(plan, "server", track), "annotations": pod_annotations},
+        "spec": pod,
+    }
 
 
 def annotations(plan: RolloutPlan) -> dict[str, str]:
@@ -337,7 +337,8 @@ def seed_script(plan: RolloutPlan) -> str:
     rename, never in place, so the earlier build's files stay as they are; its logs, written in place, are left
     out."""
     q = shlex.quote
-    root, name, seeding = plan.engines_root, plan.recipe.name, f"{plan.engines_root}/.seeding-{plan.key}"
+    root = posixpath.dirname(plan.engines_dir)  # the volume's mount, where every key has its folder
+    name, seeding = plan.recipe.name, f"{root}/.seeding-{plan.key}"
     return (
         f"dir={q(plan.engines_dir)}\n"
         'if [ ! -d "$dir" ]; then\n'
