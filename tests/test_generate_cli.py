@@ -258,3 +258,93 @@ def test_usage_errors_are_one_line_through_the_entry_point():
     assert code == 0 and out.startswith("Usage: trtspec check")
     code, _, err = run()
     assert code == 2 and err[0].startswith("Usage: trtspec") and "Commands:" in err
+
+
+def test_a_model_too_large_for_memory_is_one_line_naming_it(tmp_path, tiny_pair):
+    """A real allocator refusal in a real process: a draft whose config asks for a 128 TiB MLP. transformers'
+    load fails inside from_pretrained, and the line names the folder and memory, not incomplete weights."""
+    import shutil
+    import subprocess
+    import sys
+
+    target, draft = tiny_pair
+    big = shutil.copytree(draft, tmp_path / "draft")
+    config = json.loads((big / "config.json").read_text())
+    (big / "config.json").write_text(json.dumps({**config, "intermediate_size": 2**40}))
+    args = [
+        "generate",
+        "--target",
+        str(target),
+        "--draft",
+        str(big),
+        "--prompt",
+        "x",
+        "--max-new-tokens",
+        "2",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "trtspec", *args], capture_output=True, text=True, timeout=300
+    )
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith(
+        f"Error: {big}: the model does not fit in host memory (can't allocate memory: "
+    )
+    assert lines[0].endswith("; free memory or use a smaller model or dtype")
+
+
+def test_running_out_of_gpu_memory_is_one_line(tiny_pair, monkeypatch, capsys):
+    """A GPU that runs out while the engine sets up (its caches, a batch): torch's own OutOfMemoryError, which only
+    a GPU raises for real, ends the command in one line through the entry point, exit 1."""
+    import torch
+
+    from trtspec.cli import main
+    from trtspec.engines import models
+
+    def no_room(*args, **kwargs):
+        raise torch.OutOfMemoryError(
+            "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.15 GiB of which "
+            "5.62 MiB is free.\nIncluding non-PyTorch memory, this process has 79.14 GiB memory in use."
+        )
+
+    monkeypatch.setattr(models.LeanCausalLM, "__init__", no_room)
+    target, draft = tiny_pair
+    args = [
+        "generate",
+        "--target",
+        str(target),
+        "--draft",
+        str(draft),
+        "--prompt",
+        "x",
+        "--max-new-tokens",
+        "2",
+    ]
+    with pytest.raises(SystemExit) as stop:
+        main(args)
+    assert stop.value.code == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "Error: out of GPU memory (CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+        "79.15 GiB of which 5.62 MiB is free.); free the GPU, run fewer concurrent requests, spread the model over "
+        "more GPUs or use a smaller dtype"
+    ]
+
+
+def test_out_of_memory_names_gpu_or_host_and_nothing_else():
+    import torch
+
+    from trtspec.core.model_dir import out_of_memory
+
+    gpu = out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.\nmore"))
+    assert gpu.message == (
+        "out of GPU memory (CUDA out of memory. Tried to allocate 2.00 GiB.); free the GPU, run fewer concurrent "
+        "requests, spread the model over more GPUs or use a smaller dtype"
+    )
+    assert gpu.exit_code == 1
+    with pytest.raises(RuntimeError) as host:
+        torch.empty(2**50)
+    assert out_of_memory(host.value, "m: the draft").message.startswith(
+        "m: the draft does not fit in host memory (can't allocate memory: you tried to allocate "
+    )
+    assert out_of_memory(MemoryError()).message.startswith("out of host memory (MemoryError); free memory, ")
+    assert out_of_memory(RuntimeError("shape mismatch")) is None and out_of_memory(ValueError("x")) is None

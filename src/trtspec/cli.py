@@ -29,6 +29,7 @@ from trtspec.core import layout
 from trtspec.core.errors import TrtspecError
 from trtspec.core.interrupts import raise_if_interrupted, record_interrupts
 from trtspec.core.lookup import PROPOSERS
+from trtspec.core.model_dir import out_of_memory
 from trtspec.validate.bench import LOADS
 from trtspec.validate.inputs import SystemOptions
 from trtspec.validate.validation import Thresholds
@@ -905,6 +906,13 @@ def main(argv: list[str] | None = None) -> None:
         where = err.filename if err.filename2 is None else f"{err.filename} -> {err.filename2}"
         click.echo(f"Error: {where}: {err.strerror or err}; check the path and its permissions", err=True)
         sys.exit(2)
+    except (RuntimeError, MemoryError) as err:
+        # a pair or a batch too large for the GPU (or host) it runs on: one line, not a traceback
+        too_large = out_of_memory(err)
+        if too_large is None:
+            raise
+        CliError(too_large).show()
+        sys.exit(too_large.exit_code)
     except (click.Abort, KeyboardInterrupt):  # Ctrl-C (click turns it into Abort)
         click.echo("Interrupted.", err=True)
         sys.exit(130)

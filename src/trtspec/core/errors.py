@@ -77,6 +77,13 @@ class CheckFailed(TrtspecError):
     exit_code = EXIT_CHECK_FAILED
 
 
+class OutOfMemory(TrtspecError):
+    """A model or a batch that does not fit the memory of the device it runs on: the input was fine, the machine
+    too small for it."""
+
+    exit_code = EXIT_CHECK_FAILED
+
+
 class NeedsTensorRTLLM(TrtspecError):
     """The step needs the tensorrt_llm package, which only the NGC image has."""
 

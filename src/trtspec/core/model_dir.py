@@ -15,7 +15,7 @@ import math
 import warnings
 from pathlib import Path
 
-from trtspec.core.errors import ModelError
+from trtspec.core.errors import ModelError, OutOfMemory
 from trtspec.core.token_rules import model_end_ids
 
 # The dtypes trtspec loads Hugging Face weights in (torch's attribute names).
@@ -170,6 +170,27 @@ def error_line(err: BaseException, limit: int = 200) -> str:
     head = line[:limit]
     word = head.rsplit(" ", 1)[0]
     return (word if len(word) >= limit - 40 else head).rstrip(",;: ") + " ..."
+
+
+def out_of_memory(err: BaseException, where: str = "") -> OutOfMemory | None:
+    """``err`` as a one-line OutOfMemory when it is an allocator's refusal, else None. Known by name and text, as
+    core imports no torch: torch raises ``torch.OutOfMemoryError`` on a GPU and a plain RuntimeError from its CPU
+    allocator; Python's own is MemoryError. ``where`` names what was being loaded ("<folder>: the draft")."""
+    if type(err).__name__ == "OutOfMemoryError":
+        memory, steps = "GPU", ["free the GPU", "spread the model over more GPUs", "use a smaller dtype"]
+    elif isinstance(err, MemoryError) or (
+        isinstance(err, RuntimeError) and "DefaultCPUAllocator" in str(err)
+    ):
+        memory, steps = "host", ["free memory", "use a smaller model or dtype"]
+    else:
+        return None
+    subject = f"{where} does not fit in {memory} memory" if where else f"out of {memory} memory"
+    if not where:  # a batch's caches may be what did not fit
+        steps.insert(1, "run fewer concurrent requests")
+    remedy = ", ".join(steps[:-1]) + " or " + steps[-1]
+    # torch's CPU allocator opens with its source line ("[enforce fail at alloc_cpu.cpp:127] err == 0. ")
+    said = error_line(err).split("DefaultCPUAllocator: ")[-1] or type(err).__name__
+    return OutOfMemory(f"{subject} ({said}); {remedy}", detail=repr(err))
 
 
 # A tokenizer folder's JSON files: one that does not parse is named, rather than the tokenizer as a whole.
@@ -371,6 +392,9 @@ def _from_pretrained(model_dir: Path | str, what: str, trust_remote_code: bool, 
                 **kwargs,
             )
     except Exception as err:  # noqa: BLE001 - transformers/safetensors raise many types for a broken checkpoint
+        too_large = out_of_memory(err, f"{model_dir}: {what}")
+        if too_large is not None:
+            raise too_large from None
         raise ModelError(
             f"{model_dir}: cannot load {what} ({type(err).__name__}: {error_line(err)}); check that its weight "
             "files are complete",
