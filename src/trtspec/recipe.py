@@ -460,6 +460,15 @@ class Recipe(_Strict):
         trust = self.target.trust_remote_code or draft.trust_remote_code
         return Path(draft.model) if draft_tokenizer_differs(self.target.model, draft.model, trust) else None
 
+    def engine_gpus(self, runtime: str) -> list[int]:
+        """The GPUs a served replica's TensorRT-LLM workers take under ``runtime``: the target's and the draft's
+        under tensorrtllm, the target's under trtllm-pytorch (the LLM API runs the draft on them), none under
+        torch (one process on triton.device)."""
+        if runtime == "torch":
+            return []
+        roles = self.models().values() if runtime == "tensorrtllm" else [self.target]
+        return sorted({gpu for spec in roles for gpu in spec.devices})
+
     def models(self) -> dict[str, ModelSpec]:
         """The recipe's models by role (no draft where prompt lookup proposes alone)."""
         return {"target": self.target, **({"draft": self.draft} if self.draft is not None else {})}

@@ -273,10 +273,8 @@ def check_nodes(recipe: Recipe) -> list[CheckResult]:
     runtime = recipe.triton.runtime
     if runtime == "torch":
         return []
-    devices = set(recipe.target.devices)
-    if runtime == "tensorrtllm" and recipe.draft is not None:
-        devices |= set(recipe.draft.devices)
-    problem = support.multi_node_problem(runtime, len(devices), recipe.kubernetes.gpus_per_node)
+    gpus = len(recipe.engine_gpus(runtime))
+    problem = support.multi_node_problem(runtime, gpus, recipe.kubernetes.gpus_per_node)
     if problem is None:
         return []
     field, why = problem

@@ -292,10 +292,10 @@ def launch_layout(recipe: Recipe, runtime: str) -> dict:
     if runtime == "torch":
         return layout
     target, draft = recipe.target, recipe.draft
-    layout["gpus"] = sorted({gpu for spec in recipe.models().values() for gpu in spec.devices})
+    layout["gpus"] = recipe.engine_gpus(runtime)
     if runtime == "trtllm-pytorch":
         env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, target.devices))}
-        return layout | {"mode": "llmapi", "mpi": True, "env": env, "gpus": list(target.devices)}
+        return layout | {"mode": "llmapi", "mpi": True, "env": env}
     if recipe.triton.fast_logits:
         return layout | {
             "mode": "orchestrator-prespawn",

@@ -17,7 +17,6 @@ from trtspec.builders.support import multi_node_problem
 from trtspec.core.errors import RecipeError
 from trtspec.core.trtllm import NGC_TRITON_TRTLLM_IMAGE, TRTLLM_VERSION
 from trtspec.recipe import DEMO_SCHEME, Recipe
-from trtspec.triton_repo.values import launch_layout
 
 RUNTIMES = ("torch", "tensorrtllm", "trtllm-pytorch")
 # The container's folders (docker/Dockerfile's ENV and WORKDIR).
@@ -103,12 +102,12 @@ def default_image(runtime: str, device: str) -> tuple[str, str | None]:
 
 
 def placed_gpus(recipe: Recipe, runtime: str) -> tuple[int, str]:
-    """(GPUs one replica needs, how the recipe places them), from the layout ``serve`` launches."""
+    """(GPUs one replica needs, how the recipe places them): the engine workers' GPUs that ``serve`` launches on."""
     if runtime == "torch":
         if recipe.triton.device == "cpu":
             return 0, "the torch runtime on triton.device cpu"
         return 1, "the torch runtime on triton.device cuda (both models in one process)"
-    gpus = launch_layout(recipe, runtime)["gpus"]
+    gpus = recipe.engine_gpus(runtime)
     t = recipe.target
     how = f"target tp_size {t.tp_size} x pp_size {t.pp_size}"
     draft = recipe.draft  # None: prompt lookup proposes alone
