@@ -191,3 +191,18 @@ def test_calibration_data_named_on_the_command_line_is_checked_before_any_model_
         in result.output
     )
     assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "q").exists()
+
+
+@pytest.mark.parametrize("command", ["convert", "quantize"])
+def test_the_draft_of_a_recipe_without_one_is_one_line(runner, tiny_pair, tmp_path, command):
+    """A recipe where prompt lookup proposes alone has no draft: asking for it names that, not a KeyError or the
+    draft.model field that --model's own overrides would have started."""
+    path = tmp_path / "ngram.yaml"
+    data = {"name": "ng", "target": {"model": str(tiny_pair[0])}, "speculative": {"proposer": "ngram"}}
+    path.write_text(yaml.safe_dump(data))
+    result = runner.invoke(cli, [command, str(path), "--model", "draft", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines() == [
+        f"Error: {path}: draft: the recipe has no draft model (prompt lookup proposes alone); use --model target"
+    ]
+    assert not (tmp_path / "out").exists()

@@ -27,7 +27,7 @@ from trtspec.builders.export_pipeline import (
     run_export,
 )
 from trtspec.core import layout
-from trtspec.core.errors import CheckFailed, CheckpointError, ModelError
+from trtspec.core.errors import CheckFailed, CheckpointError, ModelError, RecipeError
 from trtspec.core.model_dir import read_hf_config, require_device, require_matching_weights
 from trtspec.outputs import check_output_dir
 from trtspec.recipe import CalibrationSpec, ModelSpec, load_recipe
@@ -274,7 +274,15 @@ class ExportSpec:
 def export_checkpoints(spec: ExportSpec, console=None) -> list:
     """The recipe with ``spec``'s overrides, each of its models' checkpoint written and verified (export_models);
     "both" is the recipe's models (the target alone where prompt lookup proposes without a draft)."""
-    roles = list(load_recipe(spec.recipe).models()) if spec.model == "both" else [spec.model]
+    models = load_recipe(spec.recipe).models()
+    if spec.model not in (*models, "both"):
+        # before the overrides, which would start a draft section and then ask for its model
+        raise RecipeError(
+            spec.recipe,
+            "draft",
+            "the recipe has no draft model (prompt lookup proposes alone); use --model target",
+        )
+    roles = list(models) if spec.model == "both" else [spec.model]
     overrides = spec.shared | {
         f"{role}.{key}": value for role in roles for key, value in spec.per_role.items()
     }
