@@ -201,3 +201,24 @@ def test_a_grpc_client_thread_keeps_its_connection_and_replaces_it_after_an_erro
         client.generate("def f(x):", 0, 1)  # refused by the server
     assert client._connections.client is None  # the next request connects afresh
     assert client.generate("def f(x):", 4, 1).text == first.text
+
+
+def test_a_server_that_stops_answering_is_one_line(served):
+    """A request whose next response does not come within the client's wait (a stuck request): one line naming
+    the server and the wait, over gRPC's stream (a real server, a wait shorter than any response) and over HTTP
+    (a socket that takes the request and never answers), not a queue.Empty or TimeoutError traceback."""
+    import socket
+
+    from trtspec.validate.triton_client import TritonClient
+
+    _, server = served
+    impatient = TritonClient(server.ports.grpc_url, "grpc", timeout_s=1e-4)
+    with pytest.raises(ServerError, match=r"sent nothing for 0\.0001 s; check the server's log for a stuck"):
+        impatient.generate("def f(x):", 64, 1)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        client = TritonClient(url, model="tensorrt_llm_bls", interface="trtspec", timeout_s=0.5)
+        with pytest.raises(ServerError, match=rf"^Triton at {url} sent nothing for 0\.5 s; "):
+            client.generate("def f(x):", 2)

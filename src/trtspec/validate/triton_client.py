@@ -237,6 +237,11 @@ class TritonClient:
             if self.protocol == "grpc":
                 return self._grpc(fields)
             return self._http(fields, stream)
+        except (queue.Empty, TimeoutError):  # a gRPC stream's wait for its next response, an HTTP read
+            raise ServerError(
+                f"Triton at {self.url} sent nothing for {self.timeout_s:g} s; check the server's log for a stuck "
+                "request"
+            ) from None
         except (ConnectionError, urllib.error.URLError) as err:
             raise ServerError(
                 f"cannot reach Triton at {self.url} ({getattr(err, 'reason', err)}); "
