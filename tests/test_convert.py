@@ -214,5 +214,39 @@ def test_memory_check_refuses_before_loading(llama_dir, tmp_path, monkeypatch):
     from trtspec.builders import environment
 
     monkeypatch.setattr(environment, "available_bytes", lambda place: 1024)
-    with pytest.raises(CheckFailed, match=r"needs about .* GiB of cpu memory at peak"):
+    with pytest.raises(CheckFailed, match=r"needs about .* GiB of cpu memory at peak") as refused:
         export_checkpoint(ModelSpec(model=llama_dir), tmp_path / "out", calibration=CALIB)
+    assert refused.value.message.endswith(
+        f"GiB is available; use a machine with more memory, or {GPU} and {SKIP}"
+    )
+
+
+GPU = "load on the GPU (--device cuda, or calibration.device: cuda)"
+SKIP = "skip verification (convert or quantize --no-verify)"
+
+
+@pytest.mark.parametrize(
+    ("place", "device", "verify", "remedy"),
+    [
+        ("cpu", "cpu", True, f"use a machine with more memory, or {GPU} and {SKIP}"),
+        ("cpu", "cpu", False, f"use a machine with more memory, or {GPU}"),
+        ("cpu", "cuda", True, f"{SKIP} or use a machine with more memory"),
+        ("cpu", "cuda", False, "use a machine with more memory"),
+        ("cuda", "cuda", True, "free the GPU or use one with more memory"),
+    ],
+)
+def test_the_memory_remedy_lowers_the_peak_that_did_not_fit(place, device, verify, remedy):
+    """What each remedy changes lowers that place's peak in conversion_peak_bytes (a bigger machine aside); on CPU
+    neither the GPU alone nor skipping verification alone would."""
+    from trtspec.builders.export_pipeline import _memory_remedy, conversion_peak_bytes
+
+    def peak(on: str, check: bool) -> int:
+        return conversion_peak_bytes(100, on, check)[place]
+
+    assert _memory_remedy(place, device, verify) == remedy
+    if GPU in remedy:
+        assert peak("cuda", verify and SKIP not in remedy) < peak(device, verify)
+    if remedy.startswith(SKIP):
+        assert peak(device, False) < peak(device, verify)
+    if (place, device, verify) == ("cpu", "cpu", True):
+        assert peak("cuda", True) == peak("cpu", False) == peak("cpu", True)

@@ -85,8 +85,21 @@ def require_conversion_memory(model_dir: Path, device: str, verify: bool) -> Non
         if free is not None and bytes_needed > free:
             raise CheckFailed(
                 f"{model_dir}: converting needs about {bytes_needed / 2**30:.1f} GiB of {place} memory at peak, "
-                f"{free / 2**30:.1f} GiB is available; use --device cuda, a bigger machine, or --no-verify"
+                f"{free / 2**30:.1f} GiB is available; {_memory_remedy(place, device, verify)}"
             )
+
+
+def _memory_remedy(place: str, device: str, verify: bool) -> str:
+    """What lowers the peak that did not fit (conversion_peak_bytes): on CPU the float32 load and the verifier's
+    float32 copy peak alike, so only the GPU taking the load and no verification together lower it. build runs
+    both steps from the recipe; convert and quantize take the flags."""
+    gpu = "load on the GPU (--device cuda, or calibration.device: cuda)"
+    skip = "skip verification (convert or quantize --no-verify)"
+    if place == "cuda":
+        return "free the GPU or use one with more memory"
+    if device == "cpu":
+        return f"use a machine with more memory, or {gpu}" + (f" and {skip}" if verify else "")
+    return f"{skip} or use a machine with more memory" if verify else "use a machine with more memory"
 
 
 def export_bytes(spec: ModelSpec) -> int:
