@@ -290,7 +290,7 @@ def test_a_model_too_large_for_memory_is_one_line_naming_it(tmp_path, tiny_pair)
     assert lines[0].startswith(
         f"Error: {big}: the model does not fit in host memory (can't allocate memory: "
     )
-    assert lines[0].endswith("; free memory or use a smaller model or dtype")
+    assert lines[0].endswith("; free memory or use a machine with more")
 
 
 def test_running_out_of_gpu_memory_is_one_line(tiny_pair, monkeypatch, capsys):
@@ -325,9 +325,32 @@ def test_running_out_of_gpu_memory_is_one_line(tiny_pair, monkeypatch, capsys):
     assert stop.value.code == 1
     assert capsys.readouterr().err.splitlines() == [
         "Error: out of GPU memory (CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
-        "79.15 GiB of which 5.62 MiB is free.); free the GPU, run fewer concurrent requests, spread the model over "
-        "more GPUs or use a smaller dtype"
+        "79.15 GiB of which 5.62 MiB is free.); free the GPU, use a machine with more, or lower the dtype or the "
+        "concurrency"
     ]
+
+
+def test_a_model_too_large_for_its_gpu_is_named(tiny_pair, monkeypatch):
+    """The move of a loaded model onto a GPU too small for it (torch's OutOfMemoryError, raised for real only by
+    a GPU) names the model's folder."""
+    import torch
+
+    from trtspec.core.errors import OutOfMemory
+    from trtspec.engines import models
+
+    class LoadedModel:  # what load_hf_model returns, moved as torch moves a module onto a full GPU
+        def to(self, device):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB.")
+
+    monkeypatch.setattr(models, "load_hf_model", lambda *args, **kwargs: LoadedModel())
+    target = tiny_pair[0]
+    expected = (
+        f"{target}: the model does not fit in GPU memory (CUDA out of memory. Tried to allocate 20.00 MiB.); "
+        "free the GPU or use a machine with more"
+    )
+    with pytest.raises(OutOfMemory) as refused:
+        models.load_causal_lm(target, device="cuda")
+    assert refused.value.message == expected
 
 
 def test_out_of_memory_names_gpu_or_host_and_nothing_else():
@@ -337,8 +360,8 @@ def test_out_of_memory_names_gpu_or_host_and_nothing_else():
 
     gpu = out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.\nmore"))
     assert gpu.message == (
-        "out of GPU memory (CUDA out of memory. Tried to allocate 2.00 GiB.); free the GPU, run fewer concurrent "
-        "requests, spread the model over more GPUs or use a smaller dtype"
+        "out of GPU memory (CUDA out of memory. Tried to allocate 2.00 GiB.); free the GPU, use a machine with "
+        "more, or lower the dtype or the concurrency"
     )
     assert gpu.exit_code == 1
     with pytest.raises(RuntimeError) as host:
@@ -346,5 +369,37 @@ def test_out_of_memory_names_gpu_or_host_and_nothing_else():
     assert out_of_memory(host.value, "m: the draft").message.startswith(
         "m: the draft does not fit in host memory (can't allocate memory: you tried to allocate "
     )
-    assert out_of_memory(MemoryError()).message.startswith("out of host memory (MemoryError); free memory, ")
+    assert out_of_memory(MemoryError(), "f.bin").message == (
+        "f.bin does not fit in host memory (MemoryError); free memory or use a machine with more"
+    )
     assert out_of_memory(RuntimeError("shape mismatch")) is None and out_of_memory(ValueError("x")) is None
+
+
+def test_weight_files_too_large_to_read_are_not_called_corrupt(tmp_path, monkeypatch):
+    """A .bin state dict or a checkpoint rank read when host memory runs out (torch's CPU allocator's own error,
+    raised here where the machine cannot be made to run out): named as memory, not as a broken file."""
+    import safetensors.torch
+    import torch
+
+    from trtspec.builders import interpreter
+    from trtspec.core.errors import OutOfMemory
+    from trtspec.core.model_dir import _load_state_dict
+
+    with pytest.raises(RuntimeError) as refusal:
+        torch.empty(2**50)
+
+    def no_room(*args, **kwargs):
+        raise refusal.value
+
+    monkeypatch.setattr(torch, "load", no_room)
+    monkeypatch.setattr(safetensors.torch, "load_file", no_room)
+    (tmp_path / "pytorch_model.bin").write_bytes(b"")
+    (tmp_path / "rank0.safetensors").write_bytes(b"")
+    for read, path in [
+        (lambda: _load_state_dict(tmp_path / "pytorch_model.bin"), tmp_path / "pytorch_model.bin"),
+        (lambda: interpreter.read_ranks(tmp_path, 1), tmp_path / "rank0.safetensors"),
+    ]:
+        with pytest.raises(
+            OutOfMemory, match=rf"^{path} does not fit in host memory \(can't allocate memory: "
+        ):
+            read()

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.core.errors import CheckpointError
+from trtspec.core.model_dir import out_of_memory
 
 ROW_PARALLEL = ("attention.dense", "mlp.proj")
 HF_LINEAR = {
@@ -84,7 +85,9 @@ def read_ranks(ckpt_dir: Path, world_size: int) -> list[dict]:
         try:
             ranks.append(load_file(path))
         except Exception as err:  # safetensors raises its own error type for truncated/corrupt files
-            raise CheckpointError(f"{path}: corrupt safetensors ({err}); re-run trtspec convert") from None
+            raise out_of_memory(err, str(path)) or CheckpointError(
+                f"{path}: corrupt safetensors ({err}); re-run trtspec convert"
+            ) from None
     return ranks
 
 

@@ -177,20 +177,23 @@ def out_of_memory(err: BaseException, where: str = "") -> OutOfMemory | None:
     core imports no torch: torch raises ``torch.OutOfMemoryError`` on a GPU and a plain RuntimeError from its CPU
     allocator; Python's own is MemoryError. ``where`` names what was being loaded ("<folder>: the draft")."""
     if type(err).__name__ == "OutOfMemoryError":
-        memory, steps = "GPU", ["free the GPU", "spread the model over more GPUs", "use a smaller dtype"]
+        memory, room = "GPU", "the GPU"
     elif isinstance(err, MemoryError) or (
         isinstance(err, RuntimeError) and "DefaultCPUAllocator" in str(err)
     ):
-        memory, steps = "host", ["free memory", "use a smaller model or dtype"]
+        memory, room = "host", "memory"
     else:
         return None
-    subject = f"{where} does not fit in {memory} memory" if where else f"out of {memory} memory"
-    if not where:  # a batch's caches may be what did not fit
-        steps.insert(1, "run fewer concurrent requests")
-    remedy = ", ".join(steps[:-1]) + " or " + steps[-1]
     # torch's CPU allocator opens with its source line ("[enforce fail at alloc_cpu.cpp:127] err == 0. ")
     said = error_line(err).split("DefaultCPUAllocator: ")[-1] or type(err).__name__
-    return OutOfMemory(f"{subject} ({said}); {remedy}", detail=repr(err))
+    if where:
+        message = f"{where} does not fit in {memory} memory ({said}); free {room} or use a machine with more"
+    else:  # a model, its caches or a batch's: the command cannot tell which
+        message = (
+            f"out of {memory} memory ({said}); free {room}, use a machine with more, or lower the dtype or the "
+            "concurrency"
+        )
+    return OutOfMemory(message, detail=repr(err))
 
 
 # A tokenizer folder's JSON files: one that does not parse is named, rather than the tokenizer as a whole.
@@ -317,7 +320,7 @@ def _load_state_dict(path: Path) -> dict:
             state = torch.load(path, map_location="cpu", weights_only=True)  # the legacy (non-zip) format
     except Exception as err:  # noqa: BLE001 - pickle, zip or OSError: one message for a broken file
         reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise ModelError(
+        raise out_of_memory(err, str(path)) or ModelError(
             f"{path}: not a readable PyTorch checkpoint ({reason}); re-download or re-save the model"
         ) from None
     if not isinstance(state, dict):
@@ -392,10 +395,7 @@ def _from_pretrained(model_dir: Path | str, what: str, trust_remote_code: bool, 
                 **kwargs,
             )
     except Exception as err:  # noqa: BLE001 - transformers/safetensors raise many types for a broken checkpoint
-        too_large = out_of_memory(err, f"{model_dir}: {what}")
-        if too_large is not None:
-            raise too_large from None
-        raise ModelError(
+        raise out_of_memory(err, f"{model_dir}: {what}") or ModelError(
             f"{model_dir}: cannot load {what} ({type(err).__name__}: {error_line(err)}); check that its weight "
             "files are complete",
             detail=repr(err),

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from trtspec.core.errors import ModelError
-from trtspec.core.model_dir import load_hf_model
+from trtspec.core.model_dir import load_hf_model, out_of_memory
 
 LEAN_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -352,7 +352,14 @@ def load_causal_lm(
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
         raise ModelError(f"{model_dir}: no config.json; pass a Hugging Face model directory")
-    hf_model = load_hf_model(model_dir, dtype, trust_remote_code).to(device).eval()
+    hf_model = load_hf_model(model_dir, dtype, trust_remote_code)
+    try:
+        hf_model = hf_model.to(device).eval()
+    except (RuntimeError, MemoryError) as err:  # a GPU too small for it: named, as a load's own refusal is
+        too_large = out_of_memory(err, f"{model_dir}: the model")
+        if too_large is None:
+            raise
+        raise too_large from None
     reason = lean_unsupported_reason(hf_model.config, max_seq_len)
     use_lean = reason is None if lean is None else lean
     if use_lean and reason is not None:
