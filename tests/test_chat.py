@@ -114,11 +114,16 @@ def test_prompt_files_take_messages_and_chat_makes_raw_prompts_chats(tmp_path):
         '{"messages": [{"role": "user"}]}': '"messages" must be a non-empty list',
         '{"messages": "hi"}': '"messages" must be a non-empty list',
         '{"prompt": "a", "messages": [{"role": "user", "content": "b"}]}': 'give "messages" .* not both',
+        # half a UTF-16 pair (text cut inside an emoji) would reach the tokenizer as a TypeError
+        r'{"prompt": "def f\ud83d(x):"}': r"holds half of a UTF-16 pair \(\\ud83d\), as text cut inside",
+        r'{"messages": [{"role": "user", "content": "\udc00"}]}': r"holds half of a UTF-16 pair \(\\udc00\)",
     }
     for line, message in bad.items():
         path.write_text(line + "\n")
         with pytest.raises(PromptSetError, match="p.jsonl:1: " + message):
             load_prompts(path)
+    path.write_text(r'{"prompt": "a whole pair \ud83d\ude00"}' + "\n")
+    assert load_prompts(path)[0].text == "a whole pair \U0001f600"
 
 
 def test_generate_chat_prompts_the_model_with_the_rendered_ids(runner, chat_pair):

@@ -108,6 +108,14 @@ def parse_prompt_line(line: str, where: str, index: int) -> Prompt:
         raise PromptSetError(
             f'{where}: expected a JSON object like {{"prompt": "..."}}, got {type(data).__name__}'
         )
+    try:  # JSON's \ud800 escapes decode to half a character, which no tokenizer takes
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as err:
+        half = err.object[err.start : err.end].encode("unicode_escape").decode()
+        raise PromptSetError(
+            f"{where}: holds half of a UTF-16 pair ({half}), as text cut inside a character does; fix the escape "
+            "or save the text as UTF-8"
+        ) from None
     messages = _parse_messages(data, where) if "messages" in data else None
     text = messages[-1]["content"] if messages else data.get("prompt", data.get("text"))
     if messages is None and (not isinstance(text, str) or not text):
