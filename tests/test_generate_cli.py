@@ -403,3 +403,25 @@ def test_weight_files_too_large_to_read_are_not_called_corrupt(tmp_path, monkeyp
             OutOfMemory, match=rf"^{path} does not fit in host memory \(can't allocate memory: "
         ):
             read()
+
+
+def test_generate_without_a_recipe_stays_within_the_models_positions(runner, tiny_pair, tmp_path):
+    """--target/--draft folders bring no limits.max_seq_len: the length is the smaller model's
+    max_position_embeddings (past it a model's output is not defined), said before either model loads."""
+    import shutil
+
+    target, draft = tiny_pair
+    short = shutil.copytree(draft, tmp_path / "draft")
+    config = json.loads((short / "config.json").read_text())
+    (short / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 24}))
+    base = ["generate", "--target", str(target), "--draft", str(short), "--prompt", "def add(a, b):"]
+    result = runner.invoke(cli, [*base, "--max-new-tokens", "40"])
+    assert result.exit_code == 2, result.output
+    prompt_tokens = int(result.output.split(": ")[2].split()[0])
+    assert result.output.strip() == (
+        f"Error: --max-new-tokens 40: {prompt_tokens} prompt tokens + 40 > 24, max_position_embeddings of {short}; "
+        "lower --max-new-tokens or shorten the prompt"
+    )
+    fits = runner.invoke(cli, [*base, "--max-new-tokens", str(24 - prompt_tokens), "--json"])
+    assert fits.exit_code == 0, fits.output
+    assert len(json.loads(fits.stdout)["token_ids"]) <= 24 - prompt_tokens

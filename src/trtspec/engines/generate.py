@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from trtspec.core.errors import ModelError, RequestError
 from trtspec.core.lookup import LookupSpec, uses_draft
+from trtspec.core.model_dir import read_hf_config
 from trtspec.engines.adaptive import KPolicy, policy_for
 
 if TYPE_CHECKING:
@@ -58,6 +59,7 @@ class _Models:
     lookup: LookupSpec = LookupSpec()
     heterogeneous_vocab: bool = False  # the recipe lets the draft have a tokenizer of its own
     limits: LimitsSpec | None = None  # the recipe's (None: --target, no recipe)
+    seq_limit: str = "the recipe's limits.max_seq_len"  # what sets max_seq_len, for the error that meets it
 
 
 def resolve_models(spec: GenerateSpec) -> _Models:
@@ -82,6 +84,19 @@ def resolve_models(spec: GenerateSpec) -> _Models:
     for path in (models.target, models.draft):
         if path is not None and not (Path(path) / "config.json").is_file():
             raise ModelError(f"{path}: not a Hugging Face model directory (no config.json)")
+    return _within_positions(models) if spec.target is not None else models
+
+
+def _within_positions(models: _Models) -> _Models:
+    """Without a recipe, the length is the models' own: past max_position_embeddings a model's output is not
+    defined (rotary positions it never saw, or an index past a learned table)."""
+    for path in (models.target, models.draft):
+        config = read_hf_config(path) if path is not None else {}
+        positions = config.get("max_position_embeddings") or (config.get("text_config") or {}).get(
+            "max_position_embeddings"
+        )
+        if isinstance(positions, int) and 0 < positions < models.max_seq_len:
+            models = replace(models, max_seq_len=positions, seq_limit=f"max_position_embeddings of {path}")
     return models
 
 
@@ -98,6 +113,7 @@ def _from_dirs(spec: GenerateSpec) -> _Models:
         max_draft_len=spec.max_draft_len or 8,
         num_draft_tokens=None,
         max_seq_len=2048,
+        seq_limit="generate's length without a recipe (a recipe's limits.max_seq_len sets another)",
         dtype="bfloat16",
         trust_remote_code=False,
         proposer=proposer,
@@ -189,6 +205,11 @@ def run_generate(spec: GenerateSpec, on_text: Callable[[str], None] | None = Non
     prompt_ids = _encode(spec, models)  # before the models load: a chat needs a chat template
     if models.limits is not None and (problem := models.limits.prompt_problem(len(prompt_ids))):
         raise RequestError(f"--prompt: {problem}")
+    if len(prompt_ids) + spec.max_new_tokens > models.max_seq_len:  # said before the models load
+        raise RequestError(
+            f"--max-new-tokens {spec.max_new_tokens}: {len(prompt_ids)} prompt tokens + {spec.max_new_tokens} > "
+            f"{models.max_seq_len}, {models.seq_limit}; lower --max-new-tokens or shorten the prompt"
+        )
     engine = SpeculativeEngine.from_pretrained(
         models.target,
         models.draft,
