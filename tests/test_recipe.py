@@ -50,6 +50,36 @@ def test_overrides_apply_before_validation(tmp_path, tiny_pair):
         load_recipe(path, {"speculative.max_draft_len": 0})
 
 
+@pytest.mark.parametrize(
+    ("section", "said"),
+    [
+        ("triton:", "triton: empty section; give its fields or remove it"),
+        ("triton: 5", "triton: must be a mapping to take triton.runtime from the command line (got 5)"),
+    ],
+)
+def test_an_option_into_a_section_that_cannot_hold_it_names_the_recipe(tmp_path, tiny_pair, section, said):
+    """A command-line option (--runtime) lands in the recipe's section; where the file's section cannot hold it
+    the error names the file and the section, as the recipe's own check does, not a '<cli>' source."""
+    path = tmp_path / "r.yaml"
+    path.write_text(
+        f"name: x\ntarget: {{model: {tiny_pair[0]}}}\ndraft: {{model: {tiny_pair[1]}}}\n{section}\n"
+    )
+    with pytest.raises(RecipeError) as refused:
+        load_recipe(path, {"triton.runtime": "torch"})
+    assert refused.value.message == f"{path}: {said}"
+
+
+def test_a_model_path_of_a_user_this_machine_lacks_is_a_field_error(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("name: x\ntarget: {model: ~no-such-user-here/m}\n")
+    with pytest.raises(RecipeError) as refused:
+        load_recipe(path)
+    assert refused.value.message == (
+        f"{path}: target.model: ~no-such-user-here: no such user here; give the folder's full path (got "
+        "'~no-such-user-here/m')"
+    )
+
+
 def test_num_draft_tokens_cannot_exceed_max_draft_len(tiny_pair):
     data = {
         "name": "x",

@@ -54,7 +54,10 @@ def resolve_model_path(value: str | Path, base_dir: Path) -> Path:
     text = str(value)
     if text.startswith(DEMO_SCHEME):
         return DEMO_DIR / text[len(DEMO_SCHEME) :]
-    path = Path(text).expanduser()
+    try:
+        path = Path(text).expanduser()
+    except RuntimeError:  # ~name of a user this machine does not have
+        raise ValueError(f"{text.split('/')[0]}: no such user here; give the folder's full path") from None
     return path if path.is_absolute() else (base_dir / path).resolve()
 
 
@@ -479,13 +482,20 @@ class Recipe(_Strict):
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-def _set_dotted(data: dict, dotted: str, value: Any) -> None:
+def _set_dotted(data: dict, dotted: str, value: Any, source: Path | str) -> None:
+    """Set a command-line option's field in the recipe's data, refusing a section that cannot hold it as the
+    recipe's own check would (an empty section is an error with or without the option)."""
     node = data
     *parents, leaf = dotted.split(".")
-    for key in parents:
+    for depth, key in enumerate(parents):
         node = node.setdefault(key, {})
+        section = ".".join(parents[: depth + 1])
+        if node is None:
+            raise RecipeError(source, section, "empty section; give its fields or remove it")
         if not isinstance(node, dict):
-            raise RecipeError("<cli>", dotted, f"cannot set {dotted}: {key} is not a mapping")
+            raise RecipeError(
+                source, section, f"must be a mapping to take {dotted} from the command line (got {node!r})"
+            )
     node[leaf] = value
 
 
@@ -613,7 +623,7 @@ def load_recipe(
     data = _read_yaml(path)
     for dotted, value in (overrides or {}).items():
         if value is not None:
-            _set_dotted(data, dotted, value)
+            _set_dotted(data, dotted, value, path)
     real = path.resolve()
     return recipe_from_dict(data, source=path, base_dir=real.parent, check_paths=check_paths)
 
@@ -648,6 +658,6 @@ def recipe_copy(
             if isinstance(node, dict):
                 node.pop(leaf, None)
         else:
-            _set_dotted(data, dotted, value)
+            _set_dotted(data, dotted, value, dest)
     recipe_from_dict(data, source=dest, base_dir=Path(dest).absolute().parent, check_paths=check_paths)
     return header + yaml.safe_dump(data, sort_keys=False, default_flow_style=None)
