@@ -318,6 +318,14 @@ def test_refusals_are_one_line_and_write_nothing(runner, tmp_path, monkeypatch):
     result = invoke(cli, [*base, "--prompts", str(prompts), "--budget", "0.0001"])
     assert result.exit_code == 2 and "--budget 0.0001: too small" in result.output
 
+    # the work folder goes once the output is written: an output inside it would go too
+    inside = ["--out", str(tmp_path / "work" / "draft"), "--work-dir", str(tmp_path / "work")]
+    result = invoke(cli, ["align", str(recipe), *inside, "--prompts", str(prompts)])
+    assert result.exit_code == 2 and (
+        f"--out {tmp_path / 'work' / 'draft'} is inside --work-dir {tmp_path / 'work'}; choose a folder beside"
+        in result.output
+    )
+
     monkeypatch.setattr(environment, "available_bytes", lambda place: 1_000_000)
     result = invoke(cli, [*base, "--prompts", str(prompts)])
     assert result.exit_code == 2 and "GiB of cpu memory is free" in result.output
@@ -335,6 +343,7 @@ def test_refusals_are_one_line_and_write_nothing(runner, tmp_path, monkeypatch):
     for outcome in outcomes:
         assert len(outcome.output.strip().splitlines()) == 1 and "Traceback" not in outcome.output
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
+    assert not (tmp_path / "work").exists()
 
 
 def test_held_out_split_streams_every_nth_prompt():

@@ -258,6 +258,8 @@ def run_align(spec: AlignSpec, on_progress: StageProgress | None = None) -> Alig
     work_path = Path(spec.work_dir or default_work).absolute()
     if work_path == out or out in work_path.parents:
         raise OutputError(f"--work-dir {work_path} is inside --out {out}; choose a folder beside it")
+    if work_path in out.parents:  # the work folder is removed once the output is written
+        raise OutputError(f"--out {out} is inside --work-dir {work_path}; choose a folder beside it")
     require_device(spec.device)
     refuse_two_tokenizers(recipe)
     refuse_failed_check(recipe)
