@@ -525,6 +525,16 @@ def test_bench_refuses_a_write_recipe_path_it_cannot_write_before_running(
     assert result.exit_code == 2, result.output
     assert "--write-recipe" in result.output and "is a file, not a folder" in result.output
     assert (tmp_path / "notes.txt").read_text() == "keep me"
+    # inside --out it may go, but not onto one of the report's own files
+    out = tmp_path / "report"
+    for name in ("bench.json", "bench.md", "speedup_acceptance.png"):
+        args = ["bench", str(recipe), "--out", str(out), "--write-recipe", str(out / name)]
+        result = runner.invoke(cli, args)
+        assert result.exit_code == 2, result.output
+        assert result.output.strip() == (
+            f"Error: --write-recipe {out / name} is the report's own {name}; choose another name, e.g. "
+            f"{out / 'recipe.yaml'}"
+        )
 
 
 def test_bound_uses_measured_tokens_per_round_where_rounds_are_counted():

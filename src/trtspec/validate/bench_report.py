@@ -319,6 +319,9 @@ def bench_markdown(result: BenchResult, plots: list[str] | None = None) -> str:
     return "\n".join(parts) + "\n"
 
 
+PLOTS = ("speedup_acceptance.png", "latency_concurrency.png")
+
+
 def write_plots(result: BenchResult, out_dir: Path) -> list[Path]:
     """speedup_acceptance.png (speedup, bound and acceptance vs K) and latency_concurrency.png (TTFT/ITL p50 vs
     concurrency per K) into ``out_dir``; returns their paths. Lines are per proposer where several were swept."""
@@ -350,7 +353,7 @@ def write_plots(result: BenchResult, out_dir: Path) -> list[Path]:
     for ax in (ax_speed, ax_acc):
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
-    paths = [_save(fig, out_dir / "speedup_acceptance.png")]
+    paths = [_save(fig, out_dir / PLOTS[0])]
     fig, (ax_ttft, ax_itl) = plt.subplots(1, 2, figsize=(10, 4))
     for (proposer, k), sel in _concurrency_lines(every).items():
         label = "target-only" if k == 0 else "adaptive K" if k is None else f"K={k}"
@@ -366,7 +369,7 @@ def write_plots(result: BenchResult, out_dir: Path) -> list[Path]:
     for ax in (ax_ttft, ax_itl):
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
-    paths.append(_save(fig, out_dir / "latency_concurrency.png"))
+    paths.append(_save(fig, out_dir / PLOTS[1]))
     return paths
 
 

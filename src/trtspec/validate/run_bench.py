@@ -13,12 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from trtspec.core.errors import EditedOutput, TrtspecError
+from trtspec.core.errors import EditedOutput, OutputError, TrtspecError
 from trtspec.outputs import check_output_dir, check_output_file, write_file_atomic, write_output_dir
 from trtspec.validate.bench import BenchResult
 from trtspec.validate.inputs import (
     RunOptions,
     SystemOptions,
+    check_num_draft_tokens,
     check_proposers,
     load_run_requests,
     open_system,
@@ -75,8 +76,9 @@ def bench(options: BenchOptions, on_progress: SweepProgress | None = None) -> Be
     out_dir = options.out_dir or Path("bench") / recipe.name
     check_output_dir(out_dir, *BENCH_OUTPUT, force=options.force)  # before the sweep, not after
     if options.write_recipe:
-        # the recipe itself may be updated in place; the prompts may not be replaced by a recipe
+        # the recipe itself may be updated in place; the prompts and the report may not be replaced by a recipe
         check_output_file(options.write_recipe, "--write-recipe", {"--prompts": options.prompts})
+        _refuse_report_file(options.write_recipe, out_dir)
     lookup = any(map(uses_lookup, proposers))
     prompts, tokenizer, requests, more_notes = load_run_requests(recipe, options, lookup=lookup)
     notes += more_notes
@@ -100,6 +102,17 @@ def bench(options: BenchOptions, on_progress: SweepProgress | None = None) -> Be
     )
 
 
+def _refuse_report_file(path: Path, out_dir: Path) -> None:
+    """--write-recipe may lie inside --out, but not on a file of the report itself."""
+    from trtspec.validate.bench_report import PLOTS
+
+    copy, folder = Path(path).absolute(), Path(out_dir).absolute()
+    if copy.parent == folder and copy.name in (BENCH_MARKER, "bench.md", *PLOTS):
+        raise OutputError(
+            f"--write-recipe {path} is the report's own {copy.name}; choose another name, e.g. {folder / 'recipe.yaml'}"
+        )
+
+
 def _sweep_grid(options: BenchOptions, recipe, notes: list[str]) -> BenchOptions:
     """``options`` with the K values and concurrencies to sweep: the given ones, else 1..max_draft_len and
     DEFAULT_CONCURRENCY up to limits.max_batch_size for the in-process systems (noted)."""
@@ -118,13 +131,8 @@ def _sweep_grid(options: BenchOptions, recipe, notes: list[str]) -> BenchOptions
 
 def _check_sweep(options: BenchOptions, recipe) -> None:
     """K and concurrency the system can take: K <= max_draft_len; in-process, one KV-cache slot per request."""
-    max_draft_len = recipe.speculative.max_draft_len
-    too_big = [k for k in options.ks if k > max_draft_len]
-    if too_big:
-        raise TrtspecError(
-            f"--num-draft-tokens {too_big[0]} > the recipe's speculative.max_draft_len "
-            f"{max_draft_len}; sweep K <= {max_draft_len}"
-        )
+    options.system.check()
+    check_num_draft_tokens(options.ks, recipe)
     limit, biggest = recipe.limits.max_batch_size, max(options.concurrency)
     if options.system.kind != "triton" and biggest > limit:
         raise TrtspecError(
