@@ -204,12 +204,14 @@ def test_generate_errors_are_one_line(runner, tiny_pair, tmp_path):
         (["validate", "demo", "--url", "127.0.0.1:99999"], "'127.0.0.1:99999' is not HOST:PORT with a port in 1..65535"),
         (["bench", "demo", "--url", ""], "Invalid value for '--url': --url '' is not HOST:PORT"),
         (["bench", "demo", "--url", "https://h:8000"], "scheme 'https' is not http or grpc"),
+        (["bench", "demo", "--draft-cost-ratio", "50"], "'--draft-cost-ratio': 50.0 is not in the range 0<x<=10.0"),
     ],
 )  # fmt: skip
 def test_option_values_that_would_reach_a_traceback_or_pass_every_check_are_refused(runner, args, said):
     """A shell passes a non-UTF-8 byte as a lone surrogate (a tokenizer's TypeError); a seed past 64 bits overflows
     torch's generator; nan passes every bound comparison, so a threshold of nan would pass every run; tritonclient
-    wraps a port past 65535, and an empty --url would run in-process."""
+    wraps a port past 65535, and an empty --url would run in-process; a draft cost ratio the recipe's field refuses
+    would fail --write-recipe only after the whole sweep."""
     result = runner.invoke(cli, args)
     assert result.exit_code == 2 and said in result.output and "Traceback" not in result.output, result.output
 

@@ -228,6 +228,33 @@ def test_cli_bad_prompt_file_is_a_usage_error(runner, recipe_path, tmp_path):
     assert result.exit_code == 2 and "bad.jsonl:1: not valid JSON" in result.output
 
 
+@pytest.mark.parametrize("command", ["validate", "bench"])
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--system", "engine", "--url", "127.0.0.1:8001"], "--url 127.0.0.1:8001: --system engine runs in-process"),
+        (["--protocol", "http"], "--protocol is for a server under test; give --url HOST:PORT or drop it"),
+        (["--model", "ensemble"], "--model is for a server under test; give --url HOST:PORT or drop it"),
+        (["--system", "triton"], "--system triton needs --url HOST:PORT"),
+        (["--num-draft-tokens", "99"], "--num-draft-tokens 99 > the recipe's speculative.max_draft_len 4; use K <= 4"),
+    ],
+)  # fmt: skip
+def test_options_the_run_would_ignore_or_refuse_late_are_refused_before_any_work(
+    runner, recipe_path, monkeypatch, command, args, said
+):
+    """Server options beside an in-process system were dropped in silence (--system engine --url measured the
+    engine), and validate checked K against max_draft_len only after the reference had run."""
+
+    def no_requests(*args, **kwargs):
+        raise AssertionError("the run started before its options were checked")
+
+    for module in ("run_validate", "run_bench"):
+        monkeypatch.setattr(f"trtspec.validate.{module}.load_run_requests", no_requests)
+    result = runner.invoke(cli, [command, str(recipe_path), *args])
+    assert result.exit_code == 2, result.output
+    assert said in result.output and len(result.output.strip().splitlines()) == 1, result.output
+
+
 def test_prompts_that_do_not_fit_the_limits_fail_before_any_model_loads(
     runner, recipe_path, tmp_path, monkeypatch
 ):

@@ -29,6 +29,7 @@ from trtspec.core import layout
 from trtspec.core.errors import TrtspecError
 from trtspec.core.interrupts import raise_if_interrupted, record_interrupts
 from trtspec.core.lookup import PROPOSERS
+from trtspec.core.metrics import MAX_DRAFT_COST_RATIO
 from trtspec.core.model_dir import out_of_memory
 from trtspec.validate.bench import LOADS
 from trtspec.validate.inputs import SystemOptions
@@ -729,7 +730,7 @@ def _count_option(flag: str, help: str):
 )
 @click.option(
     "--draft-cost-ratio",
-    type=Finite(min=0, min_open=True),
+    type=Finite(min=0, min_open=True, max=MAX_DRAFT_COST_RATIO),
     help="Draft step / target step time for the analytic bound [default: measured in-process].",
 )
 @out_dir_option("Folder for bench.json, bench.md and the plots [default: bench/<name>].")

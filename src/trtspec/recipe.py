@@ -29,6 +29,7 @@ from pydantic import (
 
 from trtspec.core.errors import RecipeError
 from trtspec.core.lookup import LookupSpec
+from trtspec.core.metrics import MAX_DRAFT_COST_RATIO
 
 DEMO_SCHEME = "demo:"
 ASSETS_DIR = Path(__file__).parent / "assets"
@@ -140,7 +141,10 @@ class SpeculativeSpec(_Strict):
         None, description="adaptive K's cap by load: in-flight sequences (up to) -> largest K, 0 = off"
     )
     draft_cost_ratio: float = Field(
-        0.2, gt=0, le=10, description="adaptive K's cost of one draft step in target decoding steps"
+        0.2,
+        gt=0,
+        le=MAX_DRAFT_COST_RATIO,
+        description="adaptive K's cost of one draft step in target decoding steps",
     )
     use_draft_logits: bool = Field(False, description="accept by draft/target probabilities, not token match")
     proposer: Literal["draft", "ngram", "draft+ngram"] = Field(

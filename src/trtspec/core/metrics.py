@@ -226,6 +226,11 @@ def round_cost(num_draft_tokens: int, draft_cost_ratio: float, verify_cost_ratio
     return num_draft_tokens * draft_cost_ratio + verify_cost_ratio
 
 
+# The dearest draft step the bound and adaptive K take, in target steps: a draft ten times the target's step
+# is a mistaken figure, not a draft.
+MAX_DRAFT_COST_RATIO = 10.0
+
+
 def analytic_speedup_bound(
     tokens_per_round: float, num_draft_tokens: int, draft_cost_ratio: float, verify_cost_ratio: float = 1.0
 ) -> float:

@@ -34,6 +34,36 @@ class SystemOptions:
             return self.system
         return "triton" if self.url else "engine"
 
+    def check(self) -> None:
+        """Refuse, before any work, options the chosen system would ignore."""
+        kind = self.kind
+        if kind == "triton":
+            if not self.url:
+                raise TrtspecError(
+                    "--system triton needs --url HOST:PORT (the server's gRPC or HTTP address)"
+                )
+            return
+        if self.url:
+            raise TrtspecError(
+                f"--url {self.url}: --system {kind} runs in-process and sends nothing; drop one"
+            )
+        ignored = [
+            f for f, on in (("--protocol", self.protocol != "auto"), ("--model", self.triton_model)) if on
+        ]
+        if ignored:
+            raise TrtspecError(f"{ignored[0]} is for a server under test; give --url HOST:PORT or drop it")
+
+
+def check_num_draft_tokens(ks: Collection[int], recipe) -> None:
+    """K within the recipe's max_draft_len (the limit of its engines and of the repository deploy writes), before
+    any work."""
+    limit = recipe.speculative.max_draft_len
+    too_big = [k for k in ks if k is not None and k > limit]
+    if too_big:
+        raise TrtspecError(
+            f"--num-draft-tokens {too_big[0]} > the recipe's speculative.max_draft_len {limit}; use K <= {limit}"
+        )
+
 
 @dataclass(kw_only=True)
 class RunOptions:
@@ -64,8 +94,7 @@ def open_system(recipe, options: SystemOptions, tokenizer=None, proposers: Colle
     if kind == "triton":
         from trtspec.validate.triton_system import TritonSystem
 
-        if not options.url:
-            raise TrtspecError("--system triton needs --url HOST:PORT (the server's gRPC or HTTP address)")
+        options.check()
         return TritonSystem(
             options.url,
             tokenizer,

@@ -14,6 +14,7 @@ from trtspec.core.errors import CheckFailed
 from trtspec.outputs import check_output_file, write_file_atomic
 from trtspec.validate.inputs import (
     RunOptions,
+    check_num_draft_tokens,
     check_proposers,
     load_run_requests,
     open_reference,
@@ -39,6 +40,8 @@ def validate(options: ValidateOptions, on_progress: Callable[[str], None] | None
     from trtspec.validate.validation import other_model_note, run_validation
 
     recipe = load_recipe(options.recipe)
+    options.system.check()
+    check_num_draft_tokens([options.num_draft_tokens], recipe)
     proposer = options.proposer or recipe.speculative.proposer
     check_proposers(recipe, options.system, [proposer])
     if options.report:
