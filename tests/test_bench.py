@@ -83,6 +83,10 @@ def test_rows_speedup_bound_and_recommendation():
     assert rows[2]["per_position_acceptance"] == [1.0, 0.5]
     assert rows[2]["spec_decode"]["num_accepted_tokens_per_pos"] == [4, 2]  # counts under the metric names
     assert result.recommended_k() == {1: 2}
+    # a K whose requests drafted nothing (a lookup that never matched) has no acceptance rate and no bound
+    idle = BenchResult("s", 10, 1, [_point(0, 1, 10, 1.0), _point(2, 1, 10, 1.0)], draft_cost_ratio={1: 0.1})
+    row = next(r for r in idle.rows() if r["num_draft_tokens"] == 2)
+    assert row["acceptance_rate"] is None and row["analytic_bound"] is None
     no_ratio = BenchResult("s", 10, 1, points)
     assert all(r["analytic_bound"] is None for r in no_ratio.rows() if r["num_draft_tokens"])
 
@@ -261,7 +265,9 @@ def test_bench_cli_small_sweep_writes_json_markdown_and_pngs(runner, tiny_pair, 
     for point in saved["points"]:
         k = point["num_draft_tokens"]
         assert point["tokens_per_s"] > 0 and point["ttft_p50_s"] > 0
-        assert (point["acceptance_rate"] is None) == (k == 0)
+        # no rate where nothing was drafted: target-only, or an adaptive point that chose K=0 throughout
+        assert (point["acceptance_rate"] is None) == (point["spec_decode"]["num_draft_tokens"] == 0)
+        assert k != 0 or point["acceptance_rate"] is None
         if k is None:  # adaptive: K per round up to max_draft_len, which the histogram records
             assert point["k"] == "adaptive" and point["analytic_bound"] is None
             assert len(point["num_draft_histogram"]) <= 5 and sum(point["num_draft_histogram"]) > 0

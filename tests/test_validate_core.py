@@ -95,6 +95,22 @@ def test_planted_mismatch_is_caught_with_its_position():
     assert any("--min-control-match" in f for f in failures)
 
 
+def test_nothing_drafted_has_no_acceptance_rate_and_fails_a_minimum_saying_so():
+    """Prompt lookup that never matched drafts nothing: the report's rate is undefined ("-"), not 0.000, and a
+    --min-acceptance gate fails with what happened rather than "0.000 < 0.500"."""
+    ids = [[10, 11, 12]]
+    result = _result(ids, ids, ids, Thresholds(min_acceptance=0.5), stats=(0, 0, 0))
+    assert result.failures() == [
+        "nothing was drafted, so --min-acceptance 0.500 cannot be met (no proposal in 0 target forwards)"
+    ]
+    data = validation_to_dict(result)
+    assert data["overall"]["acceptance_rate"] is None and data["prompts"][0]["acceptance_rate"] is None
+    assert "| acceptance rate | - |" in validation_markdown(result)
+    drafted = _result(ids, ids, ids, Thresholds(min_acceptance=0.5), stats=(3, 8, 2))
+    assert drafted.failures() == ["acceptance rate 0.375 < --min-acceptance 0.500"]
+    assert validation_to_dict(drafted)["overall"]["acceptance_rate"] == 0.375
+
+
 def test_a_system_that_disagrees_from_the_first_token_on_every_prompt_is_named_as_another_model():
     """The control gate passes on a server of another model (its own speculative and target-only runs agree);
     the exact match against the reference is report-only, so a note says what it most likely means."""

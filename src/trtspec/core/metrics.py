@@ -80,6 +80,12 @@ class AcceptanceStats:
         return self.accepted / self.drafted if self.drafted else 0.0
 
     @property
+    def measured_acceptance(self) -> float | None:
+        """acceptance_rate where anything was drafted, else None: a report's rate, which nothing drafted leaves
+        undefined (a served response keeps acceptance_rate's 0, as TensorRT-LLM's does)."""
+        return self.acceptance_rate if self.drafted else None
+
+    @property
     def mean_num_draft_tokens(self) -> float:
         """Mean K per target forward (0 for target-only rounds included)."""
         return self.drafted / self.target_forwards if self.target_forwards else 0.0
@@ -119,10 +125,10 @@ class AcceptanceStats:
             },
         )
 
-    def proposer_acceptance(self, proposer: str) -> float:
-        """accepted / drafted of the rounds ``proposer`` gave (0 where it gave none)."""
+    def proposer_acceptance(self, proposer: str) -> float | None:
+        """accepted / drafted of the rounds ``proposer`` gave (None where it drafted nothing)."""
         _, drafted, accepted = self.by_proposer.get(proposer, [0, 0, 0])
-        return accepted / drafted if drafted else 0.0
+        return accepted / drafted if drafted else None
 
     def to_dict(self) -> dict:
         data = asdict(self)

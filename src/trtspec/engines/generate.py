@@ -179,7 +179,8 @@ class Generated:
             return lines
         return [
             *lines,
-            f"drafted {stats.drafted}, accepted {stats.accepted} (acceptance rate {stats.acceptance_rate:.1%}), "
+            f"drafted {stats.drafted}, accepted {stats.accepted} (acceptance rate "
+            f"{'-' if stats.measured_acceptance is None else format(stats.measured_acceptance, '.1%')}), "
             f"bonus tokens {stats.bonus_tokens}, mean accepted length {stats.mean_accepted_length:.2f}",
             f"accepted-length histogram (0..K): {stats.accepted_length_histogram}",
             f"K per round (target forwards that verified 0, 1, .. draft tokens): {stats.num_draft_histogram}, "
@@ -191,8 +192,9 @@ class Generated:
 def _by_proposer_text(stats) -> str:
     """Drafted and accepted tokens of each proposer that gave a round's draft tokens (draft model, lookup)."""
     return "; ".join(
-        f"{name} drafted {drafted}, accepted {accepted} ({stats.proposer_acceptance(name):.1%})"
+        f"{name} drafted {drafted}, accepted {accepted}" + (f" ({rate:.1%})" if rate is not None else "")
         for name, (_, drafted, accepted) in stats.by_proposer.items()
+        for rate in [stats.proposer_acceptance(name)]
     )
 
 

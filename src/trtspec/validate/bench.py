@@ -156,7 +156,7 @@ class BenchPoint:
             "ttft_p95_s": percentile(ttft, 95),
             "itl_p50_s": percentile(itl, 50),
             "itl_p95_s": percentile(itl, 95),
-            "acceptance_rate": stats.acceptance_rate if speculative else None,
+            "acceptance_rate": stats.measured_acceptance if speculative else None,
             "mean_accepted_length": stats.mean_accepted_length if stats.rounds else None,
             "tokens_per_round": stats.tokens_per_round if stats.target_forwards else None,
             # Which K the requests ran with: K per target forward (rounds that drafted nothing count 0).
@@ -167,7 +167,7 @@ class BenchPoint:
             "acceptance_by_proposer": proposer_summary(stats) if speculative else {},
             "acceptance_by_set": {
                 name: {
-                    "acceptance_rate": s.acceptance_rate,
+                    "acceptance_rate": s.measured_acceptance,
                     "mean_accepted_length": s.mean_accepted_length if s.rounds else None,
                 }
                 for name, s in self.stats_by_set().items()
@@ -295,7 +295,7 @@ class BenchResult:
         # from the acceptance rate alone underestimates long accepted runs at large K. It assumes K drafted every
         # round, which a lookup (often shorter, or none) does not: no bound for it without counted rounds.
         per_round = row["tokens_per_round"]
-        if per_round is None and row["proposer"] == "draft":
+        if per_round is None and row["proposer"] == "draft" and row["acceptance_rate"] is not None:
             per_round = expected_tokens_per_round(row["acceptance_rate"], k)
         return analytic_speedup_bound(per_round, k, ratio) if per_round else None
 

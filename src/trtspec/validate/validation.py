@@ -122,7 +122,7 @@ class ValidationResult:
                 t.min_exact_match,
                 "--min-exact-match",
             ),
-            ("acceptance rate", self.stats.acceptance_rate, t.min_acceptance, "--min-acceptance"),
+            ("acceptance rate", self.stats.measured_acceptance, t.min_acceptance, "--min-acceptance"),
             (
                 "control match rate (speculative vs target-only)",
                 self.control_match_rate,
@@ -133,6 +133,11 @@ class ValidationResult:
         for what, value, floor, option in checks:
             if floor is not None and value is not None and value < floor:
                 out.append(f"{what} {value:.3f} < {option} {floor:.3f}")
+        if t.min_acceptance is not None and self.stats.measured_acceptance is None:
+            out.append(
+                f"nothing was drafted, so --min-acceptance {t.min_acceptance:.3f} cannot be met (no proposal in "
+                f"{self.stats.target_forwards} target forwards)"
+            )
         return out
 
 
