@@ -121,6 +121,41 @@ def test_greedy_output_with_a_draft_of_another_tokenizer_is_the_targets(tiny_pai
     assert sum(r.stats.drafted for r in results) > 0  # translated proposals reached the target
 
 
+def test_a_row_whose_text_outgrows_the_drafts_cache_drafts_nothing_and_fails_no_row(
+    tiny_pair, other_draft, tokenizers
+):
+    """The limits bound a row in target tokens; the draft's tokenizer takes more for the same text (TEXT: 47
+    target tokens, 53 of the draft's). With max_seq_len 52 that row's text no longer fits the draft's cache: it
+    drafts nothing, where it raised an IndexError that failed every row of the batch; the other row drafts."""
+    target, _ = tiny_pair
+    target_tok, draft_tok = tokenizers
+    long, short = target_tok(TEXT)["input_ids"], target_tok("def f")["input_ids"]
+    assert len(long) + 5 <= 52 < len(draft_tok(TEXT)["input_ids"])
+    engine = SpeculativeEngine.from_pretrained(
+        target, other_draft, max_draft_len=4, max_seq_len=52, heterogeneous_vocab=True
+    )
+    results = engine.generate([long, short], SamplingParams(max_new_tokens=5, num_draft_tokens=4))
+    for prompt, result in zip([long, short], results, strict=True):
+        assert result.token_ids == hf_greedy(target, prompt, 5)
+    assert results[0].stats.drafted == 0 and results[1].stats.drafted > 0
+
+
+def test_an_engine_call_round_sends_no_row_the_draft_engine_could_not_take(tokenizers):
+    """The same on the TensorRT-LLM engines: a row whose draft tokens and the call's K pass the engines'
+    max_seq_len is left out of the draft call and verified without a draft."""
+    target_tok, draft_tok = tokenizers
+    translator = Translator(target_tok, draft_tok)
+    tail = draft_tok(" + b\n", add_special_tokens=False)["input_ids"]
+    calls = DraftSpaceCalls(tail)
+    rounds = EngineCallRounds(calls, max_draft_len=8, num_slots=2, max_seq_len=52, translator=translator)
+    long = Row(target_tok(TEXT)["input_ids"], 0, max_len=52)
+    short = Row(target_tok("return a")["input_ids"], 1, max_len=52)
+    before = list(short.tokens)
+    outcomes = rounds.run([long, short], [len(tail)] * 2, SamplingParams(max_new_tokens=4), None)
+    assert calls.prefixes == [translator.to_draft(before)]  # the long row was not sent
+    assert outcomes[0].num_draft == 0 and outcomes[1].num_accepted == len(translator.to_target(before, tail))
+
+
 def test_a_row_moved_to_a_freed_slot_keeps_its_drafts_tokens(tiny_pair, other_draft, tokenizers, monkeypatch):
     """Rows that finish apart: the loop moves the row on the highest slot into the hole (rounds.Rounds.move), and
     the draft's own tokens and cache go with it: every row is the target's greedy continuation, and accepts what

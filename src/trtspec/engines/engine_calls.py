@@ -240,6 +240,14 @@ class EngineCallRounds:
                 asked.append(i)
         if asked:
             prefixes = [self._draft_view(rows[i]) for i in asked]
+            if self.translator is not None:
+                # The limits bound a row in target tokens; its text may take more of the draft's. A row the
+                # draft engine could not take with the call's K drafts nothing, so it never fails the batch.
+                k = max(num_draft[i] for i in asked)
+                fits = [len(prefix) + k <= self.max_seq_len for prefix in prefixes]
+                asked = [i for i, ok in zip(asked, fits, strict=True) if ok]
+                prefixes = [prefix for prefix, ok in zip(prefixes, fits, strict=True) if ok]
+        if asked:
             self.drafted_len.update((rows[i].slot, len(rows[i].tokens)) for i in asked)
             want_logits = self.use_draft_logits and self.translator is None
             outs = self.calls.propose(prefixes, max(num_draft[i] for i in asked), call, want_logits)

@@ -297,15 +297,23 @@ class TorchRounds:
         distribution, their text as target tokens (core/translate.py). Returns (num_draft, proposals)."""
         given = list(proposals or [None] * len(rows))
         num_draft = list(num_draft)
-        asked = [i for i, (g, k) in enumerate(zip(given, num_draft, strict=True)) if g is None and k > 0]
-        if not asked:
-            return num_draft, proposals
-        states = []
-        for i in asked:
-            row = rows[i]
+        asked, states = [], []
+        for i, (row, proposal, k) in enumerate(zip(rows, given, num_draft, strict=True)):
+            if proposal is not None or k <= 0:
+                continue
             state = self.draft_rows.setdefault(row.slot, DraftRow([], row.slot))
-            state.sync(self.translator.to_draft(row.tokens, state.view), len(row.tokens))
+            tokens = self.translator.to_draft(row.tokens, state.view)
+            # The target's limits bound the row in target tokens; its text may take more of the draft's. Drafting
+            # stops where the draft's cache ends, so one row can never fail the batch.
+            num_draft[i] = min(k, self.draft.max_seq_len - len(tokens))
+            if num_draft[i] <= 0:
+                given[i], num_draft[i] = [], 0
+                continue
+            state.sync(tokens, len(row.tokens))
+            asked.append(i)
             states.append(state)
+        if not asked:
+            return num_draft, given
         tokens, _, _ = propose(self.draft, states, [num_draft[i] for i in asked], params, generator)
         for i, state, drafted in zip(asked, states, tokens.tolist(), strict=True):
             state.proposed = drafted[: num_draft[i]]
