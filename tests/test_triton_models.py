@@ -1124,3 +1124,23 @@ def test_a_repository_without_adaptive_k_parameters_gets_the_policy_defaults():
     assert k_policy_from_parameters({}) == KPolicy()
     rendered = k_policy_from_parameters({"draft_cost_ratio": "0.35", "k_schedule": "1:4,8:0"})
     assert rendered.draft_cost_ratio == 0.35 and rendered != KPolicy()
+
+
+def test_an_engine_models_error_reaches_the_client_as_its_first_line(monkeypatch):
+    """TensorRT-LLM's errors carry a file, a line and a native stack after their first line: the client gets the
+    first line (cut as any library's error is), the server log the whole text."""
+    from trtspec.triton_repo.models import triton_io
+
+    monkeypatch.setattr(triton_io, "pb", lambda: _PbUtils)
+    logged = []
+    monkeypatch.setattr(triton_io, "log_error", logged.append)
+    first = "[TensorRT-LLM][ERROR] Assertion failed: prompt length (70) exceeds max_input_len (64)"
+    err = triton_io.BlsError(
+        f"{first}\n1  0x7f3a tensorrt_llm::common::throwRuntimeError(char const*)\n2  0x7f3b"
+    )
+    response = triton_io.engine_error_response(err)
+    assert response.error.message == f"engine error: {first}" and response.error.code == "INTERNAL"
+    assert "throwRuntimeError" in logged[0]
+    assert triton_io.internal_error(RuntimeError("kernel failed\n  at frame 1")) == (
+        "internal error: RuntimeError: kernel failed"
+    )

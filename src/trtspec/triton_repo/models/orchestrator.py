@@ -295,7 +295,7 @@ class Orchestrator:
         except RequestError as err:
             return io.refusal_response(err, self.metrics)
         except io.BlsError as err:  # an engine's failure, not the client's: INTERNAL
-            return io.error_response(str(err), False)
+            return io.engine_error_response(err)
         except Exception as err:  # noqa: BLE001 - this request fails alone; the batch's others go on
             return io.internal_error_response(err)
 
@@ -308,7 +308,7 @@ class Orchestrator:
         except RequestError as err:
             sender.send(io.refusal_response(err, self.metrics), flags=final)
         except io.BlsError as err:  # an engine's failure, not the client's: INTERNAL
-            sender.send(io.error_response(str(err), False), flags=final)
+            sender.send(io.engine_error_response(err), flags=final)
         except Exception as err:  # noqa: BLE001 - the client gets one line; the server log keeps the rest
             sender.send(io.internal_error_response(err), flags=final)
         finally:

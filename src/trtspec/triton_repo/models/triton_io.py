@@ -8,6 +8,7 @@ import time
 import numpy as np
 
 from trtspec.core.metrics import FINISH_REASONS
+from trtspec.core.model_dir import error_line
 from trtspec.triton_repo.interface import CLIENT_INPUTS, PROPOSER_SOURCES
 from trtspec.triton_repo.models.request import parse_request
 
@@ -33,8 +34,15 @@ def log_error(message: str) -> None:
 
 
 def internal_error(err: BaseException) -> str:
-    """The one line a client gets for a failure that is not its request's."""
-    return f"internal error: {type(err).__name__}: {err}"
+    """The one line a client gets for a failure that is not its request's (the log keeps the rest)."""
+    return f"internal error: {type(err).__name__}: {error_line(err)}"
+
+
+def engine_error_response(err: BlsError):
+    """An engine model's failure as the client sees it: its first line, as INTERNAL; TensorRT-LLM's errors carry
+    a file, a line and a native stack after it, which go to the server log."""
+    log_error(f"an engine model failed: {err}")
+    return error_response(f"engine error: {error_line(err)}", False)
 
 
 def internal_error_response(err: BaseException):
