@@ -189,6 +189,13 @@ def test_request_parameters_are_refused_by_name_since_no_entry_model_reads_them(
         "parameter: a generate body's field that names no input, or one a client set); leave it out or send one "
         "of the inputs in docs/triton-models.md"
     )
+    # a gRPC client's parameter named after an input is an input sent the wrong way, not an unknown setting
+    with pytest.raises(RequestError) as err:
+        parse_request(fields, LIMITS, {"stream": True, "min_p": 0.1})
+    assert err.value.message == (
+        "'stream' came as a request parameter (True), which this model does not read; send it as the input "
+        "tensor stream (a generate body's field of that name is one)"
+    )
 
 
 @pytest.mark.parametrize(

@@ -163,6 +163,13 @@ def _refuse_parameters(parameters: Mapping[str, object]) -> None:
     field that names no input, such as repetition_penalty or a misspelt temperature, or a gRPC client's
     parameters) would be silently ignored."""
     ignored = sorted(set(parameters) - TRITON_USES)
+    misplaced = [name for name in ignored if name in names.CLIENT_INPUTS]
+    if misplaced:  # a gRPC client's parameter named after an input: the model reads only the input tensor
+        name = misplaced[0]
+        raise RequestError(
+            f"{name!r} came as a request parameter ({parameters[name]!r}), which this model does not read; send it "
+            f"as the input tensor {name} (a generate body's field of that name is one)"
+        )
     if ignored:
         listed = ", ".join(repr(name) for name in ignored)
         raise RequestError(
