@@ -155,6 +155,26 @@ def test_draft_logits_are_refused_where_the_engines_do_not_gather_them():
     ).use_draft_logits
 
 
+def test_the_torch_runtime_takes_use_draft_logits_either_way_as_it_always_accepts_by_probabilities(tiny_pair):
+    """The PyTorch engine holds the draft's probabilities and accepts sampled drafts by them, whatever the recipe
+    says: its repository takes a request's use_draft_logits true (refused before, as if engines had to gather
+    logits) and the tensorrtllm repository of the same recipe still refuses it."""
+    from trtspec.recipe import recipe_from_dict
+    from trtspec.triton_repo.values import in_process_values, orchestrator_values
+
+    target, draft = tiny_pair
+    recipe = recipe_from_dict({"name": "t", "target": {"model": str(target)}, "draft": {"model": str(draft)}})
+    assert not recipe.speculative.use_draft_logits
+    as_text = lambda values: {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in values.items()}  # noqa: E731
+    torch_limits = Limits.from_parameters(as_text(in_process_values(recipe)))
+    engines = orchestrator_values(recipe, "tensorrtllm", {"target": 0, "draft": 0})
+    engine_limits = Limits.from_parameters(as_text(engines))
+    sent = _inputs(text_input="x", max_tokens=2, use_draft_logits=True)
+    assert parse_request(sent, torch_limits).use_draft_logits
+    with pytest.raises(RequestError, match="use_draft_logits=true needs a repository deployed with"):
+        parse_request(sent, engine_limits)
+
+
 @pytest.mark.parametrize(
     "sampling, sent",
     [

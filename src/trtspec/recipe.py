@@ -146,7 +146,11 @@ class SpeculativeSpec(_Strict):
         le=MAX_DRAFT_COST_RATIO,
         description="adaptive K's cost of one draft step in target decoding steps",
     )
-    use_draft_logits: bool = Field(False, description="accept by draft/target probabilities, not token match")
+    use_draft_logits: bool = Field(
+        False,
+        description="TensorRT-LLM engines accept sampled drafts by draft/target probabilities, not token match "
+        "(the PyTorch engine always does)",
+    )
     proposer: Literal["draft", "ngram", "draft+ngram"] = Field(
         "draft",
         description="who proposes draft tokens: the draft model, prompt lookup (ngram), or per row and round "

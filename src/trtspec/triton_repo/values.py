@@ -227,7 +227,7 @@ def in_process_values(recipe: Recipe, draft_tokenizer_dir: Path | None = None) -
     triton, draft = recipe.triton, recipe.draft
     orchestrator = orchestrator_values(recipe, "torch", {"target": 0, "draft": 0}, draft_tokenizer_dir)
     shared = ["triton_max_batch_size", "decoupled_mode", "max_draft_len", *k_values(recipe.speculative)]
-    shared += ["use_draft_logits", "max_seq_len", "max_input_len"]
+    shared += ["max_seq_len", "max_input_len"]
     shared += ["tokenizer_dir", "draft_tokenizer_dir", "skip_special_tokens", "add_special_tokens"]
     shared += ["trust_remote_code"]
     own = {
@@ -237,6 +237,9 @@ def in_process_values(recipe: Recipe, draft_tokenizer_dir: Path | None = None) -
         "target_dtype": torch_runtime_dtype(triton, recipe.target),
         "draft_dtype": torch_runtime_dtype(triton, draft) if draft else UNSET,
         "cpu_threads": triton.cpu_threads,
+        # The PyTorch engine holds the draft's probabilities and accepts sampled drafts by them whatever the recipe
+        # says: a request's use_draft_logits, true or false, asks for what it does.
+        "use_draft_logits": True,
     }
     return {k: orchestrator[k] for k in shared} | proposer_values(recipe.speculative) | own
 
