@@ -249,6 +249,17 @@ def test_an_interrupted_run_leaves_no_output_and_resumes(tmp_path, misaligned, m
     # the source draft's validation acceptance came back with the checkpoint (it is measured before step 1 only)
     assert result.report["selection"]["validation_acceptance"]["source"] is not None
 
+    # The output records its files: a rerun refuses, before any work, to replace what a user edited or added there.
+    from trtspec.core.errors import EditedOutput
+
+    edited = (spec.out / "recipe.yaml").read_text() + "# my edit\n"
+    (spec.out / "recipe.yaml").write_text(edited)
+    (spec.out / "notes.txt").write_text("mine")
+    with pytest.raises(EditedOutput, match=r"--force to replace it"):
+        run_align(spec)
+    assert (spec.out / "recipe.yaml").read_text() == edited and (spec.out / "notes.txt").read_text() == "mine"
+    assert align.check_output_dir(spec.out, align.MARKER, "an aligned draft", "--out", force=True) == spec.out
+
 
 @pytest.mark.slow
 def test_a_work_folder_of_other_settings_is_refused(tmp_path, misaligned, monkeypatch):

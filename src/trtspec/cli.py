@@ -837,6 +837,7 @@ def bench(out: Output, **options) -> None:
 @click.option(
     "--epochs", type=click.IntRange(min=1), default=8, help="At most this many passes over the data."
 )
+@force_option("an earlier aligned draft")
 @output_options
 def align(
     out: Output, out_dir, epochs, max_new_tokens, samples, no_on_policy, held_out, validation, **options

@@ -11,7 +11,7 @@ The work folder (builders/align_work.py) keeps what is done, so an interrupted r
    training together, across interruptions), the weights of its best evaluation on (up to VALIDATION_MAX)
    validation prompts kept, the source draft's own included, so a draft that training does not clearly improve is
    written unchanged rather than worse (the choice is in align.json and report.md).
-4. Output, written whole (outputs.atomic_dir): the draft's weights (safetensors, its dtype), its config and
+4. Output, written whole (outputs.write_output_dir): the draft's weights (safetensors, its dtype), its config and
    tokenizer files copied unchanged, ``align.json`` (how it was made, the report), ``recipe.yaml`` (the recipe
    with draft.model pointing here), ``report.md`` and ``acceptance.png``. The source draft is only read. The work
    folder is removed after success.
@@ -35,7 +35,7 @@ from trtspec.builders.align_train import Best, train
 from trtspec.builders.align_work import Clock, StageProgress, WorkDir, no_progress
 from trtspec.core.errors import CheckFailed, ModelError, OutputError, RecipeError, TrtspecError
 from trtspec.core.model_dir import count_parameters, load_hf_model, load_tokenizer, require_device
-from trtspec.outputs import atomic_dir, check_output_dir, folder_bytes, hash_file
+from trtspec.outputs import check_output_dir, folder_bytes, hash_file, write_output_dir
 from trtspec.recipe import Recipe, load_recipe, recipe_copy
 
 MARKER = "align.json"
@@ -58,6 +58,9 @@ class AlignSpec:
     batch_size: int = 8
     max_epochs: int = 8
     data: DataSpec = field(default_factory=DataSpec)
+    force: bool = (
+        False  # replace files a user edited or added in an earlier output (outputs.check_output_dir)
+    )
 
 
 def default_dirs(recipe: Recipe) -> tuple[Path, Path]:
@@ -68,7 +71,9 @@ def run_key(spec: AlignSpec, recipe: Recipe) -> str:
     """What a work folder belongs to: the recipe, the prompt file's bytes and every data/training setting."""
     digest = hash_file(hashlib.sha256(), spec.prompts)
     settings = {
-        k: v for k, v in asdict(spec).items() if k not in ("out", "work_dir", "budget_min", "prompts")
+        k: v
+        for k, v in asdict(spec).items()
+        if k not in ("out", "work_dir", "budget_min", "prompts", "force")
     }
     digest.update(json.dumps([recipe.digest(), settings], sort_keys=True, default=str).encode())
     return digest.hexdigest()[:16]
@@ -254,7 +259,7 @@ def run_align(spec: AlignSpec, on_progress: StageProgress | None = None) -> Alig
             "align distils a draft model and this recipe has none (speculative.proposer ngram); add a draft",
         )
     default_out, default_work = default_dirs(recipe)
-    out = check_output_dir(spec.out or default_out, MARKER, "an aligned draft", "--out")
+    out = check_output_dir(spec.out or default_out, MARKER, "an aligned draft", "--out", spec.force)
     work_path = Path(spec.work_dir or default_work).absolute()
     if work_path == out or out in work_path.parents:
         raise OutputError(f"--work-dir {work_path} is inside --out {out}; choose a folder beside it")
@@ -296,7 +301,7 @@ def run_align(spec: AlignSpec, on_progress: StageProgress | None = None) -> Alig
         "versions": environment.package_versions(),
         "report": report,
     }
-    write_output(recipe, draft, out, record, report)
+    write_output(recipe, draft, out, record, report, spec.force)
     shutil.rmtree(work.path, ignore_errors=True)
     return AlignResult(out, record, report)
 
@@ -387,9 +392,11 @@ def align_data_eos(recipe: Recipe, tokenizer) -> tuple[int, ...]:
     return end_ids(recipe.target.model, tokenizer)
 
 
-def write_output(recipe: Recipe, draft, out: Path, record: dict, report: dict) -> None:
-    # about what it writes: the source draft's folder again, with new weights in the same dtype
-    with atomic_dir(out, need_bytes=folder_bytes(recipe.draft.model)) as tmp:
+def write_output(recipe: Recipe, draft, out: Path, record: dict, report: dict, force: bool = False) -> None:
+    """The output folder, whole, with the record of its files that tells a user's later edits from align's: a
+    rerun refuses to replace an edited or added file unless ``force`` (the work folder stays for that rerun)."""
+
+    def fill(tmp: Path) -> None:
         write_draft(draft, recipe.draft.model, tmp)
         for name in ("recipe.yaml", MARKER, "report.md", "acceptance.png"):
             if (tmp / name).exists():
@@ -405,3 +412,7 @@ def write_output(recipe: Recipe, draft, out: Path, record: dict, report: dict) -
             align_report.report_markdown(report, "acceptance.png"), encoding="utf-8"
         )
         (tmp / MARKER).write_text(json.dumps(record, indent=2, default=str), encoding="utf-8")
+
+    # about what it writes: the source draft's folder again, with new weights in the same dtype
+    need = folder_bytes(recipe.draft.model)
+    write_output_dir(out, MARKER, "an aligned draft", "--out", fill, need_bytes=need, force=force)
