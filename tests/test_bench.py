@@ -503,6 +503,12 @@ def test_bench_write_recipe_saves_a_loadable_copy_with_the_schedule(runner, tiny
     # 2 prompts: at concurrency 1 two groups x 2 passes; at 2 one group x 3 passes (--min-groups), pooled
     assert {(p["concurrency"], p["requests"]) for p in payload["points"]} == {(1, 4), (2, 6)}
     assert any("passes (2 at concurrency 1, 3 at concurrency 2)" in note for note in payload["notes"])
+    # 4-6 requests of at most 6 tokens a point: too few for a rate, and the report says so
+    fewest = min(p["generated_tokens"] for p in payload["points"])
+    assert fewest < 64 and any(
+        f"a point timed only {fewest} tokens, fewer than the 64 a rate needs" in note
+        for note in payload["notes"]
+    )
     written = load_recipe(copy)
     schedule = {int(c): k for c, k in payload["recommended_schedule"].items()}
     assert written.speculative.schedule == schedule

@@ -24,6 +24,7 @@ from trtspec.validate.inputs import (
     load_run_requests,
     open_system,
 )
+from trtspec.validate.systems import MIN_TIMED_TOKENS
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16)
 BENCH_MARKER = "bench.json"  # the file that makes a folder an earlier bench report (which --out may replace)
@@ -89,6 +90,13 @@ def bench(options: BenchOptions, on_progress: SweepProgress | None = None) -> Be
     finally:
         system.close()
     ratios = _cost_ratios(points, options, notes, any(map(uses_draft, proposers)))
+    fewest = min((p.tokens for p in points), default=0)
+    if fewest < MIN_TIMED_TOKENS:  # validate withholds such a rate; bench's table is its rates, so it says so
+        notes.append(
+            f"a point timed only {fewest} tokens, fewer than the {MIN_TIMED_TOKENS} a rate needs to mean anything "
+            "(mostly prefill and per-call overhead): its speedups, and the K recommended from them, are noise; "
+            "time more prompts, a larger --max-tokens or more --repeats"
+        )
     result = BenchResult(
         system.name, options.max_tokens, len(prompts), points, ratios, notes, system.proposer, options.load
     )
