@@ -158,7 +158,8 @@ def test_draft_logits_are_refused_where_the_engines_do_not_gather_them():
 def test_the_torch_runtime_takes_use_draft_logits_either_way_as_it_always_accepts_by_probabilities(tiny_pair):
     """The PyTorch engine holds the draft's probabilities and accepts sampled drafts by them, whatever the recipe
     says: its repository takes a request's use_draft_logits true (refused before, as if engines had to gather
-    logits) and the tensorrtllm repository of the same recipe still refuses it."""
+    logits) and the tensorrtllm repository of the same recipe still refuses it, as does a torch repository whose
+    draft has its own tokenizer."""
     from trtspec.recipe import recipe_from_dict
     from trtspec.triton_repo.values import in_process_values, orchestrator_values
 
@@ -173,6 +174,10 @@ def test_the_torch_runtime_takes_use_draft_logits_either_way_as_it_always_accept
     assert parse_request(sent, torch_limits).use_draft_logits
     with pytest.raises(RequestError, match="use_draft_logits=true needs a repository deployed with"):
         parse_request(sent, engine_limits)
+    # a draft with its own tokenizer: its translated tokens are accepted as point masses, so not there
+    own = Limits.from_parameters(as_text(in_process_values(recipe, draft_tokenizer_dir=draft)))
+    with pytest.raises(RequestError, match="use_draft_logits=true needs a repository deployed with"):
+        parse_request(sent, own)
 
 
 @pytest.mark.parametrize(

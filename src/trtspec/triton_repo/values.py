@@ -238,8 +238,9 @@ def in_process_values(recipe: Recipe, draft_tokenizer_dir: Path | None = None) -
         "draft_dtype": torch_runtime_dtype(triton, draft) if draft else UNSET,
         "cpu_threads": triton.cpu_threads,
         # The PyTorch engine holds the draft's probabilities and accepts sampled drafts by them whatever the recipe
-        # says: a request's use_draft_logits, true or false, asks for what it does.
-        "use_draft_logits": True,
+        # says, so a request may ask for it; a draft with its own tokenizer has probabilities over another
+        # vocabulary, and its translated tokens are accepted as point masses.
+        "use_draft_logits": draft_tokenizer_dir is None,
     }
     return {k: orchestrator[k] for k in shared} | proposer_values(recipe.speculative) | own
 
