@@ -421,9 +421,39 @@ def test_generate_without_a_recipe_stays_within_the_models_positions(runner, tin
     assert result.exit_code == 2, result.output
     prompt_tokens = int(result.output.split(": ")[2].split()[0])
     assert result.output.strip() == (
-        f"Error: --max-new-tokens 40: {prompt_tokens} prompt tokens + 40 > 24, max_position_embeddings of {short}; "
-        "lower --max-new-tokens or shorten the prompt"
+        f"Error: --prompt: {prompt_tokens} tokens + max_new_tokens 40 > max_seq_len 24; it is "
+        f"max_position_embeddings of {short}; lower --max-new-tokens or shorten the prompt"
     )
     fits = runner.invoke(cli, [*base, "--max-new-tokens", str(24 - prompt_tokens), "--json"])
     assert fits.exit_code == 0, fits.output
     assert len(json.loads(fits.stdout)["token_ids"]) <= 24 - prompt_tokens
+
+
+def test_an_abort_inside_a_command_is_an_interrupt_not_a_memory_error(tiny_pair, monkeypatch, capsys):
+    """click.Abort is a RuntimeError (click raises it for Ctrl-C and an end of input): it ends the command as an
+    interrupt, exit 130, ahead of the out-of-memory handling that also takes RuntimeErrors."""
+    import click
+
+    from trtspec.cli import main
+    from trtspec.engines import models
+
+    def abort(*args, **kwargs):
+        raise click.Abort()
+
+    monkeypatch.setattr(models.LeanCausalLM, "__init__", abort)
+    target, draft = tiny_pair
+    with pytest.raises(SystemExit) as stop:
+        main(
+            [
+                "generate",
+                "--target",
+                str(target),
+                "--draft",
+                str(draft),
+                "--prompt",
+                "x",
+                "--max-new-tokens",
+                "2",
+            ]
+        )
+    assert stop.value.code == 130 and capsys.readouterr().err.splitlines() == ["Interrupted."]

@@ -908,6 +908,9 @@ def main(argv: list[str] | None = None) -> None:
         where = err.filename if err.filename2 is None else f"{err.filename} -> {err.filename2}"
         click.echo(f"Error: {where}: {err.strerror or err}; check the path and its permissions", err=True)
         sys.exit(2)
+    except (click.Abort, KeyboardInterrupt):  # Ctrl-C (click turns it into Abort, a RuntimeError)
+        click.echo("Interrupted.", err=True)
+        sys.exit(130)
     except (RuntimeError, MemoryError) as err:
         # a pair or a batch too large for the GPU (or host) it runs on: one line, not a traceback
         too_large = out_of_memory(err)
@@ -915,9 +918,6 @@ def main(argv: list[str] | None = None) -> None:
             raise
         CliError(too_large).show()
         sys.exit(too_large.exit_code)
-    except (click.Abort, KeyboardInterrupt):  # Ctrl-C (click turns it into Abort)
-        click.echo("Interrupted.", err=True)
-        sys.exit(130)
     sys.exit(status if isinstance(status, int) else 0)  # --help and --version return 0; a command None
 
 

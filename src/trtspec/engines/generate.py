@@ -201,17 +201,17 @@ def _by_proposer_text(stats) -> str:
 def run_generate(spec: GenerateSpec, on_text: Callable[[str], None] | None = None) -> Generated:
     """Generate for one prompt; ``on_text`` gets each new piece of decoded text as its tokens are accepted."""
     from trtspec.engines.engine import SpeculativeEngine
+    from trtspec.engines.loop import check_prompt
     from trtspec.engines.sampling import SamplingParams
 
     models = resolve_models(spec)
     prompt_ids = _encode(spec, models)  # before the models load: a chat needs a chat template
     if models.limits is not None and (problem := models.limits.prompt_problem(len(prompt_ids))):
         raise RequestError(f"--prompt: {problem}")
-    if len(prompt_ids) + spec.max_new_tokens > models.max_seq_len:  # said before the models load
-        raise RequestError(
-            f"--max-new-tokens {spec.max_new_tokens}: {len(prompt_ids)} prompt tokens + {spec.max_new_tokens} > "
-            f"{models.max_seq_len}, {models.seq_limit}; lower --max-new-tokens or shorten the prompt"
-        )
+    hint = f"it is {models.seq_limit}; lower --max-new-tokens or shorten the prompt"
+    check_prompt(
+        prompt_ids, spec.max_new_tokens, models.max_seq_len, 0, hint, "--prompt"
+    )  # before the models load
     engine = SpeculativeEngine.from_pretrained(
         models.target,
         models.draft,
