@@ -96,15 +96,17 @@ def test_planted_mismatch_is_caught_with_its_position():
 
 
 def test_nothing_drafted_has_no_acceptance_rate_and_fails_a_minimum_saying_so():
-    """Prompt lookup that never matched drafts nothing: the report's rate is undefined ("-"), not 0.000, and a
-    --min-acceptance gate fails with what happened rather than "0.000 < 0.500"."""
+    """Prompt lookup that never matched drafts nothing: acceptance (accepted / drafted) is undefined there, so the
+    report shows "-" and a --min-acceptance floor above 0 fails saying why; a floor of 0 asks for nothing."""
     ids = [[10, 11, 12]]
     result = _result(ids, ids, ids, Thresholds(min_acceptance=0.5), stats=(0, 0, 0))
     assert result.failures() == [
-        "nothing was drafted, so --min-acceptance 0.500 cannot be met (no proposal in 0 target forwards)"
+        "no draft tokens were reported, so acceptance is undefined and --min-acceptance 0.500 cannot be met"
     ]
+    assert _result(ids, ids, ids, Thresholds(min_acceptance=0.0), stats=(0, 0, 0)).failures() == []
     data = validation_to_dict(result)
     assert data["overall"]["acceptance_rate"] is None and data["prompts"][0]["acceptance_rate"] is None
+    assert data["stats"]["acceptance_rate"] is None  # the same figure wherever the document carries it
     assert "| acceptance rate | - |" in validation_markdown(result)
     drafted = _result(ids, ids, ids, Thresholds(min_acceptance=0.5), stats=(3, 8, 2))
     assert drafted.failures() == ["acceptance rate 0.375 < --min-acceptance 0.500"]

@@ -133,7 +133,7 @@ class AcceptanceStats:
     def to_dict(self) -> dict:
         data = asdict(self)
         data.update(
-            acceptance_rate=self.acceptance_rate,
+            acceptance_rate=self.measured_acceptance,  # a report's: none where nothing was drafted
             mean_accepted_length=self.mean_accepted_length,
             mean_num_draft_tokens=self.mean_num_draft_tokens,
             tokens_per_round=self.tokens_per_round,

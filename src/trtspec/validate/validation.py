@@ -133,10 +133,10 @@ class ValidationResult:
         for what, value, floor, option in checks:
             if floor is not None and value is not None and value < floor:
                 out.append(f"{what} {value:.3f} < {option} {floor:.3f}")
-        if t.min_acceptance is not None and self.stats.measured_acceptance is None:
+        if t.min_acceptance and self.stats.measured_acceptance is None:  # a floor of 0 asks for nothing
             out.append(
-                f"nothing was drafted, so --min-acceptance {t.min_acceptance:.3f} cannot be met (no proposal in "
-                f"{self.stats.target_forwards} target forwards)"
+                f"no draft tokens were reported, so acceptance is undefined and --min-acceptance "
+                f"{t.min_acceptance:.3f} cannot be met"
             )
         return out
 
