@@ -126,7 +126,7 @@ def test_a_row_whose_text_outgrows_the_drafts_cache_drafts_nothing_and_fails_no_
 ):
     """The limits bound a row in target tokens; the draft's tokenizer takes more for the same text (TEXT: 47
     target tokens, 53 of the draft's). With max_seq_len 52 that row's text no longer fits the draft's cache: it
-    drafts nothing, where it raised an IndexError that failed every row of the batch; the other row drafts."""
+    drafts nothing, so it cannot fail the batch (a failed round fails every row in it); the other row drafts."""
     target, _ = tiny_pair
     target_tok, draft_tok = tokenizers
     long, short = target_tok(TEXT)["input_ids"], target_tok("def f")["input_ids"]
@@ -138,6 +138,24 @@ def test_a_row_whose_text_outgrows_the_drafts_cache_drafts_nothing_and_fails_no_
     for prompt, result in zip([long, short], results, strict=True):
         assert result.token_ids == hf_greedy(target, prompt, 5)
     assert results[0].stats.drafted == 0 and results[1].stats.drafted > 0
+
+
+def test_near_the_end_of_the_drafts_cache_a_row_drafts_what_still_fits(tiny_pair, other_draft, tokenizers):
+    """With max_seq_len 55 the same row starts two draft tokens short of the draft's cache: it drafts fewer than
+    K while they fit (capped per row, not dropped), then nothing, and its output stays the target's."""
+    from trtspec.core.sequences import draft_room
+
+    target, _ = tiny_pair
+    target_tok, draft_tok = tokenizers
+    long = target_tok(TEXT)["input_ids"]
+    assert draft_room(len(draft_tok(TEXT)["input_ids"]), 55) == 2
+    engine = SpeculativeEngine.from_pretrained(
+        target, other_draft, max_draft_len=4, max_seq_len=55, heterogeneous_vocab=True
+    )
+    (result,) = engine.generate([long], SamplingParams(max_new_tokens=8, num_draft_tokens=4))
+    assert result.token_ids == hf_greedy(target, long, 8)
+    drafted_k = [k for k, rounds in enumerate(result.stats.num_draft_histogram) if rounds and k]
+    assert drafted_k and max(drafted_k) <= 2  # some rounds drafted, none more than the room left
 
 
 def test_an_engine_call_round_sends_no_row_the_draft_engine_could_not_take(tokenizers):

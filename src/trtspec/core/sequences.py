@@ -13,3 +13,9 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
             break
         n += 1
     return n
+
+
+def draft_room(length: int, max_seq_len: int) -> int:
+    """Draft tokens a row of ``length`` tokens may still take within ``max_seq_len`` (0 or less: none). For a
+    draft with another tokenizer, whose tokens the target's limits do not count."""
+    return max_seq_len - length

@@ -40,7 +40,7 @@ from typing import Any, Protocol
 
 import torch
 
-from trtspec.core.sequences import common_prefix_len
+from trtspec.core.sequences import common_prefix_len, draft_room
 from trtspec.core.token_rules import EngineStops, engine_stops, round_seeds
 from trtspec.core.translate import DraftView
 from trtspec.core.trtllm import TRTLLM_TOP_K_MAX
@@ -241,10 +241,11 @@ class EngineCallRounds:
         if asked:
             prefixes = [self._draft_view(rows[i]) for i in asked]
             if self.translator is not None:
-                # The limits bound a row in target tokens; its text may take more of the draft's. A row the
-                # draft engine could not take with the call's K drafts nothing, so it never fails the batch.
+                # The limits bound a row in target tokens; its text may take more of the draft's. One call drafts
+                # the same K for every row, so a row the draft engine could not take with that K drafts nothing
+                # this round, and never fails the batch.
                 k = max(num_draft[i] for i in asked)
-                fits = [len(prefix) + k <= self.max_seq_len for prefix in prefixes]
+                fits = [draft_room(len(prefix), self.max_seq_len) >= k for prefix in prefixes]
                 asked = [i for i, ok in zip(asked, fits, strict=True) if ok]
                 prefixes = [prefix for prefix, ok in zip(prefixes, fits, strict=True) if ok]
         if asked:

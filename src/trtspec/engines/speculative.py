@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from trtspec.core.sequences import common_prefix_len
+from trtspec.core.sequences import common_prefix_len, draft_room
 from trtspec.core.translate import DraftView
 from trtspec.engines.rounds import Outcome, Row
 from trtspec.engines.sampling import (
@@ -304,8 +304,8 @@ class TorchRounds:
             state = self.draft_rows.setdefault(row.slot, DraftRow([], row.slot))
             tokens = self.translator.to_draft(row.tokens, state.view)
             # The target's limits bound the row in target tokens; its text may take more of the draft's. Drafting
-            # stops where the draft's cache ends, so one row can never fail the batch.
-            num_draft[i] = min(k, self.draft.max_seq_len - len(tokens))
+            # stops where the draft's cache ends (K capped per row), so one row can never fail the batch.
+            num_draft[i] = min(k, draft_room(len(tokens), self.draft.max_seq_len))
             if num_draft[i] <= 0:
                 given[i], num_draft[i] = [], 0
                 continue
