@@ -59,7 +59,7 @@ def test_overrides_apply_before_validation(tmp_path, tiny_pair):
 )
 def test_an_option_into_a_section_that_cannot_hold_it_names_the_recipe(tmp_path, tiny_pair, section, said):
     """A command-line option (--runtime) lands in the recipe's section; where the file's section cannot hold it
-    the error names the file and the section, as the recipe's own check does, not a '<cli>' source."""
+    the error names the file and the section, as the recipe's own check does: the file is what to fix."""
     path = tmp_path / "r.yaml"
     path.write_text(
         f"name: x\ntarget: {{model: {tiny_pair[0]}}}\ndraft: {{model: {tiny_pair[1]}}}\n{section}\n"
@@ -69,7 +69,7 @@ def test_an_option_into_a_section_that_cannot_hold_it_names_the_recipe(tmp_path,
     assert refused.value.message == f"{path}: {said}"
 
 
-def test_a_model_path_of_a_user_this_machine_lacks_is_a_field_error(tmp_path):
+def test_a_model_path_of_a_user_or_home_this_machine_lacks_is_a_field_error(tmp_path, monkeypatch):
     path = tmp_path / "r.yaml"
     path.write_text("name: x\ntarget: {model: ~no-such-user-here/m}\n")
     with pytest.raises(RecipeError) as refused:
@@ -78,6 +78,13 @@ def test_a_model_path_of_a_user_this_machine_lacks_is_a_field_error(tmp_path):
         f"{path}: target.model: ~no-such-user-here: no such user here; give the folder's full path (got "
         "'~no-such-user-here/m')"
     )
+    # ~ where no home directory can be found (no HOME and no password entry: os.path.expanduser leaves it as is)
+    import os
+
+    monkeypatch.setattr(os.path, "expanduser", lambda text: text)
+    path.write_text("name: x\ntarget: {model: ~/m}\n")
+    with pytest.raises(RecipeError, match=r"target.model: ~: no home directory is set here; give the folder"):
+        load_recipe(path)
 
 
 def test_num_draft_tokens_cannot_exceed_max_draft_len(tiny_pair):

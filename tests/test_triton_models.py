@@ -157,9 +157,9 @@ def test_draft_logits_are_refused_where_the_engines_do_not_gather_them():
 
 def test_the_torch_runtime_takes_use_draft_logits_either_way_as_it_always_accepts_by_probabilities(tiny_pair):
     """The PyTorch engine holds the draft's probabilities and accepts sampled drafts by them, whatever the recipe
-    says: its repository takes a request's use_draft_logits true (refused before, as if engines had to gather
-    logits) and the tensorrtllm repository of the same recipe still refuses it, as does a torch repository whose
-    draft has its own tokenizer."""
+    says: its repository takes a request's use_draft_logits true, where the tensorrtllm repository of the same
+    recipe refuses it (its engines would have to gather logits), as does a torch repository whose draft has its
+    own tokenizer (its tokens are accepted as point masses)."""
     from trtspec.recipe import recipe_from_dict
     from trtspec.triton_repo.values import in_process_values, orchestrator_values
 

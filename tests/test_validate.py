@@ -242,8 +242,9 @@ def test_cli_bad_prompt_file_is_a_usage_error(runner, recipe_path, tmp_path):
 def test_options_the_run_would_ignore_or_refuse_late_are_refused_before_any_work(
     runner, recipe_path, monkeypatch, command, args, said
 ):
-    """Server options beside an in-process system were dropped in silence (--system engine --url measured the
-    engine), and validate checked K against max_draft_len only after the reference had run."""
+    """Server options beside an in-process system would measure something other than what was asked (--system
+    engine --url runs the engine), and a K over max_draft_len fails in any case: both are said before any model
+    loads or any reference runs."""
 
     def no_requests(*args, **kwargs):
         raise AssertionError("the run started before its options were checked")

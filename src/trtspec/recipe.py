@@ -57,8 +57,10 @@ def resolve_model_path(value: str | Path, base_dir: Path) -> Path:
         return DEMO_DIR / text[len(DEMO_SCHEME) :]
     try:
         path = Path(text).expanduser()
-    except RuntimeError:  # ~name of a user this machine does not have
-        raise ValueError(f"{text.split('/')[0]}: no such user here; give the folder's full path") from None
+    except RuntimeError:  # ~name of a user this machine lacks, or ~ without a home directory
+        home = text.split("/")[0]
+        said = "no home directory is set here" if home == "~" else "no such user here"
+        raise ValueError(f"{home}: {said}; give the folder's full path") from None
     return path if path.is_absolute() else (base_dir / path).resolve()
 
 

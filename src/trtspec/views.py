@@ -286,6 +286,7 @@ def _right_table(title: str, columns: list[str], cells: Iterable[list[str]]):
 def show_bench(outcome, out) -> None:
     """A validate.run_bench.BenchOutcome: the tables, the recommended K and speculative.schedule, what was written."""
     from trtspec.validate.bench_report import schedule_text
+    from trtspec.validate.run_bench import report_files
 
     if out.json:
         out.emit_json(outcome.payload)
@@ -300,9 +301,8 @@ def show_bench(outcome, out) -> None:
     console.print(f"recommended speculative.schedule: {schedule}")
     if outcome.moved:
         console.print(outcome.moved, style="yellow", markup=False)
-    console.print(
-        f"wrote {outcome.out_dir}/bench.json, bench.md, speedup_acceptance.png, latency_concurrency.png"
-    )
+    shown = [name for name in report_files() if not name.startswith(".")]  # the edit record is not news
+    console.print(f"wrote {outcome.out_dir}/{', '.join(shown)}")
     if outcome.recipe_written is not None:
         console.print(
             f"wrote {outcome.recipe_written}: speculative.schedule {schedule}, no pinned num_draft_tokens "

@@ -94,8 +94,7 @@ def open_system(recipe, options: SystemOptions, tokenizer=None, proposers: Colle
     if kind == "triton":
         from trtspec.validate.triton_system import TritonSystem
 
-        options.check()
-        return TritonSystem(
+        return TritonSystem(  # options.check() has run: there is a URL
             options.url,
             tokenizer,
             protocol=options.protocol,

@@ -14,7 +14,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from trtspec.core.errors import EditedOutput, OutputError, TrtspecError
-from trtspec.outputs import check_output_dir, check_output_file, write_file_atomic, write_output_dir
+from trtspec.outputs import (
+    EDIT_RECORD,
+    check_output_dir,
+    check_output_file,
+    write_file_atomic,
+    write_output_dir,
+)
 from trtspec.validate.bench import BenchResult
 from trtspec.validate.inputs import (
     RunOptions,
@@ -24,12 +30,13 @@ from trtspec.validate.inputs import (
     load_run_requests,
     open_system,
 )
-from trtspec.validate.systems import MIN_TIMED_TOKENS
+from trtspec.validate.systems import too_few_timed
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16)
 BENCH_MARKER = "bench.json"  # the file that makes a folder an earlier bench report (which --out may replace)
 # check_output_dir / write_output_dir arguments for bench's --out
 BENCH_OUTPUT = (BENCH_MARKER, "a trtspec bench report", "--out")
+BENCH_MARKDOWN = "bench.md"
 
 
 @dataclass(kw_only=True)
@@ -90,12 +97,11 @@ def bench(options: BenchOptions, on_progress: SweepProgress | None = None) -> Be
     finally:
         system.close()
     ratios = _cost_ratios(points, options, notes, any(map(uses_draft, proposers)))
-    fewest = min((p.tokens for p in points), default=0)
-    if fewest < MIN_TIMED_TOKENS:  # validate withholds such a rate; bench's table is its rates, so it says so
+    why = too_few_timed(min((p.tokens for p in points), default=0))
+    if why:  # validate withholds such a rate; bench's table is its rates, so it says so
         notes.append(
-            f"a point timed only {fewest} tokens, fewer than the {MIN_TIMED_TOKENS} a rate needs to mean anything "
-            "(mostly prefill and per-call overhead): its speedups, and the K recommended from them, are noise; "
-            "time more prompts, a larger --max-tokens or more --repeats"
+            f"a point's speedups, and the K recommended from them, are noise: {why}; time more prompts, a larger "
+            "--max-tokens or more --repeats"
         )
     result = BenchResult(
         system.name, options.max_tokens, len(prompts), points, ratios, notes, system.proposer, options.load
@@ -110,12 +116,17 @@ def bench(options: BenchOptions, on_progress: SweepProgress | None = None) -> Be
     )
 
 
-def _refuse_report_file(path: Path, out_dir: Path) -> None:
-    """--write-recipe may lie inside --out, but not on a file of the report itself."""
+def report_files() -> tuple[str, ...]:
+    """The files of a bench report folder (write_bench), its record of them included."""
     from trtspec.validate.bench_report import PLOTS
 
+    return (BENCH_MARKER, BENCH_MARKDOWN, *PLOTS, EDIT_RECORD)
+
+
+def _refuse_report_file(path: Path, out_dir: Path) -> None:
+    """--write-recipe may lie inside --out, but not on a file of the report itself."""
     copy, folder = Path(path).absolute(), Path(out_dir).absolute()
-    if copy.parent == folder and copy.name in (BENCH_MARKER, "bench.md", *PLOTS):
+    if copy.parent == folder and copy.name in report_files():
         raise OutputError(
             f"--write-recipe {path} is the report's own {copy.name}; choose another name, e.g. {folder / 'recipe.yaml'}"
         )
@@ -322,7 +333,7 @@ def write_bench(
     def fill(tmp: Path) -> None:
         plots = write_plots(result, tmp)
         (tmp / BENCH_MARKER).write_text(json.dumps(payload, indent=2, default=str) + "\n")
-        (tmp / "bench.md").write_text(bench_markdown(result, [p.name for p in plots]))
+        (tmp / BENCH_MARKDOWN).write_text(bench_markdown(result, [p.name for p in plots]))
         if inside is not None:
             (tmp / inside).parent.mkdir(parents=True, exist_ok=True)
             (tmp / inside).write_text(recipe_copy[1])

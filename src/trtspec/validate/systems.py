@@ -108,15 +108,20 @@ class SystemUnderTest(Protocol):
 MIN_TIMED_TOKENS = 64
 
 
-def speed_withheld(timed_tokens: int) -> str | None:
-    """Why a timed run's tokens/s is not reported (too few tokens timed), or None when it is."""
+def too_few_timed(timed_tokens: int) -> str | None:
+    """Why a rate over ``timed_tokens`` means nothing, or None where there are enough."""
     if timed_tokens >= MIN_TIMED_TOKENS:
         return None
     return (
-        f"tokens/s and speedup are not reported: the timed run generated {timed_tokens} tokens, fewer than the "
-        f"{MIN_TIMED_TOKENS} a rate needs to mean anything (it would be mostly prefill and per-call overhead); "
-        "time more prompts or a larger --max-tokens"
+        f"the timed run generated {timed_tokens} tokens, fewer than the {MIN_TIMED_TOKENS} a rate needs to mean "
+        "anything (it would be mostly prefill and per-call overhead)"
     )
+
+
+def speed_withheld(timed_tokens: int) -> str | None:
+    """Why a timed run's tokens/s is not reported (too few tokens timed), or None when it is."""
+    why = too_few_timed(timed_tokens)
+    return why and f"tokens/s and speedup are not reported: {why}; time more prompts or a larger --max-tokens"
 
 
 def generate_all(
