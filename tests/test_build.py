@@ -284,9 +284,34 @@ def test_failed_preflight_stops_before_converting(tmp_path, tiny_pair):
         vocab_size=400,
     )  # its own tokenizer and vocab
     recipe = write_recipe(tmp_path / "r.yaml", tiny_pair[0], other)
+    # an earlier build's manifest, plan and finish script would describe checkpoints this build does not make
+    earlier = tmp_path / "engines" / "tiny"
+    earlier.mkdir(parents=True)
+    for name in ("manifest.json", "plan.json", "finish_in_ngc.sh"):
+        (earlier / name).write_text("{}")
     with pytest.raises(CheckFailed, match="pre-flight check"):
         B.build(load_recipe(recipe), tmp_path / "engines")
     assert not (tmp_path / "engines" / "tiny" / "target" / "checkpoint").exists()
+    assert not list(earlier.iterdir())
+
+
+def test_a_calibration_file_counts_by_its_content_not_its_path(tmp_path, tiny_pair):
+    """An edited calibration file re-quantizes (its path alone would keep the stale checkpoint), and the same file
+    at another path (a moved folder, the NGC container's mount) does not."""
+    first, moved = tmp_path / "a" / "calib.txt", tmp_path / "b" / "calib.txt"
+    for path in (first, moved):
+        path.parent.mkdir()
+        path.write_text("def f():\n    return 1\n")
+
+    def part(path: Path) -> dict:
+        recipe = write_recipe(tmp_path / "r.yaml", *tiny_pair)
+        overrides = {"target.quantization": "fp8", "calibration.dataset": str(path)}
+        return B.convert_recipe_part(load_recipe(recipe, overrides), "target")
+
+    before = part(first)
+    assert part(moved) == before
+    first.write_text("class Other:\n    pass\n")
+    assert part(first) != before
 
 
 @pytest.mark.conversion

@@ -22,6 +22,7 @@ and finish_in_ngc.sh are ``manifest``'s. This module is the orchestration: which
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 import shutil
 import time
@@ -31,7 +32,7 @@ from typing import Any
 
 from trtspec.builders import environment
 from trtspec.builders.export_pipeline import export_bytes
-from trtspec.builders.manifest import FINISH_SCRIPT, MANIFEST, make_manifest, write_plan_files
+from trtspec.builders.manifest import FINISH_SCRIPT, MANIFEST, PLAN_FILE, make_manifest, write_plan_files
 from trtspec.builders.plan import BuildPlan, engine_roles, make_build_plan, read_checkpoint_config
 from trtspec.builders.stage_cache import (
     clean_stale,
@@ -45,7 +46,7 @@ from trtspec.builders.stage_cache import (
 )
 from trtspec.core import layout, trtllm
 from trtspec.core.errors import CheckFailed, CheckpointError, NeedsTensorRTLLM, RecipeError
-from trtspec.outputs import folder_bytes, is_disk_full, no_space_error, replace_dir, temp_sibling
+from trtspec.outputs import folder_bytes, hash_file, is_disk_full, no_space_error, replace_dir, temp_sibling
 from trtspec.recipe import Recipe
 
 
@@ -88,11 +89,15 @@ def convert_recipe_part(recipe: Recipe, role: str) -> dict[str, Any]:
     """The recipe fields a checkpoint depends on (changing anything else does not re-convert).
 
     The model's path is left out: its content is hashed instead, so a moved or re-mounted model stays up to date.
+    A calibration file counts by its content too: an edited file re-quantizes, a moved one does not.
     """
     spec = recipe.models()[role]
     part = {"model": spec.model_dump(mode="json", exclude={"gpu_ids", "model"})}
     if spec.quantization != "none":
-        part["calibration"] = recipe.calibration.model_dump(mode="json")
+        calibration = recipe.calibration.model_dump(mode="json")
+        if calibration["dataset"] != "builtin":
+            calibration["dataset"] = hash_file(hashlib.sha256(), Path(calibration["dataset"])).hexdigest()
+        part["calibration"] = calibration
     return part
 
 
@@ -315,6 +320,10 @@ def build(
 
 def _build_into(recipe: Recipe, out_dir: Path, engines_only: bool, force: bool, console) -> BuildResult:
     clean_stale(out_dir)
+    # An earlier build's manifest, plan and script describe its checkpoints: gone until this build writes its own,
+    # so a build that fails on the way leaves none that lies about what is on disk.
+    for name in (MANIFEST, PLAN_FILE, FINISH_SCRIPT):
+        (out_dir / name).unlink(missing_ok=True)
     if recipe.triton.runtime == "trtllm-pytorch":
         return build_hf(recipe, out_dir, console, force)
     stages: dict[str, dict] = {}
@@ -337,7 +346,7 @@ def _build_into(recipe: Recipe, out_dir: Path, engines_only: bool, force: bool, 
         _print_finish(console, plan, out_dir)
         stopped = NeedsTensorRTLLM(
             f"{out_dir}: checkpoints and plan written; {err.message.split('; ')[0]}: "
-            f"run {out_dir / FINISH_SCRIPT} inside {trtllm.NGC_TRITON_TRTLLM_IMAGE}",
+            f"run {shlex.quote(str(out_dir / FINISH_SCRIPT))} inside {trtllm.NGC_TRITON_TRTLLM_IMAGE}",
             detail=err.message,
         )
         stopped.manifest = manifest

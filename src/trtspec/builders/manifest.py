@@ -18,6 +18,7 @@ from trtspec.recipe import DEMO_RECIPE, Recipe
 
 MANIFEST = "manifest.json"
 FINISH_SCRIPT = "finish_in_ngc.sh"
+PLAN_FILE = "plan.json"
 MANIFEST_VERSION = 1
 
 
@@ -92,5 +93,5 @@ def finish_script(recipe: Recipe, plan: BuildPlan, out_dir: Path) -> str:
 
 
 def write_plan_files(recipe: Recipe, plan: BuildPlan, out_dir: Path) -> None:
-    write_json_atomic(out_dir / "plan.json", plan.to_dict())
+    write_json_atomic(out_dir / PLAN_FILE, plan.to_dict())
     write_json_atomic(out_dir / FINISH_SCRIPT, finish_script(recipe, plan, out_dir), mode=0o755)
