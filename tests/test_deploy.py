@@ -82,6 +82,20 @@ def test_torch_repo_renders_checks_and_writes_atomically(tiny_pair, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["repo"]
 
 
+def test_model_paths_with_a_backslash_or_a_quote_reach_the_entry_model_as_given(tiny_pair, tmp_path):
+    """config.pbtxt holds paths inside protobuf text strings: a backslash would be read as an escape (\\t a tab)
+    and a quote would end the string, so both are escaped when rendered."""
+    import shutil
+
+    target = shutil.copytree(tiny_pair[0], tmp_path / "odd\\tdir" / 'say "hi"' / "target")
+    recipe = make_recipe((target, tiny_pair[1]))
+    deploy(recipe, "torch", tmp_path / "repo")
+    entry = _params(
+        parse_model_config((tmp_path / "repo" / names.ORCHESTRATOR / "config.pbtxt").read_text(), "e")
+    )
+    assert entry["target_model_dir"] == str(target) and entry["tokenizer_dir"] == str(target)
+
+
 def test_serve_binds_what_the_recipe_deployed_unless_the_command_line_says_otherwise(tiny_pair, tmp_path):
     """triton.host and the ports reach `trtspec serve` through the manifest; --host and the port options win."""
     from trtspec.triton_repo.serve import ServeSpec, read_manifest, resolve_ports, sample_requests
@@ -185,6 +199,11 @@ def test_a_repository_path_the_python_backend_cannot_load_from_is_refused(tiny_p
     deploy(make_recipe(tiny_pair), "torch", tmp_path / "repo").repo.rename(moved)
     with pytest.raises(ServerError, match=f"has {why}"):
         TritonServer(moved, Ports(1, 2, 3), tmp_path / "log", install=object()).start(1)
+    # a link without one to such a folder: tritonserver is given the folder the link resolves to
+    link = tmp_path / "plain"
+    link.symlink_to(moved)
+    with pytest.raises(ServerError, match=f"has {why}"):
+        TritonServer(link, Ports(1, 2, 3), tmp_path / "log", install=object()).start(1)
 
 
 def test_refuses_to_overwrite_a_folder_that_is_not_a_repository(tiny_pair, tmp_path):

@@ -174,3 +174,29 @@ def test_an_mpi_launch_without_mpirun_is_one_clear_error(tmp_path):
     ):
         server.start(1)
     assert server.proc is None and not (tmp_path / "log").exists()
+
+
+def test_a_manifest_without_a_usable_launch_layout_is_one_line_where_the_runtime_needs_one():
+    """A torch repository from before the launch field runs single; an engine repository cannot be started
+    without knowing how (mpirun, --multi-model), and a hand-edited launch is named, not a traceback."""
+    from trtspec.core.errors import ServerError
+
+    assert (
+        launch_layout_of({"runtime": "torch"}, "r")
+        == launch_layout_of({})
+        == launch_layout(
+            recipe_from_dict(
+                {"name": "one", "target": {"model": "/t"}, "draft": {"model": "/d"}}, check_paths=False
+            ),
+            "torch",
+        )
+    )
+    with pytest.raises(ServerError) as refused:
+        launch_layout_of({"runtime": "tensorrtllm"}, "r")
+    assert refused.value.message == (
+        "r/trtspec.json: no launch layout for the tensorrtllm runtime; write the repository again with "
+        "`trtspec deploy`"
+    )
+    for launch in ("single", {"mpi": True}):
+        with pytest.raises(ServerError, match=r"^r/trtspec.json: launch is not a launch layout \(got "):
+            launch_layout_of({"runtime": "tensorrtllm", "launch": launch}, "r")

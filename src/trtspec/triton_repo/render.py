@@ -23,14 +23,16 @@ def template_keys(text: str) -> set[str]:
 
 
 def format_value(value: object) -> str:
-    """Booleans as upstream writes them (``True``/``False``), None as empty (an unset optional parameter)."""
+    """Booleans as upstream writes them (``True``/``False``), None as empty (an unset optional parameter). Text
+    goes inside a protobuf text-format string, where a backslash or a double quote in a path would be read as
+    an escape or end the string: both are escaped, so Triton reads the value as given."""
     if value is None:
         return ""
     if isinstance(value, bool):
         return "True" if value else "False"
     if isinstance(value, (list, tuple)):
-        return ",".join(str(v) for v in value)
-    return str(value)
+        return ",".join(format_value(v) for v in value)
+    return str(value).replace("\\", "\\\\").replace('"', '\\"')
 
 
 def render_template(text: str, values: Mapping[str, object], where: str) -> str:

@@ -116,9 +116,18 @@ def sample_requests(ports: Ports, model: str = names.ENTRY_POINT, decoupled: boo
     ]
 
 
-def launch_layout_of(info: dict) -> dict:
-    """The manifest's launch layout; repositories written before it existed (or not by trtspec) run single."""
-    return info.get("launch") or SINGLE
+def launch_layout_of(info: dict, repo: Path | str = "the repository") -> dict:
+    """The manifest's launch layout. A torch repository written before the field existed, or one not written by
+    trtspec, runs single; an engine repository cannot be started without knowing how (mpirun, --multi-model)."""
+    launch, runtime = info.get("launch"), info.get("runtime", "torch")
+    redeploy = "write the repository again with `trtspec deploy`"
+    if launch is None:
+        if runtime == "torch":
+            return SINGLE
+        raise ServerError(f"{repo}/{MANIFEST}: no launch layout for the {runtime} runtime; {redeploy}")
+    if not isinstance(launch, dict) or not {"mode", "mpi", "world_size"} <= set(launch):
+        raise ServerError(f"{repo}/{MANIFEST}: launch is not a launch layout (got {launch!r}); {redeploy}")
+    return SINGLE | launch
 
 
 def _interrupt_on_stop_signals() -> None:
@@ -141,7 +150,7 @@ def serve(spec: ServeSpec, echo=print) -> int:
     _interrupt_on_stop_signals()
     info = read_manifest(spec.repo)
     ports = resolve_ports(spec, info)
-    layout = launch_layout_of(info)
+    layout = launch_layout_of(info, spec.repo)
     if info.get("runtime") == "trtllm-pytorch":
         from trtspec.triton_repo.llmapi import find_upstream_model_dir
 
@@ -165,7 +174,8 @@ def serve(spec: ServeSpec, echo=print) -> int:
             f"listening on {ports.host}\nHTTP     http://{ports.http_url}\ngRPC     {ports.grpc_url}\n"
             f"metrics  {ports.metrics_url}"
         )
-        echo("try:\n  " + "\n  ".join(sample_requests(ports, decoupled=info.get("decoupled", True))))
+        model = info.get("entry_point") or names.ENTRY_POINT
+        echo("try:\n  " + "\n  ".join(sample_requests(ports, model, decoupled=info.get("decoupled", True))))
         echo(f"server log: {log}   (Ctrl-C stops the server)")
         watch = HealthWatch(server)
         try:

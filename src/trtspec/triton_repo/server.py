@@ -94,7 +94,7 @@ def repo_path_problem(repo: Path | str) -> str | None:
     """Why tritonserver's python backend cannot load models from ``repo`` (None: it can). Each model's stub gets
     its model.py path as a command-line argument, so a space splits it (the stub then dies parsing the next
     argument), and the stub's Python fails on a non-ASCII path."""
-    path = str(Path(repo).absolute())
+    path = str(Path(repo).resolve())  # what tritonserver is given (a link's target)
     if any(ch.isspace() for ch in path):
         return "its path has a space, which Triton's python backend cannot load models from"
     if not path.isascii():
