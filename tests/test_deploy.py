@@ -212,6 +212,15 @@ def test_refuses_to_overwrite_a_folder_that_is_not_a_repository(tiny_pair, tmp_p
     with pytest.raises(OutputError, match="not a trtspec repository"):
         deploy(make_recipe(tiny_pair), "torch", tmp_path / "mine")
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+    # a link to a repository: the rename that replaces the folder would replace the link and leave the folder stale
+    deploy(make_recipe(tiny_pair), "torch", tmp_path / "real")
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    with pytest.raises(OutputError) as refused:
+        deploy(make_recipe(tiny_pair), "torch", tmp_path / "link")
+    assert refused.value.message == (
+        f"--out {tmp_path / 'link'} is a symbolic link; pass the folder it points to, {tmp_path / 'real'}"
+    )
+    assert (tmp_path / "link").is_symlink() and not list(tmp_path.glob(".link*"))
 
 
 def test_a_redeploy_keeps_a_config_tuned_by_hand_unless_forced(tiny_pair, tmp_path, runner):
