@@ -98,6 +98,14 @@ def test_without_tensorrt_llm_exits_3_with_one_line_and_a_finish_script(runner, 
         for a in plan["engines"]["target"]["trtllm_build"][1:]
     ]
     assert "--gather_generation_logits" in commands[1] and "--speculative_decoding_mode" not in commands[1]
+    # trtspec in the image finishes for the runtime this build ran for (build --runtime may set it over the recipe)
+    (finish,) = [
+        shlex.split(line.strip())[1:] for line in script.read_text().splitlines() if "exec trtspec" in line
+    ]
+    assert (
+        finish[finish.index("--runtime") + 1] == load_recipe(pair).triton.runtime
+        and "--engines-only" in finish
+    )
     # The commands are printed too, unwrapped, with the real (quoted) paths.
     for role in ("target", "draft"):
         assert shlex.join(plan["engines"][role]["trtllm_build"]) in result.output

@@ -69,6 +69,9 @@ def finish_script(recipe: Recipe, plan: BuildPlan, out_dir: Path) -> str:
         "trtspec",
         "build",
         recipe_argument_for(recipe, out_dir),
+        # the runtime this build ran for, which `build --runtime` may have set over the recipe's
+        "--runtime",
+        recipe.triton.runtime,
         "--engines-only",
         "--engines-dir",
         "..",
