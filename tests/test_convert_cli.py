@@ -206,3 +206,21 @@ def test_the_draft_of_a_recipe_without_one_is_one_line(runner, tiny_pair, tmp_pa
         f"Error: {path}: draft: the recipe has no draft model (prompt lookup proposes alone); use --model target"
     ]
     assert not (tmp_path / "out").exists()
+
+
+def test_convert_of_a_recipe_quantized_with_an_fp8_kv_cache_writes_the_unquantized_checkpoint(
+    runner, tiny_pair, tmp_path
+):
+    """convert writes unquantized checkpoints whatever the recipe's quantization: the recipe's fp8 KV cache, valid
+    beside its fp8 weights, goes with it rather than being refused as a recipe error."""
+    target, draft = tiny_pair
+    path = tmp_path / "fp8.yaml"
+    quantized = {"quantization": "fp8", "kv_cache_dtype": "fp8"}
+    data = {"name": "q", "target": {"model": str(target), **quantized}, "draft": {"model": str(draft)}}
+    path.write_text(yaml.safe_dump(data))
+    result = runner.invoke(
+        cli, ["convert", str(path), "--model", "target", "--out", str(tmp_path / "ck"), "--json", "-q"]
+    )
+    assert result.exit_code == 0, result.output
+    (checkpoint,) = json.loads(result.stdout)["checkpoints"]
+    assert checkpoint["format"] == "none"

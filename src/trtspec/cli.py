@@ -290,7 +290,14 @@ def convert(recipe, model, out_dir, dtype, tp_size, pp_size, device, no_verify, 
     """HF -> TensorRT-LLM checkpoint (fp16/bf16) via ModelOpt, verified against the HF model."""
     from trtspec.builders.convert import ExportSpec
 
-    per_role = {"quantization": "none", "dtype": dtype, "tp_size": tp_size, "pp_size": pp_size}
+    # unquantized, so with the KV cache in the model's dtype (an fp8 cache needs a quantization: trtspec quantize)
+    per_role = {
+        "quantization": "none",
+        "kv_cache_dtype": "auto",
+        "dtype": dtype,
+        "tp_size": tp_size,
+        "pp_size": pp_size,
+    }
     shared = {"calibration.device": device}
     _export_checkpoints(ExportSpec(recipe, model, shared, per_role, out=out_dir, verify=not no_verify), out)
 
