@@ -93,6 +93,29 @@ def test_awq_on_dimensions_not_divisible_by_128(tmp_path, shared_tokenizer_dir, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
 
 
+def test_the_awq_shape_remedy_offers_a_smaller_tp_size_only_where_it_helps():
+    """A per-rank size that fails can be fixed by merging ranks, where there are ranks to merge; at tp_size 1
+    nothing is left to merge."""
+    from trtspec.builders.export_pipeline import check_shapes
+    from trtspec.recipe import ModelSpec
+
+    def said(tp_size: int, **dims) -> str:
+        config = {"num_attention_heads": 8, "hidden_size": 1024, "intermediate_size": 4096} | dims
+        spec = ModelSpec.model_validate(
+            {"model": "/m", "quantization": "int4_awq", "tp_size": tp_size}, context={"check_paths": False}
+        )
+        with pytest.raises(ModelError) as refused:
+            check_shapes(spec, config)
+        return refused.value.message
+
+    assert said(1, hidden_size=1000).endswith(
+        "hidden_size=1000, num_attention_heads*head_dim/tp_size=1000; use fp8 or int8_sq"
+    )
+    assert said(8, intermediate_size=2816).endswith(
+        "intermediate_size/tp_size=352; use fp8 or int8_sq, or a smaller tp_size"
+    )
+
+
 @pytest.mark.conversion
 def test_an_empty_calibration_file_is_refused_before_the_model_loads(tmp_path, monkeypatch):
     """A large model's load takes minutes: the calibration file is read and tokenized first."""

@@ -49,9 +49,12 @@ def check_shapes(spec: ModelSpec, hf_config: dict) -> None:
     if spec.quantization in AWQ_FORMATS:
         problems = awq_shape_problems(hf_config, spec.tp_size)
         if problems:
+            # a smaller tp_size helps only where a per-rank size fails and there are ranks to merge
+            per_rank = spec.tp_size > 1 and any("/tp_size" in problem for problem in problems)
             raise ModelError(
                 f"{spec.model}: {spec.quantization} needs layer input sizes divisible by {support.AWQ_GROUP_SIZE} "
-                f"per rank, but {', '.join(problems)}; use fp8 or int8_sq, or a smaller tp_size"
+                f"per rank, but {', '.join(problems)}; use fp8 or int8_sq"
+                + (", or a smaller tp_size" if per_rank else "")
             )
     heads = hf_config["num_attention_heads"]
     if heads % spec.tp_size or hf_config["intermediate_size"] % spec.tp_size:
