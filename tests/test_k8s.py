@@ -506,6 +506,11 @@ BAD = {
         "/home/me/Llama-3.2-1B-Instruct",
         "draft.model: /home/me/Llama-3.2-1B-Instruct is /home/me/Llama-3.2-1B-Instruct inside the pods",
     ),
+    "calibration file outside the volume": (
+        "speculative: {max_draft_len: 4}\n",
+        "speculative: {max_draft_len: 4}\ncalibration: {dataset: calib.jsonl}\n",
+        "calibration.dataset: calib.jsonl is /workspace/recipes/calib.jsonl inside the pods, outside /workspace/models",
+    ),
     "threshold": (
         "min_acceptance: 0.55",
         "min_acceptance: 1.5",

@@ -128,19 +128,22 @@ def pod_model_path(raw: str) -> str | None:
 
 
 def check_models(recipe: Recipe, raw: dict) -> bool:
-    """Every model folder is under the models mount, or a demo model; True when the models volume is needed."""
+    """Every model folder, and a calibration file, is under the models mount (or a demo model, the builtin
+    data); True when the models volume is needed. The pods load the recipe, which checks its files exist."""
     needs_volume = False
-    for role in ("target", "draft"):
-        value = str((raw.get(role) or {}).get("model", ""))
-        path = pod_model_path(value) if value else None  # no draft: prompt lookup alone
+    dataset = str((raw.get("calibration") or {}).get("dataset", "builtin"))
+    paths = {f"{role}.model": str((raw.get(role) or {}).get("model", "")) for role in ("target", "draft")}
+    paths["calibration.dataset"] = "" if dataset == "builtin" else dataset
+    for name, value in paths.items():
+        path = pod_model_path(value) if value else None  # no draft (prompt lookup alone), builtin data
         if path is None:
             continue
         if not (path + "/").startswith(MODELS_MOUNT + "/"):
             raise _fail(
                 recipe,
-                f"{role}.model",
+                name,
                 f"{value} is {path} inside the pods, outside {MODELS_MOUNT} where kubernetes.models_pvc is mounted; "
-                f"name it {MODELS_MOUNT}/<dir> (as docker/compose.yaml does)",
+                f"name it {MODELS_MOUNT}/<path> (as docker/compose.yaml does)",
             )
         needs_volume = True
     if needs_volume and recipe.kubernetes.models_pvc is None:
