@@ -327,3 +327,12 @@ def test_engines_only_refuses_checkpoints_of_other_settings(workdir):
     recipe = load_recipe(workdir / "recipes" / "tiny.yaml", {"draft.dtype": "bfloat16"}, check_paths=False)
     with pytest.raises(CheckpointError, match="converted with other draft settings"):
         B.build(recipe, workdir / "engines", engines_only=True)
+    # a checkpoint whose files changed after the build stamped them (a copy that did not keep the times of files
+    # stamped by size and time): named as changed, with how to copy a build
+    config = workdir / "engines" / "tiny" / "target" / "checkpoint" / "config.json"
+    config.write_text(config.read_text() + "\n")
+    recipe = load_recipe(workdir / "recipes" / "tiny.yaml", check_paths=False)
+    with pytest.raises(
+        CheckpointError, match=r"target/checkpoint: its files changed since the build wrote them; copy"
+    ):
+        B.build(recipe, workdir / "engines", engines_only=True)

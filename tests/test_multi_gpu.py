@@ -200,3 +200,14 @@ def test_a_manifest_without_a_usable_launch_layout_is_one_line_where_the_runtime
     for launch in ("single", {"mpi": True}):
         with pytest.raises(ServerError, match=r"^r/trtspec.json: launch is not a launch layout \(got "):
             launch_layout_of({"runtime": "tensorrtllm", "launch": launch}, "r")
+
+
+def test_the_server_log_lies_beside_the_repository_named_after_its_folder(tmp_path, monkeypatch):
+    from trtspec.triton_repo.serve import server_log_path
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (tmp_path / "link").symlink_to(repo)
+    monkeypatch.chdir(repo)
+    for named in (repo, ".", tmp_path / "link"):
+        assert server_log_path(named) == tmp_path / ".repo.tritonserver.log"

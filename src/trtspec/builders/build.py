@@ -195,9 +195,14 @@ def existing_checkpoint(recipe: Recipe, role: str, out_dir: Path) -> dict[str, A
     """For --engines-only: the stamp of a finished checkpoint made from this recipe's model settings."""
     ckpt = layout.stage_dir(out_dir, role, layout.CHECKPOINT)
     stamp = read_stamp(ckpt)
-    if stamp is None or stamp.get("output_hash") != tree_hash(ckpt):
+    if stamp is None:
         raise CheckpointError(
             f"{ckpt}: no finished checkpoint; run `trtspec build` without --engines-only first (it needs the HF models)"
+        )
+    if stamp.get("output_hash") != tree_hash(ckpt):  # large files are stamped by size and modification time
+        raise CheckpointError(
+            f"{ckpt}: its files changed since the build wrote them; copy a build with `cp -a` or `rsync -a` (which "
+            "keep file times), or run `trtspec build` without --engines-only"
         )
     if stamp.get("info", {}).get("recipe") != convert_recipe_part(recipe, role):
         raise CheckpointError(

@@ -116,6 +116,13 @@ def sample_requests(ports: Ports, model: str = names.ENTRY_POINT, decoupled: boo
     ]
 
 
+def server_log_path(repo: Path | str) -> Path:
+    """Where tritonserver's log goes: beside the repository's folder, named after it (`serve .` and a link name
+    the folder they lead to)."""
+    folder = Path(repo).resolve()
+    return folder.parent / f".{folder.name}.tritonserver.log"
+
+
 def launch_layout_of(info: dict, repo: Path | str = "the repository") -> dict:
     """The manifest's launch layout. A torch repository written before the field existed, or one not written by
     trtspec, runs single; an engine repository cannot be started without knowing how (mpirun, --multi-model)."""
@@ -155,7 +162,7 @@ def serve(spec: ServeSpec, echo=print) -> int:
         from trtspec.triton_repo.llmapi import find_upstream_model_dir
 
         find_upstream_model_dir()  # fail now, not inside the stub, if the image lacks upstream's model.py
-    log = Path(spec.repo).resolve().parent / f".{Path(spec.repo).name}.tritonserver.log"
+    log = server_log_path(spec.repo)
     server = TritonServer(spec.repo, ports, log, find_server(), layout)
     env = ""
     if server.layout:
