@@ -50,9 +50,8 @@ def check_output_dir(out: Path, marker: str, what: str, option: str, force: bool
         raise OutputError(
             f"{option} {out} is the current folder or contains it; choose a new folder for {what}"
         )
-    if (
-        target.is_symlink()
-    ):  # the folder is replaced by a rename, which would replace the link, not its folder
+    # the folder is replaced by a rename, which would replace the link, not its folder
+    if target.is_symlink():
         raise OutputError(f"{option} {out} is a symbolic link; pass the folder it points to, {resolved}")
     if target.exists() and not target.is_dir():
         raise OutputError(f"{option} {out} exists and is not a folder; choose another {option}")

@@ -286,7 +286,7 @@ def _right_table(title: str, columns: list[str], cells: Iterable[list[str]]):
 def show_bench(outcome, out) -> None:
     """A validate.run_bench.BenchOutcome: the tables, the recommended K and speculative.schedule, what was written."""
     from trtspec.validate.bench_report import schedule_text
-    from trtspec.validate.run_bench import report_files
+    from trtspec.validate.run_bench import REPORT_FILES
 
     if out.json:
         out.emit_json(outcome.payload)
@@ -301,7 +301,7 @@ def show_bench(outcome, out) -> None:
     console.print(f"recommended speculative.schedule: {schedule}")
     if outcome.moved:
         console.print(outcome.moved, style="yellow", markup=False)
-    shown = [name for name in report_files() if not name.startswith(".")]  # the edit record is not news
+    shown = [name for name in REPORT_FILES if not name.startswith(".")]  # the edit record is not news
     console.print(f"wrote {outcome.out_dir}/{', '.join(shown)}")
     if outcome.recipe_written is not None:
         console.print(

@@ -58,9 +58,8 @@ class AlignSpec:
     batch_size: int = 8
     max_epochs: int = 8
     data: DataSpec = field(default_factory=DataSpec)
-    force: bool = (
-        False  # replace files a user edited or added in an earlier output (outputs.check_output_dir)
-    )
+    # replace files a user edited or added in an earlier output (outputs.check_output_dir)
+    force: bool = False
 
 
 def default_dirs(recipe: Recipe) -> tuple[Path, Path]:

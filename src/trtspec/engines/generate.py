@@ -208,10 +208,9 @@ def run_generate(spec: GenerateSpec, on_text: Callable[[str], None] | None = Non
     prompt_ids = _encode(spec, models)  # before the models load: a chat needs a chat template
     if models.limits is not None and (problem := models.limits.prompt_problem(len(prompt_ids))):
         raise RequestError(f"--prompt: {problem}")
+    # before the models load
     hint = f"it is {models.seq_limit}; lower --max-new-tokens or shorten the prompt"
-    check_prompt(
-        prompt_ids, spec.max_new_tokens, models.max_seq_len, 0, hint, "--prompt"
-    )  # before the models load
+    check_prompt(prompt_ids, spec.max_new_tokens, models.max_seq_len, 0, hint, "--prompt")
     engine = SpeculativeEngine.from_pretrained(
         models.target,
         models.draft,

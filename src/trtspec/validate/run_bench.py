@@ -22,6 +22,7 @@ from trtspec.outputs import (
     write_output_dir,
 )
 from trtspec.validate.bench import BenchResult
+from trtspec.validate.bench_report import PLOTS
 from trtspec.validate.inputs import (
     RunOptions,
     SystemOptions,
@@ -37,6 +38,7 @@ BENCH_MARKER = "bench.json"  # the file that makes a folder an earlier bench rep
 # check_output_dir / write_output_dir arguments for bench's --out
 BENCH_OUTPUT = (BENCH_MARKER, "a trtspec bench report", "--out")
 BENCH_MARKDOWN = "bench.md"
+REPORT_FILES = (BENCH_MARKER, BENCH_MARKDOWN, *PLOTS, EDIT_RECORD)  # a report folder's files (write_bench)
 
 
 @dataclass(kw_only=True)
@@ -116,17 +118,10 @@ def bench(options: BenchOptions, on_progress: SweepProgress | None = None) -> Be
     )
 
 
-def report_files() -> tuple[str, ...]:
-    """The files of a bench report folder (write_bench), its record of them included."""
-    from trtspec.validate.bench_report import PLOTS
-
-    return (BENCH_MARKER, BENCH_MARKDOWN, *PLOTS, EDIT_RECORD)
-
-
 def _refuse_report_file(path: Path, out_dir: Path) -> None:
     """--write-recipe may lie inside --out, but not on a file of the report itself."""
     copy, folder = Path(path).absolute(), Path(out_dir).absolute()
-    if copy.parent == folder and copy.name in report_files():
+    if copy.parent == folder and copy.name in REPORT_FILES:
         raise OutputError(
             f"--write-recipe {path} is the report's own {copy.name}; choose another name, e.g. {folder / 'recipe.yaml'}"
         )
