@@ -11,6 +11,22 @@ from tiny_models import make_model, make_tokenizer
 from trtspec.cli import cli
 
 
+def generate_args(target, draft, prompt: str = "x", max_new_tokens: int = 2) -> list[str]:
+    """`trtspec generate` over a --target / --draft pair, as the error tests run it."""
+    return [*("generate", "--target", str(target), "--draft", str(draft)), "--prompt", prompt,
+            "--max-new-tokens", str(max_new_tokens)]  # fmt: skip
+
+
+def run_trtspec(*args: str, timeout: float = 300):
+    """``trtspec`` in a process of its own (what a user's shell sees: the exit status and both streams)."""
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "trtspec", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
 def test_generate_json_is_exact_and_carries_stats(runner, tiny_pair):
     target, draft = tiny_pair
     args = [
@@ -237,13 +253,9 @@ def test_a_seed_outside_64_bits_is_refused_by_the_sampling_rules():
 def test_usage_errors_are_one_line_through_the_entry_point():
     """Click's own usage errors (a bad option value, an unknown command) through ``trtspec`` itself: one line with
     where help is, exit 2; --version and --help still exit 0, and ``trtspec`` alone shows the help."""
-    import subprocess
-    import sys
 
     def run(*args):
-        proc = subprocess.run(
-            [sys.executable, "-m", "trtspec", *args], capture_output=True, text=True, timeout=120
-        )
+        proc = run_trtspec(*args, timeout=120)
         return proc.returncode, proc.stdout, proc.stderr.strip().splitlines()
 
     assert run("bench", "--concurrency", "0") == (
@@ -266,27 +278,12 @@ def test_a_model_too_large_for_memory_is_one_line_naming_it(tmp_path, tiny_pair)
     """A real allocator refusal in a real process: a draft whose config asks for a 128 TiB MLP. transformers'
     load fails inside from_pretrained, and the line names the folder and memory, not incomplete weights."""
     import shutil
-    import subprocess
-    import sys
 
     target, draft = tiny_pair
     big = shutil.copytree(draft, tmp_path / "draft")
     config = json.loads((big / "config.json").read_text())
     (big / "config.json").write_text(json.dumps({**config, "intermediate_size": 2**40}))
-    args = [
-        "generate",
-        "--target",
-        str(target),
-        "--draft",
-        str(big),
-        "--prompt",
-        "x",
-        "--max-new-tokens",
-        "2",
-    ]
-    proc = subprocess.run(
-        [sys.executable, "-m", "trtspec", *args], capture_output=True, text=True, timeout=300
-    )
+    proc = run_trtspec(*generate_args(target, big))
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 1 and len(lines) == 1, proc.stderr
     assert lines[0].startswith(
@@ -311,19 +308,8 @@ def test_running_out_of_gpu_memory_is_one_line(tiny_pair, monkeypatch, capsys):
 
     monkeypatch.setattr(models.LeanCausalLM, "__init__", no_room)
     target, draft = tiny_pair
-    args = [
-        "generate",
-        "--target",
-        str(target),
-        "--draft",
-        str(draft),
-        "--prompt",
-        "x",
-        "--max-new-tokens",
-        "2",
-    ]
     with pytest.raises(SystemExit) as stop:
-        main(args)
+        main(generate_args(target, draft))
     assert stop.value.code == 1
     assert capsys.readouterr().err.splitlines() == [
         "Error: out of GPU memory (CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
@@ -443,17 +429,5 @@ def test_an_abort_inside_a_command_is_an_interrupt_not_a_memory_error(tiny_pair,
     monkeypatch.setattr(models.LeanCausalLM, "__init__", abort)
     target, draft = tiny_pair
     with pytest.raises(SystemExit) as stop:
-        main(
-            [
-                "generate",
-                "--target",
-                str(target),
-                "--draft",
-                str(draft),
-                "--prompt",
-                "x",
-                "--max-new-tokens",
-                "2",
-            ]
-        )
+        main(generate_args(target, draft))
     assert stop.value.code == 130 and capsys.readouterr().err.splitlines() == ["Interrupted."]

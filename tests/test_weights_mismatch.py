@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from test_check import run_check, status_of, write_recipe
+from test_generate_cli import generate_args, run_trtspec
 from tiny_models import make_model
 from triton_server import deploy_tiny_repo
 
@@ -88,17 +89,7 @@ CASES = [(role, change) for role in ("draft", "target") for change in ("missing"
 @pytest.mark.parametrize(("role", "change"), CASES)
 def test_generate_refuses_mismatched_weights(runner, broken_pair, role, change):
     target, draft, weights, tensor = broken_pair(role, change)
-    args = [
-        "generate",
-        "--target",
-        str(target),
-        "--draft",
-        str(draft),
-        "--prompt",
-        "x",
-        "--max-new-tokens",
-        "2",
-    ]
+    args = generate_args(target, draft)
     assert_one_line_error(runner.invoke(cli, args), 2, expected_line(weights, change, tensor))
 
 
@@ -203,20 +194,7 @@ def test_the_error_is_the_only_line_on_stderr(tmp_path, tiny_pair):
     progress bars stay off stderr, so the one line is all a user sees."""
     target, draft = tiny_pair
     copy, weights, tensor = broken_copy(draft, tmp_path / "draft", "missing")
-    args = [
-        "generate",
-        "--target",
-        str(target),
-        "--draft",
-        str(copy),
-        "--prompt",
-        "x",
-        "--max-new-tokens",
-        "2",
-    ]
-    proc = subprocess.run(
-        [sys.executable, "-m", "trtspec", *args], capture_output=True, text=True, timeout=300
-    )
+    proc = run_trtspec(*generate_args(target, copy))
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert lines[0].startswith(f"Error: {expected_line(weights, 'missing', tensor)}")
