@@ -141,6 +141,22 @@ def test_serve_refuses_a_broken_manifest_naming_its_field(tiny_pair, tmp_path):
     assert read_manifest(out) == {}
 
 
+@pytest.mark.parametrize("host", ["", "two words", "a/b"])
+def test_serve_refuses_a_host_that_cannot_be_an_address_before_starting_anything(tmp_path, host):
+    """`serve --host ""` is not 'the recipe's host' (it served the manifest's in silence): refused as the
+    recipe's triton.host would be, before the repository is read."""
+    from click.testing import CliRunner
+
+    from trtspec.cli import cli
+
+    result = CliRunner().invoke(cli, ["serve", str(tmp_path / "missing"), "--host", host])
+    assert result.exit_code == 2
+    assert (
+        "Invalid value for '--host'" in result.output and "not an IP address or a host name" in result.output
+    )
+    assert f"got {host!r}" in result.output
+
+
 @pytest.mark.parametrize("host", ["not a host!", "", "two words", "[::1]", "a/b", "x" * 254])
 def test_a_recipe_host_that_cannot_be_an_address_is_refused_by_name(tiny_pair, host):
     with pytest.raises(RecipeError, match="triton.host"):

@@ -67,22 +67,37 @@ def _wait_ready(proc: subprocess.Popen, http_port: int, log: Path, timeout_s: fl
 
 
 def test_serve_answers_the_client_and_stops_cleanly_on_ctrl_c(repo, tmp_path):
+    """With --json: the endpoints as one JSON document on stdout once ready, the printed lines on stderr."""
+    import json
+
     http, grpc, metrics = free_ports(3)
-    log = tmp_path / "serve.log"
-    cmd = [sys.executable, "-m", "trtspec", "serve", str(repo)]
+    log, stdout = tmp_path / "serve.log", tmp_path / "serve.json"
+    cmd = [sys.executable, "-m", "trtspec", "serve", str(repo), "--json"]
     cmd += ["--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)]
-    with open(log, "w") as out:
+    with open(log, "w") as err, open(stdout, "w") as out:
         # Started with SIGINT ignored, as a `cmd &` background job of a non-interactive shell is (tools/demo.sh):
         # serve must still stop on SIGINT.
         proc = subprocess.Popen(
             cmd,
             stdout=out,
-            stderr=subprocess.STDOUT,
+            stderr=err,
             start_new_session=True,
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
         )
     try:
         _wait_ready(proc, http, log)
+        deadline = time.monotonic() + 30
+        while not stdout.read_text().rstrip().endswith("}") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        ready = json.loads(stdout.read_text())
+        assert ready["status"] == "ready" and ready["entry_point"] == "tensorrt_llm_bls"
+        assert set(ready["models"]) >= {"ensemble", "tensorrt_llm_bls"} and ready["host"] == "127.0.0.1"
+        assert (ready["http"], ready["grpc"]) == (f"http://127.0.0.1:{http}", f"127.0.0.1:{grpc}")
+        assert ready["metrics"] == f"http://127.0.0.1:{metrics}/metrics"
+        assert ready["server_log"] == str(repo.resolve().parent / f".{repo.name}.tritonserver.log")
+        assert (
+            "ready: " in log.read_text() and "/v2/models/tensorrt_llm_bls/generate" in ready["requests"][0]
+        )
         servers = _children(proc.pid)
         assert len(servers) == 1, f"expected one tritonserver child, got {servers}"
         server_tree = session_processes(servers[0])  # tritonserver runs in its own session with its stubs
@@ -129,6 +144,7 @@ def test_serve_answers_the_client_and_stops_cleanly_on_ctrl_c(repo, tmp_path):
         status = proc.wait(timeout=60)
         server_log = (repo.parent / f".{repo.name}.tritonserver.log").read_text()
         assert "stopping tritonserver" in log.read_text()
+        assert json.loads(stdout.read_text()) == ready  # one document, nothing after it
         # A stop the user asked for exits 0 once the server's session is gone, even when unloading the models
         # outlasted tritonserver's own --exit-timeout-secs (seen on an overloaded 2-core machine).
         assert status == 0, f"exit {status}\n{log.read_text()}\n{server_log[-3000:]}"

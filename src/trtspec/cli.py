@@ -538,9 +538,20 @@ def _port_option(kind: str):
     )
 
 
+def _host(ctx, param, value: str | None) -> str | None:
+    """--host checked as the recipe's triton.host is (an empty one is not 'the default')."""
+    from trtspec.recipe import host_problem
+
+    if value is not None and (problem := host_problem(value)):
+        raise click.BadParameter(problem)
+    return value
+
+
 @cli.command()
 @click.argument("repo", type=click.Path(path_type=Path))
-@click.option("--host", help="Address to bind [default: the recipe's triton.host, 127.0.0.1].")
+@click.option(
+    "--host", callback=_host, help="Address to bind [default: the recipe's triton.host, 127.0.0.1]."
+)
 @_port_option("http")
 @_port_option("grpc")
 @_port_option("metrics")
@@ -552,13 +563,19 @@ def _port_option(kind: str):
 )
 @output_options
 def serve(out: Output, **options) -> None:
-    """Run tritonserver (the NGC image's, else nvidia-pytriton's) on REPO until Ctrl-C."""
+    """Run tritonserver (the NGC image's, else nvidia-pytriton's) on REPO until Ctrl-C. With --json, the endpoints
+    are one JSON document on stdout once every model is ready (the rest goes to stderr)."""
     from trtspec.triton_repo.serve import ServeSpec
     from trtspec.triton_repo.serve import serve as run_server
     from trtspec.views import print_line
 
     console = out.console()
-    sys.exit(run_server(ServeSpec(**options), echo=lambda text: print_line(console, text)))
+    status = run_server(
+        ServeSpec(**options),
+        echo=lambda text: print_line(console, text),
+        on_ready=out.emit_json if out.json else None,
+    )
+    sys.exit(status)
 
 
 # --- validate / bench: the same request and system options, each command's own in between ---

@@ -98,7 +98,7 @@ def resolve_ports(spec: ServeSpec, info: dict) -> Ports:
         http=pick(spec.http_port, "http", default.http_port),
         grpc=pick(spec.grpc_port, "grpc", default.grpc_port),
         metrics=pick(spec.metrics_port, "metrics", default.metrics_port),
-        host=pick(spec.host or None, "host", default.host),
+        host=pick(spec.host, "host", default.host),
     )
 
 
@@ -148,8 +148,10 @@ def _interrupt_on_stop_signals() -> None:
     signal.signal(signal.SIGTERM, interrupt)
 
 
-def serve(spec: ServeSpec, echo=print) -> int:
+def serve(spec: ServeSpec, echo=print, on_ready=None) -> int:
     """Start, report endpoints, block until Ctrl-C / SIGTERM or the server exits; returns the exit status.
+    ``on_ready`` gets the endpoints as one JSON-ready dict once every model is ready (``serve --json``: a
+    supervisor or script reads where to send requests without parsing the printed lines).
 
     A stop the user asked for returns 0 once the server's whole session is gone (``TritonServer.stop`` kills
     what outlives tritonserver's own exit timeout), whatever status tritonserver chose for a slow unload.
@@ -176,14 +178,31 @@ def serve(spec: ServeSpec, echo=print) -> int:
         echo("stopped while loading the models")
         return 0
     try:
-        echo(f"ready: {', '.join(repo_models(spec.repo))}")
+        models = repo_models(spec.repo)
+        echo(f"ready: {', '.join(models)}")
         echo(
             f"listening on {ports.host}\nHTTP     http://{ports.http_url}\ngRPC     {ports.grpc_url}\n"
             f"metrics  {ports.metrics_url}"
         )
         model = info.get("entry_point") or names.ENTRY_POINT
-        echo("try:\n  " + "\n  ".join(sample_requests(ports, model, decoupled=info.get("decoupled", True))))
+        requests = sample_requests(ports, model, decoupled=info.get("decoupled", True))
+        echo("try:\n  " + "\n  ".join(requests))
         echo(f"server log: {log}   (Ctrl-C stops the server)")
+        if on_ready is not None:
+            on_ready(
+                {
+                    "status": "ready",
+                    "repository": str(Path(spec.repo).resolve()),
+                    "models": models,
+                    "entry_point": model,
+                    "host": ports.host,
+                    "http": f"http://{ports.http_url}",
+                    "grpc": ports.grpc_url,
+                    "metrics": ports.metrics_url,
+                    "server_log": str(log),
+                    "requests": requests,
+                }
+            )
         watch = HealthWatch(server)
         try:
             while (reason := watch.failure()) is None:
