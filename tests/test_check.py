@@ -535,10 +535,33 @@ def test_tensorrtllm_runtime_options_are_checked_and_left_out_for_torch(runner, 
     assert status == "fail" and "draft.kv_cache_dtype fp8 beside quantization int4_awq" in message
     status, message = status_of(payload, "fast logits")
     assert status == "warn" and "without speculative.use_draft_logits" in message
-    # deploy --runtime torch runs the checks that concern the checkpoints only: these two are reported but skipped
+    # the tiny draft's 32-wide layers cannot take AWQ's 128-wide groups: named before any stage runs
+    status, message = status_of(payload, "layer split (draft)")
+    assert status == "fail" and message.startswith("draft: int4_awq needs layer input sizes divisible by 128")
+    assert status_of(payload, "layer split (target)")[0] == "pass"
+    # deploy --runtime torch runs the checks that concern the checkpoints only: these are reported but skipped
     # (run_preflight raises on any other failed check)
     results = run_preflight(load_recipe(path), skip=ENGINE_ONLY_CHECKS)["results"]
     assert results["kv cache"] == "fail" and results["fast logits"] == "warn"
+    assert results["layer split (draft)"] == "fail"
+
+
+def test_a_split_the_layers_cannot_take_is_named_by_check_for_every_model_and_only_warns_for_torch(
+    runner, tmp_path, tiny_pair
+):
+    """build refuses a model's split at that model's own stage, after the earlier stages ran; check names it first.
+    The torch runtime serves the HF models unsplit."""
+    path = write_recipe(
+        tmp_path / "r.yaml", *tiny_pair, target={"tp_size": 3}, triton={"runtime": "tensorrtllm"}
+    )
+    result, payload = run_check(runner, path)
+    assert result.exit_code == 1
+    status, message = status_of(payload, "layer split (target)")
+    assert status == "fail" and message.startswith("target: tp_size=3 must divide num_attention_heads=")
+    assert status_of(payload, "layer split (draft)")[0] == "pass"
+    torch_path = write_recipe(tmp_path / "t.yaml", *tiny_pair, target={"tp_size": 3})
+    status, message = status_of(run_check(runner, torch_path)[1], "layer split (target)")
+    assert status == "warn" and message.endswith("the torch runtime serves the HF model unsplit")
 
 
 @pytest.mark.parametrize("tied", [False, True])

@@ -95,9 +95,7 @@ def test_serve_answers_the_client_and_stops_cleanly_on_ctrl_c(repo, tmp_path):
         assert (ready["http"], ready["grpc"]) == (f"http://127.0.0.1:{http}", f"127.0.0.1:{grpc}")
         assert ready["metrics"] == f"http://127.0.0.1:{metrics}/metrics"
         assert ready["server_log"] == str(repo.resolve().parent / f".{repo.name}.tritonserver.log")
-        assert (
-            "ready: " in log.read_text() and "/v2/models/tensorrt_llm_bls/generate" in ready["requests"][0]
-        )
+        assert "ready: " in log.read_text() and "/v2/models/tensorrt_llm_bls/generate" in ready["requests"][0]
         servers = _children(proc.pid)
         assert len(servers) == 1, f"expected one tritonserver child, got {servers}"
         server_tree = session_processes(servers[0])  # tritonserver runs in its own session with its stubs

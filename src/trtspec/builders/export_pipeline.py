@@ -26,46 +26,15 @@ from trtspec.outputs import atomic_dir
 from trtspec.recipe import CalibrationSpec, ModelSpec
 
 KV_CACHE_CFG = "FP8_KV_CFG"
-AWQ_FORMATS = ("int4_awq", "w4a8_awq")
 
 
 # ---------------------------------------------------------------- input checks (before any work)
 
 
-def awq_shape_problems(hf_config: dict, tp_size: int, group: int = support.AWQ_GROUP_SIZE) -> list[str]:
-    """Input dimensions each rank's AWQ GEMMs see must be multiples of the group size (modelopt/TRT-LLM kernels)."""
-    heads = hf_config["num_attention_heads"]
-    head_dim = hf_config.get("head_dim") or hf_config["hidden_size"] // heads
-    dims = {
-        "hidden_size": hf_config["hidden_size"],
-        "num_attention_heads*head_dim/tp_size": heads * head_dim // tp_size,
-        "intermediate_size/tp_size": hf_config["intermediate_size"] // tp_size,
-    }
-    return [f"{name}={value}" for name, value in dims.items() if value % group]
-
-
 def check_shapes(spec: ModelSpec, hf_config: dict) -> None:
     """ModelError unless the format's kernels and the tp/pp split take the model's layer sizes."""
-    if spec.quantization in AWQ_FORMATS:
-        problems = awq_shape_problems(hf_config, spec.tp_size)
-        if problems:
-            # a smaller tp_size helps only where a per-rank size fails and there are ranks to merge
-            per_rank = spec.tp_size > 1 and any("/tp_size" in problem for problem in problems)
-            raise ModelError(
-                f"{spec.model}: {spec.quantization} needs layer input sizes divisible by {support.AWQ_GROUP_SIZE} "
-                f"per rank, but {', '.join(problems)}; use fp8 or int8_sq"
-                + (", or a smaller tp_size" if per_rank else "")
-            )
-    heads = hf_config["num_attention_heads"]
-    if heads % spec.tp_size or hf_config["intermediate_size"] % spec.tp_size:
-        raise ModelError(
-            f"{spec.model}: tp_size={spec.tp_size} must divide num_attention_heads={heads} and "
-            f"intermediate_size={hf_config['intermediate_size']}"
-        )
-    if hf_config["num_hidden_layers"] % spec.pp_size:
-        raise ModelError(
-            f"{spec.model}: pp_size={spec.pp_size} must divide num_hidden_layers={hf_config['num_hidden_layers']}"
-        )
+    if problem := support.split_problem(spec, hf_config):
+        raise ModelError(f"{spec.model}: {problem}")
 
 
 def conversion_peak_bytes(num_parameters: int, device: str, verify: bool) -> dict[str, int]:

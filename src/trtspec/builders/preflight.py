@@ -112,6 +112,26 @@ def check_architecture(facts: ModelFacts, runtime: str, max_seq_len: int = 0) ->
     return CheckResult(name, "fail", problem)
 
 
+def check_split(facts: ModelFacts, spec: ModelSpec, runtime: str) -> CheckResult:
+    """Whether the model's layer sizes take its quantization's kernels and its tp/pp split (support.split_problem):
+    build refuses them at that model's stage, after the stages before it ran (a target's calibration before a
+    draft's refusal). The torch runtime serves the HF model unsplit, so there it only warns."""
+    name = f"layer split ({facts.role})"
+    hf_config = {**facts.config, "architectures": [facts.architecture]}
+    if (
+        support.convert_problem(hf_config) is not None
+    ):  # its family's sizes are not read (architecture says why)
+        return CheckResult(name, "pass", "not converted: see the architecture check")
+    problem = support.split_problem(spec, facts.config)
+    if problem is None:
+        split = f"tp_size={spec.tp_size}, pp_size={spec.pp_size}"
+        return CheckResult(name, "pass", f"{spec.quantization}, {split}: the layer sizes fit")
+    where = f"{facts.role}: {problem}"
+    if runtime == "torch":
+        return CheckResult(name, "warn", where + "; the torch runtime serves the HF model unsplit")
+    return CheckResult(name, "fail", where)
+
+
 def check_weights(facts: ModelFacts) -> CheckResult:
     """The checkpoint holds exactly the tensors its config.json builds: transformers would fill a missing one with
     random values and drop an unexpected one, so a draft would silently accept nothing and a target emit garbage."""
@@ -347,9 +367,17 @@ def check_cpu_dtype(recipe: Recipe, bf16_units: tuple[str, ...] | None) -> list[
 
 
 # What concerns TensorRT-LLM engines only (its draft-target support matrix, GPU memory, the installed
-# TensorRT-LLM, the tensorrtllm runtime's options): the torch runtime loads the Hugging Face checkpoints itself,
-# in any dtype, on CPU too.
-ENGINE_ONLY_CHECKS = ("precision", "memory", "runtime", "fast logits", "kv cache")
+# TensorRT-LLM, the tensorrtllm runtime's options, the checkpoints' quantization and split): the torch runtime
+# loads the Hugging Face checkpoints itself, in any dtype, on CPU too.
+ENGINE_ONLY_CHECKS = (
+    "precision",
+    "memory",
+    "runtime",
+    "fast logits",
+    "kv cache",
+    "layer split (target)",
+    "layer split (draft)",
+)
 
 
 def check_proposer(recipe: Recipe) -> CheckResult:
@@ -381,6 +409,7 @@ def _pair_checks(recipe: Recipe, target: ModelFacts, draft: ModelFacts) -> list[
         check_vocab(draft, recipe.draft),
         check_padded_vocab(target, draft, recipe, own_tokenizer),
         check_architecture(draft, runtime, max_seq_len),
+        check_split(draft, recipe.draft, runtime),
         check_weights(draft),
         check_draft_size(target, draft),
     ]
@@ -403,6 +432,7 @@ def run_checks(
         check_proposer(recipe),
         check_vocab(target, recipe.target),
         check_architecture(target, recipe.triton.runtime, recipe.limits.max_seq_len),
+        check_split(target, recipe.target, recipe.triton.runtime),
         check_weights(target),
         *(_pair_checks(recipe, target, draft) if draft is not None else []),
         check_precision(recipe),

@@ -128,6 +128,44 @@ MIN_COMPUTE_CAPABILITY = {
 AWQ_GROUP_SIZE = 128
 
 
+AWQ_FORMATS = ("int4_awq", "w4a8_awq")
+
+
+def awq_shape_problems(hf_config: dict, tp_size: int, group: int = AWQ_GROUP_SIZE) -> list[str]:
+    """Input dimensions each rank's AWQ GEMMs see must be multiples of the group size (modelopt/TRT-LLM kernels)."""
+    heads = hf_config["num_attention_heads"]
+    head_dim = hf_config.get("head_dim") or hf_config["hidden_size"] // heads
+    dims = {
+        "hidden_size": hf_config["hidden_size"],
+        "num_attention_heads*head_dim/tp_size": heads * head_dim // tp_size,
+        "intermediate_size/tp_size": hf_config["intermediate_size"] // tp_size,
+    }
+    return [f"{name}={value}" for name, value in dims.items() if value % group]
+
+
+def split_problem(spec, hf_config: dict) -> str | None:
+    """Why the format's kernels or the tp/pp split of ``spec`` (a recipe's ModelSpec) do not take the model's
+    layer sizes (None: they do): what convert and the HF export refuse before any work, and check reports."""
+    if spec.quantization in AWQ_FORMATS:
+        problems = awq_shape_problems(hf_config, spec.tp_size)
+        if problems:
+            # a smaller tp_size helps only where a per-rank size fails and there are ranks to merge
+            per_rank = spec.tp_size > 1 and any("/tp_size" in problem for problem in problems)
+            return (
+                f"{spec.quantization} needs layer input sizes divisible by {AWQ_GROUP_SIZE} per rank, but "
+                f"{', '.join(problems)}; use fp8 or int8_sq" + (", or a smaller tp_size" if per_rank else "")
+            )
+    heads = hf_config["num_attention_heads"]
+    if heads % spec.tp_size or hf_config["intermediate_size"] % spec.tp_size:
+        return (
+            f"tp_size={spec.tp_size} must divide num_attention_heads={heads} and "
+            f"intermediate_size={hf_config['intermediate_size']}"
+        )
+    if hf_config["num_hidden_layers"] % spec.pp_size:
+        return f"pp_size={spec.pp_size} must divide num_hidden_layers={hf_config['num_hidden_layers']}"
+    return None
+
+
 def effective_precision(dtype: str, quantization: str) -> str:
     """The precision a model runs in: its quantization format if any, else its dtype."""
     return dtype if quantization == "none" else quantization
