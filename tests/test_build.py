@@ -87,6 +87,10 @@ def test_without_tensorrt_llm_exits_3_with_one_line_and_a_finish_script(runner, 
     script = out / "finish_in_ngc.sh"
     assert script.stat().st_mode & stat.S_IXUSR
     subprocess.run(["bash", "-n", str(script)], check=True)  # valid bash
+    (docker,) = [line[1:].strip() for line in script.read_text().splitlines() if "docker run" in line]
+    mounts = shlex.split(docker.rstrip("\\"))
+    assert f"{engines.resolve()}:{engines.resolve()}" in mounts  # the engines folder (--engines-dir ..)
+    assert f"{pair.parent.resolve()}:{pair.parent.resolve()}" in mounts  # the recipe's, named relative to it
     plan = json.loads((out / "plan.json").read_text())
     commands = [
         shlex.split(line) for line in script.read_text().splitlines() if line.startswith("trtllm-build")
@@ -320,6 +324,50 @@ def test_a_calibration_file_counts_by_its_content_not_its_path(tmp_path, tiny_pa
     assert part(moved) == before
     first.write_text("class Other:\n    pass\n")
     assert part(first) != before
+
+
+def test_a_calibration_file_gone_from_its_path_is_one_line_naming_the_field(tmp_path, tiny_pair):
+    """--engines-only in the NGC image, with the calibration file's folder not mounted: the recipe's field and the
+    path, not a FileNotFoundError traceback."""
+    from trtspec.core.errors import RecipeError
+
+    calib = tmp_path / "calib.txt"
+    calib.write_text("def f():\n    return 1\n")
+    recipe = write_recipe(tmp_path / "r.yaml", *tiny_pair)
+    overrides = {"target.quantization": "fp8", "calibration.dataset": str(calib)}
+    loaded = load_recipe(recipe, overrides, check_paths=False)
+    calib.unlink()
+    with pytest.raises(
+        RecipeError, match=r"r\.yaml: calibration\.dataset: .*calib\.txt: cannot be read \(No such"
+    ):
+        B.convert_recipe_part(loaded, "target")
+
+
+def test_the_finish_scripts_docker_run_mounts_every_folder_it_reads(tmp_path, tiny_pair):
+    """The engines folder, the recipe's folder (named relative to the script) and a quantized checkpoint's
+    calibration file's, each at its own path, one folder where another holds it."""
+    from trtspec.builders.manifest import script_mounts
+
+    recipes, calib = tmp_path / "recipes", tmp_path / "data" / "calib.txt"
+    recipes.mkdir()
+    calib.parent.mkdir()
+    calib.write_text("x\n")
+    path = write_recipe(recipes / "r.yaml", *tiny_pair)
+    engines = tmp_path / "proj" / "engines"
+    out = engines / "tiny"
+    plain = load_recipe(path)
+    assert set(script_mounts(plain, out)) == {engines.resolve(), recipes.resolve()}
+    quantized = load_recipe(path, {"draft.quantization": "fp8", "calibration.dataset": str(calib)})
+    assert set(script_mounts(quantized, out)) == {
+        engines.resolve(),
+        recipes.resolve(),
+        calib.parent.resolve(),
+    }
+    # the recipe inside the folder that holds the engines: one mount
+    engines.mkdir(parents=True)
+    inside = write_recipe(tmp_path / "proj" / "r.yaml", *tiny_pair)
+    assert script_mounts(load_recipe(inside), out) == [(tmp_path / "proj").resolve()]
+    assert script_mounts(load_recipe("demo"), out) == [engines.resolve()]
 
 
 @pytest.mark.conversion

@@ -96,7 +96,15 @@ def convert_recipe_part(recipe: Recipe, role: str) -> dict[str, Any]:
     if spec.quantization != "none":
         calibration = recipe.calibration.model_dump(mode="json")
         if calibration["dataset"] != "builtin":
-            calibration["dataset"] = hash_file(hashlib.sha256(), Path(calibration["dataset"])).hexdigest()
+            try:
+                calibration["dataset"] = hash_file(hashlib.sha256(), Path(calibration["dataset"])).hexdigest()
+            except OSError as err:
+                raise RecipeError(
+                    recipe.source or recipe.name,
+                    "calibration.dataset",
+                    f"{calibration['dataset']}: cannot be read ({err.strerror}); a quantized checkpoint is matched "
+                    "to the file's content (in the NGC image too: mount it at that path)",
+                ) from None
         part["calibration"] = calibration
     return part
 

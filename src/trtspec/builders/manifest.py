@@ -62,9 +62,27 @@ def recipe_argument_for(recipe: Recipe, from_dir: Path) -> str:
     return os.path.relpath(Path(recipe.source).resolve(), from_dir.resolve())
 
 
+def script_mounts(recipe: Recipe, out_dir: Path) -> list[Path]:
+    """The folders the finish script reads, to mount at the same paths: the engines folder (``--engines-dir ..``),
+    the recipe's folder (the script names it relative to its own) and a calibration file's (a quantized
+    checkpoint is matched to its content), one where another holds it."""
+    folders = [out_dir.resolve().parent]
+    if recipe_argument_for(recipe, out_dir) != "demo":
+        folders.append(Path(recipe.source).resolve().parent)
+    quantized = any(spec.quantization != "none" for spec in recipe.models().values())
+    if quantized and recipe.calibration.dataset != "builtin":
+        folders.append(Path(recipe.calibration.dataset).resolve().parent)
+    folders.sort(key=lambda folder: len(folder.parts))
+    return [f for i, f in enumerate(folders) if not any(f.is_relative_to(g) for g in folders[:i])]
+
+
 def finish_script(recipe: Recipe, plan: BuildPlan, out_dir: Path) -> str:
     """A bash script that finishes the engines inside the NGC image (paths relative to the script's folder)."""
     rel = {p.role: p.command(f"{p.role}/checkpoint", f"{p.role}/engine") for p in plan.engines()}
+    volumes = [
+        f"-v {shlex.quote(str(folder))}:{shlex.quote(str(folder))}"
+        for folder in script_mounts(recipe, out_dir)
+    ]
     trtspec_cmd = [
         "trtspec",
         "build",
@@ -80,9 +98,9 @@ def finish_script(recipe: Recipe, plan: BuildPlan, out_dir: Path) -> str:
         "#!/usr/bin/env bash",
         f"# Written by `trtspec build` for recipe {recipe.name!r}: builds the TensorRT engines from the checkpoints",
         f"# beside this script. Run it inside {trtllm.NGC_TRITON_TRTLLM_IMAGE}",
-        f"# (TensorRT-LLM {trtllm.TRTLLM_VERSION}) with this folder mounted, e.g.",
-        f'#   docker run --gpus all --rm -v "$PWD":"$PWD" -w "$PWD" {trtllm.NGC_TRITON_TRTLLM_IMAGE} \\',
-        f"#     bash {shlex.quote(str(out_dir / FINISH_SCRIPT))}",
+        f"# (TensorRT-LLM {trtllm.TRTLLM_VERSION}) with the folders it reads mounted at the same paths, e.g.",
+        f"#   docker run --gpus all --rm {' '.join(volumes)} {trtllm.NGC_TRITON_TRTLLM_IMAGE} \\",
+        f"#     bash {shlex.quote(str(out_dir.resolve() / FINISH_SCRIPT))}",
         "set -euo pipefail",
         'cd "$(dirname "$0")"',
         "if command -v trtspec >/dev/null 2>&1; then",
