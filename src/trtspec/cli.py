@@ -634,7 +634,11 @@ system_options = spec_group(
         default="auto",
         help="Triton protocol; auto = http for http:// URLs, else grpc.",
     ),
-    click.option("--model", "triton_model", help="Triton entry model [default: tensorrt_llm_bls]."),
+    click.option(
+        "--model",
+        "triton_model",
+        help="Triton entry model [default: tensorrt_llm_bls, else upstream's LLM-API tensorrt_llm].",
+    ),
     click.option(
         "--device",
         type=click.Choice(["cpu", "cuda"]),
