@@ -147,6 +147,20 @@ def test_output_is_a_draft_folder_with_its_record_and_a_recipe(aligned):
 
 
 @pytest.mark.slow
+def test_an_aligned_draft_aligns_again_with_new_files_of_its_own(aligned, tmp_path):
+    """align's output is a draft like any other: aligning it again writes its weights and align's files anew
+    (it refused after training, naming its own recipe.yaml)."""
+    spec = small_spec(tmp_path, aligned["out"] / "recipe.yaml", max_epochs=1)
+    result = run_align(spec)
+    record = json.loads((spec.out / "align.json").read_text())
+    assert record["source_draft"] == str(aligned["out"].resolve()) and result.record["steps"] > 0
+    assert record["prompts"] == str(spec.prompts)  # this run's record, not the copied one
+    from trtspec.recipe import load_recipe
+
+    assert load_recipe(spec.out / "recipe.yaml").draft.model == spec.out.resolve()
+
+
+@pytest.mark.slow
 def test_validate_on_the_aligned_pair_is_still_exact(aligned, runner):
     args = ["validate", str(aligned["out"] / "recipe.yaml"), "--prompts",
             str(DEMO_DIR.parent / "prompts" / "default.jsonl"), "--limit", "3", "--max-tokens", "24", "--json"]  # fmt: skip
@@ -336,6 +350,26 @@ def test_refusals_are_one_line_and_write_nothing(runner, tmp_path, monkeypatch):
         f"--out {tmp_path / 'work' / 'draft'} is inside --work-dir {tmp_path / 'work'}; choose a folder beside"
         in result.output
     )
+    # the same folder named another way (the output was deleted with it)
+    inside = ["--out", str(tmp_path / "work" / "draft"), "--work-dir", str(tmp_path / "work" / ".." / "work")]
+    result = invoke(cli, ["align", str(recipe), *inside, "--prompts", str(prompts)])
+    assert result.exit_code == 2 and "is inside --work-dir" in result.output
+
+    # a draft folder holding a file of align's own names, not an align output: refused before any work
+    odd_draft = tmp_path / "odd_draft"
+    shutil.copytree(DEMO_DIR / "draft", odd_draft)
+    (odd_draft / "report.md").write_text("the draft's own notes")
+    odd = ["align", str(write_recipe(tmp_path / "odd.yaml", odd_draft)), *base[2:], "--prompts", str(prompts)]
+    result = invoke(cli, odd)
+    assert result.exit_code == 2 and "odd_draft: the draft folder holds report.md, which align writes" in (
+        result.output
+    )
+
+    three = tmp_path / "three.txt"
+    three.write_text("def a():\ndef b():\ndef c():\n")
+    result = invoke(cli, [*base, "--prompts", str(three), "--held-out", "0.1"])
+    assert result.exit_code == 2 and "raise --held-out to at least 0.34" in result.output
+    assert align_data.count_prompts(three, 0.34, 0.0)["held_out"] == 1  # the value it offers gives one
 
     monkeypatch.setattr(environment, "available_bytes", lambda place: 1_000_000)
     result = invoke(cli, [*base, "--prompts", str(prompts)])
@@ -355,6 +389,51 @@ def test_refusals_are_one_line_and_write_nothing(runner, tmp_path, monkeypatch):
         assert len(outcome.output.strip().splitlines()) == 1 and "Traceback" not in outcome.output
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
     assert not (tmp_path / "work").exists()
+
+
+def test_chat_lines_for_a_target_without_a_chat_template_are_refused_before_any_work(tmp_path):
+    from transformers import AutoTokenizer
+
+    from trtspec.core.errors import PromptSetError
+
+    tokenizer = AutoTokenizer.from_pretrained(DEMO_DIR / "target")
+    prompts = write_prompts(tmp_path / "p.jsonl", 4)  # its second line is a "messages" line
+    align_data.check_chat_lines(prompts, tokenizer)  # the demo target has a template
+    tokenizer.chat_template = None
+    with pytest.raises(
+        PromptSetError, match=r'p\.jsonl: prompt 2 has "messages", .* give \{"prompt": ...\} lines'
+    ):
+        align_data.check_chat_lines(prompts, tokenizer)
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text(json.dumps({"prompt": "def f():"}) + "\n")
+    align_data.check_chat_lines(plain, tokenizer)
+
+
+def test_held_out_and_validation_data_keep_to_the_budget(tmp_path, monkeypatch):
+    """Past the data share of the budget no held-out prompt is generated beyond HELD_OUT_MIN, and no validation
+    prompt beyond the VALIDATION_MAX ever measured (a large file spent its whole budget on them)."""
+    from trtspec.builders.align_work import Clock, WorkDir
+
+    made = []
+    monkeypatch.setattr(
+        align_data, "held_out_example", lambda target, ids, spec: made.append(1) or {"ids": ids}
+    )
+    monkeypatch.setattr(
+        align_data, "training_examples", lambda *a, **k: pytest.fail("training data past the share")
+    )
+    monkeypatch.setattr(align_data, "prompt_ids", lambda tokenizer, prompt, spec: [1, 2, 3])
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("".join(f"def f{i}():\n" for i in range(400)))
+    spec = AlignSpec(prompts=prompts, data=DataSpec(held_out=0.2, validation=0.5))
+    work = WorkDir(tmp_path / "work", "k")
+    work.path.mkdir()
+    work.state["total_prompts"] = 400
+    clock = Clock(work, budget_s=60.0)
+    monkeypatch.setattr(clock, "spent", lambda: 59.0)  # past DATA_SHARE from the start
+    align.generate_data(spec, work, clock, None, None, None, set(), lambda *a: None)
+    kept = {name: len(work.load_torch(f"{name}.pt")) for name in ("held_out", "validation")}
+    assert kept == {"held_out": align.HELD_OUT_MIN, "validation": align.VALIDATION_MAX}
+    assert len(made) == align.HELD_OUT_MIN + align.VALIDATION_MAX and work.state["data_done"]
 
 
 def test_held_out_split_streams_every_nth_prompt():

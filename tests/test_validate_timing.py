@@ -67,10 +67,34 @@ def test_one_short_prompt_reports_no_speed_and_says_why(runner, tiny_pair, tmp_p
     table = run_validate(runner, tiny_pair, tmp_path, 1, "--max-tokens", "8").output
     assert "speedup" in table and not any(line.rstrip(" │").endswith("x") for line in table.splitlines())
     assert "note: tokens/s and speedup are not reported: the timed run generated" in table
-    report = run_validate(runner, tiny_pair, tmp_path, 1, "--max-tokens", "8", "--json")
-    overall = json.loads(report.stdout)["overall"]
+    # nor per prompt (a rate over fewer tokens still), in the table, the JSON and the report
+    tok_s = table.splitlines()[[i for i, line in enumerate(table.splitlines()) if "tok/s" in line][0] + 2]
+    assert tok_s.rstrip(" │").endswith("-"), table
+    markdown = tmp_path / "r.md"
+    report = run_validate(
+        runner, tiny_pair, tmp_path, 1, "--max-tokens", "8", "--json", "--report", str(markdown)
+    )
+    payload = json.loads(report.stdout)
+    overall = payload["overall"]
     assert overall["tokens_per_s"] is None and overall["speedup"] is None
-    assert any("not reported" in note for note in json.loads(report.stdout)["notes"])
+    assert any("not reported" in note for note in payload["notes"])
+    assert payload["prompts"][0]["tokens_per_s"] is None and payload["stats"]["tokens_per_s"] is None
+    (row,) = [line for line in markdown.read_text().splitlines() if line.startswith("| p0 ")]
+    assert row.endswith("| - |")
+
+
+def test_a_report_file_that_is_not_a_validate_report_is_kept_unless_forced(runner, tiny_pair, tmp_path):
+    notes = tmp_path / "notes.md"
+    notes.write_text("my notes\n")
+    recipe = write_recipe(tmp_path / "r.yaml", *tiny_pair)
+    args = ["validate", str(recipe), "--limit", "1", "--max-tokens", "4", "--report", str(notes)]
+    refused = runner.invoke(cli, args)
+    assert refused.exit_code == 2 and "Traceback" not in refused.output
+    assert f"--report {notes} exists and is not a trtspec validate report" in refused.output
+    assert notes.read_text() == "my notes\n"
+    assert runner.invoke(cli, [*args, "--force"]).exit_code == 0
+    assert notes.read_text().startswith("# trtspec validate:")
+    assert runner.invoke(cli, args).exit_code == 0  # an earlier report is replaced as before
 
 
 def test_enough_timed_tokens_report_the_speed(runner, tiny_pair, tmp_path, monkeypatch):
@@ -79,6 +103,7 @@ def test_enough_timed_tokens_report_the_speed(runner, tiny_pair, tmp_path, monke
     payload = json.loads(report.stdout)
     assert sum(p["generated_tokens"] for p in payload["prompts"]) >= 8
     assert payload["overall"]["tokens_per_s"] > 0 and payload["overall"]["speedup"] > 0
+    assert all(p["tokens_per_s"] > 0 for p in payload["prompts"]) and payload["stats"]["tokens_per_s"] > 0
     assert not any("not reported" in note for note in payload["notes"])
 
 

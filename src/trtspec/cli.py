@@ -686,6 +686,9 @@ def _threshold_option(name: str, default: float | None, what: str):
     ),
 )
 @file_out_option("--report", "Write a Markdown report here.")
+@click.option(
+    "--force", is_flag=True, help="Replace a --report file that is not an earlier trtspec validate report."
+)
 @system_options
 @output_options
 def validate(out: Output, **options) -> None:

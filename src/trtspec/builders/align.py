@@ -35,13 +35,16 @@ from trtspec.builders.align_train import Best, train
 from trtspec.builders.align_work import Clock, StageProgress, WorkDir, no_progress
 from trtspec.core.errors import CheckFailed, ModelError, OutputError, RecipeError, TrtspecError
 from trtspec.core.model_dir import count_parameters, load_hf_model, load_tokenizer, require_device
-from trtspec.outputs import check_output_dir, folder_bytes, hash_file, write_output_dir
+from trtspec.outputs import EDIT_RECORD, check_output_dir, folder_bytes, hash_file, write_output_dir
 from trtspec.recipe import Recipe, load_recipe, recipe_copy
 
 MARKER = "align.json"
 MIN_STEPS = 20  # a budget must leave at least this many training steps after one prompt's data
 VALIDATION_MAX = 64  # validation prompts measured (the first ones; more add time, not much precision)
-DATA_SHARE = 0.5  # training prompts stop being generated past this share of the budget
+DATA_SHARE = 0.5  # training and held-out prompts stop being generated past this share of the budget
+HELD_OUT_MIN = 16  # held-out prompts generated whatever the budget (the report's before/after needs some)
+# What align writes into its output beside the draft's own files: an aligned draft aligned again gets new ones
+OWN_FILES = ("recipe.yaml", MARKER, "report.md", "acceptance.png", EDIT_RECORD)
 
 
 @dataclass(frozen=True)
@@ -179,9 +182,14 @@ def generate_data(
             continue
         ids = align_data.prompt_ids(tokenizer, prompt, spec.data)
         split = align_data.prompt_split(index, spec.data.held_out, spec.data.validation)
+        in_share = clock.spent() < DATA_SHARE * clock.budget_s
         if split != "train":
-            kept[split].append(align_data.held_out_example(target, ids, spec.data))
-        elif clock.spent() < DATA_SHARE * clock.budget_s:
+            # validation: only the first VALIDATION_MAX are ever measured; held-out: past the data share, the few
+            # the report needs
+            room = VALIDATION_MAX if split == "validation" else (math.inf if in_share else HELD_OUT_MIN)
+            if len(kept[split]) < room:
+                kept[split].append(align_data.held_out_example(target, ids, spec.data))
+        elif in_share:
             generator = torch.Generator().manual_seed(spec.data.seed * 1_000_003 + index)
             pending += align_data.training_examples(target, draft, ids, spec.data, eos, generator)
             state["training_prompts"] = state.get("training_prompts", 0) + 1
@@ -222,7 +230,7 @@ def weights_dtype(model_dir: Path) -> str:
 
 def write_draft(draft, source: Path, tmp: Path) -> None:
     """The trained weights in the source draft's dtype and its other files copied byte for byte (config and
-    tokenizer unchanged; its weight files are not copied)."""
+    tokenizer unchanged; its weight files are not copied, nor an earlier align's own files: OWN_FILES)."""
     scratch = tmp / ".weights"
     dtype = getattr(torch, weights_dtype(source))
     draft.to(dtype).save_pretrained(scratch, safe_serialization=True)
@@ -233,7 +241,7 @@ def write_draft(draft, source: Path, tmp: Path) -> None:
     shutil.rmtree(scratch)
     for path in Path(source).iterdir():
         weights = path.suffix in (".safetensors", ".bin", ".pt", ".pth") or path.name.endswith(".index.json")
-        if path.is_file() and not weights:
+        if path.is_file() and not weights and path.name not in OWN_FILES:
             shutil.copy2(path, tmp / path.name)
 
 
@@ -259,15 +267,20 @@ def run_align(spec: AlignSpec, on_progress: StageProgress | None = None) -> Alig
         )
     default_out, default_work = default_dirs(recipe)
     out = check_output_dir(spec.out or default_out, MARKER, "an aligned draft", "--out", spec.force)
-    work_path = Path(spec.work_dir or default_work).absolute()
-    if work_path == out or out in work_path.parents:
+    # compared and removed where they lead: `w/../w` or a link must not slip past the check or the removal
+    work_path, real_out = Path(spec.work_dir or default_work).resolve(), out.resolve()
+    if work_path == real_out or real_out in work_path.parents:
         raise OutputError(f"--work-dir {work_path} is inside --out {out}; choose a folder beside it")
-    if work_path in out.parents:  # the work folder is removed once the output is written
+    if work_path in real_out.parents:  # the work folder is removed once the output is written
         raise OutputError(f"--out {out} is inside --work-dir {work_path}; choose a folder beside it")
+    refuse_own_files(recipe)
     require_device(spec.device)
     refuse_two_tokenizers(recipe)
     refuse_failed_check(recipe)
     counts = align_data.count_prompts(spec.prompts, spec.data.held_out, spec.data.validation)
+    align_data.check_chat_lines(
+        spec.prompts, load_tokenizer(recipe.target.model, recipe.target.trust_remote_code)
+    )
     refuse_no_memory(recipe, spec.device)
     work = WorkDir(work_path, run_key(spec, recipe))
     work.state.setdefault("total_prompts", sum(counts.values()))
@@ -290,12 +303,13 @@ def run_align(spec: AlignSpec, on_progress: StageProgress | None = None) -> Alig
         draft.load_state_dict(best.weights)
     draft.eval()
     clock.record()
-    after = align_report.draft_matches(draft, work.load_torch("held_out.pt"))
+    held_out = work.load_torch("held_out.pt")
+    after = align_report.draft_matches(draft, held_out)
     report = align_report.acceptance_report(
         work.state["before"], after, recipe.speculative.max_draft_len, recipe.speculative.draft_cost_ratio
     )
     report["selection"] = selection(k_show, validation, position, best, last)
-    record = run_record(spec, recipe, work, counts, position) | {
+    record = run_record(spec, recipe, work, counts | {"held_out_used": len(held_out)}, position) | {
         "seconds": {"budgeted": clock.spent(), "this_process": time.perf_counter() - began},
         "versions": environment.package_versions(),
         "report": report,
@@ -303,6 +317,19 @@ def run_align(spec: AlignSpec, on_progress: StageProgress | None = None) -> Alig
     write_output(recipe, draft, out, record, report, spec.force)
     shutil.rmtree(work.path, ignore_errors=True)
     return AlignResult(out, record, report)
+
+
+def refuse_own_files(recipe: Recipe) -> None:
+    """A draft folder holding a file align writes into its output, of its own (not an earlier align's output,
+    whose files are replaced): refused before any work, as align would have to drop it from the new draft."""
+    source = Path(recipe.draft.model)
+    if (source / MARKER).is_file():
+        return
+    for name in OWN_FILES:
+        if (source / name).exists():
+            raise ModelError(
+                f"{source}: the draft folder holds {name}, which align writes beside the draft; rename it"
+            )
 
 
 def load_pair(recipe: Recipe, device: str):
@@ -374,8 +401,10 @@ def run_record(
         "prompts_used": {
             "training": work.state.get("training_prompts", 0),
             "training_in_file": counts["train"],
-            "held_out": counts["held_out"],
-            "validation": counts["validation"],
+            "held_out": counts.get("held_out_used", counts["held_out"]),
+            "held_out_in_file": counts["held_out"],
+            "validation": min(counts["validation"], VALIDATION_MAX),
+            "validation_in_file": counts["validation"],
         },
         "training_examples": sum(s["examples"] for s in shards),
         "settings": {k: v for k, v in asdict(spec).items() if k not in ("out", "work_dir")},
@@ -397,11 +426,6 @@ def write_output(recipe: Recipe, draft, out: Path, record: dict, report: dict, f
 
     def fill(tmp: Path) -> None:
         write_draft(draft, recipe.draft.model, tmp)
-        for name in ("recipe.yaml", MARKER, "report.md", "acceptance.png"):
-            if (tmp / name).exists():
-                raise ModelError(
-                    f"{recipe.draft.model}: the draft folder holds {name}, which align writes; rename it"
-                )
         changes = {"draft.model": str(out.resolve()), "name": f"{recipe.name}-aligned"[:64]}
         header = f"# {recipe.source} with the draft trained by trtspec align (align.json says how).\n"
         text = recipe_copy(recipe.source, changes, out / "recipe.yaml", header, check_paths=False)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from trtspec.chat import Prompt, encode_prompt, read_prompt_file
+from trtspec.chat import Prompt, encode_prompt, has_chat_template, read_prompt_file
 from trtspec.core.errors import PromptSetError
 from trtspec.outputs import write_file_atomic
 
@@ -86,7 +86,10 @@ def count_prompts(path: Path, held_out: float, validation: float = 0.0) -> dict[
         raise PromptSetError(f'{path}: no prompts; write one prompt per line (or JSONL with "prompt" lines)')
     if counts["held_out"] == 0 and held_out > 0:
         # --held-out is below 1, so raising it helps only where the prompts could still train.
-        raise_it = f" or raise --held-out to at least {1 / total:.2f}" if total >= 2 else ""
+        # rounded up: at the value shown, floor(total * held_out) must reach one prompt
+        raise_it = (
+            f" or raise --held-out to at least {math.ceil(100 / total) / 100:.2f}" if total >= 2 else ""
+        )
         raise PromptSetError(
             f"{path}: {total} prompt(s) give no held-out prompt at --held-out {held_out}; add prompts{raise_it}"
         )
@@ -101,6 +104,19 @@ def count_prompts(path: Path, held_out: float, validation: float = 0.0) -> dict[
             "lower them or add prompts"
         )
     return counts
+
+
+def check_chat_lines(path: Path, tokenizer) -> None:
+    """Chat lines need the target tokenizer's chat template: refused before any work where it has none."""
+    if has_chat_template(tokenizer):
+        return
+    for number, prompt in enumerate(iter_prompts(path), start=1):
+        if prompt.messages is not None:
+            raise PromptSetError(
+                f'{path}: prompt {number} has "messages", which are rendered with the target tokenizer\'s chat '
+                f"template, and {tokenizer.name_or_path} has none (chat_template in tokenizer_config.json); give "
+                '{"prompt": ...} lines instead'
+            )
 
 
 def prompt_ids(tokenizer, prompt: Prompt, spec: DataSpec) -> list[int]:

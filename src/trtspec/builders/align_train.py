@@ -203,6 +203,9 @@ def train(
     except KeyboardInterrupt:
         save_checkpoint(work, clock, draft, optimizer, position, best)
         raise
+    # Kept until the output is written: a failure there (a full disk, a file a user added to --out) does not
+    # lose the training, whose rerun resumes here and writes.
+    save_checkpoint(work, clock, draft, optimizer, position, best)
     # Training is over even where it stopped before the budget (--epochs): the stage's bar stops its clock here,
     # not when the output is written.
     on_progress(

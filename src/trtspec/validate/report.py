@@ -14,7 +14,9 @@ def _mean_accepted_length(stats) -> float | None:
     return stats.mean_accepted_length if stats.rounds else None
 
 
-def outcome_to_dict(o: PromptOutcome) -> dict:
+def outcome_to_dict(o: PromptOutcome, timed: bool = True) -> dict:
+    """One prompt's entry; ``timed`` False where the run withholds its rates (ValidationResult.speed_withheld: a
+    prompt's rate is noisier still)."""
     stats = o.speculative.stats
     return {
         "id": o.prompt.id,
@@ -28,7 +30,7 @@ def outcome_to_dict(o: PromptOutcome) -> dict:
         "by_proposer": proposer_summary(stats) if stats else {},
         "generated_tokens": len(o.speculative.token_ids),
         "tokens_per_s": len(o.speculative.token_ids) / o.speculative.elapsed_s
-        if o.speculative.elapsed_s
+        if o.speculative.elapsed_s and timed
         else None,
         "reference_ids": o.reference,
         "speculative_ids": o.speculative.token_ids,
@@ -81,7 +83,7 @@ def validation_to_dict(result: ValidationResult) -> dict:
             "by_proposer": proposer_summary(stats),
         },
         "sets": set_summaries(result),
-        "stats": stats.to_dict(),
+        "stats": stats.to_dict() | ({"tokens_per_s": None} if result.speed_withheld else {}),
         "thresholds": {
             "min_exact_match": t.min_exact_match,
             "min_acceptance": t.min_acceptance,
@@ -90,7 +92,7 @@ def validation_to_dict(result: ValidationResult) -> dict:
         "passed": not result.failures(),
         "failures": result.failures(),
         "notes": result.notes,
-        "prompts": [outcome_to_dict(o) for o in result.outcomes],
+        "prompts": [outcome_to_dict(o, not result.speed_withheld) for o in result.outcomes],
     }
 
 
@@ -98,8 +100,8 @@ def _fmt(value, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def prompt_row(o: PromptOutcome) -> list[str]:
-    d = outcome_to_dict(o)
+def prompt_row(o: PromptOutcome, timed: bool = True) -> list[str]:
+    d = outcome_to_dict(o, timed)
     div = o.vs_reference.first_divergence
     return [
         o.prompt.id,
@@ -200,11 +202,15 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+# The report's first line: what `validate --report` may replace without --force
+REPORT_TITLE = "# trtspec validate:"
+
+
 def validation_markdown(result: ValidationResult) -> str:
     failures = result.failures()
     verdict = "PASS" if not failures else "FAIL: " + "; ".join(failures)
     parts = [
-        f"# trtspec validate: {result.system}",
+        f"{REPORT_TITLE} {result.system}",
         "",
         f"{len(result.outcomes)} prompts, greedy, max_new_tokens={result.max_new_tokens}, "
         f"num_draft_tokens={k_label(result.num_draft_tokens)}, proposer {result.proposer}. Result: **{verdict}**",
@@ -239,7 +245,7 @@ def validation_markdown(result: ValidationResult) -> str:
     parts += [
         "## Per prompt",
         "",
-        markdown_table(PROMPT_COLUMNS, [prompt_row(o) for o in result.outcomes]),
+        markdown_table(PROMPT_COLUMNS, [prompt_row(o, not result.speed_withheld) for o in result.outcomes]),
         "",
         COLUMN_LEGEND,
     ]

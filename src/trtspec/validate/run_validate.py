@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trtspec.core.errors import CheckFailed
+from trtspec.core.errors import CheckFailed, OutputError
 from trtspec.outputs import check_output_file, write_file_atomic
 from trtspec.validate.inputs import (
     RunOptions,
@@ -20,7 +20,7 @@ from trtspec.validate.inputs import (
     open_reference,
     open_system,
 )
-from trtspec.validate.report import validation_markdown
+from trtspec.validate.report import REPORT_TITLE, validation_markdown
 from trtspec.validate.validation import Thresholds, ValidationResult
 
 
@@ -30,6 +30,7 @@ class ValidateOptions(RunOptions):
     proposer: str | None = None  # None: the recipe's speculative.proposer (a server's: its repository's)
     thresholds: Thresholds = field(default_factory=Thresholds)
     report: Path | None = None  # the Markdown report
+    force: bool = False  # replace a --report file that is not an earlier validate report
 
 
 def validate(options: ValidateOptions, on_progress: Callable[[str], None] | None = None) -> ValidationResult:
@@ -46,6 +47,7 @@ def validate(options: ValidateOptions, on_progress: Callable[[str], None] | None
     check_proposers(recipe, options.system, [proposer])
     if options.report:
         check_output_file(options.report, "--report", options.inputs())  # before the run, not after it
+        refuse_other_file(options.report, options.force)
     prompts, tokenizer, _, notes = load_run_requests(recipe, options, lookup=uses_lookup(proposer))
     # The system first: an unreachable endpoint fails before the reference model is loaded.
     system = open_system(recipe, options.system, tokenizer, [proposer])
@@ -74,6 +76,20 @@ def validate(options: ValidateOptions, on_progress: Callable[[str], None] | None
     if options.report:
         write_file_atomic(options.report, validation_markdown(result))
     return result
+
+
+def refuse_other_file(path: Path, force: bool) -> None:
+    """An existing --report file is replaced only where it is an earlier validate report (its first line), or
+    with ``force``: notes a user keeps under that name are not lost to a run."""
+    if force or not Path(path).is_file():
+        return
+    with open(path, encoding="utf-8", errors="replace") as f:
+        first = f.readline()
+    if not first.startswith(REPORT_TITLE):
+        raise OutputError(
+            f"--report {path} exists and is not a trtspec validate report; choose another path, or pass --force "
+            "to replace it"
+        )
 
 
 def require_passed(result: ValidationResult) -> None:
