@@ -259,6 +259,7 @@ def test_an_interrupted_run_leaves_no_output_and_resumes(tmp_path, misaligned, m
     assert reported and {r[0] for r in reported} == {"train"}  # the data stage is done: no bar for it
     examples = state["shards"][0]["examples"]
     assert result.record["steps"] == 2 * -(-examples // 2)  # every batch of both epochs, counted once
+    assert result.record["epochs"] == 2.0
     assert (spec.out / "align.json").is_file() and not spec.work_dir.exists()
     # the source draft's validation acceptance came back with the checkpoint (it is measured before step 1 only)
     assert result.report["selection"]["validation_acceptance"]["source"] is not None
@@ -434,6 +435,19 @@ def test_held_out_and_validation_data_keep_to_the_budget(tmp_path, monkeypatch):
     kept = {name: len(work.load_torch(f"{name}.pt")) for name in ("held_out", "validation")}
     assert kept == {"held_out": align.HELD_OUT_MIN, "validation": align.VALIDATION_MAX}
     assert len(made) == align.HELD_OUT_MIN + align.VALIDATION_MAX and work.state["data_done"]
+
+
+def test_epochs_count_the_steps_of_a_part_epoch():
+    """A run the budget stopped inside its first shard trained a part of an epoch, not 0.0 of one."""
+    from types import SimpleNamespace
+
+    work = SimpleNamespace(state={"shards": [{"examples": 10}, {"examples": 6}], "training_prompts": 3})
+    model = SimpleNamespace(model="/m")
+    recipe = SimpleNamespace(draft=model, target=model, source="r.yaml", name="r")
+    counts = {"train": 3, "held_out": 1, "validation": 1}
+    position = {"epoch": 1, "shard_pos": 0, "batch_pos": 1, "step": 7, "loss": 1.0}
+    record = align.run_record(AlignSpec(batch_size=4), recipe, work, counts, position)
+    assert record["epochs"] == 1.4  # 7 steps of the 3 + 2 batches an epoch has
 
 
 def test_held_out_split_streams_every_nth_prompt():

@@ -393,6 +393,8 @@ def run_record(
 ) -> dict:
     """align.json's account of the inputs, settings and training (the caller adds timings, versions, report)."""
     shards = work.state["shards"]
+    # every step is one batch and every epoch the same batches: steps over an epoch's batches counts part-epochs
+    epoch_steps = sum(math.ceil(s["examples"] / spec.batch_size) for s in shards)
     return {
         "source_draft": str(recipe.draft.model),
         "target": str(recipe.target.model),
@@ -409,7 +411,7 @@ def run_record(
         "training_examples": sum(s["examples"] for s in shards),
         "settings": {k: v for k, v in asdict(spec).items() if k not in ("out", "work_dir")},
         "steps": position["step"],
-        "epochs": round(position["epoch"] + (position["shard_pos"] / max(len(shards), 1)), 2),
+        "epochs": round(position["step"] / max(epoch_steps, 1), 2),
         "final_loss": position["loss"],
     }
 
