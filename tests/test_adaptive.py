@@ -469,6 +469,20 @@ def test_adaptive_default_is_exact_climbs_with_a_perfect_draft_and_drops_a_rando
     assert pinned.num_draft_histogram == [1, 1, 1, 1, 20]
 
 
+def test_rounds_whose_drafts_all_came_from_lookup_are_not_counted_as_k_0(tiny_pair):
+    """trtspec_adaptive_rounds_total{k} counts the draft model's K: a round that verified looked-up tokens is no
+    target-only round (it was counted k=0)."""
+    target, draft = tiny_pair
+    engine = _policy_ratios(SpeculativeEngine.from_pretrained(target, draft, max_draft_len=4))
+    prompt = [5, 6, 7, 8, 9] * 8  # lookup finds the prompt's own n-grams, and the tiny target's loops
+    params = SamplingParams(max_new_tokens=48, ignore_eos=True, proposer="draft+ngram")
+    (result,) = engine.generate([prompt], params)
+    looked_up = result.stats.by_proposer.get("ngram", [0])[0]
+    assert looked_up > 0, result.stats.by_proposer
+    # one row: every round the loop ran is one target forward, counted by K unless lookup gave its drafts
+    assert sum(engine.adaptive.rounds_by_k.values()) == result.stats.target_forwards - looked_up
+
+
 def test_the_engine_schedule_turns_drafting_off_under_load_and_output_stays_exact(tiny_pair):
     target = tiny_pair[0]
     engine = SpeculativeEngine.from_pretrained(

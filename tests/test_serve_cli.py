@@ -137,6 +137,16 @@ def test_serve_answers_the_client_and_stops_cleanly_on_ctrl_c(repo, tmp_path):
         assert (
             got.stderr.startswith("Error: Triton at") and "num_draft_tokens 9 is out of range" in got.stderr
         )
+        # streamed, the refusal arrives as a server-sent event: the message alone, not its "data:" framing
+        got = _client("--url", f"http://127.0.0.1:{http}", "--stream", "--num-draft-tokens", "9", "def")
+        assert got.returncode == 2 and got.stderr.startswith(
+            f"Error: Triton at http://127.0.0.1:{http} refused the request: num_draft_tokens 9 is out of range"
+        ), got.stderr
+        # an http:// URL speaks HTTP without --protocol; a model the server lacks is named as such
+        got = _client("--url", f"http://127.0.0.1:{http}", "--max-tokens", "4", "--no-metrics", "def")
+        assert got.returncode == 0 and got.stdout.startswith("def"), got.stderr
+        got = _client("--url", f"http://127.0.0.1:{http}", "--model", "nope", "def")
+        assert got.returncode == 2 and "has no ready model 'nope'" in got.stderr, got.stderr
 
         proc.send_signal(signal.SIGINT)
         status = proc.wait(timeout=60)
@@ -151,6 +161,30 @@ def test_serve_answers_the_client_and_stops_cleanly_on_ctrl_c(repo, tmp_path):
         assert not [r for r in regions if os.path.exists(r)], "shared-memory regions leaked"
     finally:
         _kill_serve(proc)
+
+
+def test_client_refuses_a_negative_seed_and_names_prompt_lookups_share():
+    """Triton's seed is UINT64 (-1 wrapped to 2**64 - 1 in silence); the metrics line says how many of the draft
+    tokens prompt lookup gave."""
+    got = _client("--seed", "-1", "def")
+    assert got.returncode == 2 and "--seed: -1 is negative; a seed is 0 or more" in got.stderr
+    sys.path.insert(0, str(CLIENT.parent))
+    try:
+        import client
+    finally:
+        sys.path.pop(0)
+    from trtspec.validate.triton_client import EndpointResponse
+
+    response = EndpointResponse(elapsed_s=0.5)
+    response.metrics = {"acceptance_rate": 0.5, "total_draft_tokens": 8, "total_accepted_draft_tokens": 4,
+                        "ngram_draft_tokens": 6, "ngram_accepted_draft_tokens": 3}  # fmt: skip
+    assert "acceptance 0.50 (4/8 draft tokens accepted)  prompt lookup 3/6 of them" in client.metrics_line(
+        response
+    )
+    response.metrics["ngram_draft_tokens"] = 0
+    assert "prompt lookup" not in client.metrics_line(response)
+    args = client.parse_args(["--proposer", "ngram", "def"])
+    assert client.sampling(args) == {"proposer": "ngram"}
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])

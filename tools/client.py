@@ -25,8 +25,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "prompts", nargs="+", metavar="PROMPT", help="one or more prompts, sent one after another"
     )
-    parser.add_argument("--url", default="127.0.0.1:8001", help="HOST:PORT of the gRPC or HTTP endpoint")
-    parser.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
+    parser.add_argument(
+        "--url", default="127.0.0.1:8001", help="HOST:PORT of the gRPC endpoint, or http://HOST:PORT"
+    )
+    parser.add_argument(
+        "--protocol",
+        choices=["auto", "grpc", "http"],
+        default="auto",
+        help="auto: http for http:// URLs, else grpc",
+    )
     parser.add_argument(
         "--model",
         default=None,
@@ -40,15 +47,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--temperature", type=float, default=None, help="0 or absent: greedy")
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--top-p", type=float, default=None)
-    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--seed", type=seed, default=None, help="a sampled request's seed (0 or more)")
+    parser.add_argument(
+        "--proposer",
+        choices=["draft", "ngram", "draft+ngram"],
+        default=None,
+        help="who proposes draft tokens [default: the repo's]",
+    )
     parser.add_argument("--no-metrics", action="store_true", help="print only the generated text")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for one answer")
     return parser.parse_args(argv)
 
 
+def seed(text: str) -> int:
+    """--seed: Triton's seed input is UINT64, where -1 would wrap to 2**64 - 1 in silence."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative; a seed is 0 or more")
+    return value
+
+
 def sampling(args: argparse.Namespace) -> dict:
-    """The sampling inputs given on the command line (absent ones keep the server's defaults)."""
+    """The sampling (and proposer) inputs given on the command line (absent ones keep the server's defaults)."""
     fields = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed}
+    fields["proposer"] = args.proposer
     return {name: value for name, value in fields.items() if value is not None}
 
 
@@ -61,6 +83,9 @@ def metrics_line(response: EndpointResponse) -> str:
         if drafted
         else "acceptance n/a (no draft tokens)"
     ]
+    looked_up = int(m.get("ngram_draft_tokens", 0))
+    if looked_up:
+        parts.append(f"prompt lookup {int(m.get('ngram_accepted_draft_tokens', 0))}/{looked_up} of them")
     if response.pieces:
         parts.append(f"first text {response.pieces[0][0] * 1000:.0f} ms")
     parts.append(f"total {response.elapsed_s * 1000:.0f} ms")

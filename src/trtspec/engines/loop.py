@@ -473,7 +473,9 @@ class GenerationLoop:
         probing = adaptive and shared == 0 and any(num_draft)  # a few rows' probes: no K's cost to learn
         proposals = self._lookups(group, num_draft, running, waited)
         drafted = [0 if proposals and proposals[i] is not None else k for i, k in enumerate(num_draft)]
-        if adaptive and not group[0].params.seeded:
+        # counted by the draft's K; a round whose draft tokens all came from prompt lookup is no K=0 round (the
+        # proposer counters count it)
+        if adaptive and not group[0].params.seeded and (proposals is None or any(drafted)):
             self.adaptive.ran(len(group), max(drafted))
         # Timed only as the round's one batch (another group's prefill or forwards would be charged to this K),
         # and only where one proposer gave every proposal (a mixed round's cost is neither's).

@@ -218,6 +218,8 @@ class TritonClient:
                 url = f"http://{self.address}/v2/models/{model}/ready"
                 with urllib.request.urlopen(url, timeout=10) as response:
                     ready = response.status == 200
+        except urllib.error.HTTPError:  # the server answered: the model is not there, or not ready
+            ready = False
         except Exception as err:  # noqa: BLE001 - any transport failure means the same to the user
             raise ServerError(
                 f"cannot reach Triton at {self.url} ({_first_line(err)}); "
@@ -328,10 +330,9 @@ class TritonClient:
         out.elapsed_s = time.perf_counter() - start
         return out
 
-    @staticmethod
-    def _http_event(event: dict, out: EndpointResponse, now: float) -> None:
+    def _http_event(self, event: dict, out: EndpointResponse, now: float) -> None:
         if "error" in event:
-            raise _server_error("the server", event["error"])
+            raise _server_error(self.url, event["error"], refused=not (out.pieces or out.token_ids))
         if event.get("text_output"):
             out.pieces.append((now, event["text_output"]))
         out.add_ids(now, event.get("output_ids"))
@@ -351,7 +352,12 @@ def _numpy_dtype(triton_dtype: str):
     ]
 
 
-def _server_error(where: str, message: str) -> ServerError:
-    with contextlib.suppress(ValueError, AttributeError):  # HTTP errors arrive as {"error": "..."}
-        message = json.loads(message).get("error", message)
-    return ServerError(f"Triton at {where} refused the request: {str(message).strip().splitlines()[0]}")
+def _server_error(where: str, message: str, refused: bool = True) -> ServerError:
+    """One line of a server's error: a request it refused, or one that failed after part of its answer."""
+    body = message.strip().removeprefix("data:") if isinstance(message, str) else message
+    with contextlib.suppress(
+        ValueError, AttributeError
+    ):  # HTTP errors arrive as {"error": "..."}, streamed or not
+        message = json.loads(body).get("error", message)
+    what = "refused the request" if refused else "failed the request after part of its answer"
+    return ServerError(f"Triton at {where} {what}: {str(message).strip().splitlines()[0]}")
