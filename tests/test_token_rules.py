@@ -89,6 +89,25 @@ def test_a_model_folders_end_ids_come_from_generation_config_then_config_then_th
     assert end_ids(folder, tokenizer) == (9,)
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 8]}))
     assert end_ids(folder, tokenizer) == (7, 8)
+    # a generation_config.json without the field is what transformers loads (config.json's is not read then): the
+    # files' rule and a loaded model's agree on the tokenizer's eos
+    (folder / "generation_config.json").write_text(json.dumps({"max_length": 64}))
+    assert end_ids(folder, tokenizer) == (tokenizer.eos_token_id,)
+
+
+def test_a_loaded_model_without_an_eos_in_its_generation_config_agrees_with_its_folder(
+    tmp_path, shared_tokenizer_dir
+):
+    from tiny_models import make_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = make_model(tmp_path / "m", "llama", tokenizer_dir=shared_tokenizer_dir, num_hidden_layers=1)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | {"eos_token_id": 9}))
+    (folder / "generation_config.json").write_text(json.dumps({"max_length": 64}))
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    assert loaded_end_ids(model, tokenizer) == end_ids(folder, tokenizer) == (tokenizer.eos_token_id,)
 
 
 @pytest.mark.parametrize("family", ["llama3", "qwen2.5"])

@@ -246,17 +246,15 @@ def load_tokenizer_if_any(model_dir: Path | str, trust_remote_code: bool = False
 
 
 def end_ids(model_dir: Path | str, tokenizer) -> tuple[int, ...]:
-    """The model folder's end ids (core/token_rules.py rule 1): generation_config.json's eos_token_id, else
-    config.json's (transformers builds the generation config from it), else the tokenizer's eos."""
-    eos = None
-    for name in ("generation_config.json", "config.json"):
-        path = Path(model_dir) / name
-        try:
-            eos = json.loads(path.read_text()).get("eos_token_id") if path.is_file() else None
-        except (OSError, ValueError, AttributeError):
-            eos = None
-        if eos is not None:
-            break
+    """The model folder's end ids (core/token_rules.py rule 1): the generation config's eos_token_id as
+    transformers loads it (generation_config.json where the folder has one, even without the field; else
+    config.json, from which transformers builds it), else the tokenizer's eos."""
+    generation = Path(model_dir) / "generation_config.json"
+    path = generation if generation.is_file() else Path(model_dir) / "config.json"
+    try:
+        eos = json.loads(path.read_text()).get("eos_token_id") if path.is_file() else None
+    except (OSError, ValueError, AttributeError):
+        eos = None
     return model_end_ids(eos, tokenizer.eos_token_id if tokenizer is not None else None)
 
 

@@ -1,8 +1,8 @@
 """The token rules every runtime follows, each stated once (pure; torch only inside ``round_seeds``).
 
 1. **The model's end ids** (``model_end_ids``): what Hugging Face generate stops on, the generation config's
-   ``eos_token_id`` (generation_config.json, else config.json; an int, or a list such as Llama-3-Instruct's
-   [128001, 128008, 128009]), else the tokenizer's eos.
+   ``eos_token_id`` as transformers loads it (generation_config.json where the folder has one, else config.json;
+   an int, or a list such as Llama-3-Instruct's [128001, 128008, 128009]), else the tokenizer's eos.
 2. **A request's stop ids** (``request_stop_ids``): none with ignore_eos; the request's own ids when it gives any
    (``stop_token_ids`` in-process, ``end_id`` through Triton); else the model's end ids. Any of them ends it.
 3. **What an engine call gets** (``engine_stops``): TensorRT-LLM takes ONE end_id, so one stop id is the end_id
