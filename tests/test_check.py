@@ -370,7 +370,12 @@ def test_precision_outside_support_matrix(runner, tmp_path, tiny_pair):
     result, payload = run_check(runner, recipe)
     assert result.exit_code == 1
     status, message = status_of(payload, "precision")
-    assert status == "fail" and "target int4_awq" in message and "--allow-unsupported-precision" in message
+    assert (
+        status == "fail"
+        and "target int4_awq" in message
+        and "set speculative.allow_unsupported_precision: true (check: --allow-unsupported-precision)"
+        in message
+    )
     result, payload = run_check(runner, recipe, "--allow-unsupported-precision")
     assert result.exit_code == 0 and status_of(payload, "precision")[0] == "warn"
 

@@ -224,3 +224,49 @@ def test_convert_of_a_recipe_quantized_with_an_fp8_kv_cache_writes_the_unquantiz
     assert result.exit_code == 0, result.output
     (checkpoint,) = json.loads(result.stdout)["checkpoints"]
     assert checkpoint["format"] == "none"
+
+
+def test_a_split_one_model_cannot_take_is_refused_before_the_other_is_written(runner, recipe_file, tmp_path):
+    """--pp-size 2 fits the 2-layer target, not the 1-layer draft: nothing is exported (the target was, leaving a
+    rerun's pair mixed)."""
+    out = tmp_path / "ck"
+    result = runner.invoke(
+        cli, ["convert", str(recipe_file), "--pp-size", "2", "--no-verify", "--out", str(out)]
+    )
+    assert result.exit_code == 2 and "pp_size=2 must divide num_hidden_layers=1" in result.output, (
+        result.output
+    )
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            ["--model", "draft"],
+            "quantize: the draft has no format (draft.quantization is none in the recipe)",
+        ),
+        (["--kv-cache-dtype", "fp8"], "quantize: the target has no format"),
+        (
+            ["--model", "draft", "--target-format", "fp8", "--draft-format", "fp8"],
+            "--target-format names the target, which --model draft does not export",
+        ),
+    ],
+)
+def test_quantize_refuses_options_that_would_write_a_model_unquantized(
+    runner, recipe_file, tmp_path, options, message
+):
+    """quantize wrote an unquantized checkpoint, exit 0, where no format applied to a model it exported (and
+    blamed the recipe's kv_cache_dtype field for its own --kv-cache-dtype)."""
+    result = runner.invoke(cli, ["quantize", str(recipe_file), *options, "--out", str(tmp_path / "q")])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
+    assert not (tmp_path / "q").exists()
+
+
+def test_quantize_names_a_draft_format_for_a_recipe_without_a_draft(runner, tiny_pair, tmp_path):
+    path = tmp_path / "ngram.yaml"
+    data = {"name": "ng", "target": {"model": str(tiny_pair[0])}, "speculative": {"proposer": "ngram"}}
+    path.write_text(yaml.safe_dump(data))
+    result = runner.invoke(cli, ["quantize", str(path), "--target-format", "fp8", "--draft-format", "fp8"])
+    assert result.exit_code == 2 and "--draft-format: the recipe has no draft model" in result.output

@@ -351,7 +351,8 @@ def quantize(
         "calibration.device": device,
     }
     per_role = {"kv_cache_dtype": kv_cache_dtype}
-    _export_checkpoints(ExportSpec(recipe, model, shared, per_role, out=out_dir, verify=not no_verify), out)
+    spec = ExportSpec(recipe, model, shared, per_role, out=out_dir, verify=not no_verify, quantize=True)
+    _export_checkpoints(spec, out)
 
 
 # --- build ---

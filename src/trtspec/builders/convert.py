@@ -27,7 +27,7 @@ from trtspec.builders.export_pipeline import (
     run_export,
 )
 from trtspec.core import layout
-from trtspec.core.errors import CheckFailed, CheckpointError, ModelError, RecipeError
+from trtspec.core.errors import CheckFailed, CheckpointError, ModelError, RecipeError, TrtspecError
 from trtspec.core.model_dir import read_hf_config, require_device, require_matching_weights
 from trtspec.outputs import check_output_dir
 from trtspec.recipe import CalibrationSpec, ModelSpec, load_recipe
@@ -218,12 +218,16 @@ def _failure_message(spec: ModelSpec, out_dir: Path, v: dict) -> str:
     )
 
 
-def _require_matching_weights(recipe, roles: list[str]) -> None:
-    """Every model's weights against its config before the first export: a draft refused only after the target's
-    calibration would cost that time and leave one checkpoint of the pair written (headers only, no weights read)."""
+def _check_every_model(recipe, roles: list[str]) -> None:
+    """Every model's weights against its config, its family and its layer split before the first export: a draft
+    refused only after the target's calibration would cost that time and leave one checkpoint of the pair written,
+    or a rerun's pair mixed (headers and configs only, no weights read)."""
     for role in roles:
         spec = recipe.models()[role]
         require_matching_weights(spec.model, spec.trust_remote_code, f"the {role}")
+        hf_config = read_hf_config(spec.model)
+        decoder_type(hf_config, spec.model)
+        check_shapes(spec, hf_config)
 
 
 def checkpoint_dir(recipe_name: str, role: str, out: Path | None = None, several: bool = False) -> Path:
@@ -239,7 +243,7 @@ def export_models(
     """export_checkpoint for each role of the recipe (target and/or draft), with the recipe's calibration. An
     ``out`` folder is replaced only where it holds nothing or a checkpoint: refused before any work otherwise."""
     if len(roles) > 1:
-        _require_matching_weights(recipe, roles)
+        _check_every_model(recipe, roles)
     require_device(recipe.calibration.device)
     dirs = {role: checkpoint_dir(recipe.name, role, out, several=len(roles) > 1) for role in roles}
     if out is not None:
@@ -269,6 +273,31 @@ class ExportSpec:
     per_role: dict = field(default_factory=dict)
     out: Path | None = None
     verify: bool = True
+    quantize: bool = False  # `trtspec quantize`: every model it exports gets a format (check_formats)
+
+
+def check_formats(spec: ExportSpec, models: dict) -> None:
+    """quantize's options against the recipe's models, before its overrides are applied (whose errors would name
+    the recipe's fields): a --<role>-format for a model not exported or not there, and an exported model left
+    without a format (quantize would write it unquantized)."""
+    roles = list(models) if spec.model == "both" else [spec.model]
+    for role in ("target", "draft"):
+        if spec.shared.get(f"{role}.quantization") is None:
+            continue
+        if role not in models:
+            raise TrtspecError(
+                f"--{role}-format: the recipe has no {role} model (prompt lookup proposes alone)"
+            )
+        if role not in roles:
+            raise TrtspecError(
+                f"--{role}-format names the {role}, which --model {spec.model} does not export"
+            )
+    for role in roles:
+        if (spec.shared.get(f"{role}.quantization") or models[role].quantization) == "none":
+            raise TrtspecError(
+                f"quantize: the {role} has no format ({role}.quantization is none in the recipe); pass "
+                f"--{role}-format, or write it unquantized with `trtspec convert`"
+            )
 
 
 def export_checkpoints(spec: ExportSpec, console=None) -> list:
@@ -282,6 +311,8 @@ def export_checkpoints(spec: ExportSpec, console=None) -> list:
             "draft",
             "the recipe has no draft model (prompt lookup proposes alone); use --model target",
         )
+    if spec.quantize:
+        check_formats(spec, models)
     roles = list(models) if spec.model == "both" else [spec.model]
     overrides = spec.shared | {
         f"{role}.{key}": value for role in roles for key, value in spec.per_role.items()

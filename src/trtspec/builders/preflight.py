@@ -160,7 +160,10 @@ def check_precision(recipe: Recipe) -> CheckResult:
     return CheckResult(
         "precision",
         "fail",
-        message + "; choose float16/bfloat16/fp8 or pass --allow-unsupported-precision",
+        # build reads the recipe field; only check has the option
+        message
+        + "; choose float16/bfloat16/fp8, or set speculative.allow_unsupported_precision: true (check: "
+        "--allow-unsupported-precision)",
     )
 
 
