@@ -569,6 +569,48 @@ def test_a_split_the_layers_cannot_take_is_named_by_check_for_every_model_and_on
     assert status == "warn" and message.endswith("the torch runtime serves the HF model unsplit")
 
 
+def test_a_config_without_architectures_is_named_so(runner, tmp_path, tiny_pair):
+    """check named the config class (LlamaConfig) as an unsupported architecture, convert said '<none>': the
+    missing field is what to fix."""
+    import shutil
+
+    draft = tmp_path / "draft"
+    shutil.copytree(tiny_pair[1], draft)
+    config = json.loads((draft / "config.json").read_text())
+    config.pop("architectures")
+    (draft / "config.json").write_text(json.dumps(config))
+    path = write_recipe(tmp_path / "r.yaml", tiny_pair[0], draft, triton={"runtime": "tensorrtllm"})
+    status, message = status_of(run_check(runner, path)[1], "architecture (draft)")
+    assert status == "fail" and 'config.json has no "architectures" entry naming the model class' in message
+    assert "LlamaConfig" not in message
+
+
+def test_a_quantized_model_for_trtllm_pytorch_needs_safetensors_weights(runner, tmp_path, tiny_pair):
+    """Its ModelOpt HF export reads them: check passed a .bin-only draft that build then refused."""
+    from transformers import AutoModelForCausalLM
+
+    draft = tmp_path / "draft"
+    model = AutoModelForCausalLM.from_pretrained(tiny_pair[1])
+    model.save_pretrained(draft, safe_serialization=False)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (tiny_pair[1] / name).exists():
+            (draft / name).write_bytes((tiny_pair[1] / name).read_bytes())
+    assert not list(draft.glob("*.safetensors"))  # .bin weights only
+    fp8 = {"quantization": "fp8"}
+    path = write_recipe(
+        tmp_path / "r.yaml", tiny_pair[0], draft, draft=fp8, triton={"runtime": "trtllm-pytorch"}
+    )
+    status, message = status_of(run_check(runner, path)[1], "draft weights")
+    assert (
+        status == "fail"
+        and message
+        == f"{draft}: no *.safetensors weights; the ModelOpt HF export's check "
+        + ("reads them (re-save the model with save_pretrained(safe_serialization=True))")
+    )
+    plain = write_recipe(tmp_path / "p.yaml", tiny_pair[0], draft, triton={"runtime": "trtllm-pytorch"})
+    assert status_of(run_check(runner, plain)[1], "draft weights")[0] == "pass"  # served as is
+
+
 @pytest.mark.parametrize("tied", [False, True])
 def test_parameters_are_counted_alike_from_safetensors_and_bin_checkpoints(
     tmp_path, shared_tokenizer_dir, tied

@@ -62,10 +62,7 @@ def export_hf(
         )
     out_dir = Path(out_dir)
     if not _weight_files(spec.model):
-        raise CheckFailed(
-            f"{spec.model}: no *.safetensors weights; the export check reads them (re-save the model with "
-            "save_pretrained(safe_serialization=True))"
-        )
+        raise CheckFailed(f"{spec.model}: {support.SAFETENSORS_NEEDED}")
     hf_config = read_hf_config(spec.model)
     check_shapes(spec, hf_config)
     require_conversion_memory(spec.model, device, verify=False)

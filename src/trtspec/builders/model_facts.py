@@ -37,6 +37,7 @@ class ModelFacts:
     config: dict[str, Any] = field(default_factory=dict, repr=False)
     # why the model would not load (its tensors do not match config.json), one line; None: it loads
     weights_problem: str | None = None
+    safetensors: bool = True  # its weights are (also) *.safetensors files, which the ModelOpt HF export reads
 
 
 def gather_facts(role: str, spec: ModelSpec) -> ModelFacts:
@@ -55,6 +56,8 @@ def gather_facts(role: str, spec: ModelSpec) -> ModelFacts:
         raise ModelError(
             f"{path}/config.json: cannot be read as a model config ({error_line(err)})", detail=repr(err)
         ) from None
+    # the model class is the whole config's (a multimodal text config names none); "" where config.json has none
+    architecture = (getattr(cfg, "architectures", None) or [""])[0]
     cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     counted = count_parameters(path)
     if counted is None:
@@ -66,7 +69,7 @@ def gather_facts(role: str, spec: ModelSpec) -> ModelFacts:
     return ModelFacts(
         role=role,
         path=path,
-        architecture=(getattr(cfg, "architectures", None) or [type(cfg).__name__])[0],
+        architecture=architecture,
         vocab_size=cfg.vocab_size,
         max_position_embeddings=getattr(cfg, "max_position_embeddings", 0) or 0,
         num_hidden_layers=cfg.num_hidden_layers,
@@ -76,4 +79,5 @@ def gather_facts(role: str, spec: ModelSpec) -> ModelFacts:
         tokenizer=load_tokenizer(path, spec.trust_remote_code),
         config=cfg.to_dict(),
         weights_problem=checkpoint_problem(path, spec.trust_remote_code, f"the {role}"),
+        safetensors=any(path.glob("*.safetensors")),
     )

@@ -105,7 +105,11 @@ def check_architecture(facts: ModelFacts, runtime: str, max_seq_len: int = 0) ->
         )
     if runtime == "torch":
         return CheckResult(name, "warn", problem + "; the torch runtime serves it through the HF forward")
-    if runtime == "trtllm-pytorch" and facts.architecture not in support.SUPPORTED_ARCHITECTURES:
+    if (
+        runtime == "trtllm-pytorch"
+        and facts.architecture
+        and facts.architecture not in support.SUPPORTED_ARCHITECTURES
+    ):
         # That runtime never converts; which families its PyTorch backend serves was not run here.
         supported = ", ".join(sorted(support.SUPPORTED_ARCHITECTURES))
         problem = f"trtllm-pytorch: trtspec supports {supported} there; {facts.architecture} is untested"
@@ -132,12 +136,15 @@ def check_split(facts: ModelFacts, spec: ModelSpec, runtime: str) -> CheckResult
     return CheckResult(name, "fail", where)
 
 
-def check_weights(facts: ModelFacts) -> CheckResult:
+def check_weights(facts: ModelFacts, spec: ModelSpec, runtime: str) -> CheckResult:
     """The checkpoint holds exactly the tensors its config.json builds: transformers would fill a missing one with
-    random values and drop an unexpected one, so a draft would silently accept nothing and a target emit garbage."""
+    random values and drop an unexpected one, so a draft would silently accept nothing and a target emit garbage.
+    A quantized model for trtllm-pytorch has safetensors weights (its HF export's check reads them)."""
     name = f"{facts.role} weights"
     if facts.weights_problem:
         return CheckResult(name, "fail", facts.weights_problem)
+    if runtime == "trtllm-pytorch" and spec.quantization != "none" and not facts.safetensors:
+        return CheckResult(name, "fail", f"{facts.path}: {support.SAFETENSORS_NEEDED}")
     return CheckResult(
         name, "pass", "the checkpoint holds every tensor of its config.json's model, and no other"
     )
@@ -413,7 +420,7 @@ def _pair_checks(recipe: Recipe, target: ModelFacts, draft: ModelFacts) -> list[
         check_padded_vocab(target, draft, recipe, own_tokenizer),
         check_architecture(draft, runtime, max_seq_len),
         check_split(draft, recipe.draft, runtime),
-        check_weights(draft),
+        check_weights(draft, recipe.draft, runtime),
         check_draft_size(target, draft),
     ]
 
@@ -436,7 +443,7 @@ def run_checks(
         check_vocab(target, recipe.target),
         check_architecture(target, recipe.triton.runtime, recipe.limits.max_seq_len),
         check_split(target, recipe.target, recipe.triton.runtime),
-        check_weights(target),
+        check_weights(target, recipe.target, recipe.triton.runtime),
         *(_pair_checks(recipe, target, draft) if draft is not None else []),
         check_precision(recipe),
         *check_limits(recipe, target, draft),

@@ -61,7 +61,12 @@ def convert_problem(hf_config: dict) -> str | None:
     """Why `convert` cannot export this model to a TensorRT-LLM checkpoint (None: it can), as one line naming the
     stage; check and convert both say this."""
     model_type = hf_config.get("model_type", "<none>")
-    arch = (hf_config.get("architectures") or ["<none>"])[0]
+    arch = (hf_config.get("architectures") or [""])[0]
+    if not arch:
+        return (
+            'convert: config.json has no "architectures" entry naming the model class; add one, such as '
+            '["LlamaForCausalLM"] (the class transformers loads it with)'
+        )
     if model_type in CONVERT_UNSUPPORTED_FAMILIES:
         return (
             f"convert: nvidia-modelopt 0.37 cannot export model_type {model_type} to a TensorRT-LLM checkpoint: "
@@ -129,6 +134,11 @@ AWQ_GROUP_SIZE = 128
 
 
 AWQ_FORMATS = ("int4_awq", "w4a8_awq")
+# Why a quantized model for trtllm-pytorch needs safetensors weights (the ModelOpt HF export's check reads them)
+SAFETENSORS_NEEDED = (
+    "no *.safetensors weights; the ModelOpt HF export's check reads them (re-save the model with "
+    "save_pretrained(safe_serialization=True))"
+)
 
 
 def awq_shape_problems(hf_config: dict, tp_size: int, group: int = AWQ_GROUP_SIZE) -> list[str]:
