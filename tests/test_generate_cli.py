@@ -155,7 +155,8 @@ def test_generate_errors_are_one_line(runner, tiny_pair, tmp_path):
     target, draft = tiny_pair
     base = ["generate", "--prompt", "x", "--target"]
     cases = {
-        "larger than the engine's max_draft_len=8": [
+        "--num-draft-tokens 9 is above max_draft_len 8 (generate's default without a recipe); pass --max-draft-len "
+        "9 or pass --num-draft-tokens 8": [
             *base,
             str(target),
             "--draft",
@@ -163,6 +164,9 @@ def test_generate_errors_are_one_line(runner, tiny_pair, tmp_path):
             "--num-draft-tokens",
             "9",
         ],
+        # the demo recipe's K 2 over the option's 1, named before any model loads
+        "the recipe's num_draft_tokens 2 is above --max-draft-len 1; raise --max-draft-len to 2 or pass "
+        "--num-draft-tokens 1": ["generate", "--prompt", "x", "--max-draft-len", "1"],
         "no config.json": [*base, str(tmp_path), "--draft", str(draft)],
         "needs --draft": [*base, str(target)],
         "--draft DIR needs --target DIR": ["generate", "--prompt", "x", "--draft", str(draft)],

@@ -459,7 +459,13 @@ def _utf8(ctx, param, value):
 @click.option("--top-k", type=click.IntRange(min=0), default=0, help="0 = off.")
 @click.option("--top-p", type=Finite(0, 1, min_open=True), default=1.0)
 @click.option("--seed", type=click.IntRange(0, 2**64 - 1))
-@click.option("--stop", multiple=True, callback=_utf8, help="Stop string (repeatable).")
+@click.option(
+    "--stop",
+    multiple=True,
+    callback=_utf8,
+    help="Stop string (repeatable; in the environment variable, stop strings are separated by whitespace, so one "
+    "that holds a space needs the option).",
+)
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu")
 @click.option(
     "--dtype",

@@ -81,10 +81,34 @@ def resolve_models(spec: GenerateSpec) -> _Models:
         raise RequestError(f"--proposer {spec.proposer}: --no-draft decodes target-only, drop one")
     models = _from_dirs(spec) if spec.target is not None else _from_recipe(spec)
     models = replace(models, dtype=spec.dtype or ("float32" if spec.device == "cpu" else models.dtype))
+    _check_draft_len(spec, models)
     for path in (models.target, models.draft):
         if path is not None and not (Path(path) / "config.json").is_file():
             raise ModelError(f"{path}: not a Hugging Face model directory (no config.json)")
     return _within_positions(models) if spec.target is not None else models
+
+
+def _check_draft_len(spec: GenerateSpec, models: _Models) -> None:
+    """K against max_draft_len before any model loads, naming the options (or recipe fields) that set each."""
+    k = spec.num_draft_tokens if spec.num_draft_tokens is not None else models.num_draft_tokens
+    if k is None or k <= models.max_draft_len:
+        return
+    asked = (
+        f"--num-draft-tokens {k}"
+        if spec.num_draft_tokens is not None
+        else f"the recipe's num_draft_tokens {k}"
+    )
+    if spec.max_draft_len:
+        limit, remedy = f"--max-draft-len {models.max_draft_len}", f"raise --max-draft-len to {k}"
+    else:
+        source = (
+            "generate's default without a recipe" if spec.target else "the recipe's speculative.max_draft_len"
+        )
+        limit = f"max_draft_len {models.max_draft_len} ({source})"
+        remedy = f"pass --max-draft-len {k}"
+    raise RequestError(
+        f"{asked} is above {limit}; {remedy} or pass --num-draft-tokens {models.max_draft_len}"
+    )
 
 
 def _within_positions(models: _Models) -> _Models:
