@@ -87,6 +87,17 @@ def test_a_model_path_of_a_user_or_home_this_machine_lacks_is_a_field_error(tmp_
         load_recipe(path)
 
 
+def test_the_recipe_path_expands_a_home_as_its_model_paths_do(tmp_path, tiny_pair, monkeypatch):
+    """TRTSPEC_RECIPE="~/r.yaml" (or a quoted argument) reaches trtspec unexpanded."""
+    (tmp_path / "r.yaml").write_text(
+        f"name: x\ntarget: {{model: {tiny_pair[0]}}}\nspeculative: {{proposer: ngram}}\n"
+    )
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert load_recipe("~/r.yaml").name == "x"
+    with pytest.raises(RecipeError, match=r"~no-such-user-here/r.yaml: cannot expand ~ \(no such user"):
+        load_recipe("~no-such-user-here/r.yaml")
+
+
 def test_num_draft_tokens_cannot_exceed_max_draft_len(tiny_pair):
     data = {
         "name": "x",

@@ -596,8 +596,16 @@ def _unique_key_loader():
 
 
 def resolve_recipe_path(path: str | Path) -> Path:
-    """``demo`` names the shipped demo recipe; anything else is a file path."""
-    return DEMO_RECIPE if str(path) == "demo" else Path(path)
+    """``demo`` names the shipped demo recipe; anything else is a file path, ``~`` expanded as the recipe's model
+    paths are (an environment variable or a quoted argument reaches us unexpanded)."""
+    if str(path) == "demo":
+        return DEMO_RECIPE
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:  # ~user of no such user, or no home folder
+        raise RecipeError(
+            path, None, "cannot expand ~ (no such user, or no home folder); give the recipe's full path"
+        ) from None
 
 
 def _read_yaml(path: Path) -> dict:
