@@ -17,6 +17,31 @@ readonly EXIT_NEEDS_TENSORRT_LLM=3
 
 log() { printf '[trtspec-entrypoint] %s\n' "$*" >&2; }
 
+# Run one step (check, build, deploy) with `docker stop`'s signal passed on to it. The init process (tini) and
+# `docker stop` signal this shell only: without this the step would run on (SIGINT) or be orphaned (SIGTERM), and a
+# stopped build would go on to deploy. The step gets SIGTERM either way (a background job of a script starts with
+# SIGINT ignored; trtspec stops on SIGTERM as on Ctrl-C, no half-written output). After a stop signal the entry
+# point ends with the step.
+stop_signal=""
+step() {
+    "$@" &
+    local child=$! status=0
+    trap 'stop_signal=INT; kill -TERM "$child" 2>/dev/null || true' INT
+    trap 'stop_signal=TERM; kill -TERM "$child" 2>/dev/null || true' TERM
+    # wait returns early (status > 128) when a trapped signal arrives: wait again for the step's own end
+    while true; do
+        status=0
+        wait "$child" || status=$?
+        kill -0 "$child" 2>/dev/null || break
+    done
+    trap - INT TERM
+    if [[ -n "$stop_signal" ]]; then
+        log "stopped by SIG${stop_signal} during: $*"
+        exit $((128 + $(kill -l "$stop_signal")))
+    fi
+    return "$status"
+}
+
 # "<name> <runtime>" of a recipe. The name is validated by the recipe schema ([A-Za-z0-9._-], no ".."), so it
 # is safe as a folder name; the recipe path reaches Python as an argument, not as code.
 recipe_facts() {
@@ -40,11 +65,12 @@ PY
 # few hashes when the outputs are current and rebuilds exactly the stale stages when the recipe or models changed.
 build_outputs() {
     local recipe="$1" runtime="$2" engines_dir="$3" status=0
-    trtspec build "$recipe" --runtime "$runtime" --engines-dir "$engines_dir" || status=$?
+    step trtspec build "$recipe" --runtime "$runtime" --engines-dir "$engines_dir" || status=$?
     if [[ $status -eq $EXIT_NEEDS_TENSORRT_LLM ]]; then
         # Outside the NGC image exit 3 means "finish there"; in a container meant to serve it is a real error.
-        log "tensorrt_llm is not importable in this image: the tensorrtllm runtime needs the NGC image"
-        log "(docker/Dockerfile); use TRTSPEC_RUNTIME=torch for the CPU image"
+        log "tensorrt_llm is not importable in this image, or not the pinned release (build's line above says"
+        log "which): the tensorrtllm runtime needs the NGC image (docker/Dockerfile); use TRTSPEC_RUNTIME=torch for"
+        log "the CPU image"
     fi
     return "$status"
 }
@@ -87,7 +113,7 @@ main() {
     require_runtime "$runtime"
 
     log "1/4 check ${recipe} (${runtime} runtime)"
-    trtspec check "$recipe" --runtime "$runtime"
+    step trtspec check "$recipe" --runtime "$runtime"
     case "$runtime" in
         tensorrtllm)
             log "2/4 build engines into ${engines_dir}/${name} (up-to-date stages are skipped)"
@@ -102,7 +128,7 @@ main() {
 
     local repo="${repo_dir}/${name}"
     log "3/4 deploy the ${runtime} repository to ${repo}"
-    trtspec deploy "$recipe" --runtime "$runtime" --out "$repo" --engines-dir "$engines_dir"
+    step trtspec deploy "$recipe" --runtime "$runtime" --out "$repo" --engines-dir "$engines_dir"
 
     log "4/4 serve on ${host} (http ${http_port}, grpc ${grpc_port}, metrics ${metrics_port})"
     # exec: the server process replaces this shell, so `docker stop` (STOPSIGNAL SIGINT) reaches it directly.

@@ -578,6 +578,54 @@ def test_entrypoint_refuses_an_unknown_runtime_before_any_work(tmp_path):
     assert not (tmp_path / "repos").exists()
 
 
+FAKE_TRTSPEC = """#!{python}
+# Stand-in for trtspec: check passes, build runs until a signal (recording which), deploy records that it ran.
+import os, signal, sys, time
+record = os.environ["FAKE_TRTSPEC_RECORD"]
+def note(text):
+    with open(record, "a") as f:
+        f.write(text + "\\n")
+command = sys.argv[1]
+if command == "build":
+    def stop(signum, frame):
+        note("build got " + signal.Signals(signum).name)
+        sys.exit(128 + signum)
+    signal.signal(signal.SIGTERM, stop)
+    note("build started")
+    time.sleep(60)
+    note("build ran out")
+elif command == "deploy":
+    note("deploy ran")
+"""
+
+
+@pytest.mark.parametrize(("sent", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_stop_signal_during_a_step_reaches_it_and_ends_the_entry_point(tmp_path, sent, status):
+    """tini and `docker stop` signal the entry point's shell only: the build it runs must stop too (SIGINT left it
+    running on to deploy and serve; SIGTERM left it orphaned), and no later step may start."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "trtspec").write_text(FAKE_TRTSPEC.format(python=sys.executable))
+    (bin_dir / "trtspec").chmod(0o755)
+    record = tmp_path / "record.txt"
+    env = entrypoint_env(tmp_path, TRTSPEC_RECIPE="demo", TRTSPEC_RUNTIME="tensorrtllm")
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"  # python3 (and the package) stay the venv's
+    env["FAKE_TRTSPEC_RECORD"] = str(record)
+    proc = subprocess.Popen(["bash", str(ENTRYPOINT)], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (record.exists() and "build started" in record.read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.1)
+        proc.send_signal(sent)
+        assert proc.wait(timeout=30) == status, proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert record.read_text().splitlines() == ["build started", "build got SIGTERM"]
+    assert f"stopped by {sent.name} during: trtspec build" in proc.stderr.read()
+
+
 @pytest.mark.slow
 @pytest.mark.conversion
 def test_entrypoint_tensorrtllm_without_tensorrt_llm_exits_3(tmp_path, tiny_pair):

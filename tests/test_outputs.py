@@ -296,11 +296,12 @@ def test_main_turns_an_os_error_with_a_path_into_one_line(monkeypatch, capsys):
     assert err == ["Error: /srv/models/t: Permission denied; check the path and its permissions"]
 
 
-@pytest.mark.parametrize("swallowed", [True, False])
-def test_a_ctrl_c_a_library_swallows_still_stops_the_command(tiny_pair, tmp_path, swallowed):
+@pytest.mark.parametrize(("swallowed", "signum"), [(True, "SIGINT"), (False, "SIGINT"), (True, "SIGTERM")])
+def test_a_ctrl_c_a_library_swallows_still_stops_the_command(tiny_pair, tmp_path, swallowed, signum):
     """A SIGINT that lands in a ``__del__`` is printed as "Exception ignored" and lost to the command; the
     command must still exit 130 without renaming its output into place (here deploy's repository, whose last
-    step before the rename frees such an object). Without the swallow the same run writes the repository."""
+    step before the rename frees such an object). Without the swallow the same run writes the repository.
+    SIGTERM (`docker stop`, a supervisor) takes the same path, where its default would end the process at once."""
     import subprocess
     import sys
 
@@ -313,7 +314,7 @@ def test_a_ctrl_c_a_library_swallows_still_stops_the_command(tiny_pair, tmp_path
         "import os, signal, sys, time, trtspec.outputs as o\n"
         "class Handle:\n"
         "    def __del__(self):\n"
-        "        os.kill(os.getpid(), signal.SIGINT); time.sleep(0.5)\n"
+        f"        os.kill(os.getpid(), signal.{signum}); time.sleep(0.5)\n"
         "real = o.plain_modes\n"
         "def plain_modes(folder):\n"
         f"    if {swallowed}: Handle()\n"
