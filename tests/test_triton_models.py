@@ -409,6 +409,32 @@ def test_the_loop_builds_no_step_while_an_earlier_one_waits_to_be_built_over_the
     assert builders == ["send"] and outbox.unbuilt == 1
 
 
+def test_adaptive_decisions_reach_the_metrics_while_a_request_runs(monkeypatch):
+    """They went out only when a request finished: a long request's K panel stood still until its end."""
+    from trtspec.triton_repo.models import inflight
+
+    published = []
+    monkeypatch.setattr(inflight, "build_responses", lambda rid, reply, event, cancel: [])
+    outbox = inflight.Outbox(
+        cancel=lambda request_id: None,
+        adaptive=lambda: ("decisions", len(published)),
+        adaptive_metrics=types.SimpleNamespace(update=published.append),
+    )
+    try:
+        outbox.put("a", None, None, _event([5]))  # a round of a request that goes on
+        outbox.flush()
+        deadline = time.monotonic() + 10
+        while not published and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert published == [("decisions", 0)]
+        outbox.put("a", None, None, _event([6]))
+        outbox.flush()  # within ADAPTIVE_PUBLISH_S of the last: not sent again
+        time.sleep(0.1)
+        assert len(published) == 1
+    finally:
+        outbox.stop()
+
+
 def test_word_lists_use_tensorrt_llm_layout_and_round_trip():
     words = [[5, 6], [7], [8, 9, 10]]
     array = to_word_list(words)

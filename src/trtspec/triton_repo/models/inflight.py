@@ -122,12 +122,17 @@ class _Outgoing:
         return self.event.result.finish_reason
 
 
+# Adaptive K's decisions reach /metrics when a request finishes, and at most this often while requests run (a long
+# request's dashboard would stand still otherwise; each update is a few IPCs).
+ADAPTIVE_PUBLISH_S = 1.0
+
+
 class Outbox:
     """One thread that sends every request's responses in order, so the loop's thread never waits on a send's IPC;
     after each step it asks Triton whether the client of each open request cancelled or went away
     (``watch``), and a finished request's counts go to ``metrics``, and adaptive K's decisions so far
-    (``adaptive()``: an AdaptiveState.snapshot) to ``adaptive_metrics`` (here, not on the loop's thread: each
-    update is an IPC).
+    (``adaptive()``: an AdaptiveState.snapshot) to ``adaptive_metrics``, also every ADAPTIVE_PUBLISH_S while
+    requests run (here, not on the loop's thread: each update is an IPC).
 
     The loop's thread ``put``s each event of a step, then ``flush``es the step. Who builds the responses
     (``build_responses``: text, tensors) is a matter of the GIL: one or two are built here, beside the loop's next
@@ -160,7 +165,7 @@ class Outbox:
         self.unbuilt, self.lock = 0, threading.Lock()
         # request id -> () -> whether its client cancelled; from submission to its finished event
         self.watched: dict[Hashable, Callable[[], bool]] = {}
-        self.asked_at = 0.0
+        self.asked_at = self.published_at = 0.0
         self.thread = threading.Thread(target=self._run, name="send", daemon=True)
         self.thread.start()
 
@@ -214,6 +219,8 @@ class Outbox:
                 self._send(item)
             if self.asked_at < flushed_at:  # else an ask since this step was made covers it
                 self._ask_cancelled()
+            if time.monotonic() - self.published_at >= ADAPTIVE_PUBLISH_S:
+                self._publish_adaptive()
 
     def _ask_cancelled(self) -> None:
         """Cancel every open request whose client cancelled or went away. A request stays watched until its
@@ -252,7 +259,11 @@ class Outbox:
         if self.metrics is not None:
             stats = item.event.stats
             self.metrics.add(SpecDecodeCounts.of(stats), item.finish_reason, stats.by_proposer)
+        self._publish_adaptive()
+
+    def _publish_adaptive(self) -> None:
         if self.adaptive_metrics is not None and self.adaptive is not None:
+            self.published_at = time.monotonic()
             self.adaptive_metrics.update(self.adaptive())
 
 
