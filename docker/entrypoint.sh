@@ -23,11 +23,17 @@ log() { printf '[trtspec-entrypoint] %s\n' "$*" >&2; }
 # SIGINT ignored; trtspec stops on SIGTERM as on Ctrl-C, no half-written output). After a stop signal the entry
 # point ends with the step.
 stop_signal=""
+child=""
 step() {
+    local status=0
+    # the traps before the step starts: a signal between the two would end this shell and orphan the step
+    trap 'stop_signal=INT; [[ -n "$child" ]] && kill -TERM "$child" 2>/dev/null || true' INT
+    trap 'stop_signal=TERM; [[ -n "$child" ]] && kill -TERM "$child" 2>/dev/null || true' TERM
     "$@" &
-    local child=$! status=0
-    trap 'stop_signal=INT; kill -TERM "$child" 2>/dev/null || true' INT
-    trap 'stop_signal=TERM; kill -TERM "$child" 2>/dev/null || true' TERM
+    child=$!
+    if [[ -n "$stop_signal" ]]; then  # it came before the step's pid was known
+        kill -TERM "$child" 2>/dev/null || true
+    fi
     # wait returns early (status > 128) when a trapped signal arrives: wait again for the step's own end
     while true; do
         status=0
@@ -35,6 +41,7 @@ step() {
         kill -0 "$child" 2>/dev/null || break
     done
     trap - INT TERM
+    child=""
     if [[ -n "$stop_signal" ]]; then
         log "stopped by SIG${stop_signal} during: $*"
         exit $((128 + $(kill -l "$stop_signal")))

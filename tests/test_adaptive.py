@@ -471,7 +471,7 @@ def test_adaptive_default_is_exact_climbs_with_a_perfect_draft_and_drops_a_rando
 
 def test_rounds_whose_drafts_all_came_from_lookup_are_not_counted_as_k_0(tiny_pair):
     """trtspec_adaptive_rounds_total{k} counts the draft model's K: a round that verified looked-up tokens is no
-    target-only round (it was counted k=0)."""
+    target-only round, so it is not counted there."""
     target, draft = tiny_pair
     engine = _policy_ratios(SpeculativeEngine.from_pretrained(target, draft, max_draft_len=4))
     prompt = [5, 6, 7, 8, 9] * 8  # lookup finds the prompt's own n-grams, and the tiny target's loops

@@ -148,8 +148,7 @@ def test_output_is_a_draft_folder_with_its_record_and_a_recipe(aligned):
 
 @pytest.mark.slow
 def test_an_aligned_draft_aligns_again_with_new_files_of_its_own(aligned, tmp_path):
-    """align's output is a draft like any other: aligning it again writes its weights and align's files anew
-    (it refused after training, naming its own recipe.yaml)."""
+    """align's output is a draft like any other: aligning it again writes its weights and align's files anew."""
     spec = small_spec(tmp_path, aligned["out"] / "recipe.yaml", max_epochs=1)
     result = run_align(spec)
     record = json.loads((spec.out / "align.json").read_text())
@@ -351,7 +350,7 @@ def test_refusals_are_one_line_and_write_nothing(runner, tmp_path, monkeypatch):
         f"--out {tmp_path / 'work' / 'draft'} is inside --work-dir {tmp_path / 'work'}; choose a folder beside"
         in result.output
     )
-    # the same folder named another way (the output was deleted with it)
+    # the same folder named another way (the output would be removed with it)
     inside = ["--out", str(tmp_path / "work" / "draft"), "--work-dir", str(tmp_path / "work" / ".." / "work")]
     result = invoke(cli, ["align", str(recipe), *inside, "--prompts", str(prompts)])
     assert result.exit_code == 2 and "is inside --work-dir" in result.output
@@ -412,7 +411,7 @@ def test_chat_lines_for_a_target_without_a_chat_template_are_refused_before_any_
 
 def test_held_out_and_validation_data_keep_to_the_budget(tmp_path, monkeypatch):
     """Past the data share of the budget no held-out prompt is generated beyond HELD_OUT_MIN, and no validation
-    prompt beyond the VALIDATION_MAX ever measured (a large file spent its whole budget on them)."""
+    prompt beyond the VALIDATION_MAX ever measured: a large file's data keeps to the budget."""
     from trtspec.builders.align_work import Clock, WorkDir
 
     made = []

@@ -327,8 +327,8 @@ def test_a_calibration_file_counts_by_its_content_not_its_path(tmp_path, tiny_pa
 
 
 def test_a_calibration_file_gone_from_its_path_is_one_line_naming_the_field(tmp_path, tiny_pair):
-    """--engines-only in the NGC image, with the calibration file's folder not mounted: the recipe's field and the
-    path, not a FileNotFoundError traceback."""
+    """--engines-only in the NGC image, with the calibration file's folder not mounted: one line naming the
+    recipe's field and the path."""
     from trtspec.core.errors import RecipeError
 
     calib = tmp_path / "calib.txt"

@@ -570,8 +570,7 @@ def test_a_split_the_layers_cannot_take_is_named_by_check_for_every_model_and_on
 
 
 def test_a_config_without_architectures_is_named_so(runner, tmp_path, tiny_pair):
-    """check named the config class (LlamaConfig) as an unsupported architecture, convert said '<none>': the
-    missing field is what to fix."""
+    """The missing field is what to fix, not the config class named as an architecture."""
     import shutil
 
     draft = tmp_path / "draft"
@@ -586,16 +585,17 @@ def test_a_config_without_architectures_is_named_so(runner, tmp_path, tiny_pair)
 
 
 def test_a_quantized_model_for_trtllm_pytorch_needs_safetensors_weights(runner, tmp_path, tiny_pair):
-    """Its ModelOpt HF export reads them: check passed a .bin-only draft that build then refused."""
-    from transformers import AutoModelForCausalLM
+    """Its ModelOpt HF export reads them: a .bin-only quantized draft fails check, as build would refuse it."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
 
     draft = tmp_path / "draft"
-    model = AutoModelForCausalLM.from_pretrained(tiny_pair[1])
-    model.save_pretrained(draft, safe_serialization=False)
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        if (tiny_pair[1] / name).exists():
-            (draft / name).write_bytes((tiny_pair[1] / name).read_bytes())
-    assert not list(draft.glob("*.safetensors"))  # .bin weights only
+    shutil.copytree(tiny_pair[1], draft)
+    state = load_file(draft / "model.safetensors")
+    (draft / "model.safetensors").unlink()
+    torch.save(state, draft / "pytorch_model.bin")  # the same weights, as .bin only
     fp8 = {"quantization": "fp8"}
     path = write_recipe(
         tmp_path / "r.yaml", tiny_pair[0], draft, draft=fp8, triton={"runtime": "trtllm-pytorch"}
@@ -605,7 +605,7 @@ def test_a_quantized_model_for_trtllm_pytorch_needs_safetensors_weights(runner, 
         status == "fail"
         and message
         == f"{draft}: no *.safetensors weights; the ModelOpt HF export's check "
-        + ("reads them (re-save the model with save_pretrained(safe_serialization=True))")
+        + ("reads them (re-save the model with save_pretrained, which writes them)")
     )
     plain = write_recipe(tmp_path / "p.yaml", tiny_pair[0], draft, triton={"runtime": "trtllm-pytorch"})
     assert status_of(run_check(runner, plain)[1], "draft weights")[0] == "pass"  # served as is

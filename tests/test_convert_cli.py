@@ -227,8 +227,8 @@ def test_convert_of_a_recipe_quantized_with_an_fp8_kv_cache_writes_the_unquantiz
 
 
 def test_a_split_one_model_cannot_take_is_refused_before_the_other_is_written(runner, recipe_file, tmp_path):
-    """--pp-size 2 fits the 2-layer target, not the 1-layer draft: nothing is exported (the target was, leaving a
-    rerun's pair mixed)."""
+    """--pp-size 2 fits the 2-layer target, not the 1-layer draft: nothing is exported, so no rerun leaves a pair
+    of mixed splits."""
     out = tmp_path / "ck"
     result = runner.invoke(
         cli, ["convert", str(recipe_file), "--pp-size", "2", "--no-verify", "--out", str(out)]
@@ -251,13 +251,14 @@ def test_a_split_one_model_cannot_take_is_refused_before_the_other_is_written(ru
             ["--model", "draft", "--target-format", "fp8", "--draft-format", "fp8"],
             "--target-format names the target, which --model draft does not export",
         ),
+        (["--model", "target", "--target-format", "none"], "--target-format none: quantize writes quantized"),
     ],
 )
 def test_quantize_refuses_options_that_would_write_a_model_unquantized(
     runner, recipe_file, tmp_path, options, message
 ):
-    """quantize wrote an unquantized checkpoint, exit 0, where no format applied to a model it exported (and
-    blamed the recipe's kv_cache_dtype field for its own --kv-cache-dtype)."""
+    """quantize writes quantized checkpoints: a model it exports without a format, or a format for a model it does
+    not export, is named by option before any work."""
     result = runner.invoke(cli, ["quantize", str(recipe_file), *options, "--out", str(tmp_path / "q")])
     assert result.exit_code == 2 and message in result.output, result.output
     assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output

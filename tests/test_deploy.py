@@ -143,8 +143,8 @@ def test_serve_refuses_a_broken_manifest_naming_its_field(tiny_pair, tmp_path):
 
 @pytest.mark.parametrize("host", ["", "two words", "a/b"])
 def test_serve_refuses_a_host_that_cannot_be_an_address_before_starting_anything(tmp_path, host):
-    """`serve --host ""` is not 'the recipe's host' (it served the manifest's in silence): refused as the
-    recipe's triton.host would be, before the repository is read."""
+    """`serve --host ""` is not 'the recipe's host': refused as the recipe's triton.host would be, before the
+    repository is read."""
     from click.testing import CliRunner
 
     from trtspec.cli import cli

@@ -601,8 +601,8 @@ elif command == "deploy":
 
 @pytest.mark.parametrize(("sent", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_stop_signal_during_a_step_reaches_it_and_ends_the_entry_point(tmp_path, sent, status):
-    """tini and `docker stop` signal the entry point's shell only: the build it runs must stop too (SIGINT left it
-    running on to deploy and serve; SIGTERM left it orphaned), and no later step may start."""
+    """tini and `docker stop` signal the entry point's shell only: the build it runs must stop too (neither run
+    on nor be orphaned), and no later step may start."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "trtspec").write_text(FAKE_TRTSPEC.format(python=sys.executable))

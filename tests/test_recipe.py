@@ -96,6 +96,14 @@ def test_the_recipe_path_expands_a_home_as_its_model_paths_do(tmp_path, tiny_pai
     assert load_recipe("~/r.yaml").name == "x"
     with pytest.raises(RecipeError, match=r"~no-such-user-here/r.yaml: cannot expand ~ \(no such user"):
         load_recipe("~no-such-user-here/r.yaml")
+    # expanded once at the command line, so a report cannot be written over the recipe it names another way
+    from click.testing import CliRunner
+
+    from trtspec.cli import cli
+
+    args = ["validate", "~/r.yaml", "--report", str(tmp_path / "r.yaml"), "--force"]
+    result = CliRunner().invoke(cli, args, env={"HOME": str(tmp_path)})
+    assert result.exit_code == 2 and "is the RECIPE file this run reads" in result.output, result.output
 
 
 def test_num_draft_tokens_cannot_exceed_max_draft_len(tiny_pair):

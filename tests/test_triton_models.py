@@ -410,7 +410,7 @@ def test_the_loop_builds_no_step_while_an_earlier_one_waits_to_be_built_over_the
 
 
 def test_adaptive_decisions_reach_the_metrics_while_a_request_runs(monkeypatch):
-    """They went out only when a request finished: a long request's K panel stood still until its end."""
+    """Sent while requests run, not only when one finishes: a long request's K panel follows its rounds."""
     from trtspec.triton_repo.models import inflight
 
     published = []

@@ -17,6 +17,7 @@ import socket
 import sys
 
 from trtspec.core.errors import ServerError, TrtspecError
+from trtspec.core.lookup import PROPOSERS
 from trtspec.validate.triton_client import EndpointResponse, TritonClient
 
 
@@ -50,7 +51,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=seed, default=None, help="a sampled request's seed (0 or more)")
     parser.add_argument(
         "--proposer",
-        choices=["draft", "ngram", "draft+ngram"],
+        choices=PROPOSERS,
         default=None,
         help="who proposes draft tokens [default: the repo's]",
     )

@@ -138,9 +138,18 @@ def with_recipe_help(func):
     return func
 
 
+def _recipe_path(ctx, param, value: str) -> str:
+    """~ expanded once, here, so that every use of the path (loading it, refusing to write over it) sees one."""
+    from trtspec.recipe import resolve_recipe_path
+
+    return value if value == "demo" else str(resolve_recipe_path(value))
+
+
 def recipe_argument(func):
     """The RECIPE argument (also read from TRTSPEC_RECIPE), explained at the end of the command's help."""
-    argument = click.argument("recipe", envvar="TRTSPEC_RECIPE", default="demo", metavar="[RECIPE]")
+    argument = click.argument(
+        "recipe", envvar="TRTSPEC_RECIPE", default="demo", metavar="[RECIPE]", callback=_recipe_path
+    )
     return argument(with_recipe_help(func))
 
 

@@ -198,9 +198,8 @@ def validation_tables(result) -> list:
     )
     for column in report.PROMPT_COLUMNS:
         per_prompt.add_column(column, justify="left" if column == "prompt" else "right")
-    timed = not result.speed_withheld
-    for o in result.outcomes:
-        per_prompt.add_row(*report.prompt_row(o, timed))
+    for row in report.prompt_rows(result):
+        per_prompt.add_row(*row)
     overall = Table(title="overall", show_header=False)
     overall.add_column("metric")
     overall.add_column("value", justify="right")

@@ -268,11 +268,12 @@ def run_align(spec: AlignSpec, on_progress: StageProgress | None = None) -> Alig
     default_out, default_work = default_dirs(recipe)
     out = check_output_dir(spec.out or default_out, MARKER, "an aligned draft", "--out", spec.force)
     # compared and removed where they lead: `w/../w` or a link must not slip past the check or the removal
-    work_path, real_out = Path(spec.work_dir or default_work).resolve(), out.resolve()
+    given = Path(spec.work_dir or default_work).absolute()
+    work_path, real_out = given.resolve(), out.resolve()
     if work_path == real_out or real_out in work_path.parents:
-        raise OutputError(f"--work-dir {work_path} is inside --out {out}; choose a folder beside it")
+        raise OutputError(f"--work-dir {given} is inside --out {out}; choose a folder beside it")
     if work_path in real_out.parents:  # the work folder is removed once the output is written
-        raise OutputError(f"--out {out} is inside --work-dir {work_path}; choose a folder beside it")
+        raise OutputError(f"--out {out} is inside --work-dir {given}; choose a folder beside it")
     refuse_own_files(recipe)
     require_device(spec.device)
     refuse_two_tokenizers(recipe)
@@ -309,7 +310,8 @@ def run_align(spec: AlignSpec, on_progress: StageProgress | None = None) -> Alig
         work.state["before"], after, recipe.speculative.max_draft_len, recipe.speculative.draft_cost_ratio
     )
     report["selection"] = selection(k_show, validation, position, best, last)
-    record = run_record(spec, recipe, work, counts | {"held_out_used": len(held_out)}, position) | {
+    used = {"held_out_used": len(held_out), "validation_used": len(work.load_torch("validation.pt") or [])}
+    record = run_record(spec, recipe, work, counts | used, position) | {
         "seconds": {"budgeted": clock.spent(), "this_process": time.perf_counter() - began},
         "versions": environment.package_versions(),
         "report": report,
@@ -405,7 +407,7 @@ def run_record(
             "training_in_file": counts["train"],
             "held_out": counts.get("held_out_used", counts["held_out"]),
             "held_out_in_file": counts["held_out"],
-            "validation": min(counts["validation"], VALIDATION_MAX),
+            "validation": counts.get("validation_used", counts["validation"]),
             "validation_in_file": counts["validation"],
         },
         "training_examples": sum(s["examples"] for s in shards),

@@ -293,6 +293,11 @@ def check_formats(spec: ExportSpec, models: dict) -> None:
                 f"--{role}-format names the {role}, which --model {spec.model} does not export"
             )
     for role in roles:
+        if spec.shared.get(f"{role}.quantization") == "none":
+            raise TrtspecError(
+                f"--{role}-format none: quantize writes quantized checkpoints; give a format, or write the {role} "
+                "unquantized with `trtspec convert`"
+            )
         if (spec.shared.get(f"{role}.quantization") or models[role].quantization) == "none":
             raise TrtspecError(
                 f"quantize: the {role} has no format ({role}.quantization is none in the recipe); pass "

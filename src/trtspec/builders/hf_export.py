@@ -28,7 +28,7 @@ from trtspec.builders.export_pipeline import (
     run_export,
 )
 from trtspec.core.errors import CheckFailed, CheckpointError
-from trtspec.core.model_dir import read_hf_config
+from trtspec.core.model_dir import read_hf_config, safetensors_files
 from trtspec.recipe import CalibrationSpec, ModelSpec
 
 HF_QUANT_CONFIG = "hf_quant_config.json"
@@ -61,7 +61,7 @@ def export_hf(
             f"backend; use one of {', '.join(formats)} (or none: the HF checkpoint is served as is)"
         )
     out_dir = Path(out_dir)
-    if not _weight_files(spec.model):
+    if not safetensors_files(spec.model):
         raise CheckFailed(f"{spec.model}: {support.SAFETENSORS_NEEDED}")
     hf_config = read_hf_config(spec.model)
     check_shapes(spec, hf_config)
@@ -127,10 +127,6 @@ def _export(model, spec: ModelSpec, export_dir: Path) -> None:
         ) from None
 
 
-def _weight_files(directory: Path) -> list[Path]:
-    return sorted(Path(directory).glob("*.safetensors"))
-
-
 class _Tensors:
     """The tensors of a folder's safetensors files, read one at a time (a 70B model never sits in memory)."""
 
@@ -138,7 +134,7 @@ class _Tensors:
         from safetensors import safe_open
 
         self.files = {}
-        for path in _weight_files(directory):
+        for path in safetensors_files(directory):
             handle = safe_open(str(path), "pt")
             self.files.update(dict.fromkeys(handle.keys(), handle))
 

@@ -15,6 +15,7 @@ from trtspec.core.model_dir import (
     error_line,
     load_tokenizer,
     read_model_config,
+    safetensors_files,
 )
 from trtspec.recipe import ModelSpec
 
@@ -79,5 +80,5 @@ def gather_facts(role: str, spec: ModelSpec) -> ModelFacts:
         tokenizer=load_tokenizer(path, spec.trust_remote_code),
         config=cfg.to_dict(),
         weights_problem=checkpoint_problem(path, spec.trust_remote_code, f"the {role}"),
-        safetensors=any(path.glob("*.safetensors")),
+        safetensors=bool(safetensors_files(path)),
     )

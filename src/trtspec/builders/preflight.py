@@ -89,11 +89,16 @@ def check_padded_vocab(
     return CheckResult("padded vocab", "pass", message, details)
 
 
+def _family_config(facts: ModelFacts) -> dict:
+    """The (text) config with the model class, as the family rules (support.py) read a config.json."""
+    return {**facts.config, "architectures": [facts.architecture]}
+
+
 def check_architecture(facts: ModelFacts, runtime: str, max_seq_len: int = 0) -> CheckResult:
     """Whether the stages ``runtime`` goes through take this model family (support.py's table); a failure names
     the stage and why. The torch runtime serves any causal LM, so there a convert problem only warns."""
     name = f"architecture ({facts.role})"
-    hf_config = {**facts.config, "architectures": [facts.architecture]}
+    hf_config = _family_config(facts)
     problem = support.convert_problem(hf_config)
     if problem is None and runtime == "tensorrtllm":
         problem = support.engine_window_problem(hf_config, max_seq_len)
@@ -116,16 +121,17 @@ def check_architecture(facts: ModelFacts, runtime: str, max_seq_len: int = 0) ->
     return CheckResult(name, "fail", problem)
 
 
+SPLIT_CHECK = "layer split ({role})"
+
+
 def check_split(facts: ModelFacts, spec: ModelSpec, runtime: str) -> CheckResult:
     """Whether the model's layer sizes take its quantization's kernels and its tp/pp split (support.split_problem):
     build refuses them at that model's stage, after the stages before it ran (a target's calibration before a
     draft's refusal). The torch runtime serves the HF model unsplit, so there it only warns."""
-    name = f"layer split ({facts.role})"
-    hf_config = {**facts.config, "architectures": [facts.architecture]}
-    if (
-        support.convert_problem(hf_config) is not None
-    ):  # its family's sizes are not read (architecture says why)
-        return CheckResult(name, "pass", "not converted: see the architecture check")
+    name = SPLIT_CHECK.format(role=facts.role)
+    # a family the conversion path does not take has its sizes read by no stage: the architecture check says why
+    if support.convert_problem(_family_config(facts)) is not None:
+        return CheckResult(name, "pass", "the architecture check covers this family")
     problem = support.split_problem(spec, facts.config)
     if problem is None:
         split = f"tp_size={spec.tp_size}, pp_size={spec.pp_size}"
@@ -385,8 +391,7 @@ ENGINE_ONLY_CHECKS = (
     "runtime",
     "fast logits",
     "kv cache",
-    "layer split (target)",
-    "layer split (draft)",
+    *(SPLIT_CHECK.format(role=role) for role in ("target", "draft")),
 )
 
 

@@ -136,8 +136,8 @@ AWQ_GROUP_SIZE = 128
 AWQ_FORMATS = ("int4_awq", "w4a8_awq")
 # Why a quantized model for trtllm-pytorch needs safetensors weights (the ModelOpt HF export's check reads them)
 SAFETENSORS_NEEDED = (
-    "no *.safetensors weights; the ModelOpt HF export's check reads them (re-save the model with "
-    "save_pretrained(safe_serialization=True))"
+    "no *.safetensors weights; the ModelOpt HF export's check reads them (re-save the model with save_pretrained, "
+    "which writes them)"
 )
 
 

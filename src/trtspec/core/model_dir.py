@@ -269,6 +269,11 @@ def loaded_end_ids(model, tokenizer) -> tuple[int, ...]:
 # ---------------------------------------------------------------- parameter counts
 
 
+def safetensors_files(model_dir: Path | str) -> list[Path]:
+    """The model folder's *.safetensors weight files, in name order."""
+    return sorted(Path(model_dir).glob("*.safetensors"))
+
+
 def count_safetensors_parameters(model_dir: Path) -> int | None:
     """Sum of tensor elements over the model's *.safetensors files, from their headers only (no weights read).
 
@@ -276,7 +281,7 @@ def count_safetensors_parameters(model_dir: Path) -> int | None:
     """
     from safetensors import safe_open
 
-    files = sorted(Path(model_dir).glob("*.safetensors"))
+    files = safetensors_files(model_dir)
     if not files:
         return None
     total = 0

@@ -100,7 +100,12 @@ def _fmt(value, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def prompt_row(o: PromptOutcome, timed: bool = True) -> list[str]:
+def prompt_rows(result: ValidationResult) -> list[list[str]]:
+    """The per-prompt table's rows (no rate where the run withholds its own)."""
+    return [_prompt_row(o, not result.speed_withheld) for o in result.outcomes]
+
+
+def _prompt_row(o: PromptOutcome, timed: bool) -> list[str]:
     d = outcome_to_dict(o, timed)
     div = o.vs_reference.first_divergence
     return [
@@ -245,7 +250,7 @@ def validation_markdown(result: ValidationResult) -> str:
     parts += [
         "## Per prompt",
         "",
-        markdown_table(PROMPT_COLUMNS, [prompt_row(o, not result.speed_withheld) for o in result.outcomes]),
+        markdown_table(PROMPT_COLUMNS, prompt_rows(result)),
         "",
         COLUMN_LEGEND,
     ]

@@ -285,7 +285,7 @@ class TritonClient:
             client.close()
             if isinstance(err, InferenceServerException):
                 message = err.message() if callable(getattr(err, "message", None)) else str(err)
-                raise _server_error(self.url, message) from None
+                raise _server_error(self.url, message, refused=not (out.pieces or out.token_ids)) from None
             raise
         return out
 
@@ -355,9 +355,8 @@ def _numpy_dtype(triton_dtype: str):
 def _server_error(where: str, message: str, refused: bool = True) -> ServerError:
     """One line of a server's error: a request it refused, or one that failed after part of its answer."""
     body = message.strip().removeprefix("data:") if isinstance(message, str) else message
-    with contextlib.suppress(
-        ValueError, AttributeError
-    ):  # HTTP errors arrive as {"error": "..."}, streamed or not
+    # HTTP errors arrive as {"error": "..."}, streamed or not
+    with contextlib.suppress(ValueError, AttributeError):
         message = json.loads(body).get("error", message)
     what = "refused the request" if refused else "failed the request after part of its answer"
     return ServerError(f"Triton at {where} {what}: {str(message).strip().splitlines()[0]}")
