@@ -244,9 +244,12 @@ def test_a_split_one_model_cannot_take_is_refused_before_the_other_is_written(ru
     [
         (
             ["--model", "draft"],
-            "quantize: the draft has no format (draft.quantization is none in the recipe)",
+            "quantize: no model it exports has a format (draft.quantization none); pass --draft-format",
         ),
-        (["--kv-cache-dtype", "fp8"], "quantize: the target has no format"),
+        (
+            ["--kv-cache-dtype", "fp8"],
+            "(target.quantization and draft.quantization none); pass --target-format or",
+        ),
         (
             ["--model", "draft", "--target-format", "fp8", "--draft-format", "fp8"],
             "--target-format names the target, which --model draft does not export",
@@ -254,11 +257,11 @@ def test_a_split_one_model_cannot_take_is_refused_before_the_other_is_written(ru
         (["--model", "target", "--target-format", "none"], "--target-format none: quantize writes quantized"),
     ],
 )
-def test_quantize_refuses_options_that_would_write_a_model_unquantized(
+def test_quantize_refuses_options_under_which_it_would_quantize_nothing(
     runner, recipe_file, tmp_path, options, message
 ):
-    """quantize writes quantized checkpoints: a model it exports without a format, or a format for a model it does
-    not export, is named by option before any work."""
+    """quantize writes quantized checkpoints: nothing it exports with a format, or a format for a model it does not
+    export, is named by option before any work (a pair may keep one model unquantized beside a quantized one)."""
     result = runner.invoke(cli, ["quantize", str(recipe_file), *options, "--out", str(tmp_path / "q")])
     assert result.exit_code == 2 and message in result.output, result.output
     assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output

@@ -278,8 +278,8 @@ class ExportSpec:
 
 def check_formats(spec: ExportSpec, models: dict) -> None:
     """quantize's options against the recipe's models, before its overrides are applied (whose errors would name
-    the recipe's fields): a --<role>-format for a model not exported or not there, and an exported model left
-    without a format (quantize would write it unquantized)."""
+    the recipe's fields): a --<role>-format for a model not exported or not there, and nothing exported with a
+    format (quantize would write only unquantized checkpoints)."""
     roles = list(models) if spec.model == "both" else [spec.model]
     for role in ("target", "draft"):
         if spec.shared.get(f"{role}.quantization") is None:
@@ -292,17 +292,20 @@ def check_formats(spec: ExportSpec, models: dict) -> None:
             raise TrtspecError(
                 f"--{role}-format names the {role}, which --model {spec.model} does not export"
             )
-    for role in roles:
-        if spec.shared.get(f"{role}.quantization") == "none":
-            raise TrtspecError(
-                f"--{role}-format none: quantize writes quantized checkpoints; give a format, or write the {role} "
-                "unquantized with `trtspec convert`"
-            )
-        if (spec.shared.get(f"{role}.quantization") or models[role].quantization) == "none":
-            raise TrtspecError(
-                f"quantize: the {role} has no format ({role}.quantization is none in the recipe); pass "
-                f"--{role}-format, or write it unquantized with `trtspec convert`"
-            )
+    formats = {role: spec.shared.get(f"{role}.quantization") or models[role].quantization for role in roles}
+    if any(f != "none" for f in formats.values()):
+        return  # a model of the pair may stay unquantized beside a quantized one, as the recipe or option says
+    if len(roles) == 1 and spec.shared.get(f"{roles[0]}.quantization") == "none":
+        raise TrtspecError(
+            f"--{roles[0]}-format none: quantize writes quantized checkpoints; give a format, or write the "
+            f"{roles[0]} unquantized with `trtspec convert`"
+        )
+    fields = " and ".join(f"{role}.quantization" for role in roles)
+    options = " or ".join(f"--{role}-format" for role in roles)
+    raise TrtspecError(
+        f"quantize: no model it exports has a format ({fields} none); pass {options}, or write "
+        "unquantized checkpoints with `trtspec convert`"
+    )
 
 
 def export_checkpoints(spec: ExportSpec, console=None) -> list:
