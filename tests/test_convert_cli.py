@@ -126,7 +126,7 @@ def test_quantize_target_fp8_with_calibration_file(runner, recipe_file, tmp_path
         "--calib-data",
         str(calib),
         "--calib-size",
-        "2",
+        "1000",
         "--calib-seq-len",
         "16",
         "--out",
@@ -135,8 +135,14 @@ def test_quantize_target_fp8_with_calibration_file(runner, recipe_file, tmp_path
     result = runner.invoke(cli, [*args, "--json"])
     assert result.exit_code == 0, result.output
     # ModelOpt prints its quantizer lines on stdout; --json keeps stdout to the one document (they go to stderr).
-    assert json.loads(result.stdout)["checkpoints"][0]["format"] == "fp8"
+    (checkpoint,) = json.loads(result.stdout)["checkpoints"]
+    assert checkpoint["format"] == "fp8"
     assert "quantizers" in result.stderr
+    # the calibration it ran on: the short text gives fewer windows than calibration.size asks, and says so
+    used = checkpoint["calibration"]
+    assert used["tokens_per_sample"] == 16 and 1 <= used["samples"] < 1000
+    said = " ".join(result.stderr.split())  # the console wraps its lines
+    assert f"on {used['samples']} x 16 tokens (calibration.size 1000: the text has no more)" in said
     config = json.loads((tmp_path / "q" / "config.json").read_text())
     assert (
         config["quantization"]["quant_algo"] == "FP8"

@@ -158,6 +158,7 @@ def export_checkpoint(
         "pp_size": spec.pp_size,
         "files": run.files,
         "verification": run.checked,
+        "calibration": run.calibration,
         "warning": warning,
         "timings": run.timings,
     }

@@ -177,11 +177,13 @@ class ExportSteps:
 
 @dataclass
 class ExportRun:
-    """What ``run_export`` wrote: the output's file names, the check's result (None without one), stage timings."""
+    """What ``run_export`` wrote: the output's file names, the check's result (None without one), stage timings, and
+    the calibration it ran on (None unquantized): samples x tokens, which a short text makes fewer than asked."""
 
     files: list[str]
     checked: Any
     timings: dict[str, float]
+    calibration: dict | None = None
 
 
 def run_export(
@@ -205,8 +207,18 @@ def run_export(
             batches = calibration_batches_for(tokenizer, calibration) if quantize else []
             model = load_source_model(spec.model, device, spec.dtype, spec.trust_remote_code)
             loaded = steps.on_load(model, tokenizer)
+        used = None
         if quantize:
-            with stages("calibrate", f"{spec.quantization} on {len(batches)} x {batches[0].shape[1]} tokens"):
+            used = {"samples": len(batches), "tokens_per_sample": batches[0].shape[1]}
+            short = (
+                f" (calibration.size {calibration.size}: the text has no more)"
+                if len(batches) < calibration.size
+                else ""
+            )
+            with stages(
+                "calibrate",
+                f"{spec.quantization} on {len(batches)} x {used['tokens_per_sample']} tokens{short}",
+            ):
                 model = quantize_model(model, spec, batches)
         with stages("export", steps.export_what):
             steps.export(model, tokenizer, tmp)
@@ -218,4 +230,4 @@ def run_export(
                 checked = steps.check(tmp, loaded)
             steps.accept(checked)
         files = sorted(p.name for p in tmp.iterdir())
-    return ExportRun(files, checked, stages.timings)
+    return ExportRun(files, checked, stages.timings, used)

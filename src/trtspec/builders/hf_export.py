@@ -102,6 +102,7 @@ def export_hf(
         "kv_cache_dtype": spec.kv_cache_dtype,
         "files": run.files,
         "check": checked,
+        "calibration": run.calibration,
         "timings": run.timings,
     }
 
