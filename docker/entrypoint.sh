@@ -40,12 +40,15 @@ step() {
         wait "$child" || status=$?
         kill -0 "$child" 2>/dev/null || break
     done
+    if [[ -n "$stop_signal" ]]; then
+        # still trapped, and no subshell: bash kills itself on a SIGINT it saw while a child ran once INT is
+        # untrapped, which a command substitution here would set off
+        log "stopped by SIG${stop_signal} during: $*"
+        if [[ "$stop_signal" == INT ]]; then exit 130; fi
+        exit 143
+    fi
     trap - INT TERM
     child=""
-    if [[ -n "$stop_signal" ]]; then
-        log "stopped by SIG${stop_signal} during: $*"
-        exit $((128 + $(kill -l "$stop_signal")))
-    fi
     return "$status"
 }
 

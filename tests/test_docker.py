@@ -592,7 +592,8 @@ if command == "build":
         sys.exit(128 + signum)
     signal.signal(signal.SIGTERM, stop)
     note("build started")
-    time.sleep(60)
+    for _ in range(600):  # short sleeps: a signal landing just before a long one would wait it out
+        time.sleep(0.1)
     note("build ran out")
 elif command == "deploy":
     note("deploy ran")
