@@ -600,6 +600,14 @@ elif command == "deploy":
 """
 
 
+def _as_an_init_starts_it() -> None:
+    """The entry point's signal state as tini or docker starts it: INT and TERM at their defaults, none blocked
+    (a test runner started in the background passes SIGINT on ignored, which no shell can trap)."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize(("sent", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_stop_signal_during_a_step_reaches_it_and_ends_the_entry_point(tmp_path, sent, status):
     """tini and `docker stop` signal the entry point's shell only: the build it runs must stop too (neither run
@@ -612,7 +620,13 @@ def test_a_stop_signal_during_a_step_reaches_it_and_ends_the_entry_point(tmp_pat
     env = entrypoint_env(tmp_path, TRTSPEC_RECIPE="demo", TRTSPEC_RUNTIME="tensorrtllm")
     env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"  # python3 (and the package) stay the venv's
     env["FAKE_TRTSPEC_RECORD"] = str(record)
-    proc = subprocess.Popen(["bash", str(ENTRYPOINT)], env=env, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        ["bash", str(ENTRYPOINT)],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_as_an_init_starts_it,
+    )
     try:
         deadline = time.monotonic() + 60
         while not (record.exists() and "build started" in record.read_text()):
