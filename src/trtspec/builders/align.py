@@ -279,15 +279,14 @@ def run_align(spec: AlignSpec, on_progress: StageProgress | None = None) -> Alig
     refuse_two_tokenizers(recipe)
     refuse_failed_check(recipe)
     counts = align_data.count_prompts(spec.prompts, spec.data.held_out, spec.data.validation)
-    align_data.check_chat_lines(
-        spec.prompts, load_tokenizer(recipe.target.model, recipe.target.trust_remote_code)
-    )
+    tokenizer = load_tokenizer(recipe.target.model, recipe.target.trust_remote_code)
+    align_data.check_chat_lines(spec.prompts, tokenizer)
     refuse_no_memory(recipe, spec.device)
     work = WorkDir(work_path, run_key(spec, recipe))
     work.state.setdefault("total_prompts", sum(counts.values()))
     began = time.perf_counter()
 
-    tokenizer, target, draft = load_pair(recipe, spec.device)
+    target, draft = load_pair(recipe, spec.device)
     if not work.resumed:
         refuse_small_budget(spec, target, draft, min(128, spec.data.max_new_tokens + 32))
     work.path.mkdir(parents=True, exist_ok=True)
@@ -310,7 +309,7 @@ def run_align(spec: AlignSpec, on_progress: StageProgress | None = None) -> Alig
         work.state["before"], after, recipe.speculative.max_draft_len, recipe.speculative.draft_cost_ratio
     )
     report["selection"] = selection(k_show, validation, position, best, last)
-    used = {"held_out_used": len(held_out), "validation_used": len(work.load_torch("validation.pt") or [])}
+    used = {"held_out_used": len(held_out), "validation_used": len(validation)}
     record = run_record(spec, recipe, work, counts | used, position) | {
         "seconds": {"budgeted": clock.spent(), "this_process": time.perf_counter() - began},
         "versions": environment.package_versions(),
@@ -335,13 +334,12 @@ def refuse_own_files(recipe: Recipe) -> None:
 
 
 def load_pair(recipe: Recipe, device: str):
-    """(tokenizer, target, draft) on ``device``: the target frozen, in float32 on CPU; the draft in float32."""
-    tokenizer = load_tokenizer(recipe.target.model, recipe.target.trust_remote_code)
+    """(target, draft) on ``device``: the target frozen, in float32 on CPU; the draft in float32."""
     target_dtype = "float32" if device == "cpu" else recipe.target.dtype
     target = load_hf_model(recipe.target.model, target_dtype, recipe.target.trust_remote_code, "the target")
     target = target.to(device).eval().requires_grad_(False)
     draft = load_hf_model(recipe.draft.model, "float32", recipe.draft.trust_remote_code, "the draft")
-    return tokenizer, target, draft.to(device).eval()
+    return target, draft.to(device).eval()
 
 
 def distil(

@@ -277,11 +277,10 @@ class ExportSpec:
     quantize: bool = False  # `trtspec quantize`: every model it exports gets a format (check_formats)
 
 
-def check_formats(spec: ExportSpec, models: dict) -> None:
+def check_formats(spec: ExportSpec, models: dict, roles: list[str]) -> None:
     """quantize's options against the recipe's models, before its overrides are applied (whose errors would name
     the recipe's fields): a --<role>-format for a model not exported or not there, and nothing exported with a
-    format (quantize would write only unquantized checkpoints)."""
-    roles = list(models) if spec.model == "both" else [spec.model]
+    format (quantize would write only unquantized checkpoints). ``roles``: the models it exports."""
     for role in ("target", "draft"):
         if spec.shared.get(f"{role}.quantization") is None:
             continue
@@ -320,9 +319,9 @@ def export_checkpoints(spec: ExportSpec, console=None) -> list:
             "draft",
             "the recipe has no draft model (prompt lookup proposes alone); use --model target",
         )
-    if spec.quantize:
-        check_formats(spec, models)
     roles = list(models) if spec.model == "both" else [spec.model]
+    if spec.quantize:
+        check_formats(spec, models, roles)
     overrides = spec.shared | {
         f"{role}.{key}": value for role in roles for key, value in spec.per_role.items()
     }
