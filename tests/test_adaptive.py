@@ -1067,6 +1067,28 @@ def test_a_row_that_sat_out_a_round_or_two_drafts_on_whatever_a_catch_up_costs()
     assert sum(k > 0 for k in ks) > 0.8 * len(ks)
 
 
+def test_a_round_whose_drafts_take_in_rounds_they_sat_out_is_not_priced_as_its_k():
+    """A draft that sat out rounds takes their tokens in before proposing: under CatchUp.minimum tokens that is
+    priced as neither a catch-up nor the K's steady cost. Timed as the K's, ten rounds off made a K=1 round cost
+    what several steady ones do, and the K stayed priced too dear to run again."""
+    from trtspec.engines.loop import GenerationLoop
+
+    rounds, policy = CatchUpRounds(), KPolicy(probe_every=10**6)
+    rounds.per_token = 0.002  # a steady K=1 round takes in one token per row: 14 + 4 x 2 ms at 4 rows
+    rounds.cost = lambda batch, k: 0.010 * (1 + 0.4 * k)
+    state = AdaptiveState(policy, clock=lambda: rounds.now)
+    script = itertools.chain(itertools.repeat(1, 6), itertools.repeat(0, 10), itertools.repeat(1))
+    state.choose = lambda *args, **kwargs: next(script)  # the K of each round, whatever it would choose
+    loop = GenerationLoop(rounds, max_seq_len=100_000, k_policy=policy, adaptive=state)
+    for i in range(4):
+        loop.add(i, [1, 2, 3, 4], SamplingParams(max_new_tokens=64))
+    while loop.busy:
+        loop.step()
+    assert (4, 1) in rounds.log[17:19]  # drafting again after ten rounds off
+    n, seconds = state.costs.by_batch[4].by_k[1]
+    assert seconds / n == pytest.approx(0.014 + 4 * 0.002)
+
+
 def test_rounds_of_one_k_are_given_a_slope_and_the_loop_finds_the_best_k():
     """A speculative round costs 1.4 target-only rounds plus 0.2 per draft token; at acceptance 0.8 K=5 pays most
     (1.54x), K=3 4% less. Rounds of one K fit no line, and the line through the unit that prices them then puts
@@ -1146,11 +1168,22 @@ def test_slope_probes_step_by_slope_step_within_the_cap_or_not_at_all():
     costs = RoundCosts(KPolicy())
     costs.record(5, 0, 0.01)
     every = RoundCosts.slope_every
-    probes = [costs.slope_probe(5, 3, 8) for _ in range(4 * every)]
+    probes = [costs.slope_probe(5, 3, 8, 1.3) for _ in range(4 * every)]
     assert [k for k in probes if k != 3] == [5, 1, 5, 1]
-    assert {costs.slope_probe(5, 1, 8) for _ in range(2 * every)} == {1, 3}  # no K=-1: up each time
-    assert {costs.slope_probe(5, 1, 2) for _ in range(2 * every)} == {1}  # K=2 would be a step of 1
-    assert costs.slope_probe(5, 0, 8) == 0
+    assert {costs.slope_probe(5, 1, 8, 1.3) for _ in range(2 * every)} == {1, 3}  # no K=-1: up each time
+    assert {costs.slope_probe(5, 1, 2, 1.3) for _ in range(2 * every)} == {1}  # K=2 would be a step of 1
+    assert costs.slope_probe(5, 0, 8, 1.0) == 0
+
+
+def test_a_k_that_barely_pays_is_not_slope_probed():
+    """Where the chosen K gains under slope_gain (a full batch), a K two longer pays less still: its probe would
+    cost what drafting gains, so none runs; where the K gains more, the probes run."""
+    costs = RoundCosts(KPolicy())
+    costs.record(8, 0, 0.01)
+    barely = 1.0 + RoundCosts.slope_gain * 0.9
+    assert {costs.slope_probe(8, 1, 8, barely) for _ in range(4 * RoundCosts.slope_every)} == {1}
+    clearly = 1.0 + RoundCosts.slope_gain * 1.1
+    assert {costs.slope_probe(8, 1, 8, clearly) for _ in range(4 * RoundCosts.slope_every)} == {1, 3}
 
 
 def test_an_engine_call_closes_its_loop_once_its_last_prompt_joined(tiny_pair, monkeypatch):
