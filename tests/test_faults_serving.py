@@ -630,12 +630,19 @@ def test_serve_stops_a_server_whose_model_process_died_and_exits_with_one_line(t
 # ---------------------------------------------------------------- the soak, short
 
 
-def test_the_soak_fails_on_growth_and_slowdown_only(monkeypatch):
-    """A leak or a slowdown fails the soak; a faster or leaner end (a busy machine at the start) does not."""
+@pytest.fixture
+def soak(monkeypatch):
+    """tools/soak.py as a module."""
+    monkeypatch.syspath_prepend(str(ROOT / "tools"))  # it imports cli_common, its neighbour
     spec = importlib.util.spec_from_file_location("soak", ROOT / "tools" / "soak.py")
-    soak = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "soak", soak)  # its dataclasses look their module up
-    spec.loader.exec_module(soak)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "soak", module)  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_soak_fails_on_growth_and_slowdown_only(soak):
+    """A leak or a slowdown fails the soak; a faster or leaner end (a busy machine at the start) does not."""
 
     def verdicts(rss, speeds):
         checks = soak.check_all([], {}, {}, rss, speeds, (0.05, 0.10))
@@ -645,6 +652,63 @@ def test_the_soak_fails_on_growth_and_slowdown_only(monkeypatch):
     assert verdicts((500.0, 530.0), (500.0, 460.0)) == {"memory": False, "speed": True}
     assert verdicts((500.0, 400.0), (500.0, 700.0)) == {"memory": True, "speed": True}
     assert verdicts((500.0, 500.0), (0.0, 0.0)) == {"memory": True, "speed": False}
+
+
+class _Reply:
+    """http.client's response as http_cancelled reads it: a status, then the body line by line."""
+
+    def __init__(self, status: int, lines: list[bytes]):
+        self.status, self.reason, self.lines = status, {200: "OK"}.get(status, "Bad Request"), list(lines)
+
+    def readline(self) -> bytes:
+        return self.lines.pop(0) if self.lines else b""
+
+    def read(self, size: int = -1) -> bytes:
+        body = b"".join(self.lines)
+        self.lines = []
+        return body[:size] if size >= 0 else body
+
+
+def _http_outcome(soak, monkeypatch, status: int, lines: list[bytes], cancel_after: int = 3):
+    """http_cancelled against a stand-in connection answering ``status`` and ``lines``."""
+
+    class Connection:
+        def __init__(self, host, port, timeout):
+            pass
+
+        def request(self, method, url, body):
+            pass
+
+        def getresponse(self):
+            return _Reply(status, lines)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(soak.http.client, "HTTPConnection", Connection)
+    job = soak.Job("def f():", 4, None, None, cancel_after=cancel_after, way="http")
+    return soak.http_cancelled("127.0.0.1:8000", job, "c0-1", 0.0)
+
+
+def _event(i: int) -> bytes:
+    return b"data: " + json.dumps({"id": "c0-1", "output_ids": [i], "text_output": "x"}).encode() + b"\n\n"
+
+
+def test_an_http_refusal_is_an_error_not_a_cancellation(soak, monkeypatch):
+    """A 400 from generate_stream is a request the server refused: lost, never counted as cancelled."""
+    out = _http_outcome(soak, monkeypatch, 400, [b'{"error":"unknown input max_tokens"}'])
+    assert not out.cancelled and out.lost
+    assert out.error == 'HTTP 400 Bad Request: {"error":"unknown input max_tokens"}'
+
+
+def test_an_http_stream_is_cancelled_only_after_its_cancel_after_events(soak, monkeypatch):
+    cancelled = _http_outcome(soak, monkeypatch, 200, [_event(i) for i in range(4)])
+    assert cancelled.cancelled and not cancelled.lost and cancelled.ids == [0, 1, 2]
+    # the server ended the stream first: a finished request, judged by its tokens like any other
+    whole = _http_outcome(soak, monkeypatch, 200, [_event(i) for i in range(2)], cancel_after=3)
+    assert not whole.cancelled and whole.final and whole.lost  # 2 of its 4 tokens
+    whole = _http_outcome(soak, monkeypatch, 200, [_event(i) for i in range(4)], cancel_after=5)
+    assert not whole.cancelled and not whole.lost
 
 
 @pytest.mark.server

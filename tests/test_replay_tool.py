@@ -1,9 +1,13 @@
 """tools/replay_adaptive.py's replay on synthetic acceptance traces (no model): a steady load keeps its slots
-full, lockstep groups start together and shrink as rows finish, and group_k is given the rows' tokens left."""
+full, lockstep groups start together and shrink as rows finish, and group_k is given the rows' tokens left. And
+what it refuses before loading a model: a bench run without the concurrencies asked for, a recipe it cannot
+replay, a --costs line that is not two numbers."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,10 +19,14 @@ TOOL = Path(__file__).resolve().parents[1] / "tools" / "replay_adaptive.py"
 
 @pytest.fixture(scope="module")
 def replay_tool():
-    spec = importlib.util.spec_from_file_location("replay_adaptive", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    sys.path.insert(0, str(TOOL.parent))  # the tool imports cli_common, its neighbour
+    try:
+        spec = importlib.util.spec_from_file_location("replay_adaptive", TOOL)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path.remove(str(TOOL.parent))
 
 
 def _recording(calls):
@@ -62,3 +70,59 @@ def test_static_k_in_groups_costs_the_slowest_row(replay_tool):
     zero = replay_tool.replay(matches, costs, 2, lambda *_: 0, KPolicy(), load="groups")[0]
     assert zero == pytest.approx(2.0)  # two rows, a token each per round at cost 1
     assert one < zero
+
+
+def _point(k, concurrency, tokens_per_s, proposer="draft", tokens_per_round=2.0):
+    """A bench.json point as BenchResult.rows() writes it (target-only has no proposer)."""
+    return {
+        "num_draft_tokens": k,
+        "concurrency": concurrency,
+        "tokens_per_s": tokens_per_s,
+        "tokens_per_round": 1.0 if k == 0 else tokens_per_round,
+        "proposer": None if k == 0 else proposer,
+    }
+
+
+def _bench(tmp_path, points) -> Path:
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"points": points}))
+    return path
+
+
+def test_bench_costs_come_from_the_draft_models_points_only(replay_tool, tmp_path):
+    """A sweep of proposers has prompt lookup's points at the same K: their rounds cost another amount and must
+    not overwrite the draft's."""
+    points = [_point(0, 1, 100.0), _point(1, 1, 150.0), _point(1, 1, 400.0, proposer="ngram")]
+    points += [_point(None, 1, 160.0), _point(1, 1, 120.0, proposer="draft+ngram")]
+    costs = replay_tool.bench_costs(_bench(tmp_path, points))
+    # K=1: 2 tokens a round at 150 tokens/s against target-only's 1 at 100
+    assert costs == {1: [1.0, pytest.approx(2.0 / 150.0 / (1.0 / 100.0))]}
+
+
+def test_a_concurrency_the_bench_run_lacks_is_refused_naming_the_ones_it_has(replay_tool, tmp_path):
+    path = _bench(tmp_path, [_point(k, c, 100.0 + k) for c in (1, 4) for k in (0, 1)])
+    with pytest.raises(SystemExit, match="to replay at concurrency 2,8; it has them at concurrency 1,4"):
+        replay_tool.main([str(replay_tool.DEMO_RECIPE), "--bench", str(path), "--concurrency", "1,2,8"])
+    assert replay_tool.replayed(path, replay_tool.bench_costs(path), None) == [1, 4]  # default: all measured
+    lookup_only = _bench(tmp_path, [_point(0, 1, 100.0), _point(1, 1, 150.0, proposer="ngram")])
+    with pytest.raises(SystemExit, match="no draft points to replay; it has them at concurrency none"):
+        replay_tool.main([str(replay_tool.DEMO_RECIPE), "--bench", str(lookup_only)])
+
+
+def test_a_recipe_without_a_draft_or_with_a_draft_of_its_own_tokenizer_is_refused(replay_tool):
+    from trtspec.recipe import load_recipe
+
+    recipe = load_recipe(replay_tool.DEMO_RECIPE)
+    other = recipe.speculative.model_copy(update={"heterogeneous_vocab": True})
+    with pytest.raises(SystemExit, match="has its own tokenizer"):
+        replay_tool.refuse_recipe(recipe.model_copy(update={"speculative": other}))
+    with pytest.raises(SystemExit, match="no draft model"):
+        replay_tool.refuse_recipe(recipe.model_copy(update={"draft": None}))
+    replay_tool.refuse_recipe(recipe)  # the demo pair replays
+
+
+def test_a_costs_line_that_is_not_two_numbers_is_one_usage_line(replay_tool, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        replay_tool.main(["--costs", "1.3:0.15,1.3", "--concurrency", "1"])
+    assert exit_info.value.code == 2
+    assert "'1.3' in '1.3:0.15,1.3' is not A1:B" in capsys.readouterr().err

@@ -18,11 +18,13 @@ def train():
     spec = importlib.util.spec_from_file_location("train_demo_pair", TOOL)
     module = importlib.util.module_from_spec(spec)
     sys.modules["train_demo_pair"] = module  # its dataclasses look their module up
+    sys.path.insert(0, str(TOOL.parent))  # the tool imports cli_common, its neighbour
     try:
         spec.loader.exec_module(module)
         yield module
     finally:
         sys.modules.pop("train_demo_pair", None)
+        sys.path.remove(str(TOOL.parent))
 
 
 def chunk_and_repeat(row: list[int], separator: list[int]) -> tuple[list[int], list[int]]:
@@ -141,3 +143,55 @@ def test_a_probe_runs_every_probe_every_steps_and_after_the_last_and_never_at_ze
 def test_set_refuses_a_value_of_the_wrong_type_in_one_line(train):
     with pytest.raises(SystemExit, match="seq_len takes a int, not '1e3'"):
         train.override(train.GPU, ["seq_len=1e3"])
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--gpu", "--copy-curriculum", "--device", "cuda"],  # the shipped pair (TRAINING.md)
+        ["--other-tokenizer-drafts"],  # the shipped drafts of another tokenizer
+        ["--evaluate"],  # reads the shipped pair, writes nothing
+        ["--copying"],
+        ["--other-tokenizer-drafts", "--evaluate"],
+    ],
+)
+def test_the_shipped_plans_and_the_measurements_default_to_the_shipped_folder(train, argv):
+    assert train.parse_args(argv).out == train.DEFAULT_OUT
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],  # the CPU plan: not what ships
+        ["--smoke"],
+        ["--copy-curriculum"],
+        ["--gpu"],
+        ["--gpu", "--copy-curriculum", "--set", "seq_len=512"],
+        ["--gpu", "--copy-curriculum", "--budget-s", "60"],
+        ["--other-tokenizer-drafts", "--othertok-vocab", "512"],
+        ["--other-tokenizer-drafts", "--smoke"],
+    ],
+)
+def test_any_other_run_must_name_its_out_so_it_cannot_replace_the_shipped_pair(train, argv, capsys, tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        train.parse_args(argv)
+    assert exit_info.value.code == 2
+    assert "this run needs --out" in capsys.readouterr().err
+    assert train.parse_args([*argv, "--out", str(tmp_path)]).out == tmp_path
+
+
+def test_publish_replaces_the_named_folders_and_leaves_nothing_beside_them(train, tmp_path):
+    out = tmp_path / "a" / "pair"
+    with train.staging_in(out) as staging:
+        assert staging.parent == out  # one file system: the renames below cannot cross devices
+        for name in ("target", "draft"):
+            (staging / name).mkdir()
+            (staging / name / "config.json").write_text(name)
+        train.publish(staging, out)
+    with train.staging_in(out) as staging:
+        (staging / "draft").mkdir()
+        (staging / "draft" / "config.json").write_text("new draft")
+        train.publish(staging, out, ("draft",))
+    assert sorted(p.name for p in out.iterdir()) == ["draft", "target"]
+    assert (out / "draft" / "config.json").read_text() == "new draft"
+    assert (out / "target" / "config.json").read_text() == "target"

@@ -23,7 +23,6 @@ import argparse
 import json
 import random
 import shutil
-import sys
 import sysconfig
 import tempfile
 import time
@@ -31,10 +30,12 @@ from pathlib import Path
 
 import torch
 import yaml
+from cli_common import cpu_name, run_main
 
 from trtspec.builders.align import AlignSpec, run_align
 from trtspec.builders.align_data import DataSpec, is_held_out
 from trtspec.builders.align_report import selection_line
+from trtspec.builders.align_work import StageProgress
 from trtspec.recipe import DEMO_DIR, DEMO_RECIPE
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -46,9 +47,17 @@ def log(msg: str) -> None:
 
 
 def misaligned_draft(out: Path, steps: int, seed: int = 0) -> Path:
-    """The demo draft's shape trained on prose for ``steps`` steps of 8 x 128 tokens."""
+    """The demo draft's shape trained on prose for ``steps`` steps of 8 x 128 tokens. A draft an earlier run with
+    the same ``--work`` finished with the same settings is used again; anything else in ``out`` is this tool's own
+    and is written anew."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    settings = {"steps": steps, "seed": seed}
+    done = out / "bench_align.json"  # written last: the draft beside it is whole
+    if done.is_file() and json.loads(done.read_text()) == settings:
+        log(f"misaligned draft: reusing {out} ({steps} steps on prose)")
+        return out
+    shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     for path in (DEMO_DIR / "draft").iterdir():
         if not path.name.endswith(".safetensors"):
@@ -71,6 +80,7 @@ def misaligned_draft(out: Path, steps: int, seed: int = 0) -> Path:
         if step % 50 == 0 or step == steps - 1:
             log(f"misaligned draft on prose: step {step + 1}/{steps}, loss {loss.item():.3f}")
     draft.half().save_pretrained(out, safe_serialization=True)
+    done.write_text(json.dumps(settings))
     return out
 
 
@@ -126,6 +136,19 @@ def end_to_end(prompts: list[list[int]], drafts: dict[str, Path | None], repeats
     return best
 
 
+def progress_log() -> StageProgress:
+    """run_align's ``on_progress``: a log line at each stage's start and at every tenth of it, not per prompt."""
+    shown: dict[str, int] = {}
+
+    def on_progress(stage: str, description: str, completed: float, total: float) -> None:
+        tenth = int(10 * completed / total) if total else 10
+        if shown.get(stage) != tenth:
+            shown[stage] = tenth
+            log(f"  {description}: {completed:g}/{total:g}")
+
+    return on_progress
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -143,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_align-"))
     work.mkdir(parents=True, exist_ok=True)
-    log(f"work folder {work}, {args.threads} torch threads")
+    log(f"work folder {work}; {cpu_name()}, {args.threads} torch threads")
     prompts = code_prompts(work / "prompts.jsonl", args.prompts)
     runs = {}
     if args.budget > 0:
@@ -151,8 +174,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.demo_budget > 0:
         runs["demo"] = (DEMO_DIR / "draft", args.demo_budget)
     results = {}
-    from rich.console import Console
-
     for name, (draft, budget) in runs.items():
         log(f"align {name} draft, budget {budget:g} min")
         spec = AlignSpec(
@@ -164,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             data=DataSpec(max_new_tokens=64, held_out=0.1),
         )
         began = time.perf_counter()
-        result = run_align(spec, console=Console(stderr=True))
+        result = run_align(spec, on_progress=progress_log())
         results[name] = (draft, result, time.perf_counter() - began)
 
     from transformers import AutoTokenizer
@@ -195,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     base = speed["target only"]
     print(
-        f"\ntarget only {base:.1f} tokens/s; "
+        f"\n{cpu_name()}, {args.threads} torch threads: target only {base:.1f} tokens/s; "
         + ", ".join(f"{n} {v / base:.2f}x" for n, v in speed.items() if v != base)
     )
     for name, (_, result, _) in results.items():
@@ -206,4 +227,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

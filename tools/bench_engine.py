@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import torch
+from cli_common import cpu_name, run_main
 
 from trtspec.core.metrics import analytic_speedup_bound, merge_stats
 from trtspec.engines.engine import SpeculativeEngine
@@ -49,14 +50,19 @@ def timed(fn, repeats: int = 1) -> float:
 
 
 def hf_tokens_per_s(target, prompts, max_new, **kwargs) -> float:
-    """tokens/s of HF generate over all prompts (tokens actually generated: HF stops at EOS)."""
+    """tokens/s of HF generate over all prompts, each generating exactly ``max_new`` tokens: the engine runs with
+    ignore_eos, so an EOS must not end HF's runs early either (min_new_tokens), or the ratios compare lengths."""
     counts = []
 
     def run():
         counts.clear()
         for ids in prompts:
             out = target.generate(
-                torch.tensor([ids], device=target.device), do_sample=False, max_new_tokens=max_new, **kwargs
+                torch.tensor([ids], device=target.device),
+                do_sample=False,
+                max_new_tokens=max_new,
+                min_new_tokens=max_new,
+                **kwargs,
             )
             counts.append(out.shape[1] - len(ids))
 
@@ -97,17 +103,30 @@ def step_costs(engine, max_k: int, position: int = 64) -> tuple[float, dict[int,
     return draft_1 / target_1, verify
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[1])
+def parse_args(argv) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", type=Path, default=DEMO_DIR / "target")
     parser.add_argument("--draft", type=Path, default=DEMO_DIR / "draft")
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--ks", type=int, nargs="+", default=list(range(1, 9)))
+    parser.add_argument(
+        "--ks",
+        type=int,
+        nargs="+",
+        default=list(range(1, 9)),
+        help="K values (engine target-only always runs)",
+    )
     parser.add_argument("--prompts", type=int, default=len(PROMPTS), help="how many of the built-in prompts")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     args = parser.parse_args(argv)
+    if min(args.ks) < 1:
+        parser.error(f"--ks {min(args.ks)}: K is 1 or more (engine target-only, K=0, always runs)")
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     max_k, max_new = max(args.ks), args.max_new_tokens
@@ -116,7 +135,7 @@ def main(argv=None) -> None:
     prompts = [engine.tokenizer(p)["input_ids"] for p in PROMPTS[: args.prompts]]
     hf_target, hf_draft = engine.target.hf_model, engine.draft.hf_model
     print(
-        f"target {args.target}  draft {args.draft}  device {args.device} {args.dtype}  threads "
+        f"target {args.target}  draft {args.draft}  device {args.device} {args.dtype}  {cpu_name()}, threads "
         f"{torch.get_num_threads()}  prompts {len(prompts)} x {max_new} new tokens, batch 1, greedy\n"
     )
 
@@ -181,4 +200,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -15,11 +15,11 @@ acceptance (accepted / proposed target tokens) and tokens per round, and checks 
 from __future__ import annotations
 
 import argparse
-import platform
 import time
 from collections import defaultdict
 
 import torch
+from cli_common import cpu_name, run_main
 
 from trtspec.engines.engine import SpeculativeEngine
 from trtspec.engines.sampling import SamplingParams
@@ -29,16 +29,8 @@ from trtspec.validate.prompts import load_prompts
 DRAFTS = {"draft-sametok": False, "draft-othertok": True, "draft": False}
 
 
-def cpu_name() -> str:
-    with open("/proc/cpuinfo") as info:
-        for line in info:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
-
-
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--ks", type=int, nargs="+", default=[2, 4], help="static K values (adaptive K always)"
     )
@@ -94,4 +86,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -9,7 +9,12 @@ for big pairs on a GPU; the same KV-model class wraps the HF model). Pairs (``--
   qwen2.5     target Qwen2.5-1.5B shapes, draft Qwen2.5-0.5B (both tie embeddings)
   qwen2.5-3b  target Qwen2.5-3B shapes,   draft Qwen2.5-0.5B
   llama3      target Llama-3.1-8B,        draft Llama-3.2-1B (ties embeddings; llama3 rope scaling)
-  demo        the shipped demo pair itself (trained weights, real prompts: the acceptance the demo has)
+  demo           the shipped demo pair itself (trained weights, real prompts: the acceptance the demo has)
+  demo-othertok  the demo target with the shipped draft that has its own tokenizer (trained, real prompts)
+
+A demo pair is loaded from the package as it ships, so the options that make or shape the random models
+(``--target-vocab``, ``--build``, ``--checkpoint-dtype``, ``--weights``, ``--models-dir``, ``--max-layers``) and
+``--prompt-len`` (its prompts are tools/bench_engine's texts) are refused with it.
 
 The Qwen pairs default to a padded-vocabulary target (``--target-vocab 152064``, the row count of Qwen2.5-7B
 and larger; the 1.5B and 3B checkpoints themselves have the draft's 151936): same tokenizer, 128 extra rows.
@@ -45,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from cli_common import cpu_name, run_main
 
 # Published config.json values (huggingface.co/<repo>/blob/main/config.json). head_dim is derived unless given.
 SHAPES = {
@@ -143,14 +149,22 @@ PAIRS = {
     "qwen2.5": ("qwen2.5-1.5b", "qwen2.5-0.5b", 152064),
     "qwen2.5-3b": ("qwen2.5-3b", "qwen2.5-0.5b", 152064),
     "llama3": ("llama-3.1-8b", "llama-3.2-1b", None),
-    "demo": (
-        "demo:target",
-        "demo:draft",
-        None,
-    ),  # the shipped, trained demo pair, on tools/bench_engine's prompts
+    # the shipped, trained demo pair, on tools/bench_engine's prompts
+    "demo": ("demo:target", "demo:draft", None),
     # the demo target with the shipped draft that has a tokenizer of its own (its tokens reach the target as text)
     "demo-othertok": ("demo:target", "demo:draft-othertok", None),
 }
+DEMO_PAIRS = ("demo", "demo-othertok")  # trained weights from the package, real prompts
+# What a demo pair ignores: the options that make the random models, and the random prompts' length.
+DEMO_IGNORES = (
+    "target_vocab",
+    "build",
+    "checkpoint_dtype",
+    "weights",
+    "models_dir",
+    "max_layers",
+    "prompt_len",
+)
 CLASSES = {"qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "llama": ("LlamaConfig", "LlamaForCausalLM")}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 GIB = 1024**3
@@ -289,7 +303,7 @@ def load_engine(args, target_shape: str, draft_shape: str, target_vocab: int | N
     from trtspec.engines.models import LeanCausalLM
 
     opts = dict(max_draft_len=max(args.ks), max_seq_len=args.max_seq_len)
-    if args.pair in ("demo", "demo-othertok"):
+    if args.pair in DEMO_PAIRS:
         from trtspec.recipe import DEMO_DIR
 
         began = time.perf_counter()
@@ -458,6 +472,8 @@ def print_bounds(runs: dict[int, Run]) -> None:
     (the target's forwards per round), o = the rest of the round beyond K=0's. The analytic bound (core.metrics,
     what bench reports) is tokens per round / (1 + K c): a verification as cheap as one step, no extra rest; the
     measured round is v + K c + o, so achieved = tokens per round / (v + K c + o)."""
+    from trtspec.core.metrics import analytic_speedup_bound
+
     base = runs.get(0)
     if base is None:
         return
@@ -472,10 +488,10 @@ def print_bounds(runs: dict[int, Run]) -> None:
         c, v = per_round["draft"] / k, per_round["target"]
         o = run.seconds / run.rounds / unit - v - k * c
         tokens = run.tokens / run.rounds
-        bound, speedup = tokens / (1 + k * c), run.tokens_per_s / base.tokens_per_s
+        bound, speedup = analytic_speedup_bound(tokens, k, c), run.tokens_per_s / base.tokens_per_s
         print(
             f"{k:2d} {c:5.3f} {v:5.2f} {o:5.2f} | {bound:6.2f} {speedup:6.2f}x {speedup / bound:8.1%} | "
-            f"{tokens / (v + k * c):10.2f}"
+            f"{analytic_speedup_bound(tokens, k, c, v):10.2f}"
         )
     print("(bound at v: the bound with the measured verification; the rest, o, is all that separates it)\n")
 
@@ -554,7 +570,7 @@ def load_phases(meter: RssMeter):
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pair", choices=PAIRS, default="qwen2.5")
     parser.add_argument("--target-vocab", type=int, default=None, help="target rows (default: the pair's)")
     parser.add_argument("--device", default="cpu")
@@ -579,7 +595,12 @@ def parse_args(argv):
     parser.add_argument(
         "--max-layers", type=int, default=None, help="cut depth (a quick check, not real sizes)"
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    ignored = [name for name in DEMO_IGNORES if getattr(args, name) != parser.get_default(name)]
+    if args.pair in DEMO_PAIRS and ignored:
+        options = ", ".join("--" + name.replace("_", "-") for name in ignored)
+        parser.error(f"--pair {args.pair} is a shipped pair run on real prompts; it takes no {options}")
+    return args
 
 
 def load_engine_metered(args, meter: RssMeter, target_vocab: int | None):
@@ -593,17 +614,22 @@ def load_engine_metered(args, meter: RssMeter, target_vocab: int | None):
         return load_engine(args, target_shape, draft_shape, target_vocab, root)
 
 
-def run_all(engine, args, load_s: float) -> dict[int, list[Run]]:
-    """A warm-up per K, then ``repeats`` rounds over the Ks in turn (so drifting machine load hits all alike)."""
-    vocab = min(engine.target.vocab_size, engine.draft.vocab_size)
-    generator = torch.Generator().manual_seed(0)
-    prompts = [
-        torch.randint(0, vocab, (args.prompt_len,), generator=generator).tolist() for _ in range(args.batch)
-    ]
-    if args.pair == "demo":  # real text: the demo pair's own acceptance
+def batch_prompts(engine, args) -> list[list[int]]:
+    """The batch's prompts: a demo pair's are tools/bench_engine's texts (the acceptance the demo has); the random
+    models' are random ids of ``--prompt-len``."""
+    if args.pair in DEMO_PAIRS:
         from bench_engine import PROMPTS
 
-        prompts = [engine.tokenizer(PROMPTS[b % len(PROMPTS)])["input_ids"] for b in range(args.batch)]
+        return [engine.tokenizer(PROMPTS[b % len(PROMPTS)])["input_ids"] for b in range(args.batch)]
+    vocab = min(engine.target.vocab_size, engine.draft.vocab_size)
+    generator = torch.Generator().manual_seed(0)
+    return [
+        torch.randint(0, vocab, (args.prompt_len,), generator=generator).tolist() for _ in range(args.batch)
+    ]
+
+
+def run_all(engine, prompts: list[list[int]], args, load_s: float) -> dict[int, list[Run]]:
+    """A warm-up per K, then ``repeats`` rounds over the Ks in turn (so drifting machine load hits all alike)."""
     log(f"[2/3] warm-up (loaded in {load_s:.0f} s)")
     for k in args.ks:  # long enough for the allocator and kernel choices to settle (GPU first runs are slow)
         generate_once(engine, prompts, k, min(args.max_new_tokens, 16), args.device, args.temperature)
@@ -631,11 +657,14 @@ def main(argv=None) -> None:
     with RssMeter() as meter:
         engine, load_s = load_engine_metered(args, meter, target_vocab)
         meter.phase = "generate"
-        all_runs = run_all(engine, args, load_s)
+        prompts = batch_prompts(engine, args)
+        all_runs = run_all(engine, prompts, args, load_s)
+    made = "trained, from the package" if args.pair in DEMO_PAIRS else f"{args.weights}, build {args.build}"
+    lengths = "/".join(str(n) for n in sorted({len(p) for p in prompts}))
     print(
         f"\npair {args.pair}: target {target_shape} vocab {engine.target.vocab_size}, draft {draft_shape} vocab "
-        f"{engine.draft.vocab_size}; {args.device} {args.dtype}, threads {torch.get_num_threads()}, "
-        f"weights {'trained' if args.pair == 'demo' else args.weights}, build {args.build}; batch {args.batch}, prompt {args.prompt_len} + "
+        f"{engine.draft.vocab_size}; {args.device} {args.dtype}, {cpu_name()}, threads {torch.get_num_threads()}, "
+        f"weights {made}; batch {args.batch}, prompt {lengths} tokens + "
         f"{args.max_new_tokens} new tokens, {sampling}, max_seq_len {args.max_seq_len}; median of {args.repeats} "
         "(tokens/s of every repeat: "
         + ", ".join(
@@ -653,4 +682,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

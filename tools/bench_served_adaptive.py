@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import platform
 import re
 import tempfile
 import threading
@@ -39,6 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench_engine import PROMPTS
+from cli_common import at_least, comma_list, cpu_name, run_main, threads_or_auto
 
 from trtspec.validate.bench import LOADS, balanced_orders, budget, paired_median
 
@@ -48,12 +48,27 @@ ADAPTIVE = "adaptive"
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--recipe", default="demo", help="recipe file or 'demo' (the shipped pair)")
-    parser.add_argument("--concurrency", default="1,2,4,8,16", help="load steps (comma-separated)")
-    parser.add_argument("--ks", default="0,2,4", help="pinned K values (comma-separated; 0 = target-only)")
+    parser.add_argument(
+        "--concurrency",
+        type=comma_list(at_least(1), "a number of streams (1 or more)"),
+        default=[1, 2, 4, 8, 16],
+        help="load steps (comma-separated)",
+    )
+    parser.add_argument(
+        "--ks",
+        type=comma_list(at_least(0), "a K (0 or more)"),
+        default=[0, 2, 4],
+        help="pinned K values (comma-separated; 0 = target-only)",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="passes over every point per load step")
     parser.add_argument("--max-tokens", type=int, default=64, help="new tokens per request")
     parser.add_argument("--jump", type=int, default=16, help="streams after the jump from 1 (0: skip it)")
-    parser.add_argument("--cpu-threads", default=None, help="triton.cpu_threads override (a number or auto)")
+    parser.add_argument(
+        "--cpu-threads",
+        type=threads_or_auto,
+        default=None,
+        help="triton.cpu_threads override (a number or auto)",
+    )
     parser.add_argument("--short", action="store_true", help="one group per point (the test suite's form)")
     parser.add_argument(
         "--load",
@@ -72,14 +87,6 @@ def parse_args(argv):
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     return parser.parse_args(argv)
-
-
-def cpu_name() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
 
 
 def group(
@@ -173,9 +180,9 @@ def paired_ratios(passes: dict) -> dict:
 
 def load_steps(client, pool, server, args) -> list[dict]:
     """Step 1 of the module docstring: one row per concurrency."""
-    points = [ADAPTIVE] + [int(k) for k in args.ks.split(",")]
+    points = [ADAPTIVE, *args.ks]
     rows = []
-    for n in [int(c) for c in args.concurrency.split(",")]:
+    for n in args.concurrency:
         first = measure(client, pool, n, None, args)
         passes: dict = {p: [] for p in points}
         orders = balanced_orders(len(points))
@@ -275,11 +282,9 @@ def main(argv=None) -> None:
     speculative = recipe.speculative.model_copy(update={"num_draft_tokens": None})
     recipe = recipe.model_copy(update={"speculative": speculative})
     if args.cpu_threads is not None:
-        threads = args.cpu_threads if args.cpu_threads == "auto" else int(args.cpu_threads)
-        recipe = recipe.model_copy(
-            update={"triton": recipe.triton.model_copy(update={"cpu_threads": threads})}
-        )
-    widest = max([int(c) for c in args.concurrency.split(",")] + [args.jump])
+        triton = recipe.triton.model_copy(update={"cpu_threads": args.cpu_threads})
+        recipe = recipe.model_copy(update={"triton": triton})
+    widest = max([*args.concurrency, args.jump])
     result = {
         "recipe": recipe.name,
         "cpu": cpu_name(),
@@ -319,4 +324,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

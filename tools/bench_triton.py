@@ -30,6 +30,7 @@ from pathlib import Path
 # The prompts of tools/bench_engine.py, so both benchmarks measure the same text (this folder is on sys.path
 # when a tool runs as a script).
 from bench_engine import PROMPTS
+from cli_common import cpu_name, run_main, threads_or_auto
 
 
 @dataclass
@@ -46,8 +47,8 @@ class Sample:
     same_text: bool
 
 
-def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[1])
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--recipe", default="demo", help="recipe file or 'demo' (the shipped pair)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--num-draft-tokens", type=int, default=None, help="K [default: the recipe's]")
@@ -55,35 +56,59 @@ def parse_args(argv):
     parser.add_argument("--repeats", type=int, default=1, help="measurements per prompt (after one warm-up)")
     parser.add_argument("--load-timeout", type=float, default=600.0, help="seconds for the server to load")
     parser.add_argument(
-        "--concurrency", type=int, default=8, help="streams of the concurrent measurement (0: skip it)"
+        "--concurrency",
+        type=int,
+        default=8,
+        help="streams of the concurrent measurement (0: skip it; at most the recipe's limits.max_batch_size)",
     )
     parser.add_argument(
-        "--cpu-threads", default=None, help="triton.cpu_threads for both paths [default: the recipe's]"
+        "--cpu-threads",
+        type=threads_or_auto,
+        default=None,
+        help="triton.cpu_threads for both paths: a number or auto [default: the recipe's]",
     )
-    return parser.parse_args(argv)
+    return parser
+
+
+def recipe_for(args, parser: argparse.ArgumentParser):
+    """The recipe with ``--cpu-threads`` applied; a ``--concurrency`` the engine's batch cannot hold is refused
+    here, before a server is started and a model is loaded."""
+    from trtspec.recipe import load_recipe
+
+    recipe = load_recipe(args.recipe)
+    if args.cpu_threads is not None:
+        triton = recipe.triton.model_copy(update={"cpu_threads": args.cpu_threads})
+        recipe = recipe.model_copy(update={"triton": triton})
+    if not 0 <= args.concurrency <= recipe.limits.max_batch_size:
+        parser.error(
+            f"--concurrency {args.concurrency}: the in-process engine generates the streams as one batch, and "
+            f"recipe {recipe.name} allows 0..{recipe.limits.max_batch_size} (limits.max_batch_size)"
+        )
+    return recipe
 
 
 def load_engine(recipe):
-    """The in-process engine configured like the torch runtime's entry model (values.in_process_values)."""
+    """The in-process engine configured like the torch runtime's entry model (values.in_process_values): the
+    pair as EngineSystem.from_recipe loads it (K policy, proposer, prompt lookup, a draft's own tokenizer, no
+    draft where the recipe has none) at the served length, which leaves room for a round's verification past a
+    request's limits.max_seq_len."""
     import torch
 
-    from trtspec.engines.engine import SpeculativeEngine, served_max_seq_len
+    from trtspec.engines.engine import served_max_seq_len
     from trtspec.recipe import torch_runtime_dtype
     from trtspec.triton_repo.models.cores import cpu_threads
+    from trtspec.validate.systems import EngineSystem
 
     if recipe.triton.device == "cpu":
         torch.set_num_threads(cpu_threads(str(recipe.triton.cpu_threads)))
-
-    return SpeculativeEngine.from_pretrained(
-        recipe.target.model,
-        recipe.draft.model,
+    served = served_max_seq_len(recipe.limits.max_seq_len, recipe.speculative.max_draft_len)
+    limits = recipe.limits.model_copy(update={"max_seq_len": served})
+    system = EngineSystem.from_recipe(
+        recipe.model_copy(update={"limits": limits}),
         device=recipe.triton.device,
         dtype=torch_runtime_dtype(recipe.triton, recipe.target),
-        max_draft_len=recipe.speculative.max_draft_len,
-        max_batch_size=recipe.limits.max_batch_size,
-        max_seq_len=served_max_seq_len(recipe.limits.max_seq_len, recipe.speculative.max_draft_len),
-        trust_remote_code=recipe.target.trust_remote_code,
     )
+    return system.engine
 
 
 def measure(engine, client, prompt: str, max_new: int, k: int) -> Sample:
@@ -198,18 +223,14 @@ def report_concurrent(runs: list[Concurrent], n: int) -> None:
 def main(argv=None) -> None:
     import torch
 
-    from trtspec.recipe import load_recipe, torch_runtime_dtype
+    from trtspec.recipe import torch_runtime_dtype
     from trtspec.triton_repo.deploy import deploy
     from trtspec.triton_repo.server import Ports, TritonServer, free_ports
     from trtspec.validate.triton_client import TritonClient
 
-    args = parse_args(argv)
-    recipe = load_recipe(args.recipe)
-    if args.cpu_threads is not None:
-        threads = args.cpu_threads if args.cpu_threads == "auto" else int(args.cpu_threads)
-        recipe = recipe.model_copy(
-            update={"triton": recipe.triton.model_copy(update={"cpu_threads": threads})}
-        )
+    cli = build_parser()
+    args = cli.parse_args(argv)
+    recipe = recipe_for(args, cli)
     k = recipe.speculative.num_draft_tokens if args.num_draft_tokens is None else args.num_draft_tokens
     prompts = PROMPTS[: args.prompts]
     many = [PROMPTS[i % len(PROMPTS)] for i in range(args.concurrency)]
@@ -231,11 +252,12 @@ def main(argv=None) -> None:
             measure_concurrent(engine, client, pool, many, args.max_new_tokens, k)
             for _ in range(args.repeats if many else 0)
         ]
+    draft = recipe.draft.model if recipe.draft is not None else f"none ({recipe.speculative.proposer})"
     report(
         samples,
-        f"recipe {recipe.name}: target {recipe.target.model}, draft {recipe.draft.model}; {recipe.triton.device} "
-        f"{torch_runtime_dtype(recipe.triton, recipe.target)} torch threads {torch.get_num_threads()} (in-process "
-        f"and in Triton's entry model); K={k}; {len(prompts)} prompts x {args.repeats} x {args.max_new_tokens} new "
+        f"recipe {recipe.name}: target {recipe.target.model}, draft {draft}; {recipe.triton.device} "
+        f"{torch_runtime_dtype(recipe.triton, recipe.target)}, {cpu_name()}, torch threads "
+        f"{torch.get_num_threads()} (in-process and in Triton's entry model); K={'adaptive' if k is None else k}; {len(prompts)} prompts x {args.repeats} x {args.max_new_tokens} new "
         "tokens; batch 1, greedy, Triton over streaming gRPC\n",
     )
     if concurrent:
@@ -243,4 +265,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -8,16 +8,17 @@ set -euo pipefail
 
 recipe=${1:-demo}
 prompt=${2:-"def fibonacci(n):"}
-name=$(python -c 'import sys; from trtspec.recipe import load_recipe; print(load_recipe(sys.argv[1]).name)' "$recipe")
-repo="triton_repo/$name"
 http_port=${TRTSPEC_DEMO_HTTP_PORT:-8000}
 grpc_port=${TRTSPEC_DEMO_GRPC_PORT:-8001}
 metrics_port=${TRTSPEC_DEMO_METRICS_PORT:-8002}
 
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
+# check first: a recipe it cannot read is one line from it, not a traceback from reading the name below
 step "trtspec check $recipe"
 trtspec check "$recipe"
+name=$(python -c 'import sys; from trtspec.recipe import load_recipe; print(load_recipe(sys.argv[1]).name)' "$recipe")
+repo="triton_repo/$name"
 
 step "trtspec build $recipe"
 status=0
@@ -42,14 +43,20 @@ stop_server() {
 }
 trap stop_server EXIT
 
+ready=0
 for _ in $(seq 1 300); do
-    if python - "$http_port" <<'EOF' 2>/dev/null; then break; fi
+    if python - "$http_port" <<'EOF' 2>/dev/null; then ready=1; break; fi
 import sys, urllib.request
 urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/v2/health/ready", timeout=1)
 EOF
     kill -0 "$server" 2>/dev/null || { cat "$log"; echo "trtspec serve exited before it was ready" >&2; exit 1; }
     sleep 0.5
 done
+if [ "$ready" -ne 1 ]; then
+    tail -n 40 "$log" >&2
+    echo "trtspec serve was not ready after 300 tries (at least 150 s); its log: $log" >&2
+    exit 1
+fi
 cat "$log"
 
 step "one streaming request over gRPC (tools/client.py)"

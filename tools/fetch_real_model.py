@@ -36,6 +36,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from cli_common import run_main
+
 from trtspec.outputs import atomic_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -248,4 +250,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -44,6 +44,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
+from cli_common import at_least, comma_list, run_main
 
 from trtspec.builders.align_report import draft_matches
 from trtspec.engines.adaptive import AdaptiveState, KController, KPolicy, group_k, policy_for
@@ -53,6 +54,8 @@ from trtspec.validate.inputs import load_requests
 DRIFT_ROUNDS = (
     200  # --drift: rounds over which the CPU's speed wanders (a few seconds of a CPU pair's rounds)
 )
+# --costs: lines (A1, B) around what `trtspec bench` measured at batch 1 on the 2-core CPU machine, 1.3 + 0.15 K
+DEFAULT_COSTS = [(1.3, 0.15), (1.3, 0.19), (1.1, 0.12), (1.5, 0.25), (1.2, 0.10), (1.4, 0.20)]
 
 
 def traces(recipe, max_tokens: int) -> list[list[bool]]:
@@ -147,10 +150,11 @@ def bench_costs(path: Path) -> dict[int, list[float]]:
     """Per concurrency, each K's round cost in target-only rounds as a ``trtspec bench`` run measured it: a
     point's batch round seconds are its tokens per round x concurrency / tokens per second. K = 0..the largest
     K swept, each one measured (a server's points without round counts, or a sweep that skipped a K, cannot be
-    replayed)."""
+    replayed). Only the draft model's points count (target-only has no proposer): what is replayed is the draft's
+    acceptance, and a prompt lookup's round costs another amount."""
     seconds: dict[int, dict[int, float]] = {}
     for p in json.loads(path.read_text())["points"]:
-        if p["num_draft_tokens"] is None:
+        if p["num_draft_tokens"] is None or p.get("proposer") not in (None, "draft"):
             continue
         if not p["tokens_per_round"]:
             raise SystemExit(f"{path}: K={p['num_draft_tokens']} has no tokens_per_round (a server's totals)")
@@ -158,6 +162,8 @@ def bench_costs(path: Path) -> dict[int, list[float]]:
         seconds.setdefault(p["concurrency"], {})[p["num_draft_tokens"]] = per_round
     costs = {}
     for concurrency, by_k in seconds.items():
+        if max(by_k) == 0:  # target-only alone: no draft point to replay there
+            continue
         missing = sorted(set(range(max(by_k) + 1)) - set(by_k))
         if missing:
             raise SystemExit(f"{path}: concurrency {concurrency} has no point at K={missing}; sweep every K")
@@ -165,12 +171,57 @@ def bench_costs(path: Path) -> dict[int, list[float]]:
     return costs
 
 
+def replayed(path: Path, measured: dict[int, list[float]], asked: list[int] | None) -> list[int]:
+    """The concurrencies to replay from a bench run's costs: ``asked`` (default: every one measured), each of
+    which the run must have measured."""
+    has = sorted(measured)
+    missing = [c for c in asked or has if c not in measured]
+    if missing or not has:
+        where = f" at concurrency {','.join(map(str, missing))}" if missing else ""
+        raise SystemExit(
+            f"{path} has no draft points to replay{where}; it has them at concurrency "
+            f"{','.join(map(str, has)) or 'none'}"
+        )
+    return asked or has
+
+
+def cost_line(text: str) -> tuple[float, float]:
+    """One --costs line ``A1:B`` as (A1, B); ValueError unless it is two numbers."""
+    a1, b = text.split(":")  # a ValueError too where there are not two
+    return float(a1), float(b)
+
+
+def refuse_recipe(recipe) -> None:
+    """The replay reads the draft model's greedy guesses against the target's tokens, id for id: a recipe without
+    a draft, or whose draft has its own tokenizer, has none to read."""
+    if recipe.draft is None:
+        raise SystemExit(
+            f"{recipe.name}: the recipe has no draft model (proposer {recipe.speculative.proposer}); the replay "
+            "needs a draft's greedy guesses"
+        )
+    if recipe.speculative.heterogeneous_vocab:
+        raise SystemExit(
+            f"{recipe.name}: the draft has its own tokenizer (heterogeneous_vocab); the replay compares the "
+            "draft's ids with the target's, so it needs a draft that shares the target's tokenizer"
+        )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("recipe", nargs="?", default=str(DEMO_RECIPE))
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--costs", default="1.3:0.15,1.3:0.19,1.1:0.12,1.5:0.25,1.2:0.10,1.4:0.20")
-    parser.add_argument("--concurrency", default="1,2,4")
+    parser.add_argument(
+        "--costs",
+        type=comma_list(cost_line, "A1:B (two numbers: a round drafting K tokens costs A1 + B * K)"),
+        default=DEFAULT_COSTS,
+        help="round-cost lines A1:B, comma-separated",
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=comma_list(at_least(1), "a concurrency (1 or more)"),
+        default=None,
+        help="concurrencies, comma-separated [default: 1,2,4, or with --bench every one it measured]",
+    )
     parser.add_argument(
         "--bench",
         type=Path,
@@ -199,6 +250,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     recipe = load_recipe(args.recipe)
+    refuse_recipe(recipe)
+    measured = bench_costs(args.bench) if args.bench else None
+    if measured is not None:
+        concurrencies = replayed(args.bench, measured, args.concurrency)
+    else:
+        concurrencies = args.concurrency or [1, 2, 4]
     matches = traces(recipe, args.max_tokens)
     judged = sum(len(m) for m in matches)
     print(
@@ -207,14 +264,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     max_k = recipe.speculative.max_draft_len
     policy = policy_for(recipe.speculative)
-    concurrencies = [int(c) for c in args.concurrency.split(",")]
-    if args.bench:
-        measured = bench_costs(args.bench)
-        cases = [(f"{args.bench.name} c{c}", c, measured[c]) for c in concurrencies if c in measured]
+    if measured is not None:
+        cases = [(f"{args.bench.name} c{c}", c, measured[c]) for c in concurrencies]
     else:
         cases = []
-        for line in args.costs.split(","):
-            a1, b = (float(v) for v in line.split(":"))
+        for a1, b in args.costs:
             costs = [1.0] + [a1 + b * k for k in range(1, max_k + 1)]
             cases += [(f"{a1:.2f} + {b:.2f} K", c, costs) for c in concurrencies]
     ratios: dict[str, list[float]] = {"exact": [], "learned": []}
@@ -259,4 +313,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

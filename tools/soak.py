@@ -43,6 +43,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cli_common import at_least, comma_list, run_main
+
 MODEL = "tensorrt_llm_bls"
 REQUEST_TIMEOUT_S = 300.0  # one request's responses; a request that waits longer is lost
 SAMPLING = {"temperature": 0.8, "top_k": 40, "top_p": 0.95}
@@ -183,7 +185,9 @@ class GrpcClient:
 
 
 def http_cancelled(address: str, job: Job, request_id: str, start: float) -> Outcome:
-    """A generate_stream request whose client drops the connection after ``job.cancel_after`` events."""
+    """A generate_stream request whose client drops the connection after ``job.cancel_after`` events. A refusal
+    (a status other than 200, whose body is no event stream) is an error, not a cancellation; a stream that ends
+    before ``cancel_after`` events is a finished request, judged by its tokens like any other."""
     host, port = address.rsplit(":", 1)
     conn = http.client.HTTPConnection(host, int(port), timeout=REQUEST_TIMEOUT_S)
     out = Outcome(job)
@@ -192,6 +196,10 @@ def http_cancelled(address: str, job: Job, request_id: str, start: float) -> Out
             "POST", f"/v2/models/{MODEL}/generate_stream", json.dumps({"id": request_id, **job.fields()})
         )
         response = conn.getresponse()
+        if response.status != 200:
+            body = response.read(500).decode("utf-8", "replace").strip()
+            out.error = f"HTTP {response.status} {response.reason}: {body}"
+            return out
         while len(out.arrivals) < job.cancel_after and (line := response.readline()):
             if not line.startswith(b"data:"):
                 continue
@@ -206,7 +214,9 @@ def http_cancelled(address: str, job: Job, request_id: str, start: float) -> Out
                 ids if isinstance(ids, list) else [ids],
                 event.get("text_output", ""),
             )
-        out.cancelled = out.error is None
+        if out.error is None:
+            out.cancelled = len(out.arrivals) >= job.cancel_after
+            out.final = not out.cancelled  # the server ended the stream: the request is done
     except (OSError, http.client.HTTPException, ValueError) as err:
         out.error = f"{type(err).__name__}: {err}"
     finally:
@@ -367,7 +377,7 @@ def check_all(soak, reference, served, rss, speeds, tolerances) -> list[Check]:
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[1])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--recipe", default="demo", help="recipe file or 'demo' (the shipped pair)")
     parser.add_argument(
         "--duration", type=float, default=600.0, help="seconds of the soak (after the warm-up)"
@@ -378,7 +388,10 @@ def parse_args(argv):
     parser.add_argument("--clients", type=int, default=32, help="concurrent streaming clients")
     parser.add_argument("--cancel-share", type=float, default=0.1, help="share of the clients that cancel")
     parser.add_argument(
-        "--lengths", default="16,32,64,128", help="max_tokens of the requests, comma-separated"
+        "--lengths",
+        type=comma_list(at_least(1), "a max_tokens (1 or more)"),
+        default=[16, 32, 64, 128],
+        help="max_tokens of the requests, comma-separated",
     )
     parser.add_argument(
         "--rss-tolerance", type=float, default=0.05, help="memory check: most relative growth"
@@ -441,7 +454,7 @@ def main(argv=None) -> int:
                 clients=args.clients,
                 cancelling=set(range(args.clients - cancelling, args.clients)),
                 prompts=[p.text for p in load_prompts(chat_set=False)],
-                lengths=[int(n) for n in args.lengths.split(",")],
+                lengths=args.lengths,
                 max_draft_len=recipe.speculative.max_draft_len,
                 seed=args.seed,
             )
@@ -473,4 +486,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

@@ -3,15 +3,20 @@
 draft distilled from the target's logits, all on CPython's standard-library sources.
 
     python tools/train_demo_pair.py --gpu --copy-curriculum --device cuda  # the shipped pair (260 s on one H200)
-    python tools/train_demo_pair.py                      # the CPU plan (2285 s on 2 threads of a busy shared machine)
+    python tools/train_demo_pair.py --out /tmp/cpu   # the CPU plan (2285 s on 2 threads of a busy shared machine)
     python tools/train_demo_pair.py --smoke --out /tmp/x # ~1-2 min end-to-end check of the pipeline
     python tools/train_demo_pair.py --other-tokenizer-drafts  # issue 28's drafts: draft-othertok, draft-sametok
     python tools/train_demo_pair.py --copy-curriculum --out /tmp/copy  # copy rows in the joint phase (TRAINING.md)
 
 Writes ``<out>/target`` and ``<out>/draft`` (safetensors in fp16, identical tokenizer files, generation_config.json)
-via a temp dir renamed on success, and prints what it did plus a final summary: sizes, parameter counts, held-out
-perplexities, greedy acceptance at K=2/4 and the draft/target forward-time ratio. Deterministic given the same
-Python stdlib (fixed seeds, a file-level train/held-out split by hash of the relative path).
+via a temp dir inside ``<out>`` renamed on success, and prints what it did plus a final summary: sizes, parameter
+counts, held-out perplexities, greedy acceptance at K=2/4 and the draft/target forward-time ratio. Deterministic
+given the same Python stdlib (fixed seeds, a file-level train/held-out split by hash of the relative path).
+
+``--out`` defaults to the shipped pair's folder (src/trtspec/assets/demo) only for the two runs that made what ships
+there (``--gpu --copy-curriculum``, and ``--other-tokenizer-drafts``; either without --smoke, --set, --budget-s or
+--othertok-vocab) and for --evaluate and --copying, which only read it: any other run names its ``--out``, so that
+it cannot replace the shipped pair.
 
 Standalone: never imported by the trtspec package.
 """
@@ -19,15 +24,16 @@ Standalone: never imported by the trtspec package.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import math
 import os
 import random
 import shutil
-import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -35,6 +41,7 @@ os.environ.setdefault("RAYON_NUM_THREADS", "2")  # tokenizers' trainer; also kee
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from cli_common import cpu_name, run_main  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO_ROOT / "src" / "trtspec" / "assets" / "demo"
@@ -594,14 +601,22 @@ def save_model(model, tokenizer, out_dir: Path) -> None:
         f.chmod(0o644)
 
 
-def publish(staging: Path, out: Path, names: tuple[str, ...] = ("target", "draft")) -> None:
-    """Replace ``out/<name>`` for each name with the staged dir (rename, so never half-written)."""
+@contextlib.contextmanager
+def staging_in(out: Path) -> Iterator[Path]:
+    """A temporary folder inside ``out`` (made with its parents): ``publish`` renames out of it, and a rename
+    stays on one file system."""
     out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out, prefix=".staging-") as tmp:
+        yield Path(tmp)
+
+
+def publish(staging: Path, out: Path, names: tuple[str, ...] = ("target", "draft")) -> None:
+    """Replace ``out/<name>`` for each name with the staged folder, by trtspec's one folder swap
+    (outputs.replace_dir: renamed into place, the old folder removed only after, so never half-written)."""
+    from trtspec.outputs import replace_dir
+
     for name in names:
-        final = out / name
-        if final.exists():
-            shutil.rmtree(final)
-        (staging / name).rename(final)
+        replace_dir(staging / name, out / name)
 
 
 def dir_mb(path: Path) -> float:
@@ -668,6 +683,7 @@ def summary(plan: Plan, metrics: dict, target, draft, out: Path, n_train: int, n
             f" target {plan.target_steps} steps of {plan.batch_size} x {plan.seq_len} tokens, draft {plan.draft_steps}"
             f" more steps (half on {plan.onpolicy_sequences} target greedy continuations) of"
             f" {plan.draft_batch_size or plan.batch_size} x {plan.draft_seq_len or plan.seq_len} tokens; total {time.perf_counter() - START:.0f} s on {torch.get_num_threads()} threads",
+            f"- CPU of the timings: {cpu_name()}",
         ]
     )
 
@@ -967,6 +983,7 @@ def text_summary(results: dict, seconds: dict, plan: Plan, tplan: TextPlan) -> s
         f"- acceptance: {plan.eval_prompts} held-out prompts (<s> + {plan.prompt_len - 1} tokens),"
         f" {plan.new_tokens} new tokens each, greedy, every draft through core.translate.Translator;"
         f" target engine step {results[names[0]]['target_lean_ms']:.2f} ms",
+        f"- CPU of the timings: {cpu_name()}",
     ]
     return "\n".join(lines)
 
@@ -991,9 +1008,7 @@ def other_tokenizer_drafts(args, plan: Plan, tplan: TextPlan, train_texts, heldo
     other_tok = train_tokenizer(train_texts, tplan.vocab_size, plan.max_positions, specials_last=True)
     tokenizers = {"draft-othertok": other_tok, "draft-sametok": target_tok}
     seconds = {}
-    args.out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=args.out) as tmp:
-        staging = Path(tmp)
+    with staging_in(args.out) as staging:
         for name, tok in tokenizers.items():
             draft, seconds[name] = train_text_draft(name, tok, train_texts, pool_texts, plan, tplan)
             save_model(draft, tok, staging / name)
@@ -1056,10 +1071,25 @@ def heldout_probe(target, draft, heldout: torch.Tensor, plan: Plan, blank_line: 
     return probe
 
 
-def main(argv: list[str] | None = None) -> int:
+def shipped_out(args: argparse.Namespace) -> Path | None:
+    """Where a run without --out writes: the shipped pair's folder for the runs that made what ships there and for
+    the measurements that only read it (module docstring); None for any other run."""
+    changed = args.smoke or args.set or args.budget_s
+    pair = args.gpu and args.copy_curriculum and not changed
+    text_drafts = args.other_tokenizer_drafts and not (
+        changed or args.gpu or args.copy_curriculum or args.othertok_vocab
+    )
+    reads_only = args.evaluate or args.copying
+    return DEFAULT_OUT if pair or text_drafts or reads_only else None
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--out", type=Path, default=DEFAULT_OUT, help="folder that receives target/ and draft/"
+        "--out",
+        type=Path,
+        default=None,
+        help="folder that receives target/ and draft/ [default: the shipped pair's, only for the shipped plans]",
     )
     parser.add_argument(
         "--smoke", action="store_true", help="tiny models and a few steps: checks the pipeline"
@@ -1116,9 +1146,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--train-only",
         action="store_true",
-        help="save without evaluating (evaluation imports trtspec; run --evaluate where it is installed)",
+        help="save without evaluating (evaluation needs trtspec installed, saving only its standard-library "
+        "trtspec.outputs: PYTHONPATH=src; run --evaluate where it is installed)",
     )
     args = parser.parse_args(argv)
+    args.out = args.out or shipped_out(args)
+    if args.out is None:
+        parser.error(
+            f"this run needs --out: only the shipped plans (--gpu --copy-curriculum; --other-tokenizer-drafts) "
+            f"write to {DEFAULT_OUT} by default, so that no other run replaces the shipped pair"
+        )
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     plan = SMOKE if args.smoke else GPU if args.gpu else COPYING if args.copy_curriculum else Plan()
     if args.smoke and args.copy_curriculum:
         plan = replace(SMOKE, copy_rows=2, random_copy_share=0.5)
@@ -1180,8 +1222,7 @@ def main(argv: list[str] | None = None) -> int:
     if probe:
         probe("final")
     target, draft = target.cpu(), draft.cpu()
-    with tempfile.TemporaryDirectory(dir=args.out.parent if args.out.parent.exists() else None) as tmp:
-        staging = Path(tmp)
+    with staging_in(args.out) as staging:
         save_model(target, tokenizer, staging / "target")
         save_model(draft, tokenizer, staging / "draft")
         if args.train_only:
@@ -1198,4 +1239,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)
