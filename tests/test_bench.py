@@ -569,7 +569,7 @@ def test_a_steady_load_sends_each_request_with_its_budget_and_keeps_in_flight_re
 
     from trtspec.engines.sampling import SamplingParams
     from trtspec.validate import triton_system
-    from trtspec.validate.triton_client import EndpointResponse
+    from trtspec.validate.triton_client import EndpointResponse, ServedConfig
 
     open_now, most, sent, lock = [0], [0], [], threading.Lock()
     # the first two requests are open together, however the threads are scheduled
@@ -584,8 +584,8 @@ def test_a_steady_load_sends_each_request_with_its_budget_and_keeps_in_flight_re
         def check_ready(self):
             pass
 
-        def model_parameters(self):
-            return {}
+        def served_config(self):
+            return ServedConfig({}, decoupled=True)
 
         def generate(self, text, max_tokens, k, stream, **sampling):
             with lock:

@@ -42,12 +42,9 @@ def test_llmapi_request_fields_use_upstream_names():
     assert request_fields("hi", 8, 3, False)["num_draft_tokens"] == 3
 
 
-@pytest.fixture(scope="module")
-def served(tiny_pair, tmp_path_factory):
-    target, draft = tiny_pair
-    root = tmp_path_factory.mktemp("llmapi")
-    recipe_path = root / "pt.yaml"
-    recipe_path.write_text(
+def write_recipe(path: Path, pair: tuple[Path, Path], **triton) -> Path:
+    target, draft = pair
+    path.write_text(
         yaml.safe_dump(
             {
                 "name": "pt",
@@ -57,10 +54,17 @@ def served(tiny_pair, tmp_path_factory):
                 # engine limit 6), the acceptance gate and max_concurrency, all validated by the stand-in
                 "speculative": {"max_draft_len": 6, "schedule": {2: 4, 8: 2}},
                 "limits": {"max_batch_size": 4, "max_input_len": 128, "max_seq_len": 256},
-                "triton": {"runtime": "trtllm-pytorch"},
+                "triton": {"runtime": "trtllm-pytorch", **triton},
             }
         )
     )
+    return path
+
+
+@pytest.fixture(scope="module")
+def served(tiny_pair, tmp_path_factory):
+    root = tmp_path_factory.mktemp("llmapi")
+    recipe_path = write_recipe(root / "pt.yaml", tiny_pair)
     deploy(load_recipe(recipe_path), None, root / "repo")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(llmapi.UPSTREAM_DIR_ENV, str(FAKE_LLMAPI_DIR))
@@ -77,10 +81,10 @@ def test_client_finds_the_llmapi_entry_model_and_streams_its_text(served):
         assert (client.model, client.interface) == ("tensorrt_llm", "llmapi")
         response = client.generate("def add(a, b):", 12, stream=True)
         assert response.token_ids is None  # upstream returns text only
-        assert len(response.pieces) >= 2 and not response.text.startswith(
-            "def add"
-        )  # deltas, prompt excluded
-        assert response.metrics["total_draft_tokens"] > 0
+        # every response carries the text so far: the pieces are what each adds, the prompt excluded
+        assert len(response.pieces) >= 2 and not response.text.startswith("def add")
+        assert response.text == client.generate("def add(a, b):", 12, stream=False).text
+        assert response.metrics["total_draft_tokens"] == 0  # 1.2.x's PyTorch flow leaves the counters zeroed
         texts.append(response.text)
     assert texts[0] == texts[1] and texts[0]
 
@@ -96,7 +100,10 @@ def test_validate_against_the_llmapi_deployment(runner, served, tmp_path):
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
-    assert payload["overall"]["exact_match_rate"] == 1.0 and payload["stats"]["drafted"] > 0
+    assert payload["overall"]["exact_match_rate"] == 1.0 and payload["overall"]["acceptance_rate"] is None
+    # zeroed counters are reported as unknown acceptance, with no round counts claimed
+    assert any("acceptance is unknown here, not zero" in note for note in payload["notes"])
+    assert payload["stats"]["spec_decode"]["num_drafts"] is None
     assert "tensorrt_llm at" in payload["system"]
     # no target-only mode: the control is not run (not reported as a match) and a note says why
     assert payload["overall"]["control_match_rate"] is None and payload["prompts"][0]["control"] is None
@@ -120,3 +127,24 @@ def test_validate_refuses_a_k_the_llmapi_model_cannot_run(runner, served):
     result = runner.invoke(cli, [*args, "--num-draft-tokens", "2"])
     assert result.exit_code == 2, result.output
     assert "takes no per-request K, so K=2 cannot be measured; use K=4" in result.output
+
+
+def test_validate_against_an_llmapi_deployment_that_is_not_decoupled(
+    runner, tiny_pair, tmp_path, monkeypatch
+):
+    """Upstream's model fails a streamed request unless it is decoupled; validate reads the model's setting and
+    asks for whole answers (with time to first token unknown)."""
+    from trtspec.core.errors import ServerError
+
+    recipe = write_recipe(tmp_path / "pt.yaml", tiny_pair, decoupled=False)
+    deploy(load_recipe(recipe), None, tmp_path / "repo")
+    monkeypatch.setenv(llmapi.UPSTREAM_DIR_ENV, str(FAKE_LLMAPI_DIR))
+    args = ["validate", str(recipe), "--limit", "1", "--max-tokens", "8", "--json", "--min-exact-match", "1"]
+    with running_server(tmp_path / "repo", tmp_path / "server.log") as server:
+        with pytest.raises(ServerError, match="Streaming is only supported in decoupled mode"):
+            TritonClient(server.ports.grpc_url).generate("def add(a, b):", 4, stream=True)
+        result = runner.invoke(cli, [*args, "--url", server.ports.grpc_url])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["overall"]["exact_match_rate"] == 1.0
+    assert any("is not decoupled" in note for note in payload["notes"])

@@ -475,6 +475,7 @@ def test_a_served_trtllm_pytorch_repository_looks_up_through_the_ngram_config(
     recipe = lookup_recipe(tiny_pair[0], target={"dtype": "float32"}, triton={"runtime": "trtllm-pytorch"})
     deploy(recipe, None, tmp_path / "repo")
     monkeypatch.setenv(llmapi.UPSTREAM_DIR_ENV, str(FAKE_LLMAPI_DIR))
+    monkeypatch.setenv("FAKE_LLMAPI_FILLED_METRICS", "1")  # drafted counts, as after #17082: lookup drafted
     with running_server(tmp_path / "repo", tmp_path / "server.log") as server:
         client = TritonClient(server.ports.grpc_url)
         client.check_ready()

@@ -42,7 +42,7 @@ def test_counts_of_merged_requests_are_the_sums():
 
 def test_totals_from_a_response_leave_the_per_round_counts_unknown():
     # validate.triton_system builds stats from return_perf_metrics: drafted and accepted, no rounds
-    counts = SpecDecodeCounts.of(AcceptanceStats(max_draft_len=4, drafted=12, accepted=7))
+    counts = SpecDecodeCounts.of(AcceptanceStats(max_draft_len=4, drafted=12, accepted=7, totals_only=True))
     assert (counts.num_draft_tokens, counts.num_accepted_tokens) == (12, 7)
     assert (
         counts.num_drafts
@@ -52,7 +52,7 @@ def test_totals_from_a_response_leave_the_per_round_counts_unknown():
     )
     assert (
         SpecDecodeCounts.of(AcceptanceStats(max_draft_len=4)).num_drafts == 0
-    )  # nothing drafted: known zeros
+    )  # every round seen and nothing drafted: known zeros
 
 
 def test_stats_dict_keeps_its_keys_and_adds_the_metric_names():

@@ -227,14 +227,17 @@ def test_endpoint_response_collects_output_ids_per_piece():
 
 def test_a_triton_system_is_adaptive_where_the_entry_model_says_so(monkeypatch):
     """bench measures adaptive K over Triton when a request without K gets it: the entry model's num_draft_tokens
-    parameter is "adaptive" (deploy writes that unless the recipe pins a K)."""
+    parameter is "adaptive" (deploy writes that unless the recipe pins a K). A config the server will not give
+    leaves it unknown (None), not "not adaptive"."""
     from trtspec.validate.triton_client import TritonClient
     from trtspec.validate.triton_system import TritonSystem
 
     monkeypatch.setattr(TritonClient, "check_ready", lambda self: None)
     monkeypatch.setattr(TritonClient, "resolve", lambda self: None)
-    for value, adaptive in (("adaptive", True), ("4", False), (None, False)):
-        params = {} if value is None else {"num_draft_tokens": value, "k_schedule": ""}
-        monkeypatch.setattr(TritonClient, "model_parameters", lambda self, p=params: p)
+    for value, adaptive in (("adaptive", True), ("4", False), (None, None)):
+        config = {
+            "parameters": {"num_draft_tokens": {"string_value": value}, "k_schedule": {"string_value": ""}}
+        }
+        monkeypatch.setattr(TritonClient, "_model_config", lambda self, model, c=config, v=value: v and c)
         system = TritonSystem("127.0.0.1:1", tokenizer=None, model="tensorrt_llm_bls")
         assert system.adaptive is adaptive and system.fixed_k is None, value

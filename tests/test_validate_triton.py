@@ -178,13 +178,20 @@ def test_validate_chat_prompts_over_grpc(runner, served, tiny_pair, tmp_path):
 
 
 def test_the_entry_models_parameters_over_grpc_and_http(served):
-    """What bench reads to know a request without K gets adaptive K (deploy wrote the recipe's unpinned K)."""
+    """What bench reads to know a request without K gets adaptive K (deploy wrote the recipe's unpinned K), its K
+    range and whether to stream; asked of upstream's `ensemble` name, the same, from the step it runs."""
     from trtspec.validate.triton_client import TritonClient
 
     _, server = served
     for url in (server.ports.grpc_url, f"http://{server.ports.http_url}"):
-        params = TritonClient(url).model_parameters()
-        assert params["num_draft_tokens"] == "adaptive" and params["max_draft_len"].isdigit(), url
+        for model in ("tensorrt_llm_bls", "ensemble"):
+            config = TritonClient(url, model=model).served_config()
+            params = config.parameters
+            assert params["num_draft_tokens"] == "adaptive" and params["max_draft_len"].isdigit(), (
+                url,
+                model,
+            )
+            assert config.decoupled is True and config.source == "tensorrt_llm_bls", (url, model)
 
 
 def test_a_grpc_client_thread_keeps_its_connection_and_replaces_it_after_an_error(served):
@@ -222,3 +229,32 @@ def test_a_server_that_stops_answering_is_one_line(served):
         client = TritonClient(url, model="tensorrt_llm_bls", interface="trtspec", timeout_s=0.5)
         with pytest.raises(ServerError, match=rf"^Triton at {url} sent nothing for 0\.5 s; "):
             client.generate("def f(x):", 2)
+
+
+def test_validate_and_bench_a_repository_that_is_not_decoupled(runner, tiny_pair, tmp_path):
+    """triton.decoupled false: the entry model refuses stream=true, so validate and bench ask for whole answers,
+    and bench reports time to first token and inter-token latency as unknown. The server's setting counts: the
+    recipe given to validate and bench says decoupled (the default)."""
+    from trtspec.recipe import load_recipe
+    from trtspec.triton_repo.deploy import deploy
+
+    deployed = write_recipe(tmp_path / "deployed.yaml", *tiny_pair)
+    deployed.write_text(deployed.read_text() + "triton: {decoupled: false}\n")
+    deploy(load_recipe(deployed), "torch", tmp_path / "repo")
+    recipe = write_recipe(tmp_path / "tiny.yaml", *tiny_pair)
+    common = ["--limit", "1", "--max-tokens", "8", "--num-draft-tokens", "2", "--json"]
+    with running_server(tmp_path / "repo", tmp_path / "server.log") as server:
+        checked = runner.invoke(
+            cli, ["validate", str(recipe), "--url", server.ports.grpc_url, *common, "--min-exact-match", "1"]
+        )
+        out = tmp_path / "bench"
+        args = ["bench", str(recipe), "--url", server.ports.grpc_url, *common, "--concurrency", "1"]
+        benched = runner.invoke(cli, [*args, "--draft-cost-ratio", "0.2", "--out", str(out)])
+    assert checked.exit_code == 0, checked.output
+    payload = json.loads(checked.stdout)
+    assert payload["overall"]["exact_match_rate"] == 1.0 and payload["stats"]["drafted"] > 0
+    assert any("is not decoupled" in note for note in payload["notes"])
+    assert benched.exit_code == 0, benched.output
+    points = json.loads((out / "bench.json").read_text())["points"]
+    assert points and all(p["ttft_p50_s"] is None and p["itl_p50_s"] is None for p in points)
+    assert all(p["tokens_per_s"] > 0 for p in points)

@@ -5,15 +5,21 @@ arguments + triton_config; only triton_config is popped, and unknown keys are re
 extra="forbid"; speculative_config is validated as 1.2.x's DraftTargetDecodingConfig or NGramDecodingConfig,
 llm_args.py here), drafts the K of each request's iteration by 1.2.x's rules (one request at a time here, so the
 schedule's batch size is 1) with its acceptance gate, and answers upstream's tensors: text_input, streaming,
-sampling_param_* -> text_output (streamed as deltas) and, with sampling_param_return_perf_metrics, acceptance_rate /
-total_accepted_draft_tokens / total_draft_tokens. Generation is trtspec's PyTorch engine over model.yaml's model and
-speculative_config.speculative_model_dir (NGram: prompt lookup, no draft), standing in for
-LLM(**args).generate_async.
+sampling_param_* -> text_output and, with sampling_param_return_perf_metrics, acceptance_rate /
+total_accepted_draft_tokens / total_draft_tokens. As upstream's model.py (read at NVIDIA/TensorRT-LLM
+044a90d209e380c95e23e8ae42f3583fa05ada78): every response's text_output is CompletionOutput.text, the whole text so
+far, not its text_diff; streaming to a model that is not decoupled fails the request ("Error generating request:
+Streaming is only supported in decoupled mode."); and, as 1.2.x's PyTorch flow, the three acceptance outputs are
+zeros (TorchSampler never fills RequestPerfMetrics.speculativeDecoding; FAKE_LLMAPI_FILLED_METRICS=1 in the
+server's environment: the counts, as after NVIDIA/TensorRT-LLM#17082). Generation is
+trtspec's PyTorch engine over model.yaml's model and speculative_config.speculative_model_dir (NGram: prompt lookup,
+no draft), standing in for LLM(**args).generate_async.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -63,13 +69,27 @@ class TritonPythonModel:
         model_config = json.loads(args["model_config"])
         assert pb_utils.using_decoupled_model_transaction_policy(model_config) == self.decoupled
         self.lock = threading.Lock()
+        self.filled_metrics = os.environ.get("FAKE_LLMAPI_FILLED_METRICS") == "1"
 
     def execute(self, requests):
         if not self.decoupled:
-            return [self._respond(r, sender=None) for r in requests]
+            return [self._respond_whole(r) for r in requests]
         for request in requests:
             self._respond(request, sender=request.get_response_sender())
         return None
+
+    def _respond_whole(self, request):
+        """Not decoupled: one response, or upstream's error for a streamed request (its text_output "N/A")."""
+        import triton_python_backend_utils as pb_utils
+
+        if bool(scalar(request, "streaming", False)):
+            return pb_utils.InferenceResponse(
+                output_tensors=[tensor("text_output", b"N/A", object)],
+                error=pb_utils.TritonError(
+                    "Error generating request: Streaming is only supported in decoupled mode."
+                ),
+            )
+        return self._respond(request, sender=None)
 
     def _respond(self, request, sender):
         import triton_python_backend_utils as pb_utils
@@ -90,36 +110,36 @@ class TritonPythonModel:
         exclude = bool(scalar(request, "sampling_param_exclude_input_from_output", False))
         tokenizer = self.engine.tokenizer
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-        generated, sent = [], "" if exclude else prompt
-        if sender is not None and streaming and not exclude:
+        streamed = sender is not None and streaming
+        head = "" if exclude else prompt
+        generated, sent = [], head
+        if streamed and head:
             sender.send(
-                pb_utils.InferenceResponse(output_tensors=[tensor("text_output", prompt.encode(), object)])
+                pb_utils.InferenceResponse(output_tensors=[tensor("text_output", head.encode(), object)])
             )
         with self.lock:  # one LLM; upstream batches in flight, the stand-in serialises
             for event in self.engine.generate_stream([tokenizer(prompt)["input_ids"]], params):
                 generated += event.new_tokens[0]
                 result = event.results[0] if event.results else None
-                if sender is not None and streaming and result is None:  # upstream streams text_diff deltas
-                    text = (prompt if not exclude else "") + tokenizer.decode(
-                        generated, skip_special_tokens=True
-                    )
+                if streamed and result is None:  # upstream sends output.text: the whole text so far
+                    text = head + tokenizer.decode(generated, skip_special_tokens=True)
                     if text != sent and not text.endswith("\ufffd"):
                         sender.send(
                             pb_utils.InferenceResponse(
-                                output_tensors=[tensor("text_output", text[len(sent) :].encode(), object)]
+                                output_tensors=[tensor("text_output", text.encode(), object)]
                             )
                         )
                         sent = text
         stats = result.stats
         self.gate.record(stats.generated_tokens / max(stats.target_forwards, 1))
-        text = (prompt if not exclude else "") + tokenizer.decode(result.token_ids, skip_special_tokens=True)
-        last = text[len(sent) :] if sender is not None and streaming else text
-        outputs = [tensor("text_output", last.encode(), object)]
-        if metrics:
+        text = head + tokenizer.decode(result.token_ids, skip_special_tokens=True)
+        outputs = [tensor("text_output", text.encode(), object)]
+        if metrics:  # 1.2.x's PyTorch flow: zeroed, whatever was drafted
+            filled = self.filled_metrics
             outputs += [
-                tensor("acceptance_rate", stats.acceptance_rate, np.float32),
-                tensor("total_accepted_draft_tokens", stats.accepted, np.int32),
-                tensor("total_draft_tokens", stats.drafted, np.int32),
+                tensor("acceptance_rate", stats.acceptance_rate if filled else 0.0, np.float32),
+                tensor("total_accepted_draft_tokens", stats.accepted if filled else 0, np.int32),
+                tensor("total_draft_tokens", stats.drafted if filled else 0, np.int32),
             ]
         if sender is None:
             return pb_utils.InferenceResponse(output_tensors=outputs)

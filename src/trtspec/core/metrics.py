@@ -54,6 +54,9 @@ class AcceptanceStats:
     elapsed_s: float = 0.0
     time_to_first_token_s: float | None = None
     by_proposer: dict[str, list[int]] = field(default_factory=dict)  # name -> [rounds, drafted, accepted]
+    # A server's per-request totals (drafted, accepted): its rounds, forwards and histograms were not seen, so
+    # their zeros above mean unknown, not none (validate.triton_system).
+    totals_only: bool = False
 
     def __post_init__(self) -> None:
         if len(self.accepted_length_histogram) < self.max_draft_len + 1:
@@ -123,6 +126,7 @@ class AcceptanceStats:
                 name: _add(self.by_proposer.get(name, []), other.by_proposer.get(name, []))
                 for name in {**self.by_proposer, **other.by_proposer}
             },
+            totals_only=self.totals_only or other.totals_only,
         )
 
     def proposer_acceptance(self, proposer: str) -> float | None:
@@ -169,7 +173,7 @@ class SpecDecodeCounts:
 
     @classmethod
     def of(cls, stats: AcceptanceStats) -> SpecDecodeCounts:
-        if stats.drafted and not stats.rounds:  # totals only (validate.triton_system): rounds were not seen
+        if stats.totals_only:  # a server's totals: its rounds were not seen, even where it drafted nothing
             return cls(stats.drafted, stats.accepted, None, None, None)
         hist = stats.accepted_length_histogram
         # A round that accepted n tokens accepted positions 0..n-1: position i counts the rounds with n > i.

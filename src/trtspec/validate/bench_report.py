@@ -63,6 +63,10 @@ def _ms(value) -> str:
     return "-" if value is None else f"{value * 1000:.1f}"
 
 
+def _plot_ms(value) -> float:
+    return float("nan") if value is None else value * 1000
+
+
 def row_cells(row: dict) -> list[str]:
     return [
         row["k"],
@@ -358,11 +362,12 @@ def write_plots(result: BenchResult, out_dir: Path) -> list[Path]:
     for (proposer, k), sel in _concurrency_lines(every).items():
         label = "target-only" if k == 0 else "adaptive K" if k is None else f"K={k}"
         label = f"{proposer} {label}" if named and k != 0 else label
+        # an unknown latency (a server that answers whole, not streamed) is a gap, not 0 ms
         ax_ttft.plot(
-            [r["concurrency"] for r in sel], [(r["ttft_p50_s"] or 0) * 1000 for r in sel], "o-", label=label
+            [r["concurrency"] for r in sel], [_plot_ms(r["ttft_p50_s"]) for r in sel], "o-", label=label
         )
         ax_itl.plot(
-            [r["concurrency"] for r in sel], [(r["itl_p50_s"] or 0) * 1000 for r in sel], "o-", label=label
+            [r["concurrency"] for r in sel], [_plot_ms(r["itl_p50_s"]) for r in sel], "o-", label=label
         )
     ax_ttft.set(xlabel="concurrency", ylabel="ms", title="Time to first token (p50)")
     ax_itl.set(xlabel="concurrency", ylabel="ms", title="Inter-token latency (p50)")

@@ -34,13 +34,21 @@ class SystemOptions:
             return self.system
         return "triton" if self.url else "engine"
 
-    def check(self) -> None:
-        """Refuse, before any work, options the chosen system would ignore."""
+    def check(self, reference: bool = True) -> None:
+        """Refuse, before any work, options the chosen system would ignore (``reference``: the run loads the HF
+        reference in-process, which --device and --dtype place)."""
         kind = self.kind
         if kind == "triton":
             if not self.url:
                 raise TrtspecError(
                     "--system triton needs --url HOST:PORT (the server's gRPC or HTTP address)"
+                )
+            in_process = [
+                f for f, on in (("--device", self.device != "cpu"), ("--dtype", self.dtype != "auto")) if on
+            ]
+            if in_process and not reference:
+                raise TrtspecError(
+                    f"{in_process[0]} is for a system run in-process; with --url nothing runs here, so drop it"
                 )
             return
         if self.url:
@@ -54,15 +62,16 @@ class SystemOptions:
             raise TrtspecError(f"{ignored[0]} is for a server under test; give --url HOST:PORT or drop it")
 
 
-def check_num_draft_tokens(ks: Collection[int], recipe) -> None:
-    """K within the recipe's max_draft_len (the limit of its engines and of the repository deploy writes), before
-    any work."""
-    limit = recipe.speculative.max_draft_len
+def check_num_draft_tokens(ks: Collection[int], recipe, system=None) -> None:
+    """K within max_draft_len, before any work: a server's (``system``, a TritonSystem: the one it publishes, else
+    the recipe's), else the recipe's (the limit of its engines and of the repository deploy writes)."""
+    if system is not None:
+        limit, whose = system.max_draft_len, system.max_draft_len_source
+    else:
+        limit, whose = recipe.speculative.max_draft_len, "the recipe's speculative.max_draft_len"
     too_big = [k for k in ks if k is not None and k > limit]
     if too_big:
-        raise TrtspecError(
-            f"--num-draft-tokens {too_big[0]} > the recipe's speculative.max_draft_len {limit}; use K <= {limit}"
-        )
+        raise TrtspecError(f"--num-draft-tokens {too_big[0]} > {whose} {limit}; use K <= {limit}")
 
 
 @dataclass(kw_only=True)
@@ -99,7 +108,10 @@ def open_system(recipe, options: SystemOptions, tokenizer=None, proposers: Colle
             tokenizer,
             protocol=options.protocol,
             model=options.triton_model,
+            # the recipe's, where the server does not publish its own
             max_draft_len=recipe.speculative.max_draft_len,
+            proposer=recipe.speculative.proposer,
+            decoupled=recipe.triton.decoupled,
             max_batch_size=options.max_batch_size or recipe.limits.max_batch_size,
             llmapi_max_draft_len=llmapi_max_draft_len(recipe),
         )
@@ -160,18 +172,30 @@ def check_requests_fit(prompts, requests, max_tokens: int, limits) -> None:
             )
 
 
+def target_tokenizer(recipe):
+    from trtspec.core.model_dir import load_tokenizer
+
+    return load_tokenizer(recipe.target.model, recipe.target.trust_remote_code)
+
+
 def load_requests(
-    recipe, path: Path | None, limit: int | None, chat: bool, max_tokens: int, lookup: bool = False
+    recipe,
+    path: Path | None,
+    limit: int | None,
+    chat: bool,
+    max_tokens: int,
+    lookup: bool = False,
+    tokenizer=None,
 ):
     """(prompts, target tokenizer, requests, notes): the prompt set encoded (chats through the target's chat
     template) and checked against the recipe's limits, before any model loads. ``lookup``: a proposer of the run
-    looks up (core/lookup.py), so the default selection adds the shipped grounded set."""
+    looks up (core/lookup.py), so the default selection adds the shipped grounded set. ``tokenizer``: the
+    target's, where the caller has loaded it already."""
     from trtspec.chat import has_chat_template
-    from trtspec.core.model_dir import load_tokenizer
     from trtspec.validate.prompts import load_prompts
     from trtspec.validate.systems import encode_prompts
 
-    tokenizer = load_tokenizer(recipe.target.model, recipe.target.trust_remote_code)
+    tokenizer = target_tokenizer(recipe) if tokenizer is None else tokenizer
     # Base models have no chat template: the shipped chat set is left out for them; asked-for chats fail.
     chat_set = chat or has_chat_template(tokenizer)
     notes = []
@@ -185,6 +209,18 @@ def load_requests(
     return prompts, tokenizer, requests, notes
 
 
-def load_run_requests(recipe, options: RunOptions, lookup: bool = False):
+def load_run_requests(recipe, options: RunOptions, lookup: bool = False, tokenizer=None):
     """``load_requests`` for the prompt options of a run (``lookup``: a proposer of the run looks up)."""
-    return load_requests(recipe, options.prompts, options.limit, options.chat, options.max_tokens, lookup)
+    return load_requests(
+        recipe, options.prompts, options.limit, options.chat, options.max_tokens, lookup, tokenizer
+    )
+
+
+def open_served(recipe, options: SystemOptions):
+    """(system, target tokenizer) where the system is a server, else (None, None). A server is opened before the
+    run's K range and prompt selection are worked out: they follow the max_draft_len and proposer it publishes
+    (TritonSystem), and an unreachable endpoint fails before anything loads."""
+    if options.kind != "triton":
+        return None, None
+    tokenizer = target_tokenizer(recipe)
+    return open_system(recipe, options, tokenizer), tokenizer

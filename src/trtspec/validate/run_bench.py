@@ -29,6 +29,7 @@ from trtspec.validate.inputs import (
     check_num_draft_tokens,
     check_proposers,
     load_run_requests,
+    open_served,
     open_system,
 )
 from trtspec.validate.systems import too_few_timed
@@ -74,14 +75,30 @@ class BenchOutcome:
 
 def bench(options: BenchOptions, on_progress: SweepProgress | None = None) -> BenchOutcome:
     """Run the sweep (``on_progress`` before each point), write bench.json, bench.md and the plots atomically."""
-    from trtspec.core.lookup import uses_draft, uses_lookup
     from trtspec.recipe import load_recipe
 
     recipe = load_recipe(options.recipe)
+    # bench loads no HF reference: --device and --dtype, which place what runs in-process, are refused with --url
+    options.system.check(reference=False)
+    served, tokenizer = open_served(recipe, options.system)
+    try:
+        if served is not None:
+            _refuse_fixed_k(served)
+        return _bench(options, recipe, served, tokenizer, on_progress)
+    finally:
+        if served is not None:
+            served.close()
+
+
+def _bench(options: BenchOptions, recipe, served, tokenizer, on_progress) -> BenchOutcome:
+    """``bench`` once the server under test is open (``served``; None: in-process): its published max_draft_len
+    and proposer set the K range and the default proposer."""
+    from trtspec.core.lookup import uses_draft, uses_lookup
+
     notes: list[str] = []
-    options = _sweep_grid(options, recipe, notes)
-    _check_sweep(options, recipe)
-    proposers = options.proposers or (recipe.speculative.proposer,)
+    options = _sweep_grid(options, recipe, notes, served)
+    _check_sweep(options, recipe, served)
+    proposers = options.proposers or (served.proposer if served else recipe.speculative.proposer,)
     check_proposers(recipe, options.system, proposers)
     out_dir = options.out_dir or Path("bench") / recipe.name
     check_output_dir(out_dir, *BENCH_OUTPUT, force=options.force)  # before the sweep, not after
@@ -90,24 +107,31 @@ def bench(options: BenchOptions, on_progress: SweepProgress | None = None) -> Be
         check_output_file(options.write_recipe, "--write-recipe", {"--prompts": options.prompts})
         _refuse_report_file(options.write_recipe, out_dir)
     lookup = any(map(uses_lookup, proposers))
-    prompts, tokenizer, requests, more_notes = load_run_requests(recipe, options, lookup=lookup)
+    prompts, tokenizer, requests, more_notes = load_run_requests(recipe, options, lookup, tokenizer)
     notes += more_notes
-    system = _open_sweepable(recipe, options, tokenizer, proposers)
+    system = served or _open_sweepable(recipe, options, tokenizer, proposers)
     try:
         notes += _sweep_notes(system, len(requests), options)
         points = _sweep(system, recipe, requests, options, on_progress)
     finally:
-        system.close()
+        if system is not served:  # bench closes the server it opened
+            system.close()
+    notes += system.notes
     ratios = _cost_ratios(points, options, notes, any(map(uses_draft, proposers)))
-    why = too_few_timed(min((p.tokens for p in points), default=0))
-    if why:  # validate withholds such a rate; bench's table is its rates, so it says so
-        notes.append(
-            f"a point's speedups, and the K recommended from them, are noise: {why}; time more prompts, a larger "
-            "--max-tokens or more --repeats"
-        )
     result = BenchResult(
         system.name, options.max_tokens, len(prompts), points, ratios, notes, system.proposer, options.load
     )
+    return _write(result, options, out_dir)
+
+
+def _write(result: BenchResult, options: BenchOptions, out_dir: Path) -> BenchOutcome:
+    """The report of a finished sweep (and --write-recipe's copy), with a note where its rates are noise."""
+    why = too_few_timed(min((p.tokens for p in result.points), default=0))
+    if why:  # validate withholds such a rate; bench's table is its rates, so it says so
+        result.notes.append(
+            f"a point's speedups, and the K recommended from them, are noise: {why}; time more prompts, a larger "
+            "--max-tokens or more --repeats"
+        )
     recipe_copy = None
     if options.write_recipe:  # built (and validated) before anything is written
         recipe_copy = options.write_recipe, recipe_with_schedule(options.recipe, result, options.write_recipe)
@@ -127,10 +151,12 @@ def _refuse_report_file(path: Path, out_dir: Path) -> None:
         )
 
 
-def _sweep_grid(options: BenchOptions, recipe, notes: list[str]) -> BenchOptions:
-    """``options`` with the K values and concurrencies to sweep: the given ones, else 1..max_draft_len and
-    DEFAULT_CONCURRENCY up to limits.max_batch_size for the in-process systems (noted)."""
-    ks = options.ks or tuple(range(1, recipe.speculative.max_draft_len + 1))
+def _sweep_grid(options: BenchOptions, recipe, notes: list[str], served=None) -> BenchOptions:
+    """``options`` with the K values and concurrencies to sweep: the given ones, else 1..max_draft_len (the
+    server's, ``served``, where it publishes one, else the recipe's) and DEFAULT_CONCURRENCY up to
+    limits.max_batch_size for the in-process systems (noted)."""
+    max_draft_len = served.max_draft_len if served else recipe.speculative.max_draft_len
+    ks = options.ks or tuple(range(1, max_draft_len + 1))
     concurrency = options.concurrency
     if concurrency is None:
         limit = recipe.limits.max_batch_size if options.system.kind != "triton" else max(DEFAULT_CONCURRENCY)
@@ -143,10 +169,10 @@ def _sweep_grid(options: BenchOptions, recipe, notes: list[str]) -> BenchOptions
     return replace(options, ks=ks, concurrency=concurrency)
 
 
-def _check_sweep(options: BenchOptions, recipe) -> None:
-    """K and concurrency the system can take: K <= max_draft_len; in-process, one KV-cache slot per request."""
-    options.system.check()
-    check_num_draft_tokens(options.ks, recipe)
+def _check_sweep(options: BenchOptions, recipe, served=None) -> None:
+    """K and concurrency the system can take: K <= max_draft_len (``served``'s: see check_num_draft_tokens);
+    in-process, one KV-cache slot per request."""
+    check_num_draft_tokens(options.ks, recipe, served)
     limit, biggest = recipe.limits.max_batch_size, max(options.concurrency)
     if options.system.kind != "triton" and biggest > limit:
         raise TrtspecError(
@@ -157,19 +183,20 @@ def _check_sweep(options: BenchOptions, recipe) -> None:
 
 
 def _open_sweepable(recipe, options: BenchOptions, tokenizer, proposers):
-    """The system under test (loading what ``proposers`` use), sized for the biggest concurrency; refused when it
-    sets K itself."""
+    """The in-process system under test (loading what ``proposers`` use), sized for the biggest concurrency."""
     biggest = max(options.concurrency)
     system_options = replace(options.system, max_batch_size=max(options.system.max_batch_size or 0, biggest))
-    system = open_system(recipe, system_options, tokenizer, proposers)
+    return open_system(recipe, system_options, tokenizer, proposers)
+
+
+def _refuse_fixed_k(system) -> None:
+    """A server that sets K itself (upstream's LLM-API model) has no K to sweep and no target-only baseline."""
     if system.fixed_k is not None:
-        system.close()
         raise TrtspecError(
             f"{system.name} drafts a fixed K={system.fixed_k} (its model.yaml) with no per-request K and no "
             "target-only mode, so bench cannot sweep K or measure a speedup; use `trtspec validate --url` for "
             "its outputs, acceptance and tokens/s"
         )
-    return system
 
 
 def _sweep_notes(system, num_requests: int, options: BenchOptions) -> list[str]:
@@ -177,7 +204,7 @@ def _sweep_notes(system, num_requests: int, options: BenchOptions) -> list[str]:
     from trtspec.validate.bench import STREAM_REQUESTS, sweep_passes
 
     notes = []
-    if not system.adaptive:
+    if system.adaptive is False:  # None: unknown, which the system's own notes say
         notes.append(
             f"{system.name}: a request without K gets the deployment's default, which is not adaptive K (the "
             "entry model's num_draft_tokens parameter), so adaptive K was not measured."
@@ -222,11 +249,12 @@ def _sweep(system, recipe, requests, options: BenchOptions, on_progress: SweepPr
         and recipe.draft_tokenizer_dir() is None
     )
     draft = _draft_alone(recipe, options.system, max(options.concurrency)) if measure_draft else None
+    adaptive = bool(system.adaptive)  # unknown (None): not measured, as the system's notes say
     total = sweep_steps(
         len(requests),
         options.concurrency,
         options.repeats,
-        system.adaptive,
+        adaptive,
         options.min_groups,
         len(proposers),
         options.load,
@@ -242,7 +270,7 @@ def _sweep(system, recipe, requests, options: BenchOptions, on_progress: SweepPr
         ks=options.ks,
         concurrency=options.concurrency,
         max_new_tokens=options.max_tokens,
-        adaptive=system.adaptive,
+        adaptive=adaptive,
         repeats=options.repeats,
         min_groups=options.min_groups,
         draft_system=draft,

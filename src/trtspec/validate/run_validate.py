@@ -18,6 +18,7 @@ from trtspec.validate.inputs import (
     check_proposers,
     load_run_requests,
     open_reference,
+    open_served,
     open_system,
 )
 from trtspec.validate.report import REPORT_TITLE, validation_markdown
@@ -36,21 +37,32 @@ class ValidateOptions(RunOptions):
 def validate(options: ValidateOptions, on_progress: Callable[[str], None] | None = None) -> ValidationResult:
     """Run the validation and write its Markdown report; returns the ``ValidationResult``. ``on_progress`` gets a
     line for each step of the run (reference, speculative, target-only)."""
-    from trtspec.core.lookup import uses_lookup
     from trtspec.recipe import load_recipe
-    from trtspec.validate.validation import other_model_note, run_validation
 
     recipe = load_recipe(options.recipe)
     options.system.check()
-    check_num_draft_tokens([options.num_draft_tokens], recipe)
-    proposer = options.proposer or recipe.speculative.proposer
-    check_proposers(recipe, options.system, [proposer])
     if options.report:
         check_output_file(options.report, "--report", options.inputs())  # before the run, not after it
         refuse_other_file(options.report, options.force)
-    prompts, tokenizer, _, notes = load_run_requests(recipe, options, lookup=uses_lookup(proposer))
-    # The system first: an unreachable endpoint fails before the reference model is loaded.
-    system = open_system(recipe, options.system, tokenizer, [proposer])
+    served, tokenizer = open_served(recipe, options.system)
+    try:
+        return _validate(options, recipe, served, tokenizer, on_progress)
+    finally:
+        if served is not None:
+            served.close()
+
+
+def _validate(options: ValidateOptions, recipe, served, tokenizer, on_progress) -> ValidationResult:
+    """``validate`` after its checks; ``served``: the server under test, opened already (None: in-process)."""
+    from trtspec.core.lookup import uses_lookup
+    from trtspec.validate.validation import other_model_note, run_validation
+
+    check_num_draft_tokens([options.num_draft_tokens], recipe, served)
+    proposer = options.proposer or (served.proposer if served else recipe.speculative.proposer)
+    check_proposers(recipe, options.system, [proposer])
+    prompts, tokenizer, _, notes = load_run_requests(recipe, options, uses_lookup(proposer), tokenizer)
+    # The system before the reference model, as a server is (open_served): what fails to load fails first.
+    system = served or open_system(recipe, options.system, tokenizer, [proposer])
     try:
         reference = open_reference(recipe, options.system)
         result = run_validation(
@@ -68,8 +80,9 @@ def validate(options: ValidateOptions, on_progress: Callable[[str], None] | None
             proposer=options.proposer,
         )
     finally:
-        system.close()
-    result.notes += notes
+        if system is not served:  # validate closes the server it opened
+            system.close()
+    result.notes += notes + system.notes
     unrelated = other_model_note(result.outcomes, str(recipe.target.model))
     if unrelated is not None:
         result.notes.append(unrelated)

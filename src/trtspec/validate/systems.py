@@ -90,8 +90,9 @@ class SystemUnderTest(Protocol):
     max_draft_len: int  # the most draft tokens a request may ask for (0: target-only system)
     max_batch_size: int  # the most requests generate() takes at once
     fixed_k: int | None  # K the system sets itself (no per-request K, no target-only mode); None: any K
-    adaptive: bool  # a request that gives no K gets adaptive K (engines/adaptive.py)
+    adaptive: bool | None  # a request that gives no K gets adaptive K (engines/adaptive.py); None: unknown
     proposer: str  # who proposes for a request that names no proposer (core/lookup.py PROPOSERS)
+    notes: list[str]  # what reports say about it: a setting it did not publish, a figure it cannot give
 
     def generate(
         self, requests: list[Request], params: SamplingParams, in_flight: int | None = None
@@ -145,6 +146,7 @@ class EngineSystem:
         self.fixed_k = None
         self.adaptive = adaptive and engine.max_draft_len > 0
         self.proposer = engine.proposer
+        self.notes: list[str] = []
 
     @classmethod
     def from_recipe(

@@ -8,13 +8,17 @@ both client interfaces a deployment can have (``INTERFACES``; found from the mod
   temperature, top_k, top_p, seed, return_perf_metrics, proposer (only where given) -> text_output, output_ids and
   the acceptance metrics (lookup's part of them too);
 - ``llmapi``: upstream's LLM-API ``tensorrt_llm`` (trtllm-pytorch): the same fields as sampling_param_* and
-  streaming -> text_output and the same metrics; K is fixed by model.yaml, so num_draft_tokens is not sent.
+  streaming -> text_output and the same metrics; K is fixed by model.yaml, so num_draft_tokens is not sent. Each
+  streamed response's text_output is the whole text so far (upstream's model.py sends CompletionOutput.text, not
+  its text_diff), so a piece is what it adds to the one before.
 """
 
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
+import os
 import queue
 import threading
 import time
@@ -34,6 +38,7 @@ INTERFACES = {
         "fields": {name: name for name in CLIENT_INPUTS},
         "fixed": {},
         "batched": True,  # max_batch_size > 0: tensors are [1, 1]
+        "cumulative_text": False,  # a streamed text_output is that response's piece
     },
     "llmapi": {
         "model": llmapi.MODEL_NAME,
@@ -48,6 +53,7 @@ INTERFACES = {
         # upstream's model echoes the prompt unless told not to; trtspec compares generated text only
         "fixed": {"sampling_param_exclude_input_from_output": True},
         "batched": False,  # upstream's max_batch_size: 0: tensors are [1]
+        "cumulative_text": True,  # every text_output is the text so far (CompletionOutput.text)
     },
 }
 _GRPC_DTYPES = {
@@ -77,6 +83,32 @@ class EndpointResponse:
             self.id_pieces = []
         if ids:
             self.id_pieces.append((arrival, ids))
+
+    def add_text(self, arrival: float, text: str, cumulative: bool = False) -> None:
+        """Record one response's text_output: a piece, or (``cumulative``) the whole text so far, of which the
+        piece is what it adds. Should the text so far rewrite its end (a detokeniser that replaced a partial
+        character), the pieces are cut back to what the two share, so ``text`` is always the latest. A response
+        without text (an empty final response) adds nothing."""
+        if not text:
+            return
+        if cumulative:
+            before = self.text
+            shared = len(os.path.commonprefix([before, text]))
+            if shared < len(before):
+                self._cut_text(shared)
+            text = text[shared:]
+        if text:
+            self.pieces.append((arrival, text))
+
+    def _cut_text(self, length: int) -> None:
+        kept, total = [], 0
+        for arrival, piece in self.pieces:
+            if total + len(piece) > length:
+                piece = piece[: length - total]
+            if piece:
+                kept.append((arrival, piece))
+            total += len(piece)
+        self.pieces = kept
 
     @property
     def token_ids(self) -> list[int] | None:
@@ -134,6 +166,26 @@ def request_fields(
     return mapped | INTERFACES[interface]["fixed"]
 
 
+@dataclass(frozen=True)
+class ServedConfig:
+    """What a server's model configs say about its entry model; None: not known (a server that hides its
+    configs, or an ensemble step it would not describe)."""
+
+    parameters: dict[str, str] | None  # config.pbtxt parameters (string values)
+    decoupled: bool | None  # model_transaction_policy.decoupled: streams one response per round
+    # the model whose parameters these are: the entry model, or the ensemble step that has them
+    source: str | None = None
+
+
+def _parameters(config: dict) -> dict[str, str]:
+    return {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+
+
+def _decoupled(config: dict) -> bool:
+    # gRPC's JSON leaves a false field out; HTTP's writes it
+    return bool(config.get("model_transaction_policy", {}).get("decoupled", False))
+
+
 class TritonClient:
     """Requests to one model of a Triton server. ``url``: HOST:PORT (gRPC) or http://HOST:PORT.
 
@@ -171,22 +223,40 @@ class TritonClient:
         except Exception:  # noqa: BLE001 - unknown model, or unreachable (check_ready says which)
             return None
 
-    def model_parameters(self) -> dict[str, str]:
-        """The entry model's config.pbtxt parameters (string values; {} when the server does not say)."""
-        self.resolve()
+    def _model_config(self, model: str) -> dict | None:
+        """``model``'s config as the server reports it (proto field names); None when it does not say."""
         try:
             if self.protocol == "grpc":
                 import tritonclient.grpc as grpcclient
 
                 with grpcclient.InferenceServerClient(self.address) as client:
-                    config = client.get_model_config(self.model, as_json=True)["config"]
-            else:
-                url = f"http://{self.address}/v2/models/{self.model}/config"
-                with urllib.request.urlopen(url, timeout=10) as response:
-                    config = json.loads(response.read())
+                    return client.get_model_config(model, as_json=True)["config"]
+            url = f"http://{self.address}/v2/models/{model}/config"
+            with urllib.request.urlopen(url, timeout=10) as response:
+                return json.loads(response.read())
         except Exception:  # noqa: BLE001 - a server that hides its configs: nothing known
-            return {}
-        return {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+            return None
+
+    def served_config(self) -> ServedConfig:
+        """What the entry model's config says (``ServedConfig``). An ensemble (upstream's ``ensemble`` entry name)
+        has no parameters of its own: they are those of the step that has them (trtspec's: tensorrt_llm_bls),
+        and it streams where a step is decoupled."""
+        self.resolve()
+        config = self._model_config(self.model)
+        if config is None:
+            return ServedConfig(None, None)
+        steps = [step.get("model_name") for step in config.get("ensemble_scheduling", {}).get("step", [])]
+        if not steps:
+            return ServedConfig(_parameters(config), _decoupled(config), self.model)
+        configs = {name: self._model_config(name) for name in dict.fromkeys(steps)}
+        if None in configs.values():
+            return ServedConfig(None, None)
+        source = next((name for name, step in configs.items() if _parameters(step)), None)
+        return ServedConfig(
+            _parameters(configs[source]) if source else {},
+            any(_decoupled(step) for step in configs.values()),
+            source,
+        )
 
     def resolve(self) -> None:
         """Fix the entry model and the interface (see the class docstring); ServerError when neither is served."""
@@ -270,15 +340,18 @@ class TritonClient:
         client = getattr(self._connections, "client", None)
         if client is None:
             client = self._connections.client = grpcclient.InferenceServerClient(self.address)
+        final = False
         try:
             client.start_stream(callback=lambda result, error: results.put((result, error)))
             start = time.perf_counter()
             client.async_stream_infer(self.model, inputs, enable_empty_final_response=True)
             try:
-                while not self._grpc_piece(results.get(timeout=self.timeout_s), out, start):
-                    pass
+                while not final:
+                    final = self._grpc_piece(results.get(timeout=self.timeout_s), out, start)
             finally:
-                client.stop_stream()
+                # Without the final response the request may still be running (a stuck server, a wait given up):
+                # stop_stream's default waits for every request on the stream, so it is cancelled instead.
+                client.stop_stream(cancel_requests=not final)
         except BaseException as err:
             # A failed request may leave the connection unusable: the next request opens a new one.
             self._connections.client = None
@@ -289,8 +362,7 @@ class TritonClient:
             raise
         return out
 
-    @staticmethod
-    def _grpc_piece(item, out: EndpointResponse, start: float) -> bool:
+    def _grpc_piece(self, item, out: EndpointResponse, start: float) -> bool:
         """Record one streamed response; True when it was the last one."""
         result, error = item
         if error is not None:
@@ -300,8 +372,7 @@ class TritonClient:
         if text is not None and text.size:
             piece = text.reshape(-1)[0]
             piece = piece.decode("utf-8", "replace") if isinstance(piece, bytes) else str(piece)
-            if piece:
-                out.pieces.append((now, piece))
+            out.add_text(now, piece, INTERFACES[self.interface]["cumulative_text"])
         out.add_ids(now, result.as_numpy("output_ids"))
         for name in METRIC_OUTPUTS:
             value = result.as_numpy(name)
@@ -321,10 +392,15 @@ class TritonClient:
         start = time.perf_counter()
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                for raw in response if stream else [b"data: " + response.read()]:
-                    line = raw.decode().strip()
-                    if line.startswith("data:"):
-                        self._http_event(json.loads(line[5:]), out, time.perf_counter() - start)
+                try:
+                    for raw in response if stream else [b"data: " + response.read()]:
+                        line = raw.decode().strip()
+                        if line.startswith("data:"):
+                            self._http_event(json.loads(line[5:]), out, time.perf_counter() - start)
+                except (http.client.HTTPException, ConnectionError) as err:
+                    # The server went away while answering (a chunk cut short: IncompleteRead): it had begun to.
+                    what = f"the connection closed before the answer ended ({type(err).__name__})"
+                    raise _server_error(self.url, what, refused=False) from None
         except urllib.error.HTTPError as err:
             raise _server_error(self.url, err.read().decode(errors="replace")) from None
         out.elapsed_s = time.perf_counter() - start
@@ -334,7 +410,7 @@ class TritonClient:
         if "error" in event:
             raise _server_error(self.url, event["error"], refused=not (out.pieces or out.token_ids))
         if event.get("text_output"):
-            out.pieces.append((now, event["text_output"]))
+            out.add_text(now, event["text_output"], INTERFACES[self.interface]["cumulative_text"])
         out.add_ids(now, event.get("output_ids"))
         out.metrics.update({k: event[k] for k in METRIC_OUTPUTS if k in event})
 

@@ -11,14 +11,24 @@ from concurrent.futures import ThreadPoolExecutor
 
 from trtspec.chat import check_text_input
 from trtspec.core.errors import RequestError
+from trtspec.core.lookup import PROPOSERS
 from trtspec.core.metrics import AcceptanceStats
 from trtspec.triton_repo.interface import ADAPTIVE
 from trtspec.validate.systems import Generation, Request
 from trtspec.validate.triton_client import EndpointResponse, TritonClient
 
+# Whose K limit a run is held to (inputs.check_num_draft_tokens names it)
+SERVED_LIMIT = "the server's max_draft_len"
+RECIPE_LIMIT = "the recipe's speculative.max_draft_len"
+
 
 class TritonSystem:
-    """A Triton endpoint as a system under test: each request of a batch is sent concurrently (one thread each)."""
+    """A Triton endpoint as a system under test: each request of a batch is sent concurrently (one thread each).
+
+    What a run depends on is read from the server where it publishes it (``TritonClient.served_config``): the
+    entry model's max_draft_len, proposer and num_draft_tokens parameters and whether it is decoupled. Where it
+    does not, the recipe's values (``max_draft_len``, ``proposer``, ``decoupled``) stand in and ``notes`` says so.
+    """
 
     def __init__(
         self,
@@ -29,23 +39,91 @@ class TritonSystem:
         model: str | None = None,
         max_draft_len: int = 8,
         max_batch_size: int = 8,
-        stream: bool = True,
+        proposer: str = "draft",
+        decoupled: bool = True,
         llmapi_max_draft_len: int | None = None,
     ):
         self.client = TritonClient(url, protocol, model)
         self.client.check_ready()
-        self.tokenizer, self.stream = tokenizer, stream
+        self.tokenizer, self.max_batch_size = tokenizer, max_batch_size
         self._checked_chats: set[str] = set()  # chat texts that passed check_text_input
-        self.max_draft_len, self.max_batch_size = max_draft_len, max_batch_size
+        # One pool per number of requests in flight, kept for the system's life: its threads keep their gRPC
+        # connections (TritonClient's), so no group's timing includes connecting.
+        self._pools: dict[int, ThreadPoolExecutor] = {}
+        self._unreported = False  # an llmapi response reported no draft tokens (see notes)
+        self._notes: list[str] = []
         self.name = f"Triton {self.client.model} at {self.client.address} ({self.client.protocol})"
-        # upstream's LLM-API model drafts its model.yaml's max_draft_len (llmapi_max_draft_len: what trtspec wrote
-        # there) and takes no per-request K
-        llmapi_k = llmapi_max_draft_len or max_draft_len
-        self.fixed_k = llmapi_k if self.client.interface == "llmapi" else None
-        # A request without K (or proposer) gets the repository's default: adaptive K where the entry model says so.
-        parameters = self.client.model_parameters() if not self.fixed_k else {}
-        self.adaptive = parameters.get("num_draft_tokens") == ADAPTIVE
-        self.proposer = parameters.get("proposer") or "draft"
+        served = self.client.served_config()
+        self.stream = self._streaming(served.decoupled, decoupled)
+        if self.client.interface == "llmapi":
+            self._upstream_settings(llmapi_max_draft_len or max_draft_len, max_draft_len, proposer)
+        else:
+            self._served_settings(served.parameters, max_draft_len, proposer)
+
+    def _served_settings(self, parameters: dict[str, str] | None, max_draft_len: int, proposer: str) -> None:
+        """K limit, proposer and default K from the entry model's parameters (the recipe's where it has none)."""
+        served = parameters or {}
+        limit, served_proposer = served.get("max_draft_len", ""), served.get("proposer")
+        self.fixed_k = None
+        self.max_draft_len = int(limit) if limit.isdigit() else max_draft_len
+        self.max_draft_len_source = SERVED_LIMIT if limit.isdigit() else RECIPE_LIMIT
+        self.proposer = served_proposer if served_proposer in PROPOSERS else proposer
+        # A request without K gets the repository's default: adaptive K where the entry model says so.
+        self.adaptive = None if parameters is None else served.get("num_draft_tokens") == ADAPTIVE
+        if parameters is None:
+            self._notes.append(
+                f"{self.name}: its model configs could not be read, so its max_draft_len and proposer were taken "
+                f"from the recipe ({max_draft_len}, {proposer}) and whether a request without K gets adaptive K "
+                "is unknown: adaptive K was not measured."
+            )
+            return
+        published = {"max_draft_len": limit.isdigit(), "proposer": served_proposer in PROPOSERS}
+        missing = [name for name, known in published.items() if not known]
+        if missing:
+            self._notes.append(
+                f"{self.name} publishes no {' or '.join(missing)} parameter: the recipe's was taken "
+                f"(max_draft_len {self.max_draft_len}, proposer {self.proposer})."
+            )
+
+    def _upstream_settings(self, k: int, max_draft_len: int, proposer: str) -> None:
+        """Upstream's LLM-API model drafts its model.yaml's max_draft_len (``k``) every round and takes no
+        per-request K or proposer; it publishes neither, so they are what trtspec deploy writes for the recipe."""
+        self.fixed_k, self.max_draft_len = k, max_draft_len
+        self.max_draft_len_source = RECIPE_LIMIT
+        self.proposer, self.adaptive = proposer, False
+        self._notes.append(
+            f"{self.name} publishes neither its K nor its proposer (upstream's LLM-API model reads them from "
+            f"model.yaml): K={k} and proposer {proposer} are those trtspec deploy writes for this recipe."
+        )
+
+    def _streaming(self, decoupled: bool | None, recipe_decoupled: bool) -> bool:
+        """Stream where the model is decoupled (a model that is not refuses stream=true); the recipe's
+        triton.decoupled where the server does not say."""
+        if decoupled is None:
+            self._notes.append(
+                f"{self.name}: whether it is decoupled could not be read; the recipe's triton.decoupled "
+                f"({str(recipe_decoupled).lower()}) was taken."
+            )
+            decoupled = recipe_decoupled
+        if not decoupled:
+            self._notes.append(
+                f"{self.name} is not decoupled: it answers each request whole, so time to first token and "
+                "inter-token latency are unknown (-)."
+            )
+        return decoupled
+
+    @property
+    def notes(self) -> list[str]:
+        """What the reports should say about this system: where a setting came from the recipe, what is
+        unknown."""
+        if not self._unreported:
+            return list(self._notes)
+        return [
+            *self._notes,
+            f"{self.name} reported no draft tokens (total_draft_tokens 0) for requests that draft K={self.fixed_k}: "
+            "TensorRT-LLM 1.2.x's PyTorch flow returns its per-request speculative-decoding counters zeroed "
+            "(fixed upstream in NVIDIA/TensorRT-LLM#17082), so acceptance is unknown here, not zero.",
+        ]
 
     def generate(self, requests: list[Request], params, in_flight: int | None = None) -> list[Generation]:
         """Each request on a thread of its own (``in_flight``: that many threads, each sending its next request as
@@ -87,8 +165,10 @@ class TritonSystem:
             response = self.client.generate(request.text, budget, k, self.stream, **sampling)
             return self._generation(response, k)
 
-        with ThreadPoolExecutor(max_workers=in_flight or len(requests)) as pool:
-            return list(pool.map(one, requests))
+        workers = in_flight or len(requests)
+        if workers not in self._pools:
+            self._pools[workers] = ThreadPoolExecutor(workers, thread_name_prefix=f"triton-{workers}")
+        return list(self._pools[workers].map(one, requests))
 
     def _generation(self, response: EndpointResponse, k: int | None) -> Generation:
         # Exact ids when the entry model returns output_ids (trtspec repositories do); else tokenise the text.
@@ -98,13 +178,19 @@ class TritonSystem:
             if from_text
             else response.token_ids
         )
+        drafted = int(response.metrics.get("total_draft_tokens", 0))
+        # Every request to upstream's LLM-API model drafts: none reported is a counter it did not fill (notes).
+        if self.fixed_k is not None and not drafted:
+            self._unreported = True
         stats = AcceptanceStats(
             max_draft_len=self.max_draft_len if k is None else k,
-            drafted=int(response.metrics.get("total_draft_tokens", 0)),
+            drafted=drafted,
             accepted=int(response.metrics.get("total_accepted_draft_tokens", 0)),
             generated_tokens=len(ids),
             elapsed_s=response.elapsed_s,
-            time_to_first_token_s=response.pieces[0][0] if response.pieces else None,
+            # a whole answer's arrival is not its first token's
+            time_to_first_token_s=response.pieces[0][0] if response.pieces and self.stream else None,
+            totals_only=True,  # a response carries totals: no rounds
         )
         stats.by_proposer = by_proposer(response.metrics, stats.drafted, stats.accepted)
         return Generation(
@@ -130,7 +216,9 @@ class TritonSystem:
         return chunks
 
     def close(self) -> None:
-        pass
+        for pool in self._pools.values():
+            pool.shutdown()
+        self._pools.clear()
 
 
 def by_proposer(metrics: dict, drafted: int, accepted: int) -> dict[str, list[int]]:
