@@ -1089,6 +1089,47 @@ def test_a_round_whose_drafts_take_in_rounds_they_sat_out_is_not_priced_as_its_k
     assert seconds / n == pytest.approx(0.014 + 4 * 0.002)
 
 
+class EngineCallBehind(PricedRounds):
+    """PricedRounds whose draft is an engine called with the row's tokens each round, as EngineCallRounds: after
+    a round it drafted in, it has not seen that round's accepted tokens and the target's one."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: dict[int, int] = {}
+
+    def run(self, rows, num_draft, params, generator):
+        for row, n in zip(rows, num_draft, strict=True):
+            if n:
+                self.seen[row.slot] = len(row.tokens)
+        return super().run(rows, num_draft, params, generator)
+
+    def draft_behind(self, row) -> int:
+        return len(row.tokens) - self.seen.get(row.slot, 0)
+
+
+def test_steady_rounds_of_a_draft_engine_that_trails_by_a_round_are_timed():
+    """A draft engine called with the row's tokens trails by the last round's tokens (4 after 3 accepted), a few
+    more than the torch pair's 1-2: that is its steady state, not a catch-up of rounds sat out, so its rounds
+    price its K."""
+    from trtspec.engines.loop import GenerationLoop
+
+    rounds, policy = EngineCallBehind(), KPolicy(probe_every=10**6)
+    state = AdaptiveState(policy, clock=lambda: rounds.now)
+    state.choose = lambda *args, **kwargs: 4
+    timed = []
+    record = state.costs.record
+    state.costs.record = lambda batch, k, seconds: (timed.append((batch, k)), record(batch, k, seconds))
+    loop = GenerationLoop(rounds, max_seq_len=100_000, k_policy=policy, adaptive=state)
+    for i in range(4):
+        loop.add(i, [1, 2, 3, 4], SamplingParams(max_new_tokens=41))
+    while loop.busy:
+        loop.step()
+    drafting = sum(1 for batch, k in rounds.log if batch == 4 and k == 4)
+    assert drafting >= 8 and timed == [(4, 4)] * (drafting - 1)  # all but the prefill round
+    n, seconds = state.costs.by_batch[4].by_k[4]
+    assert seconds / n == pytest.approx(PricedRounds().cost(4, 4))
+
+
 def test_rounds_of_one_k_are_given_a_slope_and_the_loop_finds_the_best_k():
     """A speculative round costs 1.4 target-only rounds plus 0.2 per draft token; at acceptance 0.8 K=5 pays most
     (1.54x), K=3 4% less. Rounds of one K fit no line, and the line through the unit that prices them then puts

@@ -83,7 +83,7 @@ def test_an_expected_error_is_one_line_with_its_exit_status_and_a_bug_still_a_tr
     with pytest.raises(SystemExit) as exit_info:
         common.run_main(bad_recipe)
     assert exit_info.value.code == RecipeError.exit_code
-    assert capsys.readouterr().err == "error: x.yaml: draft: missing\n"
+    assert capsys.readouterr().err == "Error: x.yaml: draft: missing\n"
     with pytest.raises(KeyError):
         common.run_main(lambda: {}["bug"])
     with pytest.raises(SystemExit) as exit_info:
@@ -101,7 +101,7 @@ def test_a_tool_given_a_recipe_that_does_not_exist_says_so_in_one_line(tmp_path)
     )
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
-    assert done.stderr.startswith("error: ") and str(missing) in done.stderr and done.stderr.count("\n") == 1
+    assert done.stderr.startswith("Error: ") and str(missing) in done.stderr and done.stderr.count("\n") == 1
 
 
 def test_a_comma_list_names_its_bad_item(monkeypatch, capsys):

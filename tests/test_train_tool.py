@@ -170,6 +170,8 @@ def test_the_shipped_plans_and_the_measurements_default_to_the_shipped_folder(tr
         ["--gpu", "--copy-curriculum", "--budget-s", "60"],
         ["--other-tokenizer-drafts", "--othertok-vocab", "512"],
         ["--other-tokenizer-drafts", "--smoke"],
+        ["--other-tokenizer-drafts", "--smoke", "--copying"],  # trains first: no read-only run
+        ["--other-tokenizer-drafts", "--othertok-vocab", "512", "--evaluate"],
     ],
 )
 def test_any_other_run_must_name_its_out_so_it_cannot_replace_the_shipped_pair(train, argv, capsys, tmp_path):

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import socket
 import threading
+from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -223,9 +225,14 @@ def test_llmapi_text_so_far_over_http():
 
 
 def test_an_ensemble_reads_the_parameters_and_streaming_of_the_step_that_has_them(monkeypatch):
-    ensemble = {"platform": "ensemble", "ensemble_scheduling": {"step": [{"model_name": BLS}]}}
+    steps = [{"model_name": name} for name in ("preprocessing", BLS, "postprocessing")]
+    ensemble = {"platform": "ensemble", "ensemble_scheduling": {"step": steps}}
     bls = bls_config(num_draft_tokens="adaptive", max_draft_len="6", proposer="ngram")
-    serve_model(monkeypatch, configs={"ensemble": ensemble, BLS: bls})
+    # a step before it with parameters of its own (upstream's preprocessing: its tokenizer's)
+    pre = {"parameters": {"tokenizer_dir": {"string_value": "/models/tokenizer"}}}
+    serve_model(
+        monkeypatch, configs={"ensemble": ensemble, BLS: bls, "preprocessing": pre, "postprocessing": {}}
+    )
     system = TritonSystem("127.0.0.1:1", tokenizer=None, model="ensemble", max_draft_len=3, proposer="draft")
     assert system.client.served_config().source == BLS
     assert (system.adaptive, system.max_draft_len, system.proposer, system.stream) == (True, 6, "ngram", True)
@@ -245,7 +252,11 @@ def test_a_server_that_hides_its_configs_leaves_them_unknown_and_says_so(monkeyp
     assert system.adaptive is None  # not "not adaptive": unknown, so bench does not measure it
     assert (system.max_draft_len, system.proposer, system.stream) == (3, "draft+ngram", False)
     notes = " ".join(system.notes)
-    assert "its model configs could not be read" in notes and "adaptive K was not measured" in notes
+    assert "its model configs could not be read" in notes and "adaptive K was not measured" not in notes
+    from trtspec.validate.run_bench import BenchOptions, _sweep_notes
+
+    options = BenchOptions(ks=(1,), concurrency=(1,))
+    assert f"{system.name}: adaptive K was not measured." in _sweep_notes(system, 4, options)
     assert "the recipe's triton.decoupled (false) was taken" in notes
 
 
@@ -294,6 +305,11 @@ def test_zero_draft_tokens_from_upstreams_llmapi_model_are_unreported_not_none_d
     tokenizer = lambda text, add_special_tokens: SimpleNamespace(input_ids=[5, 6])  # noqa: E731
     request, params = [Request("def f(x):", [1])], SamplingParams(max_new_tokens=4)
     system = TritonSystem("127.0.0.1:1", tokenizer, llmapi_max_draft_len=4)
+    one = SimpleNamespace(input_ids=[5])
+    system.tokenizer = lambda text, add_special_tokens: one  # one token: the prefill's, no round drafted
+    system.generate(request, params)
+    assert not any("acceptance is unknown" in note for note in system.notes)
+    system.tokenizer = tokenizer
     drafted["n"] = 3
     system.generate(request, params)
     assert not any("acceptance is unknown" in note for note in system.notes)
@@ -346,3 +362,28 @@ def test_bench_against_a_server_refuses_in_process_options(runner):
     SystemOptions(url="127.0.0.1:1", dtype="float16").check(reference=True)
     with pytest.raises(TrtspecError, match="--dtype is for a system run in-process"):
         SystemOptions(url="127.0.0.1:1", dtype="float16").check(reference=False)
+
+
+def test_write_recipe_against_a_server_is_checked_against_the_recipe_before_the_sweep():
+    """--write-recipe saves a copy of the recipe: a K past the recipe's max_draft_len (the server's may be larger)
+    or a draft proposer where the recipe has no draft would fail that copy after the whole sweep, so both are
+    refused before it."""
+    from trtspec.recipe import load_recipe
+    from trtspec.validate.inputs import SystemOptions
+    from trtspec.validate.run_bench import BenchOptions, _check_sweep
+
+    recipe = load_recipe("demo")
+    served = SimpleNamespace(
+        max_draft_len=12, max_draft_len_source="the server's max_draft_len", proposer="draft"
+    )
+    options = BenchOptions(
+        system=SystemOptions(url="127.0.0.1:1"), ks=(2, 10), concurrency=(1,), write_recipe=Path("r.yaml")
+    )
+    _check_sweep(replace(options, write_recipe=None), recipe, served)  # the server takes K=10
+    with pytest.raises(
+        TrtspecError, match=r"^--num-draft-tokens 10 > the recipe's speculative.max_draft_len 8"
+    ):
+        _check_sweep(options, recipe, served)
+    no_draft = recipe.model_copy(update={"draft": None})
+    with pytest.raises(TrtspecError, match="--write-recipe: the server proposes with draft"):
+        _check_sweep(replace(options, ks=(2,)), no_draft, served)

@@ -21,7 +21,7 @@ T = TypeVar("T")
 
 def run_main(main: Callable[[], int | None]) -> None:
     """Exit with ``main()``'s status; a trtspec domain error (TrtspecError: a bad recipe, a missing model folder)
-    prints ``error: <message>`` and exits with the error's own status, as the trtspec commands do."""
+    prints ``Error: <message>`` and exits with the error's own status, as the trtspec commands do."""
     try:
         status = main()
     except Exception as err:
@@ -29,7 +29,7 @@ def run_main(main: Callable[[], int | None]) -> None:
         errors = sys.modules.get("trtspec.core.errors")
         if errors is None or not isinstance(err, errors.TrtspecError):
             raise
-        print(f"error: {err.message}", file=sys.stderr)
+        print(f"Error: {err.message}", file=sys.stderr)
         sys.exit(err.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)

@@ -1079,7 +1079,8 @@ def shipped_out(args: argparse.Namespace) -> Path | None:
     text_drafts = args.other_tokenizer_drafts and not (
         changed or args.gpu or args.copy_curriculum or args.othertok_vocab
     )
-    reads_only = args.evaluate or args.copying
+    # --evaluate and --copying only read, unless text drafts train first (main runs those before them)
+    reads_only = (args.evaluate or args.copying) and not args.other_tokenizer_drafts
     return DEFAULT_OUT if pair or text_drafts or reads_only else None
 
 

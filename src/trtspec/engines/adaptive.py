@@ -501,8 +501,8 @@ class CatchUp:
     its time beyond what its K costs (RoundCosts) is the catch-up's. Smoothed like the costs (noisy rounds).
     A catch-up counts from ``minimum`` tokens: a forward over a few more tokens costs what one over fewer does
     (its fixed cost dominates), so a row that sat out a few rounds drafts on unpriced, and their per-token excess
-    would price a prompt's catch-up at that fixed cost. A round with such a catch-up is timed as neither: beyond
-    ``steady`` tokens (the one round a unit measure sits out) it is no steady round of its K."""
+    would price a prompt's catch-up at that fixed cost. A round with such a catch-up is timed as neither: after
+    more than ``steady`` rounds sat out (the one a unit measure takes) it is no steady round of its K."""
 
     minimum = 16
     steady = 1

@@ -202,6 +202,7 @@ class _Active:
     lookup_off: int = 0  # rounds since a match was last proposed
     lookup_hits: Acceptance | None = None  # the share of its searches that found a match
     draft_estimate: Acceptance | None = None  # the draft's acceptance where K is pinned and lookup competes
+    draft_off: int = 0  # rounds since its draft model last proposed (a prefill and lookup rounds count)
 
     @property
     def draft_acceptance(self) -> Acceptance | None:
@@ -479,14 +480,17 @@ class GenerationLoop:
             self.adaptive.ran(len(group), max(drafted))
         # Timed only as the round's one batch (another group's prefill or forwards would be charged to this K),
         # and only where one proposer gave every proposal (a mixed round's cost is neither's).
-        # A draft that sat out a few rounds takes them in unpriced (under CatchUp.minimum): such a round is no
-        # steady round of its K either (on the AMD EPYC, a K=1 round of 8 rows after 12 off took 32 ms against
-        # 27 ms, and K=1, priced 1.54 target-only rounds for 1.43, stayed off for good), so it is not timed.
+        # A draft that sat out rounds takes them in; under CatchUp.minimum tokens that is unpriced, and such a
+        # round is no steady round of its K either (on the AMD EPYC, a K=1 round of 8 rows after 12 off took 32 ms
+        # against 27 ms, and K=1, priced 1.54 target-only rounds for 1.43, stayed off for good): not timed. Rounds
+        # sat out, not tokens behind, tell it: what a steady round leaves behind differs by runtime (the torch
+        # pair 1-2 tokens, an engine call's draft the tokens of the last round).
         looked_up = proposals is not None
-        catching = [b for b, k in zip(behind, drafted, strict=True) if k and b > CatchUp.steady]
-        steady = all(b >= CatchUp.minimum for b in catching)
+        drafting = [(r, b) for r, b, k in zip(group, behind, drafted, strict=True) if k]
+        caught_up = [b for _, b in drafting if b >= CatchUp.minimum]
+        steady = all(r.draft_off <= CatchUp.steady or b >= CatchUp.minimum for r, b in drafting)
         if no_prefill and only_group and not probing and steady and (not looked_up or not any(drafted)):
-            self.adaptive.timed(len(group), max(num_draft), looked_up, sum(catching))
+            self.adaptive.timed(len(group), max(num_draft), looked_up, sum(caught_up))
         return num_draft, proposals
 
     @staticmethod
@@ -647,6 +651,7 @@ class GenerationLoop:
         """Record the round, cut its tokens at the request's stops, retire the request if it finished.
         ``looked_up``: its draft tokens came from prompt lookup."""
         request.rounds += 1
+        request.draft_off = 0 if out.num_draft and not looked_up else request.draft_off + 1
         stats = request.stats
         proposer = "ngram" if looked_up else "draft"
         if out.num_draft:

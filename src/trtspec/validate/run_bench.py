@@ -172,7 +172,18 @@ def _sweep_grid(options: BenchOptions, recipe, notes: list[str], served=None) ->
 def _check_sweep(options: BenchOptions, recipe, served=None) -> None:
     """K and concurrency the system can take: K <= max_draft_len (``served``'s: see check_num_draft_tokens);
     in-process, one KV-cache slot per request."""
+    from trtspec.core.lookup import uses_draft
+
     check_num_draft_tokens(options.ks, recipe, served)
+    if options.write_recipe and served is not None:
+        # The copy keeps the recipe's limits and draft: a server's larger max_draft_len or a proposer needing a
+        # draft the recipe lacks would fail it after the sweep.
+        check_num_draft_tokens(options.ks, recipe)
+        if uses_draft(served.proposer) and recipe.draft is None:
+            raise TrtspecError(
+                f"--write-recipe: the server proposes with {served.proposer}, which needs a draft, and the recipe "
+                "has none; write the copy from the recipe the server was deployed from"
+            )
     limit, biggest = recipe.limits.max_batch_size, max(options.concurrency)
     if options.system.kind != "triton" and biggest > limit:
         raise TrtspecError(
@@ -204,7 +215,9 @@ def _sweep_notes(system, num_requests: int, options: BenchOptions) -> list[str]:
     from trtspec.validate.bench import STREAM_REQUESTS, sweep_passes
 
     notes = []
-    if system.adaptive is False:  # None: unknown, which the system's own notes say
+    if system.adaptive is None:  # the system's notes say why it is unknown
+        notes.append(f"{system.name}: adaptive K was not measured.")
+    if system.adaptive is False:
         notes.append(
             f"{system.name}: a request without K gets the deployment's default, which is not adaptive K (the "
             "entry model's num_draft_tokens parameter), so adaptive K was not measured."

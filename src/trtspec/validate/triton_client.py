@@ -177,6 +177,9 @@ class ServedConfig:
     source: str | None = None
 
 
+SPECULATION_PARAMETERS = frozenset({"max_draft_len", "num_draft_tokens", "proposer"})
+
+
 def _parameters(config: dict) -> dict[str, str]:
     return {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
 
@@ -251,7 +254,11 @@ class TritonClient:
         configs = {name: self._model_config(name) for name in dict.fromkeys(steps)}
         if None in configs.values():
             return ServedConfig(None, None)
-        source = next((name for name, step in configs.items() if _parameters(step)), None)
+        # the step that carries speculation's parameters (upstream's preprocessing step has a tokenizer's)
+        source = next(
+            (name for name, step in configs.items() if SPECULATION_PARAMETERS & _parameters(step).keys()),
+            None,
+        )
         return ServedConfig(
             _parameters(configs[source]) if source else {},
             any(_decoupled(step) for step in configs.values()),

@@ -74,7 +74,7 @@ class TritonSystem:
             self._notes.append(
                 f"{self.name}: its model configs could not be read, so its max_draft_len and proposer were taken "
                 f"from the recipe ({max_draft_len}, {proposer}) and whether a request without K gets adaptive K "
-                "is unknown: adaptive K was not measured."
+                "is unknown."
             )
             return
         published = {"max_draft_len": limit.isdigit(), "proposer": served_proposer in PROPOSERS}
@@ -180,7 +180,7 @@ class TritonSystem:
         )
         drafted = int(response.metrics.get("total_draft_tokens", 0))
         # Every request to upstream's LLM-API model drafts: none reported is a counter it did not fill (notes).
-        if self.fixed_k is not None and not drafted:
+        if self.fixed_k is not None and not drafted and len(ids) > 1:  # a second token came from a round
             self._unreported = True
         stats = AcceptanceStats(
             max_draft_len=self.max_draft_len if k is None else k,
