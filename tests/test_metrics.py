@@ -41,15 +41,22 @@ def test_counts_of_merged_requests_are_the_sums():
 
 
 def test_totals_from_a_response_leave_the_per_round_counts_unknown():
-    # validate.triton_system builds stats from return_perf_metrics: drafted and accepted, no rounds
-    counts = SpecDecodeCounts.of(AcceptanceStats(max_draft_len=4, drafted=12, accepted=7, totals_only=True))
-    assert (counts.num_draft_tokens, counts.num_accepted_tokens) == (12, 7)
-    assert (
-        counts.num_drafts
-        is counts.num_accepted_tokens_per_pos
-        is counts.num_rounds_without_speculation
-        is None
-    )
+    # validate.triton_system builds stats from return_perf_metrics: drafted and accepted, no rounds; a server's
+    # totals leave its round counts unknown even where it drafted nothing, and so does a merge with them
+    merged = AcceptanceStats().merge(AcceptanceStats(drafted=4, accepted=3, totals_only=True))
+    for drafted, accepted, stats in (
+        (12, 7, AcceptanceStats(max_draft_len=4, drafted=12, accepted=7, totals_only=True)),
+        (0, 0, AcceptanceStats(max_draft_len=4, totals_only=True)),
+        (4, 3, merged),
+    ):
+        counts = SpecDecodeCounts.of(stats)
+        assert (counts.num_draft_tokens, counts.num_accepted_tokens) == (drafted, accepted)
+        assert (
+            counts.num_drafts
+            is counts.num_accepted_tokens_per_pos
+            is counts.num_rounds_without_speculation
+            is None
+        )
     assert (
         SpecDecodeCounts.of(AcceptanceStats(max_draft_len=4)).num_drafts == 0
     )  # every round seen and nothing drafted: known zeros

@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 from trtspec.core.errors import ServerError, TrtspecError
-from trtspec.core.metrics import AcceptanceStats, SpecDecodeCounts
 from trtspec.engines.sampling import SamplingParams
 from trtspec.triton_repo.interface import CLIENT_INPUTS
 from trtspec.triton_repo.llmapi import LLMAPI_INPUTS
@@ -317,19 +316,6 @@ def test_zero_draft_tokens_from_upstreams_llmapi_model_are_unreported_not_none_d
     (generation,) = system.generate(request, params)
     assert generation.stats.measured_acceptance is None
     assert any("acceptance is unknown here, not zero" in note for note in system.notes)
-
-
-def test_a_servers_totals_leave_its_round_counts_unknown_even_where_it_drafted_nothing():
-    counts = SpecDecodeCounts.of(AcceptanceStats(max_draft_len=4, totals_only=True))
-    assert (counts.num_draft_tokens, counts.num_accepted_tokens) == (0, 0)
-    assert (
-        counts.num_drafts
-        is counts.num_accepted_tokens_per_pos
-        is counts.num_rounds_without_speculation
-        is None
-    )
-    merged = AcceptanceStats().merge(AcceptanceStats(drafted=4, accepted=3, totals_only=True))
-    assert SpecDecodeCounts.of(merged).num_drafts is None
 
 
 def test_the_k_range_and_limit_follow_what_the_server_publishes():
