@@ -373,3 +373,24 @@ def test_write_recipe_against_a_server_is_checked_against_the_recipe_before_the_
     no_draft = recipe.model_copy(update={"draft": None})
     with pytest.raises(TrtspecError, match="--write-recipe: the server proposes with draft"):
         _check_sweep(replace(options, ks=(2,)), no_draft, served)
+
+
+@pytest.mark.parametrize(
+    ("default", "expected"),
+    [("adaptive", None), ("3", 3), (None, 2)],  # None: configs the server will not give
+)
+def test_validate_against_a_server_measures_the_servers_default_k(monkeypatch, default, expected):
+    """Without --num-draft-tokens, validate measures what a request without K gets from the server under test
+    (adaptive K, or the K its entry model pins), not the local recipe's pinned K, which another deployment need
+    not share; where the server does not say, the recipe's."""
+    from trtspec.recipe import load_recipe
+    from trtspec.validate.run_validate import validated_k
+
+    configs = {} if default is None else {BLS: bls_config(num_draft_tokens=default, max_draft_len="6")}
+    serve_model(monkeypatch, configs=configs)
+    system = TritonSystem("127.0.0.1:1", tokenizer=None, model=BLS, max_draft_len=6, proposer="draft")
+    recipe = load_recipe("demo")  # pins K=2
+    assert recipe.speculative.num_draft_tokens == 2
+    assert validated_k(None, recipe, system) == expected
+    assert validated_k(4, recipe, system) == 4
+    assert validated_k(None, recipe) == 2  # in-process: as deploy would write it

@@ -682,8 +682,8 @@ def _threshold_option(name: str, default: float | None, what: str):
     "--num-draft-tokens",
     type=click.IntRange(min=1),
     help="Draft tokens per round (K) [default: the recipe's speculative.num_draft_tokens, else adaptive K; "
-    "against a server, none is sent: its repository's default, which deploy makes adaptive unless the recipe "
-    "pins a K].",
+    "against a server, its own default: the K its entry model pins, else adaptive K (the recipe's where the "
+    "server does not say)].",
 )
 @click.option(
     "--proposer",

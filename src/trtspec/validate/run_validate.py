@@ -52,6 +52,19 @@ def validate(options: ValidateOptions, on_progress: Callable[[str], None] | None
             served.close()
 
 
+def validated_k(asked: int | None, recipe, served=None) -> int | None:
+    """The K validate measures (None: adaptive K): the one asked for; else, against a server, its default (the K
+    upstream's LLM-API model fixes, the K its entry model pins, None where that is adaptive K), the recipe's
+    pinned K where the server does not say; in-process, the recipe's pinned K, as deploy would write it."""
+    if asked is not None:
+        return asked
+    if served is not None and served.adaptive:
+        return None
+    if served is not None and served.default_k is not None:
+        return served.default_k
+    return recipe.speculative.num_draft_tokens
+
+
 def _validate(options: ValidateOptions, recipe, served, tokenizer, on_progress) -> ValidationResult:
     """``validate`` after its checks; ``served``: the server under test, opened already (None: in-process)."""
     from trtspec.core.lookup import uses_lookup
@@ -70,11 +83,7 @@ def _validate(options: ValidateOptions, recipe, served, tokenizer, on_progress) 
             reference,
             prompts,
             max_new_tokens=options.max_tokens,
-            # a system that sets K itself (upstream's LLM-API model) is measured at its K; else, as deploy writes
-            # it, the recipe's pinned K or None: adaptive K
-            num_draft_tokens=options.num_draft_tokens
-            or system.fixed_k
-            or recipe.speculative.num_draft_tokens,
+            num_draft_tokens=validated_k(options.num_draft_tokens, recipe, served),
             thresholds=options.thresholds,
             progress=on_progress,
             proposer=options.proposer,

@@ -68,8 +68,11 @@ class TritonSystem:
         self.max_draft_len = int(limit) if limit.isdigit() else max_draft_len
         self.max_draft_len_source = SERVED_LIMIT if limit.isdigit() else RECIPE_LIMIT
         self.proposer = served_proposer if served_proposer in PROPOSERS else proposer
-        # A request without K gets the repository's default: adaptive K where the entry model says so.
-        self.adaptive = None if parameters is None else served.get("num_draft_tokens") == ADAPTIVE
+        # A request without K gets the repository's default: adaptive K where the entry model says so, else the
+        # K it pins (default_k; None where unknown or adaptive).
+        default = served.get("num_draft_tokens", "")
+        self.adaptive = None if parameters is None else default == ADAPTIVE
+        self.default_k = int(default) if default.isdigit() else None
         if parameters is None:
             self._notes.append(
                 f"{self.name}: its model configs could not be read, so its max_draft_len and proposer were taken "
@@ -88,7 +91,7 @@ class TritonSystem:
     def _upstream_settings(self, k: int, max_draft_len: int, proposer: str) -> None:
         """Upstream's LLM-API model drafts its model.yaml's max_draft_len (``k``) every round and takes no
         per-request K or proposer; it publishes neither, so they are what trtspec deploy writes for the recipe."""
-        self.fixed_k, self.max_draft_len = k, max_draft_len
+        self.fixed_k, self.max_draft_len, self.default_k = k, max_draft_len, k
         self.max_draft_len_source = RECIPE_LIMIT
         self.proposer, self.adaptive = proposer, False
         self._notes.append(
