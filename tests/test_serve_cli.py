@@ -164,10 +164,12 @@ def test_serve_answers_the_client_and_stops_cleanly_on_ctrl_c(repo, tmp_path):
 
 
 def test_client_refuses_a_negative_seed_and_names_prompt_lookups_share():
-    """Triton's seed is UINT64 (-1 wrapped to 2**64 - 1 in silence); the metrics line says how many of the draft
+    """Triton's seed is UINT64 (-1 wrapped to 2**64 - 1 in silence, 2**64 failed in numpy's cast); the metrics line says how many of the draft
     tokens prompt lookup gave."""
     got = _client("--seed", "-1", "def")
     assert got.returncode == 2 and "--seed: -1 is negative; a seed is 0 or more" in got.stderr
+    got = _client("--seed", str(2**64), "def")
+    assert got.returncode == 2 and f"--seed: {2**64} does not fit Triton's UINT64 seed" in got.stderr
     sys.path.insert(0, str(CLIENT.parent))
     try:
         import client

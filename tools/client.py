@@ -48,7 +48,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--temperature", type=float, default=None, help="0 or absent: greedy")
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--top-p", type=float, default=None)
-    parser.add_argument("--seed", type=seed, default=None, help="a sampled request's seed (0 or more)")
+    parser.add_argument("--seed", type=seed, default=None, help="a sampled request's seed (0 to 2**64 - 1)")
     parser.add_argument(
         "--proposer",
         choices=PROPOSERS,
@@ -61,10 +61,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def seed(text: str) -> int:
-    """--seed: Triton's seed input is UINT64, where -1 would wrap to 2**64 - 1 in silence."""
+    """--seed: Triton's seed input is UINT64, where -1 would wrap to 2**64 - 1 in silence and 2**64 does not fit."""
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"{value} is negative; a seed is 0 or more")
+    if value >= 2**64:
+        raise argparse.ArgumentTypeError(f"{value} does not fit Triton's UINT64 seed; a seed is below 2**64")
     return value
 
 
