@@ -132,6 +132,25 @@ def test_sweep_warms_adaptive_up_untimed_then_interleaves_every_point_group_by_g
     assert len(steps) == sweep_steps(len(reqs), [2], 2, True) == 5
 
 
+def test_a_sweep_without_adaptive_k_warms_up_target_only_untimed():
+    """Without adaptive K one untimed target-only pass runs first at each concurrency: a server that reuses
+    cached prompt prefixes would otherwise run each group's first point cold and the rest warm."""
+    from trtspec.validate.bench import run_sweep, sweep_steps
+
+    calls, steps = [], []
+
+    class Recorder:
+        def generate(self, requests, params):
+            calls.append(("".join(r.text for r in requests), params.num_draft_tokens))
+            return [Generation([5] * params.max_new_tokens, None, None, 0.001) for r in requests]
+
+    reqs = [Request("a", [1]), Request("b", [2])]
+    points = run_sweep(Recorder(), reqs, ks=[2], concurrency=[1], max_new_tokens=3, advance=steps.append)
+    assert calls[:3] == [("a", 0), ("a", 0), ("b", 0)]  # the first call's warm-up, then the untimed pass
+    assert [(p.num_draft_tokens, len(p.generations)) for p in points] == [(0, 2), (2, 2)]
+    assert len(steps) == sweep_steps(len(reqs), [1], 1, False) == 3
+
+
 @pytest.mark.parametrize("n", range(1, 8))
 def test_every_point_runs_right_after_every_other_equally_often(n):
     """What a point leaves behind (the CPU caches it filled, another engine's weights in them) must fall on every
@@ -188,7 +207,8 @@ def test_min_groups_adds_passes_where_a_pass_has_few_groups():
     # 4 groups per pass at concurrency 1: one pass; 2 at concurrency 2: two; 1 at concurrency 4: four
     assert [sweep_passes(4, c, 1, 4) for c in (1, 2, 4)] == [1, 2, 4]
     assert [(p.concurrency, len(p.generations)) for p in points] == [(1, 4), (2, 8), (4, 16)]
-    assert calls.count((4, 0)) == 4 and len(steps) == sweep_steps(4, [1, 2, 4], 1, False, 4) == 12
+    # at concurrency 4, its untimed target-only pass (one group) and four timed ones
+    assert calls.count((4, 0)) == 5 and len(steps) == sweep_steps(4, [1, 2, 4], 1, False, 4) == 15
     assert sweep_passes(4, 4, 3, 2) == 3  # repeats is the least
 
 
@@ -211,11 +231,11 @@ def test_a_steady_load_runs_windows_of_requests_in_flight_with_spread_budgets():
     points = run_sweep(Recorder(), reqs, ks=[2], concurrency=[2], max_new_tokens=10, load="streams")
     window = [budget(10, i) for i in range(8)]
     # the untimed first call, then one window of 4 x 2 requests per point, 2 in flight
-    assert calls == [(0, None, [None]), (0, 2, window), (2, 2, window)]
+    assert calls == [(0, None, [None]), (0, 2, window), (0, 2, window), (2, 2, window)]  # untimed pass first
     assert all(5 <= b <= 15 for b in window) and len(set(window)) > 4
     assert [(p.num_draft_tokens, len(p.generations)) for p in points] == [(0, 8), (2, 8)]
     assert sweep_groups(3, 2, "streams") == 1 and sweep_groups(9, 2, "streams") == 2
-    assert sweep_steps(3, [2], 1, False, load="streams") == 1
+    assert sweep_steps(3, [2], 1, False, load="streams") == 2
     budgets = [budget(64, i) for i in range(400)]
     assert min(budgets) >= 32 and max(budgets) <= 96 and abs(sum(budgets) / 400 - 64) < 2
 

@@ -476,10 +476,10 @@ def sweep_steps(
     num_proposers: int = 1,
     load: str = "groups",
 ) -> int:
-    """How many times run_sweep calls ``advance``: per concurrency, its warm-ups (one per proposer) and each pass's
-    groups."""
+    """How many times run_sweep calls ``advance``: per concurrency, its warm-ups (one per proposer; one without
+    adaptive K) and each pass's groups."""
     return sum(
-        adaptive * num_proposers
+        (num_proposers if adaptive else 1)
         + sweep_passes(num_requests, c, repeats, min_groups, load) * sweep_groups(num_requests, c, load)
         for c in concurrency
     )
@@ -534,7 +534,9 @@ def run_sweep(
     points. Adaptive K is measured in steady state: at
     each concurrency one untimed adaptive pass runs first, so it has measured that batch size's round costs
     (engines/adaptive.py: what a server learns in its first seconds and keeps for its lifetime; an engine keeps
-    them across calls).
+    them across calls). Without adaptive K (a server whose default is not), one untimed target-only pass runs
+    instead: a server that reuses cached prompt prefixes (the tensorrtllm runtime) would run a group's first point
+    cold and the others warm.
 
     The points are interleaved group by group: each group of ``concurrency`` requests runs under every point back
     to back, in balanced_orders from group to group, and ``repeats`` passes do that again (more where a pass
@@ -563,10 +565,10 @@ def run_sweep(
         size = window(c, load)
         groups = [batch[i : i + size] for i in range(0, len(batch), size)]
         pooled: dict[tuple, BenchPoint] = {}
-        for proposer in proposers if adaptive else ():
+        for proposer, k in [(p, None) for p in proposers] if adaptive else [(None, 0)]:
             named = f" proposer={proposer}" if proposer else ""
-            step(f"K={k_label(None)}{named} concurrency={c} warm-up (untimed)")
-            run_point(system, batch, params.with_(num_draft_tokens=None, proposer=proposer), c, load=load)
+            step(f"K={k_label(k)}{named} concurrency={c} warm-up (untimed)")
+            run_point(system, batch, params.with_(num_draft_tokens=k, proposer=proposer), c, load=load)
         num_passes = sweep_passes(len(requests), c, repeats, min_groups, load)
         for n in range(num_passes):
             for g, group in enumerate(groups):
