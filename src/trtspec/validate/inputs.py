@@ -8,6 +8,7 @@ that cannot fit fails before any model loads.
 from __future__ import annotations
 
 from collections.abc import Collection
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -216,11 +217,18 @@ def load_run_requests(recipe, options: RunOptions, lookup: bool = False, tokeniz
     )
 
 
-def open_served(recipe, options: SystemOptions):
-    """(system, target tokenizer) where the system is a server, else (None, None). A server is opened before the
-    run's K range and prompt selection are worked out: they follow the max_draft_len and proposer it publishes
-    (TritonSystem), and an unreachable endpoint fails before anything loads."""
+@contextmanager
+def served_system(recipe, options: SystemOptions):
+    """(system, target tokenizer) where the system is a server, else (None, None); the server's connections are
+    closed on the way out. A server is opened before the run's K range and prompt selection are worked out: they
+    follow the max_draft_len and proposer it publishes (TritonSystem), and an unreachable endpoint fails before
+    anything loads."""
     if options.kind != "triton":
-        return None, None
+        yield None, None
+        return
     tokenizer = target_tokenizer(recipe)
-    return open_system(recipe, options, tokenizer), tokenizer
+    served = open_system(recipe, options, tokenizer)
+    try:
+        yield served, tokenizer
+    finally:
+        served.close()

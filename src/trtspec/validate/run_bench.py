@@ -29,8 +29,8 @@ from trtspec.validate.inputs import (
     check_num_draft_tokens,
     check_proposers,
     load_run_requests,
-    open_served,
     open_system,
+    served_system,
 )
 from trtspec.validate.systems import too_few_timed
 
@@ -80,14 +80,10 @@ def bench(options: BenchOptions, on_progress: SweepProgress | None = None) -> Be
     recipe = load_recipe(options.recipe)
     # bench loads no HF reference: --device and --dtype, which place what runs in-process, are refused with --url
     options.system.check(reference=False)
-    served, tokenizer = open_served(recipe, options.system)
-    try:
+    with served_system(recipe, options.system) as (served, tokenizer):
         if served is not None:
             _refuse_fixed_k(served)
         return _bench(options, recipe, served, tokenizer, on_progress)
-    finally:
-        if served is not None:
-            served.close()
 
 
 def _bench(options: BenchOptions, recipe, served, tokenizer, on_progress) -> BenchOutcome:

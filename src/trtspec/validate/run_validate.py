@@ -18,8 +18,8 @@ from trtspec.validate.inputs import (
     check_proposers,
     load_run_requests,
     open_reference,
-    open_served,
     open_system,
+    served_system,
 )
 from trtspec.validate.report import REPORT_TITLE, validation_markdown
 from trtspec.validate.validation import Thresholds, ValidationResult
@@ -44,12 +44,8 @@ def validate(options: ValidateOptions, on_progress: Callable[[str], None] | None
     if options.report:
         check_output_file(options.report, "--report", options.inputs())  # before the run, not after it
         refuse_other_file(options.report, options.force)
-    served, tokenizer = open_served(recipe, options.system)
-    try:
+    with served_system(recipe, options.system) as (served, tokenizer):
         return _validate(options, recipe, served, tokenizer, on_progress)
-    finally:
-        if served is not None:
-            served.close()
 
 
 def validated_k(asked: int | None, recipe, served=None) -> int | None:
@@ -74,7 +70,7 @@ def _validate(options: ValidateOptions, recipe, served, tokenizer, on_progress) 
     proposer = options.proposer or (served.proposer if served else recipe.speculative.proposer)
     check_proposers(recipe, options.system, [proposer])
     prompts, tokenizer, _, notes = load_run_requests(recipe, options, uses_lookup(proposer), tokenizer)
-    # The system before the reference model, as a server is (open_served): what fails to load fails first.
+    # The system before the reference model, as a server is (served_system): what fails to load fails first.
     system = served or open_system(recipe, options.system, tokenizer, [proposer])
     try:
         reference = open_reference(recipe, options.system)
