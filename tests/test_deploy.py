@@ -431,6 +431,35 @@ def test_tensorrtllm_refuses_engines_that_do_not_fit(tiny_pair, tmp_path):
         deploy(recipe, "tensorrtllm", tmp_path / "r", engine_dirs=short)
 
 
+def test_tensorrtllm_refuses_engines_whose_logits_or_token_budget_the_repository_cannot_serve(
+    tiny_pair, tmp_path
+):
+    recipe = make_recipe(
+        tiny_pair,
+        speculative={"max_draft_len": 4, "use_draft_logits": True},
+        limits={"max_input_len": 100, "max_seq_len": 300},
+    )
+
+    def pair(root, **draft):
+        return {
+            "target": fake_engine(root / "target", max_draft_len=4, gather=True),
+            "draft": fake_engine(root / "draft", max_draft_len=0, gather=True, **draft),
+        }
+
+    # modelopt's float16 logits: the backend would refuse every draft response against the repository's FP32
+    with pytest.raises(
+        CheckFailed, match="draft engine returns float16 logits where the repository declares float32"
+    ):
+        deploy(
+            recipe, "tensorrtllm", tmp_path / "r", engine_dirs=pair(tmp_path / "a", logits_dtype="float16")
+        )
+    # without chunked context the runtime takes no sequence longer than max_num_tokens
+    with pytest.raises(CheckFailed, match="draft engine max_num_tokens 200 < limits.max_seq_len 300 - 1"):
+        deploy(recipe, "tensorrtllm", tmp_path / "r", engine_dirs=pair(tmp_path / "b", max_num_tokens=200))
+    assert not (tmp_path / "r").exists()
+    deploy(recipe, "tensorrtllm", tmp_path / "r", engine_dirs=pair(tmp_path / "c", max_num_tokens=299))
+
+
 def test_cross_model_check_catches_a_dtype_mismatch_and_a_missing_model(tiny_pair, engines):
     """On the orchestrator's layout: the orchestrator over the TensorRT-LLM backend's engine models."""
     recipe = make_recipe(tiny_pair, speculative={"max_draft_len": 4})

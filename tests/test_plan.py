@@ -94,6 +94,52 @@ def test_limits_come_from_the_recipe():
             assert cmd[cmd.index(flag) + 1] == value
 
 
+def test_max_num_tokens_covers_a_whole_sequence_and_never_falls_below_the_default():
+    # Chunked context is off in trtspec's runtimes, so the runtime takes no prompt longer than
+    # min(max_seq_len - 1, max_num_tokens), and each round sends a row's whole sequence.
+    for seq, target, draft in [(300, 8192, 8192), (20000, 20005, 20000)]:
+        plan = build_plan(make_recipe(limits__max_seq_len=seq))
+        assert (plan.target.build_config["max_num_tokens"], plan.draft.build_config["max_num_tokens"]) == (
+            target,
+            draft,
+        )
+        for engine, want in [(plan.target, target), (plan.draft, draft)]:
+            cmd = engine.command()
+            assert cmd[cmd.index("--max_num_tokens") + 1] == str(want)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_logits_are_float32_whatever_the_checkpoint_dtype(dtype):
+    # modelopt writes float16 logits into float16 and bfloat16 checkpoints; the repository declares FP32.
+    recipe = make_recipe(target__dtype=dtype, draft__dtype=dtype)
+    plan = build_plan(recipe, ckpt_config(dtype=dtype), ckpt_config(dtype=dtype))
+    for engine in plan.engines():
+        assert engine.build_config["logits_dtype"] == "float32"
+        cmd = engine.command()
+        assert cmd[cmd.index("--logits_dtype") + 1] == "float32"
+        assert P.expected_engine(engine)["logits_dtype"] == "float32"
+
+
+def test_a_plan_written_before_max_num_tokens_and_logits_still_renders_and_verifies():
+    engine = build_plan(make_recipe()).target
+    old = P.EnginePlan.from_dict(
+        {
+            **engine.to_dict(),
+            "build_config": {
+                k: v for k, v in engine.build_config.items() if k not in ("max_num_tokens", "logits_dtype")
+            },
+        }
+    )
+    assert "--max_num_tokens" not in old.command() and "--logits_dtype" not in old.command()
+    assert not {"max_num_tokens", "logits_dtype"} & P.expected_engine(old).keys()
+
+
+def test_an_engine_whose_max_num_tokens_trtllm_lowered_to_what_a_batch_holds_still_matches():
+    engine = build_plan(make_recipe(limits__max_batch_size=2, limits__max_seq_len=300)).target
+    expected = P.expected_engine(engine)["max_num_tokens"]
+    assert expected == (600, 610)  # min(8192, max_seq_len x 2), max_seq_len as built: 300 or 300 + K
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_gemm_plugin_dtype_is_the_checkpoint_dtype(dtype):
     recipe = make_recipe(target__dtype=dtype, draft__dtype=dtype)
@@ -124,6 +170,30 @@ def test_bad_checkpoint_config_names_the_file():
         P.checkpoint_facts({"architecture": "LlamaForCausalLM", "dtype": "float16"}, "where.json")
     with pytest.raises(CheckpointError, match="dtype 'int8'"):
         P.checkpoint_facts(ckpt_config(dtype="int8"))
+
+
+@pytest.mark.parametrize(
+    "config, named",
+    [
+        ({**ckpt_config(), "vocab_size": None}, "vocab_size is None, not a positive integer"),
+        ({**ckpt_config(), "vocab_size": "320"}, "vocab_size is '320', not a positive integer"),
+        ({**ckpt_config(), "mapping": [1, 2]}, "mapping is \\[1, 2\\], not an object"),
+        ({**ckpt_config(), "mapping": {"tp_size": 0}}, "mapping.tp_size is 0"),
+        ({**ckpt_config(), "quantization": "fp8"}, "quantization is 'fp8', not an object"),
+        ({**ckpt_config(), "architecture": None}, "architecture is None, not a string"),
+        ([ckpt_config()], "the file is 'list', not a JSON object"),
+    ],
+)
+def test_each_bad_field_of_a_checkpoint_config_is_named_in_one_line(config, named):
+    with pytest.raises(CheckpointError, match=f"^where.json: {named}") as caught:
+        P.checkpoint_facts(config, "where.json")
+    assert "\n" not in str(caught.value)
+
+
+def test_a_checkpoint_config_that_is_not_utf8_json_is_one_line(tmp_path):
+    (tmp_path / "config.json").write_bytes(b"\xff\xfe{}")
+    with pytest.raises(CheckpointError, match="cannot read the checkpoint config"):
+        P.read_checkpoint_config(tmp_path)
 
 
 def test_read_checkpoint_config_requires_every_rank_file(tmp_path):
@@ -165,12 +235,22 @@ def test_engine_mismatches_accept_the_planned_engine_and_catch_a_missing_specula
         "gemm_plugin": "float16",
         "tp_size": 1,
         "pp_size": 1,
+        "max_num_tokens": 1216,  # lowered to max_seq_len x max_batch_size by the build
+        "logits_dtype": "float32",
     }
     assert P.engine_mismatches(plan.target, good) == []
+    assert P.engine_mismatches(plan.target, good | {"logits_dtype": "float16"}) == [
+        "logits_dtype is 'float16', expected float32"
+    ]
     bad = good | {"speculative_decoding_mode": "none", "max_draft_len": 0}
     problems = P.engine_mismatches(plan.target, bad)
     assert any("speculative_decoding_mode is 'none'" in p for p in problems)
     assert any("max_draft_len is 0" in p for p in problems)
-    draft_like = good | {"speculative_decoding_mode": "none", "max_draft_len": 0, "max_seq_len": 300}
+    draft_like = good | {
+        "speculative_decoding_mode": "none",
+        "max_draft_len": 0,
+        "max_seq_len": 300,
+        "max_num_tokens": 1200,
+    }
     assert P.engine_mismatches(plan.draft, draft_like) == []
     assert P.engine_mismatches(plan.draft, draft_like | {"max_seq_len": 304}) != []

@@ -29,7 +29,14 @@ from harness.engine_model import TritonPythonModel  # noqa: E402,F401
 
 
 def fake_engine(
-    path: Path, *, max_draft_len: int, vocab_size: int = 320, gather: bool = False, max_batch_size: int = 8
+    path: Path,
+    *,
+    max_draft_len: int,
+    vocab_size: int = 320,
+    gather: bool = False,
+    max_batch_size: int = 8,
+    max_num_tokens: int = 8192,
+    logits_dtype: str = "float32",
 ) -> Path:
     """An engine dir whose config.json has TensorRT-LLM 1.2's layout (pretrained_config + build_config)."""
     path.mkdir(parents=True)
@@ -38,6 +45,7 @@ def fake_engine(
         "pretrained_config": {
             "architecture": "LlamaForCausalLM",
             "dtype": "float16",
+            "logits_dtype": logits_dtype,
             "vocab_size": vocab_size,
             "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1},
         },
@@ -45,6 +53,7 @@ def fake_engine(
             "max_batch_size": max_batch_size,
             "max_input_len": 512,
             "max_seq_len": 1024,
+            "max_num_tokens": max_num_tokens,
             "max_beam_width": 1,
             "max_draft_len": max_draft_len,
             # SpeculativeDecodingMode flags: 1 NONE, 2 DRAFT_TOKENS_EXTERNAL

@@ -10,7 +10,15 @@ This module is the one place that knows the draft-target build rules (shared/ref
 - both get paged context FMHA (KV-cache reuse; the default changed across versions, so it is always explicit);
 - both get ``gather_generation_logits`` when the recipe accepts by draft logits (without it the runtime hangs,
   TensorRT-LLM issue 2798); ``gather_context_logits`` is never set (RuntimeError with max_draft_len > 0);
-- limits (max_batch_size / max_input_len / max_seq_len, beam width 1) come from the recipe;
+- limits (max_batch_size / max_input_len / max_seq_len, beam width 1) come from the recipe, and max_num_tokens
+  covers a whole sequence (max_seq_len, plus K on the target): with context FMHA and packed input and chunked
+  context off (trtspec's runtimes), the runtime takes no prompt longer than min(max_seq_len - 1, max_num_tokens),
+  and each round sends the prompt and everything generated so far, so BuildConfig's default of 8192 would fail
+  requests of a longer max_seq_len part-way (LlmRequest::validate: "Prompt length (N) exceeds maximum input
+  length");
+- logits are float32 on both: the Triton repository declares generation_logits TYPE_FP32, and the tensorrtllm
+  backend checks every response's logits against that type; modelopt writes float16 logits into a float16 or
+  bfloat16 checkpoint, so without it every draft call that returns logits fails;
 - the GEMM plugin dtype is the checkpoint's dtype; tensor/pipeline parallelism come from the checkpoint's
   ``mapping`` (they are fixed at convert time: one ``rank{N}.safetensors`` per rank).
 
@@ -27,13 +35,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from trtspec.core.engine_config import DRAFT_TOKENS_EXTERNAL
+from trtspec.core.engine_config import DRAFT_TOKENS_EXTERNAL, LOGITS_DTYPE
 from trtspec.core.errors import CheckpointError, RecipeError
 from trtspec.core.vocab import vocab_pair_problem, vocab_rows
 from trtspec.recipe import Recipe
 
 ROLES = ("target", "draft")
 GEMM_PLUGIN_DTYPES = ("float16", "bfloat16", "float32")
+DEFAULT_MAX_NUM_TOKENS = 8192  # TensorRT-LLM 1.2.x BuildConfig.max_num_tokens
 
 
 @dataclass(frozen=True)
@@ -57,8 +66,9 @@ class EnginePlan:
     """One engine: where it reads and writes, and the exact BuildConfig that produces it.
 
     ``build_config`` is the dict ``tensorrt_llm.builder.BuildConfig.from_dict`` takes, with
-    ``speculative_decoding_mode`` as the trtllm-build choice string ("draft_tokens_external") or None, and
-    ``plugin_config`` as the ``PluginConfig`` fields to set.
+    ``speculative_decoding_mode`` as the trtllm-build choice string ("draft_tokens_external") or None,
+    ``plugin_config`` as the ``PluginConfig`` fields to set, and ``logits_dtype``, which trtllm-build hands to
+    ``build_model`` (it sets the checkpoint config's), not to BuildConfig.
     """
 
     role: str
@@ -131,23 +141,44 @@ def engine_roles(recipe: Recipe) -> tuple[str, ...]:
     return tuple(role for role in ROLES if role in recipe.models())
 
 
-def checkpoint_facts(config: dict[str, Any], where: str | Path = "config.json") -> CheckpointFacts:
-    """Pick the plan's inputs out of a TensorRT-LLM checkpoint config.json (as modelopt writes it)."""
-    try:
-        mapping = config.get("mapping") or {}
-        quant = config.get("quantization") or {}
-        facts = CheckpointFacts(
-            architecture=str(config["architecture"]),
-            dtype=str(config["dtype"]),
-            vocab_size=int(config["vocab_size"]),
-            tp_size=int(mapping.get("tp_size", 1)),
-            pp_size=int(mapping.get("pp_size", 1)),
-            quant_algo=quant.get("quant_algo"),
+def checkpoint_facts(config: Any, where: str | Path = "config.json") -> CheckpointFacts:
+    """Pick the plan's inputs out of a TensorRT-LLM checkpoint config.json (as modelopt writes it); a field missing
+    or of the wrong type is named in one line."""
+
+    def bad(field: str, value: Any, wanted: str) -> CheckpointError:
+        return CheckpointError(
+            f"{where}: {field} is {value!r}, not {wanted}: not a TensorRT-LLM checkpoint config; re-run "
+            "`trtspec build`"
         )
-    except (KeyError, TypeError, ValueError) as err:
-        raise CheckpointError(
-            f"{where}: not a TensorRT-LLM checkpoint config (missing or bad {err}); re-run `trtspec build`"
-        ) from None
+
+    def section(name: str) -> dict[str, Any]:
+        value = config.get(name) or {}
+        if not isinstance(value, dict):
+            raise bad(name, value, "an object")
+        return value
+
+    def text(name: str) -> str:
+        value = config.get(name)
+        if not isinstance(value, str):
+            raise bad(name, value, "a string")
+        return value
+
+    def count(name: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise bad(name, value, "a positive integer")
+        return value
+
+    if not isinstance(config, dict):
+        raise bad("the file", type(config).__name__, "a JSON object")
+    mapping, quant = section("mapping"), section("quantization")
+    facts = CheckpointFacts(
+        architecture=text("architecture"),
+        dtype=text("dtype"),
+        vocab_size=count("vocab_size", config.get("vocab_size")),
+        tp_size=count("mapping.tp_size", mapping.get("tp_size", 1)),
+        pp_size=count("mapping.pp_size", mapping.get("pp_size", 1)),
+        quant_algo=quant.get("quant_algo"),
+    )
     if facts.dtype not in GEMM_PLUGIN_DTYPES:
         raise CheckpointError(f"{where}: dtype {facts.dtype!r} is not one of {GEMM_PLUGIN_DTYPES}")
     return facts
@@ -157,8 +188,8 @@ def read_checkpoint_config(checkpoint_dir: Path) -> CheckpointFacts:
     """Read ``checkpoint_dir/config.json`` and check one ``rank{N}.safetensors`` exists per rank."""
     path = Path(checkpoint_dir) / "config.json"
     try:
-        config = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:  # ValueError: not JSON, or not UTF-8
         raise CheckpointError(
             f"{path}: cannot read the checkpoint config ({err}); re-run `trtspec build`"
         ) from None
@@ -187,17 +218,20 @@ def engine_build_config(role: str, recipe: Recipe, facts: CheckpointFacts) -> di
             "re-run `trtspec build` to re-convert"
         )
     is_target = role == "target"
+    max_draft_len = recipe.speculative.max_draft_len if is_target else 0
     return {
         "max_batch_size": limits.max_batch_size,
         "max_input_len": limits.max_input_len,
         "max_seq_len": limits.max_seq_len,
+        "max_num_tokens": max(DEFAULT_MAX_NUM_TOKENS, limits.max_seq_len + max_draft_len),
         "max_beam_width": 1,  # draft-target runs with beam width 1 only
         "gather_context_logits": False,
         "gather_generation_logits": recipe.speculative.use_draft_logits,
         "strongly_typed": True,  # what trtllm-build always passes
         "speculative_decoding_mode": DRAFT_TOKENS_EXTERNAL if is_target else None,
-        "max_draft_len": recipe.speculative.max_draft_len if is_target else 0,
+        "max_draft_len": max_draft_len,
         "plugin_config": {"gemm_plugin": facts.dtype, "use_paged_context_fmha": True},
+        "logits_dtype": LOGITS_DTYPE,
     }
 
 
@@ -259,8 +293,11 @@ def trtllm_build_argv(
     argv += _flag("output_dir", output_dir or plan.engine_dir)
     argv += _flag("gemm_plugin", plugins["gemm_plugin"])
     argv += _flag("use_paged_context_fmha", "enable" if plugins["use_paged_context_fmha"] else "disable")
-    for name in ("max_batch_size", "max_input_len", "max_seq_len", "max_beam_width"):
-        argv += _flag(name, cfg[name])
+    for name in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "max_beam_width"):
+        if name in cfg:  # an older plan file without max_num_tokens builds with TensorRT-LLM's default
+            argv += _flag(name, cfg[name])
+    if cfg.get("logits_dtype"):
+        argv += _flag("logits_dtype", cfg["logits_dtype"])
     if cfg["gather_generation_logits"]:
         argv.append("--gather_generation_logits")
     if cfg["gather_context_logits"]:  # never set by engine_build_config; rendered only if a caller forces it
@@ -275,23 +312,32 @@ def expected_engine(plan: EnginePlan) -> dict[str, Any]:
     """What the built engine's config.json must say (normalised as ``read_engine_config`` returns it).
 
     TensorRT-LLM's ``build`` adds max_draft_len to max_seq_len when a speculative mode is set, so the target
-    engine's max_seq_len may read S + K instead of S.
+    engine's max_seq_len may read S + K instead of S; and it lowers max_num_tokens to max_seq_len x max_batch_size
+    where the plan's is larger (check_max_num_tokens), which still holds a whole sequence.
     """
     cfg = plan.build_config
     seq = cfg["max_seq_len"]
+    seqs = (seq, seq + cfg["max_draft_len"]) if cfg["speculative_decoding_mode"] else (seq,)
+    planned = {}
+    if "max_num_tokens" in cfg:
+        tokens = cfg["max_num_tokens"]
+        planned["max_num_tokens"] = tuple(dict.fromkeys(min(tokens, s * cfg["max_batch_size"]) for s in seqs))
+    if cfg.get("logits_dtype"):
+        planned["logits_dtype"] = cfg["logits_dtype"]
     return {
         "speculative_decoding_mode": cfg["speculative_decoding_mode"] or "none",
         "max_draft_len": cfg["max_draft_len"],
         "vocab_size": plan.checkpoint.vocab_size,
         "max_batch_size": cfg["max_batch_size"],
         "max_input_len": cfg["max_input_len"],
-        "max_seq_len": (seq, seq + cfg["max_draft_len"]) if cfg["speculative_decoding_mode"] else (seq,),
+        "max_seq_len": seqs,
         "gather_generation_logits": cfg["gather_generation_logits"],
         "gather_context_logits": False,
         "use_paged_context_fmha": True,
         "gemm_plugin": cfg["plugin_config"]["gemm_plugin"],
         "tp_size": plan.checkpoint.tp_size,
         "pp_size": plan.checkpoint.pp_size,
+        **planned,
     }
 
 

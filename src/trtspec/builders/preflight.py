@@ -100,7 +100,7 @@ def check_architecture(facts: ModelFacts, runtime: str, max_seq_len: int = 0) ->
     name = f"architecture ({facts.role})"
     hf_config = _family_config(facts)
     problem = support.convert_problem(hf_config)
-    if problem is None and runtime == "tensorrtllm":
+    if problem is None and runtime != "trtllm-pytorch":  # every runtime but that one gets engines built
         problem = support.engine_window_problem(hf_config, max_seq_len)
     if problem is None:
         return CheckResult(
@@ -335,8 +335,9 @@ def check_fast_logits(recipe: Recipe) -> list[CheckResult]:
 
 
 def check_kv_cache(recipe: Recipe) -> list[CheckResult]:
-    """An fp8 KV cache in a tensorrtllm engine keeps the paged context FMHA only beside some formats."""
-    if recipe.triton.runtime != "tensorrtllm":
+    """An fp8 KV cache in an engine keeps the paged context FMHA only beside some formats: checked wherever `build`
+    builds engines (every runtime but trtllm-pytorch), else the build fails only at its verification, after it."""
+    if recipe.triton.runtime == "trtllm-pytorch":
         return []
     for role, spec in recipe.models().items():
         if (

@@ -29,6 +29,10 @@ SPECULATIVE_MODES = (
     "auto",
 )
 DRAFT_TOKENS_EXTERNAL = SPECULATIVE_MODES[1]  # the mode whose target takes draft tokens from outside
+# Engines' logits as trtspec builds them (builders/plan.py) and its repositories declare them (generation_logits
+# TYPE_FP32, the tensorrt_llm model's logits_datatype): the tensorrtllm backend takes the type from config.pbtxt
+# and refuses every response whose logits differ (model_state.cc, fillTritonResponse's TLLM_CHECK).
+LOGITS_DTYPE = "float32"
 
 
 def speculative_mode_name(value: Any, max_draft_len: int = 0) -> str:
@@ -61,6 +65,7 @@ def normalise_engine_config(config: dict[str, Any]) -> dict[str, Any]:
         "version": config.get("version"),
         "architecture": pretrained.get("architecture") or pretrained.get("name"),
         "dtype": pretrained.get("dtype") or build.get("precision"),
+        "logits_dtype": pretrained.get("logits_dtype"),
         "vocab_size": pretrained.get("vocab_size"),
         "tp_size": int(mapping.get("tp_size", 1)),
         "pp_size": int(mapping.get("pp_size", 1)),
@@ -71,6 +76,7 @@ def normalise_engine_config(config: dict[str, Any]) -> dict[str, Any]:
         "max_batch_size": build.get("max_batch_size"),
         "max_input_len": build.get("max_input_len"),
         "max_seq_len": build.get("max_seq_len") or build.get("max_sequence_length"),
+        "max_num_tokens": build.get("max_num_tokens"),
         "max_beam_width": build.get("max_beam_width"),
         "gather_context_logits": bool(
             build.get("gather_context_logits") or build.get("gather_all_token_logits")
@@ -86,9 +92,10 @@ def normalise_engine_config(config: dict[str, Any]) -> dict[str, Any]:
 def read_engine_config(engine_dir: str | Path) -> dict[str, Any]:
     """Read an engine directory's config.json into the facts trtspec checks.
 
-    Returns a dict with: version, architecture, dtype, vocab_size, tp_size, pp_size, speculative_decoding_mode
-    ("draft_tokens_external", "none", ...), max_draft_len, max_batch_size, max_input_len, max_seq_len,
-    max_beam_width, gather_context_logits, gather_generation_logits, use_paged_context_fmha, gemm_plugin.
+    Returns a dict with: version, architecture, dtype, logits_dtype, vocab_size, tp_size, pp_size,
+    speculative_decoding_mode ("draft_tokens_external", "none", ...), max_draft_len, max_batch_size, max_input_len,
+    max_seq_len, max_num_tokens, max_beam_width, gather_context_logits, gather_generation_logits,
+    use_paged_context_fmha, gemm_plugin (None where an older layout has no such field).
     Raises CheckpointError (one line) when the file is missing or not an engine config.
     """
     path = Path(engine_dir) / "config.json"
@@ -115,15 +122,19 @@ def pair_problems(
     *,
     max_draft_len: int = 1,
     max_batch_size: int | None = None,
+    max_seq_len: int | None = None,
     use_draft_logits: bool = False,
     fast_logits: bool = False,
     own_tokenizer: bool = False,
+    logits_dtype: str | None = None,
 ) -> list[str]:
     """What makes built engines (read_engine_config facts) unusable for draft-target speculation, empty if nothing:
     the one statement of these rules, for a repository's engines (deploy) and the in-process runner. No draft: the
-    target alone, drafting by prompt lookup. ``max_draft_len``: the K the caller needs; ``max_batch_size``: the
-    batch it needs, None to not check; ``own_tokenizer``: the draft tokenizes differently, so its vocabulary rows
-    never meet the target's."""
+    target alone, drafting by prompt lookup. ``max_draft_len``: the K the caller needs; ``max_batch_size`` and
+    ``max_seq_len``: the batch and sequence length it serves, None to not check (each round sends a row's whole
+    sequence, and without chunked context the runtime takes none longer than max_num_tokens); ``own_tokenizer``:
+    the draft tokenizes differently, so its vocabulary rows never meet the target's; ``logits_dtype``: the type the
+    caller declares gathered logits as, None to not check."""
     problems = []
     mode, built_k = target["speculative_decoding_mode"], target["max_draft_len"]
     if mode != DRAFT_TOKENS_EXTERNAL:
@@ -149,6 +160,18 @@ def pair_problems(
             problems.append(
                 f"{role} engine max_batch_size {facts['max_batch_size']} < limits.max_batch_size "
                 f"{max_batch_size}; rebuild it with `trtspec build`"
+            )
+        tokens = facts.get("max_num_tokens")
+        if max_seq_len is not None and tokens is not None and tokens < max_seq_len - 1:
+            problems.append(
+                f"{role} engine max_num_tokens {tokens} < limits.max_seq_len {max_seq_len} - 1: without chunked "
+                f"context, sequences past {tokens} tokens fail part-way; rebuild it with `trtspec build`"
+            )
+        built_logits = facts.get("logits_dtype")
+        if use_draft_logits and logits_dtype and built_logits not in (None, logits_dtype):
+            problems.append(
+                f"{role} engine returns {built_logits} logits where the repository declares {logits_dtype} (the "
+                "tensorrtllm backend refuses every response with other logits); rebuild it with `trtspec build`"
             )
         if use_draft_logits and not facts["gather_generation_logits"]:
             # Without gathered logits the runtime hangs (TensorRT-LLM issue 2798): refused up front.

@@ -26,7 +26,7 @@ TensorRT-LLM 1.2.x build calls (read in NVIDIA/TensorRT-LLM; ``build_engine`` ca
 - ``tensorrt_llm/models/modeling_utils.py``: ``PretrainedConfig.from_json_file(config_file)``,
   ``SpeculativeDecodingMode`` (an IntFlag: NONE=1, DRAFT_TOKENS_EXTERNAL=2, MEDUSA=4, ...).
 - ``tensorrt_llm/builder.py``: ``BuildConfig`` (fields max_batch_size, max_input_len, max_seq_len,
-  max_beam_width, gather_context_logits, gather_generation_logits, strongly_typed, max_draft_len,
+  max_num_tokens, max_beam_width, gather_context_logits, gather_generation_logits, strongly_typed, max_draft_len,
   speculative_decoding_mode, plugin_config);
   ``build(model, build_config)`` adds max_draft_len to max_seq_len when a speculative mode is set;
   ``Engine.save(engine_dir)`` writes ``config.json`` (core/engine_config.py reads it) and ``rank{N}.engine``.
@@ -113,8 +113,8 @@ def build_engine(build_config: dict[str, Any], checkpoint_dir: Path, engine_dir:
     """Build one engine from a TensorRT-LLM checkpoint as ``trtllm-build`` would.
 
     ``build_config``: BuildConfig's fields as plain data (builders/plan.py ``EnginePlan.build_config``), with
-    ``speculative_decoding_mode`` as the trtllm-build choice string or None and ``plugin_config`` as a dict of the
-    ``PluginConfig`` fields to set.
+    ``speculative_decoding_mode`` as the trtllm-build choice string or None, ``plugin_config`` as a dict of the
+    ``PluginConfig`` fields to set and ``logits_dtype`` (None: the checkpoint's) as trtllm-build's flag.
     """
     import argparse
 
@@ -125,13 +125,14 @@ def build_engine(build_config: dict[str, Any], checkpoint_dir: Path, engine_dir:
     from tensorrt_llm.plugin import PluginConfig
 
     cfg = dict(build_config)
+    logits_dtype = cfg.pop("logits_dtype", None)  # build_model's, not BuildConfig's
     plugin_config = PluginConfig(**cfg.pop("plugin_config"))
     mode = argparse.Namespace(speculative_decoding_mode=cfg.pop("speculative_decoding_mode"))
     cfg["speculative_decoding_mode"] = SpeculativeDecodingMode.from_arguments(mode)
     config = BuildConfig(**cfg, plugin_config=plugin_config)
     model_config = PretrainedConfig.from_json_file(str(Path(checkpoint_dir) / "config.json"))
     kwargs = {
-        "logits_dtype": None,
+        "logits_dtype": logits_dtype,
         "lora_dir": None,
         "lora_ckpt_source": "hf",
         "max_lora_rank": 64,

@@ -86,16 +86,18 @@ def engine_problems(recipe: Recipe, facts: dict[str, dict], own_tokenizer: bool 
     """What makes a built target/draft pair (or a target alone, for prompt lookup) unusable for this repository
     (empty if none); facts per role are read_engine_config's. ``own_tokenizer``: the draft has a tokenizer of its
     own, so its vocab rows never meet the target's."""
-    from trtspec.core.engine_config import pair_problems
+    from trtspec.core.engine_config import LOGITS_DTYPE, pair_problems
 
     return pair_problems(
         facts["target"],
         facts.get("draft"),
         max_draft_len=recipe.speculative.max_draft_len,
         max_batch_size=recipe.limits.max_batch_size,
+        max_seq_len=recipe.limits.max_seq_len,
         use_draft_logits=recipe.speculative.use_draft_logits,
         fast_logits=recipe.triton.fast_logits,
         own_tokenizer=own_tokenizer,
+        logits_dtype=LOGITS_DTYPE,
     )
 
 

@@ -95,5 +95,9 @@ def build(model, build_config):
         build_config.max_draft_len = 0
     if build_config.speculative_decoding_mode != SpeculativeDecodingMode.NONE:
         build_config.max_seq_len += build_config.max_draft_len
+    # _utils.check_max_num_tokens: never more tokens than max_seq_len x max_batch_size
+    build_config.max_num_tokens = min(
+        build_config.max_num_tokens, build_config.max_seq_len * build_config.max_batch_size
+    )
     config = EngineConfig(copy.deepcopy(model.config), build_config, __version__)
     return Engine(config, b"FAKE-TRT-ENGINE rank %d" % model.config.mapping.rank)
