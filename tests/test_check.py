@@ -346,6 +346,16 @@ def test_padded_vocab_counts_tp_and_awq(runner, tmp_path, tiny_pair):
     assert padded_vocab_size(32001, 2, "w4a8_awq") == 32064
 
 
+def test_an_engines_logit_rows_are_padded_to_its_whole_world_pipeline_stages_included():
+    # TensorRT-LLM's runtime: ModelConfig::getVocabSizePadded(worldConfig.getSize()), tp x pp; a draft's logits
+    # padded to fewer rows would fail every verification ("Incompatible buffer sizes")
+    from trtspec.core.engine_config import engine_vocab_rows
+
+    assert engine_vocab_rows({"vocab_size": 50257, "tp_size": 1, "pp_size": 2}) == 50258
+    assert engine_vocab_rows({"vocab_size": 50257, "tp_size": 2, "pp_size": 2}) == 50260
+    assert engine_vocab_rows({"vocab_size": 50257, "tp_size": 1, "pp_size": 1}) == 50257
+
+
 def test_unsupported_architecture(runner, tmp_path, shared_tokenizer_dir, tiny_pair):
     from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 

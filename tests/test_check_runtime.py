@@ -126,6 +126,24 @@ def test_fast_logits_is_checked_against_the_draft_logits_it_would_carry():
     # A fast-logits answer is a record of where the draft's logits are: it cannot be cut to the next round.
     assert orchestrator_values(used, "tensorrtllm", ROWS)["draft_ahead"] is False
     assert orchestrator_values(used, "torch", ROWS)["draft_ahead"] is True  # real logits there
+    assert orchestrator_values(used, "tensorrtllm", ROWS)["fast_logits"] is True
+    assert orchestrator_values(unused, "tensorrtllm", ROWS)["fast_logits"] is False  # no draft logits sent
+
+
+@pytest.mark.parametrize("proposer", ["ngram", "draft+ngram"])
+def test_fast_logits_refuses_a_proposer_that_looks_up(proposer):
+    # The target reads a request's draft_logits as where to fetch the draft's logits from: a looked-up
+    # proposal's point-mass logits would be read as a rank to fetch from.
+    from trtspec.builders.preflight import check_fast_logits
+
+    looked_up = recipe(
+        "tensorrtllm",
+        triton={"runtime": "tensorrtllm", "fast_logits": True},
+        speculative={"use_draft_logits": True, "proposer": proposer},
+    )
+    [result] = check_fast_logits(looked_up)
+    assert result.status == "fail"
+    assert result.message.startswith(f"triton.fast_logits with speculative.proposer {proposer}: looked-up")
 
 
 def test_an_fp8_kv_cache_is_checked_for_engines_only():

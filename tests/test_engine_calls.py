@@ -82,9 +82,10 @@ def _speculate(
     draft_ahead=None,
     together=one_after_the_other,
     use_draft_logits=False,
+    keep_end=False,
 ):
     """One request through the round in the loop, as the orchestrator runs it (request.to_job's terms: max_tokens
-    capped to max_seq_len, end ids left out); its events, one per round."""
+    capped to max_seq_len, end ids left out unless ``keep_end``); its events, one per round."""
     prompt = list(prompt)
     params = SamplingParams(
         max_new_tokens=max(min(max_tokens, max_seq_len - len(prompt)), 1), num_draft_tokens=num_draft_tokens
@@ -100,7 +101,7 @@ def _speculate(
         together=together,
     )
     loop = GenerationLoop(rounds, max_seq_len=max_seq_len, first_token_alone=first_token_alone)
-    loop.add(0, prompt, params, eos_ids=end_ids, keep_end=False, stop_sequences=stop_ids)
+    loop.add(0, prompt, params, eos_ids=end_ids, keep_end=keep_end, stop_sequences=stop_ids)
     events = []
     while loop.busy:
         events += loop.step()
@@ -140,6 +141,37 @@ def test_end_id_stops_without_emitting_it():
     assert [r.new_tokens for r in rounds] == [[5]]
     assert rounds[-1].finished and rounds[-1].result.finish_reason == "stop"
     assert len(script.target_calls) == 1
+
+
+@pytest.mark.parametrize(
+    "draft, answer, emitted",
+    [
+        ([5, 6, 7], [5], [5]),  # the target's own token at the first mismatch is its end token
+        ([5, 6, 7], [5, 6, 7], [5, 6, 7]),  # every draft token accepted, then the end token as the bonus
+        ([END, 6, 7], [], []),  # an accepted draft end token: it ends the request there too
+    ],
+)
+@pytest.mark.parametrize("keep_end", [False, True])
+def test_an_end_token_the_engine_leaves_out_ends_the_request_in_that_round(draft, answer, emitted, keep_end):
+    # TensorRT-LLM counts the end token in no sequence length, so a verification that ends the request returns no
+    # target token after the accepted ones; another round would draw that position again.
+    script = Script(drafts=[draft, [1, 1, 1]], targets=[answer, [1, 1, 1, 1]])
+    rounds = _run(script, keep_end=keep_end)
+    assert [r.new_tokens for r in rounds] == [emitted + [END] * keep_end]
+    assert rounds[-1].result.finish_reason == "stop" and len(script.target_calls) == 1
+
+
+def test_a_plain_step_or_a_whole_budget_cut_short_by_a_left_out_end_token_ends_at_it():
+    script = Script(drafts=[], targets=[[]])
+    rounds = _run(script, num_draft_tokens=0, keep_end=True)
+    assert [r.new_tokens for r in rounds] == [[END]] and rounds[-1].result.finish_reason == "stop"
+    rounds = EngineCallRounds(
+        FnCalls(None, lambda tokens, *_: [7, 8]), max_draft_len=4, num_slots=1, max_seq_len=100
+    )
+    loop = GenerationLoop(rounds, max_seq_len=100)
+    loop.add(0, [10, 11], SamplingParams(max_new_tokens=5, num_draft_tokens=0), eos_ids=(END,), keep_end=True)
+    (event,) = loop.step()
+    assert event.new_tokens == [7, 8, END] and event.result.finish_reason == "stop"
 
 
 def test_any_id_of_an_eos_list_stops():

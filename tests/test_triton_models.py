@@ -698,6 +698,17 @@ def test_seeded_sampled_requests_are_never_drafted_ahead(monkeypatch, sampling, 
     assert (3 in draft_lens) == ahead
 
 
+@pytest.mark.parametrize("default, asked", [("draft", "ngram"), ("ngram", ""), ("draft+ngram", "")])
+def test_fast_logits_refuses_a_request_that_would_propose_by_lookup(monkeypatch, default, asked):
+    from trtspec.triton_repo.models import orchestrator
+
+    monkeypatch.setattr(orchestrator.io, "bls", lambda *a: pytest.fail("no engine is called"))
+    model = _orchestrator(fast_logits=True, proposer=default)
+    fields = {"text_input": "def", "max_tokens": 4} | ({"proposer": asked} if asked else {})
+    with pytest.raises(RequestError, match="cannot run where draft logits go from rank to rank"):
+        model._whole(parse_request(_inputs(**fields), LIMITS))
+
+
 def _orchestrator(**settings):
     """The orchestrator's request handling over engine models "t" and "d" (BLS faked by each test)."""
     from trtspec.triton_repo.models.orchestrator import Orchestrator

@@ -6,7 +6,10 @@ TensorRT-LLM backend's tensor interface, so the orchestrator runs in a real trit
   (input + k draft tokens) and, if asked, generation_logits [1, 1, k, V];
 - a target request with draft_input_ids (request_output_len = k + 1): verify them -> output_ids = input +
   accepted drafts + one recovered/bonus token (draft_logits switch acceptance to rejection sampling);
-- a target request without drafts: plain continuation by request_output_len tokens (stops after end_id).
+- a target request without drafts: plain continuation by request_output_len tokens (stops at end_id).
+
+As the TensorRT-LLM backend, every answer leaves the end token out (its kernels count it in no sequence length) and
+keeps a stop word that ended it.
 
 KV-cache reuse across calls (TensorRT-LLM's enable_kv_cache_reuse) is StepModel's slot pool: a request takes the
 slot that holds its own sequence (steps.SlotPool.acquire) and only the rest is computed.
@@ -89,7 +92,7 @@ class TorchEngine:
         with torch.inference_mode():
             if self.role == "draft":
                 (result,) = self.model.draft([StepRequest(tokens, num_tokens=output_len, params=params)])
-                new = stop_after(result.tokens, end_ids(inputs))  # as TensorRT-LLM: it stops at an end id
+                new = engine_output(result.tokens, inputs)
                 want_logits = bool(_scalar(inputs, "return_generation_logits", False))
                 return tokens + new, result.logits[: len(new)].numpy() if want_logits else None
             if drafts:
@@ -100,13 +103,18 @@ class TorchEngine:
             else:
                 request = StepRequest(tokens, num_tokens=output_len, params=params, end_ids=end_ids(inputs))
                 (result,) = self.model.continue_([request])
-        return tokens + result.tokens, None
+        return tokens + engine_output(result.tokens, inputs), None
 
 
-def stop_after(tokens: list[int], stops: tuple[int, ...]) -> list[int]:
-    """The tokens up to and including the first of ``stops``."""
+def engine_output(tokens: list[int], inputs: dict) -> list[int]:
+    """New tokens as TensorRT-LLM returns them: up to its end_id, left out (its sampling and acceptance kernels
+    count the end token in no sequence length), or up to and including a one-token stop word."""
+    end = None if inputs.get("end_id") is None else int(_scalar(inputs, "end_id", 0))
+    words = set(end_ids(inputs)) - {end}
     for i, token in enumerate(tokens):
-        if token in stops:
+        if token == end:
+            return tokens[:i]
+        if token in words:
             return tokens[: i + 1]
     return tokens
 

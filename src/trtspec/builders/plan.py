@@ -264,7 +264,7 @@ def make_build_plan(
     if "draft" not in plans or recipe.speculative.heterogeneous_vocab:
         return BuildPlan(recipe_name=recipe.name, target=plans["target"], draft=plans.get("draft"))
     rows = {
-        role: vocab_rows(plan.checkpoint.vocab_size, "tensorrtllm", plan.checkpoint.tp_size, "none")
+        role: vocab_rows(plan.checkpoint.vocab_size, "tensorrtllm", plan.checkpoint.world_size, "none")
         for role, plan in plans.items()
     }
     problem = vocab_pair_problem(

@@ -15,6 +15,7 @@ from trtspec.builders.check_report import CheckReport, MemoryRow, format_gib, pe
 from trtspec.builders.model_facts import ModelFacts, gather_facts
 from trtspec.builders.preflight_llmapi import check_llmapi_adaptive, llmapi_runtime_problem
 from trtspec.core.checks import CheckResult
+from trtspec.core.lookup import uses_lookup
 from trtspec.core.tokenizers import check_pair_tokenizers, tokenizer_difference
 from trtspec.core.vocab import padded_vocab_size, vocab_pair_problem, vocab_rows
 from trtspec.recipe import ModelSpec, Recipe, torch_runtime_dtype
@@ -54,6 +55,11 @@ def check_vocab(facts: ModelFacts, spec: ModelSpec) -> CheckResult:
     )
 
 
+def _world(spec) -> int:
+    """A model's engine world size (tp_size x pp_size), which its logits are padded to."""
+    return spec.tp_size * spec.pp_size
+
+
 def check_padded_vocab(
     target: ModelFacts, draft: ModelFacts, recipe: Recipe, own_tokenizer: bool = False
 ) -> CheckResult:
@@ -62,8 +68,8 @@ def check_padded_vocab(
     ``own_tokenizer``: the draft's tokenizer is another than the target's, so rows of the two mean different
     texts: opted in, no draft id reaches the target; else the tokenizer check fails the pair."""
     runtime, spec = recipe.triton.runtime, recipe.speculative
-    t_rows = vocab_rows(target.vocab_size, runtime, recipe.target.tp_size, recipe.target.quantization)
-    d_rows = vocab_rows(draft.vocab_size, runtime, recipe.draft.tp_size, recipe.draft.quantization)
+    t_rows = vocab_rows(target.vocab_size, runtime, _world(recipe.target), recipe.target.quantization)
+    d_rows = vocab_rows(draft.vocab_size, runtime, _world(recipe.draft), recipe.draft.quantization)
     details = {"target": t_rows, "draft": d_rows, "tokenizer": len(target.tokenizer)}
     if own_tokenizer:
         why = (
@@ -328,6 +334,12 @@ def check_fast_logits(recipe: Recipe) -> list[CheckResult]:
             "triton.fast_logits: false"
         )
         return [CheckResult("fast logits", "warn", message)]
+    if uses_lookup(recipe.speculative.proposer):
+        message = (
+            f"triton.fast_logits with speculative.proposer {recipe.speculative.proposer}: looked-up proposals have "
+            "no draft logits to pass from rank to rank; set speculative.proposer: draft or triton.fast_logits: false"
+        )
+        return [CheckResult("fast logits", "fail", message)]
     message = "draft logits go from rank to rank"
     if recipe.triton.draft_ahead and not recipe.draft_ahead_for("tensorrtllm"):
         message += "; draft-ahead is off (a fast-logits answer cannot be cut to the next round)"

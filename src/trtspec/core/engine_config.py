@@ -112,8 +112,10 @@ def read_engine_config(engine_dir: str | Path) -> dict[str, Any]:
 
 
 def engine_vocab_rows(facts: dict[str, Any]) -> int:
-    """Logit rows of an engine (read_engine_config facts): vocab_size padded to its tp_size."""
-    return vocab_rows(facts["vocab_size"], "tensorrtllm", facts["tp_size"] or 1, "none")
+    """Logit rows of an engine (read_engine_config facts): vocab_size padded to its world size (tp x pp)."""
+    return vocab_rows(
+        facts["vocab_size"], "tensorrtllm", (facts["tp_size"] or 1) * (facts["pp_size"] or 1), "none"
+    )
 
 
 def pair_problems(

@@ -12,18 +12,21 @@ from __future__ import annotations
 AWQ_VOCAB_PADDING = 64
 
 
-def padded_vocab_size(vocab_size: int, tp_size: int, quantization: str) -> int:
-    """Vocab rows of the TensorRT-LLM lm_head as nvidia-modelopt 0.37 exports them: AWQ formats first pad to a
-    multiple of 64 (``postprocess.pad_embedding_lm_head``), then every format pads to a multiple of tp_size."""
+def padded_vocab_size(vocab_size: int, world_size: int, quantization: str) -> int:
+    """Logit rows of a TensorRT-LLM engine: AWQ formats pad the lm_head to a multiple of 64 as nvidia-modelopt 0.37
+    exports them (``postprocess.pad_embedding_lm_head``), and the runtime pads every engine's logits to a multiple
+    of its world size, tp_size x pp_size (``ModelConfig::getVocabSizePadded(worldConfig.getSize())``: the draft
+    logits buffer a verification copies into is that wide)."""
     if quantization in ("int4_awq", "w4a8_awq"):
         vocab_size = -(-vocab_size // AWQ_VOCAB_PADDING) * AWQ_VOCAB_PADDING
-    return -(-vocab_size // tp_size) * tp_size
+    return -(-vocab_size // world_size) * world_size
 
 
-def vocab_rows(vocab_size: int, runtime: str, tp_size: int, quantization: str) -> int:
-    """Logit rows a model has under ``runtime``: a TensorRT engine's padded lm_head, else the checkpoint's own."""
+def vocab_rows(vocab_size: int, runtime: str, world_size: int, quantization: str) -> int:
+    """Logit rows a model has under ``runtime``: a TensorRT engine's padded logits (``world_size``: its tp_size x
+    pp_size), else the checkpoint's own."""
     if runtime == "tensorrtllm":
-        return padded_vocab_size(vocab_size, tp_size, quantization)
+        return padded_vocab_size(vocab_size, world_size, quantization)
     return vocab_size
 
 

@@ -17,7 +17,12 @@ One round (``EngineCallRounds.run``) for rows that share sampling settings (the 
    bonus token when all were accepted); a row with no draft gets a plain target step;
 4. accept: the accepted count is the leading run of draft tokens equal to the target's tokens (exact under both
    acceptance rules: a recovered token never equals the draft token it replaces), and only those plus the one
-   target token after them are this round's output, whatever else an engine returned.
+   target token after them are this round's output, whatever else an engine returned. TensorRT-LLM leaves the end
+   token out of its output (its sampling and acceptance kernels count it in no sequence length: "Seq len should
+   always contain only tokens to be outputted"), so a call that returned fewer tokens than it had to (no target
+   token after the accepted ones) ended at the call's end_id, which is put back: the loop's stop rules then end
+   the request there, as for a runtime that returns it. (Without it, a sampled request would draw that position
+   again next round and end with the target's end token at about the square of its probability.)
 
 A request pinned to target-only decoding (``num_draft_tokens=0``, or no draft engine) gets its whole budget in one
 plain call where ``target_only_in_one_call`` (native TensorRT-LLM decoding: the speed baseline), else one token
@@ -215,13 +220,17 @@ class EngineCallRounds:
             if self.target_only_in_one_call:
                 budgets = [row.max_len - len(row.tokens) for row in rows]
                 outs = self.calls.verify([r.tokens for r in rows], None, None, max(budgets), target)
-                return [_commit(r, out[:b], [], 0) for r, out, b in zip(rows, outs, budgets, strict=True)]
+                end = target.stops.end_id
+                return [
+                    _commit(r, out[:b], [], end, b) for r, out, b in zip(rows, outs, budgets, strict=True)
+                ]
             num_draft = [0] * len(rows)
         drafts = self._propose(rows, num_draft, draft, given)
         if len(rows) == 1 and given[0] is None and self._ahead(rows[0], drafts[0], params):
             return [self._verify_and_draft_ahead(rows[0], drafts[0], params, target, ahead)]
         emitted = self._verify(rows, drafts, target)
-        return [_commit(r, out, d.tokens) for r, out, d in zip(rows, emitted, drafts, strict=True)]
+        end = target.stops.end_id
+        return [_commit(r, out, d.tokens, end) for r, out, d in zip(rows, emitted, drafts, strict=True)]
 
     def _propose(
         self, rows: list[Row], num_draft: list[int], call: Call, given: list[list[int] | None]
@@ -331,7 +340,7 @@ class EngineCallRounds:
         guess_next = partial(self.calls.propose, [prefix], ahead_k, draft_call, self.use_draft_logits)
         (new,), guesses = self.together(self._verify_call([row], [draft], target), guess_next)
         guess = _first(guesses[0], ahead_k) if guesses else Draft([])
-        outcome = _commit(row, new, draft.tokens)
+        outcome = _commit(row, new, draft.tokens, target.stops.end_id)
         if guess.tokens[1:] and outcome.tokens == draft.tokens + guess.tokens[:1]:
             self.ready[row.slot] = Draft(guess.tokens[1:], None if guess.logits is None else guess.logits[1:])
         return outcome
@@ -348,12 +357,17 @@ def _first(draft: Draft, n: int) -> Draft:
     return Draft(tokens, None if draft.logits is None else draft.logits[: len(tokens)])
 
 
-def _commit(row: Row, tokens: list[int], draft_tokens: list[int], num_accepted: int | None = None) -> Outcome:
+def _commit(row: Row, tokens: list[int], draft_tokens: list[int], end_id: int, asked: int = 1) -> Outcome:
     """Step 4: the row's round. With draft tokens, only the accepted ones and the one target token after them are
-    verified output."""
+    verified output; a call that returned fewer than that (without draft tokens: than the ``asked`` ones) ended at
+    ``end_id`` (-1: none), which the engine left out (see the module docstring)."""
     tokens = list(tokens)
+    num_accepted = 0
     if draft_tokens:
         num_accepted = common_prefix_len(draft_tokens, tokens)
         tokens = tokens[: num_accepted + 1]
+        asked = num_accepted + 1
+    if len(tokens) < asked and end_id >= 0:
+        tokens.append(end_id)
     row.tokens += tokens
-    return Outcome(tokens, len(draft_tokens), num_accepted or 0)
+    return Outcome(tokens, len(draft_tokens), num_accepted)

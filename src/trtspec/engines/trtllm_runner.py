@@ -25,9 +25,9 @@ Prompt lookup (``proposer`` ngram or draft+ngram, core/lookup.py): the loop's lo
 verify call as given drafts; with ngram alone no draft engine is loaded at all, and the target engine still needs
 ``draft_tokens_external`` (``check_pair``).
 
-Not verified on a GPU: whether the executor keeps the end token in its output (trtspec keeps it when present and
-stops either way) and whether it ends a verification request after one step (the stats count one target forward
-per verification call).
+Not verified on a GPU: whether the executor ends a verification request after one step (the stats count one
+target forward per verification call). The end token it leaves out of its output (TensorRT-LLM's sampling and
+acceptance kernels count it in no sequence length) is put back by the round (engine_calls.py, step 4).
 """
 
 from __future__ import annotations

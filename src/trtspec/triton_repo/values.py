@@ -206,6 +206,8 @@ def orchestrator_values(
         "target_vocab_rows": vocab_rows["target"],
         "draft_vocab_rows": vocab_rows.get("draft", 0),
         "draft_ahead": recipe.draft_ahead_for(runtime) and draft_tokenizer_dir is None,
+        # Draft logits go from rank to rank (speculative_decoding_fast_logits): looked-up proposals have none
+        "fast_logits": runtime == "tensorrtllm" and recipe.triton.fast_logits and spec.use_draft_logits,
         "max_seq_len": recipe.limits.max_seq_len,
         # Requests in flight at once (decoupled, or one execute's batch): one per engine batch slot.
         "max_concurrency": batch,

@@ -35,7 +35,7 @@ from contextlib import closing, contextmanager, nullcontext
 import numpy as np
 
 from trtspec.core.errors import RequestError
-from trtspec.core.lookup import LookupSpec
+from trtspec.core.lookup import LookupSpec, uses_lookup
 from trtspec.core.metrics import AcceptanceStats, SpecDecodeCounts
 from trtspec.engines.adaptive import AdaptiveState, KPolicy
 from trtspec.engines.engine_calls import Call, Draft, EngineCallRounds
@@ -179,7 +179,9 @@ class Orchestrator:
     target's); ``metrics``: where finished requests' counts go (triton_io.SpecDecodeMetrics); ``max_concurrency``:
     requests generated at once; ``proposer``/``lookup``: who proposes for requests that do not say,
     and prompt lookup's n-gram sizes; ``translator``: core.translate.Translator for a draft with its own
-    tokenizer (None: one tokenizer)."""
+    tokenizer (None: one tokenizer); ``fast_logits``: draft logits go from rank to rank (the target reads a
+    request's draft_logits as where to fetch them), so no request may propose by lookup, whose proposals have
+    none (their point-mass logits would be read as a rank to fetch from)."""
 
     def __init__(
         self,
@@ -197,9 +199,10 @@ class Orchestrator:
         proposer: str = "draft",
         lookup: LookupSpec = LookupSpec(),
         translator=None,
+        fast_logits: bool = False,
     ):
         self.limits, self.codec, self.target, self.draft = limits, codec, target, draft
-        self.proposer, self.lookup = proposer, lookup
+        self.proposer, self.lookup, self.fast_logits = proposer, lookup, fast_logits
         self.translator = translator
         self.vocab_rows, self.metrics, self.k_policy = vocab_rows, metrics, k_policy
         self.draft_ahead, self.decoupled = draft_ahead, decoupled
@@ -236,6 +239,7 @@ class Orchestrator:
             proposer=proposer,
             lookup=lookup,
             translator=translator_from_parameters(params, codec.tokenizer),
+            fast_logits=parameter_flag(params, "fast_logits"),
         )
 
     # ------------------------------------------------------------------ request handling
@@ -380,6 +384,12 @@ class Orchestrator:
         "cancelled", with nothing generated). A streamed request's ``cancelled`` is asked only while it waits:
         once it runs, _stream notices a cancellation when it sends."""
         prompt, params, options = to_job(req, self.codec, self.limits)
+        proposer = params.proposer or self.proposer
+        if self.fast_logits and uses_lookup(proposer):
+            raise RequestError(
+                f"proposer {proposer} cannot run where draft logits go from rank to rank (triton.fast_logits): "
+                "looked-up proposals have no draft logits; send proposer draft"
+            )
         rounds = self._rounds(req)
         # The loop lives for this one request: it prices K by the policy's ratios (measure=False), as it would
         # measure too few rounds to price K, and a unit round would only slow the request.

@@ -9,7 +9,9 @@ pretrained_config, where the fake build carries it from the checkpoint config; o
 Outputs follow the real non-streaming ``return_dict=True`` layout: ``output_ids`` [B, 1, max_seq_len] int32 with
 the prompt and padded with end_id, ``sequence_lengths`` [B, 1] (prompt included), ``generation_logits`` when the
 engine gathers them or ``output_generation_logits``: a tensor [B, 1, max_out_len, V] for plain requests, a list
-of [1, n, V] per response for draft-target requests. The end token and a completed stop word are kept.
+of [1, n, V] per response for draft-target requests. The end token is left out, as TensorRT-LLM's sampling and
+acceptance kernels count it in no sequence length ("Seq len should always contain only tokens to be outputted");
+a completed stop word is kept.
 
 Draft-target verification (``draft_tokens_list``), as the executor's ExternalDraftTokensConfig: one target forward
 over prefix + draft tokens gives K+1 target distributions; without ``draft_logits_list`` (or when greedy) the
@@ -261,9 +263,11 @@ class ModelRunnerCpp:
         for _ in range(max_new_tokens):
             row = self._logits(ids)[-1]
             token = sampling.pick(row)
+            if token == end_id:
+                break
             ids.append(token)
             rows.append(row)
-            if token == end_id or any(w and ids[-len(w) :] == list(w) for w in stop_words or []):
+            if any(w and ids[-len(w) :] == list(w) for w in stop_words or []):
                 break
         return ids[len(prompt) :], rows
 
@@ -286,8 +290,8 @@ class ModelRunnerCpp:
         else:
             out.append(sampling.pick(rows[k]))  # every draft token accepted: the bonus token
         out = out[:max_new_tokens]
-        if end_id in out:  # an accepted end token ends the request
-            out = out[: out.index(end_id) + 1]
+        if end_id in out:  # the end token (accepted or the target's) ends the request, left out
+            out = out[: out.index(end_id)]
         return out, [rows[i] for i in range(len(out))]
 
     def _output_ids(self, prompts, generated, end_id):
