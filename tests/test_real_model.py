@@ -453,6 +453,7 @@ def test_validate_tells_a_bug_from_rounding_by_the_references_margin(references)
     assert f"question: {divergence.describe()}" in result.notes
     assert "rounding cannot explain it" in divergence.describe()
     assert result.control_match_rate == 1.0 and result.exact_match_rate == 0.0
+    assert result.failures() == [f"question: {divergence.describe()}"]  # a bug fails whatever the thresholds
 
 
 # ---------------------------------------------------------------- deploy + serve

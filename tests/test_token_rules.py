@@ -19,7 +19,7 @@ from trtspec.core.model_dir import end_ids, loaded_end_ids
 from trtspec.core.token_rules import (
     KEEP_END,
     EngineStops,
-    comparable,
+    comparable_pair,
     engine_stops,
     generator_seed,
     model_end_ids,
@@ -64,9 +64,17 @@ def test_an_engine_call_gets_one_end_id_and_the_other_stop_ids_as_stop_words(
 
 def test_the_end_token_is_kept_in_process_dropped_through_triton_and_compared_cut():
     assert KEEP_END == {"in-process": True, "triton": False}
-    kept, dropped = [5, 6, 128001], [5, 6]
-    assert comparable(kept, LLAMA3) == comparable(dropped, LLAMA3) == [5, 6]
-    assert comparable([5, 128009, 7], LLAMA3) == [5]
+    reference = [5, 6, 128001]
+    for candidate in ([5, 6, 128001], [5, 6]):  # either convention
+        assert comparable_pair(reference, candidate, LLAMA3) == ([5, 6], [5, 6])
+    assert comparable_pair([5, 6], [5, 6], LLAMA3) == ([5, 6], [5, 6])  # a length cut on both sides
+
+
+def test_a_cut_at_the_stop_id_hides_neither_a_candidate_that_did_not_stop_nor_another_stop_id():
+    # ran past its stop id: what it returned after it stays, so the pair differs there
+    assert comparable_pair([5, 128009], [5, 128009, 7, 8], LLAMA3) == ([5], [5, 128009, 7, 8])
+    # ended on 128001 where the reference chose 128009: a different greedy choice at the last token
+    assert comparable_pair([5, 128009], [5, 128001], LLAMA3) == ([5, 128009], [5, 128001])
 
 
 def test_round_seeds_are_none_when_greedy_and_one_draw_of_the_requests_generator_per_call_otherwise():

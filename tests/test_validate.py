@@ -370,3 +370,33 @@ def test_validate_and_bench_refuse_a_pair_that_check_refuses(runner, tiny_pair, 
             result = runner.invoke(cli, [command[0], str(recipe), *command[1:], "--max-tokens", "4"])
             assert result.exit_code == 2, (command, result.output)
             assert needle in result.output and "Traceback" not in result.output
+
+
+def test_the_reference_is_plain_greedy_whatever_the_checkpoints_generation_config_sets(tiny_pair, tmp_path):
+    """A checkpoint's generation_config.json may set logits processors (Qwen2.5-Instruct ships a
+    repetition_penalty) that trtspec's engines never apply: the reference must not apply them either, or every
+    correct system would diverge from it. (transformers fills a passed config's default fields from the model's,
+    so the reference replaces the model's own.)"""
+    import shutil
+
+    import torch
+
+    from trtspec.validate.reference import HFReference
+
+    target, _ = tiny_pair
+    plain = HFReference.from_pretrained(target)
+    shaped = shutil.copytree(target, tmp_path / "shaped")
+    config = json.loads((shaped / "generation_config.json").read_text())
+    processors = {"repetition_penalty": 3.0, "no_repeat_ngram_size": 2, "min_new_tokens": 12}
+    (shaped / "generation_config.json").write_text(json.dumps(config | processors))
+    reference = HFReference.from_pretrained(shaped)
+    prompt = plain.tokenizer("def add(a, b):").input_ids
+    ids = list(prompt)
+    with torch.inference_mode():  # argmax of the raw logits, token by token
+        for _ in range(12):
+            logits = plain.model(torch.tensor([ids])).logits[0, -1]
+            ids.append(int(logits.argmax()))
+            if ids[-1] in plain.stop_token_ids():
+                break
+    assert reference.generate(prompt, 12) == plain.generate(prompt, 12) == ids[len(prompt) :]
+    assert reference.stop_token_ids() == plain.stop_token_ids()

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from trtspec.core.metrics import AcceptanceStats
-from trtspec.core.token_rules import comparable
+from trtspec.core.token_rules import comparable_pair
 from trtspec.outputs import write_file_atomic
 from trtspec.validate.compare import compare, first_divergence, token_agreement
 from trtspec.validate.prompts import DEFAULT_PROMPTS, Prompt, PromptSetError, load_prompts
@@ -47,9 +47,9 @@ def test_token_agreement(reference, candidate, expected):
     assert token_agreement(reference, candidate) == expected
 
 
-def test_compare_and_comparable():
-    assert comparable([5, 6, 2, 7], {2}) == [5, 6]
-    assert comparable([5, 6], {2}) == [5, 6]
+def test_compare_and_comparable_pair():
+    assert comparable_pair([5, 6, 2], [5, 6, 2], {2}) == ([5, 6], [5, 6])
+    assert comparable_pair([5, 6], [5, 6], {2}) == ([5, 6], [5, 6])
     c = compare([1, 2, 3], [1, 2, 4])
     assert (c.exact_match, c.first_divergence, c.reference_len, c.candidate_len) == (False, 2, 3, 3)
     assert compare([1], [1]).exact_match
@@ -80,9 +80,9 @@ def _result(spec_ids, base_ids, ref_ids, thresholds=None, stats=(6, 8, 2)):
 
 
 def test_planted_mismatch_is_caught_with_its_position():
-    # Prompt 1's speculative output alters token 3; EOS (2) and what follows it are ignored.
+    # Prompt 1's speculative output alters token 3; its EOS (2) is kept (in-process) or left out (Triton).
     ref = [[10, 11, 12, 13, 2], [20, 21, 22, 23, 24]]
-    spec = [[10, 11, 12, 13, 2, 99], [20, 21, 22, 77, 24]]
+    spec = [[10, 11, 12, 13, 2], [20, 21, 22, 77, 24]]
     base = [[10, 11, 12, 13], [20, 21, 22, 23, 24]]
     result = _result(spec, base, ref, Thresholds(min_exact_match=1.0))
     first, second = result.outcomes
@@ -93,6 +93,14 @@ def test_planted_mismatch_is_caught_with_its_position():
     failures = result.failures()
     assert any("--min-exact-match" in f for f in failures)
     assert any("--min-control-match" in f for f in failures)
+
+
+def test_a_system_that_runs_past_its_stop_id_does_not_match():
+    ref = [[10, 11, 2]]
+    result = _result([[10, 11, 2, 99]], [[10, 11]], ref, Thresholds(min_exact_match=1.0))
+    (outcome,) = result.outcomes
+    assert not outcome.vs_reference.exact_match and outcome.vs_reference.first_divergence == 2
+    assert not outcome.control.exact_match
 
 
 def test_nothing_drafted_has_no_acceptance_rate_and_fails_a_minimum_saying_so():
@@ -241,3 +249,57 @@ def test_a_triton_system_is_adaptive_where_the_entry_model_says_so(monkeypatch):
         monkeypatch.setattr(TritonClient, "_model_config", lambda self, model, c=config, v=value: v and c)
         system = TritonSystem("127.0.0.1:1", tokenizer=None, model="tensorrt_llm_bls")
         assert system.adaptive is adaptive and system.fixed_k is None, value
+
+
+def test_the_near_tie_bound_is_the_larger_of_the_reference_and_the_system_dtype():
+    from trtspec.validate.compare import Divergence
+
+    # a float32 reference against a bfloat16 server: bfloat16's rounding can explain a margin of 0.25
+    served = Divergence(5, 10, 11, 0.25, "float32", "bfloat16")
+    assert served.near_tie_bound == 0.5 and served.near_tie
+    assert "0.5 of float32 (reference) and bfloat16 (system)" in served.describe()
+    assert not Divergence(5, 10, 11, 0.25, "float32", "float32").near_tie
+    assert not Divergence(5, 10, 11, 0.25, "float32").near_tie  # the system's dtype unknown: the reference's
+    quantized = Divergence(5, 10, 11, 3.0, "float32", "int4_awq")
+    assert quantized.near_tie and quantized.to_dict()["near_tie_bound"] is None
+    assert "int4_awq has no near-tie bound" in quantized.describe()
+
+
+def test_a_server_is_taken_to_compute_in_what_the_recipe_deploys():
+    from trtspec.recipe import recipe_from_dict
+    from trtspec.validate.systems import served_dtype
+
+    def recipe(quantization="none", **triton):
+        data = {
+            "name": "r",
+            "target": {"model": "/t", "dtype": "bfloat16", "quantization": quantization},
+            "draft": {"model": "/d"},
+            "triton": triton,
+        }
+        return recipe_from_dict(data, check_paths=False)
+
+    assert served_dtype(recipe(runtime="torch", device="cpu")) == "float32"  # the torch runtime's rule on CPU
+    assert served_dtype(recipe(runtime="torch", device="cuda")) == "bfloat16"
+    assert served_dtype(recipe(runtime="tensorrtllm")) == "bfloat16"
+    assert served_dtype(recipe("int4_awq", runtime="tensorrtllm")) == "int4_awq"
+    assert served_dtype(recipe("int4_awq", runtime="torch", device="cpu"), "tensorrtllm") == "int4_awq"
+
+
+def test_a_divergence_rounding_cannot_explain_fails_whatever_the_thresholds():
+    from dataclasses import replace
+
+    from trtspec.validate.compare import Divergence
+
+    ref = [[10, 11, 12]]
+    result = _result([[10, 11, 99]], [[10, 11, 99]], ref, Thresholds(min_control_match=None))
+    (outcome,) = result.outcomes
+
+    def with_margin(margin):
+        divergence = Divergence(2, 12, 99, margin, "float32")
+        return replace(result, outcomes=[replace(outcome, divergence=divergence)])
+
+    assert (
+        with_margin(0.0005).failures() == []
+    )  # float32 rounding can explain it: the exact-match gate decides
+    (failure,) = with_margin(2.0).failures()
+    assert failure.startswith("p0: first divergence at token 2") and "rounding cannot explain it" in failure

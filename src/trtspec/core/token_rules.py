@@ -14,8 +14,9 @@
    the in-process APIs (``generate``, ``SpeculativeEngine``, the TensorRT-LLM runner: Hugging Face generate's
    convention) and is left out of the ids and the text of the Triton client interface (TensorRT-LLM's end_id
    convention, which clients of tensorrtllm_backend expect). Text is decoded without special tokens either way,
-   so both give the same text. ``validate`` compares ids cut before the first stop id (``comparable``), so the
-   two conventions compare equal.
+   so both give the same text. ``validate`` compares ids cut before the first stop id (``comparable_pair``), so
+   the two conventions compare equal; what a cut would hide still differs there: a candidate that runs past its
+   stop id, or that ends on another stop id than the reference (Llama 3's 128001 for 128009).
 5. **Per-call seeds** (``round_seeds``): engines that take a seed per call (TensorRT-LLM, the Triton engine
    models) get one per call of a round (the target's, the draft's, and a draft drafting ahead for the next
    round), each a draw from the request's random generator: distinct per call and per round (no two calls replay
@@ -75,13 +76,26 @@ def engine_stops(
     return EngineStops(end_id, pad_id if pad_id is not None else max(end_id, 0), words)
 
 
-def comparable(tokens: Sequence[int], stop_ids: Iterable[int]) -> list[int]:
-    """Rule 4 for comparisons: the tokens before the first stop id (the stop id itself left out)."""
+def comparable_pair(
+    reference: Sequence[int], candidate: Sequence[int], stop_ids: Iterable[int]
+) -> tuple[list[int], list[int]]:
+    """Rule 4 for comparing a candidate with a reference: both cut before their first stop id, which either may
+    leave out, except what the cut would hide: tokens the candidate returned past its stop id (it did not stop)
+    stay on it, and two different stop ids both stay (a different last choice)."""
     stops = set(stop_ids)
+    ref, ref_stop, _ = _at_stop(reference, stops)
+    cut, stop, rest = _at_stop(candidate, stops)
+    if None not in (ref_stop, stop) and ref_stop != stop:
+        return ref + [ref_stop], cut + [stop] + rest
+    return ref, cut + ([stop] + rest if rest else [])
+
+
+def _at_stop(tokens: Sequence[int], stops: set[int]) -> tuple[list[int], int | None, list[int]]:
+    """(the tokens before the first stop id, that stop id or None, the tokens after it)."""
     for index, token in enumerate(tokens):
         if token in stops:
-            return list(tokens[:index])
-    return list(tokens)
+            return list(tokens[:index]), token, list(tokens[index + 1 :])
+    return list(tokens), None, []
 
 
 _MASK64 = (1 << 64) - 1

@@ -1,12 +1,13 @@
 """Pure comparisons of two generated token sequences (a reference and a candidate).
 
 All functions take the *generated* tokens only (prompt excluded), already cut before the first stop id
-(core/token_rules.py's ``comparable``), so an end token that one system returns and another drops does not count
+(core/token_rules.py's ``comparable_pair``), so an end token that one system returns and another drops does not count
 as a difference.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
@@ -73,29 +74,43 @@ class Divergence:
     """Where a candidate first leaves the reference, and how close the reference's own choice was there.
 
     ``margin`` is the reference model's top-1 minus top-2 logit at ``index`` (given the prompt and the reference's
-    tokens before it), in ``dtype``; a token id is None where that sequence had already ended."""
+    tokens before it), in ``dtype``; a token id is None where that sequence had already ended. ``system_dtype``:
+    what the system under test computes in (None: unknown), which rounds too: the bound is the larger of the two,
+    and a system dtype without one (quantized weights) can explain any divergence."""
 
     index: int
     reference_token: int | None
     candidate_token: int | None
     margin: float
     dtype: str
+    system_dtype: str | None = None
 
     @property
     def near_tie_bound(self) -> float:
-        return NEAR_TIE_LOGITS.get(self.dtype, 0.0)
+        bounds = [NEAR_TIE_LOGITS.get(self.dtype, 0.0)]
+        if self.system_dtype is not None:
+            bounds.append(NEAR_TIE_LOGITS.get(self.system_dtype, math.inf))
+        return max(bounds)
 
     @property
     def near_tie(self) -> bool:
-        """True: the dtype's rounding can explain the divergence; False: it cannot, so something differs."""
+        """True: the dtypes' rounding can explain the divergence; False: it cannot, so something differs."""
         return self.margin <= self.near_tie_bound
 
     def describe(self) -> str:
-        verdict = (
-            f"within {self.dtype}'s near-tie bound {self.near_tie_bound:g}: rounding can explain it"
-            if self.near_tie
-            else f"above {self.dtype}'s near-tie bound {self.near_tie_bound:g}: rounding cannot explain it"
-        )
+        dtypes = self.dtype
+        if self.system_dtype not in (None, self.dtype):
+            dtypes = f"{self.dtype} (reference) and {self.system_dtype} (system)"
+        if math.isinf(self.near_tie_bound):
+            verdict = f"{self.system_dtype} has no near-tie bound: its rounding can explain any divergence"
+        elif self.near_tie:
+            verdict = (
+                f"within the near-tie bound {self.near_tie_bound:g} of {dtypes}: rounding can explain it"
+            )
+        else:
+            verdict = (
+                f"above the near-tie bound {self.near_tie_bound:g} of {dtypes}: rounding cannot explain it"
+            )
         return (
             f"first divergence at token {self.index} (reference {self.reference_token}, got "
             f"{self.candidate_token}); the reference's top-1 minus top-2 logit there is {self.margin:.4g}, "
@@ -103,7 +118,8 @@ class Divergence:
         )
 
     def to_dict(self) -> dict:
-        return asdict(self) | {"near_tie_bound": self.near_tie_bound, "near_tie": self.near_tie}
+        bound = None if math.isinf(self.near_tie_bound) else self.near_tie_bound  # JSON has no infinity
+        return asdict(self) | {"near_tie_bound": bound, "near_tie": self.near_tie}
 
 
 def token_at(tokens: Sequence[int], index: int) -> int | None:

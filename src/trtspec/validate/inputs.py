@@ -102,9 +102,10 @@ def open_system(recipe, options: SystemOptions, tokenizer=None, proposers: Colle
             recipe, options.device, options.dtype, options.max_batch_size, proposers
         )
     if kind == "triton":
+        from trtspec.validate.systems import served_dtype
         from trtspec.validate.triton_system import TritonSystem
 
-        return TritonSystem(  # options.check() has run: there is a URL
+        system = TritonSystem(  # options.check() has run: there is a URL
             options.url,
             tokenizer,
             protocol=options.protocol,
@@ -116,13 +117,16 @@ def open_system(recipe, options: SystemOptions, tokenizer=None, proposers: Colle
             max_batch_size=options.max_batch_size or recipe.limits.max_batch_size,
             llmapi_max_draft_len=llmapi_max_draft_len(recipe),
         )
+        system.dtype = served_dtype(recipe)  # as the recipe deploys it: a server does not say
+        return system
     if kind == "trtllm":
         # Same API as SpeculativeEngine; raises NeedsTensorRTLLM (exit 3) outside the NGC image.
         from trtspec.engines.trtllm_runner import TrtllmSpeculativeRunner
-        from trtspec.validate.systems import EngineSystem
+        from trtspec.validate.systems import EngineSystem, served_dtype
 
         runner = TrtllmSpeculativeRunner.from_recipe(recipe, max_batch_size=options.max_batch_size)
-        return EngineSystem(runner, name=f"TensorRT-LLM engines (engines/{recipe.name})")
+        name = f"TensorRT-LLM engines (engines/{recipe.name})"
+        return EngineSystem(runner, name=name, dtype=served_dtype(recipe, "tensorrtllm"))
     raise TrtspecError(f"--system {kind!r} is not one of {', '.join(SYSTEMS)}")
 
 

@@ -1,7 +1,11 @@
 """The Hugging Face PyTorch reference: the target alone, greedy, ``generate(do_sample=False)``.
 
-One prompt at a time (batch 1), so no padding enters the computation: the reference is exactly what a user
-running the target with transformers would get.
+One prompt at a time (batch 1), so no padding enters the computation. Plain greedy: the model's generation config
+is replaced by one that holds its end ids and pad id alone, so nothing else a checkpoint's generation_config.json
+may set (repetition_penalty, no_repeat_ngram_size, min_new_tokens, suppress_tokens, bad_words_ids) reshapes the
+logits: trtspec's engines apply none of them, and a reference that did would diverge from every correct system.
+(Passing a clean config to ``generate`` is not enough: transformers fills the fields a passed config leaves at
+their defaults from the model's own.)
 """
 
 from __future__ import annotations
@@ -26,7 +30,14 @@ class HFReference:
     """The target model under transformers; ``generate`` returns generated ids (prompt excluded, EOS kept)."""
 
     def __init__(self, model, tokenizer):
+        from transformers import GenerationConfig
+
         self.model, self.tokenizer = model, tokenizer
+        self.end_ids = loaded_end_ids(model, tokenizer)  # read before the config that holds them is replaced
+        pad = tokenizer.pad_token_id if tokenizer is not None else None
+        if pad is None:
+            pad = self.end_ids[0] if self.end_ids else None
+        model.generation_config = GenerationConfig(eos_token_id=list(self.end_ids) or None, pad_token_id=pad)
 
     @classmethod
     def from_pretrained(
@@ -50,7 +61,7 @@ class HFReference:
 
     def stop_token_ids(self) -> set[int]:
         """The ids that end its greedy generation (core/token_rules.py rule 1, as generate applies it)."""
-        return set(loaded_end_ids(self.model, self.tokenizer))
+        return set(self.end_ids)
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
         """Greedy continuation of one prompt: at most ``max_new_tokens`` ids (prompt excluded)."""
@@ -63,7 +74,8 @@ class HFReference:
 
     def margin(self, prompt_ids: list[int], index: int) -> float:
         """The reference's top-1 minus top-2 logit at its generated token ``index``: how near a tie its greedy
-        choice there was. The logits are those of the same ``generate`` run, so the margin is the one it acted on."""
+        choice there was. The logits are those of the same ``generate`` run, which no processor changes (see the
+        module docstring), so the margin is the one it acted on."""
         output = self._generate(prompt_ids, index + 1, output_logits=True, return_dict_in_generate=True)
         top = output.logits[index][0].float().topk(2).values  # logits: one [1, vocab] per generated token
         return float(top[0] - top[1])
@@ -72,7 +84,6 @@ class HFReference:
         import torch
 
         input_ids = torch.tensor([prompt_ids], device=self.model.device)  # [1, T]
-        pad = self.tokenizer.pad_token_id
         with torch.inference_mode():
             return self.model.generate(
                 input_ids,
@@ -80,10 +91,5 @@ class HFReference:
                 do_sample=False,
                 num_beams=1,
                 max_new_tokens=max_new_tokens,
-                pad_token_id=pad if pad is not None else self.tokenizer.eos_token_id,
-                # Unset sampling knobs a checkpoint's generation_config may carry (they warn under greedy).
-                temperature=None,
-                top_p=None,
-                top_k=None,
                 **extra,
             )

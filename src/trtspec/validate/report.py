@@ -83,7 +83,9 @@ def validation_to_dict(result: ValidationResult) -> dict:
             "by_proposer": proposer_summary(stats),
         },
         "sets": set_summaries(result),
-        "stats": stats.to_dict() | ({"tokens_per_s": None} if result.speed_withheld else {}),
+        # merged stats keep the longest request's time, not the run's (batches run one after another): the rate
+        # is the run's own
+        "stats": stats.to_dict() | {"tokens_per_s": None if result.speed_withheld else result.tokens_per_s},
         "thresholds": {
             "min_exact_match": t.min_exact_match,
             "min_acceptance": t.min_acceptance,

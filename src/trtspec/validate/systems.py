@@ -93,6 +93,9 @@ class SystemUnderTest(Protocol):
     adaptive: bool | None  # a request that gives no K gets adaptive K (engines/adaptive.py); None: unknown
     proposer: str  # who proposes for a request that names no proposer (core/lookup.py PROPOSERS)
     notes: list[str]  # what reports say about it: a setting it did not publish, a figure it cannot give
+    dtype: (
+        str | None
+    )  # what its target computes in (a quantization's name for quantized weights); None: unknown
 
     def generate(
         self, requests: list[Request], params: SamplingParams, in_flight: int | None = None
@@ -139,8 +142,8 @@ def generate_all(
 class EngineSystem:
     """The in-process PyTorch ``SpeculativeEngine`` (streamed, so every round's arrival time is recorded)."""
 
-    def __init__(self, engine, name: str = "engine", adaptive: bool = False):
-        self.engine, self.name = engine, name
+    def __init__(self, engine, name: str = "engine", adaptive: bool = False, dtype: str | None = None):
+        self.engine, self.name, self.dtype = engine, name, dtype
         self.max_draft_len = engine.max_draft_len
         self.max_batch_size = engine.max_batch_size
         self.fixed_k = None
@@ -183,7 +186,7 @@ class EngineSystem:
             lookup=recipe.speculative.lookup,
             heterogeneous_vocab=recipe.speculative.heterogeneous_vocab,  # a draft with its own tokenizer
         )
-        return cls(engine, name=f"in-process engine ({device}, {dtype})", adaptive=True)
+        return cls(engine, name=f"in-process engine ({device}, {dtype})", adaptive=True, dtype=dtype)
 
     def generate(
         self, requests: list[Request], params: SamplingParams, in_flight: int | None = None
@@ -219,6 +222,18 @@ class EngineSystem:
 
     def close(self) -> None:
         self.engine = None
+
+
+def served_dtype(recipe: Recipe, runtime: str | None = None) -> str:
+    """What the recipe's deployment (``runtime``: the recipe's by default) computes the target in: the torch
+    runtime's dtype on its device, else the engine's or checkpoint's dtype, or the quantization's name for
+    quantized weights."""
+    from trtspec.recipe import torch_runtime_dtype
+
+    if (runtime or recipe.triton.runtime) == "torch":
+        return torch_runtime_dtype(recipe.triton, recipe.target)
+    quantization = recipe.target.quantization
+    return recipe.target.dtype if quantization == "none" else quantization
 
 
 def runtime_dtype(recipe: Recipe, device: str, dtype: str = "auto") -> str:

@@ -53,6 +53,7 @@ class TritonSystem:
         self._unreported = False  # an llmapi response reported no draft tokens (see notes)
         self._notes: list[str] = []
         self.name = f"Triton {self.client.model} at {self.client.address} ({self.client.protocol})"
+        self.dtype: str | None = None  # a server does not say (validate sets the recipe's deployment's)
         served = self.client.served_config()
         self.stream = self._streaming(served.decoupled, decoupled)
         if self.client.interface == "llmapi":

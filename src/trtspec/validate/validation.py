@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from trtspec.core.metrics import AcceptanceStats, merge_stats
-from trtspec.core.token_rules import comparable
+from trtspec.core.token_rules import comparable_pair
 from trtspec.validate.compare import (
     Comparison,
     Divergence,
@@ -43,7 +43,8 @@ from trtspec.validate.systems import (
 
 @dataclass
 class PromptOutcome:
-    """One prompt's three outputs (token ids cut at the first stop token) and their comparisons."""
+    """One prompt's three outputs (token ids cut at the first stop token, core/token_rules.py rule 4) and their
+    comparisons."""
 
     prompt: Prompt
     reference: list[int]
@@ -52,6 +53,7 @@ class PromptOutcome:
     vs_reference: Comparison
     control: Comparison | None
     divergence: Divergence | None = None  # from the reference, with its logit margin there (run_validation)
+    compared: list[int] = field(default_factory=list)  # the system's ids as compared with ``reference``
 
 
 @dataclass
@@ -138,6 +140,13 @@ class ValidationResult:
                 f"no draft tokens were reported, so acceptance is undefined and --min-acceptance "
                 f"{t.min_acceptance:.3f} cannot be met"
             )
+        # Whatever the thresholds: a divergence the dtypes' rounding cannot explain means the system computes
+        # something other than the target (docs/exactness.md), which no gate setting makes a pass.
+        out += [
+            f"{o.prompt.id}: {o.divergence.describe()}"
+            for o in self.outcomes
+            if o.divergence is not None and not o.divergence.near_tie
+        ]
         return out
 
 
@@ -169,30 +178,40 @@ def compare_outputs(
     stop_token_ids: Iterable[int],
     to_text_domain: Callable[[list[int]], list[int]] | None = None,
 ) -> list[PromptOutcome]:
-    """Cut every output at its first stop token and compare. ``to_text_domain`` (ids -> ids) maps the reference
-    the way a text-only system's output was mapped (detokenise, then tokenise), so both sides compare alike."""
+    """Cut every output at its first stop token and compare (core/token_rules.py rule 4: ``comparable_pair``, which
+    keeps what a cut would hide). ``to_text_domain`` (ids -> ids) maps the reference the way a text-only system's
+    output was mapped (detokenise, then tokenise), so both sides compare alike."""
     stops = set(stop_token_ids)
     outcomes = []
     for prompt, ref, spec, base in zip(prompts, reference, speculative, target_only, strict=True):
-        ref_ids = comparable(ref, stops)
+        ref_ids, spec_ids = comparable_pair(ref, spec.token_ids, stops)
         if spec.ids_from_text and to_text_domain is not None:
             ref_ids = to_text_domain(ref_ids)
-        spec_ids = comparable(spec.token_ids, stops)
-        control = None if base is None else compare(comparable(base.token_ids, stops), spec_ids)
-        outcomes.append(PromptOutcome(prompt, ref_ids, spec, base, compare(ref_ids, spec_ids), control))
+        control = None
+        if base is not None:  # both runs as compared with the reference, so either's overrun shows
+            control = compare(comparable_pair(ref, base.token_ids, stops)[1], spec_ids)
+        outcome = PromptOutcome(prompt, ref_ids, spec, base, compare(ref_ids, spec_ids), control)
+        outcomes.append(replace(outcome, compared=spec_ids))
     return outcomes
 
 
-def divergence_of(outcome: PromptOutcome, request: Request, reference) -> Divergence | None:
+def divergence_of(
+    outcome: PromptOutcome, request: Request, reference, system_dtype: str | None = None
+) -> Divergence | None:
     """Where the system's output first leaves the reference, with the reference's logit margin there, so rounding
     at a near-tie can be told from a bug. None when they match, or for ids taken from text (no such position)."""
     index = outcome.vs_reference.first_divergence
     if index is None or outcome.speculative.ids_from_text:
         return None
-    candidate = comparable(outcome.speculative.token_ids, reference.stop_token_ids())
+    candidate = outcome.compared
     margin = reference.margin(request.token_ids, index)
     return Divergence(
-        index, token_at(outcome.reference, index), token_at(candidate, index), margin, reference.dtype
+        index,
+        token_at(outcome.reference, index),
+        token_at(candidate, index),
+        margin,
+        reference.dtype,
+        system_dtype,
     )
 
 
@@ -250,7 +269,8 @@ def run_validation(
         prompts, ref_ids, speculative, target_only, reference.stop_token_ids(), to_text_domain
     )
     outcomes = [
-        replace(o, divergence=divergence_of(o, r, reference)) for o, r in zip(outcomes, requests, strict=True)
+        replace(o, divergence=divergence_of(o, r, reference, getattr(system, "dtype", None)))
+        for o, r in zip(outcomes, requests, strict=True)
     ]
     notes += [f"{o.prompt.id}: {o.divergence.describe()}" for o in outcomes if o.divergence is not None]
     if any(g.ids_from_text for g in speculative):
