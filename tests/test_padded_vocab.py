@@ -65,6 +65,7 @@ def test_padded_pair_serves_and_validates_exactly(runner, padded_recipe, tmp_pat
             "text_input": "def add(a, b):",
             "max_tokens": 16,
             "temperature": 0.9,
+            "top_p": 1.0,  # a temperature samples only beside top_k or top_p (upstream's rule)
             "seed": 5,
             "use_draft_logits": True,
             "return_perf_metrics": True,

@@ -90,7 +90,7 @@ def test_metrics_count_what_the_responses_report_per_proposer(server):
     """/metrics' counters labelled with a proposer grow by exactly what each response reported as that
     proposer's; summed over the label they are the totals, as before the label existed. The lookup requests are
     seeded sampled ones, whose proposals do not depend on measured costs (so lookup surely proposes)."""
-    sampled = {"temperature": 0.5, "seed": 3}
+    sampled = {"temperature": 0.5, "top_p": 1.0, "seed": 3}
     requests = [
         dict(proposer="ngram", stream=True, **sampled),
         dict(proposer="draft", stream=False, num_draft_tokens=2),

@@ -21,7 +21,7 @@ from trtspec.engines.adaptive import KPolicy
 from trtspec.engines.engine_calls import Call
 from trtspec.engines.sampling import SamplingParams
 from trtspec.triton_repo.models.cores import cpu_threads, split_cores
-from trtspec.triton_repo.models.request import Limits, parse_request
+from trtspec.triton_repo.models.request import Limits, parse_request, to_job
 from trtspec.triton_repo.models.text import (
     IncrementalDecoder,
     StreamDecoder,
@@ -89,7 +89,7 @@ def test_stop_words_are_read_as_strings_and_empty_ones_dropped():
             "temperature must be a finite number >= 0",
         ),
         ({"text_input": "x", "max_tokens": 4, "top_k": -1}, "top_k must be >= 0"),
-        ({"text_input": "x", "max_tokens": 4, "top_p": 0.0}, "top_p must be in (0, 1], got 0.0"),
+        ({"text_input": "x", "max_tokens": 4, "top_p": -0.1}, "top_p must be in (0, 1], got -0.1"),
         ({"text_input": "x", "max_tokens": 4, "top_p": 1.5}, "top_p must be in (0, 1], got 1.5"),
     ],
 )
@@ -421,13 +421,14 @@ def test_adaptive_decisions_reach_the_metrics_while_a_request_runs(monkeypatch):
         adaptive_metrics=types.SimpleNamespace(update=published.append),
     )
     try:
-        outbox.put("a", None, None, _event([5]))  # a round of a request that goes on
+        reply = types.SimpleNamespace(closed=False)
+        outbox.put("a", None, reply, _event([5]))  # a round of a request that goes on
         outbox.flush()
         deadline = time.monotonic() + 10
         while not published and time.monotonic() < deadline:
             time.sleep(0.005)
         assert published == [("decisions", 0)]
-        outbox.put("a", None, None, _event([6]))
+        outbox.put("a", None, reply, _event([6]))
         outbox.flush()  # within ADAPTIVE_PUBLISH_S of the last: not sent again
         time.sleep(0.1)
         assert len(published) == 1
@@ -601,6 +602,23 @@ def test_orchestrator_runs_draft_ahead_beside_verification_and_only_for_a_lone_r
         assert not model._alone()
 
 
+@pytest.mark.parametrize(
+    "sampling, greedy, top_k, top_p",
+    [
+        ({"temperature": 1.0}, True, 1, 1.0),  # upstream's end_to_end client's default: greedy text upstream
+        ({"temperature": 1.0, "top_k": 0, "top_p": 0.0}, True, 1, 1.0),  # 0 is unset for both
+        ({"temperature": 1.0, "top_p": 0.9}, False, 0, 0.9),
+        ({"temperature": 1.0, "top_k": 40}, False, 40, 1.0),
+        ({"temperature": 1.0, "top_p": 1.0}, False, 0, 1.0),  # the whole distribution
+    ],
+)
+def test_a_temperature_samples_only_with_top_k_or_top_p_as_upstream(sampling, greedy, top_k, top_p):
+    _, params, _ = to_job(
+        parse_request(_inputs(text_input="def", max_tokens=4, **sampling), LIMITS), _Codec(), LIMITS
+    )
+    assert (params.greedy, params.top_k, params.top_p) == (greedy, top_k, top_p)
+
+
 class _Sender:
     """A decoupled response sender: records what it sent; fails once or reports cancellation when told to."""
 
@@ -668,7 +686,12 @@ class _Codec:
 
 @pytest.mark.parametrize(
     "sampling, ahead",
-    [({}, True), ({"temperature": 0.8}, True), ({"seed": 7}, True), ({"temperature": 0.8, "seed": 7}, False)],
+    [
+        ({}, True),
+        ({"temperature": 0.8, "top_p": 1.0}, True),
+        ({"seed": 7}, True),
+        ({"temperature": 0.8, "top_p": 1.0, "seed": 7}, False),
+    ],
 )
 def test_seeded_sampled_requests_are_never_drafted_ahead(monkeypatch, sampling, ahead):
     """A seeded sampled request must give the same text whatever else the server does; draft-ahead would change
@@ -1108,7 +1131,6 @@ def test_responses_are_built_per_event_and_one_that_cannot_be_built_ends_only_it
 
 
 def test_a_request_becomes_loop_params_capped_at_max_seq_len_with_its_own_end_id(tokenizer):
-    from trtspec.triton_repo.models.request import to_job
 
     codec = TextCodec(tokenizer, end_ids=(2, 7))
     fields = {"text_input": np.array([b"def f(x):"]), "max_tokens": np.array([500]), "top_k": np.array([1])}
@@ -1135,7 +1157,6 @@ def test_an_end_or_pad_id_outside_the_vocabulary_is_refused_in_one_line(tokenize
     """An end id the model can never emit would drop its own end ids on the torch runtime, and TensorRT-LLM would
     refuse it as an engine failure in its own words. TensorRT-LLM pads its output buffers with pad_id; the torch
     runtime refuses the same values, so a request one runtime serves does not fail on the other."""
-    from trtspec.triton_repo.models.request import to_job
 
     fields = {"text_input": np.array([b"def"]), "max_tokens": np.array([8]), name: np.array([value])}
     with pytest.raises(RequestError) as err:
@@ -1179,7 +1200,6 @@ def test_an_unexpected_failure_fails_only_its_request_of_the_batch(monkeypatch, 
 
 
 def test_end_id_minus_one_the_fixed_length_advice_of_the_min_length_refusal_stops_on_no_token(tokenizer):
-    from trtspec.triton_repo.models.request import to_job
 
     fields = {"text_input": np.array([b"def"]), "max_tokens": np.array([8]), "end_id": np.array([-1])}
     _, _, options = to_job(parse_request(fields, LIMITS), TextCodec(tokenizer, end_ids=(2,)), LIMITS)
@@ -1213,3 +1233,61 @@ def test_an_engine_models_error_reaches_the_client_as_its_first_line(monkeypatch
     assert triton_io.internal_error(RuntimeError("kernel failed\n  at frame 1")) == (
         "internal error: RuntimeError: kernel failed"
     )
+
+
+class _StrictSender:
+    """python_backend's ResponseSender as it behaves: the final flag closes it ("Response sender has been
+    closed" after), and is_cancelled after that reaches a freed response factory: recorded here as a violation."""
+
+    def __init__(self, fail_first=False):
+        self.sent, self.closed, self.asked_after_close, self.fail_first = [], False, 0, fail_first
+
+    def send(self, response, flags=0):
+        if self.closed:
+            raise RuntimeError("Response sender has been closed")
+        if self.fail_first:
+            self.fail_first = False
+            raise RuntimeError("Failed to increase the shared memory pool size")
+        self.sent.append((response, flags))
+        self.closed = bool(flags & _PbUtils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def is_cancelled(self):
+        self.asked_after_close += self.closed
+        return False
+
+
+@pytest.mark.parametrize("failure", ["send", "build"])
+def test_a_request_whose_reply_fails_still_ends_its_stream_and_is_never_asked_about_again(
+    tokenizer, monkeypatch, failure
+):
+    """A failed send (a client gone, a full shared-memory pool) or a response that cannot be built: the stream
+    still ends with one final response, the request is cancelled, and the sending thread keeps cancelling it
+    until its finished event without asking Triton again."""
+    from trtspec.triton_repo.models import triton_io
+    from trtspec.triton_repo.models.inflight import Outbox, Reply
+
+    monkeypatch.setattr(triton_io, "pb", lambda: _PbUtils)
+    fields = {"text_input": np.array([b"x"]), "max_tokens": np.array([8]), "stream": np.array([True])}
+    codec = TextCodec(tokenizer, end_ids=())
+    if failure == "build":
+        monkeypatch.setattr(codec, "stream_decoder", lambda: IncrementalDecoder(lambda ids: 1 / 0))
+    reply = Reply(parse_request(fields, LIMITS), codec, [1])
+    sender, cancelled = _StrictSender(fail_first=failure == "send"), []
+    outbox = Outbox(cancel=cancelled.append, loop_builds_from=99)
+    ids = tokenizer.encode("def f(x):", add_special_tokens=False)
+    try:
+        outbox.watch("a", sender.is_cancelled)
+        for _ in range(3):  # the loop's rounds go on until its cancel takes effect
+            outbox.put("a", sender, reply, _event(ids))
+            outbox.flush()
+        outbox.put("a", sender, reply, _event([], finished=True))
+        outbox.flush()
+        deadline = time.monotonic() + 10
+        while "a" in outbox.watched and time.monotonic() < deadline:
+            time.sleep(0.005)
+    finally:
+        outbox.stop()
+    ((response, flags),) = sender.sent
+    assert flags == _PbUtils.TRITONSERVER_RESPONSE_COMPLETE_FINAL and response.error is not None
+    assert sender.asked_after_close == 0 and "a" not in outbox.watched
+    assert cancelled and set(cancelled) == {"a"} and reply.closed

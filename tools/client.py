@@ -45,7 +45,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--num-draft-tokens", type=int, default=None, help="draft tokens per round (K) [default: the repo's]"
     )
-    parser.add_argument("--temperature", type=float, default=None, help="0 or absent: greedy")
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="0 or absent: greedy; samples only beside --top-k or --top-p (upstream's rule; --top-p 1: all tokens)",
+    )
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--top-p", type=float, default=None)
     parser.add_argument("--seed", type=seed, default=None, help="a sampled request's seed (0 to 2**64 - 1)")

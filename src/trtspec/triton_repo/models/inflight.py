@@ -20,6 +20,7 @@ Not decoupled (triton.decoupled false): ``execute`` queues its requests and wait
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import queue
@@ -78,6 +79,10 @@ class Reply:
         if event.finished:
             out.append(("", self.ids, True))
         return out
+
+
+def _always() -> bool:
+    return True
 
 
 def build_responses(request_id: Hashable, reply: Reply, event: RowEvent, cancel: Callable) -> list[tuple]:
@@ -180,6 +185,14 @@ class Outbox:
         with self.lock:
             self.watched.pop(request_id, None)
 
+    def _closed_early(self, request_id: Hashable) -> None:
+        """A request whose final response went out before its finished event (an error, a failed send) is cancelled
+        at every ask until that event, without asking Triton: its response factory is freed with the final
+        response (python_backend), and is_cancelled on it would reach freed memory."""
+        with self.lock:
+            if request_id in self.watched:
+                self.watched[request_id] = _always
+
     def put(self, request_id: Hashable, sender, reply: Reply, event: RowEvent) -> None:
         """Add ``event`` (for ``sender``, answered through ``reply``) to this step's."""
         self.pending.append(_Outgoing(request_id, sender, reply, event))
@@ -245,14 +258,22 @@ class Outbox:
         if event.finished:
             self.forget(item.request_id)
             self._count(item)
+        ended = False
         try:
             for response, flags in item.responses:
                 item.sender.send(response, flags=flags)
+                ended = ended or bool(flags)  # build_responses' flags: the final flag or none
         except Exception as err:  # noqa: BLE001 - a client gone mid-stream: stop generating for it
             message = f"sending failed ({type(err).__name__}: {err}); cancelled"
             io.log_warning(f"request {item.request_id}: {message}")
             item.reply.closed = True  # its remaining rounds build nothing
+            if not ended:  # the stream still ends, with that line, where the sender can still take it
+                with contextlib.suppress(Exception):
+                    final = io.pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
+                    item.sender.send(io.error_response(message, False), flags=final)
             self.cancel(item.request_id)
+        if item.reply.closed and not event.finished:
+            self._closed_early(item.request_id)
 
     def _count(self, item: _Outgoing) -> None:
         """A finished request's counts (cancelled and failed requests ran their rounds too) and finish reason."""

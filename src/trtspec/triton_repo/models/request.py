@@ -114,15 +114,21 @@ def _strings(inputs: Mapping, name: str) -> tuple[str, ...]:
 
 
 def _params(inputs: Mapping, max_tokens: int, num_draft_tokens: int | None) -> SamplingParams:
-    """SamplingParams checks the values (a bad proposer too); a blank proposer is none, as a blank bad_words is."""
+    """SamplingParams checks the values (a bad proposer too); a blank proposer is none, as a blank bad_words is.
+    top_k and top_p as upstream's BLS passes them to TensorRT-LLM: 0 is unset, and a request with neither is
+    greedy whatever its temperature (upstream's clients send a temperature by default and expect greedy text
+    unless they ask for top-k or top-p sampling); SamplingParams' off values are top_k 0 and top_p 1."""
     seed = _scalar(inputs, "seed")
     proposer = str(_scalar(inputs, "proposer", "")).strip()
+    top_k, top_p = int(_scalar(inputs, "top_k", 0)), float(_scalar(inputs, "top_p", 0.0))
+    if top_k == 0 and top_p == 0:
+        top_k = 1  # argmax: greedy
     return SamplingParams(
         max_new_tokens=max_tokens,
         num_draft_tokens=num_draft_tokens,
         temperature=float(_scalar(inputs, "temperature", 0.0)),
-        top_k=int(_scalar(inputs, "top_k", 0)),
-        top_p=float(_scalar(inputs, "top_p", 1.0)),
+        top_k=top_k,
+        top_p=1.0 if top_p == 0 else top_p,
         seed=None if seed is None else int(seed),
         proposer=proposer or None,
     )
