@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -129,6 +130,30 @@ def test_a_grpc_request_whose_stream_never_ends_gives_up_in_one_line(grpc_stand_
     assert outcome["error"] == (
         "Triton at 127.0.0.1:1 sent nothing for 0.05 s; check the server's log for a stuck request"
     )
+
+
+def test_a_run_that_stops_gives_up_its_requests_in_flight_at_once(grpc_stand_in, monkeypatch):
+    """Ctrl-C or a failed request closes the system: a request still waiting for its answer is cancelled on the
+    server and ends within a poll, not when its answer would have (here: never; the wait is 600 s)."""
+    serve_model(monkeypatch, configs={BLS: bls_config(num_draft_tokens="adaptive", max_draft_len="4")})
+    grpc_stand_in.answers = None
+    system = TritonSystem("127.0.0.1:1", tokenizer=None, model=BLS)
+    outcome: dict = {}
+
+    def request() -> None:
+        try:
+            system.client.generate("def f(x):", 4)
+        except ServerError as err:
+            outcome["error"] = err.message
+
+    thread = threading.Thread(target=request, daemon=True)
+    thread.start()
+    time.sleep(0.3)
+    started = time.monotonic()
+    system.close()
+    thread.join(timeout=10)
+    assert not thread.is_alive() and time.monotonic() - started < 2
+    assert outcome["error"] == "request to Triton at 127.0.0.1:1 given up: the run is stopping"
 
 
 def test_a_triton_system_keeps_its_connections_from_one_generate_to_the_next(grpc_stand_in, monkeypatch):

@@ -178,6 +178,7 @@ class ServedConfig:
 
 
 SPECULATION_PARAMETERS = frozenset({"max_draft_len", "num_draft_tokens", "proposer"})
+STOP_POLL_S = 0.2  # how often a gRPC request's wait for its next response looks whether the run is stopping
 
 
 def _parameters(config: dict) -> dict[str, str]:
@@ -211,6 +212,13 @@ class TritonClient:
         # tritonclient stream serves one caller at a time): a request does not pay for connecting.
         self._connections = threading.local()
         self.model = model or (INTERFACES[interface]["model"] if interface != "auto" else None)
+        # Set by ``stop``: a gRPC request waiting for its next response gives up within STOP_POLL_S (cancelled on
+        # the server), so a run that stops (Ctrl-C, a failed request) does not wait for the others to finish.
+        self.stopping = threading.Event()
+
+    def stop(self) -> None:
+        """Give up every request in flight (gRPC: cancelled on the server); later ones are refused."""
+        self.stopping.set()
 
     def _input_names(self, model: str) -> set[str] | None:
         """The inputs of ``model`` from the server's metadata; None when it has no such model."""
@@ -353,8 +361,19 @@ class TritonClient:
             start = time.perf_counter()
             client.async_stream_infer(self.model, inputs, enable_empty_final_response=True)
             try:
+                waited = 0.0
                 while not final:
-                    final = self._grpc_piece(results.get(timeout=self.timeout_s), out, start)
+                    if self.stopping.is_set():
+                        raise ServerError(f"request to Triton at {self.url} given up: the run is stopping")
+                    try:
+                        item = results.get(timeout=STOP_POLL_S)
+                    except queue.Empty:
+                        waited += STOP_POLL_S
+                        if waited >= self.timeout_s:
+                            raise
+                        continue
+                    waited = 0.0
+                    final = self._grpc_piece(item, out, start)
             finally:
                 # Without the final response the request may still be running (a stuck server, a wait given up):
                 # stop_stream's default waits for every request on the stream, so it is cancelled instead.

@@ -220,8 +220,12 @@ class TritonSystem:
         return chunks
 
     def close(self) -> None:
+        """Give up what is in flight (a run stopping on Ctrl-C or a failed request would otherwise wait for the
+        other requests' whole answers; gRPC ones are cancelled on the server, an HTTP read ends when its answer
+        does), then end the request threads."""
+        self.client.stop()
         for pool in self._pools.values():
-            pool.shutdown()
+            pool.shutdown(cancel_futures=True)
         self._pools.clear()
 
 
