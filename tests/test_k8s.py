@@ -945,3 +945,80 @@ def test_canary_gate_blocks_a_canary_with_a_bad_draft_or_other_outputs(untrained
     assert result.exit_code == 1, result.output
     says = "acceptance" if canary == "draft trained on nothing" else "exact"
     assert says in result.output.lower()
+
+
+def test_the_recipe_is_mounted_as_a_file_so_its_relative_paths_resolve_beside_it(tmp_path):
+    """A ConfigMap folder's recipe.yaml is a symlink into a timestamped folder, and load_recipe resolves the file's
+    real path: mounted as a folder, `../models/X` would resolve from inside that folder. A subPath mount is the
+    file itself."""
+    _, files = rollout(tmp_path, write_recipe(tmp_path, PAIR_8B_1B))
+    pods = [
+        files["overlays/production/deployment.yaml"]["spec"]["template"]["spec"],
+        files["base/build-job.yaml"]["spec"]["template"]["spec"],
+    ]
+    for pod in pods:
+        for container in pod["containers"] + pod.get("initContainers", []):
+            mounts = [m for m in container.get("volumeMounts", []) if m["name"] == "recipe"]
+            assert all(
+                m["mountPath"] == "/workspace/recipes/recipe.yaml" and m["subPath"] == "recipe.yaml"
+                for m in mounts
+            ), mounts
+
+
+def test_build_and_gate_jobs_request_the_cpu_and_memory_the_recipe_names(tmp_path):
+    """Conversion holds the whole checkpoint in host memory: a Job without requests is the first evicted."""
+    text = PAIR_8B_1B.replace("  gpus: 2\n", "  gpus: 2\n  cpu: '8'\n  memory: 64Gi\n")
+    _, files = rollout(tmp_path, write_recipe(tmp_path, text))
+    for path in ("base/build-job.yaml", "overlays/production/deployment.yaml"):
+        (container,) = files[path]["spec"]["template"]["spec"]["containers"]
+        assert container["resources"]["requests"] == {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": 2}, path
+
+
+def test_a_volume_without_hard_links_builds_every_stage_anew(tmp_path, monkeypatch):
+    """Azure Files (SMB) or a FUSE bucket refuses `cp -al`: the seed is dropped and the build runs whole, not the
+    Job failing for every later key."""
+    import trtspec.triton_repo.k8s.plan as plan_module
+    from trtspec.triton_repo.k8s.workloads import build_script
+
+    root = tmp_path / "engines"
+    monkeypatch.setattr(plan_module, "ENGINES_MOUNT", str(root))
+    recipe = write_recipe(tmp_path, PAIR_8B_1B)
+    plan = plan_rollout(load_recipe(recipe, check_paths=False), None, PAIR_8B_1B)
+    (root / "0000000000" / "llama-8b-1b" / "target").mkdir(parents=True)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "trtspec").write_text('#!/bin/sh\necho "$@" >> "$CALLS"\n')
+    (bin_dir / "cp").write_text(
+        '#!/bin/sh\necho "cp: cannot create hard link: Operation not permitted" >&2\nexit 1\n'
+    )
+    for tool in ("trtspec", "cp"):
+        (bin_dir / tool).chmod(0o755)
+    calls = tmp_path / "calls"
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "TRTSPEC_RECIPE": str(recipe), "CALLS": str(calls)}
+    run = subprocess.run(
+        ["bash", "-c", build_script(plan)], env=env, capture_output=True, text=True, check=False
+    )
+    assert run.returncode == 0, run.stderr
+    assert "no hard links on this volume" in run.stdout and not list(root.glob(".seeding-*"))
+    assert [line.split()[0] for line in calls.read_text().splitlines()] == ["check", "build"]
+    assert Path(plan.engines_marker).is_file()
+
+
+def test_a_replica_that_is_not_serving_is_one_that_answered_and_stopped(tmp_path):
+    """A pod waiting for its engines or loading its models has no metrics port yet: not an alert."""
+    _, files = rollout(tmp_path, write_recipe(tmp_path, PAIR_8B_1B))
+    rules = [r for g in by_kind(files, "PrometheusRule")[0]["spec"]["groups"] for r in g["rules"]]
+    (rule,) = [r for r in rules if r.get("alert") == "TrtspecReplicaNotServing"]
+    assert rule["expr"] == 'up{job="llama-8b-1b"} == 0 and max_over_time(up{job="llama-8b-1b"}[1h]) == 1'
+
+
+def test_gpu_ids_a_pod_cannot_see_are_refused_in_one_line(tmp_path, runner):
+    """The device plugin numbers a pod's GPUs from 0: a recipe written for GPUs 2 and 3 of a box is refused."""
+    text = PAIR_8B_1B.replace("tp_size: 2}", "tp_size: 2, gpu_ids: [2, 3]}").replace(
+        "dtype: bfloat16}\nspeculative", "dtype: bfloat16, gpu_ids: [2]}\nspeculative"
+    )
+    recipe = write_recipe(tmp_path, text)
+    result = runner.invoke(cli, ["deploy", str(recipe), "--k8s", str(tmp_path / "k8s")])
+    assert result.exit_code != 0 and not (tmp_path / "k8s").exists()
+    assert "target.gpu_ids" in result.output and "a pod sees its 2 GPU(s) as 0..1" in result.output
+    assert "Traceback" not in result.output

@@ -162,6 +162,22 @@ def check_nodes(recipe: Recipe, runtime: str, gpus: int) -> None:
         raise _fail(recipe, *problem)
 
 
+def check_gpu_ids(recipe: Recipe, runtime: str) -> None:
+    """Inside a pod the device plugin numbers the pod's GPUs from 0, whatever they are on the node: the engine
+    workers' GPUs must be 0..N-1 (the repository names them in gpu_device_ids, CUDA_VISIBLE_DEVICES)."""
+    if runtime == "torch":
+        return
+    gpus = sorted(set(recipe.engine_gpus(runtime)))
+    if gpus != list(range(len(gpus))):
+        roles = [role for role, spec in recipe.models().items() if set(spec.devices) - set(range(len(gpus)))]
+        raise _fail(
+            recipe,
+            f"{roles[0] if roles else 'target'}.gpu_ids",
+            f"GPUs {gpus}: a pod sees its {len(gpus)} GPU(s) as 0..{len(gpus) - 1}, whichever they are on the node; "
+            f"name them {list(range(len(gpus)))}",
+        )
+
+
 def rollout_key(recipe: Recipe, runtime: str, image: str) -> str:
     return hashlib.sha256(f"{recipe.digest()}|{runtime}|{image}".encode()).hexdigest()[:10]
 
@@ -187,6 +203,7 @@ def plan_rollout(recipe: Recipe, runtime: str | None, recipe_text: str) -> Rollo
             f"{spec.gpus} does not match the {gpus} GPU(s) of {how}; set {gpus} or leave it out",
         )
     check_nodes(recipe, runtime, gpus)
+    check_gpu_ids(recipe, runtime)
     models = check_models(recipe, yaml.safe_load(recipe_text) or {})
     device = "cuda" if gpus else "cpu"
     image, base = (spec.image, None) if spec.image else default_image(runtime, device)

@@ -98,7 +98,17 @@ def volumes(plan: RolloutPlan, *, engines: bool = True, repo: bool = True) -> tu
     """(volumes, volumeMounts) of a trtspec container: the recipe, the models and engines volumes where the plan
     has them, and (``repo``) a scratch folder for the repository plus Triton's shared memory."""
     vols = [{"name": "recipe", "configMap": {"name": recipe_configmap_name(plan)}}]
-    mounts = [{"name": "recipe", "mountPath": RECIPES_MOUNT, "readOnly": True}]
+    # The file itself (subPath): a ConfigMap folder's recipe.yaml is a symlink into a timestamped folder, so the
+    # recipe's relative paths would resolve from there (load_recipe resolves the file's real path). A subPath
+    # mount takes no update, and needs none: a new recipe is a new ConfigMap, and the pods roll.
+    mounts = [
+        {
+            "name": "recipe",
+            "mountPath": f"{RECIPES_MOUNT}/{RECIPE_FILE}",
+            "subPath": RECIPE_FILE,
+            "readOnly": True,
+        }
+    ]
     if plan.models_pvc:
         vols.append(
             {"name": "models", "persistentVolumeClaim": {"claimName": plan.models_pvc, "readOnly": True}}
@@ -124,9 +134,11 @@ def env(plan: RolloutPlan) -> list[dict]:
     ]
 
 
-def resources(plan: RolloutPlan, gpus: int, serving: bool = True) -> dict:
+def resources(plan: RolloutPlan, gpus: int) -> dict:
     spec = plan.recipe.kubernetes
-    requests = {k: v for k, v in (("cpu", spec.cpu), ("memory", spec.memory)) if v and serving}
+    # Jobs too: conversion and quantization hold the whole checkpoint in host memory, and a pod without requests is
+    # the first evicted or OOM-killed
+    requests = {k: v for k, v in (("cpu", spec.cpu), ("memory", spec.memory)) if v}
     out: dict = {}
     if gpus:
         out["limits"] = {GPU: gpus}
@@ -345,9 +357,13 @@ def seed_script(plan: RolloutPlan) -> str:
         f"  rm -rf {q(seeding)}\n"
         f"  prev=$(ls -1td {q(root)}/*/{q(name)} {q(root + '/' + name)} 2>/dev/null | head -n 1 || true)\n"
         '  if [ -n "$prev" ]; then\n'
-        f'    mkdir -p {q(seeding)} && cp -al "$prev" {q(seeding + "/" + name)}\n'
-        f'    rm -rf {q(seeding + "/" + name + "/logs")} && mv {q(seeding)} "$dir"\n'
-        '    echo "starting from the engines in $prev (hard links): trtspec build rebuilds what changed"\n'
+        f'    if mkdir -p {q(seeding)} && cp -al "$prev" {q(seeding + "/" + name)}; then\n'
+        f'      rm -rf {q(seeding + "/" + name + "/logs")} && mv {q(seeding)} "$dir"\n'
+        '      echo "starting from the engines in $prev (hard links): trtspec build rebuilds what changed"\n'
+        "    else\n"  # storage without hard links (SMB, FUSE): a whole build
+        f"      rm -rf {q(seeding)}\n"
+        '      echo "no hard links on this volume: building every stage anew"\n'
+        "    fi\n"
         "  fi\n"
         "fi\n"
     )
@@ -389,7 +405,7 @@ def build_job(plan: RolloutPlan) -> dict:
         "imagePullPolicy": "IfNotPresent",
         "args": ["bash", "-c", build_script(plan)],
         "env": env(plan),
-        "resources": resources(plan, plan.gpus, serving=False),
+        "resources": resources(plan, plan.gpus),
         "volumeMounts": mounts,
     }
     spec = {
@@ -458,7 +474,7 @@ def gate_job(plan: RolloutPlan) -> dict:
         "imagePullPolicy": "IfNotPresent",
         "args": gate_args(plan),
         "env": env(plan),
-        "resources": resources(plan, gpus, serving=False),
+        "resources": resources(plan, gpus),
         "volumeMounts": mounts,
     }
     wait = {"name": "wait-for-canary", "image": plan.image, "args": ["python3", "-c", WAIT_READY_PY, ready]}
