@@ -1022,3 +1022,17 @@ def test_gpu_ids_a_pod_cannot_see_are_refused_in_one_line(tmp_path, runner):
     assert result.exit_code != 0 and not (tmp_path / "k8s").exists()
     assert "target.gpu_ids" in result.output and "a pod sees its 2 GPU(s) as 0..1" in result.output
     assert "Traceback" not in result.output
+
+
+def test_a_serving_pod_stops_within_its_grace_period_without_cutting_requests_short(tmp_path):
+    """preStop first (the Service drops the endpoint), then serve's own stop: tritonserver lets requests in flight
+    run --exit-timeout seconds, and serve kills what is left after its margin, all before the kubelet's SIGKILL."""
+    from trtspec.triton_repo.server import EXIT_TIMEOUT_S, STOP_GRACE_S
+
+    _, files = rollout(tmp_path, write_recipe(tmp_path, PAIR_8B_1B))
+    pod = files["overlays/production/deployment.yaml"]["spec"]["template"]["spec"]
+    (triton,) = pod["containers"]
+    (pre_stop,) = [int(a) for a in triton["lifecycle"]["preStop"]["exec"]["command"][1:]]
+    (exit_timeout,) = [int(t) for t in re.findall(r"--exit-timeout (\d+)", triton["args"][2])]
+    assert exit_timeout > EXIT_TIMEOUT_S
+    assert pre_stop + exit_timeout + (STOP_GRACE_S - EXIT_TIMEOUT_S) < pod["terminationGracePeriodSeconds"]

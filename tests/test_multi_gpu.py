@@ -8,6 +8,7 @@ No GPU here: the engines are engine directories with TensorRT-LLM 1.2's config.j
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from test_deploy import fake_engine
@@ -211,3 +212,42 @@ def test_the_server_log_lies_beside_the_repository_named_after_its_folder(tmp_pa
     monkeypatch.chdir(repo)
     for named in (repo, ".", tmp_path / "link"):
         assert server_log_path(named) == tmp_path / ".repo.tritonserver.log"
+
+
+def test_the_exit_timeout_reaches_every_rank_and_bounds_the_stop(tmp_path):
+    """serve --exit-timeout: how long tritonserver lets requests in flight run once asked to stop, on a single
+    server and on every MPI rank; the session is killed only once that and serve's own margin have passed."""
+    from trtspec.triton_repo.server import (
+        EXIT_TIMEOUT_S,
+        STOP_GRACE_S,
+        ServerInstall,
+        TritonServer,
+        server_command,
+    )
+
+    install = ServerInstall(Path("/bin/tritonserver"), Path("/backends"), {}, "ngc")
+    assert "--exit-timeout-secs=15" in server_command(install, Path("/repo"), PORTS)
+    assert "--exit-timeout-secs=65" in server_command(install, Path("/repo"), PORTS, 65)
+    layout = {"mode": "orchestrator", "mpi": True, "world_size": 1, "env": {}, "gpus": [0]}
+    (rank0,) = ranks(launch_command("/repo", PORTS, layout, exit_timeout_s=65))
+    assert "--exit-timeout-secs=65" in rank0
+    server = TritonServer(Path("/repo"), PORTS, tmp_path / "log", install, layout, exit_timeout_s=65)
+    assert all("--exit-timeout-secs=65" in rank for rank in ranks(server.command))
+
+    assert server.stop_grace_s == 65 + STOP_GRACE_S - EXIT_TIMEOUT_S
+    assert TritonServer(Path("/repo"), PORTS, tmp_path / "log", install).stop_grace_s == STOP_GRACE_S
+
+
+def test_serve_takes_the_exit_timeout_it_hands_to_tritonserver(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from trtspec.cli import cli
+    from trtspec.triton_repo import serve as serve_module
+
+    taken = []
+    monkeypatch.setattr(serve_module, "serve", lambda spec, echo, on_ready: taken.append(spec) or 0)
+    result = CliRunner().invoke(cli, ["serve", str(tmp_path), "--exit-timeout", "65"])
+    assert result.exit_code == 0, result.output
+    assert taken[0].exit_timeout_s == 65
+    result = CliRunner().invoke(cli, ["serve", str(tmp_path)])
+    assert taken[1].exit_timeout_s == 15

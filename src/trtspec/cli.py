@@ -31,6 +31,7 @@ from trtspec.core.interrupts import raise_if_interrupted, record_interrupts
 from trtspec.core.lookup import PROPOSERS
 from trtspec.core.metrics import MAX_DRAFT_COST_RATIO
 from trtspec.core.model_dir import out_of_memory
+from trtspec.triton_repo.server import EXIT_TIMEOUT_S
 from trtspec.validate.bench import LOADS
 from trtspec.validate.inputs import SystemOptions
 from trtspec.validate.validation import Thresholds
@@ -576,6 +577,15 @@ def _host(ctx, param, value: str | None) -> str | None:
     "timeout_s",
     type=Finite(min=0, min_open=True),
     help="Seconds to wait for every model to load [default: 300, or 3600 under MPI (TensorRT-LLM engines)].",
+)
+@click.option(
+    "--exit-timeout",
+    "exit_timeout_s",
+    type=click.IntRange(min=0),
+    default=EXIT_TIMEOUT_S,
+    show_default=True,
+    help="Seconds requests in flight may still run once the server is asked to stop (tritonserver's "
+    "--exit-timeout-secs); a pod's terminationGracePeriodSeconds must cover it.",
 )
 @output_options
 def serve(out: Output, **options) -> None:

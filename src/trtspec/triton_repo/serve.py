@@ -24,6 +24,7 @@ from trtspec.recipe import TritonSpec, host_problem, port_problem
 from trtspec.triton_repo import interface as names
 from trtspec.triton_repo.deploy import MANIFEST
 from trtspec.triton_repo.server import (
+    EXIT_TIMEOUT_S,
     HEALTH_POLL_S,
     HealthWatch,
     Ports,
@@ -50,6 +51,8 @@ class ServeSpec:
     grpc_port: int | None = None
     metrics_port: int | None = None
     timeout_s: float | None = None  # None: LOAD_TIMEOUT_S, or MPI_LOAD_TIMEOUT_S for an MPI launch
+    # tritonserver's bound on requests in flight once asked to stop (--exit-timeout-secs)
+    exit_timeout_s: int = EXIT_TIMEOUT_S
 
 
 def read_manifest(repo: Path) -> dict:
@@ -165,7 +168,7 @@ def serve(spec: ServeSpec, echo=print, on_ready=None) -> int:
 
         find_upstream_model_dir()  # fail now, not inside the stub, if the image lacks upstream's model.py
     log = server_log_path(spec.repo)
-    server = TritonServer(spec.repo, ports, log, find_server(), layout)
+    server = TritonServer(spec.repo, ports, log, find_server(), layout, spec.exit_timeout_s)
     env = ""
     if server.layout:
         echo(f"{layout['mode']}: {layout['world_size']} MPI rank(s)")

@@ -229,10 +229,16 @@ def _endpoint_args(ports: Ports) -> list[str]:
 
 
 def _rank_args(
-    repo: Path, ports: Ports, layout: dict, rank: int, binary: str, backend_dir: Path | None
+    repo: Path,
+    ports: Ports,
+    layout: dict,
+    rank: int,
+    binary: str,
+    backend_dir: Path | None,
+    exit_timeout_s: int = EXIT_TIMEOUT_S,
 ) -> list[str]:
     """One rank's tritonserver argv (launch_triton_server.py's get_cmd, plus explicit 127.0.0.1 binding)."""
-    args = [binary, f"--model-repository={Path(repo).resolve()}", f"--exit-timeout-secs={EXIT_TIMEOUT_S}"]
+    args = [binary, f"--model-repository={Path(repo).resolve()}", f"--exit-timeout-secs={exit_timeout_s}"]
     if backend_dir is not None:
         args.append(f"--backend-directory={backend_dir}")
     if rank == 0:
@@ -253,7 +259,12 @@ def _rank_args(
 
 
 def launch_command(
-    repo: Path, ports: Ports, layout: dict, binary: str = "tritonserver", backend_dir: Path | None = None
+    repo: Path,
+    ports: Ports,
+    layout: dict,
+    binary: str = "tritonserver",
+    backend_dir: Path | None = None,
+    exit_timeout_s: int = EXIT_TIMEOUT_S,
 ) -> list[str]:
     """The mpirun argv for a repository whose trtspec.json ``launch`` layout needs MPI (values.launch_layout).
 
@@ -264,7 +275,7 @@ def launch_command(
     for rank in range(layout["world_size"]):
         if rank:
             cmd.append(":")
-        cmd += ["-n", "1", *_rank_args(repo, ports, layout, rank, binary, backend_dir)]
+        cmd += ["-n", "1", *_rank_args(repo, ports, layout, rank, binary, backend_dir, exit_timeout_s)]
     return cmd
 
 
@@ -388,7 +399,9 @@ class TritonServer:
     ``layout`` (a repository's trtspec.json ``launch``, values.launch_layout): one that needs MPI starts the
     ranks under mpirun (``launch_command``, ``launch_env``) instead of one tritonserver; the rest is the same.
     ``start()`` returns once every model of the repository is ready, or raises ServerError with Triton's
-    reason. ``stop()`` sends SIGINT, then SIGKILLs the whole session after STOP_GRACE_S so no stub survives.
+    reason. ``stop()`` sends SIGINT, then SIGKILLs the whole session once ``exit_timeout_s`` (tritonserver's
+    bound on requests in flight after a signal) and STOP_GRACE_S - EXIT_TIMEOUT_S more have passed, so no stub
+    survives.
     """
 
     def __init__(
@@ -398,8 +411,10 @@ class TritonServer:
         log_path: Path,
         install: ServerInstall | None = None,
         layout: dict | None = None,
+        exit_timeout_s: int = EXIT_TIMEOUT_S,
     ):
         self.repo, self.ports, self.log_path = Path(repo), ports, Path(log_path)
+        self.exit_timeout_s = exit_timeout_s
         self.install = install or find_server()
         self.layout = layout if layout and layout.get("mpi") else None
         self.proc: subprocess.Popen | None = None
@@ -412,9 +427,20 @@ class TritonServer:
     def command(self) -> list[str]:
         if self.layout:
             return launch_command(
-                self.repo, self.ports, self.layout, str(self.install.binary), self.install.backend_dir
+                self.repo,
+                self.ports,
+                self.layout,
+                str(self.install.binary),
+                self.install.backend_dir,
+                self.exit_timeout_s,
             )
-        return server_command(self.install, self.repo, self.ports)
+        return server_command(self.install, self.repo, self.ports, self.exit_timeout_s)
+
+    @property
+    def stop_grace_s(self) -> float:
+        """How long ``stop`` waits after SIGINT before it kills the session: tritonserver's exit timeout and the
+        margin its unloading takes beyond it."""
+        return self.exit_timeout_s + STOP_GRACE_S - EXIT_TIMEOUT_S
 
     @property
     def env(self) -> dict:
@@ -491,10 +517,13 @@ class TritonServer:
             if pending:
                 time.sleep(0.2)
 
-    def stop(self, grace_s: float = STOP_GRACE_S) -> int | None:
-        """SIGINT, wait up to ``grace_s``, then SIGKILL the session; returns the exit status. A second Ctrl-C
-        during the wait still kills the session (and then propagates). The python backend's shared-memory regions
-        that a killed server could not remove are removed here."""
+    def stop(self, grace_s: float | None = None) -> int | None:
+        """SIGINT, wait up to ``grace_s`` (None: ``stop_grace_s``), then
+        SIGKILL the session; returns the exit status. A second Ctrl-C during the wait still kills the session (and
+        then propagates). The python backend's shared-memory regions that a killed server could not remove are
+        removed here."""
+        if grace_s is None:
+            grace_s = self.stop_grace_s
         proc, self.proc = self.proc, None
         if proc is None:
             return None

@@ -22,8 +22,14 @@ from trtspec.triton_repo.k8s.plan import (
     REPO_MOUNT,
     RolloutPlan,
 )
+from trtspec.triton_repo.server import EXIT_TIMEOUT_S, STOP_GRACE_S
 
 GPU = "nvidia.com/gpu"
+# A serving pod's stop: preStop sleeps while the Service drops its endpoint, then `trtspec serve` gets SIGTERM and
+# stops tritonserver, whose requests in flight may run SERVE_EXIT_TIMEOUT_S more before it exits; serve kills
+# what is left (STOP_GRACE_S - EXIT_TIMEOUT_S later), all before the kubelet's SIGKILL at the grace period.
+TERMINATION_GRACE_S, PRE_STOP_S = 90, 10
+SERVE_EXIT_TIMEOUT_S = TERMINATION_GRACE_S - PRE_STOP_S - int(STOP_GRACE_S - EXIT_TIMEOUT_S) - 5
 READY_PATH, LIVE_PATH = "/v2/health/ready", "/v2/health/live"
 PROBE_PERIOD_S = 10
 
@@ -200,7 +206,7 @@ def serve_script(plan: RolloutPlan) -> str:
         "set -euo pipefail\n"
         f'trtspec deploy "$TRTSPEC_RECIPE" --runtime {q(plan.runtime)}{engines} --out {q(plan.repo_path)}\n'
         f"exec trtspec serve {q(plan.repo_path)} --host 0.0.0.0 --http-port {p['http']} --grpc-port {p['grpc']} "
-        f"--metrics-port {p['metrics']} --timeout {timeout}\n"
+        f"--metrics-port {p['metrics']} --timeout {timeout} --exit-timeout {SERVE_EXIT_TIMEOUT_S}\n"
     )
 
 
@@ -235,6 +241,8 @@ def triton_container(plan: RolloutPlan, mounts: list) -> dict:
             {"name": kind, "containerPort": port, "protocol": "TCP"} for kind, port in plan.ports.items()
         ],
         **probes(plan),
+        # the Service drops the pod's endpoint while this runs, so no new request reaches a server that stops
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRE_STOP_S)]}}},
         "resources": resources(plan, plan.gpus),
         "volumeMounts": mounts,
     }
@@ -252,7 +260,7 @@ def server_pod_template(plan: RolloutPlan, track: str) -> dict:
         vols,
         plan.gpus,
         initContainers=init,
-        terminationGracePeriodSeconds=90,
+        terminationGracePeriodSeconds=TERMINATION_GRACE_S,
     )
     if not init:
         del pod["initContainers"]
