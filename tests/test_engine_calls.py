@@ -494,3 +494,32 @@ def test_a_sampled_top_k_above_what_tensorrt_llm_keeps_is_refused_before_it_is_q
     loop.add(1, [10, 11], sampled.with_(top_k=1024))
     loop.add(2, [10, 11], sampled.with_(temperature=0.0))  # greedy: top_k plays no part
     assert loop.busy
+
+
+def test_a_batched_whole_budget_capped_by_its_longest_row_is_no_end_token():
+    """TensorRT-LLM takes one max_new_tokens per call, so the runner caps a batch's by its longest row: a short row
+    then gets fewer tokens than its budget without having ended."""
+    engine_max = 100
+
+    def target(tokens, draft_ids, draft_logits, round_index):
+        return [7] * 40
+
+    class CappedCalls(FnCalls):  # as TrtllmCalls.verify caps a plain call
+        def verify(self, prefixes, drafts, draft_logits, max_new_tokens, call):
+            cap = min(max_new_tokens, engine_max - max(map(len, prefixes)))
+            return [out[:cap] for out in super().verify(prefixes, drafts, draft_logits, cap, call)]
+
+    rounds = EngineCallRounds(CappedCalls(None, target), max_draft_len=4, num_slots=2, max_seq_len=engine_max)
+    loop = GenerationLoop(rounds, max_seq_len=engine_max)
+    loop.add(
+        0, [3] * 90, SamplingParams(max_new_tokens=10, num_draft_tokens=0), eos_ids=(END,), keep_end=True
+    )
+    loop.add(
+        1, [3] * 10, SamplingParams(max_new_tokens=40, num_draft_tokens=0), eos_ids=(END,), keep_end=True
+    )
+    events = []
+    while loop.busy:
+        events += loop.step()
+    short = [e for e in events if e.request_id == 1]
+    assert sum(len(e.new_tokens) for e in short) == 40 and END not in [t for e in short for t in e.new_tokens]
+    assert short[-1].result.finish_reason == "length"

@@ -1009,7 +1009,7 @@ def test_a_replica_that_is_not_serving_is_one_that_answered_and_stopped(tmp_path
     _, files = rollout(tmp_path, write_recipe(tmp_path, PAIR_8B_1B))
     rules = [r for g in by_kind(files, "PrometheusRule")[0]["spec"]["groups"] for r in g["rules"]]
     (rule,) = [r for r in rules if r.get("alert") == "TrtspecReplicaNotServing"]
-    assert rule["expr"] == 'up{job="llama-8b-1b"} == 0 and max_over_time(up{job="llama-8b-1b"}[1h]) == 1'
+    assert rule["expr"] == 'up{job="llama-8b-1b"} == 0 and max_over_time(up{job="llama-8b-1b"}[1d]) == 1'
 
 
 def test_gpu_ids_a_pod_cannot_see_are_refused_in_one_line(tmp_path, runner):

@@ -35,7 +35,13 @@ def fake_trtllm(fake_trtllm):
 
 
 def write_engine(
-    out: Path, hf_dir: Path, *, max_draft_len: int = 0, gather_logits: bool = False, max_seq_len: int = 96
+    out: Path,
+    hf_dir: Path,
+    *,
+    max_draft_len: int = 0,
+    gather_logits: bool = False,
+    max_seq_len: int = 96,
+    max_num_tokens: int = 8192,
 ) -> Path:
     """An engine directory in the TensorRT-LLM 1.2.x layout; ``fake_hf_model_dir`` is read only by the stand-in."""
     out.mkdir(parents=True)
@@ -52,6 +58,7 @@ def write_engine(
             "max_batch_size": 4,
             "max_input_len": 64,
             "max_seq_len": max_seq_len + max_draft_len,  # trtllm-build adds max_draft_len
+            "max_num_tokens": max_num_tokens,
             "max_beam_width": 1,
             "max_draft_len": max_draft_len,
             "speculative_decoding_mode": 2 if max_draft_len else 1,
@@ -272,6 +279,10 @@ def test_pair_checks_happen_before_loading(fake_trtllm, tmp_path, tiny_pair):
         TrtllmSpeculativeRunner.from_engine_dirs(target, draft, use_draft_logits=True)
     with pytest.raises(CheckpointError, match="cannot read the engine config"):
         TrtllmSpeculativeRunner.from_engine_dirs(target, tmp_path / "missing")
+    # without chunked context a sequence longer than max_num_tokens fails part-way: refused before loading
+    short = write_engine(tmp_path / "t5", target_hf, max_draft_len=4, max_num_tokens=64)
+    with pytest.raises(CheckpointError, match="target engine max_num_tokens 64 < limits.max_seq_len 96 - 1"):
+        TrtllmSpeculativeRunner.from_engine_dirs(short, draft)
 
 
 def test_without_tensorrt_llm_it_says_so(engines):

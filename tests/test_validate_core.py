@@ -12,7 +12,7 @@ from trtspec.outputs import write_file_atomic
 from trtspec.validate.compare import compare, first_divergence, token_agreement
 from trtspec.validate.prompts import DEFAULT_PROMPTS, Prompt, PromptSetError, load_prompts
 from trtspec.validate.report import validation_markdown, validation_to_dict
-from trtspec.validate.systems import Generation
+from trtspec.validate.systems import Generation, Request
 from trtspec.validate.validation import Thresholds, ValidationResult, compare_outputs
 
 
@@ -303,3 +303,28 @@ def test_a_divergence_rounding_cannot_explain_fails_whatever_the_thresholds():
     )  # float32 rounding can explain it: the exact-match gate decides
     (failure,) = with_margin(2.0).failures()
     assert failure.startswith("p0: first divergence at token 2") and "rounding cannot explain it" in failure
+
+
+def test_a_system_that_goes_on_past_its_stop_is_no_near_tie_and_fails():
+    """The divergence of a candidate that ran past its stop id lies where the reference stopped: both chose the
+    stop token there, so the reference's margin would weigh a choice they share. No margin excuses it."""
+    import math
+
+    from trtspec.validate.validation import divergence_of
+
+    result = _result([[10, 11, 2, 99]], [[10, 11, 2, 99]], [[10, 11, 2]])
+    (outcome,) = result.outcomes
+
+    class Reference:
+        dtype = "bfloat16"
+
+        def stop_token_ids(self):
+            return {2}
+
+        def margin(self, prompt_ids, index):
+            raise AssertionError("no margin is looked up for a stop both sides chose")
+
+    divergence = divergence_of(outcome, Request("x", [1]), Reference(), "int4_awq")
+    assert divergence.index == 2 and math.isinf(divergence.margin) and not divergence.near_tie
+    assert "went on past its stop token 2 at token 2" in divergence.describe()
+    assert divergence.to_dict()["margin"] is None

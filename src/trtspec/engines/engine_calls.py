@@ -221,8 +221,12 @@ class EngineCallRounds:
                 budgets = [row.max_len - len(row.tokens) for row in rows]
                 outs = self.calls.verify([r.tokens for r in rows], None, None, max(budgets), target)
                 end = target.stops.end_id
+                # An adapter may cap one call's tokens so its longest row fits the engine (TrtllmCalls: its
+                # max_seq_len, which is this round's or more): a row is owed no more than that cap.
+                cap = self.max_seq_len - max(len(r.tokens) for r in rows)
                 return [
-                    _commit(r, out[:b], [], end, b) for r, out, b in zip(rows, outs, budgets, strict=True)
+                    _commit(r, out[:b], [], end, min(b, cap))
+                    for r, out, b in zip(rows, outs, budgets, strict=True)
                 ]
             num_draft = [0] * len(rows)
         drafts = self._propose(rows, num_draft, draft, given)

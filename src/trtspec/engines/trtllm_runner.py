@@ -287,7 +287,11 @@ def check_pair(
     external = draft is not None if external is None else external
     if not external:
         return
-    problems = pair_problems(target, draft, use_draft_logits=use_draft_logits, own_tokenizer=own_tokenizer)
+    # the sequences it will serve: up to the target engine's max_seq_len less the K trtllm-build added to it
+    serves = target["max_seq_len"] - target["max_draft_len"] if target.get("max_seq_len") else None
+    problems = pair_problems(
+        target, draft, max_seq_len=serves, use_draft_logits=use_draft_logits, own_tokenizer=own_tokenizer
+    )
     if problems:
         raise CheckpointError(f"{target_dir}: {problems[0]}", detail="\n".join(problems))
 

@@ -94,13 +94,19 @@ class Divergence:
 
     @property
     def near_tie(self) -> bool:
-        """True: the dtypes' rounding can explain the divergence; False: it cannot, so something differs."""
-        return self.margin <= self.near_tie_bound
+        """True: the dtypes' rounding can explain the divergence; False: it cannot, so something differs (an
+        infinite margin: the system went on past a stop token where the reference stopped)."""
+        return not math.isinf(self.margin) and self.margin <= self.near_tie_bound
 
     def describe(self) -> str:
         dtypes = self.dtype
         if self.system_dtype not in (None, self.dtype):
             dtypes = f"{self.dtype} (reference) and {self.system_dtype} (system)"
+        if math.isinf(self.margin):
+            return (
+                f"the system went on past its stop token {self.candidate_token} at token {self.index}, where the "
+                "reference stopped: rounding cannot explain it (docs/exactness.md)"
+            )
         if math.isinf(self.near_tie_bound):
             verdict = f"{self.system_dtype} has no near-tie bound: its rounding can explain any divergence"
         elif self.near_tie:
@@ -119,7 +125,8 @@ class Divergence:
 
     def to_dict(self) -> dict:
         bound = None if math.isinf(self.near_tie_bound) else self.near_tie_bound  # JSON has no infinity
-        return asdict(self) | {"near_tie_bound": bound, "near_tie": self.near_tie}
+        margin = None if math.isinf(self.margin) else self.margin
+        return asdict(self) | {"margin": margin, "near_tie_bound": bound, "near_tie": self.near_tie}
 
 
 def token_at(tokens: Sequence[int], index: int) -> int | None:

@@ -217,7 +217,8 @@ class TritonClient:
         self.stopping = threading.Event()
 
     def stop(self) -> None:
-        """Give up every request in flight (gRPC: cancelled on the server); later ones are refused."""
+        """Give up the gRPC requests in flight and later ones (cancelled on the server); an HTTP request still
+        ends when its answer does (a blocking read)."""
         self.stopping.set()
 
     def _input_names(self, model: str) -> set[str] | None:

@@ -17,6 +17,7 @@ margin at that token is recorded (``Divergence``), so rounding at a near-tie can
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -204,7 +205,12 @@ def divergence_of(
     if index is None or outcome.speculative.ids_from_text:
         return None
     candidate = outcome.compared
-    margin = reference.margin(request.token_ids, index)
+    if index >= len(outcome.reference) and token_at(candidate, index) in reference.stop_token_ids():
+        # it stopped where the reference did, then went on: no choice of the reference's differs, so no margin
+        # can excuse it (comparable_pair keeps what follows the stop)
+        margin = math.inf
+    else:
+        margin = reference.margin(request.token_ids, index)
     return Divergence(
         index,
         token_at(outcome.reference, index),

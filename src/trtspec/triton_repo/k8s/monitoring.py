@@ -73,9 +73,9 @@ def alerts(plan: RolloutPlan) -> list[dict]:
     answered = rate(plan, finished, "5m", ',finish_reason=~"stop|length"')
     not_serving = {
         "alert": "TrtspecReplicaNotServing",
-        # a replica that answered in the last hour and stopped: a pod still waiting for its engines or loading its
+        # a replica that answered within the day and stopped: a pod still waiting for its engines or loading its
         # models has no port open yet, and is not a replica that stopped serving
-        "expr": f'up{{job="{app}"}} == 0 and max_over_time(up{{job="{app}"}}[1h]) == 1',
+        "expr": f'up{{job="{app}"}} == 0 and max_over_time(up{{job="{app}"}}[1d]) == 1',
         "for": "2m",
         "labels": {"severity": "critical"},
         "annotations": {"summary": f"{app}: {{{{ $labels.pod }}}} stopped answering on its metrics port"},
