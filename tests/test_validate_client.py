@@ -419,3 +419,12 @@ def test_validate_against_a_server_measures_the_servers_default_k(monkeypatch, d
     assert validated_k(None, recipe, system) == expected
     assert validated_k(4, recipe, system) == 4
     assert validated_k(None, recipe) == 2  # in-process: as deploy would write it
+
+
+def test_a_server_that_publishes_its_dtype_is_taken_at_its_word(grpc_stand_in, monkeypatch):
+    """The torch runtime's entry model publishes target_dtype: the near-tie bound then counts the server's own
+    dtype, not the recipe's runtime's (a repository deployed with another --runtime); others do not say."""
+    serve_model(monkeypatch, configs={BLS: bls_config(max_draft_len="4", target_dtype="bfloat16")})
+    assert TritonSystem("127.0.0.1:1", tokenizer=None, model=BLS).dtype == "bfloat16"
+    serve_model(monkeypatch, configs={BLS: bls_config(max_draft_len="4")})
+    assert TritonSystem("127.0.0.1:1", tokenizer=None, model=BLS).dtype is None

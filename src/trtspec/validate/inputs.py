@@ -117,7 +117,7 @@ def open_system(recipe, options: SystemOptions, tokenizer=None, proposers: Colle
             max_batch_size=options.max_batch_size or recipe.limits.max_batch_size,
             llmapi_max_draft_len=llmapi_max_draft_len(recipe),
         )
-        system.dtype = served_dtype(recipe)  # as the recipe deploys it: a server does not say
+        system.dtype = system.dtype or served_dtype(recipe)  # as the recipe deploys it, where it does not say
         return system
     if kind == "trtllm":
         # Same API as SpeculativeEngine; raises NeedsTensorRTLLM (exit 3) outside the NGC image.

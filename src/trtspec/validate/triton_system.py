@@ -53,8 +53,10 @@ class TritonSystem:
         self._unreported = False  # an llmapi response reported no draft tokens (see notes)
         self._notes: list[str] = []
         self.name = f"Triton {self.client.model} at {self.client.address} ({self.client.protocol})"
-        self.dtype: str | None = None  # a server does not say (validate sets the recipe's deployment's)
         served = self.client.served_config()
+        # what its target computes in: the torch runtime's entry model publishes it (target_dtype); where a
+        # server does not say, validate takes the recipe's deployment's
+        self.dtype: str | None = (served.parameters or {}).get("target_dtype") or None
         self.stream = self._streaming(served.decoupled, decoupled)
         if self.client.interface == "llmapi":
             self._upstream_settings(llmapi_max_draft_len or max_draft_len, max_draft_len, proposer)
