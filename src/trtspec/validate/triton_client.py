@@ -366,10 +366,11 @@ class TritonClient:
                 while not final:
                     if self.stopping.is_set():
                         raise ServerError(f"request to Triton at {self.url} given up: the run is stopping")
+                    wait = min(STOP_POLL_S, self.timeout_s - waited)
                     try:
-                        item = results.get(timeout=STOP_POLL_S)
+                        item = results.get(timeout=wait)
                     except queue.Empty:
-                        waited += STOP_POLL_S
+                        waited += wait
                         if waited >= self.timeout_s:
                             raise
                         continue
