@@ -251,3 +251,9 @@ def test_serve_takes_the_exit_timeout_it_hands_to_tritonserver(tmp_path, monkeyp
     assert taken[0].exit_timeout_s == 65
     result = CliRunner().invoke(cli, ["serve", str(tmp_path)])
     assert taken[1].exit_timeout_s == 15
+    # the help states the server module's default: the CLI does not import that module at start (it pulls in the
+    # recipe's pydantic models, a quarter of a second)
+    from trtspec.triton_repo.server import EXIT_TIMEOUT_S
+
+    helped = CliRunner().invoke(cli, ["serve", "--help"], terminal_width=400)
+    assert f"[default: {EXIT_TIMEOUT_S}]" in " ".join(helped.output.split())

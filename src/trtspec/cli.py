@@ -31,7 +31,6 @@ from trtspec.core.interrupts import raise_if_interrupted, record_interrupts
 from trtspec.core.lookup import PROPOSERS
 from trtspec.core.metrics import MAX_DRAFT_COST_RATIO
 from trtspec.core.model_dir import out_of_memory
-from trtspec.triton_repo.server import EXIT_TIMEOUT_S
 from trtspec.validate.bench import LOADS
 from trtspec.validate.inputs import SystemOptions
 from trtspec.validate.validation import Thresholds
@@ -582,10 +581,8 @@ def _host(ctx, param, value: str | None) -> str | None:
     "--exit-timeout",
     "exit_timeout_s",
     type=click.IntRange(min=0),
-    default=EXIT_TIMEOUT_S,
-    show_default=True,
     help="Seconds requests in flight may still run once the server is asked to stop (tritonserver's "
-    "--exit-timeout-secs); a pod's terminationGracePeriodSeconds must cover it.",
+    "--exit-timeout-secs); a pod's terminationGracePeriodSeconds must cover it [default: 15].",
 )
 @output_options
 def serve(out: Output, **options) -> None:
@@ -597,7 +594,9 @@ def serve(out: Output, **options) -> None:
 
     console = out.console()
     status = run_server(
-        ServeSpec(**options),
+        ServeSpec(
+            **{name: value for name, value in options.items() if value is not None}
+        ),  # unset: its default
         echo=lambda text: print_line(console, text),
         on_ready=out.emit_json if out.json else None,
     )

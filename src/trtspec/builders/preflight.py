@@ -55,11 +55,6 @@ def check_vocab(facts: ModelFacts, spec: ModelSpec) -> CheckResult:
     )
 
 
-def _world(spec) -> int:
-    """A model's engine world size (tp_size x pp_size), which its logits are padded to."""
-    return spec.tp_size * spec.pp_size
-
-
 def check_padded_vocab(
     target: ModelFacts, draft: ModelFacts, recipe: Recipe, own_tokenizer: bool = False
 ) -> CheckResult:
@@ -68,8 +63,8 @@ def check_padded_vocab(
     ``own_tokenizer``: the draft's tokenizer is another than the target's, so rows of the two mean different
     texts: opted in, no draft id reaches the target; else the tokenizer check fails the pair."""
     runtime, spec = recipe.triton.runtime, recipe.speculative
-    t_rows = vocab_rows(target.vocab_size, runtime, _world(recipe.target), recipe.target.quantization)
-    d_rows = vocab_rows(draft.vocab_size, runtime, _world(recipe.draft), recipe.draft.quantization)
+    t_rows = vocab_rows(target.vocab_size, runtime, recipe.target.world_size, recipe.target.quantization)
+    d_rows = vocab_rows(draft.vocab_size, runtime, recipe.draft.world_size, recipe.draft.quantization)
     details = {"target": t_rows, "draft": d_rows, "tokenizer": len(target.tokenizer)}
     if own_tokenizer:
         why = (

@@ -518,10 +518,9 @@ class TritonServer:
                 time.sleep(0.2)
 
     def stop(self, grace_s: float | None = None) -> int | None:
-        """SIGINT, wait up to ``grace_s`` (None: ``stop_grace_s``), then
-        SIGKILL the session; returns the exit status. A second Ctrl-C during the wait still kills the session (and
-        then propagates). The python backend's shared-memory regions that a killed server could not remove are
-        removed here."""
+        """SIGINT, wait up to ``grace_s`` (None: ``stop_grace_s``), then SIGKILL the session; returns the exit
+        status. A second Ctrl-C during the wait still kills the session (and then propagates). The python backend's
+        shared-memory regions that a killed server could not remove are removed here."""
         if grace_s is None:
             grace_s = self.stop_grace_s
         proc, self.proc = self.proc, None

@@ -99,14 +99,14 @@ class Divergence:
         return not math.isinf(self.margin) and self.margin <= self.near_tie_bound
 
     def describe(self) -> str:
-        dtypes = self.dtype
-        if self.system_dtype not in (None, self.dtype):
-            dtypes = f"{self.dtype} (reference) and {self.system_dtype} (system)"
         if math.isinf(self.margin):
             return (
                 f"the system went on past its stop token {self.candidate_token} at token {self.index}, where the "
                 "reference stopped: rounding cannot explain it (docs/exactness.md)"
             )
+        dtypes = self.dtype
+        if self.system_dtype not in (None, self.dtype):
+            dtypes = f"{self.dtype} (reference) and {self.system_dtype} (system)"
         if math.isinf(self.near_tie_bound):
             verdict = f"{self.system_dtype} has no near-tie bound: its rounding can explain any divergence"
         elif self.near_tie:

@@ -93,9 +93,8 @@ class SystemUnderTest(Protocol):
     adaptive: bool | None  # a request that gives no K gets adaptive K (engines/adaptive.py); None: unknown
     proposer: str  # who proposes for a request that names no proposer (core/lookup.py PROPOSERS)
     notes: list[str]  # what reports say about it: a setting it did not publish, a figure it cannot give
-    dtype: (
-        str | None
-    )  # what its target computes in (a quantization's name for quantized weights); None: unknown
+    # what its target computes in (a quantization's name for quantized weights); None: unknown
+    dtype: str | None
 
     def generate(
         self, requests: list[Request], params: SamplingParams, in_flight: int | None = None

@@ -191,8 +191,8 @@ def compare_outputs(
         control = None
         if base is not None:  # both runs as compared with the reference, so either's overrun shows
             control = compare(comparable_pair(ref, base.token_ids, stops)[1], spec_ids)
-        outcome = PromptOutcome(prompt, ref_ids, spec, base, compare(ref_ids, spec_ids), control)
-        outcomes.append(replace(outcome, compared=spec_ids))
+        vs_reference = compare(ref_ids, spec_ids)
+        outcomes.append(PromptOutcome(prompt, ref_ids, spec, base, vs_reference, control, compared=spec_ids))
     return outcomes
 
 
