@@ -162,6 +162,14 @@ def test_read_engine_config_errors_are_one_line(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"something": 1}))
     with pytest.raises(CheckpointError, match="not a TensorRT-LLM engine config"):
         read_engine_config(tmp_path)
+    for config in (
+        {"build_config": None},
+        {"build_config": {}, "pretrained_config": {"dtype": "float16"}},
+        [1],
+    ):
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        with pytest.raises(CheckpointError, match="not a TensorRT-LLM engine config"):
+            read_engine_config(tmp_path)
 
 
 def test_only_core_trtllm_imports_tensorrt_llm():

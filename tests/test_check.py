@@ -673,6 +673,39 @@ def test_parameters_are_counted_alike_from_safetensors_and_bin_checkpoints(
     assert count_parameters(tmp_path) is None  # no weight files
 
 
+def test_safetensors_beside_the_ones_transformers_loads_are_not_counted(tmp_path, shared_tokenizer_dir):
+    """Mistral's folders hold consolidated.safetensors beside model.safetensors (or its shards): the same weights
+    again, which transformers never reads, so they count once; an index that is not one is a one-line error."""
+    import shutil
+
+    from trtspec.core.errors import ModelError
+    from trtspec.core.model_dir import count_parameters
+
+    model = make_model(tmp_path / "m", tokenizer_dir=shared_tokenizer_dir)
+    expected = count_parameters(model)
+    shutil.copy(model / "model.safetensors", model / "consolidated.safetensors")
+    assert count_parameters(model) == expected
+    (model / "model.safetensors").rename(model / "model-00001-of-00001.safetensors")
+    weight_map = dict.fromkeys(
+        safe_names(model / "model-00001-of-00001.safetensors"), "model-00001-of-00001.safetensors"
+    )
+    (model / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    assert count_parameters(model) == expected
+    (model / "model.safetensors.index.json").write_text(json.dumps({"weight_map": None}))
+    with pytest.raises(
+        ModelError, match=r"model.safetensors.index.json: weight_map must map tensor names"
+    ) as err:
+        count_parameters(model)
+    assert "\n" not in err.value.message
+
+
+def safe_names(path):
+    from safetensors import safe_open
+
+    with safe_open(path, framework="pt") as handle:
+        return list(handle.keys())  # noqa: SIM118
+
+
 @pytest.mark.parametrize(
     ("units", "fragment"),
     [

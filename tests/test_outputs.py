@@ -109,6 +109,25 @@ def test_an_earlier_output_without_an_edit_record_is_replaced_as_it_is(tmp_path)
     assert sorted(p.name for p in out.iterdir()) == [EDIT_RECORD, "report.json", "sub"]
 
 
+def test_a_failed_move_into_place_brings_the_previous_output_back(tmp_path, monkeypatch):
+    """Between replace_dir's two renames the previous output sits under a hidden name: an interrupt or a failed
+    rename there restores it."""
+    out = tmp_path / "out"
+    _write(out)
+    real = type(out).rename
+
+    def rename(self, target):
+        if self.name.startswith(".out.tmp-"):
+            raise KeyboardInterrupt
+        return real(self, target)
+
+    monkeypatch.setattr(type(out), "rename", rename)
+    with pytest.raises(KeyboardInterrupt):
+        _write(out, fill=lambda tmp: (tmp / "report.json").write_text('{"new": 1}'))
+    assert (out / "report.json").read_text() == "{}" and (out / "sub" / "config.txt").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
 def test_an_empty_existing_folder_is_used(tmp_path):
     (tmp_path / "empty").mkdir()
     _write(tmp_path / "empty")

@@ -203,6 +203,33 @@ def test_recipe_values_are_not_coerced_and_errors_name_the_field(tmp_path, tiny_
     assert "constrained-int" not in message and "{'" not in message
 
 
+@pytest.mark.parametrize(
+    ("sections", "needle"),
+    [
+        ("targte: {model: T}\ndraft: {model: D}", "targte: unknown field; did you mean 'target'?"),
+        ("target: {model: T}\ndraft: {modle: D}", "draft.modle: unknown field; did you mean 'model'?"),
+        ("target: {modle: T}\ndraft: {model: D}", "target.modle: unknown field; did you mean 'model'?"),
+    ],
+)
+def test_a_misspelt_required_field_is_named_with_the_field_it_means(tmp_path, tiny_pair, sections, needle):
+    """pydantic reports the required field missing before the unknown one: the misspelling is the error to show."""
+    path = tmp_path / "r.yaml"
+    path.write_text("name: x\n" + sections.replace("T", str(tiny_pair[0])).replace("D", str(tiny_pair[1])))
+    with pytest.raises(RecipeError) as caught:
+        load_recipe(path)
+    assert caught.value.message.startswith(f"{path}: {needle}"), caught.value.message
+
+
+def test_a_missing_required_field_says_to_add_it(tmp_path, tiny_pair):
+    path = tmp_path / "r.yaml"
+    path.write_text(f"target: {{model: {tiny_pair[0]}}}\ndraft: {{model: {tiny_pair[1]}}}\n")
+    with pytest.raises(RecipeError) as caught:
+        load_recipe(path)
+    assert caught.value.message.startswith(f"{path}: name: required field missing; add it"), (
+        caught.value.message
+    )
+
+
 def test_the_remove_the_quotes_hint_only_where_the_text_is_the_value_wanted(tmp_path, tiny_pair):
     path = tmp_path / "r.yaml"
     base = f"name: x\ntarget: {{model: {tiny_pair[0]}}}\ndraft: {{model: {tiny_pair[1]}}}\n"

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import shutil
+from types import SimpleNamespace
 
 import pytest
 import torch
 from tiny_models import make_family_pair, steer_to_eos
 
+from trtspec.core.errors import ModelError
 from trtspec.core.model_dir import end_ids, loaded_end_ids
 from trtspec.core.token_rules import (
     KEEP_END,
@@ -101,6 +103,39 @@ def test_a_model_folders_end_ids_come_from_generation_config_then_config_then_th
     # files' rule and a loaded model's agree on the tokenizer's eos
     (folder / "generation_config.json").write_text(json.dumps({"max_length": 64}))
     assert end_ids(folder, tokenizer) == (tokenizer.eos_token_id,)
+
+
+@pytest.mark.parametrize("eos", ["</s>", [2, None], 2.5, True, -1])
+def test_an_eos_token_id_that_is_not_ids_is_a_one_line_error_naming_the_file(
+    tmp_path, shared_tokenizer_dir, eos
+):
+    from transformers import AutoTokenizer
+
+    folder = tmp_path / "model"
+    shutil.copytree(shared_tokenizer_dir, folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
+    with pytest.raises(
+        ModelError, match=r"generation_config.json: eos_token_id: must be a token id or a list"
+    ):
+        end_ids(folder, tokenizer)
+    with pytest.raises(ModelError, match=r"eos_token_id: must be a token id"):
+        loaded_end_ids(SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=eos)), tokenizer)
+
+
+def test_a_generation_config_that_does_not_load_leaves_config_jsons_end_ids_as_transformers_does(
+    tmp_path, shared_tokenizer_dir
+):
+    from tiny_models import make_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = make_model(tmp_path / "m", "llama", tokenizer_dir=shared_tokenizer_dir, num_hidden_layers=1)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | {"eos_token_id": [2, 5]}))
+    (folder / "generation_config.json").write_text('{"eos_token_id": [2, 5')  # cut short
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    assert end_ids(folder, tokenizer) == loaded_end_ids(model, tokenizer) == (2, 5)
 
 
 def test_a_loaded_model_without_an_eos_in_its_generation_config_agrees_with_its_folder(

@@ -91,6 +91,20 @@ def test_a_merge_across_the_boundary_keeps_the_emitted_tokens_and_proposes_the_r
     assert target_tok.decode(emitted + proposal, skip_special_tokens=True) == "x =" + word + " a"
 
 
+@pytest.mark.parametrize("tail", ["é", "你好", "é'"])
+def test_a_proposal_ending_in_a_whole_multi_byte_character_keeps_it(tokenizers, tail):
+    """Each byte token of a character the byte-level BPE has no token for decodes to U+FFFD alone: the proposal
+    is judged as a whole, and only bytes of a character left unfinished are dropped."""
+    target_tok, draft_tok = tokenizers
+    translator = Translator(target_tok, draft_tok)
+    emitted = target_tok("x = 'caf")["input_ids"]
+    continuation = draft_tok(tail, add_special_tokens=False)["input_ids"]
+    proposal = translator.to_target(emitted, continuation)
+    assert target_tok.decode(proposal) == tail
+    cut = translator.to_target(emitted, continuation[:-1])  # the last character's bytes cut short
+    assert "\ufffd" not in target_tok.decode(cut) and tail.startswith(target_tok.decode(cut))
+
+
 def test_vocab_overlap_counts_shared_texts_and_maps_specials_by_text(tokenizers):
     target_tok, draft_tok = tokenizers
     overlap = vocab_overlap(target_tok, draft_tok)

@@ -174,7 +174,12 @@ def replace_dir(tmp: Path, final: Path) -> None:
     if final.exists():
         old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
         final.rename(old)
-    tmp.rename(final)
+    try:
+        tmp.rename(final)
+    except BaseException:  # an interrupt or a failed rename between the two: the previous folder comes back
+        if old is not None:
+            old.rename(final)
+        raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 

@@ -14,7 +14,7 @@ import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -514,7 +514,9 @@ def _fields_at(loc: tuple) -> list[str]:
     model: Any = Recipe
     for part in loc:
         field = getattr(model, "model_fields", {}).get(part)
-        model = field.annotation if field else None
+        annotation = field.annotation if field else None
+        # an optional section (``ModelSpec | None``): the model among the union's members
+        model = next((a for a in get_args(annotation) if hasattr(a, "model_fields")), annotation)
     return list(getattr(model, "model_fields", {}))
 
 
@@ -527,7 +529,13 @@ def _format_validation_error(path: Path | str, err: ValidationError) -> RecipeEr
         return tuple(p for p in loc if isinstance(p, int) or str(p).isidentifier())
 
     errors = err.errors()
-    first, loc = errors[0], clean(errors[0]["loc"])
+    first = errors[0]
+    if first["type"] == "missing":  # a misspelt required field is missing and unknown: name the misspelling
+        section = clean(first["loc"])[:-1]
+        first = next(
+            (e for e in errors if e["type"] == "extra_forbidden" and clean(e["loc"])[:-1] == section), first
+        )
+    loc = clean(first["loc"])
     field = ".".join(str(p) for p in loc) or None
     messages = [e["msg"].removeprefix("Value error, ") for e in errors if clean(e["loc"]) == loc]
     message = " or ".join(dict.fromkeys(messages))
@@ -536,6 +544,8 @@ def _format_validation_error(path: Path | str, err: ValidationError) -> RecipeEr
         close = difflib.get_close_matches(str(loc[-1]), known, n=1)
         hint = f"did you mean '{close[0]}'? " if close else f"known: {', '.join(known)}; " if known else ""
         message = f"unknown field; {hint}builders/README.md documents every field"
+    elif first["type"] == "missing":
+        message = "required field missing; add it (builders/README.md documents every field)"
     elif first["type"] == "model_type" and first.get("input") is None:  # an empty section: YAML null
         message = "empty section; give its fields or remove it"
     elif first["type"] != "missing" and not isinstance(first.get("input"), dict):  # not a whole section

@@ -61,12 +61,15 @@ def normalise_engine_config(config: dict[str, Any]) -> dict[str, Any]:
     else:
         raise KeyError("build_config")
     max_draft_len = int(build.get("max_draft_len") or 0)
+    vocab_size = pretrained.get("vocab_size")
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+        raise ValueError(f"vocab_size: must be a positive integer (got {vocab_size!r})")
     return {
         "version": config.get("version"),
         "architecture": pretrained.get("architecture") or pretrained.get("name"),
         "dtype": pretrained.get("dtype") or build.get("precision"),
         "logits_dtype": pretrained.get("logits_dtype"),
-        "vocab_size": pretrained.get("vocab_size"),
+        "vocab_size": vocab_size,
         "tp_size": int(mapping.get("tp_size", 1)),
         "pp_size": int(mapping.get("pp_size", 1)),
         "speculative_decoding_mode": speculative_mode_name(
@@ -105,7 +108,7 @@ def read_engine_config(engine_dir: str | Path) -> dict[str, Any]:
         raise CheckpointError(
             f"{path}: cannot read the engine config ({err.strerror}); build engines with `trtspec build`"
         ) from None
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+    except (json.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError) as err:
         raise CheckpointError(
             f"{path}: not a TensorRT-LLM engine config ({type(err).__name__}: {err})"
         ) from None

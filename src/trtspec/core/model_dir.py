@@ -247,15 +247,18 @@ def load_tokenizer_if_any(model_dir: Path | str, trust_remote_code: bool = False
 
 def end_ids(model_dir: Path | str, tokenizer) -> tuple[int, ...]:
     """The model folder's end ids (core/token_rules.py rule 1): the generation config's eos_token_id as
-    transformers loads it (generation_config.json where the folder has one, even without the field; else
-    config.json, from which transformers builds it), else the tokenizer's eos."""
-    generation = Path(model_dir) / "generation_config.json"
-    path = generation if generation.is_file() else Path(model_dir) / "config.json"
-    try:
-        eos = json.loads(path.read_text()).get("eos_token_id") if path.is_file() else None
-    except (OSError, ValueError, AttributeError):
-        eos = None
-    return model_end_ids(eos, tokenizer.eos_token_id if tokenizer is not None else None)
+    transformers loads it (generation_config.json where the folder has one that reads as a JSON object, even
+    without the field; else config.json, from which transformers builds it, as it does when the generation config
+    does not load), else the tokenizer's eos. An eos_token_id that is not ids is a ModelError naming the file."""
+    for name in ("generation_config.json", "config.json"):
+        path = Path(model_dir) / name
+        try:
+            config = json.loads(path.read_text()) if path.is_file() else None
+        except (OSError, ValueError):
+            config = None
+        if isinstance(config, dict):
+            return _end_ids(config.get("eos_token_id"), tokenizer, path)
+    return _end_ids(None, tokenizer, model_dir)
 
 
 def loaded_end_ids(model, tokenizer) -> tuple[int, ...]:
@@ -263,15 +266,43 @@ def loaded_end_ids(model, tokenizer) -> tuple[int, ...]:
     read it from the files ``end_ids`` reads), else the tokenizer's eos; a model without a generation_config
     (a stand-in) or without a tokenizer (None) contributes nothing."""
     generation_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    return model_end_ids(generation_eos, tokenizer.eos_token_id if tokenizer is not None else None)
+    return _end_ids(generation_eos, tokenizer, getattr(model, "name_or_path", None) or "the model")
+
+
+def _end_ids(generation_eos, tokenizer, source) -> tuple[int, ...]:
+    try:
+        return model_end_ids(generation_eos, tokenizer.eos_token_id if tokenizer is not None else None)
+    except ValueError as err:
+        raise ModelError(f"{source}: {err}; fix the model's generation_config.json or config.json") from None
 
 
 # ---------------------------------------------------------------- parameter counts
 
 
 def safetensors_files(model_dir: Path | str) -> list[Path]:
-    """The model folder's *.safetensors weight files, in name order."""
-    return sorted(Path(model_dir).glob("*.safetensors"))
+    """The model folder's safetensors weight files as transformers loads them: the shards its index names, else
+    model.safetensors, else every *.safetensors in name order. (Mistral's folders also hold the same weights as
+    consolidated.safetensors, which transformers never reads.)"""
+    model_dir = Path(model_dir)
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        return [model_dir / name for name in sorted(set(read_weight_map(index).values()))]
+    single = model_dir / "model.safetensors"
+    return [single] if single.is_file() else sorted(model_dir.glob("*.safetensors"))
+
+
+def read_weight_map(index: Path) -> dict[str, str]:
+    """A weight index's tensor -> shard file map; a ModelError naming the file where it is not one."""
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ModelError(f"{index}: not a readable weight index ({err}); re-download the model") from None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise ModelError(
+            f"{index}: weight_map must map tensor names to shard files (got {type(weight_map).__name__}); "
+            "re-download the model"
+        )
+    return weight_map
 
 
 def count_safetensors_parameters(model_dir: Path) -> int | None:
@@ -302,11 +333,7 @@ def _bin_weight_files(model_dir: Path) -> list[Path]:
     pytorch_model*.bin (not training_args.bin and other pickles beside them)."""
     index = model_dir / "pytorch_model.bin.index.json"
     if index.is_file():
-        try:
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (OSError, ValueError, KeyError, AttributeError) as err:
-            raise ModelError(f"{index}: not a readable weight index ({err}); re-download the model") from None
-        return [model_dir / name for name in shards]
+        return [model_dir / name for name in sorted(set(read_weight_map(index).values()))]
     return sorted(model_dir.glob("pytorch_model*.bin"))
 
 
@@ -494,9 +521,9 @@ def index_mismatch(model_dir: Path) -> str | None:
     if not index.is_file():
         return None
     try:
-        weight_map = json.loads(index.read_text())["weight_map"]
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        return f"{index}: not a readable weight index ({err}); re-download the model"
+        weight_map = read_weight_map(index)
+    except ModelError as err:
+        return str(err)
     for shard in sorted(set(weight_map.values())):
         path = model_dir / shard
         listed = {name for name, file in weight_map.items() if file == shard}
@@ -546,8 +573,8 @@ def _weight_file(model_dir: Path, tensor: str) -> Path:
         index = model_dir / index_name
         if index.is_file():
             try:
-                weight_map = json.loads(index.read_text())["weight_map"]
-            except (OSError, ValueError, KeyError, TypeError):
+                weight_map = read_weight_map(index)
+            except ModelError:
                 return index
             return model_dir / weight_map[tensor] if tensor in weight_map else index
         if (model_dir / single).is_file():

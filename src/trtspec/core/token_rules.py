@@ -28,6 +28,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,13 +39,27 @@ KEEP_END = {"in-process": True, "triton": False}
 def _ids(value: Any) -> tuple[int, ...]:
     if value is None:
         return ()
-    if isinstance(value, list | tuple):
-        return tuple(int(i) for i in value)
-    return (int(value),)
+    values = tuple(value) if isinstance(value, list | tuple) else (value,)
+    ids = tuple(_token_id(i) for i in values)
+    if any(i is None for i in ids):
+        raise ValueError(f"eos_token_id: must be a token id or a list of them (got {value!r})")
+    return ids
+
+
+def _token_id(value: Any) -> int | None:
+    """``value`` as a token id (numpy's integers too), None where it is none (text, a float, null, a bool)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        index = operator.index(value)
+    except TypeError:
+        return None
+    return index if index >= 0 else None
 
 
 def model_end_ids(generation_eos: Any, tokenizer_eos: int | None) -> tuple[int, ...]:
-    """Rule 1: the generation config's eos_token_id (int or list), else the tokenizer's eos id."""
+    """Rule 1: the generation config's eos_token_id (int or list), else the tokenizer's eos id. ValueError for an
+    eos_token_id that is not token ids (a token's text, a null in the list)."""
     return _ids(generation_eos) or _ids(tokenizer_eos)
 
 

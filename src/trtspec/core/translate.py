@@ -154,8 +154,10 @@ class Translator:
         window = self._body(target_ids)[-WINDOW:]
         ids = self.target.encode(self.target.decode(window) + tail)
         proposal = ids[len(window) :] if ids[: len(window)] == window else self.target.encode(tail)
-        # A continuation ending inside a character (byte-level tokens) decodes to U+FFFD: drop what it wrote.
-        while proposal and "\ufffd" in self.target.decode(proposal[-1:]):
+        # A continuation ending inside a character (byte-level tokens) decodes to U+FFFD: drop what it wrote. The
+        # whole proposal is decoded, not its last token alone: each byte token of a whole character decodes to
+        # U+FFFD on its own.
+        while proposal and self.target.decode(proposal).endswith("\ufffd"):
             proposal.pop()
         return proposal
 
