@@ -12,6 +12,7 @@ from test_engine_sampling import BUGS, follows, plant, target_joint
 
 from trtspec.core.errors import RequestError
 from trtspec.core.lookup import LookupSpec, lookup
+from trtspec.engines.adaptive import KPolicy
 from trtspec.engines.engine import SpeculativeEngine
 from trtspec.engines.engine_calls import Draft, EngineCallRounds
 from trtspec.engines.rounds import Row
@@ -64,6 +65,49 @@ def test_lookup_needs_no_draft_model_and_a_draft_proposer_then_is_refused(tiny_p
     assert result.stats.by_proposer["ngram"][1] > 0
     with pytest.raises(RequestError, match="proposer 'draft\\+ngram' needs a draft model"):
         engine.generate([REPEATING], SamplingParams(max_new_tokens=4, proposer="draft+ngram"))
+
+
+def test_a_request_may_ask_a_target_only_engine_for_prompt_lookup(tiny_pair):
+    """An engine loaded without a draft and with the draft proposer (target-only by default) keeps its
+    max_draft_len: a request naming prompt lookup looks up, adaptive or with its own K."""
+    target, _ = tiny_pair
+    engine = SpeculativeEngine.from_pretrained(target, None, max_draft_len=4, max_seq_len=128)
+    (plain,) = engine.generate([REPEATING], SamplingParams(max_new_tokens=24))
+    assert plain.stats.drafted == 0  # its own proposer has no draft: target-only
+    for k in (None, 2):
+        (result,) = engine.generate(
+            [REPEATING], SamplingParams(max_new_tokens=24, proposer="ngram", num_draft_tokens=k)
+        )
+        assert result.token_ids == plain.token_ids and result.stats.by_proposer["ngram"][1] > 0
+
+
+def test_a_seeded_requests_lookup_probes_do_not_depend_on_when_it_joined(small_vocab_pair):
+    """Lookup priced off (a low prior): a seeded sampled request looks up in probes, timed by its own rounds, not
+    the loop's, so its draws, and so its tokens, are the same whatever the loop ran before it."""
+    engine = SpeculativeEngine.from_pretrained(
+        small_vocab_pair[0],
+        None,
+        proposer="ngram",
+        k_policy=KPolicy(lookup_prior=0.05),
+        max_draft_len=4,
+        max_batch_size=2,
+        max_seq_len=512,
+    )
+    outputs = []
+    for before in (0, 1, 3, 5):
+        loop = engine.new_loop()
+        if before:
+            loop.add(
+                "warm", [1, 2, 3], SamplingParams(max_new_tokens=before, num_draft_tokens=0, ignore_eos=True)
+            )
+            while loop.busy:
+                loop.step()
+        params = SamplingParams(max_new_tokens=300, temperature=6.0, seed=3, ignore_eos=True)
+        loop.add("x", [1, 2, 3, 4], params)
+        while loop.busy:
+            outputs += [e.result for e in loop.step() if e.result is not None]
+    assert outputs[0].stats.drafted > 0  # it probed
+    assert all(o.token_ids == outputs[0].token_ids for o in outputs[1:])
 
 
 def test_one_batch_mixes_proposers_row_by_row_and_each_row_stays_exact(tiny_pair):

@@ -10,6 +10,7 @@ import pytest
 from test_engine import hf_greedy
 
 from trtspec.core.errors import RequestError
+from trtspec.engines.adaptive import KPolicy
 from trtspec.engines.loop import GenerationLoop
 from trtspec.engines.models import load_causal_lm
 from trtspec.engines.rounds import Outcome
@@ -400,6 +401,19 @@ def test_a_seeded_sampled_request_gives_the_same_tokens_alone_and_beside_others(
         {0: [seeded[:2] + (SamplingParams(max_new_tokens=16, temperature=1.0, top_k=20, seed=6), {})]},
     )
     assert beside == alone and other_seed["s"][0] != alone
+
+
+def test_a_seeded_requests_probes_do_not_depend_on_the_load(pair):
+    """Under a schedule that drafts nothing at 2 in flight, and a draft priced so that no K pays, a seeded
+    request's K comes from its probes: it probes by its own rounds (as if alone), so its draws, and so its tokens,
+    are the same beside a greedy request."""
+    policy = KPolicy(schedule={1: 4, 2: 0}, draft_cost_ratio=0.7)
+    seeded = ("x", PROMPTS[0], SamplingParams(max_new_tokens=60, temperature=1.0, seed=3, ignore_eos=True), {})
+    other = ("o", PROMPTS[1], SamplingParams(max_new_tokens=70, num_draft_tokens=0, ignore_eos=True), {})
+    alone = run(new_loop(pair, k_policy=policy), {0: [seeded]})["x"][1]
+    beside = run(new_loop(pair, k_policy=policy), {0: [other, seeded]})["x"][1]
+    assert alone.stats.drafted > 0  # it probed
+    assert beside.token_ids == alone.token_ids and beside.stats.drafted == alone.stats.drafted
 
 
 def test_stop_strings_need_and_use_the_tokenizer(pair, tiny_pair):

@@ -154,6 +154,43 @@ def test_a_row_whose_text_outgrows_the_drafts_cache_drafts_nothing_and_fails_no_
     assert results[0].stats.drafted == 0 and results[1].stats.drafted > 0
 
 
+def test_a_translated_proposal_is_cut_to_the_rounds_k_so_a_row_at_the_context_limit_finishes(
+    cross_family_pair, monkeypatch
+):
+    """One draft token's text may take several target tokens: the proposal is cut to the K the loop gave the row
+    (within its budget), so a row whose prompt and budget fill max_seq_len never verifies past its cache."""
+    from trtspec.engines import speculative
+
+    target, draft = cross_family_pair
+    tokenizer = SpeculativeEngine.from_pretrained(target, None).tokenizer
+    prompt = tokenizer("import os\nimport sys\n\n")["input_ids"]
+    engine = SpeculativeEngine.from_pretrained(
+        target,
+        draft,
+        heterogeneous_vocab=True,
+        max_batch_size=1,
+        max_seq_len=len(prompt) + 3,
+        max_draft_len=8,
+    )
+    verified, real = [], speculative.verify
+
+    def spy(target_model, rows, draft_tokens, num_draft, *rest):
+        verified.append((list(num_draft), [r.max_len - len(r.tokens) for r in rows]))
+        return real(target_model, rows, draft_tokens, num_draft, *rest)
+
+    monkeypatch.setattr(speculative, "verify", spy)
+    params = SamplingParams(max_new_tokens=3, num_draft_tokens=2, ignore_eos=True)
+    result = engine.generate([prompt], params)[0]
+    target_only = SpeculativeEngine.from_pretrained(
+        target, None, max_batch_size=1, max_seq_len=len(prompt) + 3
+    )
+    assert (
+        result.token_ids
+        == target_only.generate([prompt], SamplingParams(max_new_tokens=3, ignore_eos=True))[0].token_ids
+    )
+    assert verified and all(n <= min(2, left - 1) for ks, lefts in verified for n, left in zip(ks, lefts))
+
+
 def test_near_the_end_of_the_drafts_cache_a_row_drafts_what_still_fits(tiny_pair, other_draft, tokenizers):
     """With max_seq_len 55 the same row starts two draft tokens short of the draft's cache: it drafts fewer than
     K while they fit (capped per row, not dropped), then nothing, and its output stays the target's."""

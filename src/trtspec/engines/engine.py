@@ -208,8 +208,10 @@ class SpeculativeEngine(StreamingGenerator):
         self.translator = translator  # core/translate.py: a draft with a tokenizer of its own
         self.k_policy, self.proposer, self.lookup = k_policy, proposer, lookup
         self.adaptive = AdaptiveState(k_policy)  # measured over every call's rounds
-        proposes = draft is not None or uses_lookup(proposer)
-        self.max_draft_len = max_draft_len if proposes else 0
+        # whether the engine's own proposer proposes: a target-only engine (no draft, proposer "draft") still keeps
+        # max_draft_len, for requests that ask for prompt lookup themselves
+        self.proposes = draft is not None or uses_lookup(proposer)
+        self.max_draft_len = max_draft_len
         self.max_seq_len = max_seq_len
         self.max_batch_size = target.num_slots
         self.eos_ids = loaded_end_ids(target, tokenizer)

@@ -421,7 +421,7 @@ class GenerationLoop:
         for request in self.active:
             groups.setdefault(request.group_key(), []).append(request)
         outcome, looked_up = {}, set()
-        running = any(r.rounds for r in self.active)  # some row drafts this round anyway
+        running = any(r.rounds for r in self.active)  # rows past their first round run beside any newcomer
         for group in groups.values():
             num_draft, proposals = self._num_drafts(group, running, only_group=len(groups) == 1)
             rows = [r.row for r in group]
@@ -603,7 +603,9 @@ class GenerationLoop:
                     # the group's speedup is its rule's over the rounds to come; against the row's draft in
                     # this round, the row's own lookup this round
                     speedup = lookup_speedup(request.lookup.value, n, self.k_policy, costs)
-            if n == 0 and found[i] and request.lookup_off >= self.k_policy.probe_every and probe_round:
+            # a seeded row probes by its own rounds: its draws must not depend on when it joined the loop
+            due = request.rounds % self.k_policy.probe_every == 0 if request.params.seeded else probe_round
+            if n == 0 and found[i] and request.lookup_off >= self.k_policy.probe_every and due:
                 # A probe: the acceptance and lookup's costs were measured where it last ran (a server's first
                 # rounds may price it off for good: a target-only round without responses to send is cheap).
                 # The rows due probe in the same round, one round in probe_every: a probe widens the whole
@@ -632,17 +634,16 @@ class GenerationLoop:
 
     def _num_draft(self, request: _Active, running: bool, shared: int, probes: bool = False) -> int:
         """The row's K this round (``shared``: the adaptive rows' K). A first round drafts nothing
-        (first_token_alone) where that makes the round shorter: when no other row drafts in it. A seeded sampled
-        row always does, so that its random draws, and so its tokens, do not depend on the other rows."""
+        (first_token_alone) where no row is past its first round: the round is then the prompts' prefill alone,
+        and drafting would add the draft's prefill and its steps before the first token. Beside running rows the
+        round lasts their forwards anyway, and a new row drafts as its K says. A seeded sampled row always drafts
+        nothing in its first round, and probes by its own rounds alone, so that its random draws, and so its
+        tokens, do not depend on the other rows."""
         if self.first_token_alone and request.rounds == 0 and (request.params.seeded or not running):
             return 0
         k = shared if request.controller is not None else request.k
-        if (
-            probes
-            and request.controller is not None
-            and k == 0
-            and probe_due(request.controller, len(self.active))
-        ):
+        in_flight = 1 if request.params.seeded else len(self.active)
+        if probes and request.controller is not None and k == 0 and probe_due(request.controller, in_flight):
             k = 1
         # Never draft past max_new_tokens: the round's last token comes from the target anyway.
         return min(k, request.params.max_new_tokens - len(request.generated) - 1)

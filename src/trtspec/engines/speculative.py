@@ -296,7 +296,9 @@ class TorchRounds:
         tokens (its cache keeps the prefix it shares with them), K draft tokens from the draft's own
         distribution, their text as target tokens (core/translate.py). Returns (num_draft, proposals)."""
         given = list(proposals or [None] * len(rows))
-        num_draft = list(num_draft)
+        # the loop's K per row (within its budget and the target's cache): a draft token's text may take several
+        # target tokens, and the proposal is cut to K of them
+        wanted, num_draft = list(num_draft), list(num_draft)
         asked, states = [], []
         for i, (row, proposal, k) in enumerate(zip(rows, given, num_draft, strict=True)):
             if proposal is not None or k <= 0:
@@ -317,7 +319,7 @@ class TorchRounds:
         tokens, _, _ = propose(self.draft, states, [num_draft[i] for i in asked], params, generator)
         for i, state, drafted in zip(asked, states, tokens.tolist(), strict=True):
             state.proposed = drafted[: num_draft[i]]
-            proposal = self.translator.to_target(rows[i].tokens, state.proposed)[: self.max_draft_len]
+            proposal = self.translator.to_target(rows[i].tokens, state.proposed)[: wanted[i]]
             # ids past the target's rows (a tokenizer larger than its model) cannot be scored: cut there
             rows_ok = [t < self.target.vocab_size for t in proposal]
             proposal = proposal[: rows_ok.index(False)] if False in rows_ok else proposal

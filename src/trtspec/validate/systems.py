@@ -143,10 +143,10 @@ class EngineSystem:
 
     def __init__(self, engine, name: str = "engine", adaptive: bool = False, dtype: str | None = None):
         self.engine, self.name, self.dtype = engine, name, dtype
-        self.max_draft_len = engine.max_draft_len
+        self.max_draft_len = engine.max_draft_len if engine.proposes else 0
         self.max_batch_size = engine.max_batch_size
         self.fixed_k = None
-        self.adaptive = adaptive and engine.max_draft_len > 0
+        self.adaptive = adaptive and self.max_draft_len > 0
         self.proposer = engine.proposer
         self.notes: list[str] = []
 
