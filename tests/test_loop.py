@@ -408,7 +408,12 @@ def test_a_seeded_requests_probes_do_not_depend_on_the_load(pair):
     request's K comes from its probes: it probes by its own rounds (as if alone), so its draws, and so its tokens,
     are the same beside a greedy request."""
     policy = KPolicy(schedule={1: 4, 2: 0}, draft_cost_ratio=0.7)
-    seeded = ("x", PROMPTS[0], SamplingParams(max_new_tokens=60, temperature=1.0, seed=3, ignore_eos=True), {})
+    seeded = (
+        "x",
+        PROMPTS[0],
+        SamplingParams(max_new_tokens=60, temperature=1.0, seed=3, ignore_eos=True),
+        {},
+    )
     other = ("o", PROMPTS[1], SamplingParams(max_new_tokens=70, num_draft_tokens=0, ignore_eos=True), {})
     alone = run(new_loop(pair, k_policy=policy), {0: [seeded]})["x"][1]
     beside = run(new_loop(pair, k_policy=policy), {0: [other, seeded]})["x"][1]

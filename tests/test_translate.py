@@ -188,7 +188,9 @@ def test_a_translated_proposal_is_cut_to_the_rounds_k_so_a_row_at_the_context_li
         result.token_ids
         == target_only.generate([prompt], SamplingParams(max_new_tokens=3, ignore_eos=True))[0].token_ids
     )
-    assert verified and all(n <= min(2, left - 1) for ks, lefts in verified for n, left in zip(ks, lefts))
+    assert verified and all(
+        n <= min(2, left - 1) for ks, lefts in verified for n, left in zip(ks, lefts, strict=True)
+    )
 
 
 def test_near_the_end_of_the_drafts_cache_a_row_drafts_what_still_fits(tiny_pair, other_draft, tokenizers):
