@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
 import sysconfig
@@ -416,12 +417,13 @@ def test_held_out_and_validation_data_keep_to_the_budget(tmp_path, monkeypatch):
 
     made = []
     monkeypatch.setattr(
-        align_data, "held_out_example", lambda target, ids, spec: made.append(1) or {"ids": ids}
+        align_data, "held_out_example", lambda target, ids, spec, rows: made.append(1) or {"ids": ids}
     )
     monkeypatch.setattr(
         align_data, "training_examples", lambda *a, **k: pytest.fail("training data past the share")
     )
     monkeypatch.setattr(align_data, "prompt_ids", lambda tokenizer, prompt, spec: [1, 2, 3])
+    monkeypatch.setattr(align_data, "shared_rows", lambda target, draft: 8)
     prompts = tmp_path / "p.txt"
     prompts.write_text("".join(f"def f{i}():\n" for i in range(400)))
     spec = AlignSpec(prompts=prompts, data=DataSpec(held_out=0.2, validation=0.5))
@@ -541,3 +543,129 @@ def test_distillation_losses_on_whole_rows_and_top_k():
     assert torch.allclose(same, -kept_mass.log().mean(), atol=1e-2)
     small = align_data.keep_logits(target_logits[:, :1000], 64)
     assert small["indices"] is None and small["values"].shape == (6, 1000)
+
+
+def test_distillation_over_a_padded_vocabulary_compares_the_ids_both_models_have():
+    """A target with more rows than the draft (Qwen2.5's shape) or fewer: the loss is the one over the shared
+    ids, the target's mass on the draft's missing rows dropped (renormalised) as outside a top-k is."""
+    gen = torch.Generator().manual_seed(1)
+    draft_logits, target_logits = torch.randn(4, 90, generator=gen), torch.randn(4, 100, generator=gen)
+    shared = align_train.distill_loss(draft_logits, target_logits[:, :90], None, "kl")
+    for kind in ("kl", "tv"):
+        whole = align_train.distill_loss(draft_logits, target_logits, None, kind)
+        assert torch.isfinite(whole) and torch.allclose(
+            whole, align_train.distill_loss(draft_logits, target_logits[:, :90], None, kind)
+        )
+    # the draft larger: its rows past the target's meet probability 0 (KL as over the target's rows of the draft's
+    # whole softmax; TV counts the draft's mass there)
+    wide = torch.randn(4, 110, generator=gen)
+    kl = align_train.distill_loss(wide, target_logits, None, "kl")
+    draft_lp, target_p = wide.log_softmax(-1)[:, :100], target_logits.softmax(-1)
+    assert torch.allclose(kl, (target_p * (target_p.log() - draft_lp)).sum(-1).mean(), atol=1e-5)
+    # top-k ids past the draft's rows are dropped from the kept set
+    values, indices = target_logits.topk(20, dim=-1)
+    assert (indices >= 90).any()
+    topk = align_train.distill_loss(draft_logits, values, indices, "kl")
+    inside = indices < 90
+    expected = []
+    for row in range(4):
+        t = values[row][inside[row]].log_softmax(-1)
+        d = draft_logits[row].log_softmax(-1)[indices[row][inside[row]]]
+        expected.append((t.exp() * (t - d)).sum())
+    assert torch.isfinite(topk) and torch.allclose(topk, torch.stack(expected).mean(), atol=1e-5)
+    assert shared > 0 and torch.isfinite(align_train.distill_loss(draft_logits, values, indices, "tv"))
+
+
+def test_repeated_prompts_keep_the_split_of_their_first_line(tmp_path):
+    """Traffic logs repeat prompts: a held-out or validation prompt repeated later is not trained on."""
+    distinct = [f"def f{i}():" for i in range(30)]
+    path = tmp_path / "p.txt"
+    path.write_text("\n".join(distinct + distinct[::-1] + distinct[:7]) + "\n")
+    splits: dict[str, set[str]] = {}
+    for prompt, split in align_data.prompt_splits(path, 0.2, 0.1):
+        splits.setdefault(prompt.text, set()).add(split)
+    assert all(len(s) == 1 for s in splits.values())
+    first = {text: next(iter(s)) for text, s in splits.items()}
+    assert [first[t] for t in distinct] == [align_data.prompt_split(i, 0.2, 0.1) for i in range(30)]
+    counts = align_data.count_prompts(path, 0.2, 0.1)
+    assert sum(counts.values()) == 67 and counts["held_out"] > 0 and counts["validation"] > 0
+
+
+def test_chat_lines_a_template_refuses_are_named_before_any_work(tmp_path):
+    from transformers import AutoTokenizer
+
+    from trtspec.core.errors import PromptSetError
+
+    tokenizer = AutoTokenizer.from_pretrained(DEMO_DIR / "target")
+    tokenizer.chat_template = (
+        "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+        "{% endif %}{{ m['content'] }}{% endfor %}"
+    )
+    path = tmp_path / "p.jsonl"
+    lines = [{"prompt": "def f():"}, {"messages": [{"role": "user", "content": "hi"}]}]
+    lines.append({"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]})
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with pytest.raises(PromptSetError, match=r"p\.jsonl: prompt 3: .*System role not supported") as err:
+        align_data.check_chat_lines(path, tokenizer)
+    assert "\n" not in err.value.message
+
+
+def test_the_output_never_replaces_a_model_the_run_reads(tmp_path):
+    from trtspec.recipe import load_recipe
+
+    draft = tmp_path / "d"
+    shutil.copytree(DEMO_DIR / "draft", draft)
+    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", draft))
+    for out in (draft, tmp_path, draft / "inner", DEMO_DIR / "target"):
+        with pytest.raises(align.OutputError, match="is or holds the (draft|target) model this run reads"):
+            align.refuse_out_over_models(out, recipe)
+    align.refuse_out_over_models(tmp_path / "aligned", recipe)
+    assert (
+        align.aligned_name("x" * 64) == "x" * 56 + "-aligned" and align.aligned_name("demo") == "demo-aligned"
+    )
+
+
+def test_a_model_folder_whose_files_changed_is_another_run(tmp_path):
+    from trtspec.recipe import load_recipe
+
+    draft = tmp_path / "d"
+    shutil.copytree(DEMO_DIR / "draft", draft)
+    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", draft))
+    spec = AlignSpec(recipe=str(tmp_path / "r.yaml"), prompts=write_prompts(tmp_path / "p.jsonl", 4))
+    key = align.run_key(spec, recipe)
+    assert align.run_key(spec, recipe) == key
+    weights = draft / "model.safetensors"
+    weights.write_bytes(weights.read_bytes() + b"")  # the same bytes, written again: another checkpoint maybe
+    os.utime(weights, ns=(1, 1))
+    assert align.run_key(spec, recipe) != key
+
+
+@pytest.mark.slow
+def test_a_padded_vocabulary_pair_aligns(tmp_path):
+    """Qwen2.5's shape: the target has more vocabulary rows than the draft (352 against 336 here). The data stays
+    within the rows both have, the loss compares over them, and the report reads the draft's matches."""
+    from tiny_models import make_family_pair
+
+    target, draft = make_family_pair(tmp_path / "pair", "qwen2.5")
+    rows = [json.loads((d / "config.json").read_text())["vocab_size"] for d in (target, draft)]
+    assert rows[0] > rows[1]
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        yaml.safe_dump(
+            {
+                "name": "padded",
+                "target": {"model": str(target), "dtype": "float16"},
+                "draft": {"model": str(draft), "dtype": "float16"},
+                "speculative": {"max_draft_len": 4},
+                "limits": {"max_batch_size": 2, "max_input_len": 64, "max_seq_len": 128},
+            }
+        )
+    )
+    prompts = tmp_path / "plain.txt"  # the family's tokenizer has no chat template
+    prompts.write_text("".join(f"def f{i}(x):\n    return x + {i}\n" for i in range(8)))
+    spec = small_spec(
+        tmp_path, recipe, prompts=prompts, data=DataSpec(max_new_tokens=8, samples=1, held_out=0.25)
+    )
+    result = run_align(spec)
+    assert (spec.out / "align.json").is_file() and result.record["steps"] > 0
+    assert result.report["held_out_tokens"] > 0

@@ -42,7 +42,15 @@ def render_chat(tokenizer, messages: Messages) -> str:
             "tokenizer_config.json); use an instruct model's tokenizer, or drop --chat and the prompt file's "
             '"messages" lines'
         )
-    return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+    from jinja2 import TemplateError
+
+    try:
+        return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+    except TemplateError as err:  # a template's raise_exception: Gemma's "System role not supported"
+        raise ModelError(
+            f"{tokenizer.name_or_path}: the chat template refuses these messages ({err}); change the messages "
+            "to what the model's template takes"
+        ) from None
 
 
 def encode_prompt(tokenizer, text: str, messages: Messages | None = None) -> tuple[str, list[int]]:

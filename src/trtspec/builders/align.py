@@ -39,6 +39,7 @@ from trtspec.outputs import EDIT_RECORD, check_output_dir, folder_bytes, hash_fi
 from trtspec.recipe import Recipe, load_recipe, recipe_copy
 
 MARKER = "align.json"
+ALIGNED_SUFFIX = "-aligned"  # the aligned recipe's name: the source's and this
 MIN_STEPS = 20  # a budget must leave at least this many training steps after one prompt's data
 VALIDATION_MAX = 64  # validation prompts measured (the first ones; more add time, not much precision)
 DATA_SHARE = 0.5  # training and held-out prompts stop being generated past this share of the budget
@@ -65,6 +66,12 @@ class AlignSpec:
     force: bool = False
 
 
+def aligned_name(name: str) -> str:
+    """The aligned recipe's name: the suffix always survives the 64-character limit, so a realignment's default
+    folders (default_dirs) are never the source's."""
+    return name[: 64 - len(ALIGNED_SUFFIX)] + ALIGNED_SUFFIX
+
+
 def default_dirs(recipe: Recipe) -> tuple[Path, Path]:
     return Path("align") / recipe.name / "draft", Path("align") / recipe.name / "work"
 
@@ -77,11 +84,31 @@ def run_key(spec: AlignSpec, recipe: Recipe) -> str:
         for k, v in asdict(spec).items()
         if k not in ("out", "work_dir", "budget_min", "prompts", "force")
     }
-    digest.update(json.dumps([recipe.digest(), settings], sort_keys=True, default=str).encode())
+    models = [model_fingerprint(Path(m.model)) for m in (recipe.target, recipe.draft) if m is not None]
+    digest.update(json.dumps([recipe.digest(), settings, models], sort_keys=True, default=str).encode())
     return digest.hexdigest()[:16]
 
 
+def model_fingerprint(model_dir: Path) -> list:
+    """Name, size and modification time of a model folder's files: the recipe names the folder, and a folder
+    whose checkpoint was replaced must not resume data and training made from the old one."""
+    files = sorted(p for p in model_dir.iterdir() if p.is_file()) if model_dir.is_dir() else []
+    return [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+
+
 # ---------------------------------------------------------------- refusals
+
+
+def refuse_out_over_models(out: Path, recipe: Recipe) -> None:
+    """--out is replaced whole: never the draft it reads (an earlier aligned draft is a valid output folder), the
+    target, or a folder holding or inside either (compared where links lead)."""
+    real_out = out.resolve()
+    for role, spec in (("draft", recipe.draft), ("target", recipe.target)):
+        model = Path(spec.model).resolve()
+        if real_out == model or real_out in model.parents or model in real_out.parents:
+            raise OutputError(
+                f"--out {out} is or holds the {role} model this run reads ({spec.model}); choose another --out"
+            )
 
 
 def refuse_failed_check(recipe: Recipe) -> None:
@@ -176,19 +203,20 @@ def generate_data(
     state = work.state
     kept = {name: work.load_torch(f"{name}.pt") or [] for name in ("held_out", "validation")}
     pending: list[dict] = []
+    rows = align_data.shared_rows(target, draft)
     on_progress("data", "data", state["prompts_done"], state["total_prompts"])
-    for index, prompt in enumerate(align_data.iter_prompts(spec.prompts)):
+    splits = align_data.prompt_splits(spec.prompts, spec.data.held_out, spec.data.validation)
+    for index, (prompt, split) in enumerate(splits):
         if index < state["prompts_done"]:
             continue
         ids = align_data.prompt_ids(tokenizer, prompt, spec.data)
-        split = align_data.prompt_split(index, spec.data.held_out, spec.data.validation)
         in_share = clock.spent() < DATA_SHARE * clock.budget_s
         if split != "train":
             # validation: only the first VALIDATION_MAX are ever measured; held-out: past the data share, the few
             # the report needs
             room = VALIDATION_MAX if split == "validation" else (math.inf if in_share else HELD_OUT_MIN)
             if len(kept[split]) < room:
-                kept[split].append(align_data.held_out_example(target, ids, spec.data))
+                kept[split].append(align_data.held_out_example(target, ids, spec.data, rows))
         elif in_share:
             generator = torch.Generator().manual_seed(spec.data.seed * 1_000_003 + index)
             pending += align_data.training_examples(target, draft, ids, spec.data, eos, generator)
@@ -274,6 +302,7 @@ def run_align(spec: AlignSpec, on_progress: StageProgress | None = None) -> Alig
         raise OutputError(f"--work-dir {given} is inside --out {out}; choose a folder beside it")
     if work_path in real_out.parents:  # the work folder is removed once the output is written
         raise OutputError(f"--out {out} is inside --work-dir {given}; choose a folder beside it")
+    refuse_out_over_models(out, recipe)
     refuse_own_files(recipe)
     require_device(spec.device)
     refuse_two_tokenizers(recipe)
@@ -428,7 +457,7 @@ def write_output(recipe: Recipe, draft, out: Path, record: dict, report: dict, f
 
     def fill(tmp: Path) -> None:
         write_draft(draft, recipe.draft.model, tmp)
-        changes = {"draft.model": str(out.resolve()), "name": f"{recipe.name}-aligned"[:64]}
+        changes = {"draft.model": str(out.resolve()), "name": aligned_name(recipe.name)}
         header = f"# {recipe.source} with the draft trained by trtspec align (align.json says how).\n"
         text = recipe_copy(recipe.source, changes, out / "recipe.yaml", header, check_paths=False)
         (tmp / "recipe.yaml").write_text(text, encoding="utf-8")

@@ -21,7 +21,9 @@ their vocabulary ids (None for whole rows, k = vocab).
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,8 +31,8 @@ from pathlib import Path
 
 import torch
 
-from trtspec.chat import Prompt, encode_prompt, has_chat_template, read_prompt_file
-from trtspec.core.errors import PromptSetError
+from trtspec.chat import Prompt, encode_prompt, has_chat_template, read_prompt_file, render_chat
+from trtspec.core.errors import ModelError, PromptSetError
 from trtspec.outputs import write_file_atomic
 
 FULL_ROWS_MAX = 4096  # larger vocabularies keep top-k logits per position
@@ -75,13 +77,28 @@ def prompt_split(index: int, held_out: float, validation: float) -> str:
     return "train"
 
 
+def prompt_splits(path: Path, held_out: float, validation: float) -> Iterator[tuple[Prompt, str]]:
+    """Each line's prompt and split: distinct prompts split by their rank among distinct prompts (prompt_split),
+    a repeat in the split of its first occurrence. Traffic logs repeat prompts, and a held-out or validation prompt
+    that is also trained on would measure the training set."""
+    seen: dict[bytes, str] = {}
+    for prompt in iter_prompts(path):
+        key = hashlib.blake2b(
+            json.dumps([prompt.text, prompt.messages], sort_keys=True).encode(), digest_size=16
+        ).digest()
+        split = seen.get(key)
+        if split is None:
+            split = seen[key] = prompt_split(len(seen), held_out, validation)
+        yield prompt, split
+
+
 def count_prompts(path: Path, held_out: float, validation: float = 0.0) -> dict[str, int]:
-    """Prompts per split ({"train", "held_out", "validation"}); reading every line first also refuses a malformed
-    one before any work."""
-    total = sum(1 for _ in iter_prompts(path))
+    """Prompts per split ({"train", "held_out", "validation"}, repeats counted); reading every line first also
+    refuses a malformed one before any work."""
     counts = {"train": 0, "held_out": 0, "validation": 0}
-    for i in range(total):
-        counts[prompt_split(i, held_out, validation)] += 1
+    for _, split in prompt_splits(path, held_out, validation):
+        counts[split] += 1
+    total = sum(counts.values())
     if total == 0:
         raise PromptSetError(f'{path}: no prompts; write one prompt per line (or JSONL with "prompt" lines)')
     if counts["held_out"] == 0 and held_out > 0:
@@ -107,16 +124,22 @@ def count_prompts(path: Path, held_out: float, validation: float = 0.0) -> dict[
 
 
 def check_chat_lines(path: Path, tokenizer) -> None:
-    """Chat lines need the target tokenizer's chat template: refused before any work where it has none."""
-    if has_chat_template(tokenizer):
-        return
+    """Chat lines need the target tokenizer's chat template, and one that takes them (a template may refuse a
+    system message): refused before any work, naming the line."""
+    template = has_chat_template(tokenizer)
     for number, prompt in enumerate(iter_prompts(path), start=1):
-        if prompt.messages is not None:
+        if prompt.messages is None:
+            continue
+        if not template:
             raise PromptSetError(
                 f'{path}: prompt {number} has "messages", which are rendered with the target tokenizer\'s chat '
                 f"template, and {tokenizer.name_or_path} has none (chat_template in tokenizer_config.json); give "
                 '{"prompt": ...} lines instead'
             )
+        try:
+            render_chat(tokenizer, prompt.messages)
+        except ModelError as err:
+            raise PromptSetError(f"{path}: prompt {number}: {err.message}") from None
 
 
 def prompt_ids(tokenizer, prompt: Prompt, spec: DataSpec) -> list[int]:
@@ -125,16 +148,30 @@ def prompt_ids(tokenizer, prompt: Prompt, spec: DataSpec) -> list[int]:
     return ids[-spec.max_prompt_tokens :]
 
 
+def logit_rows(model) -> int:
+    """The rows of a model's logits (its vocabulary as the checkpoint pads it)."""
+    return model.get_output_embeddings().weight.shape[0]
+
+
+def shared_rows(target, draft) -> int:
+    """The ids both models have rows for. A padded-vocabulary pair (Qwen2.5: 152064 target rows, 151936 draft
+    rows) differs only in rows no text produces; continuations stay within the shared ones, so the draft can read
+    every token and the target's distribution is compared over ids both have (align_train.distill_loss)."""
+    return min(logit_rows(target), logit_rows(draft))
+
+
 @torch.no_grad()
-def continue_rows(model, prompt: list[int], greedy: list[bool], steps: int, temperature: float, generator):
+def continue_rows(
+    model, prompt: list[int], greedy: list[bool], steps: int, temperature: float, generator, rows: int
+):
     """Continue ``prompt`` in len(greedy) rows for ``steps`` tokens with a KV cache: row r greedy or sampled at
-    ``temperature``. Returns [R, steps] int64 (EOS is not a stop here; callers cut rows)."""
+    ``temperature``, over the first ``rows`` ids (shared_rows). Returns [R, steps] int64 (EOS is not a stop here;
+    callers cut rows)."""
     device = next(model.parameters()).device
-    rows = len(greedy)
-    ids = torch.tensor([prompt] * rows, device=device)
+    ids = torch.tensor([prompt] * len(greedy), device=device)
     greedy_mask = torch.tensor(greedy, device=device)
     out = model(input_ids=ids, use_cache=True)
-    past, logits = out.past_key_values, out.logits[:, -1].float()
+    past, logits = out.past_key_values, out.logits[:, -1, :rows].float()
     tokens = []
     for step in range(steps):
         chosen = logits.argmax(-1)
@@ -145,7 +182,7 @@ def continue_rows(model, prompt: list[int], greedy: list[bool], steps: int, temp
         tokens.append(chosen)
         if step + 1 < steps:
             out = model(input_ids=chosen[:, None], past_key_values=past, use_cache=True)
-            past, logits = out.past_key_values, out.logits[:, -1].float()
+            past, logits = out.past_key_values, out.logits[:, -1, :rows].float()
     return torch.stack(tokens, 1)
 
 
@@ -184,19 +221,19 @@ def keep_logits(logits: torch.Tensor, top_k: int) -> dict:
 
 def training_examples(target, draft, prompt: list[int], spec: DataSpec, eos_ids: set[int], generator) -> list:
     """Greedy + sampled target rows and the on-policy draft row for one prompt, scored by the target."""
-    greedy = [True] + [False] * spec.samples
-    rows = continue_rows(target, prompt, greedy, spec.max_new_tokens, spec.temperature, generator).tolist()
+    greedy, shared = [True] + [False] * spec.samples, shared_rows(target, draft)
+    steps, temperature = spec.max_new_tokens, spec.temperature
+    rows = continue_rows(target, prompt, greedy, steps, temperature, generator, shared).tolist()
     if spec.on_policy:
-        rows += continue_rows(
-            draft, prompt, [False], spec.max_new_tokens, spec.temperature, generator
-        ).tolist()
+        rows += continue_rows(draft, prompt, [False], steps, temperature, generator, shared).tolist()
     rows = [cut_at_eos(r, eos_ids) for r in rows]
     return score(target, prompt, rows, spec.top_k_logits)
 
 
-def held_out_example(target, prompt: list[int], spec: DataSpec) -> dict:
-    """The target's greedy continuation of exactly max_new_tokens tokens (no logits: the report compares argmaxes)."""
-    row = continue_rows(target, prompt, [True], spec.max_new_tokens, 1.0, None)[0].tolist()
+def held_out_example(target, prompt: list[int], spec: DataSpec, rows: int) -> dict:
+    """The target's greedy continuation of exactly max_new_tokens tokens over the first ``rows`` ids (shared_rows;
+    no logits: the report compares argmaxes)."""
+    row = continue_rows(target, prompt, [True], spec.max_new_tokens, 1.0, None, rows)[0].tolist()
     return {"ids": torch.tensor(prompt + row), "start": len(prompt)}
 
 

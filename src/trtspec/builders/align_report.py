@@ -21,10 +21,14 @@ from trtspec.core.metrics import analytic_speedup_bound, greedy_rounds, merge_st
 def draft_matches(draft, examples: list[dict]) -> list[list[bool]]:
     """Per example: does the draft's greedy token equal the continuation's token at each continuation position."""
     device = next(draft.parameters()).device
+    rows = draft.get_input_embeddings().weight.shape[0]
     result = []
     for ex in examples:
         ids, start = ex["ids"].to(device), ex["start"]
-        logits = draft(input_ids=ids[None, :-1]).logits[0, start - 1 :]  # [n, V]
+        # an id past the draft's rows (a padded-vocabulary target's continuation) is read as its last row, as the
+        # engine does (core.vocab.draft_input_ids); the draft never matches it
+        seen = ids[None, :-1].clamp(max=rows - 1)
+        logits = draft(input_ids=seen).logits[0, start - 1 :]  # [n, V]
         result.append((logits.argmax(-1) == ids[start:]).tolist())
     return result
 

@@ -35,16 +35,28 @@ ESTIMATE_SHARE = 0.2  # ... or less often, so that measuring takes at most this 
 def distill_loss(draft_logits: torch.Tensor, values: torch.Tensor, indices, kind: str) -> torch.Tensor:
     """Mean over positions of KL(target_probs || draft_probs) or TV(target_probs, draft_probs).
 
-    draft_logits [n, V]; values [n, k] target logits (k = V for whole rows, else the top-k, renormalised: the
-    target's mass outside them is dropped); indices [n, k] vocabulary ids or None."""
+    draft_logits [n, V]; values [n, k] target logits (k = the target's rows for whole rows, else the top-k,
+    renormalised: the target's mass outside them is dropped); indices [n, k] vocabulary ids or None.
+
+    A padded-vocabulary pair (align_data.shared_rows) compares over the ids both models have: the target's mass on
+    rows the draft lacks is dropped as outside the top-k is, and the draft's on rows the target lacks meets target
+    probability 0."""
     draft_logprobs = F.log_softmax(draft_logits.float(), -1)
-    if indices is not None:
-        draft_logprobs = draft_logprobs.gather(-1, indices.long())
-    target_logprobs = F.log_softmax(values.float(), -1)
-    if kind == "kl":
-        return F.kl_div(draft_logprobs, target_logprobs, log_target=True, reduction="batchmean")
-    target_probs, draft_probs = target_logprobs.exp(), draft_logprobs.exp()
-    # The draft's mass outside the kept ids meets target probability 0 there (0 for whole rows).
+    rows, values = draft_logprobs.shape[-1], values.float()
+    if indices is None:
+        width = min(rows, values.shape[-1])
+        values, draft_logprobs, kept = values[:, :width], draft_logprobs[:, :width], None
+    else:
+        kept = indices.long() < rows
+        values = values.masked_fill(~kept, float("-inf"))
+        draft_logprobs = draft_logprobs.gather(-1, indices.long().clamp(max=rows - 1))
+    target_logprobs = F.log_softmax(values, -1)
+    target_probs = target_logprobs.exp()
+    if kind == "kl":  # as F.kl_div(reduction="batchmean"), with 0 where the target's probability is 0
+        gap = target_logprobs.masked_fill(target_probs == 0, 0.0) - draft_logprobs
+        return (target_probs * gap).sum(-1).mean()
+    draft_probs = draft_logprobs.exp() if kept is None else draft_logprobs.exp().masked_fill(~kept, 0.0)
+    # The draft's mass outside the kept ids meets target probability 0 there.
     outside = 1.0 - draft_probs.sum(-1)
     return 0.5 * ((target_probs - draft_probs).abs().sum(-1) + outside.clamp_min(0)).mean()
 

@@ -39,8 +39,9 @@ class WorkDir:
             saved = json.loads(state_file.read_text())
             if saved.get("key") != key:
                 raise OutputError(
-                    f"--work-dir {self.path} holds an align run of other inputs or settings; remove it to "
-                    "start again, or pass another --work-dir"
+                    f"--work-dir {self.path} holds an align run of other inputs or settings (the recipe, "
+                    "the prompt file, a setting or a model folder's files changed); remove it to start again, or "
+                    "pass another --work-dir"
                 )
             self.state = saved
         elif self.path.exists() and any(self.path.iterdir()):
