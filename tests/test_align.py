@@ -438,6 +438,36 @@ def test_held_out_and_validation_data_keep_to_the_budget(tmp_path, monkeypatch):
     assert len(made) == align.HELD_OUT_MIN + align.VALIDATION_MAX and work.state["data_done"]
 
 
+def test_an_interrupt_in_the_data_stage_keeps_the_prompts_done_and_their_time(tmp_path, monkeypatch):
+    from trtspec.builders.align_work import Clock, WorkDir
+
+    calls = []
+
+    def examples(*args):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return [{"ids": torch.tensor([1, 2, 3, 4]), "start": 3}]
+
+    monkeypatch.setattr(align_data, "training_examples", examples)
+    monkeypatch.setattr(align_data, "held_out_example", lambda target, ids, spec, rows: {"ids": ids})
+    monkeypatch.setattr(align_data, "prompt_ids", lambda tokenizer, prompt, spec: [1, 2, 3])
+    monkeypatch.setattr(align_data, "shared_rows", lambda target, draft: 8)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("".join(f"def f{i}():\n" for i in range(20)))
+    spec = AlignSpec(prompts=prompts, data=DataSpec(held_out=0.5, validation=0.0))
+    work = WorkDir(tmp_path / "work", "k")
+    work.path.mkdir()
+    work.state["total_prompts"] = 20
+    clock = Clock(work, budget_s=600.0)
+    with pytest.raises(KeyboardInterrupt):
+        align.generate_data(spec, work, clock, None, None, None, set(), lambda *a: None)
+    state = json.loads((work.path / "state.json").read_text())
+    # prompts 0 and 2 trained, 1 and 3 held out; the interrupt came inside prompt 4
+    assert state["prompts_done"] == 4 and state["training_prompts"] == 2 and state["seconds"] > 0
+    assert [s["examples"] for s in state["shards"]] == [2] and len(work.load_torch("held_out.pt")) == 2
+
+
 def test_epochs_count_the_steps_of_a_part_epoch():
     """A run the budget stopped inside its first shard trained a part of an epoch, not 0.0 of one."""
     from types import SimpleNamespace

@@ -206,25 +206,33 @@ def generate_data(
     rows = align_data.shared_rows(target, draft)
     on_progress("data", "data", state["prompts_done"], state["total_prompts"])
     splits = align_data.prompt_splits(spec.prompts, spec.data.held_out, spec.data.validation)
-    for index, (prompt, split) in enumerate(splits):
-        if index < state["prompts_done"]:
-            continue
-        ids = align_data.prompt_ids(tokenizer, prompt, spec.data)
-        in_share = clock.spent() < DATA_SHARE * clock.budget_s
-        if split != "train":
-            # validation: only the first VALIDATION_MAX are ever measured; held-out: past the data share, the few
-            # the report needs
-            room = VALIDATION_MAX if split == "validation" else (math.inf if in_share else HELD_OUT_MIN)
-            if len(kept[split]) < room:
-                kept[split].append(align_data.held_out_example(target, ids, spec.data, rows))
-        elif in_share:
-            generator = torch.Generator().manual_seed(spec.data.seed * 1_000_003 + index)
-            pending += align_data.training_examples(target, draft, ids, spec.data, eos, generator)
-            state["training_prompts"] = state.get("training_prompts", 0) + 1
-        on_progress("data", f"data: {len(pending)} pending examples", index + 1, state["total_prompts"])
-        if len(pending) >= align_data.SHARD_SIZE:
-            flush(work, clock, pending, kept, index + 1)
-            pending = []
+    done = state["prompts_done"]
+    try:
+        for index, (prompt, split) in enumerate(splits):
+            if index < done:
+                continue
+            ids = align_data.prompt_ids(tokenizer, prompt, spec.data)
+            in_share = clock.spent() < DATA_SHARE * clock.budget_s
+            if split != "train":
+                # validation: only the first VALIDATION_MAX are ever measured; held-out: past the data share, the
+                # few the report needs
+                room = VALIDATION_MAX if split == "validation" else (math.inf if in_share else HELD_OUT_MIN)
+                if len(kept[split]) < room:
+                    kept[split].append(align_data.held_out_example(target, ids, spec.data, rows))
+            elif in_share:
+                generator = torch.Generator().manual_seed(spec.data.seed * 1_000_003 + index)
+                pending += align_data.training_examples(target, draft, ids, spec.data, eos, generator)
+                state["training_prompts"] = state.get("training_prompts", 0) + 1
+            done = index + 1
+            on_progress("data", f"data: {len(pending)} pending examples", done, state["total_prompts"])
+            if len(pending) >= align_data.SHARD_SIZE:
+                flush(work, clock, pending, kept, done)
+                pending = []
+    except KeyboardInterrupt:
+        # the prompts finished since the last shard, and the time they took, count: the budget spans interrupted
+        # runs, and past the data share no shard is written until the file ends
+        flush(work, clock, pending, kept, done)
+        raise
     flush(work, clock, pending, kept, state["total_prompts"])
     state["data_done"] = True
     work.save_state()
