@@ -126,3 +126,15 @@ def test_a_costs_line_that_is_not_two_numbers_is_one_usage_line(replay_tool, cap
         replay_tool.main(["--costs", "1.3:0.15,1.3", "--concurrency", "1"])
     assert exit_info.value.code == 2
     assert "'1.3' in '1.3:0.15,1.3' is not A1:B" in capsys.readouterr().err
+
+
+def test_adaptive_rows_probe_as_the_loops_do_and_static_rows_never(replay_tool):
+    """Six prompts the draft never matches, then two it always does: the pool the later rows start from says
+    drafting does not pay, and only probes (one token in probe_every rounds, as the loop's rows draft) measure
+    again, where without them no row would ever draft. A static K=0 never probes."""
+    matches = [[False] * 64] * 6 + [[True] * 64] * 2
+    costs = [1.0] + [1.2 + 0.2 * k for k in range(1, 5)]
+    for load in ("streams", "groups"):
+        _, mean_k, off = replay_tool.replay(matches, costs, 1, group_k, KPolicy(), load=load)
+        assert mean_k > 0 and off < 1, load
+    assert replay_tool.replay(matches, costs, 1, lambda *_: 0, KPolicy(), probing=False)[1:] == (0.0, 1.0)

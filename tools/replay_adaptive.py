@@ -47,7 +47,17 @@ import torch
 from cli_common import at_least, comma_list, run_main
 
 from trtspec.builders.align_report import draft_matches
-from trtspec.engines.adaptive import AdaptiveState, KController, KPolicy, group_k, policy_for
+from trtspec.engines.adaptive import (
+    AdaptiveState,
+    KController,
+    KPolicy,
+    best_k,
+    capped,
+    group_k,
+    policy_for,
+    probe_due,
+    row_pairs,
+)
 from trtspec.recipe import DEMO_RECIPE, load_recipe
 from trtspec.validate.inputs import load_requests
 
@@ -96,6 +106,7 @@ def replay(
     drift: float = 0.0,
     seed: int = 0,
     load: str = "streams",
+    probing: bool = True,
 ):
     """(tokens per target-only round, mean K, share of rounds at K=0) of the measured (second) pass. ``load``
     "streams": a finished request's slot takes the next prompt; "groups": ``concurrency`` prompts start together
@@ -104,11 +115,13 @@ def replay(
     K comes from AdaptiveState.choose, as in the loop (costs learned from the rounds run, each timed at its
     cost), instead of ``choose`` with ``costs``; ``noise``: each timing off by a log-normal factor of that sigma;
     ``drift``: and by the CPU's speed, whose log wanders with that sigma over ~DRIFT_ROUNDS rounds (AR(1)), so
-    rounds timed far apart disagree (a target-only unit measured in a fast spell, a K in a slow one)."""
+    rounds timed far apart disagree (a target-only unit measured in a fast spell, a K in a slow one). ``probing``:
+    rows probe as the loop's do (``probes``); a static K does not."""
     state = AdaptiveState(policy)
     rng = random.Random(seed)
     keep, speed = math.exp(-1.0 / DRIFT_ROUNDS), 0.0
     max_k = len(costs) - 1
+    rounds_run = 0
     for _ in range(2):
         queue = list(range(len(matches)))
         active: list[list] = []  # [trace, position, controller]
@@ -124,9 +137,14 @@ def replay(
                 k = state.choose(rows, len(active), len(active), max_k, True, remaining)
             else:
                 k = choose(rows, len(active), costs, remaining, state.spread.value)
-            for row in active:
+            rounds_run += 1
+            row_ks = [k] * len(active)
+            if probing:
+                row_ks = probes(active, k, rounds_run, waited, policy, state if learn else None, costs)
+            k = max(row_ks)  # the round runs as many draft steps as its longest K
+            for row, row_k in zip(active, row_ks, strict=True):
                 trace, position, controller = row
-                num_draft = min(k, len(trace) - position - 1)
+                num_draft = min(row_k, len(trace) - position - 1)
                 accepted = 0
                 while accepted < num_draft and trace[position + accepted]:
                     accepted += 1
@@ -144,6 +162,33 @@ def replay(
                     state.spread.record(*row[2].lifetime)  # as the loop does when a request finishes
             active = [row for row in active if row[1] < len(row[0])]
     return tokens / cost, ks / rounds, off / rounds
+
+
+def probes(
+    active: list[list], k: int, rounds_run: int, waited: bool, policy: KPolicy, state, costs
+) -> list[int]:
+    """Each row's K this round as the loop gives it (loop.GenerationLoop._num_drafts): the batch's ``k``, or where
+    it is 0 and drafting could pay at this batch size (AdaptiveState.worth_probing, ``state`` None: at the exact
+    ``costs``), 1 for a row whose probe is due: any such row, or in a group its caller waits for, the row with
+    the most tokens left, once in probe_every rounds per pair of rows. Without probes a row that turned drafting
+    off never measures again, and neither does the pool its neighbours start from."""
+    ks = [k] * len(active)
+    if k:
+        return ks
+    max_k, batch = len(costs) - 1, len(active)
+    worth = (
+        state.worth_probing(batch, max_k, batch)
+        if state is not None
+        else best_k(0.95, capped(max_k, policy.schedule, batch), policy, costs) > 0
+    )
+    if not worth:
+        return ks
+    if not waited:
+        return [int(probe_due(row[2], batch)) for row in active]
+    if rounds_run % (policy.probe_every * row_pairs(batch)) == 0:
+        last = max(range(batch), key=lambda i: len(active[i][0]) - active[i][1])
+        ks[last] = int(probe_due(active[last][2], batch))
+    return ks
 
 
 def bench_costs(path: Path) -> dict[int, list[float]]:
@@ -277,7 +322,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     for name, concurrency, costs in cases:
         static = {
-            k: replay(matches, costs, concurrency, lambda *_, k=k: k, policy, load=args.load)[0]
+            k: replay(matches, costs, concurrency, lambda *_, k=k: k, policy, load=args.load, probing=False)[
+                0
+            ]
             for k in range(len(costs))
         }
         best = max(static, key=static.get)

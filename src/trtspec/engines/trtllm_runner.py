@@ -88,6 +88,8 @@ class TrtllmSpeculativeRunner(StreamingGenerator):
         self.translator = translator  # core/translate.py: a draft engine with a tokenizer of its own
         self.proposer, self.lookup = proposer, lookup
         self.use_draft_logits = use_draft_logits and proposes
+        # a target engine verifies external draft tokens only where check_pair checked it does (``proposes``)
+        self.proposes = proposes
         self.max_draft_len = target.max_draft_len if proposes else 0
         self.max_batch_size = min(r.max_batch_size for r in (target, draft) if r is not None)
         # The target engine's max_seq_len includes max_draft_len (trtllm-build adds it).
