@@ -44,12 +44,21 @@ def test_itl_counts_every_token_of_a_piece():
     samples = itl_samples([(0.1, 1), (0.4, 3), (0.5, 1)])
     assert samples == pytest.approx([0.1, 0.1, 0.1, 0.1])
     assert itl_samples([(0.2, 5)]) == []
+    # a piece without tokens (a text-only server's, re-tokenised into the token before) is no arrival: the next
+    # gap counts from the last piece that carried tokens
+    assert itl_samples([(0.1, 1), (0.2, 0), (0.3, 1)]) == pytest.approx([0.2])
+    assert itl_samples([(0.1, 0), (0.2, 1), (0.5, 3)]) == pytest.approx([0.1, 0.1, 0.1])
 
 
 def test_per_position_acceptance_from_histogram():
     stats = AcceptanceStats(max_draft_len=3, rounds=4, accepted_length_histogram=[1, 1, 0, 2])
     assert per_position_acceptance(stats) == [0.75, 0.5, 0.5]
     assert per_position_acceptance(AcceptanceStats(max_draft_len=2)) == []
+    # an adaptive run that never drafted past K=2 of 8 says nothing of positions 3-8
+    adaptive = AcceptanceStats(
+        max_draft_len=8, rounds=23, accepted_length_histogram=[8, 13, 2], num_draft_histogram=[26, 21, 2]
+    )
+    assert per_position_acceptance(adaptive) == pytest.approx([15 / 23, 2 / 23])
 
 
 def _point(k, c, tokens_per_request, wall, accepted=0, drafted=0, hist=None):
@@ -567,6 +576,35 @@ def test_bench_refuses_a_write_recipe_path_it_cannot_write_before_running(
             f"Error: --write-recipe {out / name} is the report's own {name}; choose another name, e.g. "
             f"{out / 'recipe.yaml'}"
         )
+
+
+def test_bench_refuses_inputs_the_report_would_replace_before_running(
+    runner, tiny_pair, tmp_path, monkeypatch
+):
+    """The report replaces --out whole: a recipe saved there by --write-recipe and benchmarked again, or a prompt
+    file there, would be gone; --write-recipe onto --out itself, or reaching it through "..", is refused too."""
+    forbid_sweep(monkeypatch, "the inputs inside --out")
+    target, draft = tiny_pair
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "bench.json").write_text(
+        "{}"
+    )  # an earlier report (one without an edit record is replaced as it is)
+    recipe = write_recipe(out / "recipe.yaml", target, draft)
+    result = runner.invoke(cli, ["bench", str(recipe), "--out", str(out)])
+    assert result.exit_code == 2 and result.output.strip() == (
+        f"Error: the recipe {recipe} lies inside --out {out}, which this run replaces; copy it out of the folder "
+        "or choose another --out"
+    )
+    outside = write_recipe(tmp_path / "tiny.yaml", target, draft)
+    prompts = out / "p.txt"
+    prompts.write_text("def f():\n")
+    result = runner.invoke(cli, ["bench", str(outside), "--out", str(out), "--prompts", str(prompts)])
+    assert result.exit_code == 2 and f"--prompts {prompts} lies inside --out" in result.output
+    for copy in (out, tmp_path / "report" / ".." / "report" / "bench.json", tmp_path):
+        result = runner.invoke(cli, ["bench", str(outside), "--out", str(out), "--write-recipe", str(copy)])
+        assert result.exit_code == 2 and "--write-recipe" in result.output, result.output
+    assert sorted(p.name for p in out.iterdir()) == ["bench.json", "p.txt", "recipe.yaml"]
 
 
 def test_bound_uses_measured_tokens_per_round_where_rounds_are_counted():

@@ -35,6 +35,12 @@ def test_paired_ratios_compare_adaptive_with_each_point_pass_by_pass(tool):
     assert tool.paired_ratios(two) == pytest.approx({0: 1.05})
 
 
+def test_a_points_figure_is_its_rate_pooled_over_the_passes_not_its_best(tool):
+    """A best pass would set adaptive's best of N against the best of the pinned points' 3N: equal speeds with
+    noise would read below 1 for adaptive most of the time."""
+    assert tool.pooled_rate([(100, 1.0), (100, 0.5), (100, 2.0)]) == pytest.approx(300 / 3.5)
+
+
 def test_streams_spread_request_lengths_so_no_point_runs_in_lockstep(tool):
     """Under --load streams each request's budget is 0.5x-1.5x --max-tokens, the same sequence for every point, so
     target-only requests do not all end at one round as a lockstep group's do."""

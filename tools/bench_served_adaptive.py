@@ -7,8 +7,9 @@ served by a real tritonserver on free loopback ports. Requests are streamed over
 1. Load steps (one server): at each concurrency, `concurrency` requests that leave K to the server (adaptive, the
    default) run first, on nothing but what the server has learned so far; then --repeats passes over every point
    (adaptive and each pinned K, target-only K=0 included), in balanced orders pass by pass (each point right after
-   every other equally often). A point's figure is its best pass (tokens/s), so a pass that met a busy machine
-   does not decide it; beside it, adaptive against each pinned point pass by pass (the median of the paired
+   every other equally often). A point's figure is its rate pooled over the passes (all its tokens over all its
+   seconds; a best pass would set adaptive's best of N against the best of the pinned points' 3N, which favours
+   them on noise alone); beside it, adaptive against each pinned point pass by pass (the median of the paired
    ratios: the two ran in the same pass). A pass is one group of `concurrency` requests sent at once (--load
    groups), or `concurrency` clients each sending --per-stream requests back to back, of varied lengths (--load
    streams: a steady load, where requests join and leave at any round).
@@ -167,6 +168,12 @@ def adaptive_metrics(server) -> dict[str, dict]:
     return out
 
 
+def pooled_rate(samples: list[tuple[int, float]]) -> float:
+    """A point's tokens/s over its passes: all its tokens over all its seconds (each point runs as many passes,
+    so each is as likely to meet a busy one)."""
+    return sum(t for t, _ in samples) / sum(s for _, s in samples)
+
+
 def paired_ratios(passes: dict) -> dict:
     """Per pinned point, the median over passes of adaptive's tokens/s over that point's in the same pass
     (validate.bench.paired_median: the passes run the points back to back, so a pair shares the machine's
@@ -184,13 +191,15 @@ def load_steps(client, pool, server, args) -> list[dict]:
     rows = []
     for n in args.concurrency:
         first = measure(client, pool, n, None, args)
-        passes: dict = {p: [] for p in points}
+        samples: dict = {p: [] for p in points}
         orders = balanced_orders(len(points))
         for rep in range(1 if args.short else args.repeats):
             for point in (points[i] for i in orders[rep % len(orders)]):
-                tokens, seconds = measure(client, pool, n, None if point == ADAPTIVE else point, args, rep)
-                passes[point].append(tokens / seconds)
-        best = {p: max(v) for p, v in passes.items()}
+                samples[point].append(
+                    measure(client, pool, n, None if point == ADAPTIVE else point, args, rep)
+                )
+        passes = {p: [tokens / seconds for tokens, seconds in v] for p, v in samples.items()}
+        best = {p: pooled_rate(v) for p, v in samples.items()}
         chosen, extra = chosen_at(server, client, pool, n, args)
         pinned = {p: v for p, v in best.items() if p != ADAPTIVE}
         paired = paired_ratios(passes)
@@ -306,7 +315,7 @@ def main(argv=None) -> None:
         print(json.dumps(result, indent=1))
         return
     print(
-        f"recipe {result['recipe']}, {result['cpu']}, {args.max_tokens} new tokens, best of {args.repeats}, "
+        f"recipe {result['recipe']}, {result['cpu']}, {args.max_tokens} new tokens, pooled over {args.repeats} passes, "
         f"load {args.load}"
     )
     for row in result["steps"]:

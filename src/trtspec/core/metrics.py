@@ -218,10 +218,14 @@ def merge_stats(stats: list[AcceptanceStats]) -> AcceptanceStats:
 
 
 def per_position_acceptance(stats: AcceptanceStats) -> list[float]:
-    """[K] fraction of rounds whose i-th draft token was accepted (accepted length >= i), i = 1..K."""
+    """[K] fraction of rounds whose i-th draft token was accepted (accepted length >= i), i = 1..K, up to the
+    largest K a round drafted (an adaptive run that never drafted past K=2 has nothing to say of position 3)."""
     if not stats.rounds:
         return []
-    return [n / stats.rounds for n in SpecDecodeCounts.of(stats).num_accepted_tokens_per_pos]
+    per_position = SpecDecodeCounts.of(stats).num_accepted_tokens_per_pos
+    if stats.num_draft_histogram:
+        per_position = per_position[: max(k for k, n in enumerate(stats.num_draft_histogram) if n or not k)]
+    return [n / stats.rounds for n in per_position]
 
 
 def expected_tokens_per_round(acceptance_rate: float, num_draft_tokens: int) -> float:

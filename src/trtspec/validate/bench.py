@@ -63,11 +63,16 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 
 def itl_samples(chunks: Sequence[tuple[float, int]]) -> list[float]:
-    """Per-token inter-token latencies of one stream: (arrival s, tokens) pieces -> gap/n repeated n times."""
+    """Per-token inter-token latencies of one stream: (arrival s, tokens) pieces -> gap/n repeated n times, each
+    gap from the last piece that carried tokens (a text-only server's piece may carry none)."""
     samples: list[float] = []
-    for (before, _), (arrival, tokens) in zip(chunks, chunks[1:], strict=False):
-        if tokens > 0:
+    before = None
+    for arrival, tokens in chunks:
+        if tokens <= 0:
+            continue
+        if before is not None:
             samples += [(arrival - before) / tokens] * tokens
+        before = arrival
     return samples
 
 

@@ -102,6 +102,7 @@ def _bench(options: BenchOptions, recipe, served, tokenizer, on_progress) -> Ben
         # the recipe itself may be updated in place; the prompts and the report may not be replaced by a recipe
         check_output_file(options.write_recipe, "--write-recipe", {"--prompts": options.prompts})
         _refuse_report_file(options.write_recipe, out_dir)
+    _refuse_inputs_inside(out_dir, recipe.source, options.prompts, options.write_recipe)
     lookup = any(map(uses_lookup, proposers))
     prompts, tokenizer, requests, more_notes = load_run_requests(recipe, options, lookup, tokenizer)
     notes += more_notes
@@ -139,12 +140,32 @@ def _write(result: BenchResult, options: BenchOptions, out_dir: Path) -> BenchOu
 
 
 def _refuse_report_file(path: Path, out_dir: Path) -> None:
-    """--write-recipe may lie inside --out, but not on a file of the report itself."""
-    copy, folder = Path(path).absolute(), Path(out_dir).absolute()
+    """--write-recipe may lie inside --out, but not on a file of the report itself, nor on --out or a folder
+    above it (compared where links and ``..`` lead)."""
+    copy, folder = Path(path).resolve(), Path(out_dir).resolve()
+    if copy == folder or copy in folder.parents:
+        raise OutputError(
+            f"--write-recipe {path} is --out {out_dir} or holds it; give a file, e.g. {folder / 'recipe.yaml'}"
+        )
     if copy.parent == folder and copy.name in REPORT_FILES:
         raise OutputError(
             f"--write-recipe {path} is the report's own {copy.name}; choose another name, e.g. {folder / 'recipe.yaml'}"
         )
+
+
+def _refuse_inputs_inside(out_dir: Path, recipe_file, prompts, write_recipe) -> None:
+    """The report replaces --out whole: a recipe or prompt file this run reads there would be gone (a recipe
+    --write-recipe saved there, benchmarked again). The recipe may lie there where --write-recipe rewrites it."""
+    folder = Path(out_dir).resolve()
+    rewritten = Path(write_recipe).resolve() if write_recipe else None
+    for what, path in (("the recipe", recipe_file), ("--prompts", prompts)):
+        if path is None or (what == "the recipe" and Path(path).resolve() == rewritten):
+            continue
+        if folder in Path(path).resolve().parents:
+            raise OutputError(
+                f"{what} {path} lies inside --out {out_dir}, which this run replaces; copy it out of the folder or "
+                "choose another --out"
+            )
 
 
 def _sweep_grid(options: BenchOptions, recipe, notes: list[str], served=None) -> BenchOptions:
@@ -359,7 +380,7 @@ def write_bench(
     payload = bench_to_dict(result)
     inside = None  # the recipe copy's path inside out_dir, where it lies there
     if recipe_copy is not None:
-        copy, folder = Path(recipe_copy[0]).absolute(), Path(out_dir).absolute()
+        copy, folder = Path(recipe_copy[0]).resolve(), Path(out_dir).resolve()
         inside = copy.relative_to(folder) if copy.is_relative_to(folder) else None
 
     def fill(tmp: Path) -> None:
