@@ -40,9 +40,44 @@ def split_recipe(runtime="tensorrtllm", fast_logits=False, **target):
 @pytest.fixture
 def engines(tmp_path):
     return {
-        "target": fake_engine(tmp_path / "e" / "target", max_draft_len=4),
+        "target": fake_engine(tmp_path / "e" / "target", max_draft_len=4, tp_size=2),
         "draft": fake_engine(tmp_path / "e" / "draft", max_draft_len=0),
     }
+
+
+def test_deploy_refuses_engines_built_for_another_tp_pp_than_the_recipe(tmp_path, engines):
+    """TensorRT-LLM's executor checks the orchestrator's participant ids (the recipe's GPUs) against the engine's
+    own tp x pp and fails the load: deploy says so first."""
+    from trtspec.core.errors import CheckFailed
+
+    with pytest.raises(
+        CheckFailed, match=r"target engine is built for tp_size 2 x pp_size 1 and the recipe's "
+    ):
+        deploy(
+            split_recipe(tp_size=4, gpu_ids=[0, 1, 3, 4]),
+            "tensorrtllm",
+            tmp_path / "repo",
+            engine_dirs=engines,
+        )
+    assert not (tmp_path / "repo").exists()
+
+
+def test_deploy_refuses_fast_logits_beside_prompt_lookup_as_check_does(tmp_path):
+    """Every request not pinning the draft would be refused by the orchestrator (a looked-up proposal has no draft
+    logits to pass from rank to rank): deploy refuses the repository, whatever runtime the recipe names."""
+    from trtspec.core.errors import CheckFailed
+
+    data = split_recipe(fast_logits=True).model_dump(mode="json")
+    data["speculative"] |= {"proposer": "draft+ngram", "use_draft_logits": True}
+    data["triton"]["runtime"] = "torch"  # deploy's --runtime decides, not the recipe's
+    recipe = recipe_from_dict(data, check_paths=False)
+    engines = {
+        "target": fake_engine(tmp_path / "e" / "target", max_draft_len=4, tp_size=2, gather=True),
+        "draft": fake_engine(tmp_path / "e" / "draft", max_draft_len=0, gather=True),
+    }
+    with pytest.raises(CheckFailed, match="looked-up proposals have no draft logits"):
+        deploy(recipe, "tensorrtllm", tmp_path / "repo", engine_dirs=engines)
+    assert not (tmp_path / "repo").exists()
 
 
 def params(repo, model) -> dict[str, str]:

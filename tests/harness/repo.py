@@ -37,6 +37,8 @@ def fake_engine(
     max_batch_size: int = 8,
     max_num_tokens: int = 8192,
     logits_dtype: str = "float32",
+    tp_size: int = 1,
+    pp_size: int = 1,
 ) -> Path:
     """An engine dir whose config.json has TensorRT-LLM 1.2's layout (pretrained_config + build_config)."""
     path.mkdir(parents=True)
@@ -47,7 +49,7 @@ def fake_engine(
             "dtype": "float16",
             "logits_dtype": logits_dtype,
             "vocab_size": vocab_size,
-            "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1},
+            "mapping": {"world_size": tp_size * pp_size, "tp_size": tp_size, "pp_size": pp_size},
         },
         "build_config": {
             "max_batch_size": max_batch_size,
@@ -63,7 +65,8 @@ def fake_engine(
         },
     }
     (path / "config.json").write_text(json.dumps(config))
-    (path / "rank0.engine").write_bytes(b"")
+    for rank in range(tp_size * pp_size):
+        (path / f"rank{rank}.engine").write_bytes(b"")
     return path
 
 

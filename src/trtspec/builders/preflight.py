@@ -318,9 +318,10 @@ def check_nodes(recipe: Recipe) -> list[CheckResult]:
     return [CheckResult("nodes", "warn", f"{field}: {why}")]
 
 
-def check_fast_logits(recipe: Recipe) -> list[CheckResult]:
-    """triton.fast_logits on the tensorrtllm runtime: useful only with draft logits to pass on."""
-    if not recipe.triton.fast_logits or recipe.triton.runtime != "tensorrtllm":
+def check_fast_logits(recipe: Recipe, runtime: str | None = None) -> list[CheckResult]:
+    """triton.fast_logits on the tensorrtllm runtime (``runtime``: deploy's, else the recipe's): useful only with
+    draft logits to pass on."""
+    if not recipe.triton.fast_logits or (runtime or recipe.triton.runtime) != "tensorrtllm":
         return []
     if not recipe.speculative.use_draft_logits:
         message = (

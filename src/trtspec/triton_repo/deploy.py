@@ -88,7 +88,16 @@ def engine_problems(recipe: Recipe, facts: dict[str, dict], own_tokenizer: bool 
     own, so its vocab rows never meet the target's."""
     from trtspec.core.engine_config import LOGITS_DTYPE, pair_problems
 
-    return pair_problems(
+    # the orchestrator's device list, participant ids and MPI world come from the recipe; TensorRT-LLM's executor
+    # checks participant ids against the engine's own tp x pp (setOrchLeaderComm) and fails the load
+    layout = [
+        f"{role} engine is built for tp_size {f['tp_size']} x pp_size {f['pp_size']} and the recipe's "
+        f"{role}.tp_size x pp_size is {spec.tp_size} x {spec.pp_size}; rebuild with `trtspec build`"
+        for role, f in facts.items()
+        if (spec := recipe.models().get(role)) is not None
+        and ((f["tp_size"] or 1), (f["pp_size"] or 1)) != (spec.tp_size, spec.pp_size)
+    ]
+    return layout + pair_problems(
         facts["target"],
         facts.get("draft"),
         max_draft_len=recipe.speculative.max_draft_len,
@@ -197,6 +206,11 @@ def plan_and_render(
             raise CheckFailed(f"no {missing[0]} engine for runtime tensorrtllm; run `trtspec build`")
         engine_dirs = {role: engine_dirs[role] for role in recipe.models()}  # no draft engine without a draft
         check_engine_dirs(recipe, engine_dirs, own_tokenizer is not None)
+        from trtspec.builders.preflight import check_fast_logits
+
+        failed = [r for r in check_fast_logits(recipe, runtime) if r.status == "fail"]
+        if failed:
+            raise CheckFailed(failed[0].message)
     if runtime == "torch":  # the engine models load the recipe's checkpoints: check them (and the pair) first
         from trtspec.builders.build import run_preflight
         from trtspec.builders.preflight import ENGINE_ONLY_CHECKS
