@@ -271,10 +271,11 @@ def test_an_mpi_launch_is_served_like_a_single_one(repo, tmp_path):
         _kill_serve(proc)
 
 
-def test_ctrl_c_while_the_models_load_stops_cleanly(repo, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGHUP])
+def test_ctrl_c_while_the_models_load_stops_cleanly(repo, tmp_path, signum):
     """A stop the user asks for before the server is ready is still a clean stop: exit 0, nothing left running,
     not click's 'Aborted!' with exit 1 (a stop while loading can also meet a health check that sees the models
-    ready before serve does)."""
+    ready before serve does). A hang-up (the terminal closing) too: tritonserver's own session gets none."""
     http, grpc, metrics = free_ports(3)
     log = tmp_path / "serve.log"
     cmd = [sys.executable, "-m", "trtspec", "serve", str(repo)]
@@ -291,7 +292,7 @@ def test_ctrl_c_while_the_models_load_stops_cleanly(repo, tmp_path):
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.05)
         (server,) = _children(proc.pid)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signum)
         assert proc.wait(timeout=60) == 0, log.read_text()
         assert "stopped while loading the models" in log.read_text() and "ready:" not in log.read_text()
         time.sleep(0.5)

@@ -141,14 +141,18 @@ def launch_layout_of(info: dict, repo: Path | str = "the repository") -> dict:
 
 
 def _interrupt_on_stop_signals() -> None:
-    """Ctrl-C and SIGTERM both stop the server cleanly. A background job of a non-interactive shell (and some
-    init systems) starts us with SIGINT ignored; Python then never raises KeyboardInterrupt, so restore it."""
+    """Ctrl-C, SIGTERM and SIGHUP (the terminal or ssh session closing) all stop the server cleanly: tritonserver
+    runs in a session of its own, so no terminal signal reaches it, and without this a hang-up would leave it on
+    the ports. SIGHUP stays ignored where it was (``nohup``). A background job of a non-interactive shell (and
+    some init systems) starts us with SIGINT ignored; Python then never raises KeyboardInterrupt, so restore it."""
 
     def interrupt(signum, frame):
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, interrupt)
+    if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, interrupt)
 
 
 def serve(spec: ServeSpec, echo=print, on_ready=None) -> int:
