@@ -109,9 +109,9 @@ def test_serve_binds_what_the_recipe_deployed_unless_the_command_line_says_other
     assert (ports.http_url, ports.grpc_url) == ("127.0.0.1:9000", "127.0.0.1:9001")
     assert ports.metrics_url == "http://127.0.0.1:9002/metrics"
     assert all("127.0.0.1:900" in line for line in sample_requests(ports))
-    given = resolve_ports(ServeSpec(repo=out, host="::1", http_port=7000), read_manifest(out))
-    assert (given.host, given.http, given.grpc) == ("::1", 7000, 9001)
-    assert (given.http_url, given.grpc_url) == ("[::1]:7000", "[::1]:9001")
+    given = resolve_ports(ServeSpec(repo=out, host="10.1.2.3", http_port=7000), read_manifest(out))
+    assert (given.host, given.http, given.grpc) == ("10.1.2.3", 7000, 9001)
+    assert (given.http_url, given.grpc_url) == ("10.1.2.3:7000", "10.1.2.3:9001")
     # A repository trtspec did not write: the recipe's defaults.
     assert resolve_ports(ServeSpec(repo=out), {}) == Ports(8000, 8001, 8002, "127.0.0.1")
 
@@ -163,9 +163,22 @@ def test_a_recipe_host_that_cannot_be_an_address_is_refused_by_name(tiny_pair, h
         make_recipe(tiny_pair, triton={"host": host})
 
 
+@pytest.mark.parametrize("host", ["::", "::1", "fe80::1%eth0"])
+def test_an_ipv6_host_is_refused_naming_what_tritonserver_binds(tiny_pair, host):
+    """tritonserver 2.51's HTTP and metrics endpoints parse their address as IPv4: an IPv6 literal bound them to
+    255.255.255.255 (no client reaches it) while serve waited for readiness it could never see."""
+    from click.testing import CliRunner
+
+    from trtspec.cli import cli
+
+    with pytest.raises(RecipeError, match="triton.host: an IPv6 address .* bind IPv4 addresses only"):
+        make_recipe(tiny_pair, triton={"host": host})
+    result = CliRunner().invoke(cli, ["serve", "missing-repo", "--host", host])
+    assert result.exit_code == 2 and "bind IPv4 addresses only" in result.output
+
+
 @pytest.mark.parametrize(
-    "host",
-    ["127.0.0.1", "0.0.0.0", "::", "::1", "fe80::1%eth0", "localhost", "my_host", "triton-0.triton.llm.svc."],
+    "host", ["127.0.0.1", "0.0.0.0", "10.0.0.7", "localhost", "my_host", "triton-0.triton.llm.svc."]
 )
 def test_a_recipe_host_may_be_an_ip_address_or_a_host_name(tiny_pair, host):
     assert make_recipe(tiny_pair, triton={"host": host}).triton.host == host

@@ -320,18 +320,24 @@ def port_problem(port: object) -> str | None:
     return None
 
 
-# What an address or a host name the resolver may know is written with (IPv6 with a zone, /etc/hosts names with
-# underscores); anything else can never be bound.
+# What an address or a host name the resolver may know is written with (/etc/hosts names with underscores; IPv6,
+# refused by host_problem with its own reason); anything else can never be bound.
 _HOST = re.compile(r"^[A-Za-z0-9._:%-]{1,253}$")
 
 
 def host_problem(host: object) -> str | None:
     """Why ``host`` can never be an address to bind (None: it may be; whether this machine has it is the
-    server's check)."""
+    server's check). An IPv6 literal is refused: tritonserver 2.51's HTTP and metrics endpoints parse their
+    address as IPv4 (``::1`` or ``[::1]`` binds 255.255.255.255, which no client reaches)."""
     if not isinstance(host, str) or not _HOST.match(host):
         return (
             f"not an IP address or a host name (got {host!r}); use one such as 127.0.0.1, or 0.0.0.0 for every "
             "interface"
+        )
+    if ":" in host:
+        return (
+            f"an IPv6 address (got {host!r}); tritonserver's HTTP and metrics endpoints bind IPv4 addresses only: "
+            "use 127.0.0.1, or 0.0.0.0 for every interface"
         )
     return None
 

@@ -70,24 +70,19 @@ class Ports:
     @property
     def reach_host(self) -> str:
         """The address a client on this machine connects to: a bind-all address is reached on loopback."""
-        return "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
-
-    @property
-    def _url_host(self) -> str:
-        host = self.reach_host
-        return f"[{host}]" if ":" in host else host  # an IPv6 literal is bracketed in a URL
+        return "127.0.0.1" if self.host == "0.0.0.0" else self.host
 
     @property
     def http_url(self) -> str:
-        return f"{self._url_host}:{self.http}"
+        return f"{self.reach_host}:{self.http}"
 
     @property
     def grpc_url(self) -> str:
-        return f"{self._url_host}:{self.grpc}"
+        return f"{self.reach_host}:{self.grpc}"
 
     @property
     def metrics_url(self) -> str:
-        return f"http://{self._url_host}:{self.metrics}/metrics"
+        return f"http://{self.reach_host}:{self.metrics}/metrics"
 
 
 def repo_path_problem(repo: Path | str) -> str | None:
