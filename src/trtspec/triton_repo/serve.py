@@ -105,16 +105,35 @@ def resolve_ports(spec: ServeSpec, info: dict) -> Ports:
     )
 
 
-def sample_requests(ports: Ports, model: str = names.ENTRY_POINT, decoupled: bool = True) -> list[str]:
-    """Copy-paste requests that exercise the running repository (streamed ones only where it is decoupled)."""
-    body = '{"text_input": "def add(a, b):", "max_tokens": 32, "num_draft_tokens": 4, "return_perf_metrics": true}'
+# The sample request's fields per client interface (the manifest's "interface"): trtspec's tensorrt_llm_bls names,
+# or upstream's LLM-API model's (sampling_param_*, streaming; K is model.yaml's, and it echoes the prompt unless
+# told not to).
+SAMPLE_BODIES = {
+    "trtspec": (
+        '{"text_input": "def add(a, b):", "max_tokens": 32, "num_draft_tokens": 4, "return_perf_metrics": true}',
+        "stream",
+    ),
+    "llmapi": (
+        '{"text_input": "def add(a, b):", "sampling_param_max_tokens": 32, "sampling_param_return_perf_metrics": '
+        'true, "sampling_param_exclude_input_from_output": true}',
+        "streaming",
+    ),
+}
+
+
+def sample_requests(
+    ports: Ports, model: str = names.ENTRY_POINT, decoupled: bool = True, interface: str = "trtspec"
+) -> list[str]:
+    """Copy-paste requests that exercise the running repository in its client interface (streamed ones only
+    where it is decoupled)."""
+    body, stream = SAMPLE_BODIES.get(interface, SAMPLE_BODIES["trtspec"])
     whole = f"curl -s -X POST http://{ports.http_url}/v2/models/{model}/generate -d '{body}'"
     if not decoupled:
         return [whole, f"python tools/client.py --url {ports.grpc_url} 'def add(a, b):'"]
     return [
         whole,
         f"curl -s -N -X POST http://{ports.http_url}/v2/models/{model}/generate_stream "
-        f"-d '{body[:-1]}, \"stream\": true}}'",
+        f"-d '{body[:-1]}, \"{stream}\": true}}'",
         f"python tools/client.py --url {ports.grpc_url} --stream 'def add(a, b):'",
     ]
 
@@ -192,7 +211,9 @@ def serve(spec: ServeSpec, echo=print, on_ready=None) -> int:
             f"metrics  {ports.metrics_url}"
         )
         model = info.get("entry_point") or names.ENTRY_POINT
-        requests = sample_requests(ports, model, decoupled=info.get("decoupled", True))
+        requests = sample_requests(
+            ports, model, decoupled=info.get("decoupled", True), interface=info.get("interface", "trtspec")
+        )
         echo("try:\n  " + "\n  ".join(requests))
         echo(f"server log: {log}   (Ctrl-C stops the server)")
         if on_ready is not None:
