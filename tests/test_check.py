@@ -785,3 +785,12 @@ def test_the_field_check_on_odd_layouts_is_one_line_or_nothing(tmp_path, config,
         return
     with pytest.raises(ModelError, match=re.escape(needle)):
         read_model_config(tmp_path)
+
+
+def test_an_orchestrator_instance_count_the_runtime_does_not_use_is_a_warning(runner, tmp_path, tiny_pair):
+    triton = {"instances": {"orchestrator": 4}}
+    recipe = write_recipe(tmp_path / "r.yaml", *tiny_pair, triton=triton)
+    status, message = status_of(run_check(runner, recipe)[1], "instances")
+    assert status == "warn" and "the torch runtime serves with one instance" in message
+    engine = write_recipe(tmp_path / "e.yaml", *tiny_pair, triton=triton | {"runtime": "tensorrtllm"})
+    assert not [c for c in run_check(runner, engine)[1]["checks"] if c["name"] == "instances"]

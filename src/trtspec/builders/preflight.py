@@ -342,6 +342,19 @@ def check_fast_logits(recipe: Recipe, runtime: str | None = None) -> list[CheckR
     return [CheckResult("fast logits", "pass", message)]
 
 
+def check_instances(recipe: Recipe) -> list[CheckResult]:
+    """triton.instances.orchestrator counts the tensorrtllm runtime's orchestrator instances; the torch runtime's
+    entry model is one loop that batches every request, and trtllm-pytorch's is upstream's single model."""
+    count, runtime = recipe.triton.instances.orchestrator, recipe.triton.runtime
+    if count == 1 or runtime == "tensorrtllm":
+        return []
+    message = (
+        f"triton.instances.orchestrator {count}: the {runtime} runtime serves with one instance (its entry model "
+        "batches every request itself); the count applies to the tensorrtllm runtime only"
+    )
+    return [CheckResult("instances", "warn", message)]
+
+
 def check_kv_cache(recipe: Recipe) -> list[CheckResult]:
     """An fp8 KV cache in an engine keeps the paged context FMHA only beside some formats: checked wherever `build`
     builds engines (every runtime but trtllm-pytorch), else the build fails only at its verification, after it."""
@@ -465,6 +478,7 @@ def run_checks(
         check_runtime(recipe, trtllm_version),
         *check_llmapi_adaptive(recipe, trtllm_version),
         *check_fast_logits(recipe),
+        *check_instances(recipe),
         *check_nodes(recipe),
         *check_kv_cache(recipe),
         *check_conversion(recipe),
