@@ -1249,3 +1249,48 @@ def test_an_engine_call_closes_its_loop_once_its_last_prompt_joined(tiny_pair, m
     assert closed_after == [2, 5]
     assert [r.token_ids for r in batch] == [hf_greedy(target, p, 8) for p in PROMPTS[:2]]
     assert steady[2].token_ids == hf_greedy(target, PROMPTS[2], 8)
+
+
+def test_the_re_measure_wait_starts_anew_when_the_kind_of_group_changes():
+    """A call's rows are an open group until its last prompt joins, then a waited one: the wait before a re-measure
+    is the kind's own (16 rounds open, 256 per pair of rows waited), never the other kind's carried over."""
+    costs = RoundCosts(KPolicy())
+    for _ in range(5):
+        assert not costs.explore_due(8, 0, 2, patient=False)
+    waited = [costs.explore_due(8, 0, 2, patient=True) for _ in range(1100)]
+    assert waited.index(True) + 1 == RoundCosts.refresh_every * 4
+    assert sum(1 for i, d in enumerate(waited) if d and (i == 0 or not waited[i - 1])) == 1
+    costs = RoundCosts(KPolicy())
+    for _ in range(5):
+        costs.explore_due(8, 0, 2, patient=True)
+    opened = [costs.explore_due(8, 0, 2, patient=False) for _ in range(40)]
+    assert opened.index(True) + 1 == RoundCosts.explore_every
+
+
+def test_two_rounds_in_a_row_of_a_k_below_the_unit_flag_it():
+    costs = RoundCosts(KPolicy())
+    for _ in range(3):
+        costs.record(2, 0, 0.010)
+    costs.record(2, 2, 0.004)
+    assert not costs.by_batch[2].below_unit(2)
+    costs.record(2, 2, 0.004)
+    assert costs.by_batch[2].below_unit(2)
+
+
+def test_a_re_measures_catch_up_is_not_priced_against_the_cost_it_measures_again():
+    """The catch-up's price is a round's time beyond its K's measured cost; in a re-measure that cost is the one
+    in doubt (set high by a slow spell, it would leave the catch-up nearly nothing)."""
+    now = [0.0]
+    costs = RoundCosts(KPolicy(), clock=lambda: now[0])
+    for k, seconds in ((0, 0.010), (0, 0.010), (0, 0.010), (1, 0.030), (3, 0.050), (1, 0.030), (3, 0.050)):
+        costs.record(1, k, seconds)
+    costs.exploring.add(1)
+    costs.start(1, 1, catch_up=100)
+    now[0] += 0.061
+    costs.begin_round()
+    assert costs.catch_up.per_token is None
+    costs.exploring.discard(1)
+    costs.start(1, 1, catch_up=100)
+    now[0] += 0.061
+    costs.begin_round()
+    assert costs.catch_up.per_token == pytest.approx(0.0003, rel=0.05)

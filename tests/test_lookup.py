@@ -328,3 +328,58 @@ def test_an_engine_calls_rows_look_up_in_rounds_where_the_row_that_ends_the_call
     assert unmatched_rounds > 0
     for i, prompt in enumerate(prompts):
         assert results[i].token_ids == hf_greedy(target, prompt, 32), i
+
+
+class _TimedRounds:
+    """A runtime whose rows accept every proposal and whose clock advances by each round's cost: a target-only
+    round 10 ms, a round drafting K 10 x (1.4 + 0.15 K) ms (what a speculative round pays beyond its draft steps on
+    the 2-core CPU machine); the loop's interface (engines/rounds.py) and nothing more."""
+
+    num_slots, vocab_size, max_draft_len, has_draft, max_top_k, device = 4, 0, 4, True, 0, "cpu"
+
+    def __init__(self):
+        self.now = 0.0
+
+    def run(self, rows, num_draft, params, generator, proposals=None):
+        from trtspec.engines.rounds import Outcome
+
+        k = max(num_draft)
+        self.now += 0.010 if k == 0 else 0.010 * (1.4 + 0.15 * k)
+        out = []
+        for row, n in zip(rows, num_draft, strict=True):
+            row.tokens += [7] * (n + 1)
+            out.append(Outcome([7] * (n + 1), n, n))
+        return out
+
+    def release(self, slot):
+        pass
+
+    def move(self, row, slot):
+        pass
+
+    def draft_behind(self, row):
+        return 0
+
+
+def test_the_combined_proposers_measuring_rounds_are_the_drafts_own():
+    """With draft+ngram and text that repeats, lookup matches in nearly every round: the rounds adaptive K runs to
+    measure the draft (its target-only unit among them) must not turn into lookup rounds, or the draft's table never
+    measures its unit and prices every K from the line alone, about 30% too cheap here."""
+    from trtspec.engines.adaptive import AdaptiveState
+    from trtspec.engines.loop import GenerationLoop
+
+    prices = {}
+    for proposer in ("draft", "draft+ngram"):
+        rounds = _TimedRounds()
+        state = AdaptiveState(KPolicy(), clock=lambda rounds=rounds: rounds.now)
+        loop = GenerationLoop(rounds, max_seq_len=100_000, adaptive=state, proposer=proposer)
+        for i in range(2):
+            loop.add(i, [7, 7, 7, 7], SamplingParams(max_new_tokens=400))
+        while loop.busy:
+            loop.step()
+        assert state.costs.by_batch[2].units >= 3, proposer
+        prices[proposer] = state.costs.costs(2, 4)
+    true = [1.0] + [1.4 + 0.15 * k for k in range(1, 5)]
+    assert prices["draft+ngram"] == pytest.approx(true, rel=0.02) and prices["draft"] == pytest.approx(
+        true, rel=0.02
+    )

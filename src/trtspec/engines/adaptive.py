@@ -605,12 +605,12 @@ class _CostTable:
         return self.spread() >= self.min_spread
 
     def below_unit(self, k: int, margin: float = 0.9) -> bool:
-        """Whether K's own recent rounds (two or more) average below ``margin`` x the target-only unit. (A round
-        that drafts costs about a target-only one where its draft steps are cheap, on a GPU say, so a margin
-        keeps noise from flagging a unit that is right.)"""
+        """Whether K's own recent rounds (two or more: two in a row weigh 1.95, each aged by the other) average
+        below ``margin`` x the target-only unit. (A round that drafts costs about a target-only one where its
+        draft steps are cheap, on a GPU say, so a margin keeps noise from flagging a unit that is right.)"""
         unit = self.unit()
         n, t = self.by_k.get(k, (0.0, 0.0))
-        return unit is not None and n >= 2 and t / n < margin * unit
+        return unit is not None and n >= 2 * (1 - self.decay) and t / n < margin * unit
 
     def drop_unit(self) -> None:
         """The unit's rounds are wrong (below_unit): the next target-only round replaces them, and the unit counts
@@ -670,8 +670,8 @@ class RoundCosts:
     batch size has no fit (then the policy's ratios apply).
 
     Each batch size keeps its own rounds, and so does its power-of-two bucket (1, 2-3, 4-7, ...): a batch size's
-    costs come from its own rounds once they fit a line and include ``unit_rounds`` target-only ones (one noisy
-    unit would scale every K), from its bucket's until then. (On the 2-core CPU machine a K=3 round took 18 ms at
+    costs come from its own rounds once they include ``unit_rounds`` target-only ones (one noisy unit would scale
+    every K) and a speculative one (its line, else the line through its unit), from its bucket's until then. (On the 2-core CPU machine a K=3 round took 18 ms at
     batch 4 and 22 ms at batch 7; with the bucket alone, a K looked cheap or dear by the batch size that had last
     run it, as a batch of 8 drained.) ``decay`` weighs each K's own rounds (~1/decay last speculative ones count, of
     every K: a K's own average fades as others run, so one not run lately is priced by the line; the target-only
@@ -700,8 +700,8 @@ class RoundCosts:
         # batch size -> speculative rounds since its last target-only one
         self.since_unit: dict[int, int] = {}
         # batch size -> [rounds off since the last re-measure, rounds between re-measures, re-measuring rounds
-        # left] while measured costs keep drafting off there (explore_due)
-        self.off: dict[int, list[int]] = {}
+        # left, whether the group waits] while measured costs keep drafting off there (explore_due)
+        self.off: dict[int, list] = {}
         self.exploring: set[int] = set()  # batch sizes whose current round re-measures (explore_due)
         # batch size -> [speculative rounds since its last slope probe, probes so far] (slope_probe)
         self.since_slope: dict[int, list[int]] = {}
@@ -767,7 +767,11 @@ class RoundCosts:
             return False
         # a waited group's re-measure makes every row's draft take in all it skipped: the wait grows with the rows
         longest = self.refresh_every * (row_pairs(batch) if patient else 1)
-        state = self.off.setdefault(batch, [0, longest if patient else self.explore_every, 0])
+        # the wait belongs to the kind of group that waits (a call's rows switch from open to waited as its last
+        # prompt joins): a change of kind starts it anew
+        state = self.off.get(batch)
+        if state is None or state[3] != patient:
+            state = self.off[batch] = [0, longest if patient else self.explore_every, 0, patient]
         if state[2]:
             state[2] -= 1
             return True
@@ -775,12 +779,12 @@ class RoundCosts:
         if state[0] < state[1]:
             return False
         # The speculative rounds timed before drafting stopped are as old as the rounds spent off: they age by
-        # them, so the re-measure's rounds outweigh them.
+        # them (the line by the K's own rate too), so the longer drafting stayed off, the more the re-measure's
+        # rounds weigh against them (after 16 rounds the old keep 0.44 of their weight).
         self._priced.clear()
         for table in self._tables(batch):
-            # the line by the K's own rate too: the re-measure's rounds must outweigh the old line's
             table.age_speculative(state[0], line_decay=self.decay)
-        state[:] = [0, min(2 * state[1], longest), self.explore_rounds - 1]
+        state[:3] = [0, min(2 * state[1], longest), self.explore_rounds - 1]
         return True
 
     def slope_probe(self, batch: int, k: int, cap: int, speedup: float) -> int:
@@ -821,7 +825,9 @@ class RoundCosts:
             seconds = self.clock() - began
             if not catch_up:
                 self.record(batch, k, seconds)
-            else:  # the K's table keeps drafting's steady cost; the excess is the catch-up's
+            elif batch not in self.exploring:  # the K's table keeps drafting's steady cost; the excess is the
+                # catch-up's (not in a re-measure: its K's price is the one being measured again, and a price
+                # set too high would leave the catch-up too little)
                 priced = self.priced(batch, k)
                 if priced is not None:
                     costs, unit = priced
@@ -930,6 +936,10 @@ class AdaptiveState:
         self.decisions: dict[int, Decision] = {}
         self.rounds_by_k: dict[tuple[int, int], int] = {}
         self._linear: dict[int, tuple[float, ...]] = {}  # _ratios
+        # whether the last choose gave a K of its own measuring instead of the policy's (a unit round, a
+        # re-measure, a slope probe): the loop then proposes nothing else in that round (no prompt lookup), so
+        # the round measures what it was meant to
+        self.measuring = False
 
     def begin_round(self) -> None:
         self.costs.begin_round()
@@ -1012,15 +1022,20 @@ class AdaptiveState:
         k = peak_k(tokens, prices, margin)
         self._decided(batch, k, judged, tokens, prices, costs is not None, remaining)
         self.costs.exploring.discard(batch)
+        self.measuring = False
         if not (self.measure and timed):
             return k
         if self.costs.unit_due(batch, k):
+            self.measuring = True
             return 0
         # where measured costs switched drafting off, what the policy's ratios would draft (explore_due)
         candidate = 0 if costs is None or k else peak_k(tokens, self._ratios(max_k), self.policy.min_gain)
         if self.costs.explore_due(batch, k, candidate, patient=remaining is not None):
+            self.measuring = True
             return candidate
-        return self.costs.slope_probe(batch, k, cap, tokens[k] / prices[k])
+        probe = self.costs.slope_probe(batch, k, cap, tokens[k] / prices[k])
+        self.measuring = probe != k
+        return probe
 
     def _shrink(self, batch: int, max_k: int, cap: int) -> list[list[float]] | None:
         """Per K in 0..cap, a round's measured cost with b rows (index b - 1) over its cost with ``batch``

@@ -448,7 +448,7 @@ class GenerationLoop:
         random draws it consumes, so its tokens must not depend on them."""
         adaptive = [r.controller for r in group if r.controller is not None]
         no_prefill = all(r.rounds for r in group)  # a prefill round's time is the prompt's, not the K's
-        shared, remaining = 0, None
+        shared, remaining, measuring = 0, None, False
         waited = self._waited(group)
         if adaptive and group[0].params.seeded:
             shared = group_k(adaptive, 1)
@@ -460,6 +460,7 @@ class GenerationLoop:
             shared = self.adaptive.choose(
                 adaptive, len(self.active), len(group), self.max_draft_len, unit, remaining
             )
+            measuring = self.adaptive.measuring
         # Per-row probes (adaptive.probe_due) only where drafting could pay at this batch size.
         probes = shared == 0 and (
             group[0].params.seeded
@@ -472,7 +473,9 @@ class GenerationLoop:
             num_draft = [self._num_draft(r, running, shared, probes) for r in group]
         behind = self._catch_ups(group, num_draft)
         probing = adaptive and shared == 0 and any(num_draft)  # a few rows' probes: no K's cost to learn
-        proposals = self._lookups(group, num_draft, running, waited)
+        # a round measuring the draft's costs (a unit round, a re-measure, a slope probe) is the draft's: a lookup
+        # in it would be timed as lookup's, and the draft's table would never measure its unit
+        proposals = self._lookups(group, num_draft, running, waited, skip_drafting=measuring)
         drafted = [0 if proposals and proposals[i] is not None else k for i, k in enumerate(num_draft)]
         # counted by the draft's K; a round whose draft tokens all came from prompt lookup is no K=0 round (the
         # proposer counters count it)
@@ -547,12 +550,22 @@ class GenerationLoop:
         return behind
 
     def _lookups(
-        self, group: list[_Active], num_draft: list[int], running: bool, waited: list[int] | None
+        self,
+        group: list[_Active],
+        num_draft: list[int],
+        running: bool,
+        waited: list[int] | None,
+        skip_drafting: bool = False,
     ) -> list[list[int] | None] | None:
         """Prompt lookup for the group's rows that use it (see the module docstring); sets their num_draft to the
-        proposal's length (``waited``: the group's _waited). None where no row takes a lookup."""
+        proposal's length (``waited``: the group's _waited; ``skip_drafting``: not for rows whose adaptive K
+        drafts). None where no row takes a lookup."""
         proposals: list[list[int] | None] = [None] * len(group)
-        rows = [i for i, r in enumerate(group) if r.lookup is not None]
+        rows = [
+            i
+            for i, r in enumerate(group)
+            if r.lookup is not None and not (skip_drafting and r.controller is not None)
+        ]
         if not rows:
             return None
         costs = self.adaptive.lookup_prices(len(group), self.max_draft_len)
