@@ -410,27 +410,37 @@ def test_chat_lines_for_a_target_without_a_chat_template_are_refused_before_any_
     align_data.check_chat_lines(plain, tokenizer)
 
 
+def data_stage(
+    tmp_path, monkeypatch, prompts: int, data: DataSpec, budget_s: float, held_out_example, training
+):
+    """The data stage on ``prompts`` plain prompts without models: the examples come from the given stand-ins."""
+    from trtspec.builders.align_work import Clock, WorkDir
+
+    monkeypatch.setattr(align_data, "held_out_example", held_out_example)
+    monkeypatch.setattr(align_data, "training_examples", training)
+    monkeypatch.setattr(align_data, "prompt_ids", lambda tokenizer, prompt, spec: [1, 2, 3])
+    monkeypatch.setattr(align_data, "shared_rows", lambda target, draft: 8)
+    path = tmp_path / "p.txt"
+    path.write_text("".join(f"def f{i}():\n" for i in range(prompts)))
+    work = WorkDir(tmp_path / "work", "k")
+    work.path.mkdir()
+    work.state["total_prompts"] = prompts
+    return AlignSpec(prompts=path, data=data), work, Clock(work, budget_s=budget_s)
+
+
 def test_held_out_and_validation_data_keep_to_the_budget(tmp_path, monkeypatch):
     """Past the data share of the budget no held-out prompt is generated beyond HELD_OUT_MIN, and no validation
     prompt beyond the VALIDATION_MAX ever measured: a large file's data keeps to the budget."""
-    from trtspec.builders.align_work import Clock, WorkDir
-
     made = []
-    monkeypatch.setattr(
-        align_data, "held_out_example", lambda target, ids, spec, rows: made.append(1) or {"ids": ids}
+    spec, work, clock = data_stage(
+        tmp_path,
+        monkeypatch,
+        400,
+        DataSpec(held_out=0.2, validation=0.5),
+        60.0,
+        lambda target, ids, spec, rows: made.append(1) or {"ids": ids},
+        lambda *a, **k: pytest.fail("training data past the share"),
     )
-    monkeypatch.setattr(
-        align_data, "training_examples", lambda *a, **k: pytest.fail("training data past the share")
-    )
-    monkeypatch.setattr(align_data, "prompt_ids", lambda tokenizer, prompt, spec: [1, 2, 3])
-    monkeypatch.setattr(align_data, "shared_rows", lambda target, draft: 8)
-    prompts = tmp_path / "p.txt"
-    prompts.write_text("".join(f"def f{i}():\n" for i in range(400)))
-    spec = AlignSpec(prompts=prompts, data=DataSpec(held_out=0.2, validation=0.5))
-    work = WorkDir(tmp_path / "work", "k")
-    work.path.mkdir()
-    work.state["total_prompts"] = 400
-    clock = Clock(work, budget_s=60.0)
     monkeypatch.setattr(clock, "spent", lambda: 59.0)  # past DATA_SHARE from the start
     align.generate_data(spec, work, clock, None, None, None, set(), lambda *a: None)
     kept = {name: len(work.load_torch(f"{name}.pt")) for name in ("held_out", "validation")}
@@ -439,8 +449,6 @@ def test_held_out_and_validation_data_keep_to_the_budget(tmp_path, monkeypatch):
 
 
 def test_an_interrupt_in_the_data_stage_keeps_the_prompts_done_and_their_time(tmp_path, monkeypatch):
-    from trtspec.builders.align_work import Clock, WorkDir
-
     calls = []
 
     def examples(*args):
@@ -449,17 +457,9 @@ def test_an_interrupt_in_the_data_stage_keeps_the_prompts_done_and_their_time(tm
             raise KeyboardInterrupt
         return [{"ids": torch.tensor([1, 2, 3, 4]), "start": 3}]
 
-    monkeypatch.setattr(align_data, "training_examples", examples)
-    monkeypatch.setattr(align_data, "held_out_example", lambda target, ids, spec, rows: {"ids": ids})
-    monkeypatch.setattr(align_data, "prompt_ids", lambda tokenizer, prompt, spec: [1, 2, 3])
-    monkeypatch.setattr(align_data, "shared_rows", lambda target, draft: 8)
-    prompts = tmp_path / "p.txt"
-    prompts.write_text("".join(f"def f{i}():\n" for i in range(20)))
-    spec = AlignSpec(prompts=prompts, data=DataSpec(held_out=0.5, validation=0.0))
-    work = WorkDir(tmp_path / "work", "k")
-    work.path.mkdir()
-    work.state["total_prompts"] = 20
-    clock = Clock(work, budget_s=600.0)
+    held_out = lambda target, ids, spec, rows: {"ids": ids}  # noqa: E731
+    data = DataSpec(held_out=0.5, validation=0.0)
+    spec, work, clock = data_stage(tmp_path, monkeypatch, 20, data, 600.0, held_out, examples)
     with pytest.raises(KeyboardInterrupt):
         align.generate_data(spec, work, clock, None, None, None, set(), lambda *a: None)
     state = json.loads((work.path / "state.json").read_text())
