@@ -468,6 +468,31 @@ def test_an_interrupt_in_the_data_stage_keeps_the_prompts_done_and_their_time(tm
     assert [s["examples"] for s in state["shards"]] == [2] and len(work.load_torch("held_out.pt")) == 2
 
 
+def test_an_interrupt_while_a_shard_is_saved_never_saves_it_twice(tmp_path, monkeypatch):
+    """The shard is recorded, then the held-out sets and the state are saved: an interrupt in between leaves
+    the handler's flush nothing to save again (a resumed run would train on those examples twice)."""
+    from trtspec.builders.align_work import WorkDir
+
+    monkeypatch.setattr(align_data, "SHARD_SIZE", 2)
+    real = WorkDir.save_torch
+
+    def save_torch(self, name, payload):
+        if name == "held_out.pt" and self.state["shards"] and not getattr(self, "interrupted", False):
+            self.interrupted = True
+            raise KeyboardInterrupt
+        return real(self, name, payload)
+
+    monkeypatch.setattr(WorkDir, "save_torch", save_torch)
+    example = lambda *a: [{"ids": torch.tensor([1, 2, 3, 4]), "start": 3}]  # noqa: E731
+    held_out = lambda target, ids, spec, rows: {"ids": ids}  # noqa: E731
+    data = DataSpec(held_out=0.0, validation=0.0)
+    spec, work, clock = data_stage(tmp_path, monkeypatch, 10, data, 600.0, held_out, example)
+    with pytest.raises(KeyboardInterrupt):
+        align.generate_data(spec, work, clock, None, None, None, set(), lambda *a: None)
+    state = json.loads((work.path / "state.json").read_text())
+    assert [s["examples"] for s in state["shards"]] == [2] and state["prompts_done"] == 2
+
+
 def test_epochs_count_the_steps_of_a_part_epoch():
     """A run the budget stopped inside its first shard trained a part of an epoch, not 0.0 of one."""
     from types import SimpleNamespace
@@ -612,13 +637,24 @@ def test_repeated_prompts_keep_the_split_of_their_first_line(tmp_path):
     path = tmp_path / "p.txt"
     path.write_text("\n".join(distinct + distinct[::-1] + distinct[:7]) + "\n")
     splits: dict[str, set[str]] = {}
-    for prompt, split in align_data.prompt_splits(path, 0.2, 0.1):
+    repeats = 0
+    for prompt, split, repeat in align_data.prompt_splits(path, 0.2, 0.1):
         splits.setdefault(prompt.text, set()).add(split)
+        repeats += repeat
     assert all(len(s) == 1 for s in splits.values())
     first = {text: next(iter(s)) for text, s in splits.items()}
     assert [first[t] for t in distinct] == [align_data.prompt_split(i, 0.2, 0.1) for i in range(30)]
     counts = align_data.count_prompts(path, 0.2, 0.1)
-    assert sum(counts.values()) == 67 and counts["held_out"] > 0 and counts["validation"] > 0
+    assert (
+        sum(counts.values()) == 67 and counts["held_out"] > 0 and counts["validation"] > 0 and repeats == 37
+    )
+    # the advice counts distinct prompts: 50 lines of 3 prompts need --held-out 0.34, not the lines' 0.02
+    few = tmp_path / "few.txt"
+    few.write_text("".join(f"def g{i % 3}():\n" for i in range(50)))
+    with pytest.raises(
+        align_data.PromptSetError, match=r"3 distinct prompt\(s\) \(50 lines\) give no held-out .* 0\.34"
+    ):
+        align_data.count_prompts(few, 0.2, 0.0)
 
 
 def test_chat_lines_a_template_refuses_are_named_before_any_work(tmp_path):
@@ -653,6 +689,9 @@ def test_the_output_never_replaces_a_model_the_run_reads(tmp_path):
     assert (
         align.aligned_name("x" * 64) == "x" * 56 + "-aligned" and align.aligned_name("demo") == "demo-aligned"
     )
+    cut = "x" * 56 + "-aligned"  # an aligned draft's name at the limit: its realignment's is another
+    assert align.aligned_name(cut) != cut and len(align.aligned_name(cut)) == 64
+    assert align.aligned_name(cut).endswith("-aligned")
 
 
 def test_a_model_folder_whose_files_changed_is_another_run(tmp_path):

@@ -529,3 +529,18 @@ def test_the_harness_engine_models_have_the_backends_tensors(tiny_pair, engines)
         a = next(t for t in stand_in.output if t.name == tensor)
         b = next(t for t in trt_cfg.output if t.name == tensor)
         assert (a.data_type, list(a.dims)) == (b.data_type, list(b.dims)), tensor
+
+
+def test_serve_offers_requests_in_upstreams_names_for_an_llmapi_repository():
+    """Unknown JSON fields become request parameters the LLM-API model never reads: max_tokens would not be
+    honoured and generate_stream would not stream."""
+    import json
+    import re
+
+    from trtspec.triton_repo import llmapi
+    from trtspec.triton_repo.serve import sample_requests
+
+    offered = sample_requests(Ports(8000, 8001, 8002), "tensorrt_llm", interface="llmapi")
+    bodies = [json.loads(m) for line in offered for m in re.findall(r"-d '(.*)'", line)]
+    assert len(bodies) == 2 and all(set(b) <= set(llmapi.LLMAPI_INPUTS) for b in bodies)
+    assert bodies[0]["sampling_param_max_tokens"] == 32 and bodies[1]["streaming"] is True

@@ -27,21 +27,6 @@ pytestmark = [pytest.mark.server, pytest.mark.slow]
 FAKE_LLMAPI_DIR = Path(__file__).parent / "fake_llmapi"
 
 
-def test_serve_offers_requests_in_upstreams_names_for_an_llmapi_repository():
-    """Unknown JSON fields become request parameters the LLM-API model never reads: max_tokens would not be
-    honoured and generate_stream would not stream."""
-    import json
-    import re
-
-    from trtspec.triton_repo.serve import sample_requests
-    from trtspec.triton_repo.server import Ports
-
-    offered = sample_requests(Ports(8000, 8001, 8002), "tensorrt_llm", interface="llmapi")
-    bodies = [json.loads(m) for line in offered for m in re.findall(r"-d '(.*)'", line)]
-    assert len(bodies) == 2 and all(set(b) <= set(llmapi.LLMAPI_INPUTS) for b in bodies)
-    assert bodies[0]["sampling_param_max_tokens"] == 32 and bodies[1]["streaming"] is True
-
-
 def test_llmapi_request_fields_use_upstream_names():
     fields = request_fields("hi", 8, 3, True, "llmapi", temperature=0.5, seed=7)
     assert fields == {

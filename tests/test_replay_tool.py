@@ -134,7 +134,7 @@ def test_adaptive_rows_probe_as_the_loops_do_and_static_rows_never(replay_tool):
     again, where without them no row would ever draft. A static K=0 never probes."""
     matches = [[False] * 64] * 6 + [[True] * 64] * 2
     costs = [1.0] + [1.2 + 0.2 * k for k in range(1, 5)]
-    for load in ("streams", "groups"):
-        _, mean_k, off = replay_tool.replay(matches, costs, 1, group_k, KPolicy(), load=load)
-        assert mean_k > 0 and off < 1, load
+    for load, concurrency in (("streams", 1), ("groups", 1), ("groups", 2)):  # 2: the waited group's prober
+        _, mean_k, off = replay_tool.replay(matches, costs, concurrency, group_k, KPolicy(), load=load)
+        assert mean_k > 0 and off < 1, (load, concurrency)
     assert replay_tool.replay(matches, costs, 1, lambda *_: 0, KPolicy(), probing=False)[1:] == (0.0, 1.0)

@@ -67,9 +67,14 @@ class AlignSpec:
 
 
 def aligned_name(name: str) -> str:
-    """The aligned recipe's name: the suffix always survives the 64-character limit, so a realignment's default
-    folders (default_dirs) are never the source's."""
-    return name[: 64 - len(ALIGNED_SUFFIX)] + ALIGNED_SUFFIX
+    """The aligned recipe's name: the suffix always survives the 64-character limit, and the name is never the
+    source's (a realignment's default folders, default_dirs, would be the source's own): where cutting to the
+    limit gives the source's name back, a short hash of it tells them apart."""
+    aligned = name[: 64 - len(ALIGNED_SUFFIX)] + ALIGNED_SUFFIX
+    if aligned == name:
+        tag = hashlib.sha256(name.encode()).hexdigest()[:4]
+        aligned = f"{name[: 64 - len(ALIGNED_SUFFIX) - 5]}-{tag}{ALIGNED_SUFFIX}"
+    return aligned
 
 
 def default_dirs(recipe: Recipe) -> tuple[Path, Path]:
@@ -208,7 +213,7 @@ def generate_data(
     splits = align_data.prompt_splits(spec.prompts, spec.data.held_out, spec.data.validation)
     done = state["prompts_done"]
     try:
-        for index, (prompt, split) in enumerate(splits):
+        for index, (prompt, split, _) in enumerate(splits):
             if index < done:
                 continue
             ids = align_data.prompt_ids(tokenizer, prompt, spec.data)
@@ -227,7 +232,6 @@ def generate_data(
             on_progress("data", f"data: {len(pending)} pending examples", done, state["total_prompts"])
             if len(pending) >= align_data.SHARD_SIZE:
                 flush(work, clock, pending, kept, done)
-                pending = []
     except KeyboardInterrupt:
         # the prompts finished since the last shard, and the time they took, count: the budget spans interrupted
         # runs, and past the data share no shard is written until the file ends
@@ -248,6 +252,7 @@ def flush(
         name = f"data/shard-{len(state['shards']):05d}.pt"
         align_data.save_shard(work.path / name, pending)
         state["shards"].append({"name": name, "examples": len(pending)})
+        pending.clear()  # recorded: an interrupt before the state is saved must not write them again
     for split, examples in kept.items():
         work.save_torch(f"{split}.pt", examples)
     state["prompts_done"] = prompts_done

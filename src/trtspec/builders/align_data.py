@@ -77,42 +77,47 @@ def prompt_split(index: int, held_out: float, validation: float) -> str:
     return "train"
 
 
-def prompt_splits(path: Path, held_out: float, validation: float) -> Iterator[tuple[Prompt, str]]:
-    """Each line's prompt and split: distinct prompts split by their rank among distinct prompts (prompt_split),
-    a repeat in the split of its first occurrence. Traffic logs repeat prompts, and a held-out or validation prompt
-    that is also trained on would measure the training set."""
+def prompt_splits(path: Path, held_out: float, validation: float) -> Iterator[tuple[Prompt, str, bool]]:
+    """Each line's prompt, split and whether it repeats an earlier line: distinct prompts split by their rank
+    among distinct prompts (prompt_split), a repeat in the split of its first occurrence. Traffic logs repeat
+    prompts, and a held-out or validation prompt that is also trained on would measure the training set."""
     seen: dict[bytes, str] = {}
     for prompt in iter_prompts(path):
         key = hashlib.blake2b(
             json.dumps([prompt.text, prompt.messages], sort_keys=True).encode(), digest_size=16
         ).digest()
         split = seen.get(key)
+        repeat = split is not None
         if split is None:
             split = seen[key] = prompt_split(len(seen), held_out, validation)
-        yield prompt, split
+        yield prompt, split, repeat
 
 
 def count_prompts(path: Path, held_out: float, validation: float = 0.0) -> dict[str, int]:
     """Prompts per split ({"train", "held_out", "validation"}, repeats counted); reading every line first also
     refuses a malformed one before any work."""
     counts = {"train": 0, "held_out": 0, "validation": 0}
-    for _, split in prompt_splits(path, held_out, validation):
+    distinct = 0
+    for _, split, repeat in prompt_splits(path, held_out, validation):
         counts[split] += 1
+        distinct += not repeat
     total = sum(counts.values())
+    # the splits are drawn over distinct prompts: what a fraction gives, and the advice, count those
+    what = f"{total} prompt(s)" if distinct == total else f"{distinct} distinct prompt(s) ({total} lines)"
     if total == 0:
         raise PromptSetError(f'{path}: no prompts; write one prompt per line (or JSONL with "prompt" lines)')
     if counts["held_out"] == 0 and held_out > 0:
         # --held-out is below 1, so raising it helps only where the prompts could still train.
         # rounded up: at the value shown, floor(total * held_out) must reach one prompt
         raise_it = (
-            f" or raise --held-out to at least {math.ceil(100 / total) / 100:.2f}" if total >= 2 else ""
+            f" or raise --held-out to at least {math.ceil(100 / distinct) / 100:.2f}" if distinct >= 2 else ""
         )
         raise PromptSetError(
-            f"{path}: {total} prompt(s) give no held-out prompt at --held-out {held_out}; add prompts{raise_it}"
+            f"{path}: {what} give no held-out prompt at --held-out {held_out}; add prompts{raise_it}"
         )
     if counts["validation"] == 0 and validation > 0:
         raise PromptSetError(
-            f"{path}: {total} prompts give no validation prompt at --validation {validation}; add prompts, raise "
+            f"{path}: {what} give no validation prompt at --validation {validation}; add prompts, raise "
             "--validation, or pass --validation 0 to write the last training step's weights"
         )
     if counts["train"] == 0:
