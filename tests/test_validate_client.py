@@ -5,6 +5,7 @@ that hides its configs. The gRPC stand-in replaces tritonclient's InferenceServe
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -196,9 +197,12 @@ def test_text_so_far_that_rewrites_its_end_keeps_the_latest_text():
     assert response.pieces == [(0.1, "ab"), (0.2, "c"), (0.3, "é"), (0.4, "!")]
 
 
-def http_stand_in(events: list[dict], cut: bool) -> tuple[str, threading.Thread]:
+def http_stand_in(
+    events: list[dict], cut: bool, hold: threading.Event | None = None
+) -> tuple[str, threading.Thread]:
     """A socket answering one generate_stream request as Triton does (chunked server-sent events), ``cut``: the
-    connection closed in the middle of a chunk, as a server that dies while it answers."""
+    connection closed in the middle of a chunk, as a server that dies while it answers; ``hold``: the answer
+    goes on only once it is set (a request still generating)."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen()
@@ -221,8 +225,13 @@ def http_stand_in(events: list[dict], cut: bool) -> tuple[str, threading.Thread]
             for event in events:
                 chunk = f"data: {json.dumps(event)}\n\n".encode()
                 out += f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n"
+            if hold is not None:
+                connection.sendall(out)
+                out = b""
+                hold.wait(30)
             out += b"40\r\ndata: {" if cut else b"0\r\n\r\n"
-            connection.sendall(out)
+            with contextlib.suppress(OSError):  # a client that gave up has shut its end
+                connection.sendall(out)
 
     thread = threading.Thread(target=answer, daemon=True)
     thread.start()
@@ -238,6 +247,32 @@ def test_an_http_answer_cut_short_is_one_line():
         f"Triton at {url} failed the request after part of its answer: the connection closed before the answer "
         "ended (IncompleteRead)"
     )
+    server.join(timeout=5)
+
+
+def test_a_run_that_stops_gives_up_its_http_requests_in_flight_at_once():
+    """As over gRPC: a request whose answer is still coming ends when the run stops (its connection is shut), not
+    when the answer would have (here: after 30 s)."""
+    hold = threading.Event()
+    url, server = http_stand_in([{"text_output": "a", "output_ids": [5]}], cut=False, hold=hold)
+    client = TritonClient(url, model=BLS, interface="trtspec", timeout_s=60)
+    outcome: dict = {}
+
+    def request() -> None:
+        try:
+            client.generate("def f(x):", 4)
+        except ServerError as err:
+            outcome["error"] = err.message
+
+    thread = threading.Thread(target=request, daemon=True)
+    thread.start()
+    time.sleep(0.3)
+    started = time.monotonic()
+    client.stop()
+    thread.join(timeout=10)
+    assert not thread.is_alive() and time.monotonic() - started < 2
+    assert outcome["error"] == f"request to Triton at {url} given up: the run is stopping"
+    hold.set()
     server.join(timeout=5)
 
 

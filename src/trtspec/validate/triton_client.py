@@ -20,6 +20,7 @@ import http.client
 import json
 import os
 import queue
+import socket
 import threading
 import time
 import urllib.error
@@ -215,11 +216,23 @@ class TritonClient:
         # Set by ``stop``: a gRPC request waiting for its next response gives up within STOP_POLL_S (cancelled on
         # the server), so a run that stops (Ctrl-C, a failed request) does not wait for the others to finish.
         self.stopping = threading.Event()
+        # The HTTP connections of requests in flight: ``stop`` shuts them, which ends a blocking read at once.
+        self._http_open: set[http.client.HTTPConnection] = set()
+        self._http_lock = threading.Lock()
 
     def stop(self) -> None:
-        """Give up the gRPC requests in flight and later ones (cancelled on the server); an HTTP request still
-        ends when its answer does (a blocking read)."""
+        """Give up the requests in flight and later ones: a gRPC request within STOP_POLL_S (cancelled on the
+        server), an HTTP one at once (its connection is shut, which ends its blocking read; Triton then drops
+        the request's responses)."""
         self.stopping.set()
+        with self._http_lock:
+            open_now = list(self._http_open)
+        for connection in open_now:
+            with contextlib.suppress(OSError, AttributeError):
+                connection.sock.shutdown(socket.SHUT_RDWR)
+
+    def _given_up(self) -> ServerError:
+        return ServerError(f"request to Triton at {self.url} given up: the run is stopping")
 
     def _input_names(self, model: str) -> set[str] | None:
         """The inputs of ``model`` from the server's metadata; None when it has no such model."""
@@ -365,7 +378,7 @@ class TritonClient:
                 waited = 0.0
                 while not final:
                     if self.stopping.is_set():
-                        raise ServerError(f"request to Triton at {self.url} given up: the run is stopping")
+                        raise self._given_up()
                     wait = min(STOP_POLL_S, self.timeout_s - waited)
                     try:
                         item = results.get(timeout=wait)
@@ -411,26 +424,43 @@ class TritonClient:
         return final is not None and final.bool_param
 
     def _http(self, fields: dict, stream: bool) -> EndpointResponse:
+        if self.stopping.is_set():
+            raise self._given_up()
         endpoint = "generate_stream" if stream else "generate"
-        url = f"http://{self.address}/v2/models/{self.model}/{endpoint}"
-        request = urllib.request.Request(
-            url, data=json.dumps(fields).encode(), headers={"Content-Type": "application/json"}
-        )
+        host, _, port = self.address.rpartition(":")
+        connection = http.client.HTTPConnection(host, int(port), timeout=self.timeout_s)
+        with self._http_lock:
+            self._http_open.add(connection)
         out = EndpointResponse()
         start = time.perf_counter()
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                try:
-                    for raw in response if stream else [b"data: " + response.read()]:
-                        line = raw.decode().strip()
-                        if line.startswith("data:"):
-                            self._http_event(json.loads(line[5:]), out, time.perf_counter() - start)
-                except (http.client.HTTPException, ConnectionError) as err:
-                    # The server went away while answering (a chunk cut short: IncompleteRead): it had begun to.
-                    what = f"the connection closed before the answer ended ({type(err).__name__})"
-                    raise _server_error(self.url, what, refused=False) from None
-        except urllib.error.HTTPError as err:
-            raise _server_error(self.url, err.read().decode(errors="replace")) from None
+            body = json.dumps(fields).encode()
+            path = f"/v2/models/{self.model}/{endpoint}"
+            connection.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+            response = connection.getresponse()
+            if response.status >= 400:
+                raise _server_error(self.url, response.read().decode(errors="replace"))
+            try:
+                for raw in response if stream else [b"data: " + response.read()]:
+                    line = raw.decode().strip()
+                    if line.startswith("data:"):
+                        self._http_event(json.loads(line[5:]), out, time.perf_counter() - start)
+            except (http.client.HTTPException, ConnectionError) as err:
+                if self.stopping.is_set():
+                    raise self._given_up() from None
+                # The server went away while answering (a chunk cut short: IncompleteRead): it had begun to.
+                what = f"the connection closed before the answer ended ({type(err).__name__})"
+                raise _server_error(self.url, what, refused=False) from None
+            if self.stopping.is_set():  # a shut connection may read as a clean end: the answer is cut short
+                raise self._given_up()
+        except OSError:
+            if self.stopping.is_set():
+                raise self._given_up() from None
+            raise
+        finally:
+            with self._http_lock:
+                self._http_open.discard(connection)
+            connection.close()
         out.elapsed_s = time.perf_counter() - start
         return out
 
