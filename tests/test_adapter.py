@@ -31,14 +31,14 @@ def write_checkpoint(path: Path, vocab: int = 320, tp: int = 1, dtype: str = "fl
     return path
 
 
-def make_plan(tmp_path: Path, use_draft_logits=False, target_tp=1) -> P.BuildPlan:
+def make_plan(tmp_path: Path, use_draft_logits=False, target_tp=1, max_batch_size=2) -> P.BuildPlan:
     recipe = recipe_from_dict(
         {
             "name": "pair",
             "target": {"model": "/x/t", "tp_size": target_tp},
             "draft": {"model": "/x/d"},
             "speculative": {"max_draft_len": 6, "use_draft_logits": use_draft_logits},
-            "limits": {"max_batch_size": 2, "max_input_len": 64, "max_seq_len": 128},
+            "limits": {"max_batch_size": max_batch_size, "max_input_len": 64, "max_seq_len": 128},
         },
         check_paths=False,
     )
@@ -135,6 +135,16 @@ def test_version_range(version, ok):
 )
 def test_speculative_mode_names(value, name):
     assert speculative_mode_name(value) == name
+
+
+def test_an_engine_of_one_slot_holds_max_seq_len_tokens_and_still_verifies(fake_trtllm, tmp_path):
+    """TensorRT-LLM lowers max_num_tokens to max_seq_len x max_batch_size before it adds K to max_seq_len (builder
+    build: _init_max_seq_len, then max_seq_len += max_draft_len): an engine of one slot holds 128 tokens, not the
+    planned max(8192, 128 + 6); the build's verification takes it."""
+    plan = make_plan(tmp_path, max_batch_size=1)
+    build_engines(list(plan.engines()), tmp_path / "logs" / "build.log")
+    target = read_engine_config(plan.target.engine_dir)
+    assert (target["max_seq_len"], target["max_num_tokens"]) == (128 + 6, 128)
 
 
 def test_read_engine_config_old_builder_config_layout(tmp_path):

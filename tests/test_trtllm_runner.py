@@ -355,6 +355,22 @@ def test_engines_from_the_build_run_through_from_recipe(fake_trtllm, tmp_path, t
     assert all(s.is_shut_down for s in sessions)
 
 
+@pytest.mark.parametrize("attribute", ["session", "executor"])
+def test_close_shuts_the_executor_down_under_either_name_the_runner_keeps_it(attribute, tmp_path):
+    """ModelRunnerCpp keeps its trtllm.Executor as ``session`` in some 1.x releases and ``executor`` in others."""
+    from types import SimpleNamespace
+
+    from trtspec.engines.trtllm_engine import EngineRunner
+
+    shut = []
+    executor = SimpleNamespace(shutdown=lambda: shut.append(1))
+    limits = dict(max_batch_size=2, max_seq_len=64, gather_generation_logits=False)
+    facts = {"max_draft_len": 3, "vocab_size": 320}
+    runner = EngineRunner(SimpleNamespace(**limits, **{attribute: executor}), tmp_path, facts)
+    runner.close()
+    assert shut == [1] and runner.runner is None
+
+
 def test_sampling_kwargs():
     assert sampling_kwargs(0.0, 50, 0.9, 3) == {
         "temperature": 1.0,

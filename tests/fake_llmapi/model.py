@@ -98,7 +98,7 @@ class TritonPythonModel:
 
         prompt = scalar(request, "text_input")
         params = SamplingParams(
-            max_new_tokens=int(scalar(request, "sampling_param_max_tokens", 16)),
+            max_new_tokens=int(scalar(request, "sampling_param_max_tokens", 32)),  # SamplingParams.max_tokens
             num_draft_tokens=iteration_draft_len(self.spec, 1, self.max_batch_size, self.gate.disabled),
             temperature=float(scalar(request, "sampling_param_temperature", 0.0)),
             top_k=int(scalar(request, "sampling_param_top_k", 0)),

@@ -11,7 +11,9 @@ This module is the one place that knows the draft-target build rules (shared/ref
 - both get ``gather_generation_logits`` when the recipe accepts by draft logits (without it the runtime hangs,
   TensorRT-LLM issue 2798); ``gather_context_logits`` is never set (RuntimeError with max_draft_len > 0);
 - limits (max_batch_size / max_input_len / max_seq_len, beam width 1) come from the recipe, and max_num_tokens
-  covers a whole sequence (max_seq_len, plus K on the target): with context FMHA and packed input and chunked
+  covers a whole sequence (max_seq_len, plus K on the target; TensorRT-LLM lowers it to max_seq_len x
+  max_batch_size before it adds K, so an engine of one slot cuts the drafts of a round whose sequence is within
+  K of max_seq_len, LlmRequest::validate): with context FMHA and packed input and chunked
   context off (trtspec's runtimes), the runtime takes no prompt longer than min(max_seq_len - 1, max_num_tokens),
   and each round sends the prompt and everything generated so far, so BuildConfig's default of 8192 would fail
   requests of a longer max_seq_len part-way (LlmRequest::validate: "Prompt length (N) exceeds maximum input
@@ -312,8 +314,8 @@ def expected_engine(plan: EnginePlan) -> dict[str, Any]:
     """What the built engine's config.json must say (normalised as ``read_engine_config`` returns it).
 
     TensorRT-LLM's ``build`` adds max_draft_len to max_seq_len when a speculative mode is set, so the target
-    engine's max_seq_len may read S + K instead of S; and it lowers max_num_tokens to max_seq_len x max_batch_size
-    where the plan's is larger (check_max_num_tokens), which still holds a whole sequence.
+    engine's max_seq_len may read S + K instead of S; and it lowers max_num_tokens to S x max_batch_size where
+    the plan's is larger (check_max_num_tokens, before it adds K), which still holds a whole sequence.
     """
     cfg = plan.build_config
     seq = cfg["max_seq_len"]

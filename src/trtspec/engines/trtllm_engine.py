@@ -119,7 +119,9 @@ class EngineRunner:
 
     def close(self) -> None:
         """Shut the executor down (its worker processes and GPU memory) now rather than at garbage collection."""
-        executor = getattr(self.runner, "session", None)  # ModelRunnerCpp keeps its trtllm.Executor there
+        # ModelRunnerCpp keeps its trtllm.Executor as ``session`` (1.x releases that take
+        # fail_fast_on_attention_window_too_large) or ``executor`` (others)
+        executor = getattr(self.runner, "session", None) or getattr(self.runner, "executor", None)
         if executor is not None:
             executor.shutdown()
         self.runner = None

@@ -93,11 +93,15 @@ def build(model, build_config):
     if os.environ.get("FAKE_TRTLLM_DROP_SPECULATIVE") == "1":
         build_config.speculative_decoding_mode = SpeculativeDecodingMode.NONE
         build_config.max_draft_len = 0
-    if build_config.speculative_decoding_mode != SpeculativeDecodingMode.NONE:
-        build_config.max_seq_len += build_config.max_draft_len
-    # _utils.check_max_num_tokens: never more tokens than max_seq_len x max_batch_size
+    # _init_max_seq_len -> check_max_num_tokens: never more tokens than max_seq_len x max_batch_size, before
+    # max_seq_len grows by K; then a speculative build holds at least max_batch_size x (K + 1)
     build_config.max_num_tokens = min(
         build_config.max_num_tokens, build_config.max_seq_len * build_config.max_batch_size
     )
+    if build_config.speculative_decoding_mode != SpeculativeDecodingMode.NONE:
+        build_config.max_seq_len += build_config.max_draft_len
+        build_config.max_num_tokens = max(
+            build_config.max_num_tokens, build_config.max_batch_size * (build_config.max_draft_len + 1)
+        )
     config = EngineConfig(copy.deepcopy(model.config), build_config, __version__)
     return Engine(config, b"FAKE-TRT-ENGINE rank %d" % model.config.mapping.rank)

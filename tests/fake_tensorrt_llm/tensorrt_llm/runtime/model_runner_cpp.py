@@ -139,8 +139,10 @@ class ModelRunnerCpp:
 
     @property
     def vocab_size_padded(self):
-        tp = self.config["pretrained_config"].get("mapping", {}).get("tp_size", 1)
-        return -(-self.vocab_size // tp) * tp
+        # ModelConfig.vocab_size_padded(world_config.size): padded to the world size, tp x pp
+        mapping = self.config["pretrained_config"].get("mapping", {})
+        world = mapping.get("tp_size", 1) * mapping.get("pp_size", 1)
+        return -(-self.vocab_size // world) * world
 
     def _check_inputs(self, batch_input_ids_list, beam_width, max_new_tokens):
         if len(batch_input_ids_list) > self.max_batch_size:
