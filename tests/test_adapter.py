@@ -14,6 +14,12 @@ from trtspec.core.errors import CheckFailed, CheckpointError, NeedsTensorRTLLM
 from trtspec.core.trtllm import tensorrt_llm_location, version_problem
 from trtspec.recipe import recipe_from_dict
 
+SHAPE = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+}  # PretrainedConfig requires them
+
 
 def write_checkpoint(path: Path, vocab: int = 320, tp: int = 1, dtype: str = "float16") -> Path:
     path.mkdir(parents=True)
@@ -21,6 +27,7 @@ def write_checkpoint(path: Path, vocab: int = 320, tp: int = 1, dtype: str = "fl
         "architecture": "LlamaForCausalLM",
         "dtype": dtype,
         "vocab_size": vocab,
+        **SHAPE,
         "max_position_embeddings": 2048,
         "mapping": {"world_size": tp, "tp_size": tp, "pp_size": 1},
         "quantization": {"quant_algo": None},

@@ -40,8 +40,23 @@ class SpeculativeDecodingMode(IntFlag):
 
 
 class PretrainedConfig:
-    def __init__(self, architecture, dtype, vocab_size, mapping=None, **kwargs):
+    # upstream: keyword-only architecture, dtype, hidden_size, num_hidden_layers and num_attention_heads, all
+    # required; vocab_size optional
+    def __init__(
+        self,
+        *,
+        architecture,
+        dtype,
+        hidden_size,
+        num_hidden_layers,
+        num_attention_heads,
+        vocab_size=None,
+        mapping=None,
+        **kwargs,
+    ):
         self.architecture, self.dtype, self.vocab_size = architecture, dtype, vocab_size
+        self.hidden_size, self.num_hidden_layers = hidden_size, num_hidden_layers
+        self.num_attention_heads = num_attention_heads
         self.mapping = Mapping(**(mapping or {}))
         for key, value in kwargs.items():
             setattr(self, key, value)
