@@ -428,6 +428,13 @@ def data_stage(
     return AlignSpec(prompts=path, data=data), work, Clock(work, budget_s=budget_s)
 
 
+def interrupted(spec, work, clock) -> dict:
+    """The work state a data stage that a Ctrl-C ends leaves saved."""
+    with pytest.raises(KeyboardInterrupt):
+        align.generate_data(spec, work, clock, None, None, None, set(), lambda *a: None)
+    return json.loads((work.path / "state.json").read_text())
+
+
 def test_held_out_and_validation_data_keep_to_the_budget(tmp_path, monkeypatch):
     """Past the data share of the budget no held-out prompt is generated beyond HELD_OUT_MIN, and no validation
     prompt beyond the VALIDATION_MAX ever measured: a large file's data keeps to the budget."""
@@ -460,9 +467,7 @@ def test_an_interrupt_in_the_data_stage_keeps_the_prompts_done_and_their_time(tm
     held_out = lambda target, ids, spec, rows: {"ids": ids}  # noqa: E731
     data = DataSpec(held_out=0.5, validation=0.0)
     spec, work, clock = data_stage(tmp_path, monkeypatch, 20, data, 600.0, held_out, examples)
-    with pytest.raises(KeyboardInterrupt):
-        align.generate_data(spec, work, clock, None, None, None, set(), lambda *a: None)
-    state = json.loads((work.path / "state.json").read_text())
+    state = interrupted(spec, work, clock)
     # prompts 0 and 2 trained, 1 and 3 held out; the interrupt came inside prompt 4
     assert state["prompts_done"] == 4 and state["training_prompts"] == 2 and state["seconds"] > 0
     assert [s["examples"] for s in state["shards"]] == [2] and len(work.load_torch("held_out.pt")) == 2
@@ -487,9 +492,7 @@ def test_an_interrupt_while_a_shard_is_saved_never_saves_it_twice(tmp_path, monk
     held_out = lambda target, ids, spec, rows: {"ids": ids}  # noqa: E731
     data = DataSpec(held_out=0.0, validation=0.0)
     spec, work, clock = data_stage(tmp_path, monkeypatch, 10, data, 600.0, held_out, example)
-    with pytest.raises(KeyboardInterrupt):
-        align.generate_data(spec, work, clock, None, None, None, set(), lambda *a: None)
-    state = json.loads((work.path / "state.json").read_text())
+    state = interrupted(spec, work, clock)
     assert [s["examples"] for s in state["shards"]] == [2] and state["prompts_done"] == 2
 
 

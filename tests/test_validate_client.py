@@ -139,11 +139,17 @@ def test_a_run_that_stops_gives_up_its_requests_in_flight_at_once(grpc_stand_in,
     serve_model(monkeypatch, configs={BLS: bls_config(num_draft_tokens="adaptive", max_draft_len="4")})
     grpc_stand_in.answers = None
     system = TritonSystem("127.0.0.1:1", tokenizer=None, model=BLS)
+    error = error_when_stopped(system.client, system.close)
+    assert error == "request to Triton at 127.0.0.1:1 given up: the run is stopping"
+
+
+def error_when_stopped(client: TritonClient, stop) -> str | None:
+    """The error of a request in flight when ``stop`` is called 0.3 s into it, which must end it within 2 s."""
     outcome: dict = {}
 
     def request() -> None:
         try:
-            system.client.generate("def f(x):", 4)
+            client.generate("def f(x):", 4)
         except ServerError as err:
             outcome["error"] = err.message
 
@@ -151,10 +157,10 @@ def test_a_run_that_stops_gives_up_its_requests_in_flight_at_once(grpc_stand_in,
     thread.start()
     time.sleep(0.3)
     started = time.monotonic()
-    system.close()
+    stop()
     thread.join(timeout=10)
     assert not thread.is_alive() and time.monotonic() - started < 2
-    assert outcome["error"] == "request to Triton at 127.0.0.1:1 given up: the run is stopping"
+    return outcome.get("error")
 
 
 def test_a_triton_system_keeps_its_connections_from_one_generate_to_the_next(grpc_stand_in, monkeypatch):
@@ -256,22 +262,8 @@ def test_a_run_that_stops_gives_up_its_http_requests_in_flight_at_once():
     hold = threading.Event()
     url, server = http_stand_in([{"text_output": "a", "output_ids": [5]}], cut=False, hold=hold)
     client = TritonClient(url, model=BLS, interface="trtspec", timeout_s=60)
-    outcome: dict = {}
-
-    def request() -> None:
-        try:
-            client.generate("def f(x):", 4)
-        except ServerError as err:
-            outcome["error"] = err.message
-
-    thread = threading.Thread(target=request, daemon=True)
-    thread.start()
-    time.sleep(0.3)
-    started = time.monotonic()
-    client.stop()
-    thread.join(timeout=10)
-    assert not thread.is_alive() and time.monotonic() - started < 2
-    assert outcome["error"] == f"request to Triton at {url} given up: the run is stopping"
+    error = error_when_stopped(client, client.stop)
+    assert error == f"request to Triton at {url} given up: the run is stopping"
     hold.set()
     server.join(timeout=5)
 
