@@ -455,3 +455,19 @@ def test_a_server_that_publishes_its_dtype_is_taken_at_its_word(grpc_stand_in, m
     assert TritonSystem("127.0.0.1:1", tokenizer=None, model=BLS).dtype == "bfloat16"
     serve_model(monkeypatch, configs={BLS: bls_config(max_draft_len="4")})
     assert TritonSystem("127.0.0.1:1", tokenizer=None, model=BLS).dtype is None
+
+
+def test_metrics_are_read_as_numbers_or_as_the_text_upstreams_llmapi_model_sends():
+    """Upstream's LLM-API model sends its acceptance metrics in text_output's dtype (bytes over gRPC, a string in
+    HTTP's JSON) whatever its config.pbtxt declares; the tensorrt_llm_bls models send numbers."""
+    out = EndpointResponse()
+    out.add_metric("total_draft_tokens", b"12")
+    out.add_metric("acceptance_rate", "0.75")
+    out.add_metric("total_accepted_draft_tokens", np.int32(9))
+    out.add_metric("ngram_draft_tokens", b"n/a")
+    assert out.metrics == {
+        "total_draft_tokens": 12,
+        "acceptance_rate": 0.75,
+        "total_accepted_draft_tokens": 9,
+    }
+    assert type(out.metrics["total_accepted_draft_tokens"]) is int

@@ -23,7 +23,6 @@ import os
 import threading
 from pathlib import Path
 
-import numpy as np
 import yaml
 from helpers import scalar, tensor
 from llm_args import DraftTargetDecodingConfig, NGramDecodingConfig, SpeculationGate, iteration_draft_len
@@ -136,10 +135,11 @@ class TritonPythonModel:
         outputs = [tensor("text_output", text.encode(), object)]
         if metrics:  # 1.2.x's PyTorch flow: zeroed, whatever was drafted
             filled = self.filled_metrics
+            # upstream sends them in text_output's dtype (np.object_), whatever config.pbtxt declares
             outputs += [
-                tensor("acceptance_rate", stats.acceptance_rate if filled else 0.0, np.float32),
-                tensor("total_accepted_draft_tokens", stats.accepted if filled else 0, np.int32),
-                tensor("total_draft_tokens", stats.drafted if filled else 0, np.int32),
+                tensor("acceptance_rate", str(stats.acceptance_rate if filled else 0.0).encode(), object),
+                tensor("total_accepted_draft_tokens", str(stats.accepted if filled else 0).encode(), object),
+                tensor("total_draft_tokens", str(stats.drafted if filled else 0).encode(), object),
             ]
         if sender is None:
             return pb_utils.InferenceResponse(output_tensors=outputs)

@@ -85,6 +85,22 @@ class EndpointResponse:
         if ids:
             self.id_pieces.append((arrival, ids))
 
+    def add_metric(self, name: str, value) -> None:
+        """Record one metric output: a number (numpy's or JSON's), or its text. Upstream's LLM-API model sends
+        them in text_output's dtype whatever its config.pbtxt declares (tensorrt_llm/1/model.py
+        _create_response), so a gRPC client reads bytes and an HTTP one a string; text that is no number is left
+        out."""
+        if isinstance(value, bytes | str):
+            text = value.decode(errors="replace") if isinstance(value, bytes) else value
+            try:
+                value = int(text)
+            except ValueError:
+                try:
+                    value = float(text)
+                except ValueError:
+                    return
+        self.metrics[name] = value.item() if hasattr(value, "item") else value
+
     def add_text(self, arrival: float, text: str, cumulative: bool = False) -> None:
         """Record one response's text_output: a piece, or (``cumulative``) the whole text so far, of which the
         piece is what it adds. Should the text so far rewrite its end (a detokeniser that replaced a partial
@@ -418,7 +434,7 @@ class TritonClient:
         for name in METRIC_OUTPUTS:
             value = result.as_numpy(name)
             if value is not None and value.size:
-                out.metrics[name] = value.reshape(-1)[0].item()
+                out.add_metric(name, value.reshape(-1)[0])
         out.elapsed_s = now
         final = result.get_response().parameters.get("triton_final_response")
         return final is not None and final.bool_param
@@ -470,7 +486,9 @@ class TritonClient:
         if event.get("text_output"):
             out.add_text(now, event["text_output"], INTERFACES[self.interface]["cumulative_text"])
         out.add_ids(now, event.get("output_ids"))
-        out.metrics.update({k: event[k] for k in METRIC_OUTPUTS if k in event})
+        for name in METRIC_OUTPUTS:
+            if name in event:
+                out.add_metric(name, event[name])
 
 
 def _first_line(err: BaseException) -> str:
