@@ -554,7 +554,7 @@ def _format_validation_error(path: Path | str, err: ValidationError) -> RecipeEr
         message = "required field missing; add it (builders/README.md documents every field)"
     elif first["type"] == "model_type" and first.get("input") is None:  # an empty section: YAML null
         message = "empty section; give its fields or remove it"
-    elif first["type"] != "missing" and not isinstance(first.get("input"), dict):  # not a whole section
+    elif not isinstance(first.get("input"), dict):  # not a whole section
         value = first.get("input")
         message += f" (got {value!r})"
         if isinstance(value, str) and _reads_as(first["type"], value):

@@ -226,7 +226,7 @@ def generate_data(
                     kept[split].append(align_data.held_out_example(target, ids, spec.data, rows))
             elif in_share:
                 generator = torch.Generator().manual_seed(spec.data.seed * 1_000_003 + index)
-                pending += align_data.training_examples(target, draft, ids, spec.data, eos, generator)
+                pending += align_data.training_examples(target, draft, ids, spec.data, eos, generator, rows)
                 state["training_prompts"] = state.get("training_prompts", 0) + 1
             done = index + 1
             on_progress("data", f"data: {len(pending)} pending examples", done, state["total_prompts"])

@@ -224,10 +224,12 @@ def keep_logits(logits: torch.Tensor, top_k: int) -> dict:
     return {"values": values.half(), "indices": indices.int()}
 
 
-def training_examples(target, draft, prompt: list[int], spec: DataSpec, eos_ids: set[int], generator) -> list:
-    """Greedy + sampled target rows and the on-policy draft row for one prompt, scored by the target."""
-    greedy, shared = [True] + [False] * spec.samples, shared_rows(target, draft)
-    steps, temperature = spec.max_new_tokens, spec.temperature
+def training_examples(
+    target, draft, prompt: list[int], spec: DataSpec, eos_ids: set[int], generator, shared: int
+) -> list:
+    """Greedy + sampled target rows and the on-policy draft row for one prompt over the first ``shared`` ids
+    (shared_rows), scored by the target."""
+    greedy, steps, temperature = [True] + [False] * spec.samples, spec.max_new_tokens, spec.temperature
     rows = continue_rows(target, prompt, greedy, steps, temperature, generator, shared).tolist()
     if spec.on_policy:
         rows += continue_rows(draft, prompt, [False], steps, temperature, generator, shared).tolist()

@@ -4,8 +4,8 @@ All weights, float32, AdamW with a short warm-up, on the shards of the work fold
 (``kl``, the default: mass-covering, what sampled verification rewards) or total variation (``tv``, the bound on
 rejection sampling's acceptance). The loss is torch.nn.functional.kl_div's (batchmean) on stored logits, not
 nvidia-modelopt's distillation API, which runs the teacher online each step (here the target's logits are computed
-once and reused every epoch) and exists only on the pinned stack. Bounded by the budget (``align_work.Clock``); a checkpoint every
-CHECKPOINT_S seconds and on Ctrl-C.
+once and reused every epoch) and exists only on the pinned stack. Bounded by the budget (``align_work.Clock``); a
+checkpoint every CHECKPOINT_S seconds and on Ctrl-C.
 
 Every ESTIMATE_S seconds (less often where measuring would take more than ESTIMATE_SHARE of the time) and at the
 end, greedy acceptance at K on the validation prompts picks the weights to keep (``Best``): those of the best

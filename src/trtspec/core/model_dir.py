@@ -286,7 +286,7 @@ def safetensors_files(model_dir: Path | str) -> list[Path]:
     model_dir = Path(model_dir)
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
-        return [model_dir / name for name in sorted(set(read_weight_map(index).values()))]
+        return indexed_files(index)
     single = model_dir / "model.safetensors"
     return [single] if single.is_file() else sorted(model_dir.glob("*.safetensors"))
 
@@ -303,6 +303,11 @@ def read_weight_map(index: Path) -> dict[str, str]:
             "re-download the model"
         )
     return weight_map
+
+
+def indexed_files(index: Path) -> list[Path]:
+    """The shard files a weight index names, in name order."""
+    return [index.parent / name for name in sorted(set(read_weight_map(index).values()))]
 
 
 def count_safetensors_parameters(model_dir: Path) -> int | None:
@@ -333,7 +338,7 @@ def _bin_weight_files(model_dir: Path) -> list[Path]:
     pytorch_model*.bin (not training_args.bin and other pickles beside them)."""
     index = model_dir / "pytorch_model.bin.index.json"
     if index.is_file():
-        return [model_dir / name for name in sorted(set(read_weight_map(index).values()))]
+        return indexed_files(index)
     return sorted(model_dir.glob("pytorch_model*.bin"))
 
 

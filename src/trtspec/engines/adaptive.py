@@ -671,11 +671,12 @@ class RoundCosts:
 
     Each batch size keeps its own rounds, and so does its power-of-two bucket (1, 2-3, 4-7, ...): a batch size's
     costs come from its own rounds once they include ``unit_rounds`` target-only ones (one noisy unit would scale
-    every K) and a speculative one (its line, else the line through its unit), from its bucket's until then. (On the 2-core CPU machine a K=3 round took 18 ms at
-    batch 4 and 22 ms at batch 7; with the bucket alone, a K looked cheap or dear by the batch size that had last
-    run it, as a batch of 8 drained.) ``decay`` weighs each K's own rounds (~1/decay last speculative ones count, of
-    every K: a K's own average fades as others run, so one not run lately is priced by the line; the target-only
-    unit forgets only as target-only rounds run), ``line_decay`` the line's (~1/line_decay rounds: a slope from
+    every K) and a speculative one (its line, else the line through its unit), from its bucket's until then. (On
+    the 2-core CPU machine a K=3 round took 18 ms at batch 4 and 22 ms at batch 7; with the bucket alone, a K
+    looked cheap or dear by the batch size that had last run it, as a batch of 8 drained.) ``decay`` weighs each
+    K's own rounds (~1/decay last speculative ones count, of every K: a K's own average fades as others run, so
+    one not run lately is priced by the line; the target-only unit forgets only as target-only rounds run),
+    ``line_decay`` the line's (~1/line_decay rounds: a slope from
     rounds that mostly ran one K, slope_probe's few others among them, needs more of them than an average does;
     tools/replay_adaptive.py with noisy timings drafted closer to the best K with 0.02 than with 0.05 or 0.01).
     A round that ran several batches (rows in different sampling groups) is left out: its time is not one
