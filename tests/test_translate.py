@@ -361,6 +361,21 @@ def test_the_engine_call_round_sends_the_draft_its_own_tokens_and_the_target_tra
     assert outcome.tokens == sent + [7] and outcome.num_accepted == len(sent)
 
 
+def test_the_engine_call_round_cuts_a_translated_proposal_to_the_rows_k(tokenizers):
+    """One call drafts the largest K of the batch, and one draft token's text may take several target tokens (here
+    the larger vocabulary drafts for the smaller): each row verifies at most its own K (a pinned K is kept, and the
+    loop's budget guard holds), as the torch round does."""
+    draft_tok, target_tok = tokenizers
+    translator = Translator(target_tok, draft_tok)
+    tail = draft_tok(" import os\n", add_special_tokens=False)["input_ids"]
+    calls = DraftSpaceCalls(tail)
+    rounds = EngineCallRounds(calls, max_draft_len=8, num_slots=2, max_seq_len=64, translator=translator)
+    rows = [Row(target_tok("return a")["input_ids"], slot, max_len=64) for slot in (0, 1)]
+    assert len(translator.to_target(list(rows[1].tokens), tail[:2])) > 2
+    outcomes = rounds.run(rows, [len(tail), 2], SamplingParams(max_new_tokens=16), None)
+    assert len(calls.verified[0][1]) == 2 and outcomes[1].num_draft == 2
+
+
 def test_align_says_why_it_cannot_distil_a_draft_with_another_tokenizer(tiny_pair, other_draft, tmp_path):
     import yaml
     from click.testing import CliRunner

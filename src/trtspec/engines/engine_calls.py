@@ -269,7 +269,7 @@ class EngineCallRounds:
                 drafts[i] = _first(out, num_draft[i])
                 if self.translator is not None:  # its text as target tokens, verified as point masses
                     tokens = self.translator.to_target(rows[i].tokens, drafts[i].tokens)
-                    drafts[i] = self._given(tokens[: self.max_draft_len])
+                    drafts[i] = self._given(tokens[: num_draft[i]])
         return drafts
 
     def _given(self, tokens: list[int]) -> Draft:
