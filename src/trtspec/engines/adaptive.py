@@ -107,6 +107,13 @@ class KPolicy:
     # demo pair at K=1, 64 tokens: 0.15 between the grounded set's 20 requests and between the default set's 10,
     # binomial noise taken out.)
     row_spread: float = 0.15
+    # A round's cost with no rows left, as a share of the whole batch's, until smaller batch sizes are measured: a
+    # size a waited group never ran is priced on the line from it to the nearest measured sizes (RoundCosts and
+    # AdaptiveState._shrink). Optimistic on purpose: rows that finish apart measure the smaller sizes, which then
+    # price themselves; priced as whole rounds instead, a cold engine's lockstep groups never drafted, so never
+    # finished apart and never learned otherwise (the demo pair, 8 rows, AMD EPYC: 0.85x K=2, target-only for
+    # good). On the 2-core CPUs a round of one row costs 0.38 of eight rows' (served, target-only).
+    fixed_round_share: float = 0.3
     schedule: Mapping[int, int] | None = field(default=None)
 
 
@@ -1040,20 +1047,29 @@ class AdaptiveState:
 
     def _shrink(self, batch: int, max_k: int, cap: int) -> list[list[float]] | None:
         """Per K in 0..cap, a round's measured cost with b rows (index b - 1) over its cost with ``batch``
-        (group_tokens_per_k's ``shrink``), both from their own rounds (RoundCosts.own_priced: a bucket's price
-        carries other sizes' rounds); never more than with one row more, which is also what a size without rounds
-        of its own gets (noise in a rarely run size would price a smaller batch dearer). None where ``batch``
-        has no rounds of its own."""
+        (group_tokens_per_k's ``shrink``), from the sizes' own rounds (RoundCosts.own_priced: a bucket's price
+        carries other sizes' rounds); a size without rounds of its own on the line between the nearest sizes
+        that have them (no rows at all: the policy's fixed_round_share); never more than with one row more
+        (noise in a rarely run size would price a smaller batch dearer). None where ``batch`` has no rounds of
+        its own."""
         full = self.costs.own_priced(batch, max_k)
         if full is None:
             return None
         costs, unit = full
         seconds = [cost * unit for cost in costs]
+        known: dict[int, list[float]] = {0: [self.policy.fixed_round_share] * (cap + 1), batch: [1.0] * (cap + 1)}
+        for rows in range(1, batch):
+            priced = self.costs.own_priced(rows, max_k)
+            if priced is not None:
+                known[rows] = [priced[0][k] * priced[1] / seconds[k] for k in range(cap + 1)]
+        sizes = sorted(known)
         shrink = [[1.0] * batch for _ in range(cap + 1)]
         for rows in range(batch - 1, 0, -1):
-            priced = self.costs.own_priced(rows, max_k)
+            below = max(size for size in sizes if size <= rows)
+            above = min(size for size in sizes if size >= rows)
+            part = 0.0 if above == below else (rows - below) / (above - below)
             for k, shares in enumerate(shrink):
-                share = 1.0 if priced is None else priced[0][k] * priced[1] / seconds[k]
+                share = known[below][k] + part * (known[above][k] - known[below][k])
                 shares[rows - 1] = min(share, shares[rows])
         return shrink
 
