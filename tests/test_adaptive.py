@@ -321,12 +321,14 @@ def test_a_cold_engines_lockstep_group_prices_the_smaller_batches_it_never_ran_a
     a smaller size is measured, it lies on the line down to fixed_round_share: the group drafts, and the sizes it
     then runs price themselves."""
     state = AdaptiveState(KPolicy())
-    for k in (0, 0, 0, 1, 2, 1, 2):  # batch 8: K=1 1.43, K=2 1.85 target-only rounds (the demo pair, AMD EPYC)
+    # batch 8: K=1 1.43, K=2 1.85 target-only rounds (the demo pair, AMD EPYC)
+    for k in (0, 0, 0, 1, 2, 1, 2):
         state.costs.record(8, k, 0.0185 * (1.0 if k == 0 else 1.0 + 0.43 * k - 0.005 * (k - 1)))
     shrink = state._shrink(8, 4, 4)
     assert shrink[1] == pytest.approx([0.3 + 0.7 * rows / 8 for rows in range(1, 9)])
     rows = learned([KController(KPolicy(), max_k=4) for _ in range(8)])
-    for controller in rows:  # their own first positions at 0.55, the pool's too (the demo pair's first 16: 0.55-0.6)
+    # their own first positions at 0.55, the pool's too (the demo pair's first 16 positions: 0.55-0.6)
+    for controller in rows:
         controller.estimate.counts = (11.0, 20.0)
         controller.estimate.prior = 0.55
     assert state.choose(rows, 8, 8, 4, timed=False, remaining=[40] * 8) > 0

@@ -1057,7 +1057,10 @@ class AdaptiveState:
             return None
         costs, unit = full
         seconds = [cost * unit for cost in costs]
-        known: dict[int, list[float]] = {0: [self.policy.fixed_round_share] * (cap + 1), batch: [1.0] * (cap + 1)}
+        known: dict[int, list[float]] = {
+            0: [self.policy.fixed_round_share] * (cap + 1),
+            batch: [1.0] * (cap + 1),
+        }
         for rows in range(1, batch):
             priced = self.costs.own_priced(rows, max_k)
             if priced is not None:
