@@ -27,6 +27,7 @@ PARSERS = {
     "bench_served_adaptive": "parse_args",
     "bench_triton": "build_parser",
     "client": "parse_args",
+    "bench_cold_batches": "parse_args",
     "fetch_real_model": "main",
     "replay_adaptive": "main",
     "soak": "parse_args",
@@ -128,6 +129,12 @@ def test_the_cpu_model_is_read_in_one_place_and_every_benchmark_prints_it():
 
 
 # ---------------------------------------------------------------- bench_engine
+
+
+def test_bench_cold_batches_names_a_share_outside_0_to_1(monkeypatch, capsys):
+    tool = load_tool("bench_cold_batches", monkeypatch)
+    line = usage_error(capsys, lambda: tool.parse_args(["--shares", "0.3,1.5"]))
+    assert "'1.5' in '0.3,1.5' is not a share in 0..1" in line
 
 
 def test_bench_engine_refuses_a_k_below_one(monkeypatch, capsys):
