@@ -215,6 +215,24 @@ def test_sampling_with_draft_logits_passes_logits_and_is_seeded(fake_trtllm, eng
     assert verify[-1]["temperature"] == 0.8 and verify[-1]["top_k"] == 50 and "random_seed" in verify[-1]
 
 
+def test_sampled_rows_of_one_batch_draw_their_own_random_numbers(fake_trtllm, engines):
+    """ModelRunnerCpp takes one seed per generate call and TensorRT-LLM seeds each request's random state from
+    it, so rows sent in one call would draw the same numbers: the same prompt four times would sample one text
+    four times. Sampled rows go one per call, each with its own seeds (the torch engine's rows draw apart too)."""
+    runner = runner_for(engines)
+    prompt = list(PROMPTS[0])
+    for seed in (None, 11):
+        params = SamplingParams(
+            max_new_tokens=12, num_draft_tokens=2, temperature=1.0, seed=seed, ignore_eos=True
+        )
+        texts = [tuple(r.token_ids) for r in runner.generate([prompt] * 4, params)]
+        assert len(set(texts)) > 1, texts
+    from tensorrt_llm.runtime import ModelRunnerCpp
+
+    sampled = [kw for _, kw in ModelRunnerCpp.calls if "random_seed" in kw]
+    assert sampled and all(len(kw["prompts"]) == 1 for kw in sampled)
+
+
 def test_padded_vocab_draft_logits_reach_the_target_padded_with_minus_inf(fake_trtllm, tmp_path, tiny_pair):
     """A draft with fewer vocab rows (Qwen2.5's pair): its logits are padded to the target's rows, which the
     runtime's buffer copy needs (the stand-in refuses another size as BufferManager::copy does)."""

@@ -183,15 +183,18 @@ class EngineCallRounds:
         generator,
         proposals: list[list[int] | None] | None = None,
     ) -> list[Outcome]:
-        """Rows whose engines stop alike go in one call each (a TensorRT-LLM call takes one end_id). ``proposals``:
-        rows whose draft tokens are given (prompt lookup) skip the draft engine."""
+        """Rows whose engines stop alike go in one call each (a TensorRT-LLM call takes one end_id); sampled rows go
+        one per call: a call takes one seed (ModelRunnerCpp builds one SamplingConfig for all its requests) and
+        TensorRT-LLM starts each request's random state from it, so rows of one call would draw the same numbers
+        (one prompt sent four times would sample one text four times). ``proposals``: rows whose draft tokens are
+        given (prompt lookup) skip the draft engine."""
         given = proposals or [None] * len(rows)
         outcomes: dict[int, Outcome] = {}
-        by_stops: dict[tuple[int, ...], list[int]] = {}
+        calls: dict[tuple, list[int]] = {}
         for i, row in enumerate(rows):
-            by_stops.setdefault(row.stop_ids, []).append(i)
+            calls.setdefault((row.stop_ids, None if params.greedy else i), []).append(i)
         sampling = (params.greedy, params.temperature, params.top_k, params.top_p)
-        for stop_ids, idx in by_stops.items():
+        for (stop_ids, _), idx in calls.items():
             stops = engine_stops(stop_ids, self.tokenizer_eos, self.pad_id)
             seeds = round_seeds(params.greedy, generator, calls=3)  # target, draft, draft ahead
             target, draft, ahead = (Call(*sampling, seed, stops) for seed in seeds)

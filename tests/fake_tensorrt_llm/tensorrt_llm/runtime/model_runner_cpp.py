@@ -212,10 +212,12 @@ class ModelRunnerCpp:
         draft_tokens_list = kwargs.get("draft_tokens_list")
         draft_logits_list = kwargs.get("draft_logits_list")
         self._check_draft(draft_tokens_list, draft_logits_list)
-        sampling = _Sampling(kwargs)
         want_logits = self.gather_generation_logits or output_generation_logits
         generated, logits = [], []
         for b, prompt in enumerate(prompts):
+            # One SamplingConfig for every request of the call, and each request's random state starts from its
+            # seed (curand_init(randomSeeds[slot], 0, 0)): rows of one call draw the same numbers.
+            sampling = _Sampling(kwargs)
             stops = stop_words_list[b] if stop_words_list else None
             if draft_tokens_list is not None:
                 draft_logits = draft_logits_list[b] if draft_logits_list is not None else None
