@@ -13,7 +13,7 @@ from test_engine import hf_greedy
 from test_engine_sampling import BUGS, follows, plant, target_joint
 
 from trtspec.core.errors import ModelError
-from trtspec.core.translate import Translator, vocab_overlap
+from trtspec.core.translate import DraftView, Translator, vocab_overlap
 from trtspec.engines.engine import SpeculativeEngine
 from trtspec.engines.engine_calls import EngineCallRounds
 from trtspec.engines.rounds import Row
@@ -374,6 +374,63 @@ def test_the_engine_call_round_cuts_a_translated_proposal_to_the_rows_k(tokenize
     assert len(translator.to_target(list(rows[1].tokens), tail[:2])) > 2
     outcomes = rounds.run(rows, [len(tail), 2], SamplingParams(max_new_tokens=16), None)
     assert len(calls.verified[0][1]) == 2 and outcomes[1].num_draft == 2
+
+
+@pytest.fixture(scope="module")
+def sentencepiece(tokenizers):
+    """(byte-level BPE, a Llama-2-style SentencePiece tokenizer): the decoder of the second drops the space a text
+    starts with, and its normalizer puts a word start before every text it encodes."""
+    from tiny_models import make_sentencepiece_tokenizer
+
+    return tokenizers[0], make_sentencepiece_tokenizer()
+
+
+def test_a_sentencepiece_drafts_continuation_keeps_the_space_it_starts_with(sentencepiece):
+    """``▁brown ▁fox`` decoded alone is "brown fox": read after the text it continues, it is " brown fox"."""
+    byte_level, sp = sentencepiece
+    translator = Translator(byte_level, sp)
+    head = byte_level("The quick")["input_ids"]
+    full = sp("The quick brown fox", add_special_tokens=False)["input_ids"]
+    continuation = full[len(sp("The quick", add_special_tokens=False)["input_ids"]) :]
+    assert sp.decode(continuation) == "brown fox"  # what the translation read before
+    proposal = translator.to_target(head, continuation)
+    assert byte_level.decode(head + proposal, skip_special_tokens=True) == "The quick brown fox"
+
+
+def test_a_sentencepiece_target_gets_no_proposal_that_would_start_a_word_inside_one(sentencepiece):
+    """The target stopped inside a word ("br"); its tokenizer encodes a text on its own as a word start, so "own
+    fox" alone is "▁o w n ▁fox", " own fox" after "br". Where no window re-encodes to the emitted tokens, nothing
+    is proposed rather than text the draft did not write."""
+    byte_level, sp = sentencepiece
+    translator = Translator(sp, byte_level)
+    emitted = sp("The quick br")["input_ids"]
+    proposal = translator.to_target(emitted, byte_level("own fox", add_special_tokens=False)["input_ids"])
+    text = sp.decode(emitted + proposal, skip_special_tokens=True)
+    assert "The quick brown fox".startswith(text)
+    # after a whole word the continuation re-encodes with the window, and its text is the draft's
+    emitted = sp("The quick")["input_ids"]
+    proposal = translator.to_target(emitted, byte_level(" brown fox", add_special_tokens=False)["input_ids"])
+    assert proposal and sp.decode(emitted + proposal, skip_special_tokens=True) == "The quick brown fox"
+
+
+@pytest.mark.parametrize(
+    "before, after",
+    [
+        ("zzqx The quick brown fox jumps over", " the lazy dog"),
+        ("The quick brown fox jumps over the lazy dog quickly", " and more"),
+        ("def add(a, b):\n    return a + b\n\nclass Point:", " def push(self, item)"),
+    ],
+)
+def test_a_sentencepiece_drafts_view_re_encodes_its_tail_from_a_word_start(sentencepiece, before, after):
+    """to_draft re-encodes only the view's tail: from a word start (``▁``), since re-encoded from inside a word the
+    tail would gain a word start ("zzqx" read "zz qx") and the draft would read text the row does not hold."""
+    byte_level, sp = sentencepiece
+    translator = Translator(byte_level, sp)
+    view = DraftView()
+    translator.to_draft(byte_level(before)["input_ids"], view)
+    ids = translator.to_draft(byte_level(before + after)["input_ids"], view)
+    assert sp.decode(ids, skip_special_tokens=True) == before + after
+    assert ids == translator.to_draft(byte_level(before + after)["input_ids"])
 
 
 def test_align_says_why_it_cannot_distil_a_draft_with_another_tokenizer(tiny_pair, other_draft, tmp_path):

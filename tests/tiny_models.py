@@ -412,3 +412,30 @@ def make_cross_family_pair(out_dir: Path, seed: int = 0) -> tuple[Path, Path]:
             GenerationConfig(eos_token_id=eos, pad_token_id=tokenizer.pad_token_id).save_pretrained(path)
         made[role] = path
     return made["target"], made["draft"]
+
+
+def make_sentencepiece_tokenizer():
+    """A Llama-2 / Mistral-style tokenizer (the SentencePiece BPE as `tokenizers` converts it): spaces become
+    ``▁``, the normalizer prepends one to every text, byte fallback, the decoder drops the space that starts a
+    text, ``<s>`` prepended. Trained on CORPUS; its word starts are marked, not split off as byte-level BPE's."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<unk>", "<s>", "</s>"],
+        initial_alphabet=["\u2581"],
+        show_progress=False,
+    )
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="never", split=True)
+    tok.train_from_iterator(["\u2581" + text.replace(" ", "\u2581") for text in CORPUS] * 3, trainer)
+    tok.pre_tokenizer = None
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", tok.token_to_id("<s>"))]
+    )
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")

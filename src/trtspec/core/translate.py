@@ -8,7 +8,7 @@ The draft runs in its own token space, with its own KV cache. Each round:
 3. ``to_target``: the continuation's text as target tokens, aligned at a token boundary: the last few target
    tokens and the continuation are decoded together and re-encoded with the target tokenizer; what follows the
    unchanged window is the proposal (where the re-encoding would rewrite an emitted token, the continuation is
-   encoded on its own). A draft token that splits a word differently from the target still counts, because only
+   encoded on its own, and proposed only where those tokens write its text after the row's). A draft token that splits a word differently from the target still counts, because only
    the text matters (HF's Universal Assisted Generation does the same for greedy decoding);
 4. the target verifies the proposal as a point mass per token (engines/sampling.py's glossary): under greedy
    decoding the output is the target's greedy output, under sampling it keeps the target's distribution, for
@@ -27,6 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 WINDOW = 4  # target tokens re-encoded with a continuation: a merge across the boundary reaches back at most this far
+EXTRA_WINDOW = (
+    4  # more target tokens tried where the window starts inside a word (SentencePiece re-encodes it as one)
+)
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,19 @@ class _Codec:
             return self.backend.decode(ids, skip_special_tokens=False)
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
+    def piece(self, idx: int) -> str:
+        """The token's vocabulary string (SentencePiece marks a word start with ``▁``, which decode drops)."""
+        if self.backend is not None:
+            return self.backend.id_to_token(idx) or ""
+        return self.tokenizer.convert_ids_to_tokens(idx) or ""
+
+    def decode_after(self, before: list[int], ids: list[int]) -> str:
+        """The text ``ids`` write after ``before``: a SentencePiece decoder drops the space that starts a text
+        (Llama 2, Mistral: ``▁brown`` alone is "brown", after ``▁quick`` it is " brown")."""
+        head = self.decode(before)
+        text = self.decode(before + ids)
+        return text[len(head) :] if before and text.startswith(head) else self.decode(ids)
+
 
 @dataclass
 class DraftView:
@@ -133,9 +149,12 @@ class Translator:
         else:
             keep = _word_start(view.ids, self.draft)
             piece = self.draft.decode(view.ids[keep:])
+            ids = None
             if view.text.endswith(piece):
                 ids = view.ids[:keep] + self.draft.encode(text[len(view.text) - len(piece) :])
-            else:  # the pieces do not decode to the text apart (a split character)
+            # the pieces do not decode to the text apart (a split character), or the tail re-encoded as a text of
+            # its own starts a word where the text does not (a SentencePiece tokenizer cut inside a word)
+            if ids is None or self.draft.decode(ids) != text:
                 ids = self.draft.encode(text)
         if view is not None:
             view.target_len, view.text, view.ids = len(body), text, ids
@@ -143,17 +162,37 @@ class Translator:
 
     def to_target(self, target_ids: list[int], draft_continuation: list[int]) -> list[int]:
         """The target tokens that write ``draft_continuation``'s text after ``target_ids``, from the first token
-        boundary the two tokenizations share: the last WINDOW target tokens are re-encoded with the continuation,
-        and the proposal starts after them. Where that encoding would rewrite an emitted token (a merge across the
-        boundary: code's blank lines, a word the target stopped inside; or a tokenizer whose pieces do not decode
-        apart as they do together), the continuation is encoded on its own instead: the same text, split where
-        the emitted tokens end, which the target may still accept (it judges every token either way)."""
+        boundary the two tokenizations share: the last WINDOW target tokens (up to EXTRA_WINDOW more where those
+        start inside a word) are re-encoded with the continuation, and the proposal starts after them. The
+        continuation's text is read after the text it continues (a SentencePiece decoder drops a leading space).
+        Where every such encoding would rewrite an emitted token (a merge across the boundary: code's blank lines,
+        a word the target stopped inside; or a tokenizer whose pieces do not decode apart as they do together),
+        the continuation is encoded on its own instead: the same text, split where the emitted tokens end, which
+        the target may still accept (it judges every token either way); nothing is proposed where those tokens do
+        not write that text after the row's (a SentencePiece tokenizer starts every text it encodes with a word)."""
         if not draft_continuation:
             return []
-        tail = self.draft.decode(draft_continuation)
-        window = self._body(target_ids)[-WINDOW:]
-        ids = self.target.encode(self.target.decode(window) + tail)
-        proposal = ids[len(window) :] if ids[: len(window)] == window else self.target.encode(tail)
+        body = self._body(target_ids)
+        head = self.target.decode(body[-WINDOW:])
+        tail = self.draft.decode_after(self.draft.encode(head), draft_continuation)
+        proposal = None
+        for n in range(
+            WINDOW, WINDOW + EXTRA_WINDOW + 1
+        ):  # a longer window where a shorter starts inside a word
+            window = body[-n:]
+            ids = self.target.encode(self.target.decode(window) + tail)
+            if ids[: len(window)] == window:
+                proposal = ids[len(window) :]
+                break
+            if len(window) < n:
+                break
+        if proposal is None:
+            proposal = self.target.encode(tail)
+            window = body[-WINDOW:]
+            # encoded on its own, a SentencePiece tokenizer starts it with a word (Llama 2: after "br", "own"
+            # became "▁o w n", " own"): nothing is proposed where the tokens do not write the text after the row
+            if self.target.decode_after(window, proposal) != tail:
+                return []
         # A continuation ending inside a character (byte-level tokens) decodes to U+FFFD: drop what it wrote. The
         # whole proposal is decoded, not its last token alone: each byte token of a whole character decodes to
         # U+FFFD on its own.
@@ -165,11 +204,14 @@ class Translator:
 def _word_start(ids: list[int], codec: _Codec, back: int = 8) -> int:
     """The index of the last of ``ids``' final ``back`` tokens that starts a run of whitespace after a token that
     does not end in one (byte-level BPE's pre-tokenizer always splits there, however the text goes on; a run's own
-    split moves as the next word arrives), else len(ids) - back: where re-encoding may start without changing what
-    comes before."""
+    split moves as the next word arrives) or that starts a word in SentencePiece's way (``▁``: its text re-encoded
+    alone gets that mark back, and decode drops the space), else len(ids) - back: where re-encoding may start
+    without changing what comes before."""
     texts = [codec.decode([i]) for i in ids[-back - 1 :]]
     offset = len(ids) - len(texts)
     for j in range(len(texts) - 1, 0, -1):
         if texts[j][:1].isspace() and not texts[j - 1][-1:].isspace():
+            return offset + j
+        if codec.piece(ids[offset + j]).startswith("\u2581"):
             return offset + j
     return max(len(ids) - back, 0)
