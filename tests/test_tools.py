@@ -131,10 +131,12 @@ def test_the_cpu_model_is_read_in_one_place_and_every_benchmark_prints_it():
 # ---------------------------------------------------------------- bench_engine
 
 
-def test_bench_cold_batches_names_a_share_outside_0_to_1(monkeypatch, capsys):
+def test_bench_cold_batches_refuses_a_bad_share_and_too_few_distinct_prompts(monkeypatch, capsys):
     tool = load_tool("bench_cold_batches", monkeypatch)
     line = usage_error(capsys, lambda: tool.parse_args(["--shares", "0.3,1.5"]))
     assert "'1.5' in '0.3,1.5' is not a share in 0..1" in line
+    line = usage_error(capsys, lambda: tool.parse_args(["--batch", "8", "--groups", "2"]))
+    assert "--batch 8 x --groups 2 needs 16 distinct prompts; raw has 10" in line
 
 
 def test_bench_engine_refuses_a_k_below_one(monkeypatch, capsys):

@@ -385,6 +385,14 @@ def sentencepiece(tokenizers):
     return tokenizers[0], make_sentencepiece_tokenizer()
 
 
+def test_a_tokenizer_is_told_sentencepiece_by_how_it_encodes_and_decodes_a_word(sentencepiece):
+    from trtspec.core.translate import _Codec
+
+    byte_level, sp = sentencepiece
+    assert (_Codec(sp).marks_words, _Codec(sp).drops_space) == (True, True)
+    assert (_Codec(byte_level).marks_words, _Codec(byte_level).drops_space) == (False, False)
+
+
 def test_a_sentencepiece_drafts_continuation_keeps_the_space_it_starts_with(sentencepiece):
     """``▁brown ▁fox`` decoded alone is "brown fox": read after the text it continues, it is " brown fox"."""
     byte_level, sp = sentencepiece
@@ -419,6 +427,8 @@ def test_a_sentencepiece_target_gets_no_proposal_that_would_start_a_word_inside_
         ("zzqx The quick brown fox jumps over", " the lazy dog"),
         ("The quick brown fox jumps over the lazy dog quickly", " and more"),
         ("def add(a, b):\n    return a + b\n\nclass Point:", " def push(self, item)"),
+        ("def add(a, b):\n    return a + b\n", "\nclass Point:\n    pass"),
+        ('s = "héllo wörld"\n', "print(s) # – done"),
     ],
 )
 def test_a_sentencepiece_drafts_view_re_encodes_its_tail_from_a_word_start(sentencepiece, before, after):

@@ -217,8 +217,8 @@ def test_sampling_with_draft_logits_passes_logits_and_is_seeded(fake_trtllm, eng
 
 def test_sampled_rows_of_one_batch_draw_their_own_random_numbers(fake_trtllm, engines):
     """ModelRunnerCpp takes one seed per generate call and TensorRT-LLM seeds each request's random state from
-    it, so rows sent in one call would draw the same numbers: the same prompt four times would sample one text
-    four times. Sampled rows go one per call, each with its own seeds (the torch engine's rows draw apart too)."""
+    it, so rows sent in one call draw the same numbers: the same prompt four times would sample one text four
+    times. Rows holding the same tokens go in calls of their own; rows that differ share a call."""
     runner = runner_for(engines)
     prompt = list(PROMPTS[0])
     for seed in (None, 11):
@@ -229,8 +229,10 @@ def test_sampled_rows_of_one_batch_draw_their_own_random_numbers(fake_trtllm, en
         assert len(set(texts)) > 1, texts
     from tensorrt_llm.runtime import ModelRunnerCpp
 
-    sampled = [kw for _, kw in ModelRunnerCpp.calls if "random_seed" in kw]
-    assert sampled and all(len(kw["prompts"]) == 1 for kw in sampled)
+    ModelRunnerCpp.calls.clear()
+    params = SamplingParams(max_new_tokens=4, num_draft_tokens=0, temperature=1.0, seed=5, ignore_eos=True)
+    runner.generate([prompt, prompt, list(PROMPTS[1])], params)
+    assert sorted(len(kw["prompts"]) for _, kw in ModelRunnerCpp.calls) == [1, 2]
 
 
 def test_padded_vocab_draft_logits_reach_the_target_padded_with_minus_inf(fake_trtllm, tmp_path, tiny_pair):

@@ -416,20 +416,32 @@ def make_cross_family_pair(out_dir: Path, seed: int = 0) -> tuple[Path, Path]:
 
 def make_sentencepiece_tokenizer():
     """A Llama-2 / Mistral-style tokenizer (the SentencePiece BPE as `tokenizers` converts it): spaces become
-    ``▁``, the normalizer prepends one to every text, byte fallback, the decoder drops the space that starts a
-    text, ``<s>`` prepended. Trained on CORPUS; its word starts are marked, not split off as byte-level BPE's."""
+    ``▁``, the normalizer prepends one to every text, the decoder drops the space that starts a text, ``<s>``
+    prepended, and byte fallback: the 256 ``<0xNN>`` pieces after the specials, no piece holding a line break
+    (Llama 2 writes "\\n" as ``<0x0A>``). Trained on CORPUS; its word starts are marked, not split off as byte-level
+    BPE's."""
+    import json
+
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
+    specials = ["<unk>", "<s>", "</s>"]
     tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
     trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=["<unk>", "<s>", "</s>"],
-        initial_alphabet=["\u2581"],
-        show_progress=False,
+        vocab_size=400, special_tokens=specials, initial_alphabet=["\u2581"], show_progress=False
     )
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="never", split=True)
     tok.train_from_iterator(["\u2581" + text.replace(" ", "\u2581") for text in CORPUS] * 3, trainer)
+    spec = json.loads(tok.to_str())
+    trained = sorted(spec["model"]["vocab"].items(), key=lambda item: item[1])
+    pieces = specials + [f"<0x{b:02X}>" for b in range(256)]
+    pieces += [t for t, _ in trained if t not in specials and "\n" not in t]
+    vocab = {piece: i for i, piece in enumerate(pieces)}
+    spec["model"]["vocab"] = vocab
+    spec["model"]["merges"] = [
+        pair for pair in spec["model"]["merges"] if all(p in vocab for p in pair) and "".join(pair) in vocab
+    ]
+    tok = Tokenizer.from_str(json.dumps(spec))
     tok.pre_tokenizer = None
     tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
     tok.decoder = decoders.Sequence(

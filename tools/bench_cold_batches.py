@@ -2,7 +2,7 @@
 """Adaptive K on cold engines given lockstep batches, against static K, side by side in one run (not a test).
 
     .venv/bin/python tools/bench_cold_batches.py                  # the shipped demo pair, batches of 8
-    .venv/bin/python tools/bench_cold_batches.py --batch 4 --repeats 5 --shares 0.3,0.6,1.0
+    .venv/bin/python tools/bench_cold_batches.py --batch 16 --prompts grounded --shares 0.3,0.6,1.0
 
 Each point calls ``engine.generate`` with ``--batch`` prompts at once (an engine call: its caller waits for every
 row, so adaptive K judges the batch by the row expected to finish last), ``--groups`` such calls per pass, passes in
@@ -10,7 +10,8 @@ alternating order. Every adaptive point is an engine of its own that starts cold
 its prior), with KPolicy's ``fixed_round_share`` set to one of ``--shares``: what a round of a smaller batch,
 never run, is priced at (1.0: whole rounds). The static points share one engine. Prints each point's tokens/s over
 all its passes, each adaptive point over the best static point and over target-only, and its mean K at the full
-batch.
+batch. Every row of a pass is a distinct prompt (rows of one prompt would finish together and exaggerate the
+lockstep this measures). Only an adaptive engine's first pass is cold; the figures pool every pass.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import argparse
 import time
 
 import torch
-from bench_engine import PROMPTS
+from bench_served_adaptive import raw_texts
 from cli_common import at_least, comma_list, cpu_name, run_main
 
 from trtspec.engines.adaptive import KPolicy
@@ -40,8 +41,8 @@ def parse_args(argv):
     parser.add_argument("--target", default=str(DEMO_DIR / "target"), help="target model folder")
     parser.add_argument("--draft", default=str(DEMO_DIR / "draft"), help="draft model folder")
     parser.add_argument("--batch", type=at_least(2), default=8, help="rows per engine call")
-    parser.add_argument("--groups", type=at_least(1), default=2, help="engine calls per pass")
-    parser.add_argument("--repeats", type=at_least(1), default=3, help="passes over every point")
+    parser.add_argument("--groups", type=at_least(1), default=1, help="engine calls per pass")
+    parser.add_argument("--repeats", type=at_least(1), default=4, help="passes over every point")
     parser.add_argument("--max-new-tokens", type=at_least(1), default=64)
     parser.add_argument(
         "--ks",
@@ -56,7 +57,17 @@ def parse_args(argv):
         help="fixed_round_share of each adaptive engine",
     )
     parser.add_argument("--threads", type=at_least(1), default=1, help="torch threads")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--prompts", default="raw", help="a shipped raw prompt set (raw, grounded) or a JSONL file"
+    )
+    args = parser.parse_args(argv)
+    args.texts = raw_texts(args.prompts)
+    if args.batch * args.groups > len(args.texts):
+        parser.error(
+            f"--batch {args.batch} x --groups {args.groups} needs {args.batch * args.groups} distinct prompts; "
+            f"{args.prompts} has {len(args.texts)}: lower --groups or give a larger --prompts set"
+        )
+    return args
 
 
 def main(argv=None) -> None:
@@ -75,10 +86,10 @@ def main(argv=None) -> None:
     adaptive = {f"adaptive {s}": engine(KPolicy(fixed_round_share=s)) for s in args.shares}
     static = engine(KPolicy())
     tokenizer = static.tokenizer
-    prompts = [tokenizer(PROMPTS[i % len(PROMPTS)])["input_ids"] for i in range(args.groups * args.batch)]
+    prompts = [tokenizer(text)["input_ids"] for text in args.texts[: args.groups * args.batch]]
     points = [(name, e, None) for name, e in adaptive.items()] + [(f"K={k}", static, k) for k in args.ks]
     totals = {name: [0, 0.0] for name, _, _ in points}
-    for rep in range(args.repeats):
+    for rep in range(args.repeats):  # forward and reverse order in turn (an even --repeats balances them)
         for name, eng, k in points if rep % 2 == 0 else points[::-1]:
             params = SamplingParams(max_new_tokens=args.max_new_tokens, num_draft_tokens=k)
             start = time.perf_counter()
@@ -89,7 +100,10 @@ def main(argv=None) -> None:
         print(f"pass {rep + 1}/{args.repeats} done", flush=True)
     rate = {name: tokens / seconds for name, (tokens, seconds) in totals.items()}
     best = max((rate[f"K={k}"], k) for k in args.ks)
-    print(f"{cpu_name()}, batches of {args.batch}, {args.max_new_tokens} new tokens, {args.repeats} passes")
+    print(
+        f"{cpu_name()}, batches of {args.batch} ({args.prompts} prompts), {args.max_new_tokens} new tokens, "
+        f"{args.repeats} passes"
+    )
     print("tokens/s: " + ", ".join(f"{name} {value:.1f}" for name, value in rate.items()))
     for name, eng in adaptive.items():
         rounds = {k: n for (batch, k), n in eng.adaptive.snapshot()[1].items() if batch == args.batch}

@@ -27,9 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 WINDOW = 4  # target tokens re-encoded with a continuation: a merge across the boundary reaches back at most this far
-EXTRA_WINDOW = (
-    4  # more target tokens tried where the window starts inside a word (SentencePiece re-encodes it as one)
-)
+# more target tokens tried where the window starts inside a word (SentencePiece re-encodes it as a word start)
+EXTRA_WINDOW = 4
+WORD_MARK = "\u2581"  # SentencePiece's word start
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,12 @@ class _Codec:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self.backend = getattr(tokenizer, "backend_tokenizer", None)
+        # A SentencePiece tokenizer as Llama 2's or Mistral's: a text encoded on its own starts with a word mark
+        # (its normalizer prepends ``▁``), and a word's token decoded on its own loses its space (its decoder
+        # strips the one a text starts with). Byte-level BPE does neither.
+        words = self.encode("a b")
+        self.marks_words = bool(words) and self.piece(self.encode("b")[0]).startswith(WORD_MARK)
+        self.drops_space = len(words) > 1 and not self.decode(words[-1:]).startswith(" ")
 
     def encode(self, text: str) -> list[int]:
         if self.backend is not None:
@@ -107,9 +113,11 @@ class _Codec:
     def decode_after(self, before: list[int], ids: list[int]) -> str:
         """The text ``ids`` write after ``before``: a SentencePiece decoder drops the space that starts a text
         (Llama 2, Mistral: ``▁brown`` alone is "brown", after ``▁quick`` it is " brown")."""
+        if not (self.drops_space and before):
+            return self.decode(ids)
         head = self.decode(before)
         text = self.decode(before + ids)
-        return text[len(head) :] if before and text.startswith(head) else self.decode(ids)
+        return text[len(head) :] if text.startswith(head) else self.decode(ids)
 
 
 @dataclass
@@ -149,12 +157,14 @@ class Translator:
         else:
             keep = _word_start(view.ids, self.draft)
             piece = self.draft.decode(view.ids[keep:])
-            ids = None
-            if view.text.endswith(piece):
+            # re-encoded on its own, a tail cut inside a word would start one where the text does not (a
+            # SentencePiece tokenizer: "zzqx" read "zz qx"); where the pieces do not decode to the text apart (a
+            # split character), the whole text
+            marks = self.draft.marks_words
+            inside_word = marks and not self.draft.piece(view.ids[keep]).startswith(WORD_MARK)
+            if view.text.endswith(piece) and not inside_word:
                 ids = view.ids[:keep] + self.draft.encode(text[len(view.text) - len(piece) :])
-            # the pieces do not decode to the text apart (a split character), or the tail re-encoded as a text of
-            # its own starts a word where the text does not (a SentencePiece tokenizer cut inside a word)
-            if ids is None or self.draft.decode(ids) != text:
+            else:
                 ids = self.draft.encode(text)
         if view is not None:
             view.target_len, view.text, view.ids = len(body), text, ids
@@ -173,25 +183,25 @@ class Translator:
         if not draft_continuation:
             return []
         body = self._body(target_ids)
-        head = self.target.decode(body[-WINDOW:])
-        tail = self.draft.decode_after(self.draft.encode(head), draft_continuation)
+        # read after the draft's tokens for the row's last words where its decoder drops a leading space
+        anchor = self.draft.encode(self.target.decode(body[-WINDOW:])) if self.draft.drops_space else []
+        tail = self.draft.decode_after(anchor, draft_continuation)
         proposal = None
-        for n in range(
-            WINDOW, WINDOW + EXTRA_WINDOW + 1
-        ):  # a longer window where a shorter starts inside a word
+        for n in range(WINDOW, WINDOW + EXTRA_WINDOW + 1):
             window = body[-n:]
             ids = self.target.encode(self.target.decode(window) + tail)
             if ids[: len(window)] == window:
                 proposal = ids[len(window) :]
                 break
-            if len(window) < n:
+            # only a window that starts inside a word (re-encoded, it starts one) gains from a longer one; a
+            # merge across the boundary stays
+            if len(window) < n or ids[:1] == window[:1]:
                 break
         if proposal is None:
             proposal = self.target.encode(tail)
-            window = body[-WINDOW:]
             # encoded on its own, a SentencePiece tokenizer starts it with a word (Llama 2: after "br", "own"
             # became "▁o w n", " own"): nothing is proposed where the tokens do not write the text after the row
-            if self.target.decode_after(window, proposal) != tail:
+            if self.target.marks_words and self.target.decode_after(body[-WINDOW:], proposal) != tail:
                 return []
         # A continuation ending inside a character (byte-level tokens) decodes to U+FFFD: drop what it wrote. The
         # whole proposal is decoded, not its last token alone: each byte token of a whole character decodes to
@@ -207,11 +217,14 @@ def _word_start(ids: list[int], codec: _Codec, back: int = 8) -> int:
     split moves as the next word arrives) or that starts a word in SentencePiece's way (``▁``: its text re-encoded
     alone gets that mark back, and decode drops the space), else len(ids) - back: where re-encoding may start
     without changing what comes before."""
+    if codec.marks_words:
+        for j in range(len(ids) - 1, max(len(ids) - back, 0), -1):
+            if codec.piece(ids[j]).startswith(WORD_MARK):
+                return j
+        return max(len(ids) - back, 0)
     texts = [codec.decode([i]) for i in ids[-back - 1 :]]
     offset = len(ids) - len(texts)
     for j in range(len(texts) - 1, 0, -1):
         if texts[j][:1].isspace() and not texts[j - 1][-1:].isspace():
-            return offset + j
-        if codec.piece(ids[offset + j]).startswith("\u2581"):
             return offset + j
     return max(len(ids) - back, 0)

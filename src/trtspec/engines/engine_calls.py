@@ -183,16 +183,22 @@ class EngineCallRounds:
         generator,
         proposals: list[list[int] | None] | None = None,
     ) -> list[Outcome]:
-        """Rows whose engines stop alike go in one call each (a TensorRT-LLM call takes one end_id); sampled rows go
-        one per call: a call takes one seed (ModelRunnerCpp builds one SamplingConfig for all its requests) and
-        TensorRT-LLM starts each request's random state from it, so rows of one call would draw the same numbers
-        (one prompt sent four times would sample one text four times). ``proposals``: rows whose draft tokens are
-        given (prompt lookup) skip the draft engine."""
+        """Rows whose engines stop alike go in one call each (a TensorRT-LLM call takes one end_id). A call takes one
+        seed (ModelRunnerCpp builds one SamplingConfig for all its requests) and TensorRT-LLM starts each
+        request's random state from it, so the sampled rows of one call draw the same numbers: rows that hold the
+        same tokens go in calls of their own (one prompt sent four times would sample one text four times); rows
+        that differ keep one call (each row's text follows the target's distribution; rows' draws are alike).
+        ``proposals``: rows whose draft tokens are given (prompt lookup) skip the draft engine."""
         given = proposals or [None] * len(rows)
         outcomes: dict[int, Outcome] = {}
         calls: dict[tuple, list[int]] = {}
+        seen: dict[tuple, int] = {}
         for i, row in enumerate(rows):
-            calls.setdefault((row.stop_ids, None if params.greedy else i), []).append(i)
+            twin = 0  # the how-manieth sampled row holding these tokens and stop ids
+            if not params.greedy:
+                key = (row.stop_ids, tuple(row.tokens))
+                twin = seen[key] = seen.get(key, -1) + 1
+            calls.setdefault((row.stop_ids, twin), []).append(i)
         sampling = (params.greedy, params.temperature, params.top_k, params.top_p)
         for (stop_ids, _), idx in calls.items():
             stops = engine_stops(stop_ids, self.tokenizer_eos, self.pad_id)
