@@ -301,11 +301,12 @@ def test_a_group_whose_rows_finish_apart_is_priced_by_what_its_smaller_batches_c
     assert bucket_only.costs.costs(4, 4) is not None and bucket_only._shrink(4, 4, 4) is None
     assert measured_state(10.0).costs.costs(4, 4) == cheap.costs.costs(4, 4)
     # Only sizes measured on their own count: batch 3 unmeasured (its bucket, 2-3, holds batch 2's rounds) is on
-    # the line between batches 2 and 4, batch 1 on the line from 2 down to a round without rows (fixed_round_share)
-    share = KPolicy().fixed_round_share
-    assert measured_state(6.0, smaller=(2,))._shrink(4, 4, 4)[1] == pytest.approx(
-        [(share + 0.6) / 2, 0.6, 0.8, 1.0]
-    )
+    # the line between batches 2 and 4; batch 1, below the smallest measured size, on the line from it down to a
+    # round without rows at fixed_round_share (whole rounds by default: no cheaper than batch 2)
+    assert measured_state(6.0, smaller=(2,))._shrink(4, 4, 4)[1] == pytest.approx([0.6, 0.6, 0.8, 1.0])
+    lower = measured_state(6.0, smaller=(2,))
+    lower.policy = KPolicy(fixed_round_share=0.3)
+    assert lower._shrink(4, 4, 4)[1] == pytest.approx([0.45, 0.6, 0.8, 1.0])
     assert measured_state(6.0, smaller=(2,)).costs.costs(3, 4) == cheap.costs.costs(2, 4)
     # a size below a cheaper one costs no more than it (noise in a rarely run size)
     noisy = measured_state(6.0, smaller=(2,))
@@ -314,27 +315,28 @@ def test_a_group_whose_rows_finish_apart_is_priced_by_what_its_smaller_batches_c
     assert noisy._shrink(4, 4, 4)[1][:2] == pytest.approx([0.6, 0.6])
 
 
-def test_a_cold_engines_lockstep_group_prices_the_smaller_batches_it_never_ran_and_drafts():
+def test_a_cold_engines_lockstep_group_prices_the_smaller_batches_it_never_ran_by_fixed_round_share():
     """Rows that decode target-only in lockstep finish together, so a cold engine's batch of 8 has no smaller size
-    measured. Priced as whole rounds, the group's last rounds cost as much as its first and drafting never paid:
-    it never drafted, never finished apart, and never learned otherwise (the demo pair, 8 rows: 0.85x K=2). Until
-    a smaller size is measured, it lies on the line down to fixed_round_share: the group drafts, and the sizes it
-    then runs price themselves."""
-    state = AdaptiveState(KPolicy())
+    measured. Priced as whole rounds (the default), the group's last rounds cost as much as its first, and a group
+    near break-even stays target-only; with a lower fixed_round_share the sizes it never ran lie on the line down
+    to it, the group drafts, and the sizes it then runs price themselves."""
     # batch 8: K=1 1.43, K=2 1.85 target-only rounds (the demo pair, AMD EPYC)
+    measured = AdaptiveState(KPolicy()).costs
     for k in (0, 0, 0, 1, 2, 1, 2):
-        state.costs.record(8, k, 0.0185 * (1.0 if k == 0 else 1.0 + 0.43 * k - 0.005 * (k - 1)))
-    shrink = state._shrink(8, 4, 4)
-    assert shrink[1] == pytest.approx([0.3 + 0.7 * rows / 8 for rows in range(1, 9)])
+        measured.record(8, k, 0.0185 * (1.0 if k == 0 else 1.0 + 0.43 * k - 0.005 * (k - 1)))
     rows = learned([KController(KPolicy(), max_k=4) for _ in range(8)])
     # their own first positions at 0.55, the pool's too (the demo pair's first 16 positions: 0.55-0.6)
     for controller in rows:
         controller.estimate.counts = (11.0, 20.0)
         controller.estimate.prior = 0.55
-    assert state.choose(rows, 8, 8, 4, timed=False, remaining=[40] * 8) > 0
-    whole = AdaptiveState(KPolicy(fixed_round_share=1.0))
-    whole.costs = state.costs
-    assert whole.choose(rows, 8, 8, 4, timed=False, remaining=[40] * 8) == 0
+    ks = {}
+    for share in (1.0, 0.3):
+        state = AdaptiveState(KPolicy(fixed_round_share=share))
+        state.costs = measured
+        assert state._shrink(8, 4, 4)[1] == pytest.approx([share + (1 - share) * b / 8 for b in range(1, 9)])
+        ks[share] = state.choose(rows, 8, 8, 4, timed=False, remaining=[40] * 8)
+    assert ks[1.0] == 0 and ks[0.3] > 0
+    assert KPolicy().fixed_round_share == 1.0
 
 
 def test_a_waited_group_drafts_at_break_even_until_its_rows_have_judged_what_the_prior_weighs():

@@ -108,12 +108,13 @@ class KPolicy:
     # binomial noise taken out.)
     row_spread: float = 0.15
     # A round's cost with no rows left, as a share of the whole batch's, until smaller batch sizes are measured: a
-    # size a waited group never ran is priced on the line from it to the nearest measured sizes (RoundCosts and
-    # AdaptiveState._shrink). Optimistic on purpose: rows that finish apart measure the smaller sizes, which then
-    # price themselves; priced as whole rounds instead, a cold engine's lockstep groups never drafted, so never
-    # finished apart and never learned otherwise (the demo pair, 8 rows, AMD EPYC: 0.85x K=2, target-only for
-    # good). On the 2-core CPUs a round of one row costs 0.38 of eight rows' (served, target-only).
-    fixed_round_share: float = 0.3
+    # size a waited group never ran is priced on the line from it to the nearest measured sizes (AdaptiveState.
+    # _shrink). 1 (whole rounds) by default. Lower is optimistic: a cold engine's lockstep batch then drafts, its
+    # rows finish apart and the smaller sizes price themselves. On repeated prompts that unlocked a batch of 8
+    # whose drafting pays (0.3: 0.93-0.96x the best static K, against 0.83-0.85x target-only for good); on
+    # distinct prompts it bought nothing where drafting paid and cost 4% where it did not (the demo pair, AMD
+    # EPYC: tools/bench_cold_batches.py). On the 2-core CPUs a round of one row costs 0.38 of eight rows'.
+    fixed_round_share: float = 1.0
     schedule: Mapping[int, int] | None = field(default=None)
 
 
