@@ -224,7 +224,13 @@ def test_engines_rebuild_for_another_tensorrt_llm_or_gpu(fake_trtllm, workdir, m
     assert B.build(load_recipe(recipe_path), engines).ran == ["check", "target.engine", "draft.engine"]
     assert B.build(load_recipe(recipe_path), engines).ran == ["check"]
     versions = environment.package_versions()
-    monkeypatch.setattr(environment, "package_versions", lambda *a: versions | {"tensorrt_llm": "1.2.1"})
+    # one release, then a patch release of it: engines are built for the exact TensorRT-LLM version
+    for release, ran in (("1.2.1", ["check", "target.engine", "draft.engine"]), ("1.2.1", ["check"])):
+        monkeypatch.setattr(
+            environment, "package_versions", lambda *a, r=release: versions | {"tensorrt_llm": r}
+        )
+        assert B.build(load_recipe(recipe_path), engines).ran == ran
+    monkeypatch.setattr(environment, "package_versions", lambda *a: versions | {"tensorrt_llm": "1.2.2"})
     assert B.build(load_recipe(recipe_path), engines).ran == ["check", "target.engine", "draft.engine"]
 
 

@@ -92,6 +92,31 @@ def test_top_k_and_top_p_keep_the_hf_warper_sets():
     assert kept.tolist() == [[True, True, False, False, False]] and probs[:2].sum() > 0.85
 
 
+@pytest.mark.parametrize("temperature", [0.3, 0.7, 1.0, 1.8])
+@pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (3, 1.0), (0, 0.6), (4, 0.8), (50, 0.95)])
+def test_sampling_probabilities_are_the_transformers_warpers(temperature, top_k, top_p):
+    """The sampling tests judge the engine against logits_to_probs, the distribution it samples from; it is checked
+    here against an independent oracle: transformers' warpers (temperature, then top-k, then top-p, as generate
+    applies them), ties included, so a wrong temperature or cutoff cannot hide in both."""
+    from transformers.generation.logits_process import (
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    gen = torch.Generator().manual_seed(int(temperature * 10) + top_k)
+    logits = torch.randn(6, 40, generator=gen) * 3
+    logits[0, :4] = logits[0, 0]  # ties at the top
+    scores = TemperatureLogitsWarper(temperature)(None, logits.clone())
+    if top_k:
+        scores = TopKLogitsWarper(top_k)(None, scores)
+    if top_p < 1.0:
+        scores = TopPLogitsWarper(top_p)(None, scores)
+    expected = scores.softmax(-1)
+    got = logits_to_probs(logits, SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p))
+    assert torch.allclose(got, expected, atol=1e-6)
+
+
 def test_top_k_1_is_greedy_whatever_the_temperature():
     """One definition of greedy for every entry point: top_k 1 keeps only the argmax, so it is greedy (no draws)."""
     logits = torch.tensor([[0.5, 3.0, 2.9, -1.0]])

@@ -63,6 +63,32 @@ def test_quantized_checkpoint_within_tolerance(awq_ready_dir, calib_file, tmp_pa
     assert (summary["warning"] is None) == (fmt in support.DTM_SUPPORTED_PRECISIONS)
     rows = interpreter.read_ranks(tmp_path / "ckpt", 1)[0]["lm_head.weight"].shape[0]
     assert rows == vocab.padded_vocab_size(VOCAB, 1, fmt)
+    # the layers' linears are stored quantized, each with its scale (the verifier reads a weight without one as
+    # plain float, so its tolerance alone would pass an export that left them in fp16)
+    import torch
+    from safetensors.torch import load_file
+
+    stored = {
+        "fp8": torch.float8_e4m3fn,
+        "int8_sq": torch.int8,
+        "int4_awq": torch.int8,
+        "w4a8_awq": torch.int8,
+    }
+    tensors = load_file(tmp_path / "ckpt" / "rank0.safetensors")
+    linears = [
+        name[: -len(".weight")]
+        for name in tensors
+        if name.startswith("transformer.layers.") and name.endswith(".weight")
+        and name[: -len(".weight")].endswith(interpreter.LINEARS)
+    ]  # fmt: skip
+    assert len(linears) >= 4
+    for prefix in linears:
+        weight = tensors[f"{prefix}.weight"]
+        assert weight.dtype == stored[fmt] and f"{prefix}.weights_scaling_factor" in tensors, prefix
+        if fmt in ("int4_awq", "w4a8_awq"):  # two int4 per byte
+            assert (
+                weight.numel() * 2 == tensors[f"{prefix}.weights_scaling_factor"].shape[0] * weight.shape[-1]
+            )
 
 
 @pytest.mark.conversion

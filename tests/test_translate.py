@@ -512,6 +512,19 @@ def test_the_trtllm_runner_drafts_in_the_drafts_own_ids_and_returns_the_targets_
         (ids,) = kw["prompts"]
         assert draft_tok(draft_tok.decode(ids, skip_special_tokens=False))["input_ids"] == ids
         assert kw["end_id"] == draft_tok.eos_token_id
+    # each draft call reads the text the target's next call holds: a view that lagged a round, or kept the prompt
+    # only, would still leave the output the target's
+    calls = ModelRunnerCpp.calls
+    pairs = [
+        (kw["prompts"][0], next(k["prompts"][0] for d2, k in calls[i + 1 :] if d2 != str(draft_engine)))
+        for i, (d, kw) in enumerate(calls)
+        if d == str(draft_engine) and any(d2 != str(draft_engine) for d2, _ in calls[i + 1 :])
+    ]
+    assert len(pairs) >= 2
+    for draft_ids, target_ids in pairs:
+        assert draft_tok.decode(draft_ids, skip_special_tokens=True) == target_tok.decode(
+            target_ids, skip_special_tokens=True
+        )
 
 
 def test_the_drafts_view_re_encodes_only_its_tail_and_matches_a_whole_re_encoding(tokenizers):

@@ -6,6 +6,7 @@ does, so these tests check the loop's outputs (== HF greedy), its acceptance sta
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from pathlib import Path
@@ -213,6 +214,12 @@ def test_sampling_with_draft_logits_passes_logits_and_is_seeded(fake_trtllm, eng
         (len(t), runner.target.vocab_size) for t in verify[-1]["draft_tokens_list"]
     ]
     assert verify[-1]["temperature"] == 0.8 and verify[-1]["top_k"] == 50 and "random_seed" in verify[-1]
+    # the request's seed reaches the engines: another seed, other calls' seeds and other tokens
+    seeds = {kw["random_seed"] for _, kw in ModelRunnerCpp.calls}
+    ModelRunnerCpp.calls.clear()
+    other = runner.generate(PROMPTS, dataclasses.replace(params, seed=8))
+    assert not seeds & {kw["random_seed"] for _, kw in ModelRunnerCpp.calls}
+    assert [r.token_ids for r in other] != [r.token_ids for r in first]
 
 
 def test_sampled_rows_of_one_batch_draw_their_own_random_numbers(fake_trtllm, engines):

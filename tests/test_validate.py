@@ -292,8 +292,17 @@ def test_prompts_that_do_not_fit_the_limits_fail_before_any_model_loads(
 def test_reference_stop_ids_and_greedy_continuation(engine_and_reference):
     _, reference = engine_and_reference
     assert reference.tokenizer.eos_token_id in reference.stop_token_ids()
-    ids = reference.generate(reference.tokenizer("def add(a, b):").input_ids, 5)
-    assert 1 <= len(ids) <= 5
+    import torch
+
+    prompt = reference.tokenizer("def add(a, b):").input_ids
+    ids = reference.generate(prompt, 5)
+    expected = list(prompt)
+    with torch.inference_mode():  # argmax of the raw logits, token by token, to a stop id
+        for _ in range(5):
+            expected.append(int(reference.model(torch.tensor([expected])).logits[0, -1].argmax()))
+            if expected[-1] in reference.stop_token_ids():
+                break
+    assert 1 <= len(ids) <= 5 and ids == expected[len(prompt) :]
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without a GPU")

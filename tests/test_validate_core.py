@@ -328,3 +328,16 @@ def test_a_system_that_goes_on_past_its_stop_is_no_near_tie_and_fails():
     assert divergence.index == 2 and math.isinf(divergence.margin) and not divergence.near_tie
     assert "went on past its stop token 2 at token 2" in divergence.describe()
     assert divergence.to_dict()["margin"] is None
+
+
+def test_the_reported_rate_is_the_runs_tokens_over_its_wall_time_not_over_its_longest_request(monkeypatch):
+    """Batches run one after another, so a run's rate is its tokens over its whole wall time (1 s here), not over
+    its longest request's time (0.5 s each): the report's overall and stats rates both say so."""
+    from trtspec.validate import systems
+
+    monkeypatch.setattr(systems, "MIN_TIMED_TOKENS", 1)
+    result = _result([[10, 11, 12], [20, 21]], [[10, 11, 12], [20, 21]], [[10, 11, 12], [20, 21]])
+    payload = validation_to_dict(result)
+    assert payload["overall"]["tokens_per_s"] == pytest.approx(5 / 1.0)
+    assert payload["stats"]["tokens_per_s"] == pytest.approx(5 / 1.0)
+    assert payload["overall"]["target_only_tokens_per_s"] == pytest.approx(5 / 2.0)

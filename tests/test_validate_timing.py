@@ -104,8 +104,6 @@ def test_enough_timed_tokens_report_the_speed(runner, tiny_pair, tmp_path, monke
     assert sum(p["generated_tokens"] for p in payload["prompts"]) >= 8
     assert payload["overall"]["tokens_per_s"] > 0 and payload["overall"]["speedup"] > 0
     assert all(p["tokens_per_s"] > 0 for p in payload["prompts"]) and payload["stats"]["tokens_per_s"] > 0
-    # the run's rate, not its tokens over its longest request (batches run one after another)
-    assert payload["stats"]["tokens_per_s"] == payload["overall"]["tokens_per_s"]
     assert not any("not reported" in note for note in payload["notes"])
 
 
