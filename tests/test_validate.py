@@ -99,34 +99,30 @@ def test_engine_matches_reference_and_control(engine_and_reference):
 
 
 def test_validate_defaults_to_adaptive_k_unless_the_recipe_pins_one(runner, tiny_pair, tmp_path, monkeypatch):
-    """As deploy writes it: no speculative.num_draft_tokens, no --num-draft-tokens -> None (adaptive K)."""
-    import trtspec.validate.run_validate as commands
+    """As deploy writes it: no speculative.num_draft_tokens, no --num-draft-tokens -> None (adaptive K). The real
+    run, recorded: the K validate asked of the system, and the K its report names."""
     import trtspec.validate.validation as validation
 
-    seen = []
+    seen, real = [], validation.run_validation
 
-    def fake_run_validation(system, reference, prompts, *, num_draft_tokens, **kwargs):
+    def recorded(system, reference, prompts, *, num_draft_tokens, **kwargs):
         seen.append(num_draft_tokens)
-        raise CheckFailed("stop here")
+        return real(system, reference, prompts, num_draft_tokens=num_draft_tokens, **kwargs)
 
-    class System:
-        fixed_k = None
-
-        def close(self):
-            pass
-
-    monkeypatch.setattr(validation, "run_validation", fake_run_validation)
-    monkeypatch.setattr(commands, "open_system", lambda *args, **kwargs: System())
-    monkeypatch.setattr(commands, "open_reference", lambda *args, **kwargs: None)
+    monkeypatch.setattr(validation, "run_validation", recorded)
     target, draft = tiny_pair
     adaptive = write_recipe(tmp_path / "adaptive.yaml", target, draft)
     pinned = tmp_path / "pinned.yaml"
     pinned.write_text(
         adaptive.read_text().replace("{max_draft_len: 4}", "{max_draft_len: 4, num_draft_tokens: 3}")
     )
+    reported = []
     for recipe, extra in ((adaptive, []), (pinned, []), (adaptive, ["--num-draft-tokens", "2"])):
-        runner.invoke(cli, ["validate", str(recipe), "--limit", "1", *extra])
-    assert seen == [None, 3, 2]
+        args = ["validate", str(recipe), "--limit", "1", "--max-tokens", "4", "--json", *extra]
+        result = runner.invoke(cli, args)
+        assert result.exit_code == 0, result.output
+        reported.append(json.loads(result.stdout)["num_draft_tokens"])
+    assert seen == [None, 3, 2] and reported == ["adaptive", 3, 2]
 
 
 def test_planted_mismatch_fails_with_first_divergence(engine_and_reference):
