@@ -440,23 +440,22 @@ def test_check_names_what_ngram_decoding_takes_of_the_recipe(tiny_pair):
     assert [w.name for w in warned] == ["adaptive K"] and "prompt_lookup_min 3" in warned[0].message
 
 
-def test_convert_both_models_of_a_recipe_without_a_draft_converts_the_target(
-    runner, tiny_pair, tmp_path, monkeypatch
-):
-    from trtspec.builders import convert
+@pytest.mark.conversion
+def test_convert_both_models_of_a_recipe_without_a_draft_converts_the_target(runner, tiny_pair, tmp_path):
     from trtspec.cli import cli
 
-    converted = []
-    monkeypatch.setattr(convert, "export_models", lambda recipe, roles, **_: converted.extend(roles) or [])
     path = tmp_path / "lookup.yaml"
     path.write_text(
         yaml.safe_dump(
             {"name": "lk", "target": {"model": str(tiny_pair[0])}, "speculative": {"proposer": "ngram"}}
         )
     )
-    result = runner.invoke(cli, ["convert", str(path), "--json"])
+    out = tmp_path / "ckpt"
+    result = runner.invoke(cli, ["convert", str(path), "--out", str(out), "--json"])
     assert result.exit_code == 0, result.output
-    assert converted == ["target"]
+    (converted,) = json.loads(result.stdout)["checkpoints"]  # the target only: there is no draft to convert
+    assert converted["role"] == "target" and converted["verification"]["passed"]
+    assert (out / "config.json").is_file() and (out / "rank0.safetensors").is_file()
 
 
 @pytest.mark.server
