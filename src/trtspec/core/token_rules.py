@@ -22,9 +22,10 @@
    round), each a draw from the request's random generator: distinct per call and per round (no two calls replay
    one stream of draws; the acceptance test must not be correlated with the draft's sample), reproducible for a
    seeded request. A call's seed starts every request in it alike (TensorRT-LLM), so sampled rows holding the
-   same tokens go in calls of their own; rows that differ share a call and its draws. Greedy calls get none. The request's generator is seeded through ``generator_seed``, so every
-   bit of a 64-bit seed counts: torch's CPU generator (mt19937) keeps only the low 32 bits of its seed, and
-   seeds s and s + 2**32 would otherwise give one stream.
+   same tokens go in calls of their own; rows that differ share a call and its draws. Greedy calls get none.
+   The request's generator is seeded through ``generator_seed``, so every bit of a 64-bit seed counts: torch's
+   CPU generator (mt19937) keeps only the low 32 bits of its seed, and seeds s and s + 2**32 would otherwise
+   give one stream.
 """
 
 from __future__ import annotations

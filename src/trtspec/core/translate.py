@@ -8,8 +8,9 @@ The draft runs in its own token space, with its own KV cache. Each round:
 3. ``to_target``: the continuation's text as target tokens, aligned at a token boundary: the last few target
    tokens and the continuation are decoded together and re-encoded with the target tokenizer; what follows the
    unchanged window is the proposal (where the re-encoding would rewrite an emitted token, the continuation is
-   encoded on its own, and proposed only where those tokens write its text after the row's). A draft token that splits a word differently from the target still counts, because only
-   the text matters (HF's Universal Assisted Generation does the same for greedy decoding);
+   encoded on its own, and proposed only where those tokens write its text after the row's). A draft token that
+   splits a word differently from the target still counts, because only the text matters (HF's Universal
+   Assisted Generation does the same for greedy decoding);
 4. the target verifies the proposal as a point mass per token (engines/sampling.py's glossary): under greedy
    decoding the output is the target's greedy output, under sampling it keeps the target's distribution, for
    any proposal, so the draft's distribution over its own vocabulary never has to be mapped (Timor et al.,
@@ -90,8 +91,8 @@ class _Codec:
         # A SentencePiece tokenizer as Llama 2's or Mistral's: a text encoded on its own starts with a word mark
         # (its normalizer prepends ``▁``), and a word's token decoded on its own loses its space (its decoder
         # strips the one a text starts with). Byte-level BPE does neither.
-        words = self.encode("a b")
-        self.marks_words = bool(words) and self.piece(self.encode("b")[0]).startswith(WORD_MARK)
+        word, words = self.encode("b"), self.encode("a b")
+        self.marks_words = bool(word) and self.piece(word[0]).startswith(WORD_MARK)
         self.drops_space = len(words) > 1 and not self.decode(words[-1:]).startswith(" ")
 
     def encode(self, text: str) -> list[int]:
@@ -160,8 +161,9 @@ class Translator:
             # re-encoded on its own, a tail cut inside a word would start one where the text does not (a
             # SentencePiece tokenizer: "zzqx" read "zz qx"); where the pieces do not decode to the text apart (a
             # split character), the whole text
-            marks = self.draft.marks_words
-            inside_word = marks and not self.draft.piece(view.ids[keep]).startswith(WORD_MARK)
+            inside_word = self.draft.marks_words and not self.draft.piece(view.ids[keep]).startswith(
+                WORD_MARK
+            )
             if view.text.endswith(piece) and not inside_word:
                 ids = view.ids[:keep] + self.draft.encode(text[len(view.text) - len(piece) :])
             else:
@@ -183,13 +185,14 @@ class Translator:
         if not draft_continuation:
             return []
         body = self._body(target_ids)
+        head = self.target.decode(body[-WINDOW:])
         # read after the draft's tokens for the row's last words where its decoder drops a leading space
-        anchor = self.draft.encode(self.target.decode(body[-WINDOW:])) if self.draft.drops_space else []
+        anchor = self.draft.encode(head) if self.draft.drops_space else []
         tail = self.draft.decode_after(anchor, draft_continuation)
         proposal = None
         for n in range(WINDOW, WINDOW + EXTRA_WINDOW + 1):
             window = body[-n:]
-            ids = self.target.encode(self.target.decode(window) + tail)
+            ids = self.target.encode((head if n == WINDOW else self.target.decode(window)) + tail)
             if ids[: len(window)] == window:
                 proposal = ids[len(window) :]
                 break
