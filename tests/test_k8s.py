@@ -965,6 +965,19 @@ def test_the_recipe_is_mounted_as_a_file_so_its_relative_paths_resolve_beside_it
             ), mounts
 
 
+def test_the_build_job_and_the_server_get_a_memory_backed_dev_shm(tmp_path):
+    """A container runtime gives a pod 64 MiB of /dev/shm: Triton's python backend passes tensors there, and a
+    build's workers (torch multiprocessing, MPI and NCCL for tp > 1) exchange data there, as compose's shm_size
+    provides."""
+    _, files = rollout(tmp_path, write_recipe(tmp_path, PAIR_8B_1B))
+    for path in ("base/build-job.yaml", "overlays/production/deployment.yaml"):
+        pod = files[path]["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/dev/shm"]
+        (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+        assert volume["emptyDir"] == {"medium": "Memory", "sizeLimit": "2Gi"}, path
+
+
 def test_build_and_gate_jobs_request_the_cpu_and_memory_the_recipe_names(tmp_path):
     """Conversion holds the whole checkpoint in host memory: a Job without requests is the first evicted."""
     text = PAIR_8B_1B.replace("  gpus: 2\n", "  gpus: 2\n  cpu: '8'\n  memory: 64Gi\n")

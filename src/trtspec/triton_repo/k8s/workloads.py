@@ -100,9 +100,12 @@ def engines_pvc(plan: RolloutPlan) -> dict:
 # ---------------------------------------------------------------- pods
 
 
-def volumes(plan: RolloutPlan, *, engines: bool = True, repo: bool = True) -> tuple[list, list]:
+def volumes(
+    plan: RolloutPlan, *, engines: bool = True, repo: bool = True, shm: bool | None = None
+) -> tuple[list, list]:
     """(volumes, volumeMounts) of a trtspec container: the recipe, the models and engines volumes where the plan
-    has them, and (``repo``) a scratch folder for the repository plus Triton's shared memory."""
+    has them, (``repo``) a scratch folder for the repository, and (``shm``, by default where ``repo``) a
+    memory-backed /dev/shm in place of the container runtime's 64 MiB one."""
     vols = [{"name": "recipe", "configMap": {"name": recipe_configmap_name(plan)}}]
     # The file itself (subPath): a ConfigMap folder's recipe.yaml is a symlink into a timestamped folder, so the
     # recipe's relative paths would resolve from there (load_recipe resolves the file's real path). A subPath
@@ -124,12 +127,13 @@ def volumes(plan: RolloutPlan, *, engines: bool = True, repo: bool = True) -> tu
         vols.append({"name": "engines", "persistentVolumeClaim": {"claimName": plan.engines_pvc}})
         mounts.append({"name": "engines", "mountPath": ENGINES_MOUNT})
     if repo:
-        # The python backend passes tensors through /dev/shm (compose's shm_size: 2gb).
-        vols += [
-            {"name": "triton-repo", "emptyDir": {}},
-            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}},
-        ]
-        mounts += [{"name": "triton-repo", "mountPath": REPO_MOUNT}, {"name": "shm", "mountPath": "/dev/shm"}]
+        vols.append({"name": "triton-repo", "emptyDir": {}})
+        mounts.append({"name": "triton-repo", "mountPath": REPO_MOUNT})
+    if repo if shm is None else shm:
+        # Triton's python backend passes tensors through /dev/shm, and a build's workers (torch multiprocessing,
+        # MPI and NCCL for tp > 1) exchange data there: compose's GPU service, which builds too, has shm_size 2gb.
+        vols.append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}})
+        mounts.append({"name": "shm", "mountPath": "/dev/shm"})
     return vols, mounts
 
 
@@ -406,7 +410,7 @@ def build_script(plan: RolloutPlan) -> str:
 
 
 def build_job(plan: RolloutPlan) -> dict:
-    vols, mounts = volumes(plan, repo=False)
+    vols, mounts = volumes(plan, repo=False, shm=True)
     container = {
         "name": "build",
         "image": plan.image,
