@@ -358,6 +358,34 @@ def test_a_waited_group_drafts_at_break_even_until_its_rows_have_judged_what_the
     assert state.choose(steady, 4, 4, 4, timed=False) == 0
 
 
+def test_a_waited_group_that_drafts_keeps_drafting_while_a_k_pays_at_all():
+    """The margin turns a waited group's drafting on, not off: rows that all drafted last round keep drafting at
+    break-even, since a group's first rounds judge its rows' first positions, which a draft matches less often
+    than later ones. Off, or with a row that sat its last round out (a probe's neighbours), the margin holds;
+    below break-even nothing drafts; a steady load keeps the margin both ways."""
+    state = measured_state(10.0)  # K=1 priced 1.52: the slowest of 4 rows at 0.55 gives 1.02
+
+    def rows(drafted: list[bool], prior: float = 0.7) -> list[KController]:
+        controllers = learned([KController(KPolicy(), max_k=4, prior=prior) for _ in drafted])
+        for controller, flag in zip(controllers, drafted, strict=True):
+            controller.drafted = flag
+        return controllers
+
+    assert state.choose(rows([True] * 4), 4, 4, 4, timed=False, remaining=[64] * 4) == 1
+    assert 1.0 < state.decisions[4].expected_speedup < 1.05
+    assert state.choose(rows([False] * 4), 4, 4, 4, timed=False, remaining=[64] * 4) == 0
+    assert state.choose(rows([True, True, False, True]), 4, 4, 4, timed=False, remaining=[64] * 4) == 0
+    assert state.choose(rows([True] * 4, prior=0.5), 4, 4, 4, timed=False, remaining=[64] * 4) == 0
+    assert state.choose(rows([True] * 4, prior=0.55), 4, 4, 4, timed=False) == 0
+    # what sets the flag: the row's own rounds
+    controller = KController(KPolicy(), max_k=4)
+    assert not controller.drafted
+    controller.update(2, 1)
+    assert controller.drafted
+    controller.update(0, 0)
+    assert not controller.drafted
+
+
 def test_the_spread_between_requests_is_measured_less_the_noise_of_few_positions():
     spread = RowSpread(prior=0.15)
     assert spread.value == 0.15
