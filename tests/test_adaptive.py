@@ -255,9 +255,11 @@ def measured_state(small_batch_ms: float, smaller: tuple[int, ...] = (3, 2, 1)) 
 
 def learned(controllers: list[KController]) -> list[KController]:
     """The rows as if each had judged as many draft positions of its own as the prior weighs (KController.lifetime),
-    their estimates unchanged: past the start where a waited group drafts at break-even (adaptive.learning)."""
+    their estimates unchanged, and their group's last choice had not drafted: past the start where a waited group
+    drafts at break-even (adaptive.learning), and not a group that keeps drafting at break-even (drafting)."""
     for controller in controllers:
         controller.lifetime = (7, controller.policy.prior_weight)
+        controller.drafting = False
     return controllers
 
 
@@ -284,7 +286,8 @@ def test_a_group_whose_rows_finish_apart_is_priced_by_what_its_smaller_batches_c
     # Four fresh rows at the pooled 0.7 (spread 0.15): the slowest at 0.55 makes K=1 pay 1.55 / 1.52 = 1.02,
     # under the 5% margin, where every round costs a batch of 4; with rounds of 1-3 rows at 0.6 of that, the
     # group's time at K=1 is 4% shorter and drafting pays.
-    # (The rows have judged what the prior weighs: a group still learning would draft at break-even anyway.)
+    # (The rows have judged what the prior weighs and their group has not drafted: a group still learning, or one
+    # whose last choice drafted, would draft at break-even anyway.)
     fresh = learned([KController(KPolicy(), max_k=4) for _ in range(4)])
     assert measured_state(10.0).choose(fresh, 4, 4, 4, timed=False, remaining=[64] * 4) == 0
     cheap = measured_state(6.0)
@@ -293,7 +296,7 @@ def test_a_group_whose_rows_finish_apart_is_priced_by_what_its_smaller_batches_c
     # A batch with a row the call does not wait for (3 of 4 waited): no shrink (batch 4's, whose first share
     # below the whole batch is at 2 rows here, would price 3 waited rows' group at K=1 1.09x).
     partial = measured_state(6.0, smaller=(2, 1))
-    assert partial.choose(fresh[:3], 4, 4, 4, timed=False, remaining=[64] * 3) == 0
+    assert partial.choose(learned(fresh[:3]), 4, 4, 4, timed=False, remaining=[64] * 3) == 0
     # A batch size priced by its bucket (batch 4 never ran; batch 5 did): no shrink either
     bucket_only = AdaptiveState(KPolicy())
     for k in (0, 0, 0, 1, 3, 1, 3):
@@ -342,7 +345,8 @@ def test_a_cold_engines_lockstep_group_prices_the_smaller_batches_it_never_ran_b
 def test_a_waited_group_drafts_at_break_even_until_its_rows_have_judged_what_the_prior_weighs():
     """Fresh rows carry the pool's estimate alike, and a group judged near break-even by it learns nothing while
     it does not draft: it drafts at break-even (no margin) until its rows' own rounds have judged as many positions
-    as the prior weighs; then the margin holds again. A steady load's rows keep the margin from the start."""
+    as the prior weighs; then the margin holds again (for a group that did not draft: one that did keeps drafting
+    at break-even, below). A steady load's rows keep the margin from the start."""
     state = measured_state(10.0)  # K=1 priced 1.52: the slowest of 4 fresh rows at 0.55 gives 1.02
     fresh = [KController(KPolicy(), max_k=4) for _ in range(4)]
     assert state.choose(fresh, 4, 4, 4, timed=False, remaining=[64] * 4) == 1
@@ -359,31 +363,36 @@ def test_a_waited_group_drafts_at_break_even_until_its_rows_have_judged_what_the
 
 
 def test_a_waited_group_that_drafts_keeps_drafting_while_a_k_pays_at_all():
-    """The margin turns a waited group's drafting on, not off: rows that all drafted last round keep drafting at
+    """The margin turns a waited group's drafting on, not off: a group whose last choice drafted keeps drafting at
     break-even, since a group's first rounds judge its rows' first positions, which a draft matches less often
-    than later ones. Off, or with a row that sat its last round out (a probe's neighbours), the margin holds;
-    below break-even nothing drafts; a steady load keeps the margin both ways."""
+    than later ones. Off, or with a row that joined since (its own choice not yet made), the margin holds; below
+    break-even nothing drafts; a steady load keeps the margin both ways. The choice sets it, not what a round ran:
+    a unit round leaves a drafting group drafting."""
     state = measured_state(10.0)  # K=1 priced 1.52: the slowest of 4 rows at 0.55 gives 1.02
 
-    def rows(drafted: list[bool], prior: float = 0.7) -> list[KController]:
-        controllers = learned([KController(KPolicy(), max_k=4, prior=prior) for _ in drafted])
-        for controller, flag in zip(controllers, drafted, strict=True):
-            controller.drafted = flag
+    def rows(drafting: list[bool], prior: float = 0.7) -> list[KController]:
+        controllers = learned([KController(KPolicy(), max_k=4, prior=prior) for _ in drafting])
+        for controller, flag in zip(controllers, drafting, strict=True):
+            controller.drafting = flag
         return controllers
 
-    assert state.choose(rows([True] * 4), 4, 4, 4, timed=False, remaining=[64] * 4) == 1
+    def choose(controllers: list[KController], timed: bool = False, waited: bool = True) -> int:
+        return state.choose(controllers, 4, 4, 4, timed=timed, remaining=[64] * 4 if waited else None)
+
+    assert choose(rows([True] * 4)) == 1
     assert 1.0 < state.decisions[4].expected_speedup < 1.05
-    assert state.choose(rows([False] * 4), 4, 4, 4, timed=False, remaining=[64] * 4) == 0
-    assert state.choose(rows([True, True, False, True]), 4, 4, 4, timed=False, remaining=[64] * 4) == 0
-    assert state.choose(rows([True] * 4, prior=0.5), 4, 4, 4, timed=False, remaining=[64] * 4) == 0
-    assert state.choose(rows([True] * 4, prior=0.55), 4, 4, 4, timed=False) == 0
-    # what sets the flag: the row's own rounds
-    controller = KController(KPolicy(), max_k=4)
-    assert not controller.drafted
-    controller.update(2, 1)
-    assert controller.drafted
-    controller.update(0, 0)
-    assert not controller.drafted
+    assert choose(rows([False] * 4)) == 0
+    assert choose(rows([True, True, False, True])) == 0
+    assert choose(rows([True] * 4, prior=0.5)) == 0
+    assert choose(rows([True] * 4, prior=0.55), waited=False) == 0
+    # the group's choice sets each row's flag, a measuring round's K does not
+    group = rows([True] * 4)
+    state.costs.since_unit[4] = state.costs.refresh_every  # the unit's refresh is due
+    assert choose(group, timed=True) == 0 and state.measuring
+    assert all(c.drafting for c in group)
+    assert choose(group) == 1
+    off = rows([True] * 4, prior=0.5)
+    assert choose(off) == 0 and not any(c.drafting for c in off)
 
 
 def test_the_spread_between_requests_is_measured_less_the_noise_of_few_positions():

@@ -44,7 +44,9 @@ shorten nothing, and every round drafted costs every row still running. (The dem
 of 8, static K=1: 69 rounds at batch 8, then 0.38 s at batches 1-7 while the rows that accepted less finished;
 1.47 s against target-only's 1.38 s, where the mean acceptance priced K=1 at 1.18x.) Such a group drafts at
 break-even until its rows have judged what the prior weighs (``learning``): only its own rounds tell it whether
-it pays.
+it pays. Once its choice drafts, it keeps drafting while some K pays at all (``KController.drafting``): its first
+rounds judge its rows' first positions, which a draft matches less often than later ones, so a margin to stay on
+would switch it off near break-even and leave it off while its rows' counts age back.
 
 By measured cost: ``RoundCosts`` gives each K's round cost in target-only rounds of the same batch size,
 measured from the rounds the loop ran, each over its whole cycle (start to the next round's start: the forwards,
@@ -388,7 +390,7 @@ class KController:
             policy.prior if prior is None else prior, policy.prior_weight, policy.smoothing
         )
         self.rounds_off = 0  # consecutive rounds that drafted nothing
-        self.drafted = False  # its last round drafted (False before its first)
+        self.drafting = False  # the last K chosen for its group (AdaptiveState.choose) drafted
         self.lifetime = (0, 0)  # (accepted, judged) over the request's rounds, nothing forgotten: RowSpread's
 
     @property
@@ -397,7 +399,6 @@ class KController:
 
     def update(self, num_draft: int, num_accepted: int) -> None:
         """Fold one round in: ``num_accepted`` of ``num_draft`` draft tokens were accepted."""
-        self.drafted = num_draft > 0
         if num_draft == 0:
             self.rounds_off += 1
             self.estimate.age()
@@ -1008,7 +1009,8 @@ class AdaptiveState:
     ) -> int:
         """The K of the adaptive rows of a batch of ``batch`` rows (group_k with this batch size's measured
         costs; ``remaining``: the rows' tokens left, where their caller waits for several rows, with the batch's
-        smaller sizes' costs (_shrink) and break-even while the rows are ``learning``), or 0 for a round
+        smaller sizes' costs (_shrink) and break-even while the rows are ``learning`` or their last choice
+        drafted), or 0 for a round
         that measures the target-only unit (RoundCosts.unit_due), the policy's K where a re-measure is due
         (RoundCosts.explore_due), or a neighbour K that gives the line a slope (RoundCosts.slope_probe).
         ``timed``: the round will be timed as one batch of these rows, all adaptive (a pinned row drafts anyway;
@@ -1029,15 +1031,18 @@ class AdaptiveState:
         # sets in groups: K=2 ran 1.1-1.4x on raw groups, 0.8-1.0x on chat ones), and a group that never drafts
         # learns nothing but a probe's one position in probe_every rounds. Drafting at break-even costs little;
         # the margin guards against the noise of a group's own estimates, which it does not have yet.
-        # A waited group whose rows all drafted last round keeps drafting while some K pays at all: the margin
-        # turns drafting on, not off. Its first rounds judge its rows' first positions, which the draft matches
-        # less often than later ones, so with the margin both ways a group turned drafting off after them and sat
-        # out while its rows' counts aged back (the demo pair's chat groups of 2: 20-30 rounds of K=0 mid-group
-        # where static K=2 ran 1.16-1.22x target-only).
-        drafting = all(c.drafted for c in controllers)
-        steady = remaining is None or not (learning(controllers) or drafting)
-        margin = self.policy.min_gain if steady else 0.0
+        # A waited group whose last choice drafted keeps drafting while some K pays at all: the margin turns
+        # drafting on, not off. A group judged on its rows' first positions, which the draft matches less often
+        # than later ones, reads near break-even, and a margin to stay on would switch it off and leave it off
+        # while its rows' counts age back (the demo pair's chat groups of 2: 20-30 rounds of K=0 mid-group where
+        # static K=2 ran 1.16-1.22x target-only). The choice, not what a round ran: a unit round or a catch-up
+        # left out does not turn a drafting group off, nor a re-measure an idle one on.
+        hysteresis = all(c.drafting for c in controllers)
+        waited_margin = learning(controllers) or hysteresis
+        margin = 0.0 if remaining is not None and waited_margin else self.policy.min_gain
         k = peak_k(tokens, prices, margin)
+        for controller in controllers:
+            controller.drafting = k > 0
         self._decided(batch, k, judged, tokens, prices, costs is not None, remaining)
         self.costs.exploring.discard(batch)
         self.measuring = False
