@@ -1010,9 +1010,9 @@ class AdaptiveState:
         """The K of the adaptive rows of a batch of ``batch`` rows (group_k with this batch size's measured
         costs; ``remaining``: the rows' tokens left, where their caller waits for several rows, with the batch's
         smaller sizes' costs (_shrink) and break-even while the rows are ``learning`` or their last choice
-        drafted), or 0 for a round
-        that measures the target-only unit (RoundCosts.unit_due), the policy's K where a re-measure is due
-        (RoundCosts.explore_due), or a neighbour K that gives the line a slope (RoundCosts.slope_probe).
+        drafted), or 0 for a round that measures the target-only unit (RoundCosts.unit_due), the policy's K where
+        a re-measure is due (RoundCosts.explore_due), or a neighbour K that gives the line a slope
+        (RoundCosts.slope_probe).
         ``timed``: the round will be timed as one batch of these rows, all adaptive (a pinned row drafts anyway;
         a round of several batches or with a prompt's prefill is not timed), so a target-only round would
         measure the unit."""
