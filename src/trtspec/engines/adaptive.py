@@ -1037,9 +1037,10 @@ class AdaptiveState:
         # while its rows' counts age back (the demo pair's chat groups of 2: 20-30 rounds of K=0 mid-group where
         # static K=2 ran 1.16-1.22x target-only). The choice, not what a round ran: a unit round or a catch-up
         # left out does not turn a drafting group off, nor a re-measure an idle one on.
-        hysteresis = all(c.drafting for c in controllers)
-        waited_margin = learning(controllers) or hysteresis
-        margin = 0.0 if remaining is not None and waited_margin else self.policy.min_gain
+        at_break_even = remaining is not None and (
+            learning(controllers) or all(c.drafting for c in controllers)
+        )
+        margin = 0.0 if at_break_even else self.policy.min_gain
         k = peak_k(tokens, prices, margin)
         for controller in controllers:
             controller.drafting = k > 0

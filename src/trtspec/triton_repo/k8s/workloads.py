@@ -101,11 +101,11 @@ def engines_pvc(plan: RolloutPlan) -> dict:
 
 
 def volumes(
-    plan: RolloutPlan, *, engines: bool = True, repo: bool = True, shm: bool | None = None
+    plan: RolloutPlan, *, engines: bool = True, repo: bool = True, shm: bool = True
 ) -> tuple[list, list]:
     """(volumes, volumeMounts) of a trtspec container: the recipe, the models and engines volumes where the plan
-    has them, (``repo``) a scratch folder for the repository, and (``shm``, by default where ``repo``) a
-    memory-backed /dev/shm in place of the container runtime's 64 MiB one."""
+    has them, (``repo``) a scratch folder for the repository, and (``shm``) a memory-backed /dev/shm in place of
+    the container runtime's 64 MiB one."""
     vols = [{"name": "recipe", "configMap": {"name": recipe_configmap_name(plan)}}]
     # The file itself (subPath): a ConfigMap folder's recipe.yaml is a symlink into a timestamped folder, so the
     # recipe's relative paths would resolve from there (load_recipe resolves the file's real path). A subPath
@@ -129,7 +129,7 @@ def volumes(
     if repo:
         vols.append({"name": "triton-repo", "emptyDir": {}})
         mounts.append({"name": "triton-repo", "mountPath": REPO_MOUNT})
-    if repo if shm is None else shm:
+    if shm:
         # Triton's python backend passes tensors through /dev/shm, and a build's workers (torch multiprocessing,
         # MPI and NCCL for tp > 1) exchange data there: compose's GPU service, which builds too, has shm_size 2gb.
         vols.append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}})
@@ -410,7 +410,7 @@ def build_script(plan: RolloutPlan) -> str:
 
 
 def build_job(plan: RolloutPlan) -> dict:
-    vols, mounts = volumes(plan, repo=False, shm=True)
+    vols, mounts = volumes(plan, repo=False)
     container = {
         "name": "build",
         "image": plan.image,
@@ -476,7 +476,7 @@ while True:
 
 
 def gate_job(plan: RolloutPlan) -> dict:
-    vols, mounts = volumes(plan, engines=False, repo=False)
+    vols, mounts = volumes(plan, engines=False, repo=False, shm=False)
     ready = f"http://{plan.app}-canary:{plan.ports['http']}{READY_PATH}"
     # the Hugging Face reference's GPUs: a serving pod's (validate spreads the reference over those it sees)
     gpus = plan.gpus if plan.device == "cuda" else 0
