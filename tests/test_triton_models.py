@@ -1093,6 +1093,74 @@ class _PbUtils:
         log_error = log_warn
 
 
+class _MetricsPb(_PbUtils):
+    """_PbUtils with triton_python_backend_utils' custom metrics: MetricFamily(name, description, kind), its
+    Metric(labels) and a Metric's increment / set, each a round trip to the server that takes a moment. An update
+    that finds another thread inside the same Metric is what aborts a real tritonserver (triton_io.METRICS_LOCK):
+    counted in ``overlaps``."""
+
+    overlaps = 0
+
+    class MetricFamily:
+        COUNTER, GAUGE = "counter", "gauge"
+
+        def __init__(self, name, description, kind):
+            self.name = name
+
+        def Metric(self, labels=None):  # noqa: N802 - pb_utils' name
+            return _MetricsPb.Metric()
+
+    class Metric:
+        def __init__(self):
+            self.value, self.inside = 0.0, threading.Lock()
+
+        def _update(self, new):
+            if not self.inside.acquire(blocking=False):
+                _MetricsPb.overlaps += 1
+                return
+            try:
+                time.sleep(0.0005)
+                self.value = new(self.value)
+            finally:
+                self.inside.release()
+
+        def increment(self, value):
+            self._update(lambda old: old + value)
+
+        def set(self, value):
+            self._update(lambda old: value)
+
+
+def test_requests_that_finish_at_once_never_update_one_metric_together(monkeypatch):
+    """The orchestrator's requests finish on threads of their own and each adds its counts to the entry model's
+    metrics (a refused one counts too): no two threads are inside one metric at once, and every count lands."""
+    from trtspec.triton_repo.models import triton_io
+
+    monkeypatch.setattr(triton_io, "pb", lambda: _MetricsPb)
+    monkeypatch.setattr(_MetricsPb, "overlaps", 0)
+    metrics = triton_io.SpecDecodeMetrics("m", 2)
+    counts = SpecDecodeCounts(4, 3, 2, (2, 1), 1)
+    threads, each = 6, 10
+    start = threading.Barrier(threads)
+
+    def finish():
+        start.wait(timeout=30)
+        for _ in range(each):
+            metrics.add(counts, "length")
+            metrics.refuse()
+
+    workers = [threading.Thread(target=finish) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=60)
+    assert _MetricsPb.overlaps == 0
+    total = threads * each
+    assert metrics.finished["length"].value == metrics.refused.value == total
+    assert metrics.counters["num_rounds_without_speculation", None].value == total
+    assert [m.value for m in metrics.per_pos] == [2 * total, total]
+
+
 def test_responses_are_built_per_event_and_one_that_cannot_be_built_ends_only_its_request(
     tokenizer, monkeypatch
 ):

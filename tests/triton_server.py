@@ -237,6 +237,18 @@ def http_generate(server, body: dict, stream: bool = False, model: str = MODEL) 
         return err.code, err.read().decode()
 
 
+def at_once(server, bodies: list[dict], model: str = MODEL) -> list[tuple[int, str]]:
+    """http_generate's answers to ``bodies``, each sent by a thread of its own, all released at one instant."""
+    start = threading.Barrier(len(bodies))
+
+    def together(body: dict):
+        start.wait(timeout=60)
+        return http_generate(server, body, model=model)
+
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        return list(pool.map(together, bodies))
+
+
 def batched_bursts(server, bodies: list[dict], tries: int = 3, model: str = MODEL) -> bool:
     """Whether concurrent requests to a repository that is not decoupled share an execute: each of up to
     ``tries`` bursts sends ``bodies`` at one instant over HTTP and must answer each as it is answered alone;
@@ -257,16 +269,9 @@ def batched_bursts(server, bodies: list[dict], tries: int = 3, model: str = MODE
             time.sleep(0.1)
         return metrics
 
-    start = threading.Barrier(len(bodies))
-
-    def together(body: dict):
-        start.wait(timeout=60)
-        return http_generate(server, body, model=model)
-
     for _ in range(tries):
         before = counted(done)
-        with ThreadPoolExecutor(len(bodies)) as pool:
-            assert list(pool.map(together, bodies)) == alone
+        assert at_once(server, bodies, model) == alone
         done += len(bodies)
         after = counted(done)
         requests, executions = (

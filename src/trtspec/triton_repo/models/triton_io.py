@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import numpy as np
@@ -184,6 +185,13 @@ REQUESTS_FINISHED = "trtspec_requests_finished_total"
 REQUESTS_REFUSED = "trtspec_requests_refused_total"
 
 
+# The python backend's Metric keeps the shared memory of its last update on the object itself, so two threads
+# updating one metric at once free each other's and tritonserver aborts (a boost lock_exception or SIGSEGV, seen
+# on 2.51; the backend's Metric takes no lock of its own). Requests finish on threads of their own, so every
+# update of a stub's custom metrics goes under this one lock.
+METRICS_LOCK = threading.Lock()
+
+
 class SpecDecodeMetrics:
     """The entry model's spec-decode metrics on Triton's /metrics (pb_utils custom metrics), labelled with the
     model name, and BY_PROPOSER's with the ``proposer`` too; ``add`` a finished request's SpecDecodeCounts, its
@@ -239,7 +247,8 @@ class SpecDecodeMetrics:
     def refuse(self) -> None:
         """Count one refused request; a failure is logged, never the request's."""
         try:
-            self.refused.increment(1)
+            with METRICS_LOCK:
+                self.refused.increment(1)
         except Exception as err:  # noqa: BLE001 - metrics must never fail a request
             log_warning(f"refusal not counted: {type(err).__name__}: {err}")
 
@@ -250,16 +259,18 @@ class SpecDecodeMetrics:
         scrape may show the request counted a moment before its rounds."""
         try:
             shares = proposer_shares(counts, by_proposer or {})
-            for (field, proposer), metric in self.counters.items():
-                value = shares[proposer][field] if proposer else getattr(counts, field)
-                if value:
-                    metric.increment(value)
-            for metric, value in zip(self.per_pos, counts.num_accepted_tokens_per_pos or (), strict=False):
-                if value:
-                    metric.increment(value)
-            if counts.num_drafts:
-                self.draft_len.set(counts.mean_draft_len)
-            self.finished[finish_reason].increment(1)
+            with METRICS_LOCK:
+                for (field, proposer), metric in self.counters.items():
+                    value = shares[proposer][field] if proposer else getattr(counts, field)
+                    if value:
+                        metric.increment(value)
+                per_pos = counts.num_accepted_tokens_per_pos or ()
+                for metric, value in zip(self.per_pos, per_pos, strict=False):
+                    if value:
+                        metric.increment(value)
+                if counts.num_drafts:
+                    self.draft_len.set(counts.mean_draft_len)
+                self.finished[finish_reason].increment(1)
         except Exception as err:  # noqa: BLE001 - metrics must never fail a request
             log_warning(f"spec-decode metrics not updated: {type(err).__name__}: {err}")
 
@@ -319,12 +330,13 @@ class AdaptiveMetrics:
         """Set the gauges and add the rounds since the last update; a failure is logged, never a request's."""
         decisions, rounds = snapshot
         try:
-            for (batch, k), total in rounds.items():
-                if delta := total - self.counted.get((batch, k), 0):
-                    self._metric(self.rounds, batch=str(batch), k=str(k)).increment(delta)
-                    self.counted[batch, k] = total
-            for batch, decision in decisions.items():
-                for field, family in self.gauges.items():
-                    self._metric(family, batch=str(batch)).set(float(getattr(decision, field)))
+            with METRICS_LOCK:
+                for (batch, k), total in rounds.items():
+                    if delta := total - self.counted.get((batch, k), 0):
+                        self._metric(self.rounds, batch=str(batch), k=str(k)).increment(delta)
+                        self.counted[batch, k] = total
+                for batch, decision in decisions.items():
+                    for field, family in self.gauges.items():
+                        self._metric(family, batch=str(batch)).set(float(getattr(decision, field)))
         except Exception as err:  # noqa: BLE001 - metrics must never fail a request
             log_warning(f"adaptive K metrics not updated: {type(err).__name__}: {err}")
