@@ -1324,6 +1324,47 @@ class _StrictSender:
         return False
 
 
+def test_a_request_the_loop_refuses_is_answered_only_once_no_ask_about_it_is_under_way(monkeypatch):
+    """execute watches a request before the loop takes it, and answers a refusal with the final response once it
+    forgot it; the sending thread may have listed it for an ask just before. forget waits for that ask, so
+    is_cancelled never reaches the response factory the final response freed."""
+    from trtspec.triton_repo.models import triton_io
+    from trtspec.triton_repo.models.inflight import Outbox
+
+    monkeypatch.setattr(triton_io, "pb", lambda: _PbUtils)
+    inside, resume = threading.Event(), threading.Event()
+
+    def slow_ask() -> bool:  # an earlier request's ask, under way when the refusal comes
+        inside.set()
+        resume.wait(timeout=30)
+        return False
+
+    refused = _StrictSender()
+    outbox = Outbox(cancel=lambda request_id: None)
+    try:
+        outbox.watch("earlier", slow_ask)
+        outbox.watch("refused", refused.is_cancelled)
+        asking = threading.Thread(target=outbox._ask_cancelled)
+        asking.start()
+        assert inside.wait(timeout=30)
+
+        def refuse():  # execute's path when loop.submit raises RequestError
+            outbox.forget("refused")
+            refused.send("refusal", flags=_PbUtils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+        answering = threading.Thread(target=refuse)
+        answering.start()
+        answering.join(timeout=0.5)
+        assert answering.is_alive()  # waiting for the ask that listed the request
+        resume.set()
+        asking.join(timeout=30)
+        answering.join(timeout=30)
+    finally:
+        resume.set()
+        outbox.stop()
+    assert refused.closed and refused.asked_after_close == 0
+
+
 @pytest.mark.parametrize("failure", ["send", "build"])
 def test_a_request_whose_reply_fails_still_ends_its_stream_and_is_never_asked_about_again(
     tokenizer, monkeypatch, failure

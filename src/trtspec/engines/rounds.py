@@ -15,8 +15,9 @@
 A round is propose + verify for a group of rows that one batched sampling step can serve (the loop groups them):
 row b drafts up to ``num_draft[b]`` tokens, the target verifies them, and the round appends what it emitted to
 ``rows[b].tokens``. A row may come with its draft tokens given (``proposals[b]``, prompt lookup: the loop's, once
-for every runtime); the runtime verifies those without its draft model. Everything around the round (admission into slots, stops and the EOS convention, stats,
-streaming events, cancellation, adaptive K) is the loop's and exists once.
+for every runtime); the runtime verifies those without its draft model. Everything around the round (admission
+into slots, stops and the EOS convention, stats, streaming events, cancellation, adaptive K) is the loop's and
+exists once.
 
 The loop keeps its rows on the lowest slots, in slot order: a joining row takes the lowest free slot, and when a
 row leaves from below others and no newcomer takes its slot, the row on the highest slot moves into it (``move``).

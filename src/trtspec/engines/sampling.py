@@ -39,8 +39,8 @@ class SamplingParams:
     """One request's generation settings, the one type every entry point builds (the CLI, validate, and the Triton
     models' request parsing); its checks are the only range checks of these settings.
 
-    temperature 0 or top_k 1 = greedy (TensorRT-LLM's greedy is top_k 1). num_draft_tokens None = adaptive K up to the engine's max_draft_len (engines/adaptive.py);
-    0 = target-only decoding.
+    temperature 0 or top_k 1 = greedy (TensorRT-LLM's greedy is top_k 1). num_draft_tokens None = adaptive K up
+    to the engine's max_draft_len (engines/adaptive.py); 0 = target-only decoding.
     stop_token_ids None = the target's EOS ids (generation_config); ignore_eos drops every stop id, a request's
     own stop_token_ids too (vLLM keeps those): it ends at max_new_tokens or a stop string or token sequence.
     stop_strings need a tokenizer (the engine's). seed None = nondeterministic. proposer None = the engine's

@@ -168,6 +168,7 @@ class Outbox:
         # Steps handed over unbuilt and not built yet: while there are any, the loop's thread builds none, so a
         # request's responses are always built in order (its Reply decodes incrementally).
         self.unbuilt, self.lock = 0, threading.Lock()
+        self.asking = threading.Lock()  # held while the sending thread asks about the watched requests
         # request id -> () -> whether its client cancelled; from submission to its finished event
         self.watched: dict[Hashable, Callable[[], bool]] = {}
         self.asked_at = self.published_at = 0.0
@@ -181,8 +182,10 @@ class Outbox:
             self.watched[request_id] = cancelled
 
     def forget(self, request_id: Hashable) -> None:
-        """Stop asking about a request the loop did not take."""
-        with self.lock:
+        """Stop asking about a request the loop did not take; returns once no ask is under way, so that the caller
+        may send its final response: that frees the response factory (python_backend), which an ask that had
+        already listed the request would then reach."""
+        with self.asking, self.lock:
             self.watched.pop(request_id, None)
 
     def _closed_early(self, request_id: Hashable) -> None:
@@ -240,18 +243,19 @@ class Outbox:
         finished event: the loop ignores a cancel that arrives before the request itself, so it is sent again
         (is_cancelled answers from its cache once true: no IPC)."""
         self.asked_at = time.monotonic()
-        with self.lock:
-            watched = list(self.watched.items())
-        for request_id, cancelled in watched:
-            try:
-                gone = cancelled()
-            except Exception as err:  # noqa: BLE001 - a request Triton cannot answer for has no client left
-                io.log_warning(
-                    f"request {request_id}: is_cancelled failed ({type(err).__name__}: {err}); cancelled"
-                )
-                gone = True
-            if gone:
-                self.cancel(request_id)
+        with self.asking:  # forget waits for this
+            with self.lock:
+                watched = list(self.watched.items())
+            for request_id, cancelled in watched:
+                try:
+                    gone = cancelled()
+                except Exception as err:  # noqa: BLE001 - a request Triton cannot answer for has no client left
+                    io.log_warning(
+                        f"request {request_id}: is_cancelled failed ({type(err).__name__}: {err}); cancelled"
+                    )
+                    gone = True
+                if gone:
+                    self.cancel(request_id)
 
     def _send(self, item: _Outgoing) -> None:
         event = item.event

@@ -185,10 +185,10 @@ REQUESTS_FINISHED = "trtspec_requests_finished_total"
 REQUESTS_REFUSED = "trtspec_requests_refused_total"
 
 
-# The python backend's Metric keeps the shared memory of its last update on the object itself, so two threads
-# updating one metric at once free each other's and tritonserver aborts (a boost lock_exception or SIGSEGV, seen
-# on 2.51; the backend's Metric takes no lock of its own). Requests finish on threads of their own, so every
-# update of a stub's custom metrics goes under this one lock.
+# The python backend's Metric keeps the shared memory of its last update on its C++ object, with no lock, and
+# increment releases the GIL while it sends: two threads incrementing one metric at once replace each other's
+# block and tritonserver aborts (a boost lock_exception or SIGSEGV, seen on 2.51; docs/faults.md). Requests finish
+# on threads of their own, so every update of a stub's custom metrics goes under this one lock.
 METRICS_LOCK = threading.Lock()
 
 
