@@ -59,6 +59,26 @@ def test_hf_forward_fallback_is_exact_too(targets, tiny_pair):
         assert result.token_ids == hf_greedy(targets["qwen3-tied"], prompt, MAX_NEW)
 
 
+@pytest.mark.parametrize("lean", [True, False])
+def test_attention_never_runs_on_cudnn(tiny_pair, monkeypatch, lean):
+    """cuDNN's attention plans each new shape (about 0.13 s on an H200) and a round's shapes change every round,
+    so both forwards leave it out (models.ATTENTION_BACKENDS; docs/benchmarks.md, "GPU"). The flags are
+    process-wide, so this holds on any machine: every attention call of a speculative round finds cuDNN off."""
+    import torch.nn.functional as F
+
+    real, seen = F.scaled_dot_product_attention, []
+
+    def recording(*args, **kwargs):
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
+    engine = SpeculativeEngine.from_pretrained(*tiny_pair, max_draft_len=2, max_seq_len=64, lean=lean)
+    engine.generate(PROMPTS[:2], SamplingParams(max_new_tokens=4, num_draft_tokens=2))
+    assert seen and not any(seen)
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # left as it was outside the forwards
+
+
 def test_draft_equal_to_target_accepts_every_token(tiny_pair):
     target = tiny_pair[0]
     engine = SpeculativeEngine.from_pretrained(target, target, max_draft_len=4)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from trtspec.core.errors import ModelError
 from trtspec.core.model_dir import load_hf_model, out_of_memory
@@ -91,6 +92,12 @@ def _fuse(*linears) -> tuple[torch.Tensor, torch.Tensor | None]:
             lin.bias = torch.nn.Parameter(bias[start : start + rows], lin.bias.requires_grad)
         start += rows
     return weight, bias
+
+
+# cuDNN's attention builds an execution plan for every new shape, about 0.13 s each on an H200 (torch 2.11), and
+# a round's shapes change every round (the cache's length, K + 1 queries): speculative rounds stalled on it. The
+# other kernels need no plan. Every forward of both KV models runs under this choice.
+ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def _lean_layer(layer) -> _Layer:
@@ -181,8 +188,9 @@ class LeanCausalLM:
         else:
             ctx = self._batch_ctx(slots, starts, num_new, length)
         x = F.embedding(tokens, self.embed)
-        for index, layer in enumerate(self.layers):
-            x = self._layer(x, layer, index, ctx)
+        with sdpa_kernel(ATTENTION_BACKENDS):
+            for index, layer in enumerate(self.layers):
+                x = self._layer(x, layer, index, ctx)
         rows = torch.arange(batch, device=self.device)[:, None]
         x = rms_norm(x[rows, logit_index], self.final_norm, self.eps)  # [B, J, hidden]: only rows we need
         return F.linear(x, self.lm_head).float()
@@ -319,12 +327,13 @@ class HFCausalLM:
                 cache = self.caches[slot] = DynamicCache()
             truncate_cache(cache, start)
             positions = torch.arange(start, start + count, device=self.device)
-            logits = self.model(
-                input_ids=tokens[b : b + 1, :count],
-                past_key_values=cache,
-                position_ids=positions[None],  # the cache positions follow from its length (= start)
-                use_cache=True,
-            ).logits[0]  # [count, V]
+            with sdpa_kernel(ATTENTION_BACKENDS):
+                logits = self.model(
+                    input_ids=tokens[b : b + 1, :count],
+                    past_key_values=cache,
+                    position_ids=positions[None],  # the cache positions follow from its length (= start)
+                    use_cache=True,
+                ).logits[0]  # [count, V]
             out[b] = logits[logit_index[b].clamp(max=count - 1)].float()
         return out
 
