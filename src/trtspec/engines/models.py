@@ -22,6 +22,7 @@ write to a scratch column past ``max_seq_len`` and their outputs are never read)
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,10 +95,17 @@ def _fuse(*linears) -> tuple[torch.Tensor, torch.Tensor | None]:
     return weight, bias
 
 
-# cuDNN's attention builds an execution plan for every new shape, about 0.13 s each on an H200 (torch 2.11), and
-# a round's shapes change every round (the cache's length, K + 1 queries): speculative rounds stalled on it. The
-# other kernels need no plan. Every forward of both KV models runs under this choice.
+# cuDNN's attention builds an execution plan for every new shape of a call with several queries, about 0.13 s each
+# on an H200 (torch 2.11), and such a call's mask is as long as the cache, which grows every round: every
+# verification of K + 1 tokens stalled on it. The other kernels need no plan. Single-token steps ran without a
+# stall and faster under torch's own choice, so they keep it. The flags are process-wide: two threads running
+# forwards at once could see each other's choice (a speed matter only; here one thread runs both models).
 ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def attention_for(queries: int):
+    """The SDPA backends of a forward with ``queries`` tokens a row (the context to run it in)."""
+    return sdpa_kernel(ATTENTION_BACKENDS) if queries > 1 else nullcontext()
 
 
 def _lean_layer(layer) -> _Layer:
@@ -188,7 +196,7 @@ class LeanCausalLM:
         else:
             ctx = self._batch_ctx(slots, starts, num_new, length)
         x = F.embedding(tokens, self.embed)
-        with sdpa_kernel(ATTENTION_BACKENDS):
+        with attention_for(length):
             for index, layer in enumerate(self.layers):
                 x = self._layer(x, layer, index, ctx)
         rows = torch.arange(batch, device=self.device)[:, None]
@@ -327,7 +335,7 @@ class HFCausalLM:
                 cache = self.caches[slot] = DynamicCache()
             truncate_cache(cache, start)
             positions = torch.arange(start, start + count, device=self.device)
-            with sdpa_kernel(ATTENTION_BACKENDS):
+            with attention_for(count):
                 logits = self.model(
                     input_ids=tokens[b : b + 1, :count],
                     past_key_values=cache,
