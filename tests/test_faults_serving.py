@@ -186,6 +186,38 @@ def test_the_health_watch_names_a_python_model_without_a_stub_and_a_model_that_s
     assert watch.failure() == "tritonserver exited unexpectedly: the reason"
 
 
+def test_a_stop_signal_that_lands_in_a_poll_leaves_the_process_waitable(monkeypatch):
+    """A stop handler's KeyboardInterrupt raised inside Popen.poll can leave Popen's waitpid lock held, and every
+    later wait for the process hangs (`serve` stopped while its models load, in its last wait for tritonserver).
+    returncode holds the stop signals back while it polls: the interrupt still comes, just after, and the
+    process can be waited for. SIGALRM stands in for the stop signals: setitimer lands it anywhere in the loop."""
+    import random
+
+    from trtspec.core import interrupts
+    from trtspec.triton_repo import server
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(interrupts, "STOP_SIGNALS", (signal.SIGALRM,))
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    draw = random.Random(0)
+    try:
+        for _ in range(200):
+            proc = subprocess.Popen(["sleep", "30"])
+            try:
+                signal.setitimer(signal.ITIMER_REAL, draw.uniform(0.0005, 0.003))
+                with pytest.raises(KeyboardInterrupt):
+                    while True:
+                        server.returncode(proc)
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                proc.kill()
+            assert proc.wait(timeout=5) == -signal.SIGKILL
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+
+
 def test_the_reason_of_a_server_stopped_by_a_signal_is_the_signal():
     """tritonserver 2.51's own lines when another process sent it SIGTERM: it unloads cleanly, so its last line
     ("Timeout 13: Found 0 live models ...") would otherwise pass for the reason."""

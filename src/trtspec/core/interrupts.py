@@ -6,12 +6,16 @@ weakref callback (a tokenizer or a safetensors handle being freed during a conve
 The handler here records every SIGINT before raising, so no output folder is renamed into place
 (``outputs.replace_dir``) and the command exits 130 after one (``cli.main``). SIGTERM, whose default ends the
 process at once, leaving its temp folders behind, takes the same path.
+
+``stop_signals_held`` holds `trtspec serve`'s stop signals back for the instant a wait on a process takes, where a
+KeyboardInterrupt would break the wait for good.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
+from contextlib import contextmanager
 
 _seen = threading.Event()
 
@@ -39,3 +43,31 @@ def raise_if_interrupted() -> None:
     reached anyone: call before committing an output."""
     if _seen.is_set():
         raise KeyboardInterrupt
+
+
+# What `trtspec serve` stops on (its handlers raise KeyboardInterrupt).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextmanager
+def stop_signals_held():
+    """Hold the stop signals back for the block, then let the first that arrived meanwhile act (its handler raises
+    KeyboardInterrupt there). Raised inside Popen.poll or Popen.wait, that KeyboardInterrupt can leave Popen's
+    waitpid lock held (CPython 3.11: about one in four interrupts that land in a loop of polls), and every later
+    wait for the process then hangs, so a `trtspec serve` stopped while it polls could never finish stopping."""
+    # Python runs signal handlers on the main thread only: elsewhere nothing can land in the block.
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[tuple] = []
+    held = {sig: handler for sig in STOP_SIGNALS if callable(handler := signal.getsignal(sig))}
+    for sig in held:
+        signal.signal(sig, lambda signum, frame: arrived.append((signum, frame)))
+    try:
+        yield
+    finally:
+        for sig, handler in held.items():
+            signal.signal(sig, handler)
+        if arrived:
+            signum, frame = arrived[0]
+            held[signum](signum, frame)

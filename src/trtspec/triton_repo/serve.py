@@ -31,6 +31,7 @@ from trtspec.triton_repo.server import (
     TritonServer,
     find_server,
     repo_models,
+    returncode,
 )
 
 LOAD_TIMEOUT_S = 300.0
@@ -241,7 +242,7 @@ def serve(spec: ServeSpec, echo=print, on_ready=None) -> int:
             if status:
                 echo(f"tritonserver exited with status {status} while unloading; its session was stopped")
             return 0
-        stopped = "; tritonserver was stopped" if server.proc.poll() is None else ""
+        stopped = "; tritonserver was stopped" if returncode(server.proc) is None else ""
         server.stop(BROKEN_STOP_GRACE_S)
         raise ServerError(f"{reason}{stopped} (log: {log})")
     finally:

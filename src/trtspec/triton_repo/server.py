@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtspec.core.errors import PortInUse, ServerError
+from trtspec.core.interrupts import stop_signals_held
 from trtspec.recipe import repeated_port
 
 NGC_BACKENDS = Path("/opt/tritonserver/backends")
@@ -388,6 +389,12 @@ def mapped_shm(pids) -> set[str]:
     return regions
 
 
+def returncode(proc: subprocess.Popen) -> int | None:
+    """``proc.poll()``, the stop signals held back while it runs (stop_signals_held)."""
+    with stop_signals_held():
+        return proc.poll()
+
+
 class TritonServer:
     """A tritonserver child process in its own session; use as a context manager.
 
@@ -495,7 +502,7 @@ class TritonServer:
         pending = [*repo_models(self.repo), METRICS]
         deadline = time.monotonic() + timeout_s
         while pending:
-            if self.proc.poll() is not None:
+            if returncode(self.proc) is not None:
                 reason = failure_reason(self.log_text())
                 # another process took a port between check_ports and the bind
                 error = PortInUse if "already in use" in reason else ServerError
@@ -523,10 +530,11 @@ class TritonServer:
             return None
         regions = self.regions | mapped_shm(session_processes(proc.pid))
         try:
-            if proc.poll() is None:
+            if returncode(proc) is None:
                 proc.send_signal(signal.SIGINT)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(grace_s)
+                deadline = time.monotonic() + grace_s
+                while returncode(proc) is None and time.monotonic() < deadline:
+                    time.sleep(0.05)  # where a second Ctrl-C lands: the session is killed, then it propagates
         finally:
             # The stubs (and MPI ranks) live in the server's session: kill whatever is left of it, the server's
             # own process group and any other group of that session (our own child's session only).
@@ -535,7 +543,8 @@ class TritonServer:
             for pid in session_processes(proc.pid):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
-        status = proc.wait()
+        with stop_signals_held():
+            status = proc.wait()
         _remove_when_unmapped(regions, proc.pid)
         return status
 
@@ -571,7 +580,7 @@ class HealthWatch:
     def failure(self) -> str | None:
         """One line that says why the server no longer serves, naming the model; None while it serves."""
         proc = self.server.proc
-        if proc.poll() is not None:
+        if returncode(proc) is not None:
             return f"tritonserver exited unexpectedly: {failure_reason(self.server.log_text())}"
         live = python_stubs(proc.pid)  # a stub that died is a zombie: tritonserver does not reap it
         dead = [(pid, model) for pid, model in self.server.stubs.items() if pid not in live]
