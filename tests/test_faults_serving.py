@@ -186,30 +186,26 @@ def test_the_health_watch_names_a_python_model_without_a_stub_and_a_model_that_s
     assert watch.failure() == "tritonserver exited unexpectedly: the reason"
 
 
-def test_a_stop_signal_that_lands_in_a_poll_leaves_the_process_waitable(monkeypatch):
+def test_a_stop_signal_that_lands_in_a_poll_leaves_the_process_waitable():
     """A stop handler's KeyboardInterrupt raised inside Popen.poll can leave Popen's waitpid lock held, and every
-    later wait for the process hangs (`serve` stopped while its models load, in its last wait for tritonserver).
-    returncode holds the stop signals back while it polls: the interrupt still comes, just after, and the
-    process can be waited for. SIGALRM stands in for the stop signals: setitimer lands it anywhere in the loop."""
+    later wait for the process hangs (`serve` stopped while it polls tritonserver). server.returncode holds the
+    stop signals back while it polls (core/interrupts.py): the interrupt still comes, right after, and the process
+    can be waited for. SIGALRM, given serve's handler, stands in for them: setitimer lands it anywhere in the loop."""
     import random
 
-    from trtspec.core import interrupts
-    from trtspec.triton_repo import server
+    from trtspec.core.interrupts import stop_or_hold
+    from trtspec.triton_repo.server import returncode
 
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(interrupts, "STOP_SIGNALS", (signal.SIGALRM,))
-    previous = signal.signal(signal.SIGALRM, interrupt)
+    previous = signal.signal(signal.SIGALRM, stop_or_hold)
     draw = random.Random(0)
     try:
         for _ in range(200):
             proc = subprocess.Popen(["sleep", "30"])
             try:
-                signal.setitimer(signal.ITIMER_REAL, draw.uniform(0.0005, 0.003))
                 with pytest.raises(KeyboardInterrupt):
+                    signal.setitimer(signal.ITIMER_REAL, draw.uniform(0.0005, 0.003))
                     while True:
-                        server.returncode(proc)
+                        returncode(proc)
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 proc.kill()

@@ -45,29 +45,36 @@ def raise_if_interrupted() -> None:
         raise KeyboardInterrupt
 
 
-# What `trtspec serve` stops on (its handlers raise KeyboardInterrupt).
+# What `trtspec serve` stops on: its handler for each is stop_or_hold.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_hold = {"depth": 0, "pending": False}  # main thread only: where Python runs signal handlers
+
+
+def stop_or_hold(signum, frame):
+    """`trtspec serve`'s handler for the stop signals: KeyboardInterrupt, or, inside stop_signals_held, as soon as
+    the block is left."""
+    if _hold["depth"]:
+        _hold["pending"] = True
+        return
+    raise KeyboardInterrupt
 
 
 @contextmanager
 def stop_signals_held():
-    """Hold the stop signals back for the block, then let the first that arrived meanwhile act (its handler raises
-    KeyboardInterrupt there). Raised inside Popen.poll or Popen.wait, that KeyboardInterrupt can leave Popen's
-    waitpid lock held (CPython 3.11: about one in four interrupts that land in a loop of polls), and every later
-    wait for the process then hangs, so a `trtspec serve` stopped while it polls could never finish stopping."""
-    # Python runs signal handlers on the main thread only: elsewhere nothing can land in the block.
-    if threading.current_thread() is not threading.main_thread():
+    """Hold the stop signals back for the block (their handler, stop_or_hold, raises KeyboardInterrupt when it is
+    left). Raised inside Popen.poll or Popen.wait, that KeyboardInterrupt can leave Popen's waitpid lock held
+    (CPython 3.11: about one in four interrupts that land in a loop of polls), and every later wait for the process
+    then hangs, so a `trtspec serve` stopped while it polls could never finish stopping. No handler is swapped:
+    ``signal.signal`` runs pending handlers itself, so swapping could raise halfway through."""
+    if threading.current_thread() is not threading.main_thread():  # the handler never runs here
         yield
         return
-    arrived: list[tuple] = []
-    held = {sig: handler for sig in STOP_SIGNALS if callable(handler := signal.getsignal(sig))}
-    for sig in held:
-        signal.signal(sig, lambda signum, frame: arrived.append((signum, frame)))
+    _hold["depth"] += 1
     try:
         yield
     finally:
-        for sig, handler in held.items():
-            signal.signal(sig, handler)
-        if arrived:
-            signum, frame = arrived[0]
-            held[signum](signum, frame)
+        if _hold["depth"] == 1 and _hold["pending"]:
+            _hold["pending"] = False
+            _hold["depth"] = 0
+            raise KeyboardInterrupt
+        _hold["depth"] -= 1

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trtspec.core.errors import ServerError
+from trtspec.core.interrupts import stop_or_hold
 from trtspec.recipe import TritonSpec, host_problem, port_problem
 from trtspec.triton_repo import interface as names
 from trtspec.triton_repo.deploy import MANIFEST
@@ -166,13 +167,10 @@ def _interrupt_on_stop_signals() -> None:
     the ports. SIGHUP stays ignored where it was (``nohup``). A background job of a non-interactive shell (and
     some init systems) starts us with SIGINT ignored; Python then never raises KeyboardInterrupt, so restore it."""
 
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, stop_or_hold)
+    signal.signal(signal.SIGTERM, stop_or_hold)
     if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
-        signal.signal(signal.SIGHUP, interrupt)
+        signal.signal(signal.SIGHUP, stop_or_hold)
 
 
 def serve(spec: ServeSpec, echo=print, on_ready=None) -> int:

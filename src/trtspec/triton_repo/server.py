@@ -531,7 +531,8 @@ class TritonServer:
         regions = self.regions | mapped_shm(session_processes(proc.pid))
         try:
             if returncode(proc) is None:
-                proc.send_signal(signal.SIGINT)
+                with stop_signals_held():  # send_signal polls first
+                    proc.send_signal(signal.SIGINT)
                 deadline = time.monotonic() + grace_s
                 while returncode(proc) is None and time.monotonic() < deadline:
                     time.sleep(0.05)  # where a second Ctrl-C lands: the session is killed, then it propagates
@@ -543,8 +544,8 @@ class TritonServer:
             for pid in session_processes(proc.pid):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
-        with stop_signals_held():
-            status = proc.wait()
+        while (status := returncode(proc)) is None:  # killed: a moment (a Ctrl-C here still propagates)
+            time.sleep(0.05)
         _remove_when_unmapped(regions, proc.pid)
         return status
 
