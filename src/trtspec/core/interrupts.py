@@ -45,14 +45,13 @@ def raise_if_interrupted() -> None:
         raise KeyboardInterrupt
 
 
-# What `trtspec serve` stops on: its handler for each is stop_or_hold.
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-_hold = {"depth": 0, "pending": False}  # main thread only: where Python runs signal handlers
+# stop_signals_held's state; main thread only: where Python runs signal handlers
+_hold = {"depth": 0, "pending": False}
 
 
 def stop_or_hold(signum, frame):
-    """`trtspec serve`'s handler for the stop signals: KeyboardInterrupt, or, inside stop_signals_held, as soon as
-    the block is left."""
+    """`trtspec serve`'s handler for its stop signals (SIGINT, SIGTERM, SIGHUP): KeyboardInterrupt, or, inside
+    stop_signals_held, as soon as the block is left."""
     if _hold["depth"]:
         _hold["pending"] = True
         return

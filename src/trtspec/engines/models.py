@@ -97,9 +97,9 @@ def _fuse(*linears) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 # cuDNN's attention builds an execution plan for every new shape of a call with several queries, about 0.13 s each
 # on an H200 (torch 2.11), and such a call's mask is as long as the cache, which grows every round: every
-# verification of K + 1 tokens stalled on it. The other kernels need no plan. Single-token steps ran without a
-# stall and faster under torch's own choice, so they keep it. The flags are process-wide: two threads running
-# forwards at once could see each other's choice (a speed matter only; here one thread runs both models).
+# verification of K + 1 tokens stalled on it. The other kernels need no plan. Single-token steps did not stall
+# under torch's own choice, and keep it. The flags are process-wide: two threads running forwards at once could
+# see each other's choice (a speed matter only; here one thread runs both models).
 ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
