@@ -282,8 +282,12 @@ def test_ctrl_c_while_the_models_load_stops_cleanly(repo, tmp_path, signum):
     cmd += ["--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)]
     server_log = repo.parent / f".{repo.name}.tritonserver.log"
     server_log.unlink(missing_ok=True)
+    # as from a terminal: serve keeps a hang-up ignored where it was (nohup), and a test run may be under nohup
+    hangup_default = lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL)  # noqa: E731
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=hangup_default
+        )
     try:
         deadline = time.monotonic() + 60
         # tritonserver has started and written its first lines (so serve's Popen has returned); its python
