@@ -395,6 +395,15 @@ def returncode(proc: subprocess.Popen) -> int | None:
         return proc.poll()
 
 
+def wait_exit(proc: subprocess.Popen, timeout_s: float | None = None) -> int | None:
+    """``proc``'s exit status once it exits, or None after ``timeout_s`` (None: no limit). It polls (returncode)
+    instead of Popen.wait, so a stop signal lands between polls, never inside one."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while (status := returncode(proc)) is None and (deadline is None or time.monotonic() < deadline):
+        time.sleep(0.05)
+    return status
+
+
 class TritonServer:
     """A tritonserver child process in its own session; use as a context manager.
 
@@ -533,9 +542,7 @@ class TritonServer:
             if returncode(proc) is None:
                 with stop_signals_held():  # send_signal polls first
                     proc.send_signal(signal.SIGINT)
-                deadline = time.monotonic() + grace_s
-                while returncode(proc) is None and time.monotonic() < deadline:
-                    time.sleep(0.05)  # where a second Ctrl-C lands: the session is killed, then it propagates
+                wait_exit(proc, grace_s)  # a second Ctrl-C here: the session is killed, then it propagates
         finally:
             # The stubs (and MPI ranks) live in the server's session: kill whatever is left of it, the server's
             # own process group and any other group of that session (our own child's session only).
@@ -544,8 +551,7 @@ class TritonServer:
             for pid in session_processes(proc.pid):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
-        while (status := returncode(proc)) is None:  # killed: a moment (a Ctrl-C here still propagates)
-            time.sleep(0.05)
+        status = wait_exit(proc)  # killed: a moment
         _remove_when_unmapped(regions, proc.pid)
         return status
 
