@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from tiny_models import make_model
+from torch.nn.attention.bias import CausalBias
 
 from trtspec.core.errors import ModelError, RequestError
 from trtspec.engines.engine import SpeculativeEngine
+from trtspec.engines.models import single_row_mask
 from trtspec.engines.sampling import SamplingParams
 from trtspec.recipe import DEMO_DIR
 
@@ -65,8 +68,6 @@ def test_attention_over_several_queries_never_runs_on_cudnn(tiny_pair, monkeypat
     verification's shape changes every round, so both forwards leave it out of such calls
     (models.ATTENTION_BACKENDS; docs/benchmarks.md, "GPU"); a single-token step keeps torch's own choice. The
     flags are process-wide, so this holds on any machine."""
-    import torch.nn.functional as F
-
     real, seen = F.scaled_dot_product_attention, []
 
     def recording(query, *args, **kwargs):
@@ -80,6 +81,27 @@ def test_attention_over_several_queries_never_runs_on_cudnn(tiny_pair, monkeypat
     single = {on for queries, on in seen if queries == 1}
     assert several == {False} and single == {True}
     assert torch.backends.cuda.cudnn_sdp_enabled()  # left as it was outside the forwards
+
+
+@pytest.mark.parametrize(("start", "length"), [(0, 5), (7, 3), (40, 9)])
+def test_one_rows_mask_on_cuda_is_the_bottom_right_bias_that_sees_what_the_cpu_mask_sees(start, length):
+    """A GPU verification's mask is torch's causal bias (flash runs it with grouped-query heads); it must let
+    each query see exactly the keys the tensor mask does, and attend alike."""
+    cpu = single_row_mask(start, length, torch.device("cpu"))
+    cuda = single_row_mask(start, length, torch.device("cuda"))  # a description: no GPU is touched
+    assert isinstance(cuda, CausalBias) and cpu.shape == (1, 1, length, start + length)
+    assert torch.equal(cuda._materialize(torch.device("cpu")), cpu[0, 0])
+    generator = torch.Generator().manual_seed(start)
+    q = torch.randn(1, 4, length, 16, generator=generator)
+    k, v = (torch.randn(1, 2, start + length, 16, generator=generator) for _ in range(2))
+    by_bias = F.scaled_dot_product_attention(q, k, v, attn_mask=cuda, enable_gqa=True)
+    torch.testing.assert_close(
+        by_bias, F.scaled_dot_product_attention(q, k, v, attn_mask=cpu, enable_gqa=True)
+    )
+    assert (
+        single_row_mask(start, 1, torch.device("cuda")) is None
+        and single_row_mask(start, 1, torch.device("cpu")) is None
+    )
 
 
 def test_draft_equal_to_target_accepts_every_token(tiny_pair):
