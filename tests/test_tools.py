@@ -8,6 +8,7 @@ import argparse
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import types
@@ -126,6 +127,32 @@ def test_the_cpu_model_is_read_in_one_place_and_every_benchmark_prints_it():
     benches = ["bench_align", "bench_engine", "bench_othertok", "bench_real_sizes", "bench_served_adaptive"]
     for name in [*benches, "bench_triton", "train_demo_pair"]:
         assert "cpu_name()" in (TOOLS / f"{name}.py").read_text(), name
+
+
+def test_every_tool_that_starts_a_server_takes_ctrl_c_as_serve_does(monkeypatch):
+    """A Ctrl-C landing inside a poll of the server process could hang the tool's stop for good; serve's handler
+    holds it back for the instant of the poll (core/interrupts.stop_signals_held)."""
+    from trtspec.core.interrupts import stop_or_hold, stop_signals_held
+
+    starting = sorted(p.stem for p in TOOLS.glob("*.py") if "TritonServer(" in p.read_text())
+    assert starting == ["bench_served_adaptive", "bench_triton", "soak"]
+    for name in starting:
+        text = (TOOLS / f"{name}.py").read_text()
+        assert text.index("stop_like_serve()") < text.index("TritonServer("), name
+    common = load_tool("cli_common", monkeypatch)
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        common.stop_like_serve()
+        assert signal.getsignal(signal.SIGINT) is stop_or_hold
+        held = []
+        with pytest.raises(KeyboardInterrupt), stop_signals_held():
+            signal.raise_signal(signal.SIGINT)
+            held.append("the block went on")  # and the interrupt came as it ended
+        assert held
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 # ---------------------------------------------------------------- bench_engine

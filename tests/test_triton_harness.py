@@ -62,7 +62,7 @@ def test_a_non_decoupled_orchestrator_answers_concurrent_requests_in_one_execute
 def test_requests_that_finish_together_leave_the_server_serving(tiny_pair, reference, tmp_path):
     """Concurrent requests finish on threads of their own, each adding its counts to the entry model's metrics,
     and the python backend aborts tritonserver when two threads update one metric at once (triton_io.METRICS_LOCK;
-    without the lock a server here fell within a dozen bursts). Forty bursts of four requests at one instant: each
+    unlocked, a server falls within a dozen bursts). Forty bursts of four requests at one instant: each
     answered as it is alone, and every one counted."""
     import json
 

@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench_engine import PROMPTS
-from cli_common import at_least, comma_list, cpu_name, run_main, threads_or_auto
+from cli_common import at_least, comma_list, cpu_name, run_main, stop_like_serve, threads_or_auto
 
 from trtspec.validate.bench import LOADS, balanced_orders, budget, paired_median
 
@@ -262,6 +262,7 @@ def served(recipe, tmp: Path, name: str):
     from trtspec.triton_repo.server import Ports, TritonServer, free_ports
 
     repo = deploy(recipe, "torch", tmp / name).repo
+    stop_like_serve()
     server = TritonServer(repo, Ports(*free_ports(3)), tmp / f"{name}.log")
     server.start(600)
     try:

@@ -30,7 +30,7 @@ from pathlib import Path
 # The prompts of tools/bench_engine.py, so both benchmarks measure the same text (this folder is on sys.path
 # when a tool runs as a script).
 from bench_engine import PROMPTS
-from cli_common import cpu_name, run_main, threads_or_auto
+from cli_common import cpu_name, run_main, stop_like_serve, threads_or_auto
 
 
 @dataclass
@@ -236,6 +236,7 @@ def main(argv=None) -> None:
     many = [PROMPTS[i % len(PROMPTS)] for i in range(args.concurrency)]
     with tempfile.TemporaryDirectory(prefix="bench_triton.") as tmp, contextlib.ExitStack() as stack:
         repo = deploy(recipe, "torch", Path(tmp) / "repo").repo
+        stop_like_serve()
         server = TritonServer(repo, Ports(*free_ports(3)), Path(tmp) / "server.log")
         server.start(args.load_timeout)
         stack.callback(server.stop)

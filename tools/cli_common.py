@@ -1,8 +1,9 @@
 """What the scripts under tools/ share at their command line: an expected error as one line instead of a
-traceback, comma-separated list options read by argparse, and the CPU model that every printed figure names.
+traceback, comma-separated list options read by argparse, the CPU model that every printed figure names, and
+`trtspec serve`'s Ctrl-C handler for a tool that starts a server.
 
 A tool imports it as its neighbour (``from cli_common import ...``: a script's own folder is on sys.path). It
-imports nothing from trtspec, so a tool that runs where trtspec is not installed (train_demo_pair.py's training)
+imports nothing from trtspec at import time, so a tool that runs where trtspec is not installed (train_demo_pair.py's training)
 can use it too.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import platform
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +36,16 @@ def run_main(main: Callable[[], int | None]) -> None:
     except KeyboardInterrupt:
         sys.exit(130)
     sys.exit(status or 0)
+
+
+def stop_like_serve() -> None:
+    """Ctrl-C through `trtspec serve`'s handler (trtspec.core.interrupts.stop_or_hold), for a tool that starts a
+    tritonserver: a KeyboardInterrupt raised inside a wait for that process can leave the wait hung for good, and
+    the handler holds it back for the instant of each poll. Elsewhere it raises KeyboardInterrupt as Python's
+    own does. From the main thread."""
+    from trtspec.core.interrupts import stop_or_hold
+
+    signal.signal(signal.SIGINT, stop_or_hold)
 
 
 def comma_list(item: Callable[[str], T], what: str) -> Callable[[str], list[T]]:

@@ -43,7 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cli_common import at_least, comma_list, run_main
+from cli_common import at_least, comma_list, run_main, stop_like_serve
 
 MODEL = "tensorrt_llm_bls"
 REQUEST_TIMEOUT_S = 300.0  # one request's responses; a request that waits longer is lost
@@ -415,6 +415,7 @@ def serve(args, tmp: Path):
     speculative = recipe.speculative.model_copy(update={"num_draft_tokens": None})
     recipe = recipe.model_copy(update={"speculative": speculative})
     repo = deploy(recipe, "torch", tmp / "repo").repo
+    stop_like_serve()
     server = TritonServer(repo, Ports(*free_ports(3)), tmp / "server.log")
     server.start(args.load_timeout)
     return recipe, server
