@@ -6,11 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from tiny_models import make_model
-from torch.nn.attention.bias import CausalBias
+from torch.nn.attention.bias import CausalBias, causal_lower_right
 
 from trtspec.core.errors import ModelError, RequestError
 from trtspec.engines.engine import SpeculativeEngine
-from trtspec.engines.models import single_row_mask
+from trtspec.engines.models import MAX_BIAS_CELLS, single_row_mask, uses_causal_bias
 from trtspec.engines.sampling import SamplingParams
 from trtspec.recipe import DEMO_DIR
 
@@ -86,22 +86,49 @@ def test_attention_over_several_queries_never_runs_on_cudnn(tiny_pair, monkeypat
 @pytest.mark.parametrize(("start", "length"), [(0, 5), (7, 3), (40, 9)])
 def test_one_rows_mask_on_cuda_is_the_bottom_right_bias_that_sees_what_the_cpu_mask_sees(start, length):
     """A GPU verification's mask is torch's causal bias (flash runs it with grouped-query heads); it must let
-    each query see exactly the keys the tensor mask does, and attend alike."""
+    each query see exactly the keys the tensor mask does."""
     cpu = single_row_mask(start, length, torch.device("cpu"))
     cuda = single_row_mask(start, length, torch.device("cuda"))  # a description: no GPU is touched
     assert isinstance(cuda, CausalBias) and cpu.shape == (1, 1, length, start + length)
     assert torch.equal(cuda._materialize(torch.device("cpu")), cpu[0, 0])
-    generator = torch.Generator().manual_seed(start)
-    q = torch.randn(1, 4, length, 16, generator=generator)
-    k, v = (torch.randn(1, 2, start + length, 16, generator=generator) for _ in range(2))
-    by_bias = F.scaled_dot_product_attention(q, k, v, attn_mask=cuda, enable_gqa=True)
-    torch.testing.assert_close(
-        by_bias, F.scaled_dot_product_attention(q, k, v, attn_mask=cpu, enable_gqa=True)
-    )
     assert (
         single_row_mask(start, 1, torch.device("cuda")) is None
         and single_row_mask(start, 1, torch.device("cpu")) is None
     )
+
+
+def test_the_causal_bias_is_kept_to_verifications_and_short_prompts():
+    """Each bias holds a host tensor of 2 x queries x keys (torch's legacy constructor): a long prompt keeps the
+    tensor mask, a verification over a long cache still gets the bias, a CPU never does."""
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert uses_causal_bias(cuda, 100_000, 9) and uses_causal_bias(cuda, 0, 1024)
+    assert not uses_causal_bias(cuda, 0, 2048) and not uses_causal_bias(cuda, 500_000, 9)
+    assert not uses_causal_bias(cpu, 40, 9) and not uses_causal_bias(cuda, 40, 1)
+    assert causal_lower_right(9, 100_009).untyped_storage().nbytes() <= 8 * MAX_BIAS_CELLS
+
+
+def test_the_lean_forward_under_the_causal_bias_gives_the_tensor_masks_logits(targets, monkeypatch):
+    """The bias through the whole lean forward (its scale, grouped-query heads and backend context), here on
+    CPU where torch materializes it: a prompt from position 0 (the square case torch runs as is_causal) and a
+    verification after it give the logits of the tensor mask."""
+    from trtspec.engines import models
+
+    model = models.load_causal_lm(targets["llama-gqa"], num_slots=2, max_seq_len=64)
+    assert model.num_heads != model.num_kv_heads
+    prompt, verify = torch.tensor([PROMPTS[0]]), torch.tensor([[50, 51, 52, 53]])
+
+    def run():
+        first = model.forward(prompt, [0], [0], [prompt.shape[1]], torch.arange(prompt.shape[1])[None])
+        again = model.forward(verify, [0], [prompt.shape[1]], [4], torch.arange(4)[None])
+        return first, again
+
+    by_mask = run()
+    real = models.single_row_mask
+    monkeypatch.setattr(
+        models, "single_row_mask", lambda start, length, device: real(start, length, torch.device("cuda"))
+    )
+    for ours, theirs in zip(run(), by_mask, strict=True):
+        torch.testing.assert_close(ours, theirs)
 
 
 def test_draft_equal_to_target_accepts_every_token(tiny_pair):

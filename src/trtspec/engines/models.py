@@ -109,17 +109,29 @@ def attention_for(queries: int):
     return sdpa_kernel(ATTENTION_BACKENDS) if queries > 1 else nullcontext()
 
 
+# torch's CausalBias is a Tensor subclass built through the legacy constructor, so each one holds an uninitialised
+# float32 host tensor of 2 x queries x keys it never reads: bounded here to 8 MiB of address space (a verification
+# of 9 tokens over 100k cached ones is 0.9M cells; a long prompt keeps the tensor mask).
+MAX_BIAS_CELLS = 1 << 20
+
+
+def uses_causal_bias(device: torch.device, start: int, length: int) -> bool:
+    """Whether single_row_mask gives torch's bottom-right causal bias instead of a tensor mask."""
+    return device.type == "cuda" and length > 1 and length * (start + length) <= MAX_BIAS_CELLS
+
+
 def single_row_mask(start: int, length: int, device: torch.device):
     """The attention mask of one row's ``length`` new tokens after ``start`` cached ones: query i sees keys
-    ``<= start + i`` (None for one token, which sees everything). On CUDA it is torch's bottom-right causal bias,
-    which flash attention runs with grouped-query heads; a tensor mask with such heads leaves only the math
-    kernel, about ten launches a layer where flash takes one, and a verification on a GPU is bound by launches
-    (a batch-1 round 20-25% shorter on an H200: docs/benchmarks.md, "GPU"). On CPU the tensor mask is the faster
-    (the bias would be materialized for the math kernel)."""
+    ``<= start + i`` (None for one token, which sees everything). On CUDA it is torch's bottom-right causal bias
+    (uses_causal_bias), which flash attention runs with grouped-query heads, where a tensor mask with such heads
+    leaves only the math kernel (two batched matmuls, a softmax and the mask's own ops a layer, where flash takes
+    one kernel): a batch-1 verification on a GPU is bound by launches, and its round ran 17-25% shorter on an H200
+    (docs/benchmarks.md, "GPU"). On CPU the tensor mask stays: torch's CPU kernel takes it as it is, and would
+    only get the bias materialized into the same mask, which cost time on the AMD EPYC."""
     if length == 1:
         return None
     end = start + length
-    if device.type == "cuda":
+    if uses_causal_bias(device, start, length):
         return causal_lower_right(length, end)
     positions = torch.arange(start, end, device=device)
     return torch.arange(end, device=device)[None, None, None, :] <= positions[None, None, :, None]
