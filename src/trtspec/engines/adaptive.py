@@ -1083,13 +1083,18 @@ class AdaptiveState:
                 known[rows] = [priced[0][k] * priced[1] / seconds[k] for k in range(cap + 1)]
         sizes = sorted(known)
         shrink = [[1.0] * batch for _ in range(cap + 1)]
-        for rows in range(batch - 1, 0, -1):
-            below = max(size for size in sizes if size <= rows)
-            above = min(size for size in sizes if size >= rows)
+        at = len(sizes) - 1  # sizes[at]: the largest measured size <= rows, walked down with rows
+        for rows in range(batch - 1, 0, -1):  # every round's choice runs this: plain loops, no generators
+            while sizes[at] > rows:
+                at -= 1
+            below = sizes[at]
+            above = rows if below == rows else sizes[at + 1]
             part = 0.0 if above == below else (rows - below) / (above - below)
+            low, high = known[below], known[above]
             for k, shares in enumerate(shrink):
-                share = known[below][k] + part * (known[above][k] - known[below][k])
-                shares[rows - 1] = min(share, shares[rows])
+                share = low[k] + part * (high[k] - low[k])
+                larger = shares[rows]
+                shares[rows - 1] = larger if larger < share else share
         return shrink
 
     def _ratios(self, max_k: int) -> tuple[float, ...]:
