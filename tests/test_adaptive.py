@@ -694,61 +694,63 @@ class UnevenRounds(PricedRounds):
 
 
 class BreakEvenRounds(PricedRounds):
-    """PricedRounds for two rows near break-even: K draft tokens cost 1 + 0.5 K target-only rounds, and each row
-    accepts its draft token in 12 of every 20 rounds, in a fixed order (a K=1 round gives 1.6 tokens for 1.5
-    rounds' time: 1.07x target-only)."""
+    """PricedRounds for two rows that end near break-even: K draft tokens cost 1 + 0.56 K target-only rounds, and
+    each row accepts every draft token in its first 20 rounds, then its draft token in 3 of every 5 rounds, from
+    ``phase`` in that cycle (a K=1 round then gives 1.6 tokens for 1.56 rounds' time: 1.026x target-only)."""
 
     num_slots = 2
-    accepts = (1, 0, 1, 1, 0, 1, 0, 1, 1, 0, 1, 0, 1, 1, 0, 1, 0, 1, 0, 1)
+    early, cycle = 20, (1, 0, 1, 0, 1)
 
-    def __init__(self):
+    def __init__(self, phase: int = 0):
         super().__init__()
-        self.rounds_of: dict[int, int] = {}
+        self.phase, self.rounds_of = phase, {}
 
     def cost(self, batch: int, k: int) -> float:
-        return 0.010 * (1 + 0.5 * k)
+        return 0.010 * (1 + 0.56 * k)
 
     def accepted(self, row, num_draft: int) -> int:
-        n = self.rounds_of.get(row.slot, 0)
+        n = self.rounds_of.get(row.slot, 0)  # the rows never move: both end in one round
         self.rounds_of[row.slot] = n + 1
-        return min(num_draft, self.accepts[n % len(self.accepts)])
+        if n < self.early:
+            return num_draft
+        return min(num_draft, self.cycle[(n + self.phase) % len(self.cycle)])
 
 
-def test_a_waited_group_near_break_even_keeps_drafting_through_a_real_loop_and_ends_sooner():
-    """The keep-drafting rule (AdaptiveState.choose) where it acts: a call's two rows, judged by the slower one
-    (lowered by the spread between requests), price K=1 just above break-even. Once drafting, the group keeps
-    drafting in rounds whose expected speedup sits under the margin, and the call ends sooner than with the margin
-    both ways (each row's flag cleared before every round), where early estimates dip under it and the group
-    stays off but for probes; a steady load, whose rows keep the margin both ways, drafts little too."""
+@pytest.mark.parametrize("phase", range(len(BreakEvenRounds.cycle)))
+def test_a_waited_group_near_break_even_keeps_drafting_through_a_real_loop_and_ends_sooner(phase):
+    """The keep-drafting rule (AdaptiveState.choose) where it acts: a call's two rows draft from the start, then
+    accept less, and judged by the slower one (lowered by the spread between requests) price K=1 between break-even
+    and the margin. The group keeps drafting in such rounds, and the call ends sooner than with the margin both
+    ways (each row's flag cleared before every round), where it stops as the estimates fall and stays off but for
+    probes; a steady load, whose rows keep the margin both ways, stops too. Every phase of the acceptance cycle:
+    where its probes and estimates land must not decide it."""
     from trtspec.engines.loop import GenerationLoop
 
     def call(rule: bool = True, close: bool = True) -> tuple[float, float, int]:
-        rounds, policy = BreakEvenRounds(), KPolicy()
+        rounds, policy = BreakEvenRounds(phase), KPolicy()
         state = AdaptiveState(policy, clock=lambda: rounds.now)
         loop = GenerationLoop(rounds, max_seq_len=100_000, k_policy=policy, adaptive=state)
         for i in range(2):
             loop.add(i, [1, 2, 3], SamplingParams(max_new_tokens=300))
         if close:
             loop.close()
-        under_margin = 0  # drafting rounds chosen at an expected speedup under 1 + min_gain
+        under_margin = 0  # rounds the group chose to draft at an expected speedup under 1 + min_gain
         while loop.busy:
             if not rule:
                 for request in loop.active:
                     request.controller.drafting = False
             drafted = any(event.num_draft for event in loop.step())
             decision = state.decisions.get(2)
-            under_margin += (
-                drafted and decision is not None and decision.expected_speedup < 1 + policy.min_gain
-            )
+            under_margin += drafted and decision.k > 0 and decision.expected_speedup < 1 + policy.min_gain
         ks = [k for _, k in rounds.log[1:]]  # the prefill round left out
         late = ks[len(ks) // 2 :]
         return sum(k > 0 for k in late) / len(late), rounds.now, under_margin
 
     kept, kept_time, under_margin = call()
-    assert kept == 1.0 and under_margin > 20
+    assert kept > 0.9 and under_margin > 20
     dropped, dropped_time, _ = call(rule=False)
-    assert dropped < 0.2 and kept_time < 0.97 * dropped_time  # 5% sooner
-    assert call(close=False)[0] < 0.2
+    assert dropped < 0.3 and kept_time < 0.99 * dropped_time  # 2-3% sooner
+    assert call(close=False)[0] < 0.5
 
 
 def test_a_batch_the_caller_waits_for_drafts_only_where_that_shortens_the_slowest_row():

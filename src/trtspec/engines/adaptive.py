@@ -1084,7 +1084,7 @@ class AdaptiveState:
         sizes = sorted(known)
         shrink = [[1.0] * batch for _ in range(cap + 1)]
         at = len(sizes) - 1  # sizes[at]: the largest measured size <= rows, walked down with rows
-        for rows in range(batch - 1, 0, -1):  # every round's choice runs this: plain loops, no generators
+        for rows in range(batch - 1, 0, -1):  # each choice of a measured waited group runs this: plain loops
             while sizes[at] > rows:
                 at -= 1
             below = sizes[at]
