@@ -10,9 +10,10 @@ VENV_LATEST ?= .venv-latest
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 LATEST_PYTEST = $(VENV_LATEST)/bin/python -m pytest -q -ra -p no:cacheprovider -m "not one_stack"
+ONE_STACK_PYTEST = $(BIN)/python -m pytest -q -ra -p no:cacheprovider
 LATEST_BANNER = == tests on the newest releases ($(VENV_LATEST), constraints-latest.txt), one_stack tests left to the pinned stack
 
-.PHONY: venv venv-latest real-model test test-fast test-pinned test-pinned-both test-one-stack test-latest test-latest-logged lint demo clean-outputs
+.PHONY: venv venv-latest real-model test test-fast test-pinned test-pinned-both test-one-stack test-latest test-latest-logged test-one-stack-logged test-timed lint demo clean-outputs
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -54,22 +55,29 @@ test-latest: venv-latest real-model
 	@echo "$(LATEST_BANNER)"
 	$(LATEST_PYTEST)
 
-# `make test` keeps CI inside 30 minutes on 2 cores: the two stacks install side by side, their tests run side by
-# side (one torch thread each: most of a test's time is one process at a time, a tritonserver starting or a
-# model loading), then the one_stack tests run alone, since the soak and the serving faults time what they see.
+# `make test` keeps CI inside 30 minutes on 2 cores: the two stacks install side by side; then three test runs
+# share the cores (one torch thread each: most of a test's time is one process at a time, a tritonserver starting
+# or a model loading): each stack's tests beside the pinned stack's `one_stack` tests that time nothing; last,
+# alone, the `timed` ones, since the soak, the sweeps and the serving faults time what they see.
 test:
 	$(MAKE) -j2 venv real-model
 	$(MAKE) lint
-	OMP_NUM_THREADS=1 $(MAKE) -j2 test-pinned-both test-latest-logged
-	$(MAKE) test-one-stack
+	OMP_NUM_THREADS=1 $(MAKE) -j3 test-pinned-both test-latest-logged test-one-stack-logged
+	$(MAKE) test-timed
 
-# test-latest with its output held in a file until it ends, so that the pinned stack's progress beside it reads
-# whole.
+# test-latest and the untimed one_stack tests with their output held in a file until they end, so that the pinned
+# stack's progress beside them reads whole.
 test-latest-logged: venv-latest real-model
 	@echo "== tests on the newest releases: their output follows when they end ($(VENV_LATEST)/pytest.log)"
 	@$(LATEST_PYTEST) > $(VENV_LATEST)/pytest.log 2>&1; \
 	  status=$$?; echo "$(LATEST_BANNER)"; \
 	  cat $(VENV_LATEST)/pytest.log; exit $$status
+
+test-one-stack-logged: venv real-model
+	@echo "== one_stack tests that time nothing: their output follows when they end ($(VENV)/pytest-one-stack.log)"
+	@$(ONE_STACK_PYTEST) -m "one_stack and not timed" > $(VENV)/pytest-one-stack.log 2>&1; \
+	  status=$$?; echo "== one_stack tests that time nothing, on the pinned stack ($(VENV), constraints.txt)"; \
+	  cat $(VENV)/pytest-one-stack.log; exit $$status
 
 test-pinned-both: venv real-model
 	@echo "== tests on the pinned stack ($(VENV), constraints.txt) that the newest releases run too"
@@ -77,7 +85,11 @@ test-pinned-both: venv real-model
 
 test-one-stack: venv real-model
 	@echo "== one_stack tests on the pinned stack ($(VENV), constraints.txt)"
-	$(BIN)/python -m pytest -q -ra -m one_stack
+	$(ONE_STACK_PYTEST) -m one_stack
+
+test-timed: venv real-model
+	@echo "== timed one_stack tests, alone, on the pinned stack ($(VENV), constraints.txt)"
+	$(ONE_STACK_PYTEST) -m "one_stack and timed"
 
 # The edit-and-rerun loop: the pinned stack without the tests that start a tritonserver or take long (`server`,
 # `slow` markers); `make test` still runs everything (the one_stack tests on the pinned stack only).

@@ -15,10 +15,17 @@ FAKE_TRTLLM_DIR = Path(__file__).parent / "fake_tensorrt_llm"  # the tensorrt_ll
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``conversion`` run ModelOpt, which needs the pinned conversion stack: elsewhere (the newest
-    releases: transformers 5, no nvidia-modelopt) they are skipped with the reason naming that stack."""
+    releases: transformers 5, no nvidia-modelopt) they are skipped with the reason naming that stack. A ``timed``
+    test must be ``one_stack`` too: `make test` runs timed tests alone only among the one_stack ones, and a timed
+    test on both stacks would run beside other tests."""
     from trtspec.builders.environment import package_versions
     from trtspec.builders.support import conversion_stack_problem
 
+    unpaired = [
+        i.nodeid for i in items if i.get_closest_marker("timed") and not i.get_closest_marker("one_stack")
+    ]
+    if unpaired:
+        raise pytest.UsageError(f"marked timed but not one_stack: {', '.join(unpaired)}")
     problem = conversion_stack_problem(package_versions())
     if problem is None:
         return

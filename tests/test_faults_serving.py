@@ -38,7 +38,7 @@ from trtspec.engines.sampling import SamplingParams
 from trtspec.triton_repo.models import triton_io as io
 from trtspec.triton_repo.server import EXIT_TIMEOUT_S, free_ports, python_stubs, session_processes
 
-pytestmark = pytest.mark.one_stack  # the server's process handling, the same on either transformers
+pytestmark = [pytest.mark.one_stack, pytest.mark.timed]  # the server's process handling, against the clock
 
 ROOT = Path(__file__).resolve().parents[1]
 # A scripted round. Served rounds take 1-20 ms on CPU; this is longer so that the sending thread, which must see a

@@ -19,7 +19,7 @@ from triton_server import deploy_tiny_repo
 
 from trtspec.triton_repo.server import free_ports, mapped_shm, session_processes
 
-pytestmark = [pytest.mark.server, pytest.mark.slow, pytest.mark.one_stack]
+pytestmark = [pytest.mark.server, pytest.mark.slow, pytest.mark.one_stack, pytest.mark.timed]
 ROOT = Path(__file__).resolve().parents[1]
 CLIENT = ROOT / "tools" / "client.py"
 
@@ -61,9 +61,25 @@ def _kill_serve(proc: subprocess.Popen) -> None:
 def _wait_ready(proc: subprocess.Popen, http_port: int, log: Path, timeout_s: float = 240) -> None:
     deadline = time.monotonic() + timeout_s
     while not _ready(http_port):
-        assert proc.poll() is None, f"trtspec serve exited {proc.returncode}:\n{log.read_text()}"
-        assert time.monotonic() < deadline, f"not ready in {timeout_s} s:\n{log.read_text()}"
+        assert proc.poll() is None, (
+            f"trtspec serve exited {proc.returncode}:\n{log.read_text()}{_server_log(proc)}"
+        )
+        assert time.monotonic() < deadline, (
+            f"not ready in {timeout_s} s:\n{log.read_text()}{_server_log(proc)}"
+        )
         time.sleep(0.3)
+
+
+def _server_log(proc: subprocess.Popen) -> str:
+    """The tail of the log of the tritonserver that serve ran (beside the repository, the last argument after
+    `serve`): serve's own error names only its last line."""
+    repo = Path(proc.args[proc.args.index("serve") + 1]).resolve()
+    server_log = repo.parent / f".{repo.name}.tritonserver.log"
+    if not server_log.exists():
+        return ""
+    return "\n--- tritonserver log ---\n" + "\n".join(
+        server_log.read_text(errors="replace").splitlines()[-60:]
+    )
 
 
 def test_serve_answers_the_client_and_stops_cleanly_on_ctrl_c(repo, tmp_path):

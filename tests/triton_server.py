@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import queue
+import sys
 import threading
 import time
 import urllib.error
@@ -24,7 +25,7 @@ from trtspec.triton_repo.server import Ports, TritonServer, free_ports
 
 @contextlib.contextmanager
 def running_server(repo: Path, log_path: Path, timeout_s: float = 180.0, attempts: int = 3):
-    """Start tritonserver on ``repo`` (127.0.0.1, free ports), yield the TritonServer, always stop it. The server
+    """Start tritonserver on ``repo`` (127.0.0.1, free ports), yield the TritonServer, always kill it. The server
     binds its ports seconds after they were found free, and `make test` runs two test sessions side by side, so a
     port the other session took meanwhile means another try on other ports."""
     for attempt in range(1, attempts + 1):
@@ -37,8 +38,21 @@ def running_server(repo: Path, log_path: Path, timeout_s: float = 180.0, attempt
                 raise
     try:
         yield server
+    except BaseException:
+        # pytest prints a failed test's captured stderr: the server's own account of what went wrong (a stub that
+        # died, an abort in the python backend) is there beside the assertion
+        print(
+            f"--- last lines of {log_path} ---",
+            *server.log_text().splitlines()[-60:],
+            sep="\n",
+            file=sys.stderr,
+        )
+        raise
     finally:
-        server.stop()
+        # Killed at once, as serve kills a server that outlives its grace (its stubs and shared memory go too):
+        # a graceful stop waits out tritonserver's one-second shutdown polls, about 3 s a server, and is the
+        # subject of the tests that stop a server the way a user does (test_serve_cli, test_faults_serving).
+        server.stop(grace_s=0)
 
 
 def tiny_recipe(tiny_pair: tuple[Path, Path], **triton):
