@@ -11,9 +11,9 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 LATEST_PYTEST = $(VENV_LATEST)/bin/python -m pytest -q -ra -p no:cacheprovider -m "not one_stack"
 ONE_STACK_PYTEST = $(BIN)/python -m pytest -q -ra -p no:cacheprovider
-LATEST_BANNER = == tests on the newest releases ($(VENV_LATEST), constraints-latest.txt), one_stack tests left to the pinned stack
+LATEST_BANNER = tests on the newest releases ($(VENV_LATEST), constraints-latest.txt), one_stack tests left to the pinned stack
 
-.PHONY: venv venv-latest real-model test test-fast test-pinned test-pinned-both test-one-stack test-latest test-latest-logged test-one-stack-logged test-timed lint demo clean-outputs
+.PHONY: venv venv-latest real-model test test-fast test-pinned test-pinned-both test-one-stack test-latest test-latest-logged test-one-stack-first test-one-stack-rest test-timed lint demo clean-outputs
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -52,32 +52,39 @@ test-pinned: venv real-model
 # handling, packaging, manifests, the bench tools, served paths that tests on both stacks cover) run on the
 # pinned stack only, which keeps `make test` inside CI's 30 minutes.
 test-latest: venv-latest real-model
-	@echo "$(LATEST_BANNER)"
+	@echo "== $(LATEST_BANNER)"
 	$(LATEST_PYTEST)
 
-# `make test` keeps CI inside 30 minutes on 2 cores: the two stacks install side by side; then three test runs
+# `make test` keeps CI inside 30 minutes on 2 cores: the two stacks install side by side; then four test runs
 # share the cores (one torch thread each: most of a test's time is one process at a time, a tritonserver starting
-# or a model loading): each stack's tests beside the pinned stack's `one_stack` tests that time nothing; last,
-# alone, the `timed` ones, since the soak, the sweeps and the serving faults time what they see.
+# or a model loading): each stack's tests, and the pinned stack's `one_stack` tests in two halves; last, alone,
+# the `timed` ones (the soak, whose speed check compares its two halves).
 test:
 	$(MAKE) -j2 venv real-model
 	$(MAKE) lint
-	OMP_NUM_THREADS=1 $(MAKE) -j3 test-pinned-both test-latest-logged test-one-stack-logged
+	OMP_NUM_THREADS=1 $(MAKE) -j4 test-pinned-both test-latest-logged test-one-stack-first test-one-stack-rest
 	$(MAKE) test-timed
 
-# test-latest and the untimed one_stack tests with their output held in a file until they end, so that the pinned
-# stack's progress beside them reads whole.
-test-latest-logged: venv-latest real-model
-	@echo "== tests on the newest releases: their output follows when they end ($(VENV_LATEST)/pytest.log)"
-	@$(LATEST_PYTEST) > $(VENV_LATEST)/pytest.log 2>&1; \
-	  status=$$?; echo "$(LATEST_BANNER)"; \
-	  cat $(VENV_LATEST)/pytest.log; exit $$status
+# $(call held,LOG,TITLE,COMMAND): COMMAND's output held in LOG until it ends, then printed under TITLE, so that
+# the pinned stack's progress beside it reads whole.
+held = @echo "== $(2): its output follows when it ends ($(1))"; \
+	$(3) > $(1) 2>&1; status=$$?; echo "== $(2)"; cat $(1); exit $$status
 
-test-one-stack-logged: venv real-model
-	@echo "== one_stack tests that time nothing: their output follows when they end ($(VENV)/pytest-one-stack.log)"
-	@$(ONE_STACK_PYTEST) -m "one_stack and not timed" > $(VENV)/pytest-one-stack.log 2>&1; \
-	  status=$$?; echo "== one_stack tests that time nothing, on the pinned stack ($(VENV), constraints.txt)"; \
-	  cat $(VENV)/pytest-one-stack.log; exit $$status
+test-latest-logged: venv-latest real-model
+	$(call held,$(VENV_LATEST)/pytest.log,$(LATEST_BANNER),$(LATEST_PYTEST))
+
+# The one_stack tests that time nothing, in two runs of about equal length: ONE_STACK_FIRST's files, then the rest.
+ONE_STACK_FIRST = tests/test_faults_serving.py tests/test_serve_cli.py tests/test_triton_harness.py \
+	tests/test_real_model.py tests/test_outputs.py
+ONE_STACK_TITLE = one_stack tests that time nothing, on the pinned stack ($(VENV), constraints.txt)
+
+test-one-stack-first: venv real-model
+	$(call held,$(VENV)/pytest-one-stack-first.log,$(ONE_STACK_TITLE): first half,\
+	  $(ONE_STACK_PYTEST) -m "one_stack and not timed" $(ONE_STACK_FIRST))
+
+test-one-stack-rest: venv real-model
+	$(call held,$(VENV)/pytest-one-stack-rest.log,$(ONE_STACK_TITLE): second half,\
+	  $(ONE_STACK_PYTEST) -m "one_stack and not timed" $(addprefix --ignore=,$(ONE_STACK_FIRST)))
 
 test-pinned-both: venv real-model
 	@echo "== tests on the pinned stack ($(VENV), constraints.txt) that the newest releases run too"

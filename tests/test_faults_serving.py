@@ -38,7 +38,7 @@ from trtspec.engines.sampling import SamplingParams
 from trtspec.triton_repo.models import triton_io as io
 from trtspec.triton_repo.server import EXIT_TIMEOUT_S, free_ports, python_stubs, session_processes
 
-pytestmark = [pytest.mark.one_stack, pytest.mark.timed]  # the server's process handling, against the clock
+pytestmark = pytest.mark.one_stack  # the server's process handling, the same on either transformers
 
 ROOT = Path(__file__).resolve().parents[1]
 # A scripted round. Served rounds take 1-20 ms on CPU; this is longer so that the sending thread, which must see a
@@ -741,6 +741,7 @@ def test_an_http_stream_is_cancelled_only_after_its_cancel_after_events(soak, mo
 
 @pytest.mark.server
 @pytest.mark.slow
+@pytest.mark.timed  # its speed check compares the soak's two halves: nothing else may share the cores
 def test_a_one_minute_soak_loses_nothing_mixes_nothing_and_holds_memory_and_speed(tiny_pair, tmp_path):
     """tools/soak.py for 60 s with the tiny pair: 32 clients, 3 of them cancelling. Its speed check compares the
     soak's two 30-second halves. On a shared 2-core machine 15-second windows of one run spread by 20% (CI: 500 592

@@ -258,6 +258,7 @@ def test_greedy_chat_equals_hf_greedy_and_stops_at_im_end(runner, references, dt
 
 
 @pytest.mark.slow
+@pytest.mark.one_stack  # the engine's seeded sampling; the tokens it samples from are the greedy tests' on both
 def test_sampling_is_reproducible_per_seed_and_differs_across_seeds(runner, real_model):
     sample = (
         "--prompt",
@@ -338,6 +339,7 @@ def validate_json(runner, tmp_path: Path, dtype: str, proposer: str, lines: list
 
 
 @pytest.mark.slow
+@pytest.mark.one_stack  # validate's report; float32 equal to HF greedy: the greedy tests, both stacks
 def test_validate_float32_is_exact(runner, real_model, tmp_path):
     report = validate_json(runner, tmp_path, "float32", "draft", questions(QUESTION, TIPS))
     assert report["passed"], report["failures"]
@@ -347,6 +349,7 @@ def test_validate_float32_is_exact(runner, real_model, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.one_stack  # validate's lookup report; lookup equal to HF greedy: both stacks
 def test_validate_float32_prompt_lookup_is_exact_and_reports_its_acceptance(runner, grounded_chat, tmp_path):
     """Two grounded-chat prompts in one batch, one whose lookups are all accepted and one whose lookups past its
     fix are rejected: both exact against HF and against target-only decoding; the acceptance is lookup's."""
@@ -371,6 +374,7 @@ def test_validate_float32_prompt_lookup_is_exact_and_reports_its_acceptance(runn
 
 
 @pytest.mark.slow
+@pytest.mark.one_stack  # validate's account of a divergence; bfloat16 parting only at near-ties: greedy tests, both
 def test_validate_bfloat16_names_each_divergence_and_its_margin(runner, references, tmp_path):
     """Every divergence from the HF reference in bfloat16 is a near-tie, and validate says where and by how much.
     The control (speculative vs target-only on the same engine) follows the same rule (docs/exactness.md): exact,

@@ -19,7 +19,7 @@ from triton_server import deploy_tiny_repo
 
 from trtspec.triton_repo.server import free_ports, mapped_shm, session_processes
 
-pytestmark = [pytest.mark.server, pytest.mark.slow, pytest.mark.one_stack, pytest.mark.timed]
+pytestmark = [pytest.mark.server, pytest.mark.slow, pytest.mark.one_stack]
 ROOT = Path(__file__).resolve().parents[1]
 CLIENT = ROOT / "tools" / "client.py"
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.one_stack, pytest.mark.timed]  # a bench tool over the served adaptive policy
+pytestmark = pytest.mark.one_stack  # a bench tool over the served adaptive policy; it asserts no figure
 
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "bench_served_adaptive.py"
 

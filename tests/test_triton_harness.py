@@ -7,7 +7,7 @@ import pytest
 from harness.repo import deploy_harness
 from triton_server import PROMPTS, grpc_stream, hf_greedy, running_server, spec_metrics, tiny_recipe
 
-pytestmark = [pytest.mark.server, pytest.mark.slow, pytest.mark.one_stack, pytest.mark.timed]
+pytestmark = [pytest.mark.server, pytest.mark.slow, pytest.mark.one_stack]
 
 
 @pytest.fixture(scope="module")

@@ -1303,6 +1303,59 @@ def test_an_engine_models_error_reaches_the_client_as_its_first_line(monkeypatch
     )
 
 
+class _BlsPb(_PbUtils):
+    """_PbUtils with BLS as pb_utils has it: InferenceRequest(...).exec() gives a response whose has_error() and
+    error() tell a failure, and get_output_tensor_by_name gives None for an output it lacks."""
+
+    answer: dict = {}
+
+    class InferenceRequest:
+        def __init__(self, model_name, requested_output_names, inputs):
+            self.outputs = requested_output_names
+
+        def exec(self):
+            tensors = [_PbUtils.Tensor(n, v) for n, v in _BlsPb.answer.items() if n in self.outputs]
+            return _BlsResponse(tensors)
+
+    @staticmethod
+    def get_output_tensor_by_name(response, name):
+        array = response.tensors.get(name)
+        return None if array is None else _BlsTensor(array)
+
+
+class _BlsResponse(_PbUtils.InferenceResponse):
+    def has_error(self):
+        return self.error is not None
+
+
+class _BlsTensor:
+    def __init__(self, array):
+        self.array = array
+
+    def as_numpy(self):
+        return self.array
+
+
+def test_an_engine_answer_without_its_tokens_is_an_error_naming_the_output(monkeypatch):
+    """A response with no error and no tensors (what a callee whose stub died can leave) is a BlsError naming the
+    model and the missing output, never a TypeError from reading it; an optional output is None."""
+    from trtspec.triton_repo.models import triton_io
+
+    monkeypatch.setattr(triton_io, "pb", lambda: _BlsPb)
+    ids = np.array([[1, 2, 3]], dtype=np.int32)
+    monkeypatch.setattr(_BlsPb, "answer", {"output_ids": ids})
+    with pytest.raises(triton_io.BlsError, match="tensorrt_llm answered without its sequence_length output"):
+        triton_io.bls("tensorrt_llm", {"input_ids": ids}, ["output_ids", "sequence_length"])
+    monkeypatch.setattr(_BlsPb, "answer", {"output_ids": ids, "sequence_length": np.array([[3]])})
+    out = triton_io.bls(
+        "tensorrt_llm_draft",
+        {"input_ids": ids},
+        ["output_ids", "sequence_length", "generation_logits"],
+        optional=("generation_logits",),
+    )
+    assert out["generation_logits"] is None and out["output_ids"] is ids
+
+
 class _StrictSender:
     """python_backend's ResponseSender as it behaves: the final flag closes it ("Response sender has been
     closed" after), and is_cancelled after that reaches a freed response factory: recorded here as a violation."""
