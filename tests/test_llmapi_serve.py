@@ -129,6 +129,7 @@ def test_validate_refuses_a_k_the_llmapi_model_cannot_run(runner, served):
     assert "takes no per-request K, so K=2 cannot be measured; use K=4" in result.output
 
 
+@pytest.mark.one_stack  # how a non-decoupled repository is served and asked: the same on either transformers
 def test_validate_against_an_llmapi_deployment_that_is_not_decoupled(
     runner, tiny_pair, tmp_path, monkeypatch
 ):

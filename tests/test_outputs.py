@@ -233,7 +233,7 @@ def test_an_output_folder_below_a_file_is_refused_before_any_work(tmp_path):
         check_output_dir(tmp_path / "plain" / "out", "report.json", "a report", "--out")
 
 
-@pytest.mark.one_stack
+@pytest.mark.one_stack  # the command line's own error path, in a subprocess: the same on either transformers
 def test_the_command_line_reports_a_refused_path_in_one_line(tiny_pair, tmp_path):
     """A path the system refuses while the output is written reaches the user as one line naming it and exit 2,
     not a traceback; here the folder check is disabled so that the system refuses the path itself."""
@@ -316,8 +316,25 @@ def test_main_turns_an_os_error_with_a_path_into_one_line(monkeypatch, capsys):
     assert err == ["Error: /srv/models/t: Permission denied; check the path and its permissions"]
 
 
-# The command line's own handling of an interrupt and of a refused path, in subprocesses: the same on either
-# transformers release, so on the pinned stack only (one_stack).
+def run_as_from_a_terminal(script: str):
+    """``python -c script`` with SIGINT at its default, as a command typed at a terminal has it: a test session
+    started in the background of a non-interactive shell ignores SIGINT, its children inherit that, and Python
+    leaves an ignored SIGINT ignored (so the interrupt these tests send would never arrive)."""
+    import signal
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+
+
+# The command line's own handling of an interrupt, in subprocesses: the same on either transformers release, so
+# on the pinned stack only (one_stack).
 @pytest.mark.one_stack
 @pytest.mark.parametrize(("swallowed", "signum"), [(True, "SIGINT"), (False, "SIGINT"), (True, "SIGTERM")])
 def test_a_ctrl_c_a_library_swallows_still_stops_the_command(tiny_pair, tmp_path, swallowed, signum):
@@ -325,8 +342,6 @@ def test_a_ctrl_c_a_library_swallows_still_stops_the_command(tiny_pair, tmp_path
     command must still exit 130 without renaming its output into place (here deploy's repository, whose last
     step before the rename frees such an object). Without the swallow the same run writes the repository.
     SIGTERM (`docker stop`, a supervisor) takes the same path, where its default would end the process at once."""
-    import subprocess
-    import sys
 
     from test_validate import write_recipe
 
@@ -345,7 +360,7 @@ def test_a_ctrl_c_a_library_swallows_still_stops_the_command(tiny_pair, tmp_path
         "o.plain_modes = plain_modes\n"
         f"from trtspec.cli import main; sys.argv = ['trtspec']; main({argv!r})"
     )
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    proc = run_as_from_a_terminal(script)
     if not swallowed:
         assert proc.returncode == 0, proc.stderr
         assert (out / "trtspec.json").is_file()
@@ -363,8 +378,6 @@ def test_a_ctrl_c_a_library_swallows_still_stops_the_command(tiny_pair, tmp_path
 def test_a_ctrl_c_a_library_swallows_ends_a_command_that_writes_nothing_as_an_interrupt(tiny_pair, tmp_path):
     """`check` commits no output and leaves through its own sys.exit, so only main's own check, after whatever
     the command returned or raised, turns the lost interrupt into exit 130 (it exited with check's status)."""
-    import subprocess
-    import sys
 
     from test_validate import write_recipe
 
@@ -382,7 +395,7 @@ def test_a_ctrl_c_a_library_swallows_ends_a_command_that_writes_nothing_as_an_in
         "m.read_hf_config = read_hf_config\n"
         f"from trtspec.cli import main; sys.argv = ['trtspec']; main(['check', {str(recipe)!r}])"
     )
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    proc = run_as_from_a_terminal(script)
     assert "Exception ignored" in proc.stderr and "KeyboardInterrupt" in proc.stderr
     assert proc.returncode == 130, proc.stderr
     assert proc.stderr.rstrip().endswith("Interrupted.")

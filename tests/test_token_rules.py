@@ -276,9 +276,10 @@ def _served(repo, log, prompt_text: str, reference: list[int]):
 
 
 def _served_case(family: str, stop: str, runtime: str):
-    # A stop word's id is dropped from the served text only here, and by the same text rules on both runtimes,
-    # so whether it is still a special token of the tokenizer shows on every stack through one runtime; the
-    # end_id case is the engine's own stop (real-model served tests) and the orchestrator's path is the server's.
+    # A stop word's id is dropped from the served text only here, by the same text rules on both runtimes, so
+    # whether it is still a special token of the tokenizer shows on every stack through the torch runtime. The
+    # end_id case is the engine's own stop (the real-model served tests, both stacks), and the tensorrtllm runtime
+    # adds only the server's path (orchestrator, stand-in engine models), which no transformers release changes.
     one_stack = stop == "end_id" or runtime == "tensorrtllm"
     marks = [pytest.mark.one_stack] if one_stack else []
     return pytest.param(family, stop, runtime, marks=marks, id=f"{family}-{stop}-{runtime}")

@@ -1348,10 +1348,7 @@ def test_an_engine_answer_without_its_tokens_is_an_error_naming_the_output(monke
         triton_io.bls("tensorrt_llm", {"input_ids": ids}, ["output_ids", "sequence_length"])
     monkeypatch.setattr(_BlsPb, "answer", {"output_ids": ids, "sequence_length": np.array([[3]])})
     out = triton_io.bls(
-        "tensorrt_llm_draft",
-        {"input_ids": ids},
-        ["output_ids", "sequence_length", "generation_logits"],
-        optional=("generation_logits",),
+        "tensorrt_llm_draft", {"input_ids": ids}, ["output_ids", "sequence_length", "generation_logits"]
     )
     assert out["generation_logits"] is None and out["output_ids"] is ids
 

@@ -306,6 +306,7 @@ def test_upstreams_end_to_end_client_and_readme_requests_are_served_with_the_pro
         assert status == 400 and message in raw, raw
 
 
+@pytest.mark.one_stack  # how a non-decoupled repository is served and asked: the same on either transformers
 def test_a_non_decoupled_repository_batches_concurrent_requests_and_offers_what_it_serves(
     tiny_pair, tmp_path
 ):

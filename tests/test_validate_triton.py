@@ -231,6 +231,7 @@ def test_a_server_that_stops_answering_is_one_line(served):
             client.generate("def f(x):", 2)
 
 
+@pytest.mark.one_stack  # how a non-decoupled repository is served and asked: the same on either transformers
 def test_validate_and_bench_a_repository_that_is_not_decoupled(runner, tiny_pair, tmp_path):
     """triton.decoupled false: the entry model refuses stream=true, so validate and bench ask for whole answers,
     and bench reports time to first token and inter-token latency as unknown. The server's setting counts: the

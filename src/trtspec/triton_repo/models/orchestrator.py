@@ -106,7 +106,7 @@ class BlsCalls:
             inputs = self._inputs(tokens, num_tokens, call)
             inputs["return_generation_logits"] = np.array([[want_logits]])
             outputs = ["output_ids", "sequence_length"] + (["generation_logits"] if want_logits else [])
-            out = io.bls(self.draft, inputs, outputs, optional=("generation_logits",))
+            out = io.bls(self.draft, inputs, outputs)
             logits = out.get("generation_logits") if want_logits else None
             if logits is not None:  # [1, 1, k, V] -> [k, V]
                 logits = torch.from_numpy(np.asarray(logits, dtype=np.float32).reshape(-1, logits.shape[-1]))

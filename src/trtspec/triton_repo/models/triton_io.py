@@ -107,12 +107,15 @@ def refusal_response(err, metrics) -> object:
     return error_response(err.message)
 
 
-def bls(
-    model: str, inputs: dict[str, object], outputs: list[str], optional: tuple[str, ...] = ()
-) -> dict[str, np.ndarray | None]:
+# An engine model may leave these out of an answer (TensorRT-LLM's generation_logits, where the engine gathers
+# none); every other output asked for must be there.
+OPTIONAL_OUTPUTS = ("generation_logits",)
+
+
+def bls(model: str, inputs: dict[str, object], outputs: list[str]) -> dict[str, np.ndarray | None]:
     """One synchronous BLS request; raises BlsError with the callee's message if it failed, or naming the output
-    it left out (an output in ``optional`` is None instead: a response without an error but without its tensors
-    is what a callee whose process died mid-call can leave)."""
+    it left out (an OPTIONAL_OUTPUTS one is None instead): an answer without an error but without its tensors is
+    what a callee whose process died mid-call can leave."""
     utils = pb()
     tensors = [utils.Tensor(name, np.asarray(value)) for name, value in inputs.items() if value is not None]
     request = utils.InferenceRequest(model_name=model, requested_output_names=outputs, inputs=tensors)
@@ -122,7 +125,7 @@ def bls(
     result = {}
     for name in outputs:
         out = utils.get_output_tensor_by_name(response, name)
-        if out is None and name not in optional:
+        if out is None and name not in OPTIONAL_OUTPUTS:
             raise BlsError(f"{model} answered without its {name} output (the server log may say why)")
         result[name] = None if out is None else out.as_numpy()
     return result
