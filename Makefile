@@ -57,7 +57,7 @@ test-latest: venv-latest real-model
 
 # `make test` keeps CI inside 30 minutes on 2 cores: the two stacks install side by side; then four test runs
 # share the cores (one torch thread each: most of a test's time is one process at a time, a tritonserver starting
-# or a model loading): each stack's tests, and the tests only the pinned stack runs in two halves; last, alone,
+# or a model loading): each stack's tests, and the pinned stack's `one_stack` tests in two halves; last, alone,
 # the `timed` ones (the soak, whose speed check compares its two halves).
 test:
 	$(MAKE) -j2 venv real-model
@@ -73,24 +73,22 @@ held = @echo "== $(2): its output follows when it ends ($(1))"; \
 test-latest-logged: venv-latest real-model
 	$(call held,$(VENV_LATEST)/pytest.log,$(LATEST_BANNER),$(LATEST_PYTEST))
 
-# The tests only the pinned stack runs, `one_stack` and `conversion` ones (the newest stack skips those), that
-# time nothing, in two runs of about equal length: ONE_STACK_FIRST's files, then the rest.
-PINNED_ONLY = -m "(one_stack or conversion) and not timed"
+# The one_stack tests that time nothing, in two runs of about equal length: ONE_STACK_FIRST's files, then the rest.
 ONE_STACK_FIRST = tests/test_faults_serving.py tests/test_serve_cli.py tests/test_triton_harness.py \
 	tests/test_real_model.py tests/test_outputs.py
-ONE_STACK_TITLE = one_stack and conversion tests that time nothing, on the pinned stack ($(VENV), constraints.txt)
+ONE_STACK_TITLE = one_stack tests that time nothing, on the pinned stack ($(VENV), constraints.txt)
 
 test-one-stack-first: venv real-model
 	$(call held,$(VENV)/pytest-one-stack-first.log,$(ONE_STACK_TITLE): first half,\
-	  $(ONE_STACK_PYTEST) $(PINNED_ONLY) $(ONE_STACK_FIRST))
+	  $(ONE_STACK_PYTEST) -m "one_stack and not timed" $(ONE_STACK_FIRST))
 
 test-one-stack-rest: venv real-model
 	$(call held,$(VENV)/pytest-one-stack-rest.log,$(ONE_STACK_TITLE): second half,\
-	  $(ONE_STACK_PYTEST) $(PINNED_ONLY) $(addprefix --ignore=,$(ONE_STACK_FIRST)))
+	  $(ONE_STACK_PYTEST) -m "one_stack and not timed" $(addprefix --ignore=,$(ONE_STACK_FIRST)))
 
 test-pinned-both: venv real-model
 	@echo "== tests on the pinned stack ($(VENV), constraints.txt) that the newest releases run too"
-	$(BIN)/python -m pytest -q -ra -m "not one_stack and not conversion"
+	$(BIN)/python -m pytest -q -ra -m "not one_stack"
 
 test-one-stack: venv real-model
 	@echo "== one_stack tests on the pinned stack ($(VENV), constraints.txt)"

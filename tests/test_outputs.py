@@ -317,19 +317,16 @@ def test_main_turns_an_os_error_with_a_path_into_one_line(monkeypatch, capsys):
 
 
 def run_as_from_a_terminal(script: str):
-    """``python -c script`` with SIGINT at its default, as a command typed at a terminal has it: a test session
-    started in the background of a non-interactive shell ignores SIGINT, its children inherit that, and Python
-    leaves an ignored SIGINT ignored (so the interrupt these tests send would never arrive)."""
-    import signal
+    """``python -c script`` with Python's own SIGINT handler, as a command typed at a terminal has it: a test
+    session started in the background of a non-interactive shell ignores SIGINT, its children inherit that, and
+    Python leaves an ignored SIGINT ignored (so the interrupt these tests send would never arrive). The script
+    sets the handler itself, before trtspec is imported (no preexec_fn in a process with threads)."""
     import subprocess
     import sys
 
+    terminal = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
     return subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        [sys.executable, "-c", terminal + script], capture_output=True, text=True, timeout=300
     )
 
 

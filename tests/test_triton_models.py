@@ -1343,8 +1343,11 @@ def test_an_engine_answer_without_its_tokens_is_an_error_naming_the_output(monke
 
     monkeypatch.setattr(triton_io, "pb", lambda: _BlsPb)
     ids = np.array([[1, 2, 3]], dtype=np.int32)
+    monkeypatch.setattr(_BlsPb, "answer", {})
+    with pytest.raises(triton_io.BlsError, match="^tensorrt_llm answered without its output_ids output"):
+        triton_io.bls("tensorrt_llm", {"input_ids": ids}, ["output_ids", "sequence_length"])
     monkeypatch.setattr(_BlsPb, "answer", {"output_ids": ids})
-    with pytest.raises(triton_io.BlsError, match="tensorrt_llm answered without its sequence_length output"):
+    with pytest.raises(triton_io.BlsError, match="^tensorrt_llm answered without its sequence_length output"):
         triton_io.bls("tensorrt_llm", {"input_ids": ids}, ["output_ids", "sequence_length"])
     monkeypatch.setattr(_BlsPb, "answer", {"output_ids": ids, "sequence_length": np.array([[3]])})
     out = triton_io.bls(

@@ -26,8 +26,8 @@ from trtspec.triton_repo.server import Ports, TritonServer, free_ports
 @contextlib.contextmanager
 def running_server(repo: Path, log_path: Path, timeout_s: float = 180.0, attempts: int = 3):
     """Start tritonserver on ``repo`` (127.0.0.1, free ports), yield the TritonServer, always kill it. The server
-    binds its ports seconds after they were found free, and `make test` runs two test sessions side by side, so a
-    port the other session took meanwhile means another try on other ports."""
+    binds its ports seconds after they were found free, and `make test` runs four test sessions side by side, so a
+    port another session took meanwhile means another try on other ports."""
     for attempt in range(1, attempts + 1):
         server = TritonServer(repo, Ports(*free_ports(3)), log_path)
         try:

@@ -145,8 +145,8 @@ def free_ports(n: int = 3, host: str = "127.0.0.1") -> list[int]:
 
 def _pytriton_backend_dir(root: Path) -> Path:
     """Assemble <cache>/backends/python from the nvidia-pytriton wheel: copied once per wheel version and Python
-    version, and renamed into place whole, so that servers of several venvs starting at once (`make test` runs two
-    stacks side by side) never see a partial copy or lose one in use."""
+    version, and renamed into place whole, so that servers starting at once (`make test` runs four test sessions
+    side by side, on two venvs) never see a partial copy or lose one in use."""
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     stub = root / "python_backend_stubs" / version / "triton_python_backend_stub"
     if not stub.is_file():

@@ -21,7 +21,8 @@ def pb():
 
 
 class BlsError(Exception):
-    """A model called through BLS answered with an error; ``message`` is its own text."""
+    """A model called through BLS answered with an error (the message is its own text) or without an output it
+    must send (the message names it)."""
 
 
 def log_warning(message: str) -> None:
