@@ -71,10 +71,11 @@ def _wait_ready(proc: subprocess.Popen, http_port: int, log: Path, timeout_s: fl
 
 
 def _server_log(proc: subprocess.Popen) -> str:
-    """The tail of the log of the tritonserver that serve ran (beside the repository, the last argument after
-    `serve`): serve's own error names only its last line."""
-    repo = Path(proc.args[proc.args.index("serve") + 1]).resolve()
-    server_log = repo.parent / f".{repo.name}.tritonserver.log"
+    """The tail of the log of the tritonserver that serve ran on the repository after `serve` in its command:
+    serve's own error names only its last line."""
+    from trtspec.triton_repo.serve import server_log_path
+
+    server_log = server_log_path(proc.args[proc.args.index("serve") + 1])
     if not server_log.exists():
         return ""
     return "\n--- tritonserver log ---\n" + "\n".join(
