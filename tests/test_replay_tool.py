@@ -109,6 +109,15 @@ def test_a_concurrency_the_bench_run_lacks_is_refused_naming_the_ones_it_has(rep
         replay_tool.main([str(replay_tool.DEMO_RECIPE), "--bench", str(lookup_only)])
 
 
+def test_a_bench_file_that_is_missing_or_not_a_report_is_one_line(replay_tool, tmp_path):
+    with pytest.raises(SystemExit, match="nope.json: not a trtspec bench.json .*No such file"):
+        replay_tool.bench_costs(tmp_path / "nope.json")
+    other = tmp_path / "other.json"
+    other.write_text('{"results": []}')
+    with pytest.raises(SystemExit, match="other.json: not a trtspec bench.json \\(no points list\\)"):
+        replay_tool.bench_costs(other)
+
+
 def test_a_recipe_without_a_draft_or_with_a_draft_of_its_own_tokenizer_is_refused(replay_tool):
     from trtspec.recipe import load_recipe
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from triton_server import deploy_tiny_repo
 
+from trtspec.triton_repo.serve import server_log_path
 from trtspec.triton_repo.server import free_ports, mapped_shm, session_processes
 
 pytestmark = [pytest.mark.server, pytest.mark.slow, pytest.mark.one_stack]
@@ -73,8 +74,6 @@ def _wait_ready(proc: subprocess.Popen, http_port: int, log: Path, timeout_s: fl
 def _server_log(proc: subprocess.Popen) -> str:
     """The tail of the log of the tritonserver that serve ran on the repository after `serve` in its command:
     serve's own error names only its last line."""
-    from trtspec.triton_repo.serve import server_log_path
-
     server_log = server_log_path(proc.args[proc.args.index("serve") + 1])
     if not server_log.exists():
         return ""
@@ -167,7 +166,7 @@ def test_serve_answers_the_client_and_stops_cleanly_on_ctrl_c(repo, tmp_path):
 
         proc.send_signal(signal.SIGINT)
         status = proc.wait(timeout=60)
-        server_log = (repo.parent / f".{repo.name}.tritonserver.log").read_text()
+        server_log = server_log_path(repo).read_text()
         assert "stopping tritonserver" in log.read_text()
         assert json.loads(stdout.read_text()) == ready  # one document, nothing after it
         # A stop the user asked for exits 0 once the server's session is gone, even when unloading the models
@@ -297,7 +296,7 @@ def test_ctrl_c_while_the_models_load_stops_cleanly(repo, tmp_path, signum):
     log = tmp_path / "serve.log"
     cmd = [sys.executable, "-m", "trtspec", "serve", str(repo)]
     cmd += ["--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)]
-    server_log = repo.parent / f".{repo.name}.tritonserver.log"
+    server_log = server_log_path(repo)
     server_log.unlink(missing_ok=True)
     # as from a terminal: serve keeps a hang-up ignored where it was (nohup), and a test run may be under nohup
     hangup_default = lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL)  # noqa: E731

@@ -198,7 +198,17 @@ def bench_costs(path: Path) -> dict[int, list[float]]:
     replayed). Only the draft model's points count (target-only has no proposer): what is replayed is the draft's
     acceptance, and a prompt lookup's round costs another amount."""
     seconds: dict[int, dict[int, float]] = {}
-    for p in json.loads(path.read_text())["points"]:
+    try:
+        points = json.loads(path.read_text()).get("points")
+    except (OSError, ValueError, AttributeError) as err:
+        points, why = None, f"{err}"
+    else:
+        why = "no points list"
+    if not isinstance(points, list):
+        raise SystemExit(
+            f"--bench {path}: not a trtspec bench.json ({why}); give the file `trtspec bench` wrote"
+        )
+    for p in points:
         if p["num_draft_tokens"] is None or p.get("proposer") not in (None, "draft"):
             continue
         if not p["tokens_per_round"]:
