@@ -24,11 +24,13 @@ from trtspec.validate.bench import (
     BenchResult,
     itl_samples,
     make_requests,
+    paired_interval,
     paired_median,
     paired_ratio,
     percentile,
     recommend_schedule,
 )
+from trtspec.validate.bench_report import sweep_table
 from trtspec.validate.systems import Generation, Request
 
 
@@ -321,6 +323,8 @@ def test_bench_cli_small_sweep_writes_json_markdown_and_pngs(runner, tiny_pair, 
         best = row["best_num_draft_tokens"]
         assert row["adaptive_vs_best_paired"] == pytest.approx(paired_median(rates[None], rates[best]))
         assert row["adaptive_vs_target_only_paired"] == pytest.approx(paired_median(rates[None], rates[0]))
+        interval = paired_interval(rates[None], rates[best])
+        assert row["adaptive_vs_best_paired_interval"] == (None if interval is None else list(interval))
     schedule = {int(c): k for c, k in saved["recommended_schedule"].items()}
     assert set(schedule) == {1, 2} and schedule[2] <= schedule[1] and set(schedule.values()) <= {0, 1, 3}
     markdown = (out_dir / "bench.md").read_text()
@@ -467,6 +471,23 @@ def test_paired_median_is_the_median_of_sample_by_sample_ratios():
         paired_median([1.0], [1.0, 2.0])
 
 
+def test_paired_interval_bootstraps_the_median_and_is_the_same_for_the_same_samples():
+    rates = [1.0, 0.9, 1.1, 0.95, 1.05, 0.8, 1.2, 1.0]
+    low, high = paired_interval(rates, [1.0] * len(rates))
+    # the median of every resample lies among the pairs, and the central 90% of them around the median
+    assert 0.8 <= low < paired_median(rates, [1.0] * len(rates)) < high <= 1.2
+    assert paired_interval(rates, [1.0] * len(rates)) == (low, high)  # seeded: the same report twice
+    # a wider spread between samples, a wider interval; a ratio the same in every pair, no width at all
+    wide = paired_interval([1.0, 0.6, 1.4, 0.8, 1.2, 0.4, 1.6, 1.0], [1.0] * 8)
+    assert wide[1] - wide[0] > high - low
+    assert paired_interval([2.0, 4.0, 6.0], [1.0, 2.0, 3.0]) == (2.0, 2.0)
+    # two pairs (or fewer timed) give no interval; untimed samples pair with nothing
+    assert paired_interval([1.0, 2.0], [1.0, 1.0]) is None
+    assert paired_interval([1.0, 2.0, 3.0], [1.0, 0.0, 1.0]) is None
+    with pytest.raises(ValueError, match="not paired"):
+        paired_interval([1.0], [1.0, 2.0])
+
+
 def test_the_draft_cost_ratio_pairs_the_draft_alone_with_target_only_sample_by_sample():
     from trtspec.validate.bench import cost_ratios
 
@@ -495,6 +516,12 @@ def test_sweep_summary_pairs_adaptive_with_each_point_sample_by_sample():
     assert row["adaptive_vs_best_paired"] == pytest.approx(1.0)  # the pairs: 1.0, 1.1, 0.2
     assert row["adaptive_vs_target_only"] == pytest.approx(6.0 / 7.0)
     assert row["adaptive_vs_target_only_paired"] == pytest.approx(2.0)  # the pairs: 2, 2, 0.4
+    assert row["adaptive_vs_best_paired_interval"] == pytest.approx((0.2, 1.1))  # three pairs: their range
+    assert row["adaptive_vs_target_only_paired_interval"] == (0.4, 2.0)  # three pairs: their range
+    header, (cells,) = sweep_table([row])
+    low, high = row["adaptive_vs_best_paired_interval"]
+    assert cells[header.index("paired / best")] == f"1.00 ({low:.2f}-{high:.2f})"
+    assert cells[header.index("paired / target-only")] == "2.00 (0.40-2.00)"
     # points that did not run the same samples do not pair
     assert paired_ratio(adaptive, _point(2, 1, 30, 3.0)) is None
     best.samples = best.samples[:2]

@@ -33,6 +33,9 @@ def test_paired_ratios_compare_adaptive_with_each_point_pass_by_pass(tool):
     assert tool.paired_ratios(passes) == pytest.approx({0: 1.0, 4: 1.1})
     two = {"adaptive": [90.0, 120.0], 0: [100.0, 100.0]}
     assert tool.paired_ratios(two) == pytest.approx({0: 1.05})
+    # with three passes or more, each ratio's bootstrap interval; with two, none
+    assert tool.paired_intervals(passes) == {0: (0.9, 1.1), 4: (0.9, 2.0)}
+    assert tool.paired_intervals(two) == {}
 
 
 def test_a_points_figure_is_its_rate_pooled_over_the_passes_not_its_best(tool):
@@ -63,6 +66,7 @@ def test_the_served_sweep_reports_every_point_and_adaptive_ks_choice_per_load():
         assert set(row["tokens_per_s"]) == {"adaptive", "0", "2"} and min(row["tokens_per_s"].values()) > 0
         assert row["adaptive_vs_best_pinned"] > 0 and row["adaptive_vs_target_only"] > 0
         assert set(row["paired_vs_pinned"]) == {"0", "2"} and min(row["paired_vs_pinned"].values()) > 0
+        assert row["paired_interval_vs_pinned"] == {}  # one pass (--short): no interval
         assert {p: len(v) for p, v in row["passes"].items()} == {"adaptive": 1, "0": 1, "2": 1}
         chosen = row["chosen"]  # the server's own account of the batch size's last choice
         assert chosen is not None, f"no adaptive series for batch {row['concurrency']}"

@@ -10,7 +10,7 @@ served by a real tritonserver on free loopback ports. Requests are streamed over
    every other equally often). A point's figure is its rate pooled over the passes (all its tokens over all its
    seconds; a best pass would set adaptive's best of N against the best of the pinned points' 3N, which favours
    them on noise alone); beside it, adaptive against each pinned point pass by pass (the median of the paired
-   ratios: the two ran in the same pass). A pass is one group of `concurrency` requests sent at once (--load
+   ratios: the two ran in the same pass; with 3 passes or more, its bootstrap interval, the passes' noise). A pass is one group of `concurrency` requests sent at once (--load
    groups), or `concurrency` clients each sending --per-stream requests back to back, of varied lengths (--load
    streams: a steady load, where requests join and leave at any round).
 2. Jump (a fresh server): adaptive requests one at a time, then at once `--jump` of them: the groups after the
@@ -41,7 +41,14 @@ from pathlib import Path
 from bench_engine import PROMPTS
 from cli_common import at_least, comma_list, cpu_name, run_main, stop_like_serve, threads_or_auto
 
-from trtspec.validate.bench import LOADS, balanced_orders, budget, paired_median
+from trtspec.validate.bench import (
+    INTERVAL_LEVEL,
+    LOADS,
+    balanced_orders,
+    budget,
+    paired_interval,
+    paired_median,
+)
 
 ADAPTIVE = "adaptive"
 
@@ -185,6 +192,15 @@ def paired_ratios(passes: dict) -> dict:
     }
 
 
+def paired_intervals(passes: dict) -> dict:
+    """Per pinned point, paired_ratios' bootstrap interval (validate.bench.paired_interval; 3 passes or more)."""
+    return {
+        point: interval
+        for point, values in passes.items()
+        if point != ADAPTIVE and (interval := paired_interval(passes[ADAPTIVE], values)) is not None
+    }
+
+
 def load_steps(client, pool, server, args) -> list[dict]:
     """Step 1 of the module docstring: one row per concurrency."""
     points = [ADAPTIVE, *args.ks]
@@ -211,6 +227,10 @@ def load_steps(client, pool, server, args) -> list[dict]:
                 "adaptive_vs_best_pinned": round(best[ADAPTIVE] / max(pinned.values()), 3),
                 "adaptive_vs_target_only": round(best[ADAPTIVE] / pinned[0], 3) if 0 in pinned else None,
                 "paired_vs_pinned": {str(p): round(r, 3) for p, r in paired.items() if r is not None},
+                "paired_interval_vs_pinned": {
+                    str(p): [round(v, 3) for v in interval]
+                    for p, interval in paired_intervals(passes).items()
+                },
                 "passes": {str(p): [round(v, 1) for v in values] for p, values in passes.items()},
                 "chosen": chosen,
                 "chosen_after_extra_groups": extra,
@@ -324,7 +344,8 @@ def main(argv=None) -> None:
         print(
             f"  {row['concurrency']:>2} streams: {row['tokens_per_s']}  adaptive / best pinned "
             f"{row['adaptive_vs_best_pinned']:.2f}, / target-only {row['adaptive_vs_target_only']}; "
-            f"paired medians / pinned {row['paired_vs_pinned']}; "
+            f"paired medians / pinned {row['paired_vs_pinned']} "
+            f"({INTERVAL_LEVEL:.0%} intervals {row['paired_interval_vs_pinned']}); "
             f"chose K {chosen.get('k')} (acceptance {chosen.get('acceptance', 0):.2f}, round cost "
             f"{chosen.get('round_cost', 0):.2f}, expected speedup {chosen.get('expected_speedup', 0):.2f}), "
             f"rounds by K {chosen.get('rounds')}"

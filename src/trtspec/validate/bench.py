@@ -20,7 +20,8 @@ concurrency; the median of their paired timing samples), or given with --draft-c
 
 Timing samples pair: at one concurrency every point runs each group (a window of a steady load) back to back, so
 ``paired_ratio`` sets two points' samples against each other one by one; ``sweep_summary`` gives adaptive K
-against the best point both pooled and paired.
+against the best point both pooled and paired, the paired ratio with a bootstrap interval (``paired_interval``):
+on a machine whose speed moves by tens of percent between samples, it tells a ratio's shortfall from the noise.
 
 Proposers (core/lookup.py: draft, ngram, draft+ngram; ``proposers``) are swept as K is: every static K and adaptive
 K runs once per proposer, target-only (K = 0) once, the baseline of them all. Each point names its proposer
@@ -36,6 +37,7 @@ best measured point (target-only or a static K); ``recommend_schedule`` turns th
 from __future__ import annotations
 
 import math
+import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -190,18 +192,55 @@ def paired_median(numerator: Sequence[float], denominator: Sequence[float]) -> f
     sample); None without pairs. A pair shares the machine's state, so a slow spell that falls on one sample of
     one point moves one pair, where it moves a pooled ratio by its whole length: on a shared machine whose speed
     moves by 10-25% from one second to the next, the median of the pairs is the steadier ratio of the two."""
+    pairs = _pairs(numerator, denominator)
+    return statistics.median(pairs) if pairs else None
+
+
+INTERVAL_LEVEL = 0.9  # paired_interval's coverage
+INTERVAL_RESAMPLES = 2000
+
+
+def paired_interval(
+    numerator: Sequence[float], denominator: Sequence[float], level: float = INTERVAL_LEVEL
+) -> tuple[float, float] | None:
+    """A ``level`` bootstrap percentile interval of paired_median: the pairs resampled with replacement, the
+    median of each resample, the central ``level`` of those medians. None with fewer than 3 pairs (an interval
+    from two would be their own spread). Seeded, so the same samples always give the same report. It covers
+    the noise between samples of one run, not a choice that a whole run made differently (adaptive K's learned
+    costs), nor the pick of the best point among several, which favours whichever ran luckiest."""
+    pairs = _pairs(numerator, denominator)
+    if len(pairs) < 3:
+        return None
+    draw = random.Random(0)
+    medians = sorted(statistics.median(draw.choices(pairs, k=len(pairs))) for _ in range(INTERVAL_RESAMPLES))
+    tail = (1 - level) / 2 * INTERVAL_RESAMPLES
+    return medians[math.floor(tail)], medians[math.ceil(INTERVAL_RESAMPLES - tail) - 1]
+
+
+def _pairs(numerator: Sequence[float], denominator: Sequence[float]) -> list[float]:
+    """numerator[i] / denominator[i] of every pair both of whose samples were timed (a rate of 0 was not)."""
     if len(numerator) != len(denominator):
         raise ValueError(f"{len(numerator)} samples against {len(denominator)}: not paired")
-    pairs = [a / b for a, b in zip(numerator, denominator, strict=True) if a > 0 and b > 0]  # 0: not timed
-    return statistics.median(pairs) if pairs else None
+    return [a / b for a, b in zip(numerator, denominator, strict=True) if a > 0 and b > 0]
 
 
 def paired_ratio(point: BenchPoint, other: BenchPoint) -> float | None:
     """``point``'s tokens/s over ``other``'s, the median of their paired timing samples (paired_median); None
     where they did not run the same samples (a point built by hand, or another sweep's)."""
+    rates = _paired_rates(point, other)
+    return None if rates is None else paired_median(*rates)
+
+
+def paired_ratio_interval(point: BenchPoint, other: BenchPoint) -> tuple[float, float] | None:
+    """paired_interval of ``point``'s timing samples over ``other``'s (None where they do not pair)."""
+    rates = _paired_rates(point, other)
+    return None if rates is None else paired_interval(*rates)
+
+
+def _paired_rates(point: BenchPoint, other: BenchPoint) -> tuple[list[float], list[float]] | None:
     if not point.samples or len(point.samples) != len(other.samples):
         return None
-    return paired_median(point.sample_rates, other.sample_rates)
+    return point.sample_rates, other.sample_rates
 
 
 def best_static(by_k: dict[int | None, float]) -> tuple[int, float]:
@@ -328,7 +367,7 @@ class BenchResult:
     def sweep_summary(self) -> list[dict]:
         """Per concurrency and proposer with an adaptive point: target-only, the proposer's best point (target-only
         or a static K), adaptive and their ratios, pooled (tokens / seconds of each point) and paired (the median
-        of adaptive's timing samples over that point's beside them: paired_ratio)."""
+        of adaptive's timing samples over that point's beside them: paired_ratio, with its paired_interval)."""
         rows = []
         mean_k = {  # unknown (None) where the system reports no target forwards (a server's totals only)
             (p.concurrency, self.label(p)): p.stats.mean_num_draft_tokens if p.stats.target_forwards else None
@@ -354,7 +393,11 @@ class BenchResult:
                         "adaptive_vs_best": adaptive / best if best else None,
                         "adaptive_vs_target_only": adaptive / target_only if target_only else None,
                         "adaptive_vs_best_paired": paired_ratio(grid[None], grid[best_k]),
+                        "adaptive_vs_best_paired_interval": paired_ratio_interval(grid[None], grid[best_k]),
                         "adaptive_vs_target_only_paired": paired_ratio(grid[None], grid[0])
+                        if 0 in grid
+                        else None,
+                        "adaptive_vs_target_only_paired_interval": paired_ratio_interval(grid[None], grid[0])
                         if 0 in grid
                         else None,
                     }

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trtspec.validate.bench import SCHEDULE_TOLERANCE, BenchResult
+from trtspec.validate.bench import INTERVAL_LEVEL, SCHEDULE_TOLERANCE, BenchResult
 from trtspec.validate.report import markdown_table
 from trtspec.validate.systems import PROPOSER_ORDER
 
@@ -141,9 +141,17 @@ def sweep_cells(row: dict) -> list[str]:
         _f(row["adaptive_mean_num_draft_tokens"], ".2f"),
         _f(row["adaptive_vs_best"], ".2f"),
         _f(row["adaptive_vs_target_only"], ".2f"),
-        _f(row["adaptive_vs_best_paired"], ".2f"),
-        _f(row["adaptive_vs_target_only_paired"], ".2f"),
+        _paired(row["adaptive_vs_best_paired"], row.get("adaptive_vs_best_paired_interval")),
+        _paired(row["adaptive_vs_target_only_paired"], row.get("adaptive_vs_target_only_paired_interval")),
     ]
+
+
+def _paired(ratio: float | None, interval) -> str:
+    """A paired ratio and its bootstrap interval where it has one: ``0.94 (0.88-1.01)``."""
+    if ratio is None or not interval:
+        return _f(ratio, ".2f")
+    low, high = interval
+    return f"{ratio:.2f} ({low:.2f}-{high:.2f})"
 
 
 def sweep_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
@@ -278,7 +286,10 @@ def bench_markdown(result: BenchResult, plots: list[str] | None = None) -> str:
             "draft tokens per target forward of the adaptive requests; adaptive / best and / target-only: pooled "
             "tokens/s over pooled tokens/s; paired: the median, over the timing samples, of adaptive's tokens/s "
             "over that point's in the same sample (the same requests, run back to back), which a slow spell of "
-            "the machine falling on one point's sample moves less.",
+            "the machine falling on one point's sample moves less; in brackets its "
+            f"{INTERVAL_LEVEL:.0%} bootstrap interval over "
+            "the samples (3 or more), the noise between this run's samples: an interval that holds 1 is no "
+            "measured difference.",
             "",
             markdown_table(*sweep_table(sweep)),
             "",
