@@ -110,12 +110,17 @@ def test_a_concurrency_the_bench_run_lacks_is_refused_naming_the_ones_it_has(rep
 
 
 def test_a_bench_file_that_is_missing_or_not_a_report_is_one_line(replay_tool, tmp_path):
-    with pytest.raises(SystemExit, match="nope.json: not a trtspec bench.json .*No such file"):
-        replay_tool.bench_costs(tmp_path / "nope.json")
-    other = tmp_path / "other.json"
-    other.write_text('{"results": []}')
-    with pytest.raises(SystemExit, match="other.json: not a trtspec bench.json \\(no points list\\)"):
-        replay_tool.bench_costs(other)
+    demo = str(replay_tool.DEMO_RECIPE)
+    with pytest.raises(SystemExit, match="nope.json: No such file or directory; give the bench.json"):
+        replay_tool.main([demo, "--bench", str(tmp_path / "nope.json")])
+    for name, text, why in (
+        ("broken.json", "{", "not JSON"),
+        ("other.json", '{"results": []}', "no points list"),
+        ("list.json", "[1]", "no points list"),
+    ):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(SystemExit, match=f"{name}: {why}"):
+            replay_tool.main([demo, "--bench", str(tmp_path / name)])
 
 
 def test_a_recipe_without_a_draft_or_with_a_draft_of_its_own_tokenizer_is_refused(replay_tool):

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from trtspec.validate.bench import paired_interval
+
 pytestmark = pytest.mark.one_stack  # a bench tool over the served adaptive policy; it asserts no figure
 
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "bench_served_adaptive.py"
@@ -33,9 +35,11 @@ def test_paired_ratios_compare_adaptive_with_each_point_pass_by_pass(tool):
     assert tool.paired_ratios(passes) == pytest.approx({0: 1.0, 4: 1.1})
     two = {"adaptive": [90.0, 120.0], 0: [100.0, 100.0]}
     assert tool.paired_ratios(two) == pytest.approx({0: 1.05})
-    # with three passes or more, each ratio's bootstrap interval; with two, none
-    assert tool.paired_intervals(passes) == {0: (0.9, 1.1), 4: (0.9, 2.0)}
-    assert tool.paired_intervals(two) == {}
+    # each ratio's bootstrap interval from six passes on (validate.bench.paired_interval); none from three
+    assert tool.paired_intervals(passes) == {}
+    six = {"adaptive": [90.0, 200.0, 110.0, 100.0, 95.0, 105.0], 0: [100.0] * 6}
+    low, high = tool.paired_intervals(six)[0]
+    assert (low, high) == paired_interval(six["adaptive"], six[0]) and 0.9 <= low < 1.0 < high <= 2.0
 
 
 def test_a_points_figure_is_its_rate_pooled_over_the_passes_not_its_best(tool):

@@ -10,7 +10,8 @@ served by a real tritonserver on free loopback ports. Requests are streamed over
    every other equally often). A point's figure is its rate pooled over the passes (all its tokens over all its
    seconds; a best pass would set adaptive's best of N against the best of the pinned points' 3N, which favours
    them on noise alone); beside it, adaptive against each pinned point pass by pass (the median of the paired
-   ratios: the two ran in the same pass; with 3 passes or more, its bootstrap interval, the passes' noise). A pass is one group of `concurrency` requests sent at once (--load
+   ratios: the two ran in the same pass; from 6 passes on, with its bootstrap interval, the passes' noise:
+   validate.bench.paired_interval). A pass is one group of `concurrency` requests sent at once (--load
    groups), or `concurrency` clients each sending --per-stream requests back to back, of varied lengths (--load
    streams: a steady load, where requests join and leave at any round).
 2. Jump (a fresh server): adaptive requests one at a time, then at once `--jump` of them: the groups after the
@@ -193,7 +194,7 @@ def paired_ratios(passes: dict) -> dict:
 
 
 def paired_intervals(passes: dict) -> dict:
-    """Per pinned point, paired_ratios' bootstrap interval (validate.bench.paired_interval; 3 passes or more)."""
+    """Per pinned point, paired_ratios' bootstrap interval (validate.bench.paired_interval: 6 passes or more)."""
     return {
         point: interval
         for point, values in passes.items()

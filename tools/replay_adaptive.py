@@ -199,14 +199,19 @@ def bench_costs(path: Path) -> dict[int, list[float]]:
     acceptance, and a prompt lookup's round costs another amount."""
     seconds: dict[int, dict[int, float]] = {}
     try:
-        points = json.loads(path.read_text()).get("points")
-    except (OSError, ValueError, AttributeError) as err:
-        points, why = None, f"{err}"
-    else:
-        why = "no points list"
+        document = json.loads(path.read_text())
+    except OSError as err:
+        raise SystemExit(
+            f"--bench {path}: {err.strerror}; give the bench.json `trtspec bench` wrote"
+        ) from None
+    except ValueError as err:
+        raise SystemExit(
+            f"--bench {path}: not JSON ({err}); give the bench.json `trtspec bench` wrote"
+        ) from None
+    points = document.get("points") if isinstance(document, dict) else None
     if not isinstance(points, list):
         raise SystemExit(
-            f"--bench {path}: not a trtspec bench.json ({why}); give the file `trtspec bench` wrote"
+            f"--bench {path}: no points list, so not a trtspec bench.json; give the one it wrote"
         )
     for p in points:
         if p["num_draft_tokens"] is None or p.get("proposer") not in (None, "draft"):

@@ -4,9 +4,10 @@ matplotlib is imported only inside ``write_plots`` (Agg backend: no display need
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
-from trtspec.validate.bench import INTERVAL_LEVEL, SCHEDULE_TOLERANCE, BenchResult
+from trtspec.validate.bench import INTERVAL_LEVEL, INTERVAL_MIN_PAIRS, SCHEDULE_TOLERANCE, BenchResult
 from trtspec.validate.report import markdown_table
 from trtspec.validate.systems import PROPOSER_ORDER
 
@@ -141,12 +142,12 @@ def sweep_cells(row: dict) -> list[str]:
         _f(row["adaptive_mean_num_draft_tokens"], ".2f"),
         _f(row["adaptive_vs_best"], ".2f"),
         _f(row["adaptive_vs_target_only"], ".2f"),
-        _paired(row["adaptive_vs_best_paired"], row.get("adaptive_vs_best_paired_interval")),
-        _paired(row["adaptive_vs_target_only_paired"], row.get("adaptive_vs_target_only_paired_interval")),
+        _paired(row["adaptive_vs_best_paired"], row["adaptive_vs_best_paired_interval"]),
+        _paired(row["adaptive_vs_target_only_paired"], row["adaptive_vs_target_only_paired_interval"]),
     ]
 
 
-def _paired(ratio: float | None, interval) -> str:
+def _paired(ratio: float | None, interval: Sequence[float] | None) -> str:
     """A paired ratio and its bootstrap interval where it has one: ``0.94 (0.88-1.01)``."""
     if ratio is None or not interval:
         return _f(ratio, ".2f")
@@ -287,9 +288,8 @@ def bench_markdown(result: BenchResult, plots: list[str] | None = None) -> str:
             "tokens/s over pooled tokens/s; paired: the median, over the timing samples, of adaptive's tokens/s "
             "over that point's in the same sample (the same requests, run back to back), which a slow spell of "
             "the machine falling on one point's sample moves less; in brackets its "
-            f"{INTERVAL_LEVEL:.0%} bootstrap interval over "
-            "the samples (3 or more), the noise between this run's samples: an interval that holds 1 is no "
-            "measured difference.",
+            f"{INTERVAL_LEVEL:.0%} bootstrap interval over the samples (with {INTERVAL_MIN_PAIRS} or more), the "
+            "noise between this run's samples: an interval that holds 1 is no measured difference.",
             "",
             markdown_table(*sweep_table(sweep)),
             "",
