@@ -198,7 +198,7 @@ def paired_median(numerator: Sequence[float], denominator: Sequence[float]) -> f
 
 INTERVAL_LEVEL = 0.9  # paired_interval's coverage
 INTERVAL_RESAMPLES = 2000
-# Below this many pairs a resample's median is one of the extreme pairs too often (3 pairs: 7 resamples in 27),
+# Below this many pairs a resample's median is an extreme pair too often (of 3 pairs, the lowest in 7 of 27),
 # so the interval would be the pairs' range and hold the true median far less often than INTERVAL_LEVEL says
 # (about 75% at 3-4 pairs, 88-90% at 6 or more, in a simulation with a log-normal spread of 0.15).
 INTERVAL_MIN_PAIRS = 6
