@@ -781,9 +781,9 @@ def fake_pytriton(root: Path) -> Path:
 
 
 def test_the_backend_copy_is_made_once_kept_while_in_use_and_refused_when_incomplete(tmp_path, monkeypatch):
-    """Servers of several test sessions, on two venvs, start at once under `make test`: a whole copy already in place is used as it is (never
-    replaced under a running server), one that another process renames into place first wins, and a copy someone
-    left incomplete is named in one line."""
+    """Servers of several test sessions, on two venvs, start at once under `make test`: a whole copy already in
+    place is used as it is (never replaced under a running server), one that another process renames into place
+    first wins, and a copy someone left incomplete is named in one line."""
     from trtspec.core.errors import ServerError
     from trtspec.triton_repo import server
 
