@@ -13,6 +13,7 @@ from trtspec.core.metrics import AcceptanceStats, expected_tokens_per_round
 from trtspec.engines.adaptive import (
     AcceptancePool,
     AdaptiveState,
+    Drains,
     KController,
     KPolicy,
     RoundCosts,
@@ -862,6 +863,63 @@ def test_a_closed_loop_judges_by_the_row_that_ends_it_only_once_nothing_is_queue
     while loop.queued:
         loop.step()
     assert loop._waited(loop.active) == [8 - len(r.generated) for r in loop.active]
+
+
+def test_drains_tell_groups_a_client_waits_for_from_requests_that_join_running_rows():
+    drains = Drains()
+    assert not drains.waited
+    for drained in range(1, Drains.window + 1):  # a group ends, the loop runs empty, the next group joins
+        drains.finished(queued=False)
+        drains.finished(queued=False)
+        drains.joined(running=0)
+        assert drains.waited == (drained == Drains.window)
+    # Joining without a drain before it (a first group, a second admission) is no drain.
+    drains.joined(running=0)
+    assert drains.waited
+    drains.finished(queued=False)
+    drains.joined(running=3)  # a request joined rows still running: independent clients
+    assert not drains.waited
+    for _ in range(Drains.window):
+        drains.finished(queued=False)
+        drains.joined(running=0)
+    assert drains.waited
+    drains.finished(queued=True)  # a queue refills the slot at once: no drain, nothing learned
+    drains.joined(running=3)
+    assert drains.waited
+
+
+def test_an_open_loop_whose_groups_drain_to_empty_judges_by_the_row_that_ends_them_and_stops_when_requests_join():
+    """A server's loop is never closed: it judges its batches as a closed loop does once its last two groups ran
+    down to empty before the next joined (adaptive.Drains), and by the mean again once a request joins rows that
+    are still running."""
+    from trtspec.engines.loop import GenerationLoop
+
+    loop = GenerationLoop(UnevenRounds(), max_seq_len=100_000)
+    next_id = itertools.count()
+
+    def group(rows: int, budget: int = 8) -> None:
+        for _ in range(rows):
+            loop.add(next(next_id), [1, 2, 3], SamplingParams(max_new_tokens=budget))
+
+    for _ in range(Drains.window):
+        group(3)
+        loop.step()
+        assert loop._waited(loop.active) is None  # every group before has been refilled or none drained yet
+        while loop.busy:
+            loop.step()
+    group(3)
+    loop.step()
+    assert loop._waited(loop.active) == [8 - len(r.generated) for r in loop.active]
+    assert loop.adaptive.decisions[3].waited
+    group(1, budget=4000)  # a request joins the three running rows: no row had ended, so no drain yet
+    loop.step()
+    while len(loop.active) == 4:
+        loop.step()
+    assert list(loop.drains.recent) == [True] * Drains.window
+    group(1)  # joins while the long row runs: independent clients
+    loop.step()
+    assert loop.drains.recent[-1] is False
+    assert loop._waited(loop.active) is None
 
 
 def test_served_adaptive_k_falls_back_to_target_only_where_it_is_cheaper_and_speculates_again_when_load_drops():

@@ -57,8 +57,8 @@ def test_metrics_count_what_the_responses_report(demo_server):
 
 def test_adaptive_k_says_per_batch_size_which_k_it_chose_and_why(demo_server):
     """Requests that leave K to the server: /metrics counts the rounds each K ran per batch size, and the gauges
-    of each batch size hold the last choice's K, acceptance, round cost, expected speedup and whether the costs
-    were measured."""
+    of each batch size hold the last choice's K, acceptance, round cost, expected speedup, whether the costs
+    were measured and whether the rows were judged as a group their client waits for."""
     from triton_server import scrape
 
     for prompt in PROMPTS[:3]:
@@ -77,3 +77,4 @@ def test_adaptive_k_says_per_batch_size_which_k_it_chose_and_why(demo_server):
     assert 0 <= k <= 4 and 0 < gauges["trtspec_adaptive_acceptance"] < 1
     assert gauges["trtspec_adaptive_measured"] in (0.0, 1.0) and gauges["trtspec_adaptive_round_cost"] >= 1
     assert gauges["trtspec_adaptive_expected_speedup"] > 0  # below 1 only for a 1-token probe
+    assert gauges["trtspec_adaptive_waited"] == 0.0  # one row is its own group: judged by its own acceptance

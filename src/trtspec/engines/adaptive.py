@@ -75,6 +75,7 @@ import functools
 import math
 import operator
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from statistics import NormalDist
@@ -500,6 +501,37 @@ def row_pairs(rows: int) -> int:
     return max(rows // 2, 1)
 
 
+class Drains:
+    """Whether the callers of an open loop (a server's) wait for their requests as groups, told by how its batch
+    drains. A client that sends a group at once and the next group when all are done (an offline job, a batch
+    evaluation) leaves the loop with nothing to add while a group's last rows run: each time a row finished with
+    none queued, the batch ran down to empty before the next request came. Independent clients send their next
+    request as one finishes, and it joins rows still running. Where the last ``window`` drains all ran down to
+    empty, the loop judges its batches as a closed loop does (by the row that ends the group); one drain that a
+    request joined turns that off. A server cannot know what its clients wait for; this is what it sees. (Judged
+    by the mean, served lockstep groups of 16 on the demo pair, AMD EPYC, drafted K=3-4 at 0.86x pinned K=2.)"""
+
+    window = 2
+
+    def __init__(self):
+        self.recent: deque[bool] = deque(maxlen=self.window)  # per drain: did it run down to empty
+        self.draining = False
+
+    def finished(self, queued: bool) -> None:
+        """A row left; ``queued``: a request waits for a slot (it joins at once: no drain)."""
+        self.draining = self.draining or not queued
+
+    def joined(self, running: int) -> None:
+        """Requests joined the batch while ``running`` rows ran."""
+        if self.draining:
+            self.recent.append(running == 0)
+            self.draining = False
+
+    @property
+    def waited(self) -> bool:
+        return len(self.recent) == self.window and all(self.recent)
+
+
 def probe_due(controller: KController, in_flight: int) -> bool:
     """A row off for probe_every rounds drafts one token to measure again, where the schedule lets it draft. Per
     row, not per batch: its draft catches up on its own tokens only (a whole batch probing at once would make
@@ -916,13 +948,15 @@ class Decision:
     """Adaptive K's last choice for one batch size, and why: the rows' mean acceptance (where their caller waits for
     them all, the lowest as judged: waited_acceptances), the chosen K's round cost
     in target-only rounds of that batch size (1 for K 0), its expected speedup over target-only (expected tokens
-    per round / round cost; 1 for K 0), and whether the costs were measured (else the policy's ratios)."""
+    per round / round cost; 1 for K 0), whether the costs were measured (else the policy's ratios), and whether
+    the rows were judged as a group their caller waits for (GenerationLoop._waited)."""
 
     k: int
     acceptance: float
     round_cost: float
     expected_speedup: float
     measured: bool
+    waited: bool = False
 
 
 class AdaptiveState:
@@ -1131,4 +1165,6 @@ class AdaptiveState:
     ) -> None:
         """Record the choice (Decision): ``tokens`` and ``prices`` per K, as the choice read them."""
         acceptance = sum(judged) / len(judged) if remaining is None else min(judged)
-        self.decisions[batch] = Decision(k, acceptance, prices[k], tokens[k] / prices[k], measured)
+        self.decisions[batch] = Decision(
+            k, acceptance, prices[k], tokens[k] / prices[k], measured, remaining is not None
+        )

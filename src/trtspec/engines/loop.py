@@ -23,7 +23,8 @@ orchestrator runs one loop per request on that request's thread.
 
 K per round: a request that pins ``num_draft_tokens`` drafts that many; one that gives none is adaptive
 (engines/adaptive.py: its running acceptance, capped by the policy's schedule for the rows in flight; in a
-``close``d loop, the row expected to finish last).
+``close``d loop, or an open one whose batches drain to empty before a request joins, the row expected to finish
+last).
 
 Proposers (core/lookup.py): the loop's ``proposer``, or the request's own. Prompt lookup runs here, once for every
 runtime: a row that uses it gets its looked-up tokens as the round's given proposal, and the runtime verifies them
@@ -57,6 +58,7 @@ from trtspec.engines.adaptive import (
     Acceptance,
     AdaptiveState,
     CatchUp,
+    Drains,
     KController,
     KPolicy,
     best_lookup_len,
@@ -249,6 +251,7 @@ class GenerationLoop:
         self._shared_generator = new_generator(SamplingParams(temperature=1.0), rounds.device)
         self.rounds_run = 0
         self.closed = False  # close(): no request will be added
+        self.drains = Drains()  # an open loop's: whether its callers wait for groups (_waited)
         self.undelivered: list[RowEvent] = []  # the events of the step under way (step, fail_all)
 
     @property
@@ -259,7 +262,8 @@ class GenerationLoop:
         """No request will be added, and the caller waits for all it added (an engine call's batch): once none
         is queued, adaptive K judges each batch by the time until its last row ends (the rows' remaining
         budgets, adaptive.group_tokens_per_k), since that row ends the call, instead of by the mean acceptance,
-        which a steady load's throughput follows. A loop that is never closed (a server's) keeps the mean."""
+        which a steady load's throughput follows. A loop that is never closed (a server's) keeps the mean, except while
+        its batches drain to empty before a request joins (adaptive.Drains: clients that wait for groups)."""
         self.closed = True
 
     def add(
@@ -370,6 +374,8 @@ class GenerationLoop:
             leaving = [r for r in self.active if r.request_id in cancelled]
             for request in leaving:
                 self._retire(request)
+            if self.queued and self.free_slots:
+                self.drains.joined(len(self.active))
             while self.queued and self.free_slots:
                 request = self.queued.popleft()
                 request.row.slot = self.free_slots.pop(0)  # the lowest: a hole a row left, if any
@@ -381,6 +387,7 @@ class GenerationLoop:
     def _retire(self, request: _Active) -> None:
         if request.controller is not None and not request.params.seeded:
             self.adaptive.spread.record(*request.controller.lifetime)
+        self.drains.finished(bool(self.queued))
         self.active.remove(request)
         self.rounds.release(request.row.slot)
         self.free_slots.append(request.row.slot)
@@ -523,10 +530,11 @@ class GenerationLoop:
         )
 
     def _waited(self, group: list[_Active]) -> list[int] | None:
-        """Each row's tokens left where the caller waits for every row of a group of several (a closed loop with
-        none queued: adaptive K judges the group by the row expected to finish last), else None (a row alone
-        is its own group: the rule gives what its own acceptance does)."""
-        if not self.closed or self.queued or len(group) < 2:
+        """Each row's tokens left where the caller waits for every row of a group of several (a closed loop, or an
+        open one whose batches drain to empty before anything joins (adaptive.Drains), with none queued:
+        adaptive K judges the group by the row expected to finish last), else None (a row alone is its own
+        group: the rule gives what its own acceptance does)."""
+        if not (self.closed or self.drains.waited) or self.queued or len(group) < 2:
             return None
         return [r.params.max_new_tokens - len(r.generated) for r in group]
 

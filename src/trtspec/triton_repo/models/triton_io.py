@@ -309,6 +309,8 @@ ADAPTIVE_GAUGES = {
     "round_cost": "The chosen K's round cost in target-only rounds of that batch size, as measured by the server",
     "expected_speedup": "Expected tokens per round over the round cost at the chosen K (1: target-only)",
     "measured": "1 where the costs were measured on this server, 0 where the policy's ratios stood in",
+    "waited": "1 where the rows were judged as a group their clients wait for (by the row that ends it: the "
+    "batches drained to empty before new requests joined), 0 by their mean acceptance",
 }
 
 
