@@ -1030,14 +1030,16 @@ def test_speculative_costs_measured_in_a_slow_spell_are_measured_again_and_draft
     assert not costs.explore_due(16, 0, 0)
     costs.explore_due(16, 2, 0)  # drafting again resets the wait
     assert [costs.explore_due(16, 0, 4) for _ in range(every)].index(True) == every - 1
-    # rows whose caller waits for them all: the wait is at its longest from the start, refresh_every rounds per
-    # pair of rows (each re-measure there makes every row's draft take in all it skipped)
-    costs = RoundCosts(KPolicy())
-    longest = RoundCosts.refresh_every
-    assert [costs.explore_due(2, 0, 4, patient=True) for _ in range(longest)].index(True) == longest - 1
-    assert [costs.explore_due(3, 0, 4, patient=True) for _ in range(longest)].index(True) == longest - 1
-    patient = [costs.explore_due(16, 0, 4, patient=True) for _ in range(8 * longest)]
-    assert patient.index(True) == 8 * longest - 1
+    # rows whose caller waits for them all: every wait is per pair of rows (each re-measure there makes every
+    # row's draft take in all it skipped), doubling from explore_every per pair to refresh_every per pair
+    for rows, pairs in ((2, 1), (3, 1), (16, 8)):
+        costs = RoundCosts(KPolicy())
+        due = [costs.explore_due(rows, 0, 4, patient=True) for _ in range(40 * RoundCosts.refresh_every)]
+        starts = [i for i, d in enumerate(due) if d and not due[i - 1]]
+        waits = [b - a - length + 1 for a, b in itertools.pairwise(starts)]  # rounds off between re-measures
+        assert starts[0] == every * pairs - 1
+        assert waits[:4] == [2 * every * pairs, 4 * every * pairs, 8 * every * pairs, 16 * every * pairs]
+        assert waits[-1] == RoundCosts.refresh_every * pairs
 
 
 def test_prices_asked_twice_in_a_round_are_the_same_and_follow_every_change_to_the_rounds():
@@ -1441,13 +1443,14 @@ def test_an_engine_call_closes_its_loop_once_its_last_prompt_joined(tiny_pair, m
 
 def test_the_re_measure_wait_starts_anew_when_the_kind_of_group_changes():
     """A call's rows are an open group until its last prompt joins, then a waited one: the wait before a re-measure
-    is the kind's own (16 rounds open, 256 per pair of rows waited), never the other kind's carried over."""
+    is the kind's own (16 rounds open, 16 per pair of rows waited, each doubling), never the other kind's carried
+    over."""
     costs = RoundCosts(KPolicy())
     for _ in range(5):
         assert not costs.explore_due(8, 0, 2, patient=False)
-    waited = [costs.explore_due(8, 0, 2, patient=True) for _ in range(1100)]
-    assert waited.index(True) + 1 == RoundCosts.refresh_every * 4
-    assert sum(1 for i, d in enumerate(waited) if d and (i == 0 or not waited[i - 1])) == 1
+    waited = [costs.explore_due(8, 0, 2, patient=True) for _ in range(200)]
+    assert waited.index(True) + 1 == RoundCosts.explore_every * 4
+    assert sum(1 for i, d in enumerate(waited) if d and (i == 0 or not waited[i - 1])) == 2
     costs = RoundCosts(KPolicy())
     for _ in range(5):
         costs.explore_due(8, 0, 2, patient=True)

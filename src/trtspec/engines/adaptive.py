@@ -794,11 +794,13 @@ class RoundCosts:
         to ``refresh_every`` rounds: where target-only truly wins (a large batch), re-measures end up 2 rounds in
         ~256. The wait is per batch size, so a load whose batch size keeps changing re-measures more often.
         Drafting again (``k`` > 0) resets the wait; a round the policy's ratios would not draft in (``candidate``
-        0: a low acceptance, which probes measure) counts for nothing. ``patient``: the wait is ``refresh_every``
-        rounds per pair of rows (rows whose caller waits for them all: there every row's draft takes in all it
-        skipped, a round's worth or more of a batch's time, which re-measures every 16-128 rounds would cost over
-        and over; on the 2-core Intel Xeon a group's first drafting round, whose 16 drafts took in their prompts
-        alone, took 200 ms against 15.5 ms for a round off)."""
+        0: a low acceptance, which probes measure) counts for nothing. ``patient``: every wait is per pair of rows
+        (rows whose caller waits for them all: there every row's draft takes in all it skipped, a round's worth
+        or more of a batch's time; on the 2-core Intel Xeon a group's first drafting round, whose 16 drafts took
+        in their prompts alone, took 200 ms against 15.5 ms for a round off). It starts at ``explore_every`` per
+        pair, not at its longest: a price measured in a fast spell of the unit held groups of 2 off for 880 of
+        1,004 rounds (16 passes, the demo pair on a 2-core Intel Xeon without AMX), 0.73x pinned K=2, where
+        doubling from 16 rounds ran them at 0.97x; groups of 4-16 ran alike either way."""
         due = self._explore_due(batch, k, candidate, patient)
         (self.exploring.add if due else self.exploring.discard)(batch)
         return due
@@ -810,12 +812,13 @@ class RoundCosts:
         if not candidate:
             return False
         # a waited group's re-measure makes every row's draft take in all it skipped: the wait grows with the rows
-        longest = self.refresh_every * (row_pairs(batch) if patient else 1)
+        pairs = row_pairs(batch) if patient else 1
+        longest = self.refresh_every * pairs
         # the wait belongs to the kind of group that waits (a call's rows switch from open to waited as its last
         # prompt joins): a change of kind starts it anew
         state = self.off.get(batch)
         if state is None or state[3] != patient:
-            state = self.off[batch] = [0, longest if patient else self.explore_every, 0, patient]
+            state = self.off[batch] = [0, self.explore_every * pairs, 0, patient]
         if state[2]:
             state[2] -= 1
             return True
