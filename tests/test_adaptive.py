@@ -886,6 +886,8 @@ def test_drains_tell_groups_a_client_waits_for_from_requests_that_join_running_r
     drains.finished(queued=True)  # a queue refills the slot at once: no drain, nothing learned
     drains.joined(running=3)
     assert drains.waited
+    drains.joined(running=3, under_way=True)  # no drain, but the rows it joins are past their first rounds
+    assert not drains.waited
 
 
 def test_an_open_loop_whose_groups_drain_to_empty_judges_by_the_row_that_ends_them_and_stops_when_requests_join():
@@ -911,7 +913,10 @@ def test_an_open_loop_whose_groups_drain_to_empty_judges_by_the_row_that_ends_th
     loop.step()
     assert loop._waited(loop.active) == [8 - len(r.generated) for r in loop.active]
     assert loop.adaptive.decisions[3].waited
-    group(1, budget=4000)  # a request joins the three running rows: no row had ended, so no drain yet
+    # A late member of the group, queued: judged by the mean while a request waits, then it joins rows in their
+    # first round (no drain, nothing under way: nothing learned).
+    group(1, budget=4000)
+    assert loop._waited(loop.active) is None
     loop.step()
     while len(loop.active) == 4:
         loop.step()
@@ -920,6 +925,37 @@ def test_an_open_loop_whose_groups_drain_to_empty_judges_by_the_row_that_ends_th
     loop.step()
     assert loop.drains.recent[-1] is False
     assert loop._waited(loop.active) is None
+    assert not loop.adaptive.decisions[2].waited
+
+
+def test_an_open_loop_judges_by_the_mean_again_when_requests_join_rows_under_way_or_a_step_failed():
+    """After lockstep groups, independent clients that come one by one after an idle spell join rows past their
+    first rounds without any drain between: the mean again. A failed step forgets how the batches drained."""
+    from trtspec.engines.loop import GenerationLoop
+
+    loop = GenerationLoop(UnevenRounds(), max_seq_len=100_000)
+    next_id = itertools.count()
+
+    def drained_groups() -> None:
+        for _ in range(Drains.window + 1):
+            for _ in range(3):
+                loop.add(next(next_id), [1, 2, 3], SamplingParams(max_new_tokens=8))
+            while loop.busy:
+                loop.step()
+        assert loop.drains.waited
+
+    drained_groups()
+    loop.add(next(next_id), [1, 2, 3], SamplingParams(max_new_tokens=4000))
+    loop.step()
+    loop.step()
+    loop.add(next(next_id), [1, 2, 3], SamplingParams(max_new_tokens=4000))
+    loop.step()
+    assert not loop.drains.waited
+    assert loop._waited(loop.active) is None and not loop.adaptive.decisions[2].waited
+    loop.fail_all("a step failed")
+    drained_groups()
+    loop.fail_all("a step failed")
+    assert not loop.drains.waited
 
 
 def test_served_adaptive_k_falls_back_to_target_only_where_it_is_cheaper_and_speculates_again_when_load_drops():

@@ -508,8 +508,10 @@ class Drains:
     none queued, the batch ran down to empty before the next request came. Independent clients send their next
     request as one finishes, and it joins rows still running. Where the last ``window`` drains all ran down to
     empty, the loop judges its batches as a closed loop does (by the row that ends the group); one drain that a
-    request joined turns that off. A server cannot know what its clients wait for; this is what it sees. (Judged
-    by the mean, served lockstep groups of 16 on the demo pair, AMD EPYC, drafted K=3-4 at 0.86x pinned K=2.)"""
+    request joined turns that off, and so does a request that joins rows already under way (past their first
+    rounds: the late members of one group arrive within a round or so), as independent clients that come after an
+    idle spell do. A server cannot know what its clients wait for; this is what it sees. (Judged by the mean,
+    served lockstep groups of 16 on the demo pair, AMD EPYC, drafted K=3-4 at 0.86x pinned K=2.)"""
 
     window = 2
 
@@ -521,11 +523,14 @@ class Drains:
         """A row left; ``queued``: a request waits for a slot (it joins at once: no drain)."""
         self.draining = self.draining or not queued
 
-    def joined(self, running: int) -> None:
-        """Requests joined the batch while ``running`` rows ran."""
+    def joined(self, running: int, under_way: bool = False) -> None:
+        """Requests joined the batch while ``running`` rows ran; ``under_way``: some of those rows were past their
+        first rounds."""
         if self.draining:
             self.recent.append(running == 0)
             self.draining = False
+        elif under_way:
+            self.recent.append(False)
 
     @property
     def waited(self) -> bool:

@@ -362,6 +362,7 @@ class GenerationLoop:
         self.active = []
         self.free_slots = list(range(self.rounds.num_slots))
         self.adaptive.idle()  # the failed round's time is no K's
+        self.drains = Drains()  # requests retried after a failure tell nothing of how clients wait
         made, self.undelivered = self.undelivered, []
         return made + [RowEvent(r.request_id, [], r.stats, error=message) for r in requests]
 
@@ -375,7 +376,7 @@ class GenerationLoop:
             for request in leaving:
                 self._retire(request)
             if self.queued and self.free_slots:
-                self.drains.joined(len(self.active))
+                self.drains.joined(len(self.active), any(r.rounds > 1 for r in self.active))
             while self.queued and self.free_slots:
                 request = self.queued.popleft()
                 request.row.slot = self.free_slots.pop(0)  # the lowest: a hole a row left, if any
