@@ -16,7 +16,10 @@ request's first rounds draft what its neighbours say, and a short unlucky stretc
 positions) does not switch a request off for ``probe_every`` rounds while a request that keeps failing still does.
 (tools/replay_adaptive.py, the demo pair's greedy acceptance with exact round costs: a prior that decayed with the
 request's own positions left up to 59% of the rounds at concurrency 1 without drafting and reached 0.87-1.02x of
-the best static K; the lasting prior 0.95-1.01x.) ``choose`` takes the K in 0..cap that maximises the expected
+the best static K; the lasting prior 0.95-1.01x.) Where in its response a request is matters too: a draft matches a
+response's first tokens less often than its later ones, so the pool also keeps acceptance by position, and a
+request's estimate is for where it is (its own counts scaled by how the pool did where it judged them:
+PositionedAcceptance). ``choose`` takes the K in 0..cap that maximises the expected
 speedup for that acceptance (core.metrics' expected tokens per round over the round's cost, below); K = 0
 (target-only, speedup 1) wins unless some K beats it by ``min_gain``, so a draft that cannot pay is switched off. A
 request that switched off judges nothing, so its own counts age by one position's forgetting per round without
@@ -254,6 +257,11 @@ class Acceptance:
         return (accepted + self.weight * prior) / (judged + self.weight)
 
     @property
+    def over_rest(self) -> float:
+        """The acceptance over the positions still to come (PositionedAcceptance; here ``value``)."""
+        return self.value
+
+    @property
     def prior_share(self) -> float:
         """The share of ``value`` that is the prior (1 before anything is judged)."""
         return self.weight / (self.counts[1] + self.weight)
@@ -298,11 +306,128 @@ class RowSpread:
         return (n * measured + self.weight * self.prior) / (n + self.weight)
 
 
+def position_bucket(position: int) -> int:
+    """The bucket of a generated position that AcceptancePool keeps apart: 0-7, 8-15, 16-31, 32-63, ... (a draft's
+    acceptance moves most over a response's first tokens)."""
+    return max(position.bit_length() - 3, 0)
+
+
+def bucket_span(bucket: int) -> tuple[int, int]:
+    """The positions [start, end) of a position_bucket."""
+    return (0, 8) if bucket == 0 else (4 << bucket, 8 << bucket)
+
+
 class AcceptancePool(Acceptance):
-    """Every adaptive request's rounds in a loop (or an engine's loops), decayed slowly: its requests' prior."""
+    """Every adaptive request's rounds in a loop (or an engine's loops), decayed slowly: its requests' prior.
+    Rounds that say where in their response they ran (``position``: tokens generated before the round) are also
+    pooled by position_bucket, each bucket shrunk toward the whole pool: a draft matches a response's first tokens
+    less often than its later ones (the demo pair at K=1, groups of 16: 0.56 over positions 0-7, 0.68 over 8-15,
+    0.81 over 16-23, 0.89 over 24-63), so a pool of whatever positions ran last reads low at a group's start and
+    high at its end, and a row's own first rounds read low for the whole of it (PositionedAcceptance)."""
 
     def __init__(self, policy: KPolicy, decay: float = 0.005):
         super().__init__(policy.prior, policy.prior_weight, decay)
+        self.by_position: dict[int, Acceptance] = {}  # bucket -> its rounds' counts (their prior unused)
+        # a bucket's pseudo-positions at the whole pool: a bucket few rounds reached (a batch of a few rows, a
+        # response's far positions) reads near the whole pool, not as its last few rounds did
+        self.bucket_weight = 4 * self.weight
+
+    def update(self, num_draft: int, num_accepted: int, position: int | None = None) -> None:
+        super().update(num_draft, num_accepted)
+        if position is not None:
+            bucket = position_bucket(position)
+            if bucket not in self.by_position:
+                self.by_position[bucket] = Acceptance(0.0, 0.0, self.decay)
+            self.by_position[bucket].update(num_draft, num_accepted)
+
+    def by_bucket(self, last: int) -> list[float]:
+        """The pooled acceptance of buckets 0..last: each its counts plus ``bucket_weight`` pseudo-positions at
+        the whole pool's."""
+        whole, weight = self.value, self.bucket_weight
+        values = []
+        for bucket in range(last + 1):
+            counts = self.by_position.get(bucket)
+            if counts is None:
+                values.append(whole)
+            else:
+                accepted, judged = counts.counts
+                values.append((accepted + weight * whole) / (judged + weight))
+        return values
+
+    def at(self, position: int) -> float:
+        """The pooled acceptance at a generated position."""
+        return self.by_bucket(position_bucket(position))[-1]
+
+    def ahead(self, start: int, end: int, values: Sequence[float] | None = None) -> float:
+        """The pooled acceptance averaged over the positions [start, end) (at ``start`` for an empty range);
+        ``values``: by_bucket's, where the caller has them."""
+        if end <= start:
+            return self.at(start) if values is None else values[position_bucket(start)]
+        first = position_bucket(start)
+        values = self.by_bucket(position_bucket(end - 1)) if values is None else values
+        total = 0.0
+        for bucket in range(first, len(values)):
+            low, high = bucket_span(bucket)
+            total += (min(high, end) - max(low, start)) * values[bucket]
+        return total / (end - start)
+
+
+class PositionedAcceptance(Acceptance):
+    """A request's acceptance where it is in its response (``position``: tokens it generated, which its loop keeps),
+    from a pool that knows acceptance by position: its own counts are scaled by how the pool did at the positions
+    it judged against how the pool does at the position at hand, and the prior is the pool's there. So a request
+    judged on its first positions, which the draft matches less often, does not read as low for the rest of its
+    response, nor does one past them draft as long as its later positions will pay for. ``over_rest``: the same
+    over the positions it has left (to ``horizon``, the most it may generate), what the time until the request
+    ends depends on (waited_acceptances: the demo pair's groups of 16 read 0.70 by their first rounds and accepted
+    0.80 over their 64 tokens; judged by the slowest row, K=1 then priced at break-even where it ran 1.13x
+    target-only)."""
+
+    def __init__(self, pool: AcceptancePool, weight: float, decay: float, horizon: int):
+        super().__init__(pool, weight, decay)
+        self.pool, self.horizon = pool, horizon
+        self.position = 0
+        # its judged positions per position_bucket, decayed as the counts (with them in one attribute: a reader
+        # never sees half an update)
+        self.judged_counts: tuple[float, float, dict[int, float]] = (0.0, 0.0, {})
+
+    @property
+    def value(self) -> float:
+        return self._scaled(position_bucket(self.position), lambda values: values[-1])
+
+    @property
+    def over_rest(self) -> float:
+        return self._scaled(
+            position_bucket(max(self.horizon - 1, self.position)),
+            lambda values: self.pool.ahead(self.position, self.horizon, values),
+        )
+
+    def _scaled(self, last: int, pooled_of) -> float:
+        """The request's own counts, scaled from what the pool accepts at the positions it judged to
+        ``pooled_of`` the pool's buckets (0..at least ``last``), with ``weight`` pseudo-positions at that."""
+        accepted, judged, judged_at = self.judged_counts
+        values = self.pool.by_bucket(max(last, max(judged_at, default=0)))
+        pooled = pooled_of(values[: last + 1])
+        expected = sum(count * values[bucket] for bucket, count in judged_at.items())
+        scale = pooled * judged / expected if expected > 0 else 1.0
+        return min((accepted * scale + self.weight * pooled) / (judged + self.weight), 1.0)
+
+    def update(self, num_draft: int, num_accepted: int) -> None:
+        judged = judged_positions(num_draft, num_accepted)
+        keep = (1.0 - self.decay) ** judged
+        self._keep(keep, num_accepted, judged)
+
+    def age(self) -> None:
+        self._keep(1.0 - self.decay, 0, 0)
+
+    def _keep(self, keep: float, accepted: int, judged: int) -> None:
+        total, seen, judged_at = self.judged_counts
+        judged_at = {bucket: keep * count for bucket, count in judged_at.items()}
+        if judged:
+            bucket = position_bucket(self.position)
+            judged_at[bucket] = judged_at.get(bucket, 0.0) + judged
+        self.judged_counts = (keep * total + accepted, keep * seen + judged, judged_at)
+        self.counts = self.judged_counts[:2]
 
 
 def best_lookup_len(
@@ -380,16 +505,30 @@ def draft_speedup(acceptance: float, k: int, policy: KPolicy, costs: Costs | Non
     return expected_tokens_per_round(acceptance, k) / cost
 
 
+def estimate_for(policy: KPolicy, prior: float | AcceptancePool, horizon: int | None) -> Acceptance:
+    """A request's running acceptance: positioned where its prior is a loop's pool and its ``horizon`` (the most
+    tokens it may generate) is known (PositionedAcceptance), else plain."""
+    if isinstance(prior, AcceptancePool) and horizon is not None:
+        return PositionedAcceptance(prior, policy.prior_weight, policy.smoothing, horizon)
+    return Acceptance(prior, policy.prior_weight, policy.smoothing)
+
+
 class KController:
     """One request's K: ``update`` after each round, ``choose`` before the next (see the module docstring).
     ``prior``: the loop's AcceptancePool (read at each round: as its requests' rounds show how the draft does,
-    every request's estimate follows), or a fixed value (None: the policy's prior)."""
+    every request's estimate follows), or a fixed value (None: the policy's prior); with a pool, ``horizon`` (the
+    most tokens the request may generate) makes the estimate one for the positions it has left (estimate_for; its
+    loop then keeps ``estimate.position``)."""
 
-    def __init__(self, policy: KPolicy, max_k: int, prior: float | AcceptancePool | None = None):
+    def __init__(
+        self,
+        policy: KPolicy,
+        max_k: int,
+        prior: float | AcceptancePool | None = None,
+        horizon: int | None = None,
+    ):
         self.policy, self.max_k = policy, max_k
-        self.estimate = Acceptance(
-            policy.prior if prior is None else prior, policy.prior_weight, policy.smoothing
-        )
+        self.estimate = estimate_for(policy, policy.prior if prior is None else prior, horizon)
         self.rounds_off = 0  # consecutive rounds that drafted nothing
         self.drafting = False  # the last K chosen for its group (AdaptiveState.choose) drafted
         self.lifetime = (0, 0)  # (accepted, judged) over the request's rounds, nothing forgotten: RowSpread's
@@ -435,7 +574,8 @@ def normal_order(n: int) -> tuple[float, ...]:
 def waited_acceptances(
     controllers: Sequence[KController], spread: float, remaining: Sequence[int] | None = None
 ) -> list[float]:
-    """Each row's acceptance as the group it ends weighs it (rows whose caller waits for them all): rows that
+    """Each row's acceptance as the group it ends weighs it (rows whose caller waits for them all; over the
+    positions each has left: Acceptance.over_rest): rows that
     just started are alike by their estimates, yet as many requests spread around their mean (``spread``, the
     standard deviation between requests), and the one that accepts least ends the group. So the row with the
     lowest estimate is lowered by the expected largest of as many normal draws times the spread, the next by the
@@ -446,7 +586,7 @@ def waited_acceptances(
     jump as its estimate crosses another's. Of rows alike, the one with the most tokens left (``remaining``)
     counts as the slowest."""
     draws = normal_order(len(controllers))
-    estimates = [(c.acceptance, c.estimate.prior_share) for c in controllers]
+    estimates = [(c.estimate.over_rest, c.estimate.prior_share) for c in controllers]
     order = sorted(
         range(len(controllers)),
         key=lambda i: (

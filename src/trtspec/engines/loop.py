@@ -61,8 +61,10 @@ from trtspec.engines.adaptive import (
     Drains,
     KController,
     KPolicy,
+    PositionedAcceptance,
     best_lookup_len,
     draft_speedup,
+    estimate_for,
     group_k,
     lookup_speedup,
     probe_due,
@@ -302,7 +304,7 @@ class GenerationLoop:
         if params.num_draft_tokens is None and k > 0 and has_draft:
             # A seeded sampled request's K must not depend on other requests (it decides its random draws).
             prior = None if params.seeded else self.adaptive.pool
-            controller = KController(self.k_policy, k, prior)
+            controller = KController(self.k_policy, k, prior, params.max_new_tokens)
         if uses_lookup(proposer) and k > 0:
             prior = self.k_policy.lookup_prior if params.seeded else self.adaptive.lookup_pool
             lookup_estimate = Acceptance(prior, self.k_policy.prior_weight, self.k_policy.smoothing)
@@ -318,7 +320,7 @@ class GenerationLoop:
             )
         if proposer == "draft+ngram" and has_draft and controller is None and k > 0:
             prior = self.k_policy.prior if params.seeded else self.adaptive.pool
-            request.draft_estimate = Acceptance(prior, self.k_policy.prior_weight, self.k_policy.smoothing)
+            request.draft_estimate = estimate_for(self.k_policy, prior, params.max_new_tokens)
         with self.lock:
             self.queued.append(request)
 
@@ -689,12 +691,14 @@ class GenerationLoop:
         elif request.controller is not None:
             request.controller.update(out.num_draft, out.num_accepted)
             if out.num_draft:
-                self.adaptive.pool.update(out.num_draft, out.num_accepted)
+                self.adaptive.pool.update(out.num_draft, out.num_accepted, len(request.generated))
         elif request.draft_estimate is not None and out.num_draft:
             request.draft_estimate.update(out.num_draft, out.num_accepted)
         tokens = out.tokens
         kept, reason = request.stops.cut(request.generated, tokens)
         request.generated += kept
+        if isinstance(request.draft_acceptance, PositionedAcceptance):
+            request.draft_acceptance.position = len(request.generated)
         stats.generated_tokens = len(request.generated)
         stats.elapsed_s = now - request.start
         if stats.time_to_first_token_s is None and kept:
