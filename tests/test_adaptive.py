@@ -142,7 +142,9 @@ def test_the_pool_keeps_acceptance_by_position_and_a_row_reads_it_where_it_is():
     assert pool.at(20) == pytest.approx(0.9, abs=0.05) and pool.at(50) == pytest.approx(0.9, abs=0.05)
     assert pool.at(1000) == pool.value  # no round reached it
     expected = (8 * pool.at(0) + 8 * pool.at(8) + 16 * pool.at(16) + 32 * pool.at(32)) / 64
-    assert pool.ahead(0, 64) == pytest.approx(expected, abs=0.01)
+    assert pool.ahead(0, 64) == pytest.approx(expected)
+    assert pool.ahead(4, 20) == pytest.approx((4 * pool.at(4) + 8 * pool.at(8) + 4 * pool.at(16)) / 16)
+    assert pool.ahead(40, 40) == pool.at(40)
 
     def row(accept_every: int, horizon: int | None = 64) -> Acceptance:
         estimate = estimate_for(policy, pool, horizon)
@@ -151,18 +153,36 @@ def test_the_pool_keeps_acceptance_by_position_and_a_row_reads_it_where_it_is():
             estimate.position = position + 1
         return estimate
 
-    like_pool, half, blind = row(2), row(4), row(2, horizon=None)
+    like_pool, half, every, blind = row(2), row(4), row(1), row(2, horizon=None)
     assert blind.value < like_pool.value - 0.1  # its own first positions, shrunk toward the whole pool
     assert like_pool.value == pytest.approx(pool.at(16), abs=0.07)
     assert like_pool.over_rest == pytest.approx(pool.ahead(16, 64), abs=0.07)
-    assert like_pool.value - 0.25 < half.value < like_pool.value - 0.15
+    assert half.value < like_pool.value - 0.07
+    # above the pool where it judged, so above it past there too, but short of certainty (moved in odds)
+    assert like_pool.value < every.value < 0.99
     like_pool.position = 0  # back where it judged: about its own rate there
     assert like_pool.value == pytest.approx(0.5, abs=0.05)
 
 
+def test_a_waited_group_is_judged_over_its_rows_remaining_positions():
+    """Rows whose caller waits for them all end when their slowest one does, after all their remaining positions:
+    waited_acceptances reads each row's acceptance over them, not at the position at hand (here the low first
+    ones)."""
+    policy = KPolicy()
+    pool, i = AcceptancePool(policy), itertools.count()
+    for _ in range(60):
+        for position in range(64):
+            pool.update(1, early_low(position, next(i)), position)
+    rows = [KController(policy, 4, pool, horizon=64) for _ in range(2)]
+    assert rows[0].acceptance == pytest.approx(pool.at(0), abs=0.01)  # nothing of its own yet
+    judged = waited_acceptances(rows, spread=0.0)
+    assert judged == pytest.approx([pool.ahead(0, 64)] * 2, abs=0.01) and judged[0] > rows[0].acceptance + 0.2
+
+
 def test_a_loop_pools_acceptance_where_its_rows_are():
-    """Through a real loop: the pool learns each position bucket its adaptive rows judged, and every row's
-    estimate knows where the row is (its tokens generated)."""
+    """Through a real loop: the pool learns each position bucket its adaptive rows judged, each row's estimate
+    knows where the row is (its tokens generated), and a seeded sampled row keeps a plain estimate (its K must
+    not depend on other requests)."""
     from trtspec.engines.loop import GenerationLoop
 
     rounds, policy = PricedRounds(), KPolicy()
@@ -177,6 +197,9 @@ def test_a_loop_pools_acceptance_where_its_rows_are():
         loop.step()
     assert set(state.pool.by_position) == {0, 1, 2, 3}  # positions 0-39 drafted
     assert state.pool.at(20) > policy.prior  # PricedRounds: nearly every draft token accepted
+    loop.add(1, [1, 2, 3], SamplingParams(max_new_tokens=40, temperature=1.0, seed=7))
+    loop.step()
+    assert type(loop.active[0].controller.estimate) is Acceptance
 
 
 def test_high_acceptance_drafts_long_low_acceptance_switches_off_then_probes_back():

@@ -129,7 +129,8 @@ def replay(
         while queue or active:
             joining = load == "streams" or not active  # a group starts when the last one has finished
             while joining and queue and len(active) < concurrency:
-                active.append([matches[queue.pop(0)], 0, KController(policy, max_k, state.pool)])
+                trace = matches[queue.pop(0)]
+                active.append([trace, 0, KController(policy, max_k, state.pool, len(trace))])
             rows = [row[2] for row in active]
             waited = load == "groups" and len(active) > 1
             remaining = [len(row[0]) - row[1] for row in active] if waited else None
@@ -150,8 +151,9 @@ def replay(
                     accepted += 1
                 controller.update(num_draft, accepted)
                 if num_draft:
-                    state.pool.update(num_draft, accepted)
+                    state.pool.update(num_draft, accepted, position)
                 row[1] += accepted + 1
+                controller.estimate.position = row[1]
                 tokens += accepted + 1
             if drift:  # (no draw without drift: a seed then gives the noise it gave before --drift existed)
                 speed = keep * speed + math.sqrt(1.0 - keep * keep) * rng.gauss(0.0, drift)

@@ -331,28 +331,33 @@ class AcceptancePool(Acceptance):
         # a bucket's pseudo-positions at the whole pool: a bucket few rounds reached (a batch of a few rows, a
         # response's far positions) reads near the whole pool, not as its last few rounds did
         self.bucket_weight = 4 * self.weight
+        # (whole pool, each bucket's value up to the last with rounds): every row reads it once or twice a round
+        self._values: tuple[float, list[float]] | None = None
 
     def update(self, num_draft: int, num_accepted: int, position: int | None = None) -> None:
         super().update(num_draft, num_accepted)
         if position is not None:
-            bucket = position_bucket(position)
-            if bucket not in self.by_position:
-                self.by_position[bucket] = Acceptance(0.0, 0.0, self.decay)
-            self.by_position[bucket].update(num_draft, num_accepted)
+            bucket = self.by_position.setdefault(position_bucket(position), Acceptance(0.0, 0.0, self.decay))
+            bucket.update(num_draft, num_accepted)
+        self._values = None
 
     def by_bucket(self, last: int) -> list[float]:
         """The pooled acceptance of buckets 0..last: each its counts plus ``bucket_weight`` pseudo-positions at
         the whole pool's."""
-        whole, weight = self.value, self.bucket_weight
-        values = []
-        for bucket in range(last + 1):
-            counts = self.by_position.get(bucket)
-            if counts is None:
-                values.append(whole)
-            else:
-                accepted, judged = counts.counts
-                values.append((accepted + weight * whole) / (judged + weight))
-        return values
+        cached = self._values
+        if cached is None:
+            whole, weight = self.value, self.bucket_weight
+            values = []
+            for bucket in range(max(self.by_position, default=-1) + 1):
+                counts = self.by_position.get(bucket)
+                if counts is None:
+                    values.append(whole)
+                else:
+                    accepted, judged = counts.counts
+                    values.append((accepted + weight * whole) / (judged + weight))
+            cached = self._values = (whole, values)
+        whole, values = cached
+        return values[: last + 1] + [whole] * (last + 1 - len(values))
 
     def at(self, position: int) -> float:
         """The pooled acceptance at a generated position."""
@@ -363,10 +368,10 @@ class AcceptancePool(Acceptance):
         ``values``: by_bucket's, where the caller has them."""
         if end <= start:
             return self.at(start) if values is None else values[position_bucket(start)]
-        first = position_bucket(start)
-        values = self.by_bucket(position_bucket(end - 1)) if values is None else values
+        last = position_bucket(end - 1)
+        values = self.by_bucket(last) if values is None else values
         total = 0.0
-        for bucket in range(first, len(values)):
+        for bucket in range(position_bucket(start), last + 1):
             low, high = bucket_span(bucket)
             total += (min(high, end) - max(low, start)) * values[bucket]
         return total / (end - start)
@@ -374,21 +379,21 @@ class AcceptancePool(Acceptance):
 
 class PositionedAcceptance(Acceptance):
     """A request's acceptance where it is in its response (``position``: tokens it generated, which its loop keeps),
-    from a pool that knows acceptance by position: its own counts are scaled by how the pool did at the positions
-    it judged against how the pool does at the position at hand, and the prior is the pool's there. So a request
-    judged on its first positions, which the draft matches less often, does not read as low for the rest of its
-    response, nor does one past them draft as long as its later positions will pay for. ``over_rest``: the same
-    over the positions it has left (to ``horizon``, the most it may generate), what the time until the request
-    ends depends on (waited_acceptances: the demo pair's groups of 16 read 0.70 by their first rounds and accepted
-    0.80 over their 64 tokens; judged by the slowest row, K=1 then priced at break-even where it ran 1.13x
-    target-only)."""
+    from a pool that knows acceptance by position: its own rate is moved by as much as the pool's differs between
+    the positions it judged and the position at hand (in odds, so a request above the pool stays below 1), and the
+    prior is the pool's there. So a request judged on its first positions, which the draft matches less often, does
+    not read low for the rest of its response, and one past them drafts as long as its later positions pay for.
+    ``over_rest``: the same over the positions it has left (to ``horizon``, the most it may generate), which the
+    time until the request ends depends on (waited_acceptances: judged by their first rounds at 0.60-0.70, the demo
+    pair's groups of 16, which accepted 0.80 over their 64 tokens, priced K=1 under break-even by their slowest row,
+    where it ran 1.13x target-only). Buckets forget on their own rounds only: after a change of workload the early
+    buckets, which every request reaches, follow it sooner than the far ones."""
 
     def __init__(self, pool: AcceptancePool, weight: float, decay: float, horizon: int):
         super().__init__(pool, weight, decay)
         self.pool, self.horizon = pool, horizon
         self.position = 0
-        # its judged positions per position_bucket, decayed as the counts (with them in one attribute: a reader
-        # never sees half an update)
+        # (accepted, judged, judged per position_bucket), decayed alike; ``counts`` follows (one loop reads it)
         self.judged_counts: tuple[float, float, dict[int, float]] = (0.0, 0.0, {})
 
     @property
@@ -403,19 +408,20 @@ class PositionedAcceptance(Acceptance):
         )
 
     def _scaled(self, last: int, pooled_of) -> float:
-        """The request's own counts, scaled from what the pool accepts at the positions it judged to
-        ``pooled_of`` the pool's buckets (0..at least ``last``), with ``weight`` pseudo-positions at that."""
+        """The request's own rate moved from the pool's at the positions it judged to ``pooled_of`` the pool's
+        buckets (0..``last``), with ``weight`` pseudo-positions at that."""
         accepted, judged, judged_at = self.judged_counts
         values = self.pool.by_bucket(max(last, max(judged_at, default=0)))
         pooled = pooled_of(values[: last + 1])
-        expected = sum(count * values[bucket] for bucket, count in judged_at.items())
-        scale = pooled * judged / expected if expected > 0 else 1.0
-        return min((accepted * scale + self.weight * pooled) / (judged + self.weight), 1.0)
+        if not judged:
+            return pooled
+        where_judged = sum(count * values[bucket] for bucket, count in judged_at.items()) / judged
+        own = shifted(accepted / judged, where_judged, pooled)
+        return (judged * own + self.weight * pooled) / (judged + self.weight)
 
     def update(self, num_draft: int, num_accepted: int) -> None:
         judged = judged_positions(num_draft, num_accepted)
-        keep = (1.0 - self.decay) ** judged
-        self._keep(keep, num_accepted, judged)
+        self._keep((1.0 - self.decay) ** judged, num_accepted, judged)
 
     def age(self) -> None:
         self._keep(1.0 - self.decay, 0, 0)
@@ -428,6 +434,17 @@ class PositionedAcceptance(Acceptance):
             judged_at[bucket] = judged_at.get(bucket, 0.0) + judged
         self.judged_counts = (keep * total + accepted, keep * seen + judged, judged_at)
         self.counts = self.judged_counts[:2]
+
+
+def shifted(rate: float, before: float, after: float) -> float:
+    """``rate`` measured where the pool reads ``before``, moved to where it reads ``after``: its odds times the
+    pool's odds ratio (rates of 0 and 1 stay; the pool's are kept off 0 and 1)."""
+    if rate <= 0.0 or rate >= 1.0:
+        return rate
+    low, high = 0.01, 0.99
+    before, after = min(max(before, low), high), min(max(after, low), high)
+    odds = rate / (1 - rate) * (after / (1 - after)) / (before / (1 - before))
+    return odds / (1 + odds)
 
 
 def best_lookup_len(

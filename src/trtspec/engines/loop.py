@@ -509,11 +509,11 @@ class GenerationLoop:
     @staticmethod
     def _draft_tokens(request: _Active, k: int) -> float:
         """Expected tokens per round of a row that drafts ``k`` with its draft model if it takes no lookup (1 for
-        a row that cannot)."""
+        a row that cannot), over the tokens it has left (a group its caller waits for weighs it so)."""
         estimate = request.draft_acceptance
         if not k or estimate is None or not uses_draft(request.proposer):
             return 1.0
-        return expected_tokens_per_round(estimate.value, k)
+        return expected_tokens_per_round(estimate.over_rest, k)
 
     def _waited_prober(self, group: list[_Active]) -> _Active | None:
         """The one row that may probe in a group its caller waits for, once in probe_every rounds: the row with
@@ -553,7 +553,7 @@ class GenerationLoop:
         for i, request in enumerate(group):
             if behind[i] >= CatchUp.minimum and request.controller is not None and not request.params.seeded:
                 remaining = request.params.max_new_tokens - len(request.generated)
-                acceptance = request.controller.acceptance
+                acceptance = request.controller.estimate.over_rest  # the saving runs over its tokens left
                 if not self.adaptive.catch_up_pays(
                     len(group), self.max_draft_len, num_draft[i], acceptance, remaining, behind[i]
                 ):
