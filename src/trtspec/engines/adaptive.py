@@ -323,7 +323,9 @@ class AcceptancePool(Acceptance):
     pooled by position_bucket, each bucket shrunk toward the whole pool: a draft matches a response's first tokens
     less often than its later ones (the demo pair at K=1, groups of 16: 0.56 over positions 0-7, 0.68 over 8-15,
     0.81 over 16-23, 0.89 over 24-63), so a pool of whatever positions ran last reads low at a group's start and
-    high at its end, and a row's own first rounds read low for the whole of it (PositionedAcceptance)."""
+    high at its end, and a row's own first rounds read low for the whole of it (PositionedAcceptance). A bucket
+    forgets on its own rounds only: after a change of workload the first buckets, which every request reaches,
+    follow it sooner than the far ones."""
 
     def __init__(self, policy: KPolicy, decay: float = 0.005):
         super().__init__(policy.prior, policy.prior_weight, decay)
@@ -386,8 +388,7 @@ class PositionedAcceptance(Acceptance):
     ``over_rest``: the same over the positions it has left (to ``horizon``, the most it may generate), which the
     time until the request ends depends on (waited_acceptances: judged by their first rounds at 0.60-0.70, the demo
     pair's groups of 16, which accepted 0.80 over their 64 tokens, priced K=1 under break-even by their slowest row,
-    where it ran 1.13x target-only). Buckets forget on their own rounds only: after a change of workload the early
-    buckets, which every request reaches, follow it sooner than the far ones."""
+    where it ran 1.13x target-only)."""
 
     def __init__(self, pool: AcceptancePool, weight: float, decay: float, horizon: int):
         super().__init__(pool, weight, decay)
