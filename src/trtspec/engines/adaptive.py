@@ -329,7 +329,7 @@ class AcceptancePool(Acceptance):
 
     def __init__(self, policy: KPolicy, decay: float = 0.005):
         super().__init__(policy.prior, policy.prior_weight, decay)
-        self.by_position: dict[int, Acceptance] = {}  # bucket -> its rounds' counts (their prior unused)
+        self.by_position: dict[int, Acceptance] = {}  # bucket -> its rounds, shrunk toward this pool
         # a bucket's pseudo-positions at the whole pool: a bucket few rounds reached (a batch of a few rows, a
         # response's far positions) reads near the whole pool, not as its last few rounds did
         self.bucket_weight = 4 * self.weight
@@ -339,7 +339,9 @@ class AcceptancePool(Acceptance):
     def update(self, num_draft: int, num_accepted: int, position: int | None = None) -> None:
         super().update(num_draft, num_accepted)
         if position is not None:
-            bucket = self.by_position.setdefault(position_bucket(position), Acceptance(0.0, 0.0, self.decay))
+            bucket = self.by_position.setdefault(
+                position_bucket(position), Acceptance(self, self.bucket_weight, self.decay)
+            )
             bucket.update(num_draft, num_accepted)
         self._values = None
 
@@ -348,16 +350,9 @@ class AcceptancePool(Acceptance):
         the whole pool's."""
         cached = self._values
         if cached is None:
-            whole, weight = self.value, self.bucket_weight
-            values = []
-            for bucket in range(max(self.by_position, default=-1) + 1):
-                counts = self.by_position.get(bucket)
-                if counts is None:
-                    values.append(whole)
-                else:
-                    accepted, judged = counts.counts
-                    values.append((accepted + weight * whole) / (judged + weight))
-            cached = self._values = (whole, values)
+            whole = self.value
+            buckets = [self.by_position.get(b) for b in range(max(self.by_position, default=-1) + 1)]
+            cached = self._values = (whole, [whole if b is None else b.value for b in buckets])
         whole, values = cached
         return values[: last + 1] + [whole] * (last + 1 - len(values))
 
@@ -394,8 +389,7 @@ class PositionedAcceptance(Acceptance):
         super().__init__(pool, weight, decay)
         self.pool, self.horizon = pool, horizon
         self.position = 0
-        # (accepted, judged, judged per position_bucket), decayed alike; ``counts`` follows (one loop reads it)
-        self.judged_counts: tuple[float, float, dict[int, float]] = (0.0, 0.0, {})
+        self.judged_at: dict[int, float] = {}  # judged positions per position_bucket, decayed as ``counts``
 
     @property
     def value(self) -> float:
@@ -411,7 +405,7 @@ class PositionedAcceptance(Acceptance):
     def _scaled(self, last: int, pooled_of) -> float:
         """The request's own rate moved from the pool's at the positions it judged to ``pooled_of`` the pool's
         buckets (0..``last``), with ``weight`` pseudo-positions at that."""
-        accepted, judged, judged_at = self.judged_counts
+        (accepted, judged), judged_at = self.counts, self.judged_at
         values = self.pool.by_bucket(max(last, max(judged_at, default=0)))
         pooled = pooled_of(values[: last + 1])
         if not judged:
@@ -422,19 +416,18 @@ class PositionedAcceptance(Acceptance):
 
     def update(self, num_draft: int, num_accepted: int) -> None:
         judged = judged_positions(num_draft, num_accepted)
-        self._keep((1.0 - self.decay) ** judged, num_accepted, judged)
-
-    def age(self) -> None:
-        self._keep(1.0 - self.decay, 0, 0)
-
-    def _keep(self, keep: float, accepted: int, judged: int) -> None:
-        total, seen, judged_at = self.judged_counts
-        judged_at = {bucket: keep * count for bucket, count in judged_at.items()}
+        self._age_buckets((1.0 - self.decay) ** judged)
         if judged:
             bucket = position_bucket(self.position)
-            judged_at[bucket] = judged_at.get(bucket, 0.0) + judged
-        self.judged_counts = (keep * total + accepted, keep * seen + judged, judged_at)
-        self.counts = self.judged_counts[:2]
+            self.judged_at[bucket] = self.judged_at.get(bucket, 0.0) + judged
+        super().update(num_draft, num_accepted)
+
+    def age(self) -> None:
+        self._age_buckets(1.0 - self.decay)
+        super().age()
+
+    def _age_buckets(self, keep: float) -> None:
+        self.judged_at = {bucket: keep * count for bucket, count in self.judged_at.items()}
 
 
 def shifted(rate: float, before: float, after: float) -> float:
