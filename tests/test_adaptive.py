@@ -126,6 +126,15 @@ def early_low(position: int, i: int) -> int:
     return int(i % 2 == 0) if position < 16 else int(i % 10 != 0)
 
 
+def early_low_pool(policy: KPolicy) -> AcceptancePool:
+    """A pool of 60 requests of 64 positions each, drafting one token a round, accepted as early_low says."""
+    pool, i = AcceptancePool(policy), itertools.count()
+    for _ in range(60):
+        for position in range(64):
+            pool.update(1, early_low(position, next(i)), position)
+    return pool
+
+
 def test_the_pool_keeps_acceptance_by_position_and_a_row_reads_it_where_it_is():
     """Requests whose drafts are accepted less over their first 16 positions than after: the pool reads each
     position's own rate, a bucket no round reached reads as the whole pool, and over a range the average. A
@@ -133,10 +142,7 @@ def test_the_pool_keeps_acceptance_by_position_and_a_row_reads_it_where_it_is():
     its own early rate as a position-blind estimate does; one that accepted half as often reads lower."""
     assert [position_bucket(p) for p in (0, 7, 8, 15, 16, 31, 32, 64, 300)] == [0, 0, 1, 1, 2, 2, 3, 4, 6]
     policy = KPolicy()
-    pool, i = AcceptancePool(policy), itertools.count()
-    for _ in range(60):
-        for position in range(64):
-            pool.update(1, early_low(position, next(i)), position)
+    pool = early_low_pool(policy)
     # each bucket shrunk toward the whole pool (0.8)
     assert pool.at(3) == pytest.approx(0.5, abs=0.1) and pool.at(12) == pytest.approx(0.5, abs=0.1)
     assert pool.at(20) == pytest.approx(0.9, abs=0.05) and pool.at(50) == pytest.approx(0.9, abs=0.05)
@@ -169,10 +175,7 @@ def test_a_waited_group_is_judged_over_its_rows_remaining_positions():
     waited_acceptances reads each row's acceptance over them, not at the position at hand (here the low first
     ones)."""
     policy = KPolicy()
-    pool, i = AcceptancePool(policy), itertools.count()
-    for _ in range(60):
-        for position in range(64):
-            pool.update(1, early_low(position, next(i)), position)
+    pool = early_low_pool(policy)
     rows = [KController(policy, 4, pool, horizon=64) for _ in range(2)]
     assert rows[0].acceptance == pytest.approx(pool.at(0), abs=0.01)  # nothing of its own yet
     judged = waited_acceptances(rows, spread=0.0)
