@@ -451,6 +451,41 @@ def test_a_waited_group_drafts_at_break_even_until_its_rows_have_judged_what_the
     assert state.choose(steady, 4, 4, 4, timed=False) == 0
 
 
+def test_target_only_priced_below_break_even_at_every_k_holds_for_a_few_rounds_of_the_same_rows():
+    """Judging a group costs a fraction of a short target-only round: a choice of target-only where no K breaks
+    even holds for hold_rounds rounds of the same rows, then they are judged again; other rows are judged at once,
+    and a held round still re-measures when one is due (the same rounds as without the hold)."""
+    state = measured_state(10.0)  # K=1 priced 1.52: rows at 0.3 or 0.5 pay at no K
+    hold = AdaptiveState.hold_rounds
+    assert hold > 1
+
+    def choose(rows: list[KController], timed: bool = False) -> int:
+        return state.choose(rows, 4, 4, 4, timed=timed, remaining=[64] * 4)
+
+    def rows(acceptance: float, n: int = 4) -> list[KController]:
+        return [KController(KPolicy(), max_k=4, prior=acceptance) for _ in range(n)]
+
+    low = rows(0.3)
+    assert choose(low) == 0
+    for controller in low:  # now they would draft, judged again
+        controller.estimate = estimate_for(KPolicy(), 0.95, None)
+    assert [choose(low) for _ in range(hold - 1)] == [0] * (hold - 1)
+    assert choose(low) > 0
+    others = rows(0.3)
+    assert choose(others) == 0
+    assert choose(rows(0.95, 1) + low[1:]) > 0  # one row replaced: judged at once
+
+    def remeasures(hold_rounds: int) -> list[int]:
+        nonlocal state
+        state = measured_state(10.0)
+        state.hold_rounds = hold_rounds
+        group = rows(0.5)  # the policy's ratios would draft: its re-measures come (explore_due)
+        return [choose(group, timed=True) for _ in range(80)]
+
+    held = remeasures(hold)
+    assert any(held) and held == remeasures(1)
+
+
 def test_a_waited_group_that_drafts_keeps_drafting_while_a_k_pays_at_all():
     """The margin turns a waited group's drafting on, not off: a group whose last choice drafted keeps drafting at
     break-even, since a group's first rounds judge its rows' first positions, which a draft matches less often

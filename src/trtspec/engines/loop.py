@@ -42,10 +42,11 @@ client's TTFT); a row joining a running batch gets its first token with that bat
 from __future__ import annotations
 
 import bisect
+import functools
 import threading
 import time
 from collections import deque
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -471,15 +472,19 @@ class GenerationLoop:
                 adaptive, len(self.active), len(group), self.max_draft_len, unit, remaining
             )
             measuring = self.adaptive.measuring
-        # Per-row probes (adaptive.probe_due) only where drafting could pay at this batch size.
-        probes = shared == 0 and (
-            group[0].params.seeded
-            or self.adaptive.worth_probing(len(group), self.max_draft_len, len(self.active))
-        )
-        if probes and remaining is not None:
+
+        # Per-row probes (adaptive.probe_due) only where drafting could pay at this batch size, asked once a probe
+        # is due: pricing every K at this size each round cost as much as the K choice.
+        def worth() -> bool:
+            return group[0].params.seeded or self.adaptive.worth_probing(
+                len(group), self.max_draft_len, len(self.active)
+            )
+
+        if shared == 0 and remaining is not None:
             prober = self._waited_prober(group)
-            num_draft = [self._num_draft(r, running, shared, r is prober) for r in group]
+            num_draft = [self._num_draft(r, running, shared, worth if r is prober else None) for r in group]
         else:
+            probes = functools.cache(worth) if shared == 0 else None
             num_draft = [self._num_draft(r, running, shared, probes) for r in group]
         behind = self._catch_ups(group, num_draft)
         probing = adaptive and shared == 0 and any(num_draft)  # a few rows' probes: no K's cost to learn
@@ -656,19 +661,21 @@ class GenerationLoop:
             proposals[i], num_draft[i] = found[i][:n], n
         return proposals if any(p is not None for p in proposals) else None
 
-    def _num_draft(self, request: _Active, running: bool, shared: int, probes: bool = False) -> int:
+    def _num_draft(
+        self, request: _Active, running: bool, shared: int, probes: Callable[[], bool] | None = None
+    ) -> int:
         """The row's K this round (``shared``: the adaptive rows' K). A first round drafts nothing
         (first_token_alone) where no row is past its first round: the round is then the prompts' prefill alone,
         and drafting would add the draft's prefill and its steps before the first token. Beside running rows the
         round lasts their forwards anyway, and a new row drafts as its K says. A seeded sampled row always drafts
         nothing in its first round, and probes by its own rounds alone, so that its random draws, and so its
-        tokens, do not depend on the other rows."""
+        tokens, do not depend on the other rows. ``probes``: whether the row may probe where one is due."""
         if self.first_token_alone and request.rounds == 0 and (request.params.seeded or not running):
             return 0
         k = shared if request.controller is not None else request.k
         in_flight = 1 if request.params.seeded else len(self.active)
         if probes and request.controller is not None and k == 0 and probe_due(request.controller, in_flight):
-            k = 1
+            k = 1 if probes() else 0
         # Never draft past max_new_tokens: the round's last token comes from the target anyway.
         return min(k, request.params.max_new_tokens - len(request.generated) - 1)
 
